@@ -1,0 +1,3 @@
+from trtforge.cli import main
+
+main()

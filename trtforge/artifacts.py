@@ -1,0 +1,140 @@
+"""Files on disk: atomic writes, content hashes and the JSON sidecar beside every artifact.
+
+Every artifact `X` gets `X.json` describing where it came from, so that a later step (or a person)
+can tell whether it is still valid. Writes go to a temp file in the same folder and are renamed into
+place, so an interrupted step never leaves a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from trtforge.errors import UserError
+
+
+def sidecar_path(artifact: str | os.PathLike) -> Path:
+    return Path(str(artifact) + ".json")
+
+
+def ensure_writable_dir(path: Path) -> None:
+    """Create the parent folder of `path`, or say which folder cannot be written."""
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create output folder {parent}: {exc.strerror}; choose a writable path.") from None
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"output folder {parent} is not writable; choose another output path.")
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside `final`; rename it onto `final` only if the block succeeds."""
+    final = Path(final)
+    ensure_writable_dir(final)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, final)
+    except OSError as exc:
+        tmp_path.unlink(missing_ok=True)
+        raise UserError(f"could not write {final}: {exc.strerror or exc}; free space or choose another path.") from None
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def write_sidecar(artifact: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    path = sidecar_path(artifact)
+    write_json_atomic(path, payload)
+    return path
+
+
+def read_sidecar(artifact: str | os.PathLike, required: bool = True) -> dict[str, Any] | None:
+    """Read `artifact.json`; a missing file is None (or an error if required), a corrupt one an error."""
+    path = sidecar_path(artifact)
+    if not path.exists():
+        if required:
+            raise UserError(f"sidecar {path} is missing; re-create {artifact} with trtforge.")
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"sidecar {path} is not valid JSON ({exc}); delete it and re-create {artifact}.") from None
+    if not isinstance(data, dict):
+        raise UserError(f"sidecar {path} does not hold a JSON object; delete it and re-create {artifact}.")
+    return data
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def onnx_graph_hash(model: Any) -> str:
+    """Hash of an ONNX graph's structure and weights, independent of file layout and doc strings.
+
+    External data is hashed by content (the model must have its data loaded), so the same graph saved
+    inline or with external data hashes the same.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    digest = hashlib.sha256()
+    graph = model.graph
+    for opset in model.opset_import:
+        digest.update(f"opset:{opset.domain}:{opset.version};".encode())
+    for value in list(graph.input) + list(graph.output):
+        digest.update(value.SerializeToString(deterministic=True))
+    for init in graph.initializer:
+        digest.update(f"init:{init.name}:{init.data_type}:{list(init.dims)};".encode())
+        digest.update(numpy_helper.to_array(init).tobytes())
+    for node in graph.node:
+        stripped = onnx.NodeProto()
+        stripped.CopyFrom(node)
+        stripped.doc_string = ""
+        digest.update(stripped.SerializeToString(deterministic=True))
+    return digest.hexdigest()

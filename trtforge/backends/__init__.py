@@ -1,0 +1,1 @@
+"""Runtimes behind one small protocol. Only backends/tensorrt.py imports TensorRT."""

@@ -1,0 +1,46 @@
+"""ONNX Runtime runner: the reference every other result is checked against."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from trtforge.errors import UserError
+
+
+def available_providers() -> list[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+class OrtRunner:
+    def __init__(self, model: str | os.PathLike | bytes, providers: list[str] | None = None, threads: int | None = None):
+        import onnxruntime as ort
+
+        ort.set_default_logger_severity(3)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+        wanted = providers or ["CPUExecutionProvider"]
+        wanted = [p for p in wanted if p in ort.get_available_providers()] or ["CPUExecutionProvider"]
+        source = model if isinstance(model, bytes) else str(model)
+        try:
+            self.session = ort.InferenceSession(source, options, providers=wanted)
+        except Exception as exc:
+            name = "the in-memory model" if isinstance(model, bytes) else Path(str(model)).name
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"ONNX Runtime cannot load {name}: {first[:300]}") from None
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.providers = self.session.get_providers()
+        self._run_options = ort.RunOptions()
+        self._run_options.log_severity_level = 4  # failures reach the caller as exceptions, not stderr
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        names = outputs or self.output_names
+        values = self.session.run(names, {k: feeds[k] for k in self.input_names}, self._run_options)
+        return dict(zip(names, values))

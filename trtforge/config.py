@@ -1,0 +1,228 @@
+"""One typed config per model, loaded from YAML.
+
+A config describes a model end to end: where it comes from, its inputs with named dynamic axes
+(min/opt/max), and one section per pipeline step. Unknown keys are errors that name the file, the
+key path and the closest valid key, because a misspelled key silently falling back to a default is
+the worst failure a CI config can have.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trtforge.errors import UserError
+
+DTYPES = ("float32", "float16", "int64", "int32", "bool")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AxisRange(Strict):
+    min: int = Field(ge=1)
+    opt: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "AxisRange":
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"needs min <= opt <= max, got {self.min}/{self.opt}/{self.max}")
+        return self
+
+
+class InputSpec(Strict):
+    name: str
+    dtype: Literal["float32", "float16", "int64", "int32", "bool"] = "float32"
+    # Each entry is a fixed size or the name of a dynamic axis declared under `axes`.
+    shape: list[int | str]
+    # Values drawn for random test inputs: [low, high) for integers, [low, high] for floats.
+    value_range: tuple[float, float] = (0.0, 1.0)
+
+
+class SourceSpec(Strict):
+    # A built-in model name, `path/to/file.py:factory`, a TorchScript file or an ExportedProgram (.pt2).
+    source: str
+    # Passed to a `file.py:factory` factory as keyword arguments.
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExportSection(Strict):
+    opset: int = Field(17, ge=7)
+    exporter: Literal["legacy", "dynamo"] = "legacy"
+    # Sizes per dynamic axis at which ONNX Runtime is checked against PyTorch (>= 2 each).
+    check_sizes: dict[str, list[int]] = Field(default_factory=dict)
+    # rel-L2 between torch and ORT outputs above which export fails.
+    tolerance: float = Field(1e-4, gt=0)
+    # External data is used automatically above 2 GB; force it with true.
+    external_data: bool = False
+
+
+class CleanSection(Strict):
+    # Constants larger than this are not folded (they would bloat the file).
+    fold_size_limit_mb: float = Field(64.0, gt=0)
+    tolerance: float = Field(1e-5, gt=0)
+
+
+class CalibrateSection(Strict):
+    data: str | None = None
+    method: Literal["entropy", "percentile", "minmax"] = "entropy"
+    percentile: float = Field(99.99, gt=0, le=100)
+    num_bins: int = Field(2048, ge=256)
+    batch_size: int = Field(16, ge=1)
+    max_samples: int | None = Field(None, ge=1)
+    smooth: float | None = Field(None, ge=0, le=1)
+    eval_data: str | None = None
+    min_cosine: float = Field(0.99, ge=-1, le=1)
+    min_int8_flops: float = Field(0.8, ge=0, le=1)
+
+
+class BuildSection(Strict):
+    precision: Literal["fp32", "fp16", "int8", "best"] = "fp32"
+    # Tier upper bounds per dynamic axis, e.g. {seq: [128, 512, 2048]}.
+    tiers: dict[str, list[int]] = Field(default_factory=dict)
+    workspace_mb: int | None = Field(None, ge=1)
+    optimization_level: int | None = Field(None, ge=0, le=5)
+    timing_cache: str | None = None
+    tactic_sources: str | None = None
+    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
+    version_compatible: bool = False
+    compute_capabilities: list[str] = Field(default_factory=list)
+
+
+class RunSection(Strict):
+    inputs: str | None = None
+    chunk: int | None = Field(None, ge=1)
+    overlap: int = Field(0, ge=0)
+    batch_size: int = Field(8, ge=1)
+    merge: Literal["center", "linear", "cosine"] = "center"
+    warmup: int = Field(2, ge=0)
+    max_rel_l2: float = Field(1e-2, gt=0)
+    min_cosine: float = Field(0.99, ge=-1, le=1)
+
+
+class ModelConfig(Strict):
+    name: str
+    model: SourceSpec
+    inputs: list[InputSpec]
+    axes: dict[str, AxisRange] = Field(default_factory=dict)
+    outputs: list[str] = Field(default_factory=list)
+    export: ExportSection = Field(default_factory=ExportSection)
+    clean: CleanSection = Field(default_factory=CleanSection)
+    calibrate: CalibrateSection = Field(default_factory=CalibrateSection)
+    build: BuildSection = Field(default_factory=BuildSection)
+    run: RunSection = Field(default_factory=RunSection)
+
+    @model_validator(mode="after")
+    def _axes_declared(self) -> "ModelConfig":
+        for spec in self.inputs:
+            for dim in spec.shape:
+                if isinstance(dim, str) and dim not in self.axes:
+                    raise ValueError(f"input '{spec.name}' uses axis '{dim}' which is not declared under 'axes'")
+        for axis in self.export.check_sizes:
+            if axis not in self.axes:
+                raise ValueError(f"export.check_sizes names axis '{axis}' which is not declared under 'axes'")
+        return self
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """{input name: {dim index: axis name}} for torch.onnx.export."""
+        return {
+            spec.name: {i: d for i, d in enumerate(spec.shape) if isinstance(d, str)} for spec in self.inputs
+        }
+
+    def check_sizes_for(self, axis: str) -> list[int]:
+        """Sizes to test an axis at: from the config, else min-ish and a larger odd size within range."""
+        if axis in self.export.check_sizes:
+            return self.export.check_sizes[axis]
+        rng = self.axes[axis]
+        small = max(rng.min, min(rng.opt, 7 if rng.max >= 7 else rng.min))
+        large = min(rng.max, max(small + 1, rng.opt + 3))
+        return sorted({small, large})
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading, with errors that name the file, the key and the closest valid key
+
+
+def _valid_keys(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """The field names valid at `path` (the location of an unknown key) in the model tree."""
+    current: Any = model
+    for part in path[:-1]:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if isinstance(current, type) and issubclass(current, BaseModel) else None
+        if field is None:
+            return []
+        annotation = field.annotation
+        current = _unwrap(annotation)
+        if current is None:
+            return []
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _unwrap(annotation: Any) -> Any:
+    """The BaseModel class inside list[X], dict[str, X] or X | None, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _unwrap(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _describe(error: dict[str, Any], source: str) -> str:
+    loc = tuple(error["loc"])
+    key = ".".join(str(p) for p in loc)
+    if error["type"] == "extra_forbidden":
+        valid = _valid_keys(ModelConfig, loc)
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys here: {', '.join(valid)}."
+        return f"{source}: unknown config key '{key}'{hint}"
+    if error["type"] == "missing":
+        return f"{source}: config key '{key}' is required; add it."
+    msg = error["msg"].removeprefix("Value error, ")
+    where = f"config key '{key}'" if key else "config"
+    return f"{source}: {where} is invalid: {msg}."
+
+
+def config_from_dict(data: Any, source: str = "<config>") -> ModelConfig:
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: the config must be a YAML mapping of keys to values.")
+    try:
+        return ModelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(_describe(exc.errors()[0], source)) from None
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist; pass a path to a YAML config.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"{path}: not valid YAML ({first}); fix the syntax.") from None
+    return config_from_dict(data, str(path))
+
+
+def apply_overrides(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    """Return a copy with dotted keys (`export.opset`) set; None values mean 'flag not given'."""
+    data = config.model_dump()
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return config_from_dict(data, "command-line flags")

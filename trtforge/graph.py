@@ -1,0 +1,193 @@
+"""`trtforge clean`: graph cleanup passes on onnx-graphsurgeon, proven unchanged with ONNX Runtime.
+
+Each pass is a small function on a gs.Graph; `clean_model` runs them in order and `verify_same`
+checks the cleaned model against the original on random inputs at two shapes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from trtforge import __version__
+from trtforge.artifacts import onnx_graph_hash, read_sidecar, write_sidecar
+from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.config import AxisRange, InputSpec
+from trtforge.errors import GateFailed, UserError
+from trtforge.feeds import random_feeds, specs_from_onnx, two_shapes
+from trtforge.metrics import rel_l2
+from trtforge.onnxio import PROTOBUF_LIMIT, load_onnx, save_onnx
+
+PASSTHROUGH_OPS = ("Identity", "Dropout")
+
+
+@dataclass
+class GraphStats:
+    ops: Counter
+    initializer_bytes: int
+    nodes: int
+
+
+@dataclass
+class CleanResult:
+    path: Path
+    before: GraphStats
+    after: GraphStats
+    rel_l2: dict[str, float] = field(default_factory=dict)
+    sidecar: dict[str, Any] = field(default_factory=dict)
+
+
+def graph_stats(model: onnx.ModelProto) -> GraphStats:
+    ops = Counter(node.op_type for node in model.graph.node)
+    init_bytes = sum(_tensor_bytes(t) for t in model.graph.initializer)
+    return GraphStats(ops, init_bytes, len(model.graph.node))
+
+
+def _tensor_bytes(tensor: onnx.TensorProto) -> int:
+    count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
+    return count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
+def _gs():
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    G_LOGGER.severity = G_LOGGER.ERROR
+    return gs
+
+
+def remove_passthrough(graph: Any, ops: tuple[str, ...] = PASSTHROUGH_OPS) -> int:
+    """Bypass Identity and (inference-mode) Dropout nodes; returns how many were removed."""
+    removed = 0
+    graph_outputs = set(id(t) for t in graph.outputs)
+    for node in list(graph.nodes):
+        if node.op not in ops or not node.inputs:
+            continue
+        if node.op == "Dropout" and len(node.outputs) > 1 and node.outputs[1].outputs:
+            continue  # the mask is consumed: keep the node
+        src, dst = node.inputs[0], node.outputs[0]
+        if id(dst) in graph_outputs:
+            # Keep the graph output's name: make the producer of `src` write `dst` directly.
+            if not src.inputs or src in graph.inputs or len(src.outputs) > 1:
+                continue
+            producer = src.inputs[0]
+            producer.outputs[producer.outputs.index(src)] = dst
+        else:
+            for consumer in list(dst.outputs):
+                for i, tensor in enumerate(consumer.inputs):
+                    if tensor is dst:
+                        consumer.inputs[i] = src
+        node.outputs.clear()
+        node.inputs.clear()
+        removed += 1
+    return removed
+
+
+def fold_constants(graph: Any, size_limit_bytes: int) -> None:
+    graph.fold_constants(size_threshold=size_limit_bytes, error_ok=True)
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    if model.ByteSize() > PROTOBUF_LIMIT:
+        return model  # in-memory inference cannot serialise >2 GB; ORT infers at load time instead
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:
+        return model
+
+
+def clean_model(model: onnx.ModelProto, fold_size_limit_mb: float = 64.0) -> tuple[onnx.ModelProto, dict[str, int]]:
+    gs = _gs()
+    graph = gs.import_onnx(model)
+    counts = {"passthrough_removed": remove_passthrough(graph)}
+    graph.cleanup(remove_unused_graph_inputs=False)
+    fold_constants(graph, int(fold_size_limit_mb * 1024 * 1024))
+    graph.cleanup(remove_unused_graph_inputs=False)
+    counts["passthrough_removed"] += remove_passthrough(graph)  # folding can expose new ones
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    cleaned = gs.export_onnx(graph)
+    cleaned.ir_version = model.ir_version
+    del cleaned.opset_import[:]
+    cleaned.opset_import.extend(model.opset_import)
+    return infer_shapes(cleaned), counts
+
+
+def io_specs(path: Path, model: onnx.ModelProto) -> tuple[list[InputSpec], dict[str, AxisRange], dict[str, Any] | None]:
+    """Input specs from the ONNX's sidecar (written by export), else read off the graph."""
+    sidecar = read_sidecar(path, required=False)
+    if sidecar and "inputs" in sidecar:
+        try:
+            specs = [InputSpec(**s) for s in sidecar["inputs"]]
+            axes = {k: AxisRange(**v) for k, v in sidecar.get("axes", {}).items()}
+            return specs, axes, sidecar
+        except Exception:
+            raise UserError(f"sidecar {path}.json has malformed 'inputs' or 'axes'; re-run trtforge export.") from None
+    specs, axes = specs_from_onnx(model)
+    return specs, axes, sidecar
+
+
+def verify_same(original: Path | bytes, cleaned: Path | bytes, specs: list[InputSpec],
+                axes: dict[str, AxisRange], seed: int = 0) -> dict[str, float]:
+    """Worst rel-L2 per output between the two models over two random input shapes."""
+    ref, new = OrtRunner(original), OrtRunner(cleaned)
+    worst: dict[str, float] = {}
+    for i, sizes in enumerate(two_shapes(axes)):
+        feeds = random_feeds(specs, sizes, seed + i)
+        a, b = ref.run(feeds), new.run(feeds)
+        for name in ref.output_names:
+            worst[name] = max(worst.get(name, 0.0), rel_l2(a[name], b[name]))
+    return worst
+
+
+def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float = 64.0,
+               tolerance: float = 1e-5) -> CleanResult:
+    start = time.perf_counter()
+    path = Path(path)
+    output = Path(output) if output else path.with_name(path.name.removesuffix(".onnx") + ".clean.onnx")
+    model = load_onnx(path)
+    specs, axes, source_sidecar = io_specs(path, model)
+    before = graph_stats(model)
+    external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(str(path), load_external_data=False).graph.initializer)
+    cleaned, counts = clean_model(model, fold_size_limit_mb)
+    after = graph_stats(cleaned)
+    graph_hash = onnx_graph_hash(cleaned)
+    save_onnx(cleaned, output, external_data=True if external else None)
+    try:
+        worst = verify_same(path, output, specs, axes)
+    except Exception:
+        output.unlink(missing_ok=True)
+        raise
+    sidecar = {
+        "kind": "onnx",
+        "step": "clean",
+        "trtforge_version": __version__,
+        "parent": str(path),
+        "parent_graph_hash": (source_sidecar or {}).get("graph_hash") or onnx_graph_hash(model),
+        "graph_hash": graph_hash,
+        "inputs": [s.model_dump() for s in specs],
+        "axes": {k: v.model_dump() for k, v in axes.items()},
+        "outputs": (source_sidecar or {}).get("outputs"),
+        "passes": ["remove_passthrough", "cleanup", "fold_constants", "toposort", "infer_shapes"],
+        "fold_size_limit_mb": fold_size_limit_mb,
+        "removed": counts,
+        "nodes_before": before.nodes, "nodes_after": after.nodes,
+        "initializer_bytes_before": before.initializer_bytes, "initializer_bytes_after": after.initializer_bytes,
+        "verify_rel_l2": worst, "verify_tolerance": tolerance,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    for key in ("source", "config_name", "opset", "exporter"):
+        if source_sidecar and key in source_sidecar:
+            sidecar[key] = source_sidecar[key]
+    bad = {k: v for k, v in worst.items() if v > tolerance}
+    if bad:
+        output.unlink(missing_ok=True)
+        name, value = next(iter(bad.items()))
+        raise GateFailed(f"cleaning changed output '{name}' (rel-L2 {value:.2e} > {tolerance:.0e}); the cleaned model was not kept.")
+    write_sidecar(output, sidecar)
+    return CleanResult(output, before, after, worst, sidecar)

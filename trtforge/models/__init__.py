@@ -1,0 +1,136 @@
+"""Model sources: the embedded defaults, a user's `file.py:factory`, TorchScript and ExportedProgram.
+
+Every source resolves to a `LoadedModel`: a torch module in eval mode plus example inputs keyed by
+the ONNX input names. torch is imported lazily so the rest of trtforge works without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from trtforge.errors import UserError
+
+BUILTIN_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class LoadedModel:
+    module: Any  # torch.nn.Module
+    example_inputs: dict[str, Any]  # name -> torch.Tensor
+    output_names: list[str] = field(default_factory=list)
+    source: str = ""
+    tokenizer: Any = None
+
+
+def _builtin_factories() -> dict[str, Callable[..., LoadedModel]]:
+    from trtforge.models import minilm, tiny_fcn
+
+    return {"minilm": minilm.load, "tiny-fcn": tiny_fcn.load}
+
+
+BUILTIN_NAMES = ("minilm", "tiny-fcn")
+
+
+def builtin_config_path(name: str) -> Path:
+    return BUILTIN_CONFIG_DIR / f"{name}.yaml"
+
+
+def _require_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise UserError("PyTorch is not installed; install it with `pip install torch` (extra 'torch').") from None
+    return torch
+
+
+def load_model(source: str, kwargs: dict[str, Any] | None = None, input_names: list[str] | None = None) -> LoadedModel:
+    """Resolve a model source string to a LoadedModel, or raise UserError naming what is wrong."""
+    kwargs = kwargs or {}
+    if source in BUILTIN_NAMES:
+        return _builtin_factories()[source](**kwargs)
+    path_part, sep, factory_name = source.rpartition(":")
+    if sep and path_part.endswith(".py"):
+        return _load_factory(Path(path_part), factory_name, kwargs, source)
+    path = Path(source)
+    if path.suffix == ".py":
+        raise UserError(f"model source {source} names no factory; use {source}:FUNCTION_NAME.")
+    if path.suffix in (".pt", ".pth", ".ts", ".pt2"):
+        if not path.is_file():
+            raise UserError(f"model file {path} does not exist; check the path.")
+        return _load_serialized(path, input_names)
+    if not path.exists() and "/" not in source and "." not in source:
+        raise UserError(f"unknown model '{source}'; built-in models are: {', '.join(BUILTIN_NAMES)}, or pass file.py:factory.")
+    if not path.exists():
+        raise UserError(f"model file {path} does not exist; check the path.")
+    raise UserError(f"model source {source} is not a .py factory, TorchScript (.pt/.ts) or ExportedProgram (.pt2) file.")
+
+
+def _load_factory(path: Path, factory_name: str, kwargs: dict[str, Any], source: str) -> LoadedModel:
+    _require_torch()
+    if not path.is_file():
+        raise UserError(f"model file {path} does not exist; check the path in {source}.")
+    spec = importlib.util.spec_from_file_location(f"trtforge_user_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as exc:
+        raise UserError(f"importing {path} failed: {_last_frame(exc)}; fix the file.") from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise UserError(f"{path} has no function '{factory_name}'; name an existing factory after the colon.")
+    try:
+        result = factory(**kwargs)
+    except Exception as exc:
+        raise UserError(f"factory {source} raised {_last_frame(exc)}; fix the factory.") from None
+    return _as_loaded(result, source)
+
+
+def _last_frame(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _as_loaded(result: Any, source: str) -> LoadedModel:
+    """A factory returns (module, example_inputs) with example_inputs a dict name -> tensor."""
+    if isinstance(result, LoadedModel):
+        return result
+    torch = _require_torch()
+    if not (isinstance(result, tuple) and len(result) in (2, 3)):
+        raise UserError(f"factory {source} must return (module, {{input_name: example_tensor}}), got {type(result).__name__}.")
+    module, examples = result[0], result[1]
+    outputs = list(result[2]) if len(result) == 3 else []
+    if not isinstance(module, torch.nn.Module):
+        raise UserError(f"factory {source} returned {type(module).__name__} where a torch.nn.Module was expected.")
+    if not isinstance(examples, dict) or not all(isinstance(v, torch.Tensor) for v in examples.values()):
+        raise UserError(f"factory {source} must return example inputs as a dict of input name -> torch.Tensor.")
+    return LoadedModel(module.eval(), examples, outputs, source)
+
+
+def _load_serialized(path: Path, input_names: list[str] | None) -> LoadedModel:
+    torch = _require_torch()
+    if path.suffix == ".pt2":
+        try:
+            program = torch.export.load(str(path))
+        except Exception as exc:
+            raise UserError(f"{path} is not a loadable ExportedProgram ({type(exc).__name__}); save it with torch.export.save.") from None
+        module = program.module()
+        args = program.example_inputs[0] if program.example_inputs else ()
+    else:
+        try:
+            module = torch.jit.load(str(path), map_location="cpu")
+        except Exception as exc:
+            raise UserError(f"{path} is not a loadable TorchScript file ({type(exc).__name__}); save it with torch.jit.save.") from None
+        args = ()
+    if not args:
+        raise UserError(
+            f"{path} carries no example inputs; wrap it in a file.py:factory that returns (module, example_inputs)."
+        )
+    names = input_names or [f"input_{i}" for i in range(len(args))]
+    return LoadedModel(module, dict(zip(names, args)), [], str(path))

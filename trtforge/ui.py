@@ -1,0 +1,80 @@
+"""Console output: rich tables on a terminal; plain, line-oriented text under CI or a pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.table import Table
+
+
+def plain_mode() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes") or not sys.stdout.isatty()
+
+
+def console(stderr: bool = False) -> Console:
+    plain = plain_mode() if not stderr else (os.environ.get("CI", "").lower() in ("1", "true", "yes") or not sys.stderr.isatty())
+    return Console(stderr=stderr, color_system=None if plain else "auto", force_terminal=False if plain else None,
+                   highlight=False, soft_wrap=plain, width=200 if plain else None)
+
+
+def print_json(payload: Any) -> None:
+    from trtforge.artifacts import _json_default
+
+    sys.stdout.write(json.dumps(payload, indent=2, default=_json_default) + "\n")
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    out = Table(title=title, title_justify="left", box=None if plain_mode() else None, pad_edge=False)
+    for i, col in enumerate(columns):
+        out.add_column(col, justify="left" if i == 0 else "right")
+    for row in rows:
+        out.add_row(*[fmt(v) for v in row])
+    return out
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) < 1e-3 or abs(value) >= 1e6:
+            return f"{value:.2e}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+@contextmanager
+def progress(description: str, total: int | None) -> Iterator[Any]:
+    """A rich progress bar on a TTY; under CI a handful of plain lines instead of an animation."""
+    if plain_mode():
+        yield _PlainProgress(description, total)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield _RichProgress(bar, task)
+
+
+class _RichProgress:
+    def __init__(self, bar: Any, task: Any):
+        self.bar, self.task = bar, task
+
+    def advance(self, n: int = 1) -> None:
+        self.bar.advance(self.task, n)
+
+
+class _PlainProgress:
+    def __init__(self, description: str, total: int | None):
+        self.description, self.total, self.done, self.next_report = description, total, 0, 0.25
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self.total and self.done / self.total >= self.next_report:
+            print(f"{self.description}: {self.done}/{self.total}", file=sys.stderr, flush=True)
+            self.next_report += 0.25
