@@ -94,6 +94,97 @@ def clean(
 
 
 @app.command()
+def build(
+    onnx_path: Path = typer.Argument(..., metavar="ONNX", help="A cleaned ONNX, or the .int8.onnx from calibrate."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Engine path (default NAME.PRECISION.engine)."),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32|fp16|int8|best (default: int8 for a Q/DQ model, else the config's, else fp32)."),
+    tiers: Optional[str] = typer.Option(None, "--tiers", help="'128,256,512' (sequence axis), 'seq=128,512;batch=8,32' or 'auto'."),
+    tier_count: int = typer.Option(3, "--tier-count", help="How many tiers --tiers auto derives."),
+    lengths: Optional[Path] = typer.Option(None, "--lengths", help="Real lengths for --tiers auto, one integer per line."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'build' section gives defaults."),
+    backend: str = typer.Option("auto", "--backend", help="auto (tensorrt, else tensorrt_rtx), tensorrt or tensorrt_rtx."),
+    workspace_mb: Optional[int] = typer.Option(None, "--workspace-mb", help="Builder workspace limit in MiB."),
+    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", help="Builder optimization level 0-5."),
+    timing_cache: Optional[Path] = typer.Option(None, "--timing-cache", help="Load and save this timing cache (no-op on TensorRT-RTX)."),
+    tactic_sources: Optional[str] = typer.Option(None, "--tactic-sources", help="As trtexec: '-CUBLAS,-CUBLAS_LT,-CUDNN'."),
+    hardware_compatibility: Optional[str] = typer.Option(None, "--hardware-compatibility", help="none|ampere_plus|same_compute_capability."),
+    version_compatible: Optional[bool] = typer.Option(None, "--version-compatible/--no-version-compatible"),
+    compute_capability: Optional[list[str]] = typer.Option(None, "--compute-capability", help="TensorRT-RTX targets, e.g. SM89 (repeatable)."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
+    from trtforge.backends.tensorrt import BuildOptions
+    from trtforge.build import build as build_step, model_traits
+    from trtforge.config import BuildSection, load_config
+    from trtforge.onnxio import load_onnx
+
+    section = load_config(config).build if config else BuildSection()
+    if precision is None:
+        precision = "int8" if model_traits(load_onnx(onnx_path, load_external_data=False))[1] else (section.precision if config else "fp32")
+    options = BuildOptions(
+        workspace_mb=workspace_mb or section.workspace_mb,
+        optimization_level=optimization_level if optimization_level is not None else section.optimization_level,
+        timing_cache=timing_cache or (Path(section.timing_cache) if section.timing_cache else None),
+        tactic_sources=tactic_sources or section.tactic_sources,
+        hardware_compatibility=hardware_compatibility or section.hardware_compatibility,
+        version_compatible=version_compatible if version_compatible is not None else section.version_compatible,
+        compute_capabilities=list(compute_capability or section.compute_capabilities),
+    )
+    if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
+        raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")
+    result = build_step(onnx_path, output, precision, tiers, section.tiers, backend, options, lengths, tier_count)
+    if json_out:
+        ui.print_json({"path": str(result.engine_path), **result.sidecar})
+        return
+    _render_engine(result.sidecar, result.engine_path, result.layer_summary)
+
+
+def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> None:
+    con = ui.console()
+    rows = []
+    for p in side["profiles"]:
+        for name, shp in p["shapes"].items():
+            rows.append([p["index"], name, "x".join(map(str, shp["min"])), "x".join(map(str, shp["opt"])), "x".join(map(str, shp["max"]))])
+    con.print(ui.table(f"{engine_path.name}: optimization profiles", ["profile", "input", "min", "opt", "max"], rows))
+    targets = ",".join(side.get("target_compute_capabilities") or []) or side.get("compute_capability") or "-"
+    con.print(f"{side['backend']} {side['tensorrt_version']}, precision {side['precision']}, target {targets}, "
+              f"engine {side['engine_bytes'] / 1e6:.1f} MB, built in {side['build_seconds']:.1f} s")
+    report = side.get("precision_report") or {}
+    if report.get("fp32_nodes") is not None:
+        con.print(f"fp16 conversion: {report['fp16_nodes']} nodes fp16, {report['fp32_nodes']} kept fp32 (block list or observed overflow)")
+    if summary:
+        con.print(ui.table("layers by type", ["type", "count"], sorted(summary["by_type"].items(), key=lambda kv: -kv[1])))
+        con.print(ui.table("layers by output precision", ["precision", "count"], sorted(summary["by_precision"].items(), key=lambda kv: -kv[1])))
+    elif side.get("layer_info_unavailable"):
+        con.print(f"layer information: {side['layer_info_unavailable']}")
+    for note in side.get("notes", []):
+        con.print(f"note: {note}")
+
+
+@app.command()
+def inspect(
+    engine: Path = typer.Argument(..., metavar="ENGINE", help="An engine built by trtforge build."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Print an engine's sidecar and its layers by type and precision."""
+    import json as _json
+
+    from trtforge.build import read_engine_sidecar
+
+    side = read_engine_sidecar(engine)
+    summary = side.get("layer_summary")
+    layers_file = engine.with_name(engine.name + ".layers.json")
+    if summary is None and layers_file.is_file():
+        from trtforge.backends.tensorrt import summarize_layers
+
+        summary = summarize_layers(_json.loads(layers_file.read_text()))
+    if json_out:
+        ui.print_json({"path": str(engine), **side, "layer_summary": summary})
+        return
+    _render_engine(side, engine, summary)
+
+
+@app.command()
 def doctor(json_out: bool = JsonOpt) -> None:
     """Report Python, torch, ONNX, ONNX Runtime, TensorRT, CUDA and the GPU, and what this machine can run."""
     from trtforge.doctor import report

@@ -191,3 +191,37 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
         raise GateFailed(f"cleaning changed output '{name}' (rel-L2 {value:.2e} > {tolerance:.0e}); the cleaned model was not kept.")
     write_sidecar(output, sidecar)
     return CleanResult(output, before, after, worst, sidecar)
+
+
+def float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor that shape inference can type (inputs, outputs, intermediates)."""
+    inferred = infer_shapes(model)
+    types = {}
+    for value in list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input):
+        types[value.name] = value.type.tensor_type.elem_type
+    return types
+
+
+def expose_tensors(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of `model` whose graph outputs also include these intermediate tensors."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    existing = {o.name for o in exposed.graph.output}
+    types = float_tensor_types(model)
+    for name in names:
+        if name not in existing:
+            exposed.graph.output.append(helper_value_info(name, types.get(name, onnx.TensorProto.FLOAT)))
+    return exposed
+
+
+def helper_value_info(name: str, elem_type: int) -> onnx.ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(name, elem_type, None)
+
+
+def name_all_nodes(model: onnx.ModelProto) -> None:
+    """Give unnamed nodes stable names (op type + index): fallbacks and reports refer to nodes by name."""
+    seen = set()
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}"
+        seen.add(node.name)

@@ -1,0 +1,224 @@
+"""`trtforge build`: ONNX -> TensorRT engine + sidecar, with tiered profiles and a chosen precision.
+
+Precision lives in the ONNX (strongly typed builds): fp16 converts the model first (precision.py),
+int8 takes the Q/DQ model from `calibrate`, best converts a Q/DQ model's remaining float parts to fp16.
+The exact ONNX an engine was built from is kept beside it as ENGINE_STEM.onnx when it differs from
+the input.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from trtforge import __version__
+from trtforge.artifacts import onnx_graph_hash, read_sidecar, sha256_file, write_bytes_atomic, write_json_atomic, write_sidecar
+from trtforge.backends.tensorrt import BuildOptions, build_engine, engine_layers, load_trt, runtime_identity, summarize_layers
+from trtforge.config import AxisRange, InputSpec
+from trtforge.errors import UserError
+from trtforge.feeds import random_feeds
+from trtforge.graph import io_specs
+from trtforge.onnxio import load_onnx, save_onnx
+from trtforge.profiles import Profile, Tier, auto_tier_bounds, plan_profiles, tier_ranges
+
+PRECISIONS = ("fp32", "fp16", "int8", "best")
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+@dataclass
+class BuildResult:
+    engine_path: Path
+    sidecar: dict[str, Any]
+    profiles: list[Profile]
+    layer_summary: dict[str, Any] | None
+
+
+def model_traits(model: onnx.ModelProto) -> tuple[bool, bool]:
+    """(holds fp16 tensors, holds Q/DQ nodes)."""
+    has_qdq = any(n.op_type in QDQ_OPS for n in model.graph.node)
+    fp16 = onnx.TensorProto.FLOAT16
+    has_fp16 = any(t.data_type == fp16 for t in model.graph.initializer) or any(
+        n.op_type == "Cast" and any(a.name == "to" and a.i == fp16 for a in n.attribute) for n in model.graph.node
+    )
+    return has_fp16, has_qdq
+
+
+def parse_tiers(spec: str | None, config_tiers: dict[str, list[int]], axes: dict[str, AxisRange],
+                lengths: list[int] | None = None, count: int = 3) -> dict[str, list[Tier]]:
+    """'128,256,512' (the sequence axis), 'seq=128,512;batch=8,32', 'auto', or the config's tiers."""
+    if not spec:
+        return {axis: tier_ranges(bounds, axes[axis], axis) for axis, bounds in config_tiers.items() if axis in axes}
+    default_axis = _default_tier_axis(axes)
+    if spec.strip() == "auto":
+        if lengths is None:
+            raise UserError("--tiers auto needs real lengths; pass --lengths FILE (one integer per line).")
+        return {default_axis: auto_tier_bounds(lengths, count, axes[default_axis])}
+    tiers = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        axis, _, values = part.rpartition("=")
+        axis = axis.strip() or default_axis
+        if axis not in axes:
+            raise UserError(f"--tiers names axis '{axis}', which the model does not have; its axes are: {', '.join(axes)}.")
+        try:
+            bounds = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise UserError(f"--tiers '{part}' must be comma-separated integers, e.g. 128,256,512.") from None
+        tiers[axis] = tier_ranges(bounds, axes[axis], axis)
+    return tiers
+
+
+def _default_tier_axis(axes: dict[str, AxisRange]) -> str:
+    for name in ("seq", "sequence", "seq_len", "tokens"):
+        if name in axes:
+            return name
+    non_batch = [a for a in axes if a != "batch"]
+    if len(non_batch) == 1:
+        return non_batch[0]
+    raise UserError(f"--tiers must name its axis when the model has several ({', '.join(axes)}): e.g. seq=128,512.")
+
+
+def read_lengths(path: Path) -> list[int]:
+    if not path.is_file():
+        raise UserError(f"lengths file {path} does not exist; give one integer per line.")
+    text = path.read_text().strip()
+    try:
+        values = json.loads(text) if text.startswith("[") else [int(line) for line in text.split() if line]
+        return [int(v) for v in values]
+    except ValueError:
+        raise UserError(f"lengths file {path} must hold integers, one per line (or a JSON list).") from None
+
+
+def default_engine_path(onnx_path: Path, precision: str) -> Path:
+    stem = onnx_path.name.removesuffix(".onnx")
+    if precision not in stem.split("."):
+        stem = f"{stem}.{precision}"
+    return onnx_path.with_name(stem + ".engine")
+
+
+def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
+                       axes: dict[str, AxisRange]) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+    """The model to build (None: the input as it is) and what was done to it."""
+    from trtforge.precision import convert_fp16
+
+    has_fp16, has_qdq = model_traits(model)
+    if precision in ("fp32", "fp16") and has_qdq:
+        raise UserError(f"{onnx_path.name} holds Q/DQ nodes (an INT8 model); build it with --precision int8 or best.")
+    if precision in ("int8", "best") and not has_qdq:
+        raise UserError(f"{onnx_path.name} has no Q/DQ nodes; run `trtforge calibrate` first and build its .int8.onnx.")
+    if precision == "fp32" and has_fp16:
+        raise UserError(f"{onnx_path.name} already holds fp16 tensors; build it with --precision fp16.")
+    if precision in ("fp32", "int8"):
+        return None, {}
+    opt = {name: rng.opt for name, rng in axes.items()}
+    feeds = [random_feeds(specs, opt, seed) for seed in range(2)]
+    converted, report = convert_fp16(model, feeds)
+    return converted, {"fp16_nodes": report.converted_nodes, "fp32_nodes": len(report.kept_fp32),
+                       "kept_fp32": report.kept_fp32}
+
+
+def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,
+          config_tiers: dict[str, list[int]] | None = None, backend: str = "auto", options: BuildOptions | None = None,
+          lengths_file: Path | None = None, tier_count: int = 3) -> BuildResult:
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown precision '{precision}'; use one of {', '.join(PRECISIONS)}.")
+    onnx_path = Path(onnx_path)
+    options = options or BuildOptions()
+    mod = load_trt(backend)
+    model = load_onnx(onnx_path)
+    specs, axes, parent = io_specs(onnx_path, model)
+    lengths = read_lengths(lengths_file) if lengths_file else None
+    tier_plan = parse_tiers(tiers, config_tiers or {}, axes, lengths, tier_count)
+    profiles = plan_profiles(specs, axes, tier_plan)
+    output = Path(output) if output else default_engine_path(onnx_path, precision)
+
+    converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes)
+    built_onnx = onnx_path
+    if converted is not None:
+        built_onnx = output.with_name(output.name.removesuffix(".engine") + ".onnx")
+        save_onnx(converted, built_onnx)
+        write_sidecar(built_onnx, {**(parent or {}), "step": "precision", "precision": precision,
+                                   "parent": str(onnx_path), "graph_hash": onnx_graph_hash(converted), **precision_report})
+        model = converted
+    options.has_fp16, options.has_qdq = model_traits(model)
+    start = time.perf_counter()
+    out = build_engine(mod, built_onnx, profiles, options)
+    write_bytes_atomic(output, out.engine)
+    if out.timing_cache is not None and options.timing_cache is not None:
+        write_bytes_atomic(options.timing_cache, out.timing_cache)
+
+    layers, why_not = engine_layers(mod, out.engine)
+    summary = summarize_layers(layers) if layers is not None else None
+    if layers is not None:
+        write_json_atomic(output.with_name(output.name + ".layers.json"), layers)
+    identity = runtime_identity(mod)
+    sidecar = {
+        "kind": "engine",
+        "trtforge_version": __version__,
+        "backend": mod.flavour,
+        "tensorrt_version": mod.version,
+        "strongly_typed": mod.strongly_typed,
+        "gpu": identity["gpu"],
+        "compute_capability": identity["compute_capability"] if mod.flavour == "tensorrt" else None,
+        "target_compute_capabilities": out.compute_capabilities,
+        "precision": precision,
+        "profiles": [p.to_json() for p in profiles],
+        "io": out.io,
+        "inputs": [s.model_dump() for s in specs],
+        "axes": {k: v.model_dump() for k, v in axes.items()},
+        "source_onnx": str(onnx_path),
+        "source_onnx_sha256": sha256_file(onnx_path),
+        "source_graph_hash": (parent or {}).get("graph_hash"),
+        "reference_onnx": (parent or {}).get("reference_onnx") or str(onnx_path),
+        "built_onnx": str(built_onnx),
+        "calibration_cache_sha256": (parent or {}).get("cache_sha256"),
+        "precision_report": precision_report,
+        "build_options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
+        "timing_cache": {"path": str(options.timing_cache) if options.timing_cache else None,
+                         "loaded": out.timing_cache_loaded, "saved": out.timing_cache is not None},
+        "build_seconds": round(out.seconds, 3),
+        "total_seconds": round(time.perf_counter() - start, 3),
+        "engine_bytes": len(out.engine),
+        "onnx_bytes": built_onnx.stat().st_size,
+        "layer_info": str(output.name + ".layers.json") if layers is not None else None,
+        "layer_info_unavailable": why_not,
+        "layer_summary": summary,
+        "notes": out.notes,
+    }
+    write_sidecar(output, sidecar)
+    return BuildResult(output, sidecar, profiles, summary)
+
+
+def check_engine_compat(engine_path: Path, sidecar: dict[str, Any], identity: dict[str, Any]) -> None:
+    """Refuse an engine made for another TensorRT or GPU with one sentence instead of TensorRT's raw error."""
+    if sidecar.get("kind") != "engine":
+        raise UserError(f"{engine_path}.json is not an engine sidecar; rebuild {engine_path.name} with trtforge build.")
+    if sidecar.get("backend") != identity["backend"]:
+        raise UserError(
+            f"{engine_path.name} was built with {sidecar.get('backend')} but this runtime is {identity['backend']}; "
+            "rebuild the engine here."
+        )
+    if sidecar.get("tensorrt_version") != identity["version"] and not sidecar.get("build_options", {}).get("version_compatible"):
+        raise UserError(
+            f"{engine_path.name} was built with TensorRT {sidecar.get('tensorrt_version')} but this runtime is "
+            f"{identity['version']}; rebuild it here or build with --version-compatible."
+        )
+    built_cc = sidecar.get("compute_capability")
+    if (built_cc and identity.get("compute_capability") and built_cc != identity["compute_capability"]
+            and sidecar.get("build_options", {}).get("hardware_compatibility", "none") == "none"):
+        raise UserError(
+            f"{engine_path.name} was built for compute capability {built_cc} ({sidecar.get('gpu')}) but this GPU is "
+            f"{identity['compute_capability']} ({identity.get('gpu')}); rebuild it here or build with --hardware-compatibility."
+        )
+
+
+def read_engine_sidecar(engine_path: Path) -> dict[str, Any]:
+    if not engine_path.is_file():
+        raise UserError(f"engine file {engine_path} does not exist; build it with trtforge build.")
+    sidecar = read_sidecar(engine_path, required=True)
+    assert sidecar is not None
+    return sidecar
