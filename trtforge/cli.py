@@ -41,6 +41,7 @@ def export(
     opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset (default 17)."),
     exporter: Optional[str] = typer.Option(None, "--exporter", help="legacy (TorchScript-based) or dynamo."),
     external_data: Optional[bool] = typer.Option(None, "--external-data/--no-external-data", help="Force weights into NAME.onnx.data."),
+    no_check: bool = typer.Option(False, "--no-check", help="Skip the ONNX Runtime vs PyTorch check (the sidecar records it)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Export a PyTorch model to ONNX and check it against PyTorch at >= 2 sizes of every dynamic axis."""
@@ -56,7 +57,7 @@ def export(
                           outputs=loaded.output_names)
     cfg = apply_overrides(cfg, {"export.opset": opset, "export.exporter": exporter, "export.external_data": external_data})
     output = output or Path("out") / f"{cfg.name}.onnx"
-    result = export_model(cfg, output)
+    result = export_model(cfg, output, check=not no_check)
     if json_out:
         ui.print_json({"path": str(result.path), **result.sidecar})
         return

@@ -189,7 +189,7 @@ def output_specs(model: Any) -> list[dict[str, Any]]:
     return specs
 
 
-def export_model(config: ModelConfig, output: Path, seed: int = 0) -> ExportResult:
+def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool = True) -> ExportResult:
     import tempfile
 
     import torch
@@ -206,7 +206,7 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0) -> ExportResu
         model = load_onnx(raw)
         # ORT must see the final file layout; check the raw export, then save it atomically.
         actual_outputs = [o.name for o in model.graph.output]
-        checks = check_against_torch(raw, loaded, config, actual_outputs, seed)
+        checks = check_against_torch(raw, loaded, config, actual_outputs, seed) if check else []
         sidecar = {
             "kind": "onnx",
             "step": "export",
@@ -224,6 +224,7 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0) -> ExportResu
                 {"axis": c.axis, "size": c.size, "sizes": c.sizes, "metrics": c.metrics} for c in checks
             ],
             "check_tolerance": config.export.tolerance,
+            "checked": check,
         }
         save_onnx(model, output, external_data=True if config.export.external_data else None)
     seconds = time.perf_counter() - start

@@ -252,7 +252,8 @@ def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], optio
     return BuildOutput(bytes(serialized), seconds, _io_of(network), notes, timing, cache_loaded, ccs)
 
 
-_TENSOR_RE = re.compile(r"(?:tensor|layer|node)[: ]+'?([\w/.:\-]+)'?", re.IGNORECASE)
+_LAYER_RE = re.compile(r"\bI\w+Layer ([^\s:]+)")
+_TENSOR_RE = re.compile(r"tensor:? '?([^\s':]+)")
 
 
 def _explain_build_failure(mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions,
@@ -270,8 +271,8 @@ def _explain_build_failure(mod: TrtModule, onnx_path: Path, profiles: list[Profi
 
 
 def _sentence(profile: Profile, message: str) -> str:
-    match = _TENSOR_RE.search(message)
-    where = f" at '{match.group(1)}'" if match else ""
+    layer, tensor = _LAYER_RE.search(message), _TENSOR_RE.search(message)
+    where = "".join([f", layer '{layer.group(1)}'" if layer else "", f", tensor '{tensor.group(1)}'" if tensor else ""])
     return (f"the engine build failed for profile {profile.index} ({profile.describe()}){where}: {message}; "
             "if the exporter baked a size into a reshape, re-export with --exporter dynamo, else narrow the profile.")
 

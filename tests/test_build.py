@@ -1,0 +1,125 @@
+"""`trtforge build` with tensorrt-rtx, which builds ahead of time without a GPU."""
+
+import json
+
+import pytest
+
+from conftest import FIXTURES, assert_user_error, run_cli
+from trtforge.build import check_engine_compat, parse_tiers
+from trtforge.config import AxisRange
+from trtforge.errors import UserError
+
+pytest.importorskip("tensorrt_rtx")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_minilm_engine_three_tiers(minilm_clean, tmp_path, precision):
+    engine = tmp_path / f"minilm.{precision}.engine"
+    proc = run_cli("build", str(minilm_clean), "--precision", precision, "--tiers", "128,256,512", "-o", str(engine), "--json")
+    assert proc.returncode == 0, proc.stderr
+    side = json.loads(engine.with_name(engine.name + ".json").read_text())
+    assert engine.stat().st_size == side["engine_bytes"] > 1_000_000
+    assert side["backend"] == "tensorrt_rtx" and side["precision"] == precision and side["strongly_typed"]
+    ranges = [p["axes"]["seq"][0::2] for p in side["profiles"]]
+    assert ranges == [[1, 128], [129, 256], [257, 512]]
+    assert side["profiles"][1]["shapes"]["input_ids"] == {"min": [1, 129], "opt": [8, 256], "max": [32, 256]}
+    io = {t["name"]: t for t in side["io"]}
+    assert io["input_ids"]["dtype"] == "int64" and io["last_hidden_state"]["mode"] == "output"
+    assert io["last_hidden_state"]["dtype"] == "float32"  # fp16 keeps fp32 I/O
+    assert len(side["source_onnx_sha256"]) == 64 and side["source_graph_hash"]
+    assert side["build_seconds"] > 0 and side["target_compute_capabilities"]
+    if precision == "fp16":
+        report = side["precision_report"]
+        assert report["fp16_nodes"] > 100 and "LayerNormalization" in json.dumps(report["kept_fp32"])
+        built = tmp_path / "minilm.fp16.onnx"
+        assert built.is_file() and side["built_onnx"] == str(built)
+    else:
+        assert side["built_onnx"] == str(minilm_clean)
+    # TensorRT-RTX engines cannot be deserialized without a GPU: the sidecar says so instead of failing.
+    assert side["layer_info"] or "cannot deserialize" in side["layer_info_unavailable"]
+    proc = run_cli("inspect", str(engine))
+    assert proc.returncode == 0 and "optimization profiles" in proc.stdout
+
+
+def test_timing_cache_is_a_noop_on_rtx(minilm_clean, tmp_path):
+    proc = run_cli("build", str(minilm_clean), "--tiers", "seq=64", "--timing-cache", str(tmp_path / "tc.bin"),
+                   "--compute-capability", "SM86", "-o", str(tmp_path / "e.engine"))
+    assert proc.returncode == 0, proc.stderr
+    assert "no-op" in proc.stdout and not (tmp_path / "tc.bin").exists()
+    side = json.loads((tmp_path / "e.engine.json").read_text())
+    assert side["target_compute_capabilities"] == ["SM86"]
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--tiers", "128,1024"], ["axis 'seq'", "leave its range 1..512"]),
+    (["--tiers", "256,128"], ["strictly increasing"]),
+    (["--tiers", "tokens=128"], ["axis 'tokens'", "batch, seq"]),
+    (["--tiers", "12a"], ["comma-separated integers"]),
+    (["--tiers", "auto"], ["--lengths"]),
+    (["--precision", "int8"], ["no Q/DQ nodes", "trtforge calibrate"]),
+    (["--precision", "fp8"], ["unknown precision 'fp8'"]),
+    (["--compute-capability", "SM1000"], ["SM1000"]),
+    (["--backend", "cuda"], ["unknown backend 'cuda'"]),
+])
+def test_build_bad_input(minilm_clean, tmp_path, args, fragments):
+    proc = run_cli("build", str(minilm_clean), "-o", str(tmp_path / "x.engine"), *args)
+    assert_user_error(proc, *fragments)
+    assert not (tmp_path / "x.engine").exists()
+
+
+def test_auto_tiers_from_lengths_file(minilm_clean, tmp_path):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in [12, 20, 31, 40, 55, 90, 130, 180, 300, 420] * 5))
+    proc = run_cli("build", str(minilm_clean), "--tiers", "auto", "--tier-count", "3", "--lengths", str(lengths),
+                   "-o", str(tmp_path / "a.engine"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    profiles = json.loads(proc.stdout)["profiles"]
+    bounds = [p["axes"]["seq"][2] for p in profiles]
+    assert bounds[-1] == 512 and all(b % 8 == 0 for b in bounds) and len(bounds) == 3
+
+
+def test_baked_reshape_names_profile_and_tensor(tmp_path):
+    onnx_path = tmp_path / "baked.onnx"
+    proc = run_cli("export", "--config", str(FIXTURES / "transformer.yaml"), "--no-check", "-o", str(onnx_path))
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("build", str(onnx_path), "--tiers", "8,16,64", "-o", str(tmp_path / "b.engine"))
+    line = assert_user_error(proc, "profile 0", "layer '/layer/self_attn/Reshape_4'", "tensor '", "--exporter dynamo")
+    assert "seq 1..8" in line
+    assert not (tmp_path / "b.engine").exists()
+
+
+def test_build_corrupt_onnx(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x12\x34not an onnx file")
+    assert_user_error(run_cli("build", str(bad)), "bad.onnx")
+
+
+def test_parse_tiers_default_axis_and_config():
+    axes = {"batch": AxisRange(min=1, opt=8, max=32), "seq": AxisRange(min=1, opt=128, max=512)}
+    assert [t.max for t in parse_tiers("128,512", {}, axes)["seq"]] == [128, 512]
+    assert [t.max for t in parse_tiers(None, {"seq": [256, 512]}, axes)["seq"]] == [256, 512]
+    both = parse_tiers("seq=128,512;batch=4,32", {}, axes)
+    assert [t.max for t in both["batch"]] == [4, 32]
+    img = {"batch": AxisRange(min=1, opt=1, max=4), "h": AxisRange(min=1, opt=8, max=64), "w": AxisRange(min=1, opt=8, max=64)}
+    with pytest.raises(UserError, match="must name its axis"):
+        parse_tiers("16,64", {}, img)
+
+
+def _side(**kw):
+    base = {"kind": "engine", "backend": "tensorrt", "tensorrt_version": "8.6.0", "compute_capability": "9.0",
+            "gpu": "NVIDIA H200", "build_options": {"hardware_compatibility": "none", "version_compatible": False}}
+    base.update(kw)
+    return base
+
+
+def test_engine_compat_refuses_other_version_and_gpu(tmp_path):
+    here = {"backend": "tensorrt", "version": "8.6.0", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
+    check_engine_compat(tmp_path / "e.engine", _side(), here)
+    with pytest.raises(UserError, match="built with TensorRT 10.3.0 but this runtime is 8.6.0"):
+        check_engine_compat(tmp_path / "e.engine", _side(tensorrt_version="10.3.0"), here)
+    with pytest.raises(UserError, match="compute capability 8.0 .*this GPU is 9.0"):
+        check_engine_compat(tmp_path / "e.engine", _side(compute_capability="8.0", gpu="A100"), here)
+    with pytest.raises(UserError, match="built with tensorrt_rtx"):
+        check_engine_compat(tmp_path / "e.engine", _side(backend="tensorrt_rtx"), here)
+    # Hardware-compatible engines are allowed across compute capabilities.
+    check_engine_compat(tmp_path / "e.engine", _side(compute_capability="8.0", build_options={"hardware_compatibility": "ampere_plus"}), here)
