@@ -1,0 +1,1 @@
+"""INT8 calibration: data loading, streamed activation statistics, scale methods, the cache, Q/DQ."""

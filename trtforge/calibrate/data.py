@@ -1,0 +1,195 @@
+"""Calibration and evaluation samples from a folder.
+
+- `.npy` / `.npz`: arrays named after the model inputs (`.npy` files as INPUT_NAME.npy in a sample
+  sub-folder, or `.npz` holding every input). A leading batch axis is optional.
+- `.txt` (one document per file) / `.jsonl` (`{"text": ...}` per line): tokenized with the model's own
+  tokenizer, each sample keeping its own length (calibrating over many lengths, not one shape).
+- images (`.png`, `.jpg`, `.jpeg`, `.bmp`): read with Pillow, scaled to [0, 1], NCHW.
+
+Samples may differ in shape. The manifest hash covers every file's name and bytes, so a cache knows
+which data it was computed from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from trtforge.config import InputSpec
+from trtforge.errors import UserError
+
+TEXT_SUFFIXES = (".txt", ".jsonl")
+ARRAY_SUFFIXES = (".npy", ".npz")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+
+
+@dataclass
+class Dataset:
+    folder: Path
+    files: list[Path]
+    kind: str  # "text" | "arrays" | "images"
+    manifest_hash: str
+
+
+def scan(folder: str | Path) -> Dataset:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"data folder {folder} does not exist; pass a folder of .npy/.npz, .txt/.jsonl or image files.")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + ARRAY_SUFFIXES + IMAGE_SUFFIXES)
+    if not files:
+        raise UserError(f"data folder {folder} holds no .npy/.npz, .txt/.jsonl or image files; add samples to it.")
+    kinds = {("text" if p.suffix.lower() in TEXT_SUFFIXES else "arrays" if p.suffix.lower() in ARRAY_SUFFIXES else "images") for p in files}
+    if len(kinds) > 1:
+        raise UserError(f"data folder {folder} mixes {' and '.join(sorted(kinds))}; keep one kind of sample per folder.")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(folder)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return Dataset(folder, files, kinds.pop(), digest.hexdigest())
+
+
+def read_texts(dataset: Dataset) -> list[str]:
+    texts = []
+    for path in dataset.files:
+        if path.suffix.lower() == ".txt":
+            text = path.read_text(encoding="utf-8", errors="replace").strip()
+            if text:
+                texts.append(text)
+            continue
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                raise UserError(f"{path}:{lineno} is not valid JSON; each line must be {{\"text\": ...}}.") from None
+            if not isinstance(item, dict) or not isinstance(item.get("text"), str):
+                raise UserError(f"{path}:{lineno} has no string 'text' field; each line must be {{\"text\": ...}}.")
+            texts.append(item["text"])
+    if not texts:
+        raise UserError(f"data folder {dataset.folder} holds no text; add non-empty .txt or .jsonl samples.")
+    return texts
+
+
+def tokenize(texts: list[str], tokenizer: Any, specs: list[InputSpec], max_length: int) -> list[dict[str, np.ndarray]]:
+    """One sample per text, [1, len] each, truncated at `max_length`; named after the model inputs."""
+    samples = []
+    for text in texts:
+        enc = tokenizer(text, truncation=True, max_length=max_length, return_tensors="np")
+        samples.append(_named(enc, specs))
+    return samples
+
+
+def _named(enc: Any, specs: list[InputSpec]) -> dict[str, np.ndarray]:
+    out = {}
+    for spec in specs:
+        if spec.name not in enc:
+            raise UserError(f"the tokenizer gives {', '.join(enc.keys())} but the model needs '{spec.name}'; rename the input.")
+        out[spec.name] = np.asarray(enc[spec.name]).astype(spec.dtype)
+    return out
+
+
+def read_arrays(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
+    samples: list[dict[str, np.ndarray]] = []
+    names = [s.name for s in specs]
+    by_dir: dict[Path, dict[str, np.ndarray]] = {}
+    for path in dataset.files:
+        if path.suffix.lower() == ".npz":
+            try:
+                with np.load(path) as data:
+                    arrays = {k: data[k] for k in data.files}
+            except Exception:
+                raise UserError(f"{path} is not a readable .npz file; re-save it with numpy.savez.") from None
+            samples.append(_check_sample(arrays, specs, path))
+        else:
+            try:
+                array = np.load(path)
+            except Exception:
+                raise UserError(f"{path} is not a readable .npy file; re-save it with numpy.save.") from None
+            if path.stem not in names:
+                raise UserError(f"{path.name} is not named after a model input ({', '.join(names)}); rename it INPUT.npy.")
+            by_dir.setdefault(path.parent, {})[path.stem] = array
+    for folder, arrays in sorted(by_dir.items()):
+        samples.append(_check_sample(arrays, specs, folder))
+    return samples
+
+
+def _check_sample(arrays: dict[str, np.ndarray], specs: list[InputSpec], where: Path) -> dict[str, np.ndarray]:
+    out = {}
+    for spec in specs:
+        if spec.name not in arrays:
+            raise UserError(f"{where} has no array '{spec.name}' (it has {', '.join(arrays) or 'none'}); name arrays after the model inputs.")
+        array = arrays[spec.name]
+        if array.ndim == len(spec.shape) - 1:
+            array = array[None]
+        if array.ndim != len(spec.shape):
+            raise UserError(f"{where}: array '{spec.name}' has rank {array.ndim}, the model input has rank {len(spec.shape)}.")
+        for d, (dim, size) in enumerate(zip(spec.shape, array.shape)):
+            if isinstance(dim, int) and dim != size:
+                raise UserError(f"{where}: array '{spec.name}' has size {size} in dim {d}, the model needs {dim}.")
+        kind = np.dtype(spec.dtype).kind
+        if array.dtype.kind != kind and not (kind in "iu" and array.dtype.kind in "iu"):
+            raise UserError(f"{where}: array '{spec.name}' has dtype {array.dtype}, the model input is {spec.dtype}.")
+        out[spec.name] = array.astype(spec.dtype)
+    return out
+
+
+def read_images(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise UserError("reading images needs Pillow; `pip install pillow`, or save the images as .npy.") from None
+    if len(specs) != 1:
+        raise UserError(f"image data feeds one input, but the model has {len(specs)}; give .npz samples instead.")
+    spec = specs[0]
+    samples = []
+    for path in dataset.files:
+        try:
+            image = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255.0
+        except Exception:
+            raise UserError(f"{path} is not a readable image; remove or replace it.") from None
+        samples.append({spec.name: image.transpose(2, 0, 1)[None].astype(spec.dtype)})
+    return samples
+
+
+def load_samples(folder: str | Path, specs: list[InputSpec], tokenizer_factory: Callable[[], Any] | None,
+                 max_length: int, max_samples: int | None = None) -> tuple[Dataset, list[dict[str, np.ndarray]]]:
+    dataset = scan(folder)
+    if dataset.kind == "text":
+        if tokenizer_factory is None:
+            raise UserError(f"{dataset.folder} holds text, but this model has no tokenizer; give .npy/.npz samples.")
+        samples = tokenize(read_texts(dataset), tokenizer_factory(), specs, max_length)
+    elif dataset.kind == "arrays":
+        samples = read_arrays(dataset, specs)
+    else:
+        samples = read_images(dataset, specs)
+    for i, sample in enumerate(samples):
+        for name, array in sample.items():
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise UserError(f"sample {i} of {dataset.folder}: input '{name}' holds NaN or Inf; clean the data.")
+    return dataset, samples[:max_samples] if max_samples else samples
+
+
+def batches(samples: list[dict[str, np.ndarray]], batch_size: int, pad_values: dict[str, int] | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Group samples of equal shape into batches; different lengths are bucketed, never padded.
+
+    Padding would put pad-token activations into the statistics; bucketing by shape keeps every
+    activation a real one.
+    """
+    buckets: dict[tuple, list[dict[str, np.ndarray]]] = {}
+    for sample in samples:
+        key = tuple((k, v.shape) for k, v in sorted(sample.items()))
+        buckets.setdefault(key, []).append(sample)
+        if len(buckets[key]) == batch_size:
+            yield _stack(buckets.pop(key))
+    for group in buckets.values():
+        yield _stack(group)
+
+
+def _stack(group: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([s[k] for s in group], axis=0) for k in group[0]}
