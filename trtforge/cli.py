@@ -95,6 +95,85 @@ def clean(
 
 
 @app.command()
+def calibrate(
+    onnx_path: Path = typer.Argument(..., metavar="ONNX", help="The cleaned ONNX (trtforge clean)."),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Calibration folder: .npy/.npz, .txt/.jsonl or images."),
+    method: Optional[str] = typer.Option(None, "--method", help="entropy (TensorRT's KL search), percentile or minmax."),
+    percentile: Optional[float] = typer.Option(None, "--percentile", help="For --method percentile (default 99.99)."),
+    smooth: Optional[float] = typer.Option(None, "--smooth", help="SmoothQuant alpha in [0, 1] (migrates activation outliers into weights)."),
+    no_smooth: bool = typer.Option(False, "--no-smooth", help="Turn off SmoothQuant even if the config sets it."),
+    eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Held-out folder for the accuracy check (default: the config's)."),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples", help="Use at most this many calibration samples."),
+    max_eval_samples: Optional[int] = typer.Option(None, "--max-eval-samples", help="Use at most this many held-out samples."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Gate: mean cosine of pooled outputs to fp32 (default 0.99)."),
+    min_int8_flops: Optional[float] = typer.Option(None, "--min-int8-flops", help="Floor on the GEMM FLOPs fraction left in INT8 (default 0.8)."),
+    no_fallback: bool = typer.Option(False, "--no-fallback", help="Quantize every layer; do not keep sensitive ones in float."),
+    strict_cache: bool = typer.Option(False, "--strict-cache", help="Fail (exit 2) instead of recalibrating when the cache does not match."),
+    from_cache: Optional[Path] = typer.Option(None, "--from-cache", help="Import a TensorRT calibration cache written elsewhere."),
+    compare_methods: bool = typer.Option(False, "--compare-methods", help="Run entropy, percentile and minmax side by side."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'calibrate' section gives defaults."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The Q/DQ ONNX (default NAME.int8.onnx); the cache goes beside it."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Calibrate INT8 scales, write a TensorRT calibration cache + sidecar and a Q/DQ ONNX, check accuracy."""
+    from trtforge.calibrate.step import CalibrateOptions, calibrate as calibrate_step
+    from trtforge.config import CalibrateSection, load_config
+    from trtforge.errors import GateFailed
+
+    section = load_config(config).calibrate if config else _builtin_section(onnx_path, "calibrate") or CalibrateSection()
+    data = data or (Path(section.data) if section.data else None)
+    if data is None:
+        raise UserError("no calibration data given; pass --data FOLDER or set calibrate.data in the config.")
+    chosen_eval = eval_data or (Path(section.eval_data) if section.eval_data else None)
+    options = CalibrateOptions(
+        data=data, method=method or section.method, percentile=percentile or section.percentile, num_bins=section.num_bins,
+        batch_size=section.batch_size, max_samples=max_samples or section.max_samples,
+        smooth=None if no_smooth else (smooth if smooth is not None else section.smooth), eval_data=chosen_eval,
+        max_eval_samples=max_eval_samples, min_cosine=min_cosine if min_cosine is not None else section.min_cosine,
+        min_int8_flops=min_int8_flops if min_int8_flops is not None else section.min_int8_flops,
+        fallback=not no_fallback, strict_cache=strict_cache, from_cache=from_cache, output=output,
+    )
+    if options.smooth is not None and not 0.0 <= options.smooth <= 1.0:
+        raise UserError(f"--smooth must be between 0 and 1, got {options.smooth}.")
+    log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
+    with ui.progress("calibrating", None) as bar:
+        result = calibrate_step(onnx_path, options, compare_methods, progress=log, progress_bar=bar)
+    side = result.sidecar
+    acc = side["accuracy"] or {}
+    if json_out:
+        ui.print_json({"path": str(result.int8_path), **side})
+    else:
+        con = ui.console()
+        con.print(("reused cache: " if result.reused else "calibrated: ") + result.reason)
+        rows = [[r.method, r.accuracy.mean_cosine, r.accuracy.min_cosine, r.int8_flops_fraction, len(r.float_nodes)]
+                for r in (result.comparison or [result.result]) if r.accuracy]
+        con.print(ui.table("held-out accuracy of the INT8 model vs fp32 (mean-pooled outputs)",
+                           ["method", "mean cosine", "min cosine", "INT8 GEMM FLOPs", "layers kept float"], rows))
+        per = [[name, m["rel_l2"], m["cosine"], m["max_abs"], m.get("top1_agreement", "-")] for name, m in acc.get("per_output", {}).items()]
+        con.print(ui.table("per output", ["output", "rel-L2", "cosine", "max-abs", "top-1"], per))
+        con.print(f"wrote {result.cache_path}, {result.cache_path}.json and {result.int8_path} in {result.seconds:.1f} s")
+    if acc and acc["mean_cosine"] < options.min_cosine:
+        raise GateFailed(f"INT8 mean cosine {acc['mean_cosine']:.4f} is below the gate {options.min_cosine} on {chosen_eval or data}; "
+                         "try --smooth, another --method, or a lower --min-int8-flops to allow more float layers.")
+    if side["int8_gemm_flops_fraction"] < options.min_int8_flops:
+        raise GateFailed(f"only {side['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor {options.min_int8_flops:.0%}.")
+
+
+def _builtin_section(onnx_path: Path, section: str):
+    """The built-in config's section for a model exported from a built-in (by its sidecar), else None."""
+    from trtforge.artifacts import read_sidecar
+    from trtforge.config import load_config
+    from trtforge.models import BUILTIN_NAMES, builtin_config_path
+
+    try:
+        side = read_sidecar(onnx_path, required=False) or {}
+    except UserError:
+        return None
+    source = side.get("source")
+    return getattr(load_config(builtin_config_path(source)), section) if source in BUILTIN_NAMES else None
+
+
+@app.command()
 def build(
     onnx_path: Path = typer.Argument(..., metavar="ONNX", help="A cleaned ONNX, or the .int8.onnx from calibrate."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Engine path (default NAME.PRECISION.engine)."),

@@ -1,0 +1,292 @@
+"""`trtforge calibrate`: cleaned ONNX + data -> TensorRT calibration cache (+ sidecar) + Q/DQ ONNX.
+
+Order of work:
+1. samples from the data folder (any lengths), held-out samples from the eval folder;
+2. the cache, if its sidecar matches (graph, data, method, parameters): reused, nothing recomputed;
+3. otherwise: optional SmoothQuant (one pass for per-channel abs-max, then migration), one streamed
+   pass for histograms, amax per the method, then accuracy-driven fallback: while the held-out mean
+   cosine misses the gate, the most sensitive quantized layer (by leave-one-out) is kept in float, as
+   long as the GEMM FLOPs left in INT8 stay above their floor;
+4. the cache, its sidecar and NAME.int8.onnx, each written atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+
+from trtforge import __version__
+from trtforge.artifacts import onnx_graph_hash, read_sidecar, sha256_file, write_sidecar
+from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.calibrate import data as data_mod
+from trtforge.calibrate.cache import read_cache, write_cache
+from trtforge.calibrate.collect import QuantPlan, collect, gemm_flops, plan_quantization
+from trtforge.calibrate.evaluate import Accuracy, evaluate, reference_outputs
+from trtforge.calibrate.methods import compute_amax
+from trtforge.calibrate.smooth import apply_smoothing, smoothing_groups, smoothing_scales
+from trtforge.config import AxisRange, InputSpec
+from trtforge.errors import UserError
+from trtforge.feeds import random_feeds
+from trtforge.graph import io_specs, name_all_nodes
+from trtforge.onnxio import load_onnx, save_onnx
+from trtforge.quantize import insert_qdq
+
+METHODS = ("entropy", "percentile", "minmax")
+
+
+@dataclass
+class CalibrateOptions:
+    data: Path
+    method: str = "entropy"
+    percentile: float = 99.99
+    num_bins: int = 2048
+    batch_size: int = 16
+    max_samples: int | None = None
+    smooth: float | None = None
+    eval_data: Path | None = None
+    max_eval_samples: int | None = None
+    min_cosine: float = 0.99
+    min_int8_flops: float = 0.8
+    fallback: bool = True
+    sensitivity_samples: int = 48
+    strict_cache: bool = False
+    from_cache: Path | None = None
+    output: Path | None = None  # the int8 ONNX; the cache goes beside it
+
+
+@dataclass
+class MethodResult:
+    method: str
+    amax: dict[str, float]
+    float_nodes: list[str]
+    accuracy: Accuracy | None
+    int8_flops_fraction: float
+    sensitivity: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class CalibrateResult:
+    int8_path: Path
+    cache_path: Path
+    reused: bool
+    reason: str
+    result: MethodResult
+    sidecar: dict[str, Any]
+    comparison: list[MethodResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def paths_for(onnx_path: Path, output: Path | None) -> tuple[Path, Path]:
+    stem = onnx_path.name.removesuffix(".onnx").removesuffix(".clean")
+    int8 = output or onnx_path.with_name(f"{stem}.int8.onnx")
+    cache = int8.with_name(int8.name.removesuffix(".onnx").removesuffix(".int8") + ".calib.cache")
+    return int8, cache
+
+
+def _max_length(specs: list[InputSpec], axes: dict[str, AxisRange]) -> int:
+    lengths = [axes[d].max for s in specs for d in s.shape[1:] if isinstance(d, str) and d in axes]
+    return max(lengths) if lengths else 512
+
+
+def _tokenizer_factory(parent: dict[str, Any] | None) -> Callable[[], Any] | None:
+    source = (parent or {}).get("source")
+    if source == "minilm":
+        from trtforge.models.minilm import load_tokenizer
+
+        return load_tokenizer
+    return None
+
+
+def expected_fingerprint(graph_hash: str, manifest: str, options: CalibrateOptions) -> dict[str, Any]:
+    params: dict[str, Any] = {"num_bins": options.num_bins, "max_samples": options.max_samples, "smooth": options.smooth,
+                              "fallback": options.fallback, "min_cosine": options.min_cosine,
+                              "min_int8_flops": options.min_int8_flops}
+    if options.method == "percentile":
+        params["percentile"] = options.percentile
+    return {"graph_hash": graph_hash, "data_manifest_hash": manifest, "method": options.method, "params": params,
+            "trtforge_version": __version__}
+
+
+def cache_decision(cache: Path, fingerprint: dict[str, Any], strict: bool) -> tuple[dict[str, Any] | None, str]:
+    """(the sidecar to reuse, or None; why). Never reuses silently: every outcome has a reason."""
+    if not cache.exists():
+        return None, "no cache yet"
+    sidecar = read_sidecar(cache, required=False)
+    if sidecar is None:
+        why = f"cache {cache} has no sidecar, so what it was computed from is unknown"
+    else:
+        diffs = [k for k in fingerprint if sidecar.get(k) != fingerprint[k]]
+        if not diffs:
+            return sidecar, f"reused {cache}: graph, data, method and parameters match"
+        labels = {"graph_hash": "another model graph", "data_manifest_hash": "other calibration data", "method": "another method",
+                  "params": "other parameters", "trtforge_version": "another trtforge version"}
+        why = f"cache {cache} was made for {', '.join(labels[d] for d in diffs)}"
+    if strict:
+        raise UserError(f"{why}; delete it or run without --strict-cache to recalibrate.")
+    return None, why + "; recalibrating"
+
+
+def _coverage(amax: dict[str, float], needed: list[str], cache: Path) -> None:
+    missing = [t for t in needed if t not in amax]
+    if missing:
+        shown = ", ".join(f"'{m}'" for m in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise UserError(f"calibration cache {cache} lacks scales for {len(missing)} tensors the graph needs ({shown}); "
+                        "it was made for another model: recalibrate.")
+
+
+def _eval_batches(samples: list[dict[str, np.ndarray]], limit: int | None) -> list[dict[str, np.ndarray]]:
+    chosen = samples[:limit] if limit else samples
+    return list(data_mod.batches(chosen, 16))
+
+
+def _flops_fraction(flops: dict[str, float], float_nodes: set[str]) -> float:
+    total = sum(flops.values())
+    return 1.0 if total == 0 else sum(v for k, v in flops.items() if k not in float_nodes) / total
+
+
+def _accuracy(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], float_nodes: set[str],
+              batches: list[dict[str, np.ndarray]], refs: list[dict[str, np.ndarray]]) -> Accuracy:
+    qdq = insert_qdq(model, plan, amax, float_nodes)
+    return evaluate(OrtRunner(qdq.SerializeToString()), batches, refs)
+
+
+def fallback_search(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], flops: dict[str, float],
+                    eval_batches: list, eval_refs: list, sens_batches: list, sens_refs: list,
+                    options: CalibrateOptions, progress: Callable[[str], None]) -> tuple[set[str], Accuracy, dict[str, float]]:
+    """Keep the most sensitive layers in float until the gate holds or the INT8 FLOPs floor is reached."""
+    float_nodes: set[str] = set()
+    accuracy = _accuracy(model, plan, amax, float_nodes, eval_batches, eval_refs)
+    if not options.fallback or accuracy.mean_cosine >= options.min_cosine:
+        return float_nodes, accuracy, {}
+    progress(f"mean cosine {accuracy.mean_cosine:.4f} < {options.min_cosine}: measuring per-layer sensitivity (leave one out)")
+    base = _accuracy(model, plan, amax, set(), sens_batches, sens_refs).mean_cosine
+    sensitivity = {}
+    for target in plan.targets:
+        left_out = _accuracy(model, plan, amax, {target.node}, sens_batches, sens_refs).mean_cosine
+        sensitivity[target.node] = left_out - base
+    for node in sorted(sensitivity, key=lambda n: -sensitivity[n]):
+        if sensitivity[node] <= 0:
+            break
+        if _flops_fraction(flops, float_nodes | {node}) < options.min_int8_flops:
+            continue  # too expensive to keep in float; a cheaper sensitive layer may still fit
+        float_nodes.add(node)
+        accuracy = _accuracy(model, plan, amax, float_nodes, eval_batches, eval_refs)
+        progress(f"kept {node} in float: mean cosine {accuracy.mean_cosine:.4f}, INT8 FLOPs {_flops_fraction(flops, float_nodes):.1%}")
+        if accuracy.mean_cosine >= options.min_cosine:
+            break
+    return float_nodes, accuracy, sensitivity
+
+
+def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool = False,
+              progress: Callable[[str], None] = lambda _: None, progress_bar: Any = None) -> CalibrateResult:
+    start = time.perf_counter()
+    onnx_path = Path(onnx_path)
+    if options.method not in METHODS:
+        raise UserError(f"unknown calibration method '{options.method}'; use entropy, percentile or minmax.")
+    model = load_onnx(onnx_path)
+    name_all_nodes(model)
+    specs, axes, parent = io_specs(onnx_path, model)
+    graph_hash = (parent or {}).get("graph_hash") or onnx_graph_hash(model)
+    int8_path, cache_path = paths_for(onnx_path, options.output)
+    tokenizer = _tokenizer_factory(parent)
+    max_len = _max_length(specs, axes)
+    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples)
+    fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
+
+    reused_sidecar, reason = (None, f"imported {options.from_cache}") if options.from_cache else cache_decision(cache_path, fingerprint, options.strict_cache)
+    smooth_scales: dict[str, np.ndarray] = {}
+    if reused_sidecar is not None:
+        smooth_scales = {k: np.asarray(v, dtype=np.float32) for k, v in (reused_sidecar.get("smooth_scales") or {}).items()}
+    working = apply_smoothing(model, smooth_scales) if smooth_scales else model
+    plan = plan_quantization(working)
+
+    eval_samples = samples
+    if options.eval_data:
+        _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples)
+    eval_batches = _eval_batches(eval_samples, options.max_eval_samples)
+    reference = OrtRunner(model.SerializeToString())
+    eval_refs = reference_outputs(reference, eval_batches)
+    sens_batches = _eval_batches(eval_samples, options.sensitivity_samples)
+    sens_refs = reference_outputs(reference, sens_batches)
+    # FLOPs are counted at the axes' opt sizes (batch 1): the shape the engine is tuned for.
+    flops_feeds = random_feeds(specs, {name: (1 if name == "batch" else rng.opt) for name, rng in axes.items()})
+    flops = gemm_flops(working, plan, flops_feeds)
+
+    if reused_sidecar is not None:
+        _, amax = read_cache(cache_path)
+        float_nodes = set(reused_sidecar.get("float_nodes", []))
+        _coverage(amax, plan.activation_tensors(set(t.node for t in plan.targets) - float_nodes | set(plan.residual_adds)), cache_path)
+        accuracy = _accuracy(working, plan, amax, float_nodes, eval_batches, eval_refs)
+        result = MethodResult(options.method, amax, sorted(float_nodes), accuracy, _flops_fraction(flops, float_nodes),
+                              reused_sidecar.get("sensitivity", {}))
+        comparison: list[MethodResult] = []
+    elif options.from_cache:
+        _, amax = read_cache(options.from_cache)
+        _coverage(amax, plan.activation_tensors(), options.from_cache)
+        float_nodes, accuracy, sensitivity = fallback_search(working, plan, amax, flops, eval_batches, eval_refs, sens_batches, sens_refs, options, progress)
+        result = MethodResult(options.method, {t: amax[t] for t in plan.activation_tensors()}, sorted(float_nodes), accuracy,
+                              _flops_fraction(flops, float_nodes), sensitivity)
+        comparison = []
+    else:
+        calib_batches = list(data_mod.batches(samples, options.batch_size))
+        if options.smooth is not None:
+            groups = smoothing_groups(model)
+            progress(f"SmoothQuant alpha {options.smooth}: per-channel abs-max of {len(groups)} activations")
+            stats = collect(model, calib_batches, [], list(groups), options.num_bins, progress_bar)
+            inits = {i.name: i for i in model.graph.initializer}
+            nodes = {n.name: n for n in model.graph.node}
+            from onnx import numpy_helper
+
+            for tensor, members in groups.items():
+                weights = [numpy_helper.to_array(inits[nodes[m].input[1]]) for m in members]
+                smooth_scales[tensor] = smoothing_scales(stats.channel_amax[tensor], weights, options.smooth)
+            working = apply_smoothing(model, smooth_scales)
+            plan = plan_quantization(working)
+            flops = gemm_flops(working, plan, flops_feeds)
+        tensors = plan.activation_tensors()
+        progress(f"collecting histograms of {len(tensors)} tensors over {len(samples)} samples")
+        stats = collect(working, calib_batches, tensors, None, options.num_bins, progress_bar)
+        methods = list(METHODS) if compare_methods else [options.method]
+        comparison = []
+        for method in methods:
+            amax = {t: compute_amax(stats.histograms[t], method, options.percentile) for t in tensors}
+            float_nodes, accuracy, sensitivity = fallback_search(working, plan, amax, flops, eval_batches, eval_refs,
+                                                                 sens_batches, sens_refs, options, progress)
+            comparison.append(MethodResult(method, amax, sorted(float_nodes), accuracy, _flops_fraction(flops, float_nodes), sensitivity))
+        result = next(r for r in comparison if r.method == options.method)
+
+    qdq = insert_qdq(working, plan, result.amax, set(result.float_nodes))
+    if reused_sidecar is None:
+        write_cache(cache_path, result.amax, result.method)
+        cache_sidecar = {**fingerprint, "kind": "calibration_cache", "tensors": result.amax,
+                         "smooth_scales": {k: v.tolist() for k, v in smooth_scales.items()},
+                         "float_nodes": result.float_nodes, "sensitivity": result.sensitivity,
+                         "samples": len(samples), "data": str(options.data), "source_onnx": str(onnx_path)}
+        write_sidecar(cache_path, cache_sidecar)
+    save_onnx(qdq, int8_path)
+    accuracy_json = result.accuracy.to_json() if result.accuracy else None
+    sidecar = {
+        "kind": "onnx", "step": "calibrate", "trtforge_version": __version__,
+        "parent": str(onnx_path), "reference_onnx": str(onnx_path), "parent_graph_hash": graph_hash,
+        "graph_hash": onnx_graph_hash(qdq), "inputs": [s.model_dump() for s in specs],
+        "axes": {k: v.model_dump() for k, v in axes.items()}, "outputs": (parent or {}).get("outputs"),
+        "source": (parent or {}).get("source"), "config_name": (parent or {}).get("config_name"),
+        "cache": str(cache_path), "cache_sha256": sha256_file(cache_path), "cache_reused": reused_sidecar is not None,
+        "cache_reason": reason, "method": result.method, "smooth": options.smooth if smooth_scales else None,
+        "quantized_nodes": len(plan.targets) - len(result.float_nodes), "float_nodes": result.float_nodes,
+        "int8_gemm_flops_fraction": result.int8_flops_fraction, "accuracy": accuracy_json,
+        "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops},
+        "flops_at": {name: (1 if name == "batch" else rng.opt) for name, rng in axes.items()},
+        "seconds": round(time.perf_counter() - start, 3),
+        "comparison": [{"method": r.method, "mean_cosine": r.accuracy.mean_cosine if r.accuracy else None,
+                        "min_cosine": r.accuracy.min_cosine if r.accuracy else None,
+                        "int8_gemm_flops_fraction": r.int8_flops_fraction, "float_nodes": len(r.float_nodes)} for r in comparison],
+    }
+    write_sidecar(int8_path, sidecar)
+    return CalibrateResult(int8_path, cache_path, reused_sidecar is not None, reason, result, sidecar, comparison,
+                           time.perf_counter() - start)
