@@ -21,10 +21,12 @@ def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str, code: 
     assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
-    assert len(lines) == 1, proc.stderr
+    errors = [l for l in lines if l.startswith("error:")]
+    # Exactly one error sentence, and it is the last thing printed (progress lines may come before it).
+    assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr
     for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
+        assert fragment in errors[0], errors[0]
+    return errors[0]
 
 
 @pytest.fixture(scope="session")

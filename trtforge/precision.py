@@ -20,7 +20,9 @@ from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.graph import expose_tensors, name_all_nodes
 
 FP32_OP_BLOCK_LIST = ("LayerNormalization", "Pow", "ReduceMean", "ReduceSum", "ReduceSumSquare", "Sqrt",
-                      "Reciprocal", "Exp", "Log", "Softplus")
+                      "Reciprocal", "Exp", "Log", "Softplus",
+                      # Q/DQ keep fp32 scales: TensorRT 8.6 takes only fp32 scales (precision 'best').
+                      "QuantizeLinear", "DequantizeLinear")
 DATA_MAX = 512.0
 INIT_MAX = 65504.0
 
