@@ -1,0 +1,113 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trtforge.chunking import (merge_logits, merge_tiles, merge_windows, plan_tiles, plan_windows, pooled_mean,
+                               tile_weight_maps, window_weights)
+from trtforge.errors import UserError
+
+lengths = st.integers(1, 3000)
+chunks = st.integers(2, 600)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths, chunks, st.data())
+def test_windows_cover_every_position_once_kept(length, chunk, data):
+    overlap = data.draw(st.integers(0, chunk - 1))
+    windows = plan_windows(length, chunk, overlap)
+    assert windows[0].start == 0 and windows[-1].end == length
+    assert all(w.length <= chunk for w in windows)
+    assert all(w.length == chunk for w in windows[:-1])  # only the last one is shorter
+    for a, b in zip(windows, windows[1:]):
+        assert b.start == a.start + chunk - overlap and b.start <= a.end  # no gap
+        assert a.end - b.start == overlap  # overlap as planned
+        assert a.keep_end == b.keep_start  # kept parts tile the sequence
+    covered = np.zeros(length, int)
+    for w in windows:
+        covered[w.keep_start:w.keep_end] += 1
+        assert w.start <= w.keep_start <= w.keep_end <= w.end
+    assert (covered == 1).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths, chunks, st.sampled_from(["center", "linear", "cosine"]), st.data())
+def test_blend_weights_sum_to_one(length, chunk, merge, data):
+    overlap = data.draw(st.integers(0, chunk - 1))
+    windows = plan_windows(length, chunk, overlap)
+    total = np.zeros(length)
+    for w, wt in zip(windows, window_weights(windows, length, merge)):
+        assert (wt >= 0).all()
+        total[w.start:w.end] += wt
+    np.testing.assert_allclose(total, 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("merge", ["center", "linear", "cosine"])
+def test_merge_reconstructs_a_position_wise_signal(merge):
+    signal = np.random.default_rng(0).normal(size=(1000, 3))
+    windows = plan_windows(1000, 128, 32)
+    outs = [signal[w.start:w.end] for w in windows]
+    np.testing.assert_allclose(merge_windows(outs, windows, 1000, merge), signal, atol=1e-12)
+
+
+def test_bad_plans():
+    with pytest.raises(UserError, match="overlap \\(256\\) must be >= 0 and smaller than the chunk size \\(256\\)"):
+        plan_windows(1000, 256, 256)
+    with pytest.raises(UserError, match="unknown merge"):
+        window_weights(plan_windows(10, 4, 1), 10, "max")
+
+
+def test_issue_example_8192_tokens():
+    windows = plan_windows(8192, 512, 64)
+    assert len(windows) == 19 and windows[-1].length == 8192 - 18 * 448
+
+
+def test_pooled_mean_equals_mean_of_merged_tokens():
+    tokens = np.random.default_rng(1).normal(size=(700, 8))
+    windows = plan_windows(700, 256, 32)
+    means = [tokens[w.keep_start:w.keep_end].mean(axis=0) for w in windows]
+    counts = [w.keep_end - w.keep_start for w in windows]
+    np.testing.assert_allclose(pooled_mean(means, counts), tokens.mean(axis=0), atol=1e-12)
+
+
+def test_merge_logits():
+    a, b = np.array([2.0, 0.0]), np.array([0.0, 1.0])
+    probs = merge_logits([a, b], [3, 1])
+    assert probs.sum() == pytest.approx(1.0) and probs.argmax() == 0
+    assert merge_logits([a, b, b], [1, 1, 1], mode="vote").tolist() == pytest.approx([1 / 3, 2 / 3])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(8, 300), st.integers(8, 300), st.integers(4, 128), st.sampled_from(["center", "linear", "gaussian"]), st.data())
+def test_tile_weights_sum_to_one_and_cover(h, w, tile, merge, data):
+    overlap = data.draw(st.integers(0, tile - 1))
+    total = np.zeros((h, w))
+    for t, wt in zip(plan_tiles(h, w, tile, overlap), tile_weight_maps(h, w, tile, overlap, merge)):
+        total[t.rows.start:t.rows.end, t.cols.start:t.cols.end] += wt
+    np.testing.assert_allclose(total, 1.0, atol=1e-12)
+
+
+def test_merge_tiles_reconstructs_pixelwise_image():
+    image = np.random.default_rng(2).normal(size=(4, 100, 77))
+    tiles = plan_tiles(100, 77, 32, 8)
+    outs = [image[:, t.rows.start:t.rows.end, t.cols.start:t.cols.end] for t in tiles]
+    for merge in ("center", "linear", "gaussian"):
+        np.testing.assert_allclose(merge_tiles(outs, 100, 77, 32, 8, merge), image, atol=1e-12)
+
+
+def test_tiled_tiny_fcn_equals_whole_image():
+    """Overlap >= the receptive field (9): centre-merged tiles reproduce the whole-image output."""
+    torch = pytest.importorskip("torch")
+    from trtforge.models.tiny_fcn import RECEPTIVE_FIELD, load
+
+    module = load().module
+    image = torch.rand(1, 3, 150, 130, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        whole = module(image).numpy()
+        overlap = RECEPTIVE_FIELD - 1 + 8  # each kept pixel sits >= 8 pixels inside its tile
+        tiles = plan_tiles(150, 130, 64, overlap)
+        outs = [module(image[..., t.rows.start:t.rows.end, t.cols.start:t.cols.end]).numpy() for t in tiles]
+    for merge, tol in (("center", 1e-5), ("linear", 2e-2), ("gaussian", 2e-2)):
+        merged = merge_tiles(outs, 150, 130, 64, overlap, merge)
+        rel = np.linalg.norm(merged - whole) / np.linalg.norm(whole)
+        assert rel < tol, (merge, rel)

@@ -1,0 +1,149 @@
+"""Chunk plans and merges: inputs longer than the model takes, cut into overlapping pieces and put back.
+
+Pure numpy, no runtime. 1-D windows over a sequence; 2-D tiles over an image. Every position is
+covered; where windows overlap, `center` keeps each position from the window it is most central in
+(hard boundary at the middle of the overlap), and `linear` / `cosine` blend with weights that ramp
+across the overlap and sum to 1 at every position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtforge.errors import UserError
+
+MERGES = ("center", "linear", "cosine")
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int
+    end: int
+    keep_start: int  # the part this window contributes under 'center' merging
+    keep_end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def plan_windows(length: int, chunk: int, overlap: int) -> list[Window]:
+    """Windows of `chunk` positions advancing by chunk - overlap; the last one is shorter, not padded."""
+    if chunk < 1:
+        raise UserError(f"chunk size must be >= 1, got {chunk}.")
+    if not 0 <= overlap < chunk:
+        raise UserError(f"overlap ({overlap}) must be >= 0 and smaller than the chunk size ({chunk}); lower --overlap.")
+    if length < 1:
+        return []
+    stride = chunk - overlap
+    starts = [0]
+    while starts[-1] + chunk < length:
+        starts.append(starts[-1] + stride)
+    spans = [(s, min(s + chunk, length)) for s in starts]
+    windows = []
+    for i, (start, end) in enumerate(spans):
+        keep_start = start if i == 0 else (start + spans[i - 1][1]) // 2
+        keep_end = end if i == len(spans) - 1 else (spans[i + 1][0] + end) // 2
+        windows.append(Window(start, end, keep_start, keep_end))
+    return windows
+
+
+def _ramp(n: int, kind: str) -> np.ndarray:
+    """Weights rising over n positions, strictly inside (0, 1]."""
+    t = (np.arange(n, dtype=np.float64) + 1.0) / (n + 1.0)
+    return t if kind == "linear" else 0.5 - 0.5 * np.cos(np.pi * t)
+
+
+def window_weights(windows: list[Window], length: int, merge: str) -> list[np.ndarray]:
+    """Per-window weights (one per position of the window), normalised so they sum to 1 everywhere."""
+    if merge not in MERGES:
+        raise UserError(f"unknown merge '{merge}'; use one of {', '.join(MERGES)}.")
+    raw = []
+    for i, w in enumerate(windows):
+        weights = np.zeros(w.length)
+        if merge == "center":
+            weights[w.keep_start - w.start: w.keep_end - w.start] = 1.0
+        else:
+            weights[:] = 1.0
+            if i > 0:
+                left = windows[i - 1].end - w.start
+                weights[:left] = np.minimum(weights[:left], _ramp(left, merge))
+            if i < len(windows) - 1:
+                right = w.end - windows[i + 1].start
+                weights[w.length - right:] = np.minimum(weights[w.length - right:], _ramp(right, merge)[::-1])
+        raw.append(weights)
+    total = np.zeros(length)
+    for w, weights in zip(windows, raw):
+        total[w.start:w.end] += weights
+    if np.any(total <= 0):
+        raise ValueError("windows leave positions uncovered")
+    return [weights / total[w.start:w.end] for w, weights in zip(windows, raw)]
+
+
+def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int, merge: str = "center", axis: int = 0) -> np.ndarray:
+    """Put per-window outputs (window positions along `axis`) back into one array of `length` positions."""
+    weights = window_weights(windows, length, merge)
+    first = np.moveaxis(outputs[0], axis, 0)
+    merged = np.zeros((length,) + first.shape[1:], dtype=np.float64)
+    for out, w, wt in zip(outputs, windows, weights):
+        part = np.moveaxis(out, axis, 0).astype(np.float64)
+        if part.shape[0] != w.length:
+            raise ValueError(f"window output has {part.shape[0]} positions, the window {w.length}")
+        merged[w.start:w.end] += part * wt.reshape((-1,) + (1,) * (part.ndim - 1))
+    return np.moveaxis(merged, 0, axis).astype(outputs[0].dtype)
+
+
+def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.ndarray:
+    """A sequence embedding from per-chunk mean embeddings, weighted by each chunk's (kept) token count."""
+    counts = np.asarray(token_counts, dtype=np.float64)
+    stacked = np.stack([np.asarray(m, dtype=np.float64) for m in chunk_means])
+    return (stacked * counts[:, None]).sum(axis=0) / counts.sum()
+
+
+def merge_logits(chunk_logits: list[np.ndarray], token_counts: list[int], mode: str = "mean_softmax") -> np.ndarray:
+    """Sequence-level logits from chunks: token-weighted mean of the softmax, or a max (majority) vote."""
+    logits = np.stack([np.asarray(l, dtype=np.float64) for l in chunk_logits])
+    if mode == "vote":
+        votes = np.bincount(logits.argmax(axis=-1), weights=np.asarray(token_counts, float), minlength=logits.shape[-1])
+        return votes / votes.sum()
+    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = exp / exp.sum(axis=-1, keepdims=True)
+    counts = np.asarray(token_counts, dtype=np.float64)
+    return (probs * counts[:, None]).sum(axis=0) / counts.sum()
+
+
+# -- 2-D tiles ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tile:
+    rows: Window
+    cols: Window
+
+
+def plan_tiles(height: int, width: int, tile: int, overlap: int) -> list[Tile]:
+    return [Tile(r, c) for r in plan_windows(height, tile, overlap) for c in plan_windows(width, tile, overlap)]
+
+
+def tile_weight_maps(height: int, width: int, tile: int, overlap: int, merge: str) -> list[np.ndarray]:
+    """Separable per-tile weights (rows x cols), normalised to sum to 1 at every pixel.
+
+    'linear' and 'cosine' blend across the overlaps; 'gaussian' is accepted as the smooth (cosine) window.
+    """
+    kind = "cosine" if merge == "gaussian" else merge
+    rows = plan_windows(height, tile, overlap)
+    cols = plan_windows(width, tile, overlap)
+    row_w = window_weights(rows, height, kind)
+    col_w = window_weights(cols, width, kind)
+    return [np.outer(rw, cw) for rw in row_w for cw in col_w]
+
+
+def merge_tiles(outputs: list[np.ndarray], height: int, width: int, tile: int, overlap: int, merge: str = "linear") -> np.ndarray:
+    """Tile outputs [..., h, w] back into [..., height, width]."""
+    tiles = plan_tiles(height, width, tile, overlap)
+    weights = tile_weight_maps(height, width, tile, overlap, merge)
+    merged = np.zeros(outputs[0].shape[:-2] + (height, width), dtype=np.float64)
+    for out, t, wt in zip(outputs, tiles, weights):
+        merged[..., t.rows.start:t.rows.end, t.cols.start:t.cols.end] += out.astype(np.float64) * wt
+    return merged.astype(outputs[0].dtype)
