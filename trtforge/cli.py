@@ -264,6 +264,93 @@ def inspect(
     _render_engine(side, engine, summary)
 
 
+@app.command(name="run")
+def run_cmd(
+    target: Path = typer.Argument(..., metavar="ENGINE|ONNX", help="An engine from trtforge build, or an ONNX (ONNX Runtime)."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays or images."),
+    chunk: Optional[int] = typer.Option(None, "--chunk", help="Chunk size along the sequence (tile size for images)."),
+    overlap: Optional[int] = typer.Option(None, "--overlap", help="Positions shared by consecutive chunks."),
+    no_chunking: bool = typer.Option(False, "--no-chunking", help="Run whole inputs; longer ones are an error."),
+    merge: Optional[str] = typer.Option(None, "--merge", help="center (keep each position from its most central chunk), linear or cosine blend."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Chunks per batch (capped by the profile's batch max)."),
+    reference: Optional[Path] = typer.Option(None, "--reference", help="fp32 ONNX to check against (default: the engine's source)."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here."),
+    backend: str = typer.Option("auto", "--backend", help="For engines: auto, tensorrt or tensorrt_rtx."),
+    provider: Optional[list[str]] = typer.Option(None, "--provider", help="ONNX Runtime providers for an ONNX target (repeatable)."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per batch shape."),
+    max_rel_l2: Optional[float] = typer.Option(None, "--max-rel-l2", help="Precision gate (default 1e-2)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Precision gate (default 0.99)."),
+    min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", help="Chunking gate on pooled cosine (default: not gated)."),
+    naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Chunked inference checked against ONNX Runtime: precision and chunking errors, latency, throughput, memory."""
+    from trtforge.config import RunSection, load_config
+    from trtforge.errors import GateFailed
+    from trtforge.run import RunOptions, run as run_step
+
+    section = load_config(config).run if config else _section_for_target(target) or RunSection()
+    chosen_inputs = inputs or (Path(section.inputs) if section.inputs else None)
+    if chosen_inputs is None:
+        raise UserError("no inputs given; pass --inputs FOLDER or set run.inputs in the config.")
+    options = RunOptions(
+        inputs=chosen_inputs, chunk=None if no_chunking else (chunk or section.chunk),
+        overlap=0 if no_chunking else (overlap if overlap is not None else section.overlap),
+        batch_size=batch_size or section.batch_size, merge=merge or section.merge,
+        warmup=warmup if warmup is not None else section.warmup,
+        reference=reference or (Path(section.reference) if section.reference else None), backend=backend,
+        max_rel_l2=max_rel_l2 or section.max_rel_l2, min_cosine=min_cosine if min_cosine is not None else section.min_cosine,
+        min_chunk_cosine=min_chunk_cosine if min_chunk_cosine is not None else section.min_chunk_cosine,
+        providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
+    )
+    if options.merge not in ("center", "linear", "cosine"):
+        raise UserError(f"unknown --merge '{options.merge}'; use center, linear or cosine.")
+    log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
+    result = run_step(target, options, progress=log)
+    if json_out:
+        ui.print_json(result)
+    else:
+        _render_run(result)
+    if not result["gates"]["passed"]:
+        raise GateFailed("; ".join(result["gates"]["failures"]) + (f"; see {options.report}" if options.report else ""))
+
+
+def _section_for_target(target: Path):
+    """The built-in config's run section for an engine/ONNX made from a built-in model."""
+    from trtforge.artifacts import read_sidecar
+
+    try:
+        side = read_sidecar(target, required=False) or {}
+    except UserError:
+        return None
+    source_onnx = side.get("reference_onnx") or side.get("source_onnx")
+    if side.get("source") is None and source_onnx:
+        return _builtin_section(Path(source_onnx), "run")
+    return _builtin_section(target, "run")
+
+
+def _render_run(r: dict) -> None:
+    con = ui.console()
+    ch = r["chunking"]
+    con.print(f"{len(r['inputs'])} inputs, {sum(i['chunks'] for i in r['inputs'])} chunks (chunk {ch['chunk']}, overlap {ch['overlap']}, "
+              f"merge {ch['merge']}), {r['batches']} batches on {r['backend']}")
+    rows = [["precision: " + name, m["rel_l2"], m["cosine"], m["min_row_cosine"], m["max_abs"]] for name, m in r["precision_error"]["per_output"].items()]
+    c = r["chunking_error"]
+    if "rel_l2" in c:
+        scope = "whole" if all(s == "whole" for s in c["per_input_scope"]) else c["per_input_scope"][0]
+        rows.append([f"chunking ({scope}): {c['output']}", c["rel_l2"], c["cosine"], c["min_row_cosine"], c["max_abs"]])
+        rows.append(["chunking: pooled cosine (min / mean)", "-", c["mean_pooled_cosine"], c["min_pooled_cosine"], "-"])
+    con.print(ui.table("errors", ["check", "rel-L2", "cosine", "min row cosine", "max-abs"], rows))
+    lat = [[label, v["wall"]["count"], v["wall"].get("p50_ms", 0.0), v["wall"].get("p90_ms", 0.0), v["wall"].get("p99_ms", 0.0),
+            v.get("gpu_compute", {}).get("p50_ms", "-")] for label, v in r["latency"].items()]
+    con.print(ui.table("latency per batch (warm-up excluded)", ["group", "batches", "p50 ms", "p90 ms", "p99 ms", "GPU p50 ms"], lat))
+    t, m = r["throughput"], r["memory"]
+    mem = f"peak GPU {m['peak_gpu_mb']:.0f} MiB" if "peak_gpu_mb" in m else f"peak RSS {m['peak_rss_mb']:.0f} MiB"
+    con.print(f"throughput {t['inputs_per_s']:.2f} inputs/s, {t['tokens_per_s']:.0f} tokens/s; {mem}")
+    con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])))
+
+
 @app.command()
 def doctor(json_out: bool = JsonOpt) -> None:
     """Report Python, torch, ONNX, ONNX Runtime, TensorRT, CUDA and the GPU, and what this machine can run."""

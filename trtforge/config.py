@@ -104,6 +104,10 @@ class RunSection(Strict):
     warmup: int = Field(2, ge=0)
     max_rel_l2: float = Field(1e-2, gt=0)
     min_cosine: float = Field(0.99, ge=-1, le=1)
+    # Floor on the pooled cosine of chunked+merged vs whole; unset: reported, not gated.
+    min_chunk_cosine: float | None = Field(None, ge=-1, le=1)
+    reference: str | None = None
+    report: str | None = None
 
 
 class ModelConfig(Strict):
