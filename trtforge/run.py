@@ -65,6 +65,7 @@ class RunOptions:
     providers: list[str] = field(default_factory=list)
     report: Path | None = None
     naive: bool = False  # one chunk per execute (for benchmarks)
+    save_outputs: Path | None = None  # merged outputs per input, as .npz
 
 
 # -- inputs --------------------------------------------------------------------------------------
@@ -79,13 +80,23 @@ def _seq_axis(specs: list[InputSpec]) -> str | None:
 def load_documents(path: Path, specs: list[InputSpec], tokenizer_factory: Callable[[], Any] | None) -> list[Document]:
     from trtforge.calibrate import data as data_mod
 
+    docs: list[Document] = []
     if path.is_file() and path.suffix == ".jsonl":
         files = [path]
         kind = "text"
+        first = path.read_text().split("\n", 1)[0]
+        if '"input_ids"' in first:  # pre-tokenized: {"name": ..., "input_ids": [...]} without special tokens
+            import json as _json
+
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    item = _json.loads(line)
+                    ids = np.asarray(item["input_ids"], dtype=np.int64)
+                    docs.append(Document(item.get("name", f"text_{len(docs)}"), "text", {"input_ids": ids}, int(ids.size)))
+            return docs
     else:
         dataset = data_mod.scan(path)
         files, kind = dataset.files, dataset.kind
-    docs: list[Document] = []
     if kind == "text":
         if tokenizer_factory is None:
             raise UserError(f"{path} holds text, but this model has no tokenizer; give .npy/.npz inputs.")
@@ -112,7 +123,12 @@ def load_documents(path: Path, specs: list[InputSpec], tokenizer_factory: Callab
 
 
 def _special_ids(tokenizer_factory: Callable[[], Any] | None) -> tuple[int, int]:
-    tok = tokenizer_factory() if tokenizer_factory else None
+    """[CLS]/[SEP] ids from the model's tokenizer; BERT's 101/102 where no tokenizer is installed
+    (pre-tokenized inputs on a machine without transformers)."""
+    try:
+        tok = tokenizer_factory() if tokenizer_factory else None
+    except (UserError, ImportError):
+        tok = None
     return (getattr(tok, "cls_token_id", 101) or 101, getattr(tok, "sep_token_id", 102) or 102)
 
 
@@ -323,7 +339,15 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     start = time.perf_counter()
     for tag, out in target.run_many((i, stack(b)) for i, b in enumerate(batches)):
         results[tag] = out
+    merged_outputs = _merge_all(docs, batches, results, target.output_names[0], options)
     wall = time.perf_counter() - start
+    if options.save_outputs:
+        save = {f"{d.name}": m for d, m in zip(docs, merged_outputs) if m is not None}
+        from trtforge.artifacts import atomic_path
+
+        with atomic_path(options.save_outputs) as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **save)
 
     # Precision error: target vs ORT fp32 on the same batches.
     per_chunk: dict[int, dict[str, np.ndarray]] = {}
@@ -364,6 +388,20 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     if options.report:
         write_json_atomic(options.report, report)
     return report
+
+
+def _merge_all(docs: list[Document], batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]], name: str,
+               options: RunOptions) -> list[np.ndarray | None]:
+    """The product of a run: each input's first output merged back from its chunks."""
+    parts: dict[int, list[tuple[Chunk, dict[str, np.ndarray]]]] = {}
+    for i, batch in enumerate(batches):
+        for j, c in enumerate(batch):
+            parts.setdefault(c.doc, []).append((c, {name: results[i][name][j:j + 1]}))
+    merged = []
+    for d, doc in enumerate(docs):
+        ordered = sorted(parts.get(d, []), key=lambda p: p[0].index)
+        merged.append(_merge_doc(doc, ordered, name, options.merge, options.chunk, options.overlap) if ordered else None)
+    return merged
 
 
 def _rows(a: np.ndarray) -> np.ndarray:

@@ -33,6 +33,14 @@ def _cudart() -> Any:
     return cudart
 
 
+def _handle(obj: Any) -> int:
+    """TensorRT takes CUDA streams as plain integers; cuda-python gives typed handles."""
+    try:
+        return int(obj)
+    except TypeError:
+        return int(obj.getPtr())
+
+
 def _ok(result: Any) -> Any:
     err, *rest = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
@@ -123,7 +131,7 @@ class TrtRunner:
     def _context(self, slot: _Slot, profile: int) -> Any:
         if profile not in slot.contexts:
             ctx = self.engine.create_execution_context()
-            ctx.set_optimization_profile_async(profile, slot.stream)
+            ctx.set_optimization_profile_async(profile, _handle(slot.stream))
             _ok(_cudart().cudaStreamSynchronize(slot.stream))
             # Size buffers for this profile's max shapes, growing the slot's buffers if needed.
             for name in self.input_names:
@@ -174,7 +182,7 @@ class TrtRunner:
             ctx.set_tensor_address(name, slot.device[name].ptr)
         shapes = {name: tuple(ctx.get_tensor_shape(name)) for name in self.output_names}
         _ok(cudart.cudaEventRecord(slot.start, slot.stream))
-        if not ctx.execute_async_v3(slot.stream):
+        if not ctx.execute_async_v3(_handle(slot.stream)):
             raise RuntimeError(f"TensorRT execution failed on profile {profile}")
         _ok(cudart.cudaEventRecord(slot.end, slot.stream))
         for name, shape in shapes.items():

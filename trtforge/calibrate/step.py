@@ -290,3 +290,18 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     write_sidecar(int8_path, sidecar)
     return CalibrateResult(int8_path, cache_path, reused_sidecar is not None, reason, result, sidecar, comparison,
                            time.perf_counter() - start)
+
+
+def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
+    """Rebuild the Q/DQ model from a cleaned ONNX and a trtforge cache (its sidecar carries the SmoothQuant
+    scales and the float fallback layers), with no data: for machines that have the cache but not the data."""
+    model = load_onnx(onnx_path)
+    name_all_nodes(model)
+    sidecar = read_sidecar(cache_path, required=True) or {}
+    _, amax = read_cache(cache_path)
+    smooth = {k: np.asarray(v, dtype=np.float32) for k, v in (sidecar.get("smooth_scales") or {}).items()}
+    working = apply_smoothing(model, smooth) if smooth else model
+    plan = plan_quantization(working)
+    float_nodes = set(sidecar.get("float_nodes", []))
+    _coverage(amax, plan.activation_tensors(set(t.node for t in plan.targets) - float_nodes | set(plan.residual_adds)), cache_path)
+    return insert_qdq(working, plan, amax, float_nodes)
