@@ -49,6 +49,23 @@ def dump(path, items):
         for t in items: f.write(json.dumps({"text": t}) + "\n")
 dump("calib_data/minilm/stdlib_docs.jsonl", cal[:320])
 dump("calib_data/minilm_eval/stdlib_docs.jsonl", ev[:160])
+
+
+def joined(paragraphs, count, seed):
+    """Longer samples (about 80-400 words) by joining consecutive paragraphs: activations at the lengths
+    the longer profiles run, so the scales are not fitted to short sentences only."""
+    r = random.Random(seed)
+    out, i = [], 0
+    while len(out) < count and i < len(paragraphs):
+        target, words, parts = r.randint(80, 400), 0, []
+        while words < target and i < len(paragraphs):
+            parts.append(paragraphs[i]); words += len(paragraphs[i].split()); i += 1
+        out.append(" ".join(parts))
+    return out
+
+
+dump("calib_data/minilm/stdlib_docs_long.jsonl", joined(cal[320:], 64, 1))
+dump("calib_data/minilm_eval/stdlib_docs_long.jsonl", joined(ev[160:], 40, 2))
 for g in groups:
     with open(f"calib_data/minilm_long/{'_'.join(n.replace('.', '_') for n in g)}.txt", "w") as f:
         f.write("\n\n".join(p for n in g for p in docs[n]) + "\n")

@@ -124,6 +124,7 @@ def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, 
 def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,
           config_tiers: dict[str, list[int]] | None = None, backend: str = "auto", options: BuildOptions | None = None,
           lengths_file: Path | None = None, tier_count: int = 3) -> BuildResult:
+    """Build an engine. 'fp32' is IEEE fp32 (TF32 off) unless options.tf32."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision '{precision}'; use one of {', '.join(PRECISIONS)}.")
     onnx_path = Path(onnx_path)
@@ -151,7 +152,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     if out.timing_cache is not None and options.timing_cache is not None:
         write_bytes_atomic(options.timing_cache, out.timing_cache)
 
-    layers, why_not = engine_layers(mod, out.engine)
+    layers, why_not = engine_layers(mod, out.engine, profiles[0])
     summary = summarize_layers(layers) if layers is not None else None
     if layers is not None:
         write_json_atomic(output.with_name(output.name + ".layers.json"), layers)

@@ -190,6 +190,7 @@ def build(
     hardware_compatibility: Optional[str] = typer.Option(None, "--hardware-compatibility", help="none|ampere_plus|same_compute_capability."),
     version_compatible: Optional[bool] = typer.Option(None, "--version-compatible/--no-version-compatible"),
     compute_capability: Optional[list[str]] = typer.Option(None, "--compute-capability", help="TensorRT-RTX targets, e.g. SM89 (repeatable)."),
+    tf32: bool = typer.Option(False, "--tf32", help="Allow TF32 for fp32 math (faster, ~1e-3 rel-L2); off means IEEE fp32."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
@@ -209,6 +210,7 @@ def build(
         hardware_compatibility=hardware_compatibility or section.hardware_compatibility,
         version_compatible=version_compatible if version_compatible is not None else section.version_compatible,
         compute_capabilities=list(compute_capability or section.compute_capabilities),
+        tf32=tf32,
     )
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
         raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")

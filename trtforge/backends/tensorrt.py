@@ -95,6 +95,7 @@ class BuildOptions:
     compute_capabilities: list[str] = field(default_factory=list)
     has_fp16: bool = False
     has_qdq: bool = False
+    tf32: bool = False  # off: 'fp32' means IEEE fp32 (TensorRT turns TF32 on by default)
 
 
 @dataclass
@@ -156,6 +157,11 @@ def _configure(mod: TrtModule, builder: Any, network: Any, options: BuildOptions
         config.builder_optimization_level = options.optimization_level
     if hasattr(trt, "ProfilingVerbosity"):
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    if hasattr(trt.BuilderFlag, "TF32"):
+        if options.tf32:
+            config.set_flag(trt.BuilderFlag.TF32)
+        else:
+            config.clear_flag(trt.BuilderFlag.TF32)
     if not mod.strongly_typed:
         if options.has_fp16:
             config.set_flag(trt.BuilderFlag.FP16)
@@ -281,8 +287,11 @@ def _shorten(message: str) -> str:
     return " ".join(message.split())[:400]
 
 
-def engine_layers(mod: TrtModule, engine_bytes: bytes) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """Layer information (DETAILED) from the engine inspector, or (None, why) where it cannot load."""
+def engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None = None) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """Layer information (DETAILED) from the engine inspector, or (None, why) where it cannot load.
+
+    With dynamic shapes, formats and precisions are only known for concrete shapes: an execution
+    context set to `profile`'s opt shapes is handed to the inspector."""
     import json
 
     trt = mod.trt
@@ -296,6 +305,15 @@ def engine_layers(mod: TrtModule, engine_bytes: bytes) -> tuple[list[dict[str, A
         why = _shorten(logger.errors()[0]) if logger.errors() else "deserialization returned None"
         return None, f"cannot deserialize here ({why})"
     inspector = engine.create_engine_inspector()
+    context = None
+    if profile is not None:
+        try:
+            context = engine.create_execution_context()
+            for name, (_lo, opt, _hi) in profile.shapes.items():
+                context.set_input_shape(name, opt)
+            inspector.execution_context = context
+        except Exception:
+            context = None
     info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
     layers = info.get("Layers", [])
     return [layer if isinstance(layer, dict) else {"Name": layer} for layer in layers], None

@@ -3,9 +3,11 @@
 Kept apart from tensorrt.py (building) because it needs a GPU; it receives the TensorRT module from
 tensorrt.load_trt and imports nothing of TensorRT by itself.
 
-Pipelining: two slots, each with its own CUDA stream, execution context(s), device buffers and pinned
-host buffers. Batch i goes to slot i % 2, so the H2D copy, compute and D2H copy of consecutive batches
-overlap across the two streams (a context is never used by two in-flight batches).
+Pipelining: one execution context per optimization profile (TensorRT lets a profile belong to one
+context at a time), a compute stream and two copy streams, and two slots of device + pinned host
+buffers. Batch i uses slot i % 2: its H2D copy (copy stream) overlaps the compute of batch i - 1, and
+its D2H copy (second copy stream) overlaps the compute of batch i + 1; events order each batch's
+copy -> compute -> copy, and a slot is reused only after its previous batch was collected.
 """
 
 from __future__ import annotations
@@ -81,13 +83,10 @@ class DeviceBuffer:
 
 @dataclass
 class _Slot:
-    stream: Any
-    contexts: dict[int, Any] = field(default_factory=dict)
     device: dict[str, DeviceBuffer] = field(default_factory=dict)
     host: dict[str, PinnedBuffer] = field(default_factory=dict)
-    start: Any = None
-    end: Any = None
-    pending: Any = None  # (tag, output shapes, submit time) of the batch in flight
+    events: dict[str, Any] = field(default_factory=dict)  # h2d, start, end, d2h
+    pending: Any = None  # (tag, profile, output shapes, submit time) of the batch in flight
 
 
 @dataclass
@@ -117,6 +116,11 @@ class TrtRunner:
         self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == mode_in]
         self.output_names = [n for n in names if self.engine.get_tensor_mode(n) != mode_in]
         self.dtypes = {n: np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        self.compute_stream = _ok(cudart.cudaStreamCreate())
+        self.h2d_stream = _ok(cudart.cudaStreamCreate())
+        self.d2h_stream = _ok(cudart.cudaStreamCreate())
+        self.contexts: dict[int, Any] = {}
+        self.profile_bytes: dict[int, dict[str, int]] = {}
         self.slots = [self._make_slot() for _ in range(2)]
         self.timings: list[BatchTiming] = []
         self.peak_bytes = 0
@@ -124,30 +128,37 @@ class TrtRunner:
     # -- setup -------------------------------------------------------------------------------
     def _make_slot(self) -> _Slot:
         cudart = _cudart()
-        slot = _Slot(stream=_ok(cudart.cudaStreamCreate()))
-        slot.start, slot.end = _ok(cudart.cudaEventCreate()), _ok(cudart.cudaEventCreate())
+        slot = _Slot()
+        for name in ("h2d", "start", "end", "d2h"):
+            slot.events[name] = _ok(cudart.cudaEventCreate())
         return slot
 
-    def _context(self, slot: _Slot, profile: int) -> Any:
-        if profile not in slot.contexts:
+    def _context(self, profile: int) -> Any:
+        """The one context of this profile, created on first use; also sizes its I/O at the profile's max."""
+        if profile not in self.contexts:
             ctx = self.engine.create_execution_context()
-            ctx.set_optimization_profile_async(profile, _handle(slot.stream))
-            _ok(_cudart().cudaStreamSynchronize(slot.stream))
-            # Size buffers for this profile's max shapes, growing the slot's buffers if needed.
+            if ctx is None:
+                raise RuntimeError(f"TensorRT could not create an execution context for profile {profile} (out of GPU memory?)")
+            ctx.set_optimization_profile_async(profile, _handle(self.compute_stream))
+            _ok(_cudart().cudaStreamSynchronize(self.compute_stream))
             for name in self.input_names:
                 ctx.set_input_shape(name, self.profiles[profile].shapes[name][2])
-            for name in self.input_names + self.output_names:
-                shape = tuple(ctx.get_tensor_shape(name))
-                nbytes = int(np.prod(shape)) * self.dtypes[name].itemsize
-                if name not in slot.device or slot.device[name].nbytes < nbytes:
-                    if name in slot.device:
-                        slot.device[name].free()
-                        slot.host[name].free()
-                    slot.device[name] = DeviceBuffer(nbytes)
-                    slot.host[name] = PinnedBuffer(nbytes)
-            slot.contexts[profile] = ctx
-            self._note_memory()
-        return slot.contexts[profile]
+            self.profile_bytes[profile] = {
+                name: int(np.prod(tuple(ctx.get_tensor_shape(name)))) * self.dtypes[name].itemsize
+                for name in self.input_names + self.output_names
+            }
+            self.contexts[profile] = ctx
+        return self.contexts[profile]
+
+    def _ensure_buffers(self, slot: _Slot, profile: int) -> None:
+        for name, nbytes in self.profile_bytes[profile].items():
+            if name not in slot.device or slot.device[name].nbytes < nbytes:
+                if name in slot.device:
+                    slot.device[name].free()
+                    slot.host[name].free()
+                slot.device[name] = DeviceBuffer(nbytes)
+                slot.host[name] = PinnedBuffer(nbytes)
+        self._note_memory()
 
     def _note_memory(self) -> None:
         free, _total = _ok(_cudart().cudaMemGetInfo())
@@ -168,40 +179,47 @@ class TrtRunner:
     def _submit(self, slot: _Slot, feeds: dict[str, np.ndarray], profile: int, tag: Any) -> None:
         cudart = _cudart()
         h2d, d2h = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        ctx = self._context(slot, profile)
+        ctx = self._context(profile)
+        self._ensure_buffers(slot, profile)
         submitted = time.perf_counter()
         for name in self.input_names:
             if name not in feeds:
                 raise UserError(f"the engine expects input '{name}' but the feeds have {', '.join(feeds)}; check the I/O names.")
             array = np.ascontiguousarray(feeds[name], dtype=self.dtypes[name])
             slot.host[name].view(self.dtypes[name], array.shape)[...] = array
-            _ok(cudart.cudaMemcpyAsync(slot.device[name].ptr, slot.host[name].ptr, array.nbytes, h2d, slot.stream))
+            _ok(cudart.cudaMemcpyAsync(slot.device[name].ptr, slot.host[name].ptr, array.nbytes, h2d, self.h2d_stream))
             if not ctx.set_input_shape(name, array.shape):
                 raise UserError(f"input '{name}' shape {list(array.shape)} is outside profile {profile}; rebuild with wider tiers.")
+        _ok(cudart.cudaEventRecord(slot.events["h2d"], self.h2d_stream))
         for name in self.input_names + self.output_names:
             ctx.set_tensor_address(name, slot.device[name].ptr)
         shapes = {name: tuple(ctx.get_tensor_shape(name)) for name in self.output_names}
-        _ok(cudart.cudaEventRecord(slot.start, slot.stream))
-        if not ctx.execute_async_v3(_handle(slot.stream)):
+        _ok(cudart.cudaStreamWaitEvent(self.compute_stream, slot.events["h2d"], 0))
+        _ok(cudart.cudaEventRecord(slot.events["start"], self.compute_stream))
+        if not ctx.execute_async_v3(_handle(self.compute_stream)):
             raise RuntimeError(f"TensorRT execution failed on profile {profile}")
-        _ok(cudart.cudaEventRecord(slot.end, slot.stream))
+        _ok(cudart.cudaEventRecord(slot.events["end"], self.compute_stream))
+        _ok(cudart.cudaStreamWaitEvent(self.d2h_stream, slot.events["end"], 0))
         for name, shape in shapes.items():
             nbytes = int(np.prod(shape)) * self.dtypes[name].itemsize
-            _ok(cudart.cudaMemcpyAsync(slot.host[name].ptr, slot.device[name].ptr, nbytes, d2h, slot.stream))
+            _ok(cudart.cudaMemcpyAsync(slot.host[name].ptr, slot.device[name].ptr, nbytes, d2h, self.d2h_stream))
+        _ok(cudart.cudaEventRecord(slot.events["d2h"], self.d2h_stream))
         slot.pending = (tag, profile, shapes, submitted)
 
     def _collect(self, slot: _Slot) -> tuple[Any, dict[str, np.ndarray]]:
         cudart = _cudart()
-        _ok(cudart.cudaStreamSynchronize(slot.stream))
+        _ok(cudart.cudaEventSynchronize(slot.events["d2h"]))
         tag, profile, shapes, submitted = slot.pending
         slot.pending = None
-        gpu_ms = float(_ok(cudart.cudaEventElapsedTime(slot.start, slot.end)))
+        gpu_ms = float(_ok(cudart.cudaEventElapsedTime(slot.events["start"], slot.events["end"])))
         outputs = {name: slot.host[name].view(self.dtypes[name], shape).copy() for name, shape in shapes.items()}
         self.timings.append(BatchTiming(profile, gpu_ms, (time.perf_counter() - submitted) * 1e3))
         return tag, outputs
 
     def run(self, feeds: dict[str, np.ndarray], profile: int | None = None) -> dict[str, np.ndarray]:
         slot = self.slots[0]
+        if slot.pending is not None:
+            self._collect(slot)
         self._submit(slot, feeds, self.profile_for(feeds) if profile is None else profile, None)
         return self._collect(slot)[1]
 
@@ -214,7 +232,7 @@ class TrtRunner:
                 yield self._collect(slot)
             self._submit(slot, feeds, self.profile_for(feeds), tag)
             i += 1
-        for k in range(2):  # drain in order
+        for k in range(2):  # drain in order: the older slot first
             slot = self.slots[(i + k) % 2]
             if slot.pending is not None:
                 yield self._collect(slot)
@@ -223,4 +241,4 @@ class TrtRunner:
         for slot in self.slots:
             for buf in list(slot.device.values()) + list(slot.host.values()):
                 buf.free()
-            slot.contexts.clear()
+        self.contexts.clear()
