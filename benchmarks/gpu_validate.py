@@ -137,7 +137,6 @@ def main():
     for precision, src in (("fp32", W / "minilm.clean.onnx"), ("fp16", W / "minilm.clean.onnx"), ("int8", W / "minilm.int8.onnx")):
         build_one(precision, src)
     build_one("fp16", W / "minilm.clean.onnx", tag=".rebuild", cache_name="tc_fp16.bin")
-    build_one("fp32", W / "minilm.clean.onnx", tag=".rebuild", cache_name="tc_fp32.bin")
     ref = OrtRunner(W / "minilm.clean.onnx")
     for precision in ("fp32", "fp16", "int8"):
         per_profile(precision, docs, ref)
