@@ -82,17 +82,50 @@ def window_weights(windows: list[Window], length: int, merge: str) -> list[np.nd
     return [weights / total[w.start:w.end] for w, weights in zip(windows, raw)]
 
 
-def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int, merge: str = "center", axis: int = 0) -> np.ndarray:
-    """Put per-window outputs (window positions along `axis`) back into one array of `length` positions."""
-    weights = window_weights(windows, length, merge)
-    first = np.moveaxis(outputs[0], axis, 0)
-    merged = np.zeros((length,) + first.shape[1:], dtype=np.float64)
-    for out, w, wt in zip(outputs, windows, weights):
-        part = np.moveaxis(out, axis, 0).astype(np.float64)
+class StreamingMerge:
+    """Merges window outputs as they arrive, in any order, so that merging overlaps inference.
+
+    'center' copies each window's kept slice (no arithmetic: this is on the hot path of every run);
+    blends accumulate weighted windows (weights precomputed, summing to 1), in float32 (float64 for
+    float64 outputs). Positions run along axis 0 of every part.
+    """
+
+    def __init__(self, windows: list[Window], length: int, merge: str = "center"):
+        self.windows, self.length, self.merge = windows, length, merge
+        self.weights = None if merge == "center" else window_weights(windows, length, merge)
+        self.merged: np.ndarray | None = None
+        self.dtype: np.dtype | None = None
+        self.seen: set[int] = set()
+
+    def add(self, index: int, part: np.ndarray) -> None:
+        w = self.windows[index]
         if part.shape[0] != w.length:
             raise ValueError(f"window output has {part.shape[0]} positions, the window {w.length}")
-        merged[w.start:w.end] += part * wt.reshape((-1,) + (1,) * (part.ndim - 1))
-    return np.moveaxis(merged, 0, axis).astype(outputs[0].dtype)
+        if self.merged is None:
+            self.dtype = part.dtype
+            self.merged = np.zeros((self.length,) + part.shape[1:], dtype=np.result_type(part.dtype, np.float32))
+        if self.weights is None:
+            self.merged[w.keep_start:w.keep_end] = part[w.keep_start - w.start:w.keep_end - w.start]
+        else:
+            wt = self.weights[index].astype(self.merged.dtype).reshape((-1,) + (1,) * (part.ndim - 1))
+            self.merged[w.start:w.end] += part * wt
+        self.seen.add(index)
+
+    def result(self) -> np.ndarray:
+        if len(self.seen) != len(self.windows):
+            raise ValueError(f"{len(self.windows) - len(self.seen)} windows were never added")
+        assert self.merged is not None and self.dtype is not None
+        return self.merged.astype(self.dtype, copy=False)
+
+
+def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int, merge: str = "center", axis: int = 0) -> np.ndarray:
+    """Put per-window outputs (window positions along `axis`) back into one array of `length` positions."""
+    if merge not in MERGES:
+        raise UserError(f"unknown merge '{merge}'; use one of {', '.join(MERGES)}.")
+    merger = StreamingMerge(windows, length, merge)
+    for i, out in enumerate(outputs):
+        merger.add(i, np.moveaxis(out, axis, 0))
+    return np.moveaxis(merger.result(), 0, axis)
 
 
 def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.ndarray:

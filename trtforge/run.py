@@ -23,7 +23,7 @@ import numpy as np
 from trtforge import __version__
 from trtforge.artifacts import read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.chunking import Window, merge_tiles, merge_windows, plan_tiles, plan_windows
+from trtforge.chunking import StreamingMerge, Window, merge_tiles, merge_windows, plan_tiles, plan_windows
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.graph import io_specs
@@ -337,9 +337,11 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     results: dict[int, dict[str, np.ndarray]] = {}
     start = time.perf_counter()
+    merger = _Merger(docs, chunks, target.output_names[0], options)
     for tag, out in target.run_many((i, stack(b)) for i, b in enumerate(batches)):
         results[tag] = out
-    merged_outputs = _merge_all(docs, batches, results, target.output_names[0], options)
+        merger.add(batches[tag], out)  # overlaps the next batch's inference
+    merged_outputs = merger.results()
     wall = time.perf_counter() - start
     if options.save_outputs:
         save = {f"{d.name}": m for d, m in zip(docs, merged_outputs) if m is not None}
@@ -390,18 +392,44 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     return report
 
 
-def _merge_all(docs: list[Document], batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]], name: str,
-               options: RunOptions) -> list[np.ndarray | None]:
-    """The product of a run: each input's first output merged back from its chunks."""
-    parts: dict[int, list[tuple[Chunk, dict[str, np.ndarray]]]] = {}
-    for i, batch in enumerate(batches):
+class _Merger:
+    """The product of a run: each input's first output merged back from its chunks, as batches arrive.
+
+    Token outputs of text and sequence inputs stream into chunking.StreamingMerge; image tiles and
+    other outputs are collected and merged once their input is complete."""
+
+    def __init__(self, docs: list[Document], chunks: list[Chunk], name: str, options: RunOptions):
+        self.docs, self.name, self.options = docs, name, options
+        self.expected = [0] * len(docs)
+        self.windows: dict[int, list[Window]] = {}
+        for c in chunks:
+            self.expected[c.doc] += 1
+            self.windows.setdefault(c.doc, []).append(c.window)
+        self.streams: dict[int, StreamingMerge] = {}
+        self.parts: dict[int, list[tuple[Chunk, dict[str, np.ndarray]]]] = {}
+
+    def add(self, batch: list[Chunk], out: dict[str, np.ndarray]) -> None:
+        value = out[self.name]
         for j, c in enumerate(batch):
-            parts.setdefault(c.doc, []).append((c, {name: results[i][name][j:j + 1]}))
-    merged = []
-    for d, doc in enumerate(docs):
-        ordered = sorted(parts.get(d, []), key=lambda p: p[0].index)
-        merged.append(_merge_doc(doc, ordered, name, options.merge, options.chunk, options.overlap) if ordered else None)
-    return merged
+            doc = self.docs[c.doc]
+            if value.ndim == 3 and doc.kind in ("text", "seq"):
+                if c.doc not in self.streams:
+                    self.streams[c.doc] = StreamingMerge(self.windows[c.doc], doc.length, self.options.merge)
+                self.streams[c.doc].add(c.index, _strip(doc, value[j:j + 1]))
+            else:
+                self.parts.setdefault(c.doc, []).append((c, {self.name: value[j:j + 1]}))
+
+    def results(self) -> list[np.ndarray | None]:
+        merged: list[np.ndarray | None] = []
+        for d, doc in enumerate(self.docs):
+            if d in self.streams:
+                merged.append(self.streams[d].result())
+            elif d in self.parts:
+                ordered = sorted(self.parts[d], key=lambda p: p[0].index)
+                merged.append(_merge_doc(doc, ordered, self.name, self.options.merge, self.options.chunk, self.options.overlap))
+            else:
+                merged.append(None)
+        return merged
 
 
 def _rows(a: np.ndarray) -> np.ndarray:

@@ -148,9 +148,11 @@ class TrtRunner:
                 for name in self.input_names + self.output_names
             }
             self.contexts[profile] = ctx
+            self._note_memory()
         return self.contexts[profile]
 
     def _ensure_buffers(self, slot: _Slot, profile: int) -> None:
+        grown = False
         for name, nbytes in self.profile_bytes[profile].items():
             if name not in slot.device or slot.device[name].nbytes < nbytes:
                 if name in slot.device:
@@ -158,7 +160,9 @@ class TrtRunner:
                     slot.host[name].free()
                 slot.device[name] = DeviceBuffer(nbytes)
                 slot.host[name] = PinnedBuffer(nbytes)
-        self._note_memory()
+                grown = True
+        if grown:  # memory only grows here and at context creation: no per-batch query on the hot path
+            self._note_memory()
 
     def _note_memory(self) -> None:
         free, _total = _ok(_cudart().cudaMemGetInfo())
