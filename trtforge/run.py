@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import resource
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -338,9 +339,15 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     results: dict[int, dict[str, np.ndarray]] = {}
     start = time.perf_counter()
     merger = _Merger(docs, chunks, target.output_names[0], options)
-    for tag, out in target.run_many((i, stack(b)) for i, b in enumerate(batches)):
-        results[tag] = out
-        merger.add(batches[tag], out)  # overlaps the next batch's inference
+    # Merging runs on one worker thread (numpy copies release the GIL), so it overlaps the submission
+    # and inference of the next batches instead of stalling the pipeline between them.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = []
+        for tag, out in target.run_many((i, stack(b)) for i, b in enumerate(batches)):
+            results[tag] = out
+            pending.append(pool.submit(merger.add, batches[tag], out))
+        for future in pending:
+            future.result()
     merged_outputs = merger.results()
     wall = time.perf_counter() - start
     if options.save_outputs:
