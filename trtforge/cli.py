@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from trtforge import __version__
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.errors import GateFailed as GateFailedError, TrtforgeError, UserError
 from trtforge import ui
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -116,23 +116,20 @@ def calibrate(
     json_out: bool = JsonOpt,
 ) -> None:
     """Calibrate INT8 scales, write a TensorRT calibration cache + sidecar and a Q/DQ ONNX, check accuracy."""
-    from trtforge.calibrate.step import CalibrateOptions, calibrate as calibrate_step
+    from trtforge.calibrate.step import calibrate as calibrate_step, gate_failures, options_from_section
     from trtforge.config import CalibrateSection, load_config
     from trtforge.errors import GateFailed
 
     section = load_config(config).calibrate if config else _builtin_section(onnx_path, "calibrate") or CalibrateSection()
-    data = data or (Path(section.data) if section.data else None)
-    if data is None:
-        raise UserError("no calibration data given; pass --data FOLDER or set calibrate.data in the config.")
-    chosen_eval = eval_data or (Path(section.eval_data) if section.eval_data else None)
-    options = CalibrateOptions(
-        data=data, method=method or section.method, percentile=percentile or section.percentile, num_bins=section.num_bins,
-        batch_size=section.batch_size, max_samples=max_samples or section.max_samples,
-        smooth=None if no_smooth else (smooth if smooth is not None else section.smooth), eval_data=chosen_eval,
-        max_eval_samples=max_eval_samples, min_cosine=min_cosine if min_cosine is not None else section.min_cosine,
-        min_int8_flops=min_int8_flops if min_int8_flops is not None else section.min_int8_flops,
-        fallback=not no_fallback, strict_cache=strict_cache, from_cache=from_cache, output=output,
+    options = options_from_section(
+        section, data=data, method=method, percentile=percentile, max_samples=max_samples, eval_data=eval_data,
+        max_eval_samples=max_eval_samples, min_cosine=min_cosine, min_int8_flops=min_int8_flops,
+        fallback=False if no_fallback else None, strict_cache=strict_cache or None, from_cache=from_cache, output=output,
     )
+    if no_smooth:
+        options.smooth = None
+    elif smooth is not None:
+        options.smooth = smooth
     if options.smooth is not None and not 0.0 <= options.smooth <= 1.0:
         raise UserError(f"--smooth must be between 0 and 1, got {options.smooth}.")
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
@@ -152,11 +149,9 @@ def calibrate(
         per = [[name, m["rel_l2"], m["cosine"], m["max_abs"], m.get("top1_agreement", "-")] for name, m in acc.get("per_output", {}).items()]
         con.print(ui.table("per output", ["output", "rel-L2", "cosine", "max-abs", "top-1"], per))
         con.print(f"wrote {result.cache_path}, {result.cache_path}.json and {result.int8_path} in {result.seconds:.1f} s")
-    if acc and acc["mean_cosine"] < options.min_cosine:
-        raise GateFailed(f"INT8 mean cosine {acc['mean_cosine']:.4f} is below the gate {options.min_cosine} on {chosen_eval or data}; "
-                         "try --smooth, another --method, or a lower --min-int8-flops to allow more float layers.")
-    if side["int8_gemm_flops_fraction"] < options.min_int8_flops:
-        raise GateFailed(f"only {side['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor {options.min_int8_flops:.0%}.")
+    failures = gate_failures(side, options)
+    if failures:
+        raise GateFailed("; ".join(failures) + ".")
 
 
 def _builtin_section(onnx_path: Path, section: str):
@@ -351,6 +346,33 @@ def _render_run(r: dict) -> None:
     mem = f"peak GPU {m['peak_gpu_mb']:.0f} MiB" if "peak_gpu_mb" in m else f"peak RSS {m['peak_rss_mb']:.0f} MiB"
     con.print(f"throughput {t['inputs_per_s']:.2f} inputs/s, {t['tokens_per_s']:.0f} tokens/s; {mem}")
     con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])))
+
+
+@app.command()
+def pipeline(
+    config: Path = typer.Argument(..., metavar="CONFIG", help="configs/NAME.yaml"),
+    from_step: Optional[str] = typer.Option(None, "--from", help="Start at this step (export, clean, calibrate, build, run); it always runs."),
+    only: Optional[str] = typer.Option(None, "--only", help="Run just this step (it always runs)."),
+    out_dir: Path = typer.Option(Path("out"), "--out-dir", help="Where every artifact goes."),
+    backend: str = typer.Option("auto", "--backend", help="Build backend: auto, tensorrt or tensorrt_rtx."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """export -> clean -> calibrate -> build -> run from one config; unchanged steps are skipped."""
+    from trtforge.config import load_config
+    from trtforge.pipeline import Pipeline
+
+    cfg = load_config(config)
+    log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
+    report = Pipeline(cfg, out_dir, backend, log).execute(from_step, only)
+    if json_out:
+        ui.print_json(report)
+    else:
+        rows = [[s["step"], s["status"], s["seconds"], s["detail"]] for s in report["steps"]]
+        ui.console().print(ui.table(f"pipeline {cfg.name} ({report['seconds']:.1f} s)", ["step", "status", "seconds", "detail"], rows))
+        ui.console().print(f"report: {out_dir / (cfg.name + '.pipeline.json')}")
+    if report["exit_code"]:
+        failed = next(s for s in report["steps"] if s["exit_code"] == report["exit_code"])
+        raise (UserError if report["exit_code"] == 2 else GateFailedError)(f"pipeline step '{failed['step']}': {failed['detail']}")
 
 
 @app.command()

@@ -305,3 +305,28 @@ def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
     float_nodes = set(sidecar.get("float_nodes", []))
     _coverage(amax, plan.activation_tensors(set(t.node for t in plan.targets) - float_nodes | set(plan.residual_adds)), cache_path)
     return insert_qdq(working, plan, amax, float_nodes)
+
+
+def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[str]:
+    """Why the INT8 model misses its gates (empty when it passes)."""
+    failures = []
+    acc = sidecar.get("accuracy") or {}
+    where = options.eval_data or options.data
+    if acc and acc["mean_cosine"] < options.min_cosine:
+        failures.append(f"INT8 mean cosine {acc['mean_cosine']:.4f} is below the gate {options.min_cosine} on {where}; "
+                        "try --smooth, another --method, or a lower --min-int8-flops to allow more float layers")
+    if sidecar["int8_gemm_flops_fraction"] < options.min_int8_flops:
+        failures.append(f"only {sidecar['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor {options.min_int8_flops:.0%}")
+    return failures
+
+
+def options_from_section(section: Any, **overrides: Any) -> CalibrateOptions:
+    """CalibrateOptions from a config's `calibrate` section; keyword overrides win when not None."""
+    values = dict(data=Path(section.data) if section.data else None, method=section.method, percentile=section.percentile,
+                  num_bins=section.num_bins, batch_size=section.batch_size, max_samples=section.max_samples,
+                  smooth=section.smooth, eval_data=Path(section.eval_data) if section.eval_data else None,
+                  min_cosine=section.min_cosine, min_int8_flops=section.min_int8_flops)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if values["data"] is None:
+        raise UserError("no calibration data given; pass --data FOLDER or set calibrate.data in the config.")
+    return CalibrateOptions(**values)
