@@ -52,6 +52,23 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Serialise the final writes of concurrent steps aimed at the same output (an artifact and its
+    sidecar must come from the same run): an exclusive flock on a `.lock` file beside it."""
+    import fcntl
+
+    path = Path(path)
+    ensure_writable_dir(path)
+    lock_path = path.with_name(f".{path.name}.lock")
+    with open(lock_path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:

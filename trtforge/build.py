@@ -9,6 +9,9 @@ the input.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +20,8 @@ from typing import Any
 import onnx
 
 from trtforge import __version__
-from trtforge.artifacts import onnx_graph_hash, read_sidecar, sha256_file, write_bytes_atomic, write_json_atomic, write_sidecar
+from trtforge.artifacts import (ensure_writable_dir, onnx_graph_hash, output_lock, read_sidecar, sha256_bytes, sha256_file, write_bytes_atomic,
+                                write_json_atomic, write_sidecar)
 from trtforge.backends.tensorrt import BuildOptions, build_engine, engine_layers, load_trt, runtime_identity, summarize_layers
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
@@ -53,15 +57,15 @@ def parse_tiers(spec: str | None, config_tiers: dict[str, list[int]], axes: dict
     """'128,256,512' (the sequence axis), 'seq=128,512;batch=8,32', 'auto', or the config's tiers."""
     if not spec:
         return {axis: tier_ranges(bounds, axes[axis], axis) for axis, bounds in config_tiers.items() if axis in axes}
-    default_axis = _default_tier_axis(axes)
     if spec.strip() == "auto":
         if lengths is None:
             raise UserError("--tiers auto needs real lengths; pass --lengths FILE (one integer per line).")
+        default_axis = _default_tier_axis(axes)
         return {default_axis: auto_tier_bounds(lengths, count, axes[default_axis])}
     tiers = {}
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         axis, _, values = part.rpartition("=")
-        axis = axis.strip() or default_axis
+        axis = axis.strip() or _default_tier_axis(axes)
         if axis not in axes:
             raise UserError(f"--tiers names axis '{axis}', which the model does not have; its axes are: {', '.join(axes)}.")
         try:
@@ -137,20 +141,29 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     profiles = plan_profiles(specs, axes, tier_plan)
     output = Path(output) if output else default_engine_path(onnx_path, precision)
 
+    ensure_writable_dir(output)
     converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes)
     built_onnx = onnx_path
-    if converted is not None:
-        built_onnx = output.with_name(output.name.removesuffix(".engine") + ".onnx")
-        save_onnx(converted, built_onnx)
-        write_sidecar(built_onnx, {**(parent or {}), "step": "precision", "precision": precision,
-                                   "parent": str(onnx_path), "graph_hash": onnx_graph_hash(converted), **precision_report})
-        model = converted
-    options.has_fp16, options.has_qdq = model_traits(model)
-    start = time.perf_counter()
-    out = build_engine(mod, built_onnx, profiles, options)
-    write_bytes_atomic(output, out.engine)
-    if out.timing_cache is not None and options.timing_cache is not None:
-        write_bytes_atomic(options.timing_cache, out.timing_cache)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent)) if converted is not None else None
+    try:
+        source = onnx_path
+        if converted is not None:
+            # The converted model is staged and only moved beside the engine once the engine exists.
+            built_onnx = output.with_name(output.name.removesuffix(".engine") + ".onnx")
+            source = save_onnx(converted, staging / built_onnx.name)
+            model = converted
+        options.has_fp16, options.has_qdq = model_traits(model)
+        start = time.perf_counter()
+        out = build_engine(mod, source, profiles, options)
+        if converted is not None:
+            with output_lock(built_onnx):
+                for staged in staging.iterdir():
+                    os.replace(staged, built_onnx.parent / staged.name)
+                write_sidecar(built_onnx, {**(parent or {}), "step": "precision", "precision": precision,
+                                           "parent": str(onnx_path), "graph_hash": onnx_graph_hash(converted), **precision_report})
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
     layers, why_not = engine_layers(mod, out.engine, profiles[0])
     summary = summarize_layers(layers) if layers is not None else None
@@ -184,13 +197,18 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         "build_seconds": round(out.seconds, 3),
         "total_seconds": round(time.perf_counter() - start, 3),
         "engine_bytes": len(out.engine),
+        "engine_sha256": sha256_bytes(out.engine),
         "onnx_bytes": built_onnx.stat().st_size,
         "layer_info": str(output.name + ".layers.json") if layers is not None else None,
         "layer_info_unavailable": why_not,
         "layer_summary": summary,
         "notes": out.notes,
     }
-    write_sidecar(output, sidecar)
+    with output_lock(output):  # engine and sidecar of one build, even when two builds target one path
+        write_bytes_atomic(output, out.engine)
+        if out.timing_cache is not None and options.timing_cache is not None:
+            write_bytes_atomic(options.timing_cache, out.timing_cache)
+        write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, summary)
 
 
@@ -217,9 +235,19 @@ def check_engine_compat(engine_path: Path, sidecar: dict[str, Any], identity: di
         )
 
 
-def read_engine_sidecar(engine_path: Path) -> dict[str, Any]:
+def read_engine_sidecar(engine_path: Path, verify: bool = False) -> dict[str, Any]:
+    """The engine's sidecar; with verify, also prove the engine file is the one the sidecar describes."""
+    engine_path = Path(engine_path)
     if not engine_path.is_file():
         raise UserError(f"engine file {engine_path} does not exist; build it with trtforge build.")
     sidecar = read_sidecar(engine_path, required=True)
     assert sidecar is not None
+    if sidecar.get("kind") != "engine":
+        raise UserError(f"{engine_path}.json is not an engine sidecar; rebuild {engine_path.name} with trtforge build.")
+    if verify:
+        size = engine_path.stat().st_size
+        if sidecar.get("engine_bytes") is not None and size != sidecar["engine_bytes"]:
+            raise UserError(f"engine {engine_path} is truncated or altered ({size} bytes, its sidecar says {sidecar['engine_bytes']}); rebuild it.")
+        if sidecar.get("engine_sha256") and sha256_file(engine_path) != sidecar["engine_sha256"]:
+            raise UserError(f"engine {engine_path} does not match its sidecar's hash (corrupt or replaced); rebuild it.")
     return sidecar

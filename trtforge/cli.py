@@ -248,7 +248,7 @@ def inspect(
 
     from trtforge.build import read_engine_sidecar
 
-    side = read_engine_sidecar(engine)
+    side = read_engine_sidecar(engine, verify=True)
     summary = side.get("layer_summary")
     layers_file = engine.with_name(engine.name + ".layers.json")
     if summary is None and layers_file.is_file():
@@ -396,7 +396,11 @@ def doctor(json_out: bool = JsonOpt) -> None:
 def main() -> None:
     """Entry point: user errors become one line on stderr and exit 2 (1 for failed gates)."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if code == 130:  # typer turns Ctrl-C into a returned 130 outside standalone mode
+            raise KeyboardInterrupt
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except TrtforgeError as exc:
         ui.console(stderr=True).print(f"error: {exc}", markup=False)
         sys.exit(exc.exit_code)

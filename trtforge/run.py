@@ -228,10 +228,17 @@ class TrtTarget:
         from trtforge.backends.tensorrt import load_trt, runtime_identity
         from trtforge.backends.tensorrt_runtime import TrtRunner
         from trtforge.build import check_engine_compat, read_engine_sidecar
+        from trtforge.doctor import _gpu
 
-        self.sidecar = read_engine_sidecar(engine)
-        mod = load_trt(backend if backend != "auto" else self.sidecar.get("backend", "auto"))
+        self.sidecar = read_engine_sidecar(engine, verify=True)
+        built = f"{self.sidecar.get('backend')} {self.sidecar.get('tensorrt_version')}"
+        try:
+            mod = load_trt(backend if backend != "auto" else self.sidecar.get("backend", "auto"))
+        except UserError:
+            raise UserError(f"{engine.name} was built with {built}, which is not installed here; rebuild the engine on this machine.") from None
         check_engine_compat(engine, self.sidecar, runtime_identity(mod))
+        if _gpu() is None:
+            raise UserError(f"{engine.name} needs a GPU to run and this machine has none; run its ONNX ({self.sidecar.get('built_onnx')}) on ONNX Runtime instead.")
         self.runner = TrtRunner(mod, engine, self.sidecar)
         self.input_names, self.output_names = self.runner.input_names, self.runner.output_names
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
@@ -256,6 +263,17 @@ def _max_len(axes: dict[str, AxisRange], seq_axis: str | None, engine_sidecar: d
     if seq_axis and seq_axis in axes:
         return axes[seq_axis].max
     return 1 << 30
+
+
+def _max_tile(specs: list[InputSpec], axes: dict[str, AxisRange], engine_sidecar: dict | None) -> int | None:
+    """The largest square tile an image model (input [N, C, H, W] with named H and W) takes."""
+    for spec in specs:
+        if len(spec.shape) == 4 and isinstance(spec.shape[2], str) and isinstance(spec.shape[3], str):
+            h, w = spec.shape[2], spec.shape[3]
+            if engine_sidecar:
+                return max(min(p["axes"][h][2], p["axes"][w][2]) for p in engine_sidecar["profiles"])
+            return min(axes[h].max, axes[w].max)
+    return None
 
 
 def _check_io(target: Any, reference: OrtRunner, target_path: Path, reference_path: Path) -> None:
@@ -307,6 +325,10 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     if options.chunk is not None and seq_axis and options.chunk > max_len:
         where = f"engine {target_path.name}'s largest profile" if is_engine else f"the model's axis '{seq_axis}'"
         raise UserError(f"--chunk {options.chunk} is larger than {where} ({max_len}); rebuild with larger tiers or lower --chunk.")
+    max_tile = _max_tile(specs, axes, engine_sidecar)
+    if options.chunk is not None and max_tile is not None and options.chunk > max_tile:
+        where = f"engine {target_path.name}'s largest profile" if is_engine else "the model's image axes"
+        raise UserError(f"--chunk {options.chunk} (tile size) is larger than {where} ({max_tile}); rebuild with larger tiers or lower --chunk.")
 
     from trtforge.calibrate.step import _tokenizer_factory
 

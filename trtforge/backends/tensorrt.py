@@ -11,8 +11,11 @@ One code path serves TensorRT 8.6, 10, 11 and TensorRT-RTX through small version
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,6 +210,41 @@ def _configure(mod: TrtModule, builder: Any, network: Any, options: BuildOptions
     return config, loaded, ccs
 
 
+@contextlib.contextmanager
+def _interruptible(mod: TrtModule, config: Any):
+    """Ctrl-C during a build: TensorRT swallows exceptions raised in its callbacks, so SIGINT only sets a
+    flag; a progress monitor (TensorRT >= 10, TensorRT-RTX) then cancels the build at its next step, and
+    the caller raises KeyboardInterrupt once the builder returns. Nothing is written either way."""
+    flag = {"set": False}
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_sigint(_signum, _frame):
+            flag["set"] = True
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    trt = mod.trt
+    if hasattr(trt, "IProgressMonitor") and hasattr(config, "progress_monitor"):
+        class Cancel(trt.IProgressMonitor):
+            def __init__(inner):
+                trt.IProgressMonitor.__init__(inner)
+
+            def phase_start(inner, phase_name, parent_phase, num_steps):
+                pass
+
+            def phase_finish(inner, phase_name):
+                pass
+
+            def step_complete(inner, phase_name, step):
+                return not flag["set"]
+
+        config.progress_monitor = Cancel()
+    try:
+        yield lambda: flag["set"]
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
 def _gpu_present() -> bool:
     from trtforge.doctor import _gpu
 
@@ -248,7 +286,10 @@ def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], optio
             )
     config, cache_loaded, ccs = _configure(mod, builder, network, options, profiles, notes)
     start = time.perf_counter()
-    serialized = builder.build_serialized_network(network, config)
+    with _interruptible(mod, config) as interrupted:
+        serialized = builder.build_serialized_network(network, config)
+    if interrupted():
+        raise KeyboardInterrupt
     seconds = time.perf_counter() - start
     if serialized is None:
         raise UserError(_explain_build_failure(mod, onnx_path, profiles, options, logger, node_names))

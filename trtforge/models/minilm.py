@@ -43,6 +43,9 @@ def load(**_: Any) -> LoadedModel:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no weight-loading bar in CI logs
 
     class LastHiddenState(torch.nn.Module):
         """Returns a plain tensor so ONNX gets one named output."""

@@ -1,0 +1,85 @@
+"""`trtforge pipeline` on tiny-fcn: every step, skipping unchanged steps, --from/--only, gates."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import ROOT, assert_user_error, run_cli
+
+pytest.importorskip("tensorrt_rtx")
+
+
+def _statuses(report):
+    return {s["step"]: s["status"] for s in report["steps"]}
+
+
+@pytest.fixture(scope="module")
+def pipeline_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipeline")
+    proc = run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert _statuses(report) == {s: "ran" for s in ("export", "clean", "calibrate", "build", "run")}
+    return out
+
+
+def test_all_steps_ran_and_wrote_their_files(pipeline_dir):
+    for name in ("tiny-fcn.onnx", "tiny-fcn.clean.onnx", "tiny-fcn.int8.onnx", "tiny-fcn.calib.cache", "tiny-fcn.fp16.engine",
+                 "tiny-fcn.run.json", "tiny-fcn.pipeline.json"):
+        assert (pipeline_dir / name).is_file(), name
+    run = json.loads((pipeline_dir / "tiny-fcn.run.json").read_text())
+    assert run["gates"]["passed"] and run["chunking_error"]["rel_l2"] < 1e-5
+
+
+def test_second_run_skips_every_step(pipeline_dir):
+    proc = run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(pipeline_dir), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert set(_statuses(json.loads(proc.stdout)).values()) == {"skipped"}
+
+
+def test_changed_input_reruns_that_step_and_what_depends_on_it(pipeline_dir, tmp_path):
+    out = tmp_path / "p"
+    shutil.copytree(pipeline_dir, out)
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text((ROOT / "configs" / "tiny-fcn.yaml").read_text().replace("overlap: 16", "overlap: 24"))
+    report = json.loads(run_cli("pipeline", str(cfg), "--out-dir", str(out), "--json").stdout)
+    assert _statuses(report) == {"export": "skipped", "clean": "skipped", "calibrate": "skipped", "build": "skipped", "run": "ran"}
+    # A corrupted intermediate file changes its hash: the steps after it run again.
+    (out / "tiny-fcn.onnx").write_bytes((out / "tiny-fcn.onnx").read_bytes())  # same bytes: still skipped
+    report = json.loads(run_cli("pipeline", str(cfg), "--out-dir", str(out), "--json").stdout)
+    assert _statuses(report)["clean"] == "skipped"
+
+
+def test_from_and_only(pipeline_dir, tmp_path):
+    out = tmp_path / "p"
+    shutil.copytree(pipeline_dir, out)
+    report = json.loads(run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(out), "--from", "build", "--json").stdout)
+    assert _statuses(report) == {"export": "not-run", "clean": "not-run", "calibrate": "not-run", "build": "ran", "run": "skipped"}
+    report = json.loads(run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(out), "--only", "clean", "--json").stdout)
+    assert _statuses(report)["clean"] == "ran" and _statuses(report)["build"] == "not-run"
+    assert_user_error(run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(out), "--only", "deploy"), "--only 'deploy' is not a step")
+
+
+def test_only_a_step_whose_input_is_missing(tmp_path):
+    proc = run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(tmp_path), "--only", "build")
+    assert_user_error(proc, "pipeline step 'build'", "tiny-fcn.clean.onnx")
+
+
+def test_gate_failure_exits_1_and_later_steps_still_run(pipeline_dir, tmp_path):
+    out = tmp_path / "p"
+    shutil.copytree(pipeline_dir, out)
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text((ROOT / "configs" / "tiny-fcn.yaml").read_text().replace("min_cosine: 0.98", "min_cosine: 1.0"))
+    proc = run_cli("pipeline", str(cfg), "--out-dir", str(out), "--json")
+    assert proc.returncode == 1
+    statuses = _statuses(json.loads(proc.stdout))
+    assert statuses["calibrate"] == "gate-failed" and statuses["build"] in ("ran", "skipped") and statuses["run"] in ("ran", "skipped")
+    # A failed gate is never skipped next time.
+    assert _statuses(json.loads(run_cli("pipeline", str(cfg), "--out-dir", str(out), "--json").stdout))["calibrate"] == "gate-failed"
+
+
+def test_misspelled_key_in_pipeline_config(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text((ROOT / "configs" / "tiny-fcn.yaml").read_text().replace("overlap: 16", "overlp: 16"))
+    assert_user_error(run_cli("pipeline", str(cfg), "--out-dir", str(tmp_path)), "'run.overlp'", "did you mean 'overlap'")
