@@ -21,8 +21,11 @@ install: $(STAMP)
 
 demo: install
 	$(PY) -m trtforge doctor
-	$(PY) -m trtforge export --model minilm -o out/minilm.onnx
-	$(PY) -m trtforge clean out/minilm.onnx
+	$(PY) -m trtforge pipeline configs/minilm.yaml
+
+bench: install
+	$(PY) benchmarks/calibration.py out/minilm.clean.onnx
+	$(PY) benchmarks/run.py out/minilm.clean.onnx --inputs calib_data/minilm_long --chunk 512 --overlap 64 --json benchmarks/results/run_cpu_ort.json
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider
