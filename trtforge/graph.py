@@ -111,11 +111,22 @@ def clean_model(model: onnx.ModelProto, fold_size_limit_mb: float = 64.0) -> tup
     graph.cleanup(remove_unused_graph_inputs=False)
     counts["passthrough_removed"] += remove_passthrough(graph)  # folding can expose new ones
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
-    cleaned = gs.export_onnx(graph)
-    cleaned.ir_version = model.ir_version
-    del cleaned.opset_import[:]
-    cleaned.opset_import.extend(model.opset_import)
-    return infer_shapes(cleaned), counts
+    return infer_shapes(export_like(graph, model)), counts
+
+
+def export_like(graph: Any, model: onnx.ModelProto) -> onnx.ModelProto:
+    """gs.Graph -> ModelProto keeping the source model's IR version and opsets (gs would pick its own)."""
+    exported = _gs().export_onnx(graph)
+    exported.ir_version = model.ir_version
+    del exported.opset_import[:]
+    exported.opset_import.extend(model.opset_import)
+    return exported
+
+
+def toposorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    graph = _gs().import_onnx(model)
+    graph.toposort()
+    return export_like(graph, model)
 
 
 def io_specs(path: Path, model: onnx.ModelProto) -> tuple[list[InputSpec], dict[str, AxisRange], dict[str, Any] | None]:

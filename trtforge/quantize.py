@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 
 from trtforge.calibrate.collect import QuantPlan
 from trtforge.errors import UserError
+from trtforge.graph import toposorted
 
 INT8_MAX = 127.0
 
@@ -90,20 +91,8 @@ def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], 
             if t == tensor:
                 node.input[i] = activation_dq(tensor)
     out.graph.node.extend(new_nodes)
-    return _toposort(out)
+    return toposorted(out)
 
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_." else "_" for c in name).strip("_") or "t"
-
-
-def _toposort(model: onnx.ModelProto) -> onnx.ModelProto:
-    import onnx_graphsurgeon as gs
-
-    graph = gs.import_onnx(model)
-    graph.toposort()
-    sorted_model = gs.export_onnx(graph)
-    sorted_model.ir_version = model.ir_version
-    del sorted_model.opset_import[:]
-    sorted_model.opset_import.extend(model.opset_import)
-    return sorted_model
