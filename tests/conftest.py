@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -57,3 +58,11 @@ def tiny_fcn_clean(workdir) -> Path:
     proc = run_cli("clean", str(out))
     assert proc.returncode == 0, proc.stderr
     return out.with_name("tiny-fcn.clean.onnx")
+
+
+@pytest.fixture(scope="session")
+def minilm_int8(minilm_clean):
+    """The issue's done-when: entropy on the shipped text, held-out accuracy gate, >= 80% INT8 FLOPs."""
+    proc = run_cli("calibrate", str(minilm_clean), "--data", "calib_data/minilm", "--method", "entropy", "--json", timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return minilm_clean.with_name("minilm.int8.onnx"), json.loads(proc.stdout)

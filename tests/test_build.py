@@ -123,3 +123,17 @@ def test_engine_compat_refuses_other_version_and_gpu(tmp_path):
         check_engine_compat(tmp_path / "e.engine", _side(backend="tensorrt_rtx"), here)
     # Hardware-compatible engines are allowed across compute capabilities.
     check_engine_compat(tmp_path / "e.engine", _side(compute_capability="8.0", build_options={"hardware_compatibility": "ampere_plus"}), here)
+
+
+def test_minilm_int8_engine_three_tiers(minilm_int8, tmp_path):
+    """The issue's done-when: `trtforge build out/minilm.int8.onnx --tiers 128,256,512` builds in CI."""
+    int8, _ = minilm_int8
+    engine = tmp_path / "minilm.int8.engine"
+    proc = run_cli("build", str(int8), "--tiers", "128,256,512", "-o", str(engine), "--json")
+    assert proc.returncode == 0, proc.stderr
+    side = json.loads(proc.stdout)
+    assert side["precision"] == "int8" and len(side["profiles"]) == 3  # int8 chosen because the model holds Q/DQ
+    assert side["calibration_cache_sha256"] and side["reference_onnx"].endswith("minilm.clean.onnx")
+    proc = run_cli("build", str(int8), "--tiers", "128,512", "--precision", "best", "-o", str(tmp_path / "best.engine"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["precision_report"]["fp16_nodes"] > 100

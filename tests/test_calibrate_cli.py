@@ -9,14 +9,6 @@ import pytest
 from conftest import ROOT, assert_user_error, run_cli
 
 
-@pytest.fixture(scope="session")
-def minilm_int8(minilm_clean):
-    """The issue's done-when: entropy on the shipped text, held-out accuracy gate, >= 80% INT8 FLOPs."""
-    proc = run_cli("calibrate", str(minilm_clean), "--data", "calib_data/minilm", "--method", "entropy", "--json", timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return minilm_clean.with_name("minilm.int8.onnx"), json.loads(proc.stdout)
-
-
 def test_minilm_entropy_reaches_the_gate(minilm_int8):
     int8, report = minilm_int8
     assert int8.is_file() and report["method"] == "entropy" and report["smooth"] == 0.8
@@ -140,3 +132,19 @@ def test_import_cache_from_elsewhere(tiny_fcn_clean, tmp_path):
 def test_unknown_method(tiny_fcn_clean, tmp_path):
     data = _tiny_samples(tmp_path / "data")
     assert_user_error(run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "--method", "kl"), "unknown calibration method 'kl'")
+
+
+def test_images_folder_for_a_cnn(tiny_fcn_clean, tmp_path):
+    """Image files are read with Pillow, scaled to [0, 1], NCHW; each keeps its own size."""
+    Image = pytest.importorskip("PIL.Image")
+    data = tmp_path / "imgs"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i, (h, w) in enumerate([(40, 56), (64, 48), (32, 32)]):
+        yy, xx = np.mgrid[0:h, 0:w]
+        pixels = np.stack([(np.sin(xx / (3 + c + i)) + np.cos(yy / (4 + c))) * 60 + 128 for c in range(3)], -1)
+        Image.fromarray(np.clip(pixels + rng.normal(0, 5, pixels.shape), 0, 255).astype(np.uint8)).save(data / f"img{i}.png")
+    proc = run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "--method", "minmax", "--min-cosine", "0.95",
+                   "-o", str(tmp_path / "img.int8.onnx"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["accuracy"]["samples"] == 3

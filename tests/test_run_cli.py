@@ -78,3 +78,22 @@ def test_bad_run_inputs(minilm_clean, tiny_fcn_clean, tmp_path):
     # I/O names that differ between the target and the reference ONNX.
     assert_user_error(run_cli("run", str(tiny_fcn_clean), "--inputs", "calib_data/minilm_long", "--reference", str(minilm_clean)),
                       "pass the ONNX the engine was built from")
+
+
+def test_logits_are_merged_as_token_weighted_softmax(tmp_path):
+    from conftest import FIXTURES
+
+    onnx_path = tmp_path / "cls.onnx"
+    assert run_cli("export", "--config", str(FIXTURES / "classifier.yaml"), "-o", str(onnx_path)).returncode == 0
+    data = tmp_path / "seqs"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i, n in enumerate((150, 64, 90)):
+        np.savez(data / f"s{i}.npz", tokens=rng.integers(0, 50, (1, n)))
+    proc = run_cli("run", str(onnx_path), "--inputs", str(data), "--chunk", "32", "--overlap", "0", "--json", "--warmup", "0")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    # The model takes 64 positions: s1 runs whole; the others use their 64-position prefix for the chunking error.
+    assert report["chunking_error"]["per_input_scope"] == ["prefix of 64 positions", "whole", "prefix of 64 positions"]
+    # Mean of embeddings is linear, so a token-weighted merge of 32-token chunks is close to the whole pass.
+    assert report["chunking_error"]["cosine"] > 0.95

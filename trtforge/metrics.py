@@ -60,3 +60,10 @@ def compare(reference: np.ndarray, candidate: np.ndarray, logits: bool = False) 
     if logits:
         out["top1_agreement"] = top1_agreement(reference, candidate)
     return out
+
+
+def vectors(a: np.ndarray) -> np.ndarray:
+    """The vectors compared row by row: each pixel's channels for NCHW outputs, else the last axis."""
+    if a.ndim == 4:
+        return a.transpose(0, 2, 3, 1).reshape(-1, a.shape[1])
+    return a.reshape(-1, a.shape[-1] if a.ndim else 1)

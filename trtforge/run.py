@@ -24,11 +24,11 @@ import numpy as np
 from trtforge import __version__
 from trtforge.artifacts import read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.chunking import StreamingMerge, Window, merge_tiles, merge_windows, plan_tiles, plan_windows
+from trtforge.chunking import StreamingMerge, Window, merge_logits, merge_tiles, merge_windows, plan_tiles, plan_windows
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.graph import io_specs
-from trtforge.metrics import compare, rowwise_cosine
+from trtforge.metrics import compare, rowwise_cosine, vectors
 from trtforge.onnxio import load_onnx
 from trtforge.report import SCHEMA, gate_failures, latency_stats, merge_metrics
 
@@ -296,6 +296,9 @@ def _merge_doc(doc: Document, parts: list[tuple[Chunk, dict[str, np.ndarray]]], 
     if outs[0].ndim == 3:  # token-level [1, n, H]
         windows: list[Window] = [c.window for c, _ in parts]
         return merge_windows([_strip(doc, o) for o in outs], windows, doc.length, merge)
+    if outs[0].ndim == 2 and outs[0].shape[-1] > 1:  # sequence-level logits [1, classes]
+        # Token-weighted mean of the chunks' softmax: a probability vector per input.
+        return merge_logits([o[0] for o in outs], [c.tokens for c, _ in parts], "mean_softmax")
     if outs[0].ndim == 4 and doc.kind == "image":
         array = next(iter(doc.content.values()))
         h, w = array.shape[2], array.shape[3]
@@ -391,8 +394,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             per_chunk[id(c)] = {k: v[j:j + 1] for k, v in results[i].items()}
         for name in reference.output_names:
             r, t = ref_out[name], results[i][name].astype(np.float32)
-            ref_rows.setdefault(name, []).append(_rows(r))
-            tgt_rows.setdefault(name, []).append(_rows(t))
+            ref_rows.setdefault(name, []).append(vectors(r))
+            tgt_rows.setdefault(name, []).append(vectors(t))
     precision = {name: compare(np.concatenate(ref_rows[name]), np.concatenate(tgt_rows[name])) for name in reference.output_names}
 
     # Merge per input, and the chunking error (ORT fp32 on both sides).
@@ -461,13 +464,6 @@ class _Merger:
         return merged
 
 
-def _rows(a: np.ndarray) -> np.ndarray:
-    """Vectors to compare: channels of every pixel for NCHW outputs, else the last axis."""
-    if a.ndim == 4:
-        return a.transpose(0, 2, 3, 1).reshape(-1, a.shape[1])
-    return a.reshape(-1, a.shape[-1] if a.ndim else 1)
-
-
 def _latency(timings: list[tuple[str, float, float | None]]) -> dict[str, Any]:
     groups: dict[str, list[tuple[float, float | None]]] = {}
     for label, wall, gpu in timings:
@@ -508,11 +504,14 @@ def _chunking_error(docs: list[Document], chunks: list[Chunk], reference: OrtRun
         whole = reference.run(whole_feeds)[first]
         if merged is None:
             continue
+        if whole.ndim == 2:  # logits: the merged result is a probability vector, so compare probabilities
+            whole = merge_logits([whole[0]], [1])[None]
+            merged = merged[None]
         whole = _strip(sub, whole) if whole.ndim == 3 else whole
         merged = merged if whole.ndim != 4 else merged[None]
-        token_rows_a.append(_rows(whole))
-        token_rows_b.append(_rows(merged))
-        if whole.ndim == 2:
+        token_rows_a.append(vectors(whole))
+        token_rows_b.append(vectors(merged))
+        if whole.ndim == 2 and sub.kind != "image" and whole.shape[0] > 1:
             pooled.append(float(rowwise_cosine(whole.mean(axis=0)[None], merged.mean(axis=0)[None])[0]))
     if not token_rows_a:
         return {"scope": "not applicable to these outputs"}

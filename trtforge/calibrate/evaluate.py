@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.metrics import compare
+from trtforge.metrics import compare, vectors
 
 
 def pooled(output: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -59,8 +59,8 @@ def evaluate(candidate: OrtRunner, batches: list[dict[str, np.ndarray]], referen
         mask = batch.get("attention_mask")
         cosines.append(_cosines(pooled(ref[first].astype(np.float64), mask), pooled(got[first].astype(np.float64), mask)))
         for name in candidate.output_names:
-            refs.setdefault(name, []).append(ref[name].reshape(-1, ref[name].shape[-1] if ref[name].ndim else 1))
-            cands.setdefault(name, []).append(got[name].reshape(-1, got[name].shape[-1] if got[name].ndim else 1))
+            refs.setdefault(name, []).append(vectors(ref[name]))
+            cands.setdefault(name, []).append(vectors(got[name]))
     per_output = {}
     for name in candidate.output_names:
         a, b = np.concatenate(refs[name]), np.concatenate(cands[name])
