@@ -347,17 +347,18 @@ def engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None =
         return None, f"cannot deserialize here ({why})"
     inspector = engine.create_engine_inspector()
     context = None
+    context_error = None
     if profile is not None:
         try:
             context = engine.create_execution_context()
             for name, (_lo, opt, _hi) in profile.shapes.items():
                 context.set_input_shape(name, opt)
             inspector.execution_context = context
-        except Exception:
-            context = None
+        except Exception as exc:  # formats then stay "N/A due to dynamic shapes"; say why
+            context, context_error = None, f"{type(exc).__name__}: {exc}"
     info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
     layers = info.get("Layers", [])
-    return [layer if isinstance(layer, dict) else {"Name": layer} for layer in layers], None
+    return [layer if isinstance(layer, dict) else {"Name": layer} for layer in layers], context_error
 
 
 def summarize_layers(layers: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
