@@ -31,7 +31,7 @@ def test_windows_cover_every_position_once_kept(length, chunk, data):
 
 
 @settings(max_examples=100, deadline=None)
-@given(lengths, chunks, st.sampled_from(["center", "linear", "cosine"]), st.data())
+@given(lengths, chunks, st.sampled_from(["center", "linear", "cosine", "gaussian"]), st.data())
 def test_blend_weights_sum_to_one(length, chunk, merge, data):
     overlap = data.draw(st.integers(0, chunk - 1))
     windows = plan_windows(length, chunk, overlap)
@@ -42,7 +42,7 @@ def test_blend_weights_sum_to_one(length, chunk, merge, data):
     np.testing.assert_allclose(total, 1.0, atol=1e-12)
 
 
-@pytest.mark.parametrize("merge", ["center", "linear", "cosine"])
+@pytest.mark.parametrize("merge", ["center", "linear", "cosine", "gaussian"])
 def test_merge_reconstructs_a_position_wise_signal(merge):
     signal = np.random.default_rng(0).normal(size=(1000, 3))
     windows = plan_windows(1000, 128, 32)

@@ -14,7 +14,7 @@ import numpy as np
 
 from trtforge.errors import UserError
 
-MERGES = ("center", "linear", "cosine")
+MERGES = ("center", "linear", "cosine", "gaussian")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ def window_weights(windows: list[Window], length: int, merge: str) -> list[np.nd
         weights = np.zeros(w.length)
         if merge == "center":
             weights[w.keep_start - w.start: w.keep_end - w.start] = 1.0
+        elif merge == "gaussian":  # a Gaussian bump per window (sigma = length / 4), normalised below
+            x = np.arange(w.length, dtype=np.float64)
+            weights[:] = np.exp(-0.5 * ((x - (w.length - 1) / 2.0) / max(w.length / 4.0, 1.0)) ** 2)
         else:
             weights[:] = 1.0
             if i > 0:
@@ -162,9 +165,10 @@ def plan_tiles(height: int, width: int, tile: int, overlap: int) -> list[Tile]:
 def tile_weight_maps(height: int, width: int, tile: int, overlap: int, merge: str) -> list[np.ndarray]:
     """Separable per-tile weights (rows x cols), normalised to sum to 1 at every pixel.
 
-    'linear' and 'cosine' blend across the overlaps; 'gaussian' is accepted as the smooth (cosine) window.
+    'linear' and 'cosine' ramp across the overlaps; 'gaussian' weights each tile by a Gaussian bump
+    centred on it, so every seam is a smooth cross-fade.
     """
-    kind = "cosine" if merge == "gaussian" else merge
+    kind = merge
     rows = plan_windows(height, tile, overlap)
     cols = plan_windows(width, tile, overlap)
     row_w = window_weights(rows, height, kind)

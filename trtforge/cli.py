@@ -268,7 +268,7 @@ def run_cmd(
     chunk: Optional[int] = typer.Option(None, "--chunk", help="Chunk size along the sequence (tile size for images)."),
     overlap: Optional[int] = typer.Option(None, "--overlap", help="Positions shared by consecutive chunks."),
     no_chunking: bool = typer.Option(False, "--no-chunking", help="Run whole inputs; longer ones are an error."),
-    merge: Optional[str] = typer.Option(None, "--merge", help="center (keep each position from its most central chunk), linear or cosine blend."),
+    merge: Optional[str] = typer.Option(None, "--merge", help="center (keep each position from its most central chunk), or a linear, cosine or gaussian blend."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Chunks per batch (capped by the profile's batch max)."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="fp32 ONNX to check against (default: the engine's source)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here."),
@@ -301,8 +301,8 @@ def run_cmd(
         min_chunk_cosine=min_chunk_cosine if min_chunk_cosine is not None else section.min_chunk_cosine,
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
     )
-    if options.merge not in ("center", "linear", "cosine"):
-        raise UserError(f"unknown --merge '{options.merge}'; use center, linear or cosine.")
+    if options.merge not in ("center", "linear", "cosine", "gaussian"):
+        raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
     result = run_step(target, options, progress=log)
     if json_out:

@@ -100,7 +100,7 @@ class RunSection(Strict):
     chunk: int | None = Field(None, ge=1)
     overlap: int = Field(0, ge=0)
     batch_size: int = Field(8, ge=1)
-    merge: Literal["center", "linear", "cosine"] = "center"
+    merge: Literal["center", "linear", "cosine", "gaussian"] = "center"
     warmup: int = Field(2, ge=0)
     max_rel_l2: float = Field(1e-2, gt=0)
     min_cosine: float = Field(0.99, ge=-1, le=1)

@@ -303,7 +303,7 @@ def _merge_doc(doc: Document, parts: list[tuple[Chunk, dict[str, np.ndarray]]], 
         array = next(iter(doc.content.values()))
         h, w = array.shape[2], array.shape[3]
         size = chunk or max(h, w)
-        return merge_tiles([o[0] for o in outs], h, w, size, overlap if chunk else 0, "linear" if merge != "center" else "center")
+        return merge_tiles([o[0] for o in outs], h, w, size, overlap if chunk else 0, merge)
     return None
 
 
