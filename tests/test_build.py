@@ -137,3 +137,18 @@ def test_minilm_int8_engine_three_tiers(minilm_int8, tmp_path):
     proc = run_cli("build", str(int8), "--tiers", "128,512", "--precision", "best", "-o", str(tmp_path / "best.engine"), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["precision_report"]["fp16_nodes"] > 100
+
+
+def test_parser_error_names_the_node(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu0"),
+             helper.make_node("FancyOp", ["a"], ["y"], name="fancy_layer", domain="com.example")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+    path = tmp_path / "badop.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]), path)
+    proc = run_cli("build", str(path), "-o", str(tmp_path / "b.engine"))
+    assert_user_error(proc, "ONNX parser rejected badop.onnx", "node 'fancy_layer' (FancyOp)")
+    assert not (tmp_path / "b.engine").exists()
