@@ -8,6 +8,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -29,7 +30,7 @@ def print_json(payload: Any) -> None:
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
-    out = Table(title=title, title_justify="left", box=None if plain_mode() else None, pad_edge=False)
+    out = Table(title=title, title_justify="left", box=None if plain_mode() else box.SIMPLE_HEAD, pad_edge=False)
     for i, col in enumerate(columns):
         out.add_column(col, justify="left" if i == 0 else "right")
     for row in rows:
