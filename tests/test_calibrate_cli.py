@@ -6,7 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import ROOT, assert_user_error, run_cli
+from conftest import assert_user_error, run_cli
 
 
 def test_minilm_entropy_reaches_the_gate(minilm_int8):
@@ -38,7 +38,6 @@ def test_second_run_reuses_the_cache(minilm_int8, tmp_path):
 
 def test_changed_method_recalibrates_or_fails_strict(minilm_int8, tmp_path):
     int8, _ = minilm_int8
-    clean = int8.with_name("minilm.clean.onnx")
     work = tmp_path / "w"
     work.mkdir()
     for name in ("minilm.clean.onnx", "minilm.clean.onnx.json", "minilm.calib.cache", "minilm.calib.cache.json"):

@@ -29,12 +29,16 @@ class Window:
         return self.end - self.start
 
 
-def plan_windows(length: int, chunk: int, overlap: int) -> list[Window]:
-    """Windows of `chunk` positions advancing by chunk - overlap; the last one is shorter, not padded."""
+def check_overlap(chunk: int, overlap: int) -> None:
     if chunk < 1:
         raise UserError(f"chunk size must be >= 1, got {chunk}.")
     if not 0 <= overlap < chunk:
         raise UserError(f"overlap ({overlap}) must be >= 0 and smaller than the chunk size ({chunk}); lower --overlap.")
+
+
+def plan_windows(length: int, chunk: int, overlap: int) -> list[Window]:
+    """Windows of `chunk` positions advancing by chunk - overlap; the last one is shorter, not padded."""
+    check_overlap(chunk, overlap)
     if length < 1:
         return []
     stride = chunk - overlap

@@ -24,7 +24,7 @@ import numpy as np
 from trtforge import __version__
 from trtforge.artifacts import read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.chunking import StreamingMerge, Window, merge_logits, merge_tiles, merge_windows, plan_tiles, plan_windows
+from trtforge.chunking import StreamingMerge, check_overlap, Window, merge_logits, merge_tiles, merge_windows, plan_tiles, plan_windows
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.graph import io_specs
@@ -159,9 +159,9 @@ def make_chunks(docs: list[Document], specs: list[InputSpec], chunk: int | None,
                 raise UserError(f"input '{doc.name}' has {doc.length + 2} tokens but the model takes at most {max_len}; enable chunking with --chunk.")
             if capacity < 1:
                 raise UserError(f"--chunk {chunk} leaves no room for the text beside [CLS] and [SEP]; use a larger chunk.")
+            if chunk:
+                check_overlap(chunk, overlap)
             ov = min(overlap, capacity - 1) if chunk else 0
-            if chunk and overlap >= chunk:
-                plan_windows(doc.length, chunk, overlap)  # raises the overlap error
             for i, w in enumerate(plan_windows(doc.length, capacity, ov)):
                 ids = doc.content["input_ids"][w.start:w.end]
                 chunks.append(Chunk(d, i, text_feeds(ids, specs, *specials), w, w.length))
@@ -323,8 +323,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     del ref_model
     seq_axis = _seq_axis(specs)
     max_len = _max_len(axes, seq_axis, engine_sidecar)
-    if options.chunk is not None and options.overlap >= options.chunk:
-        raise UserError(f"overlap ({options.overlap}) must be >= 0 and smaller than the chunk size ({options.chunk}); lower --overlap.")
+    if options.chunk is not None:
+        check_overlap(options.chunk, options.overlap)
     if options.chunk is not None and seq_axis and options.chunk > max_len:
         where = f"engine {target_path.name}'s largest profile" if is_engine else f"the model's axis '{seq_axis}'"
         raise UserError(f"--chunk {options.chunk} is larger than {where} ({max_len}); rebuild with larger tiers or lower --chunk.")
@@ -339,7 +339,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     docs = load_documents(Path(options.inputs), specs, tokenizer_factory)
     if not docs:
         raise UserError(f"{options.inputs} holds no inputs; add documents or arrays.")
-    chunks = make_chunks(docs, specs, options.chunk, options.overlap, max_len, _special_ids(tokenizer_factory))
+    specials = _special_ids(tokenizer_factory)  # loads the tokenizer: once per run
+    chunks = make_chunks(docs, specs, options.chunk, options.overlap, max_len, specials)
     batch_cap = options.batch_size
     if "batch" in axes:
         batch_cap = min(batch_cap, max(p["axes"]["batch"][2] for p in engine_sidecar["profiles"]) if engine_sidecar else axes["batch"].max)
@@ -353,7 +354,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # Warm-up (untimed): the first batch of every shape, `warmup` times.
     seen, warm = set(), []
     for b in batches:
-        key = tuple(v.shape for v in stack(b).values())
+        key = (len(b), tuple(v.shape for v in b[0].feeds.values()))  # a batch's shape, without stacking it
         if key not in seen:
             seen.add(key)
             warm.append(b)
@@ -384,14 +385,11 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                 np.savez(fh, **save)
 
     # Precision error: target vs ORT fp32 on the same batches.
-    per_chunk: dict[int, dict[str, np.ndarray]] = {}
     ref_rows: dict[str, list[np.ndarray]] = {}
     tgt_rows: dict[str, list[np.ndarray]] = {}
     same_model = (not is_engine) and target_path.resolve() == reference_path.resolve()
     for i, b in enumerate(batches):
         ref_out = results[i] if same_model else reference.run(stack(b))
-        for j, c in enumerate(b):
-            per_chunk[id(c)] = {k: v[j:j + 1] for k, v in results[i].items()}
         for name in reference.output_names:
             r, t = ref_out[name], results[i][name].astype(np.float32)
             ref_rows.setdefault(name, []).append(vectors(r))
@@ -399,7 +397,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     precision = {name: compare(np.concatenate(ref_rows[name]), np.concatenate(tgt_rows[name])) for name in reference.output_names}
 
     # Merge per input, and the chunking error (ORT fp32 on both sides).
-    chunk_err = _chunking_error(docs, chunks, reference, specs, options, max_len, tokenizer_factory)
+    chunk_err = _chunking_error(docs, reference, specs, options, max_len, specials)
     report = {
         "schema": SCHEMA, "trtforge_version": __version__,
         "target": str(target_path), "backend": target.label, "reference": str(reference_path),
@@ -478,10 +476,9 @@ def _latency(timings: list[tuple[str, float, float | None]]) -> dict[str, Any]:
     return out
 
 
-def _chunking_error(docs: list[Document], chunks: list[Chunk], reference: OrtRunner, specs: list[InputSpec],
-                    options: RunOptions, max_len: int, tokenizer_factory) -> dict[str, Any]:
+def _chunking_error(docs: list[Document], reference: OrtRunner, specs: list[InputSpec], options: RunOptions,
+                    max_len: int, specials: tuple[int, int]) -> dict[str, Any]:
     """Chunked+merged vs whole, both on ORT fp32; inputs longer than the model takes use their longest prefix."""
-    specials = _special_ids(tokenizer_factory)
     token_rows_a, token_rows_b, pooled, scopes = [], [], [], []
     first = reference.output_names[0]
     for d, doc in enumerate(docs):

@@ -139,6 +139,26 @@ def _coverage(amax: dict[str, float], needed: list[str], cache: Path) -> None:
                         "it was made for another model: recalibrate.")
 
 
+def _needed_tensors(plan: QuantPlan, float_nodes: set[str]) -> list[str]:
+    """Activation tensors whose scales the Q/DQ model needs once `float_nodes` stay float."""
+    return plan.activation_tensors({t.node for t in plan.targets} - float_nodes | set(plan.residual_adds))
+
+
+def _measure_smoothing(model: onnx.ModelProto, calib_batches: list, options: CalibrateOptions,
+                       progress: Callable[[str], None], progress_bar: Any) -> dict[str, np.ndarray]:
+    """SmoothQuant scales: one pass for per-channel abs-max of each smoothable activation."""
+    from onnx import numpy_helper
+
+    groups = smoothing_groups(model)
+    progress(f"SmoothQuant alpha {options.smooth}: per-channel abs-max of {len(groups)} activations")
+    stats = collect(model, calib_batches, [], list(groups), options.num_bins, progress_bar)
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node}
+    return {tensor: smoothing_scales(stats.channel_amax[tensor], [numpy_helper.to_array(inits[nodes[m].input[1]]) for m in members],
+                                     options.smooth)
+            for tensor, members in groups.items()}
+
+
 def _eval_batches(samples: list[dict[str, np.ndarray]], limit: int | None) -> list[dict[str, np.ndarray]]:
     chosen = samples[:limit] if limit else samples
     return list(data_mod.batches(chosen, 16))
@@ -199,9 +219,13 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
 
     reused_sidecar, reason = (None, f"imported {options.from_cache}") if options.from_cache else cache_decision(cache_path, fingerprint, options.strict_cache)
+    recalibrate = reused_sidecar is None and not options.from_cache
+    calib_batches = list(data_mod.batches(samples, options.batch_size)) if recalibrate else []
     smooth_scales: dict[str, np.ndarray] = {}
     if reused_sidecar is not None:
         smooth_scales = {k: np.asarray(v, dtype=np.float32) for k, v in (reused_sidecar.get("smooth_scales") or {}).items()}
+    elif recalibrate and options.smooth is not None:
+        smooth_scales = _measure_smoothing(model, calib_batches, options, progress, progress_bar)
     working = apply_smoothing(model, smooth_scales) if smooth_scales else model
     plan = plan_quantization(working)
 
@@ -220,7 +244,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     if reused_sidecar is not None:
         _, amax = read_cache(cache_path)
         float_nodes = set(reused_sidecar.get("float_nodes", []))
-        _coverage(amax, plan.activation_tensors(set(t.node for t in plan.targets) - float_nodes | set(plan.residual_adds)), cache_path)
+        _coverage(amax, _needed_tensors(plan, float_nodes), cache_path)
         accuracy = _accuracy(working, plan, amax, float_nodes, eval_batches, eval_refs)
         result = MethodResult(options.method, amax, sorted(float_nodes), accuracy, _flops_fraction(flops, float_nodes),
                               reused_sidecar.get("sensitivity", {}))
@@ -233,21 +257,6 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
                               _flops_fraction(flops, float_nodes), sensitivity)
         comparison = []
     else:
-        calib_batches = list(data_mod.batches(samples, options.batch_size))
-        if options.smooth is not None:
-            groups = smoothing_groups(model)
-            progress(f"SmoothQuant alpha {options.smooth}: per-channel abs-max of {len(groups)} activations")
-            stats = collect(model, calib_batches, [], list(groups), options.num_bins, progress_bar)
-            inits = {i.name: i for i in model.graph.initializer}
-            nodes = {n.name: n for n in model.graph.node}
-            from onnx import numpy_helper
-
-            for tensor, members in groups.items():
-                weights = [numpy_helper.to_array(inits[nodes[m].input[1]]) for m in members]
-                smooth_scales[tensor] = smoothing_scales(stats.channel_amax[tensor], weights, options.smooth)
-            working = apply_smoothing(model, smooth_scales)
-            plan = plan_quantization(working)
-            flops = gemm_flops(working, plan, flops_feeds)
         tensors = plan.activation_tensors()
         progress(f"collecting histograms of {len(tensors)} tensors over {len(samples)} samples")
         stats = collect(working, calib_batches, tensors, None, options.num_bins, progress_bar)
@@ -303,7 +312,7 @@ def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
     working = apply_smoothing(model, smooth) if smooth else model
     plan = plan_quantization(working)
     float_nodes = set(sidecar.get("float_nodes", []))
-    _coverage(amax, plan.activation_tensors(set(t.node for t in plan.targets) - float_nodes | set(plan.residual_adds)), cache_path)
+    _coverage(amax, _needed_tensors(plan, float_nodes), cache_path)
     return insert_qdq(working, plan, amax, float_nodes)
 
 
