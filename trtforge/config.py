@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trtforge.errors import UserError
 
@@ -45,11 +45,35 @@ class InputSpec(Strict):
     value_range: tuple[float, float] = (0.0, 1.0)
 
 
+OUTPUT_KINDS = ("token", "pooled", "logits", "dense")
+
+
+class OutputSpec(Strict):
+    """What an output means, which decides how chunks merge and which metric judges it:
+    token: one vector per position of the sequence axis; pooled: one vector per sequence (never
+    softmaxed); logits: class logits per sequence or image; dense: an image [N, C, H, W] at the
+    input's resolution times `scale` (0.25 for a segmentation map at 1/4, 2 for super-resolution)."""
+
+    name: str
+    kind: Literal["token", "pooled", "logits", "dense"] | None = None
+    # Output size / input size along each spatial axis; dense outputs only.
+    scale: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _scale_for_dense(self) -> "OutputSpec":
+        if self.scale is not None and self.kind not in (None, "dense"):
+            raise ValueError(f"output '{self.name}': 'scale' applies to dense outputs only, not '{self.kind}'")
+        return self
+
+
 class SourceSpec(Strict):
     # A built-in model name, `path/to/file.py:factory`, a TorchScript file or an ExportedProgram (.pt2).
     source: str
     # Passed to a `file.py:factory` factory as keyword arguments.
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    # A local Hugging Face tokenizer directory (relative paths from the working directory); else the
+    # tokenizer the factory returns, if any.
+    tokenizer: str | None = None
 
 
 class ExportSection(Strict):
@@ -79,6 +103,10 @@ class CalibrateSection(Strict):
     smooth: float | None = Field(None, ge=0, le=1)
     eval_data: str | None = None
     min_cosine: float = Field(0.99, ge=-1, le=1)
+    # Task-aware gates on held-out data: argmax agreement of logits outputs, per-pixel argmax agreement
+    # of dense outputs. Unset: reported, not gated.
+    min_top1_agreement: float | None = Field(None, ge=0, le=1)
+    min_pixel_agreement: float | None = Field(None, ge=0, le=1)
     min_int8_flops: float = Field(0.8, ge=0, le=1)
 
 
@@ -106,6 +134,10 @@ class RunSection(Strict):
     min_cosine: float = Field(0.99, ge=-1, le=1)
     # Floor on the pooled cosine of chunked+merged vs whole; unset: reported, not gated.
     min_chunk_cosine: float | None = Field(None, ge=-1, le=1)
+    # Task-aware gates on the precision error (target vs ORT fp32): top-1 agreement of logits outputs,
+    # per-pixel argmax agreement of dense outputs.
+    min_top1_agreement: float | None = Field(None, ge=0, le=1)
+    min_pixel_agreement: float | None = Field(None, ge=0, le=1)
     reference: str | None = None
     report: str | None = None
 
@@ -115,12 +147,23 @@ class ModelConfig(Strict):
     model: SourceSpec
     inputs: list[InputSpec]
     axes: dict[str, AxisRange] = Field(default_factory=dict)
-    outputs: list[str] = Field(default_factory=list)
+    # Names, or {name, kind, scale} mappings (OutputSpec); a bare name leaves the kind to be inferred.
+    outputs: list[OutputSpec] = Field(default_factory=list)
     export: ExportSection = Field(default_factory=ExportSection)
     clean: CleanSection = Field(default_factory=CleanSection)
     calibrate: CalibrateSection = Field(default_factory=CalibrateSection)
     build: BuildSection = Field(default_factory=BuildSection)
     run: RunSection = Field(default_factory=RunSection)
+
+    @field_validator("outputs", mode="before")
+    @classmethod
+    def _names_to_specs(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.outputs]
 
     @model_validator(mode="after")
     def _axes_declared(self) -> "ModelConfig":

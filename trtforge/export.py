@@ -196,7 +196,7 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool =
 
     start = time.perf_counter()
     loaded = load_model(config.model.source, config.model.kwargs, [s.name for s in config.inputs])
-    output_names = config.outputs or loaded.output_names
+    output_names = config.output_names() or loaded.output_names
     if not output_names:
         output_names = ["output_0"]
     output = Path(output)

@@ -83,7 +83,7 @@ class Pipeline:
         c, p = self.cfg, self.paths
         if step == "export":
             return fingerprint(__version__, c.model.model_dump(), [i.model_dump() for i in c.inputs],
-                               {k: v.model_dump() for k, v in c.axes.items()}, c.outputs, c.export.model_dump(), _source_hash(c), _torch())
+                               {k: v.model_dump() for k, v in c.axes.items()}, [o.model_dump() for o in c.outputs], c.export.model_dump(), _source_hash(c), _torch())
         if step == "clean":
             return fingerprint(__version__, sha256_file(p["onnx"]), c.clean.model_dump())
         if step == "calibrate":

@@ -98,19 +98,22 @@ def _last_frame(exc: BaseException) -> str:
 
 
 def _as_loaded(result: Any, source: str) -> LoadedModel:
-    """A factory returns (module, example_inputs) with example_inputs a dict name -> tensor."""
+    """A factory returns (module, example_inputs[, output_names[, tokenizer]]), example_inputs a dict
+    name -> tensor; the module is called with them as keyword arguments."""
     if isinstance(result, LoadedModel):
         return result
     torch = _require_torch()
-    if not (isinstance(result, tuple) and len(result) in (2, 3)):
-        raise UserError(f"factory {source} must return (module, {{input_name: example_tensor}}), got {type(result).__name__}.")
+    if not (isinstance(result, tuple) and len(result) in (2, 3, 4)):
+        raise UserError(f"factory {source} must return (module, {{input_name: example_tensor}}[, output_names[, tokenizer]]), "
+                        f"got {type(result).__name__}.")
     module, examples = result[0], result[1]
-    outputs = list(result[2]) if len(result) == 3 else []
+    outputs = list(result[2] or []) if len(result) >= 3 else []
+    tokenizer = result[3] if len(result) == 4 else None
     if not isinstance(module, torch.nn.Module):
         raise UserError(f"factory {source} returned {type(module).__name__} where a torch.nn.Module was expected.")
     if not isinstance(examples, dict) or not all(isinstance(v, torch.Tensor) for v in examples.values()):
         raise UserError(f"factory {source} must return example inputs as a dict of input name -> torch.Tensor.")
-    return LoadedModel(module.eval(), examples, outputs, source)
+    return LoadedModel(module.eval(), examples, outputs, source, tokenizer)
 
 
 def _load_serialized(path: Path, input_names: list[str] | None) -> LoadedModel:

