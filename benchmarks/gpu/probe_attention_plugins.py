@@ -1,0 +1,200 @@
+"""Which fused-attention plugins of TensorRT 8.6's plugin library run on this GPU, how fast, how right.
+
+Issue 11's first question. For each candidate it builds a one-layer fp16 network at BERT-base sizes
+(12 heads x 64), checks the output against a numpy softmax(QK^T/sqrt(d))V on the same data, and times
+it with CUDA events; the comparison is one unfused attention (MatMul, Softmax, MatMul) built by
+TensorRT itself from the same network API. Records every error instead of stopping.
+
+    $PY310 benchmarks/gpu/probe_attention_plugins.py --json plugins.json
+Candidates: CustomQKVToContextPluginDynamic v1 (input [S, B, 3E, 1, 1], heads interleaved as
+N x 3 x H, mask [B] of valid lengths) and fMHA_V2 (input [B, S, N, 3, H], no mask).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from trtforge.backends.tensorrt_runtime import DeviceBuffer, _cudart, _ok  # noqa: E402
+
+HEADS, HEAD = 12, 64
+HIDDEN = HEADS * HEAD
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """q, k, v [B, N, S, H] -> [B, N, S, H], fp32 math."""
+    scores = np.einsum("bnsh,bnth->bnst", q, k) / np.sqrt(q.shape[-1])
+    scores -= scores.max(-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bnst,bnth->bnsh", probs, v)
+
+
+def build_and_time(trt, make_network, feeds: dict[str, np.ndarray], out_name: str, iters: int = 50) -> dict:
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH))
+    make_network(trt, network)
+    config = builder.create_builder_config()
+    config.set_flag(trt.BuilderFlag.FP16)
+    off = sum(1 << int(getattr(trt.TacticSource, n)) for n in ("CUBLAS", "CUBLAS_LT", "CUDNN") if hasattr(trt.TacticSource, n))
+    config.set_tactic_sources(config.get_tactic_sources() & ~off)  # cuBLAS/cuDNN are stand-ins on this machine
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        return {"error": "build_serialized_network returned None"}
+    engine = trt.Runtime(logger).deserialize_cuda_engine(blob)
+    context = engine.create_execution_context()
+    cudart = _cudart()
+    stream = _ok(cudart.cudaStreamCreate())
+    buffers = {}
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        dtype = trt.nptype(engine.get_tensor_dtype(name))
+        if name in feeds:
+            host = np.ascontiguousarray(feeds[name].astype(dtype))
+            buf = DeviceBuffer(host.nbytes)
+            _ok(cudart.cudaMemcpy(buf.ptr, host.ctypes.data, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
+        else:
+            shape = tuple(context.get_tensor_shape(name))
+            host = np.empty(shape, dtype=dtype)
+            buf = DeviceBuffer(host.nbytes)
+        buffers[name] = (buf, host)
+        context.set_tensor_address(name, buf.ptr)
+    for _ in range(5):
+        context.execute_async_v3(int(stream))
+    start, end = _ok(cudart.cudaEventCreate()), _ok(cudart.cudaEventCreate())
+    _ok(cudart.cudaEventRecord(start, stream))
+    for _ in range(iters):
+        context.execute_async_v3(int(stream))
+    _ok(cudart.cudaEventRecord(end, stream))
+    _ok(cudart.cudaEventSynchronize(end))
+    ms = _ok(cudart.cudaEventElapsedTime(start, end)) / iters
+    buf, host = buffers[out_name]
+    _ok(cudart.cudaMemcpy(host.ctypes.data, buf.ptr, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost))
+    inspector = engine.create_engine_inspector()
+    layers = inspector.get_engine_information(trt.LayerInformationFormat.JSON)
+    kernels = sorted({w for w in layers.replace('"', " ").replace(",", " ").split() if any(
+        t in w.lower() for t in ("fmha", "mha", "flash", "attention", "softmax", "gemm", "myelin"))})[:40]
+    return {"ms": ms, "output": host.astype(np.float32), "kernels": kernels, "engine_mb": len(blob) / 2**20}
+
+
+def probe(trt, batch: int, seq: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((batch, HEADS, seq, HEAD)).astype(np.float32) for _ in range(3))
+    expected = reference(q, k, v)  # [B, N, S, H]
+    results = []
+
+    def record(name, fn, to_bnsh):
+        entry = {"candidate": name, "batch": batch, "seq": seq}
+        try:
+            got = fn()
+            if "error" in got:
+                entry.update(got)
+            else:
+                out = to_bnsh(got.pop("output"))
+                diff = np.linalg.norm(out - expected) / np.linalg.norm(expected)
+                entry.update({k2: v2 for k2, v2 in got.items()}, rel_l2=float(diff))
+        except Exception as exc:  # record and go on: the point is to learn what fails and how
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            entry["trace"] = traceback.format_exc()[-800:]
+        results.append(entry)
+        print(json.dumps({k2: v2 for k2, v2 in entry.items() if k2 != "trace"}), flush=True)
+
+    registry = trt.get_plugin_registry()
+
+    def creator(name, version="1"):
+        found = registry.get_plugin_creator(name, version, "")
+        if found is None:
+            raise RuntimeError(f"no plugin creator {name} v{version} in the registry")
+        return found
+
+    # CustomQKVToContextPluginDynamic v1: [S, B, 3E, 1, 1] with each head's q, k, v adjacent (N x 3 x H).
+    qkv_sb = np.stack([q, k, v], axis=2)  # [B, N, 3, S, H]
+    qkv_sb = qkv_sb.transpose(3, 0, 1, 2, 4).reshape(seq, batch, 3 * HIDDEN, 1, 1)
+    lengths = np.full((batch,), seq, dtype=np.int32)
+
+    def bert_plugin(mask: bool):
+        def make(trt_, network):
+            x = network.add_input("qkv", trt_.float16, qkv_sb.shape)
+            fields = [trt_.PluginField("type_id", np.array([1], np.int32), trt_.PluginFieldType.INT32),
+                      trt_.PluginField("hidden_size", np.array([HIDDEN], np.int32), trt_.PluginFieldType.INT32),
+                      trt_.PluginField("num_heads", np.array([HEADS], np.int32), trt_.PluginFieldType.INT32),
+                      trt_.PluginField("has_mask", np.array([int(mask)], np.int32), trt_.PluginFieldType.INT32)]
+            plugin = creator("CustomQKVToContextPluginDynamic").create_plugin("mha", trt_.PluginFieldCollection(fields))
+            inputs = [x]
+            if mask:
+                inputs.append(network.add_input("mask", trt_.int32, (batch,)))
+            layer = network.add_plugin_v2(inputs, plugin)
+            layer.get_output(0).name = "out"
+            layer.get_output(0).dtype = trt_.float16
+            network.mark_output(layer.get_output(0))
+        feeds = {"qkv": qkv_sb}
+        if mask:
+            feeds["mask"] = lengths
+        return lambda: build_and_time(trt, make, feeds, "out")
+
+    to_bnsh_sb = lambda o: o.reshape(seq, batch, HEADS, HEAD).transpose(1, 2, 0, 3)  # noqa: E731
+    record("CustomQKVToContextPluginDynamic v1 fp16 masked", bert_plugin(True), to_bnsh_sb)
+    record("CustomQKVToContextPluginDynamic v1 fp16 no mask", bert_plugin(False), to_bnsh_sb)
+
+    # fMHA_V2: [B, S, N, 3, H] -> [B, S, N, H], no mask.
+    packed = np.stack([q, k, v], axis=3).transpose(0, 2, 1, 3, 4)  # [B, S, N, 3, H]
+
+    def fmha():
+        def make(trt_, network):
+            x = network.add_input("qkv", trt_.float16, packed.shape)
+            plugin = creator("fMHA_V2").create_plugin("fmha", trt_.PluginFieldCollection([]))
+            layer = network.add_plugin_v2([x], plugin)
+            layer.get_output(0).name = "out"
+            network.mark_output(layer.get_output(0))
+        return build_and_time(trt, make, {"qkv": packed}, "out")
+
+    record("fMHA_V2 fp16", fmha, lambda o: o.reshape(batch, seq, HEADS, HEAD).transpose(0, 2, 1, 3))
+
+    # The unfused baseline TensorRT builds from MatMul / Softmax / MatMul (scale on Q, as its docs ask).
+    def unfused():
+        def make(trt_, network):
+            tq, tk, tv = (network.add_input(n, trt_.float16, (batch, HEADS, seq, HEAD)) for n in ("q", "k", "v"))
+            scale = network.add_constant((1, 1, 1, 1), np.array([1 / np.sqrt(HEAD)], np.float16)).get_output(0)
+            qs = network.add_elementwise(tq, scale, trt_.ElementWiseOperation.PROD).get_output(0)
+            scores = network.add_matrix_multiply(qs, trt_.MatrixOperation.NONE, tk, trt_.MatrixOperation.TRANSPOSE).get_output(0)
+            soft = network.add_softmax(scores)
+            soft.axes = 1 << 3
+            out = network.add_matrix_multiply(soft.get_output(0), trt_.MatrixOperation.NONE, tv, trt_.MatrixOperation.NONE).get_output(0)
+            out.name = "out"
+            network.mark_output(out)
+        return build_and_time(trt, make, {"q": q, "k": k, "v": v}, "out")
+
+    record("unfused MatMul-Softmax-MatMul fp16", unfused, lambda o: o)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args()
+    import tensorrt as trt
+
+    trt.init_libnvinfer_plugins(trt.Logger(trt.Logger.ERROR), "")
+    creators = sorted({(c.name, c.plugin_version) for c in trt.get_plugin_registry().plugin_creator_list})
+    print("plugin creators:", ", ".join(f"{n} v{v}" for n, v in creators), flush=True)
+    results = {"tensorrt": trt.__version__, "creators": creators, "probes": []}
+    for batch, seq in ((16, 128), (16, 512), (64, 512)):
+        results["probes"] += probe(trt, batch, seq)
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    print("\n| candidate | batch x seq | ms | rel-L2 vs numpy | error |")
+    print("|---|---|---|---|---|")
+    for r in results["probes"]:
+        print(f"| {r['candidate']} | {r['batch']}x{r['seq']} | {r.get('ms', float('nan')):.3f} | {r.get('rel_l2', float('nan')):.2e} | {r.get('error', '')[:120]} |")
+
+
+if __name__ == "__main__":
+    main()

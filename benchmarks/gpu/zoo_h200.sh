@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The zoo on the H200, end to end with the default exporter and no wrapper (issue 9's done-when):
+# export + clean under the GPU machine's python3 (torch, transformers, torchvision), build fp16 and
+# `trtforge run` on the engine under the staged TensorRT 8.6 ($PY310). Run detached from the project
+# root after staging (../shared/gpu/README.md); every step appends {step, rc, seconds, cmd, tail} to
+# $W/steps.jsonl and goes on after a failure; the driver stops starting steps at its deadline.
+#   usage: bash benchmarks/gpu/zoo_h200.sh W DEADLINE_EPOCH [MODELS...]
+set -u
+ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}; shift 2
+MODELS=${*:-"bert-base gpt2 vit-b16 resnet50 deeplabv3"}
+TACTICS=-CUBLAS,-CUBLAS_LT,-CUDNN
+mkdir -p "$W"; : > "$W/steps.jsonl"
+export CI=true PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+
+step() {  # step NAME TIMEOUT_S CMD...
+  local name=$1 limit=$2; shift 2
+  local left=$(( DEADLINE - $(date +%s) ))
+  if [ "$left" -lt 20 ]; then
+    printf '{"step": "%s", "rc": null, "skipped": "deadline"}\n' "$name" >> "$W/steps.jsonl"; return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$(date +%s.%N) log="$W/log.$name"
+  timeout "$limit" bash -c "$*" > "$log" 2>&1; local rc=$?
+  local dt=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+  python3 - "$name" "$rc" "$dt" "$*" "$log" >> "$W/steps.jsonl" <<'PY'
+import json, sys
+name, rc, dt, cmd, log = sys.argv[1:]
+tail = open(log, errors="replace").read()[-1500:]
+print(json.dumps({"step": name, "rc": int(rc), "seconds": float(dt), "cmd": cmd, "tail": tail}))
+PY
+  echo "[$name] rc=$rc ${dt}s"
+  return $rc
+}
+
+P312="PYTHONPATH=/tmp/site:$ROOT python3 -m trtforge"
+P310="PYTHONPATH=$ROOT \$PY310 -m trtforge"
+
+# 1. export + clean, all models at once (CPU side of the GPU machine: 16 cores)
+for m in $MODELS; do
+  ( mkdir -p "$W/$m"
+    step "export-$m" 600 "$P312 export --config zoo/configs/full/$m.yaml -o $W/$m/$m.onnx" &&
+    step "clean-$m" 300 "$P312 clean $W/$m/$m.onnx" ) &
+done
+wait
+
+# 2. fp16 engines, two builds at a time (TensorRT 8.6; cuBLAS/cuDNN tactic sources off: stand-ins only)
+. "$HOME/trt86.env"
+n=0
+for m in $MODELS; do
+  [ -f "$W/$m/$m.clean.onnx" ] || continue
+  step "build-$m" 900 "$P310 build $W/$m/$m.clean.onnx --config zoo/configs/full/$m.yaml --precision fp16 --tactic-sources $TACTICS -o $W/$m/$m.fp16.engine" &
+  n=$((n + 1)); [ $((n % 2)) -eq 0 ] && wait
+done
+wait
+
+# 3. run on each engine, one at a time (GPU timings not shared with another job)
+for m in $MODELS; do
+  [ -f "$W/$m/$m.fp16.engine" ] || continue
+  step "run-$m" 600 "$P310 run $W/$m/$m.fp16.engine --config zoo/configs/full/$m.yaml --reference $W/$m/$m.clean.onnx --report $W/$m/$m.run.json"
+done
+
+# 4. issue 11's first question: which fused-attention plugins TensorRT 8.6 has kernels for on sm_90
+step "probe-plugins" 240 "PYTHONPATH=$ROOT \$PY310 benchmarks/gpu/probe_attention_plugins.py --json $W/plugins.json"
+
+python3 benchmarks/gpu/zoo_table.py "$W" > "$W/table.md" 2>&1
+touch "$W/DONE"
