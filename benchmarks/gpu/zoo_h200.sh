@@ -8,6 +8,7 @@
 set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}; shift 2
 MODELS=${*:-"bert-base gpt2 vit-b16 resnet50 deeplabv3"}
+CONFIGS=${CONFIGS:-zoo/configs/full}
 TACTICS=-CUBLAS,-CUBLAS_LT,-CUDNN
 mkdir -p "$W"; : > "$W/steps.jsonl"
 export CI=true PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -33,22 +34,22 @@ PY
 }
 
 P312="PYTHONPATH=/tmp/site:$ROOT python3 -m trtforge"
-P310="PYTHONPATH=$ROOT \$PY310 -m trtforge"
+# TensorRT 8.6's Python 3.10 environment only inside each step: its PYTHONHOME would break python3.
+P310=". $HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310 -m trtforge"
 
 # 1. export + clean, all models at once (CPU side of the GPU machine: 16 cores)
 for m in $MODELS; do
   ( mkdir -p "$W/$m"
-    step "export-$m" 600 "$P312 export --config zoo/configs/full/$m.yaml -o $W/$m/$m.onnx" &&
+    step "export-$m" 600 "$P312 export --config $CONFIGS/$m.yaml -o $W/$m/$m.onnx" &&
     step "clean-$m" 300 "$P312 clean $W/$m/$m.onnx" ) &
 done
 wait
 
 # 2. fp16 engines, two builds at a time (TensorRT 8.6; cuBLAS/cuDNN tactic sources off: stand-ins only)
-. "$HOME/trt86.env"
 n=0
 for m in $MODELS; do
   [ -f "$W/$m/$m.clean.onnx" ] || continue
-  step "build-$m" 900 "$P310 build $W/$m/$m.clean.onnx --config zoo/configs/full/$m.yaml --precision fp16 --tactic-sources $TACTICS -o $W/$m/$m.fp16.engine" &
+  step "build-$m" 900 "$P310 build $W/$m/$m.clean.onnx --config $CONFIGS/$m.yaml --precision fp16 --tactic-sources $TACTICS -o $W/$m/$m.fp16.engine" &
   n=$((n + 1)); [ $((n % 2)) -eq 0 ] && wait
 done
 wait
@@ -56,11 +57,11 @@ wait
 # 3. run on each engine, one at a time (GPU timings not shared with another job)
 for m in $MODELS; do
   [ -f "$W/$m/$m.fp16.engine" ] || continue
-  step "run-$m" 600 "$P310 run $W/$m/$m.fp16.engine --config zoo/configs/full/$m.yaml --reference $W/$m/$m.clean.onnx --report $W/$m/$m.run.json"
+  step "run-$m" 600 "$P310 run $W/$m/$m.fp16.engine --config $CONFIGS/$m.yaml --reference $W/$m/$m.clean.onnx --report $W/$m/$m.run.json"
 done
 
 # 4. issue 11's first question: which fused-attention plugins TensorRT 8.6 has kernels for on sm_90
-step "probe-plugins" 240 "PYTHONPATH=$ROOT \$PY310 benchmarks/gpu/probe_attention_plugins.py --json $W/plugins.json"
+step "probe-plugins" 240 ". $HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310 benchmarks/gpu/probe_attention_plugins.py --json $W/plugins.json"
 
 python3 benchmarks/gpu/zoo_table.py "$W" > "$W/table.md" 2>&1
 touch "$W/DONE"
