@@ -10,6 +10,19 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def require(module: str):
+    """The module, or a skip on a developer's machine; under CI=true a missing module fails the test,
+    since CI installs everything and a silent skip there would hide a broken install."""
+    if os.environ.get("CI", "").lower() == "true":
+        import importlib
+
+        try:
+            return importlib.import_module(module)
+        except ImportError as exc:
+            pytest.fail(f"CI=true but {module} cannot be imported ({exc}); the suite needs it installed.")
+    return pytest.importorskip(module)
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """Run the real `python -m trtforge` and capture its output."""
     full_env = dict(os.environ, CI="true", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", **(env or {}))
