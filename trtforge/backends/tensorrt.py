@@ -243,7 +243,7 @@ class BuildProgress:
 
     def step_complete(self, name: str, step: int) -> None:
         if name == PROFILE_PHASE and self._profile_steps:
-            self.profile = min(self.profiles, step * self.profiles // self._profile_steps + 1)
+            self.profile = min(self.profiles, (step + 1) * self.profiles // self._profile_steps + 1)  # steps done -> next profile
         for phase in reversed(self.phases):
             if phase[0] == name:
                 phase[1] = step + 1
@@ -429,15 +429,14 @@ def parse_inspector_json(text: str) -> dict[str, Any]:
     """The inspector's JSON, read tolerantly. Pure.
 
     TensorRT 8.6 wrote raw control characters into layer names of a torchvision ResNet-50
-    ("Invalid control character"): strict=False accepts them inside strings; the fallback escapes
-    control characters and stray backslashes anywhere. Raises InspectorParseError with the reason."""
+    ("Invalid control character"): strict=False accepts them inside strings; the fallback blanks control
+    characters anywhere (outside strings too) and doubles stray backslashes. Raises InspectorParseError with the reason."""
     import json
 
     try:
         data = json.loads(text, strict=False)
     except ValueError:
-        repaired = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}" if m.group() not in "\t\n\r" else " ",
-                                _BAD_ESCAPE.sub(r"\\\\", text))
+        repaired = _CONTROL.sub(" ", _BAD_ESCAPE.sub(r"\\\\", text))
         try:
             data = json.loads(repaired, strict=False)
         except ValueError as exc:
