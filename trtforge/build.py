@@ -11,24 +11,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import onnx
 
 from trtforge import __version__
 from trtforge.artifacts import (ensure_writable_dir, onnx_graph_hash, output_lock, read_sidecar, sha256_bytes, sha256_file, write_bytes_atomic,
                                 write_json_atomic, write_sidecar)
-from trtforge.backends.tensorrt import BuildOptions, build_engine, engine_layers, load_trt, runtime_identity, summarize_layers
+from trtforge.backends.tensorrt import (BuildOptions, BuildOutput, Tick, TrtModule, build_engine, engine_layers, load_trt, parse_layer_log,
+                                       runtime_identity, summarize_layers, tensor_dtype)
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
 from trtforge.graph import io_specs
 from trtforge.onnxio import load_onnx, save_onnx
-from trtforge.profiles import Profile, Tier, auto_tier_bounds, plan_profiles, tier_ranges
+from trtforge.profiles import Profile, Tier, auto_tier_bounds, plan_profiles, slow_build_warning, tier_ranges
 
 PRECISIONS = ("fp32", "fp16", "int8", "best")
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -127,10 +129,16 @@ def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, 
 
 def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,
           config_tiers: dict[str, list[int]] | None = None, backend: str = "auto", options: BuildOptions | None = None,
-          lengths_file: Path | None = None, tier_count: int = 3) -> BuildResult:
-    """Build an engine. 'fp32' is IEEE fp32 (TF32 off) unless options.tf32."""
+          lengths_file: Path | None = None, tier_count: int = 3, on_tick: Tick | None = None, tick_s: float = 15.0,
+          warn: Callable[[str], None] | None = None) -> BuildResult:
+    """Build an engine. 'fp32' is IEEE fp32 (TF32 off) unless options.tf32.
+
+    The engine and its sidecar are written as soon as TensorRT returns; layer inspection comes after
+    and can only add to the sidecar (a failed inspection is recorded and warned about, never fatal).
+    on_tick(elapsed, progress) is called every tick_s seconds during the TensorRT build."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision '{precision}'; use one of {', '.join(PRECISIONS)}.")
+    warn = warn or _stderr_warning
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
     mod = load_trt(backend)
@@ -143,6 +151,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
 
     ensure_writable_dir(output)
     converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes)
+    slow = slow_build_warning(profiles)
+    if slow:
+        warn(slow)
     built_onnx = onnx_path
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent)) if converted is not None else None
     try:
@@ -154,7 +165,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             model = converted
         options.has_fp16, options.has_qdq = model_traits(model)
         start = time.perf_counter()
-        out = build_engine(mod, source, profiles, options)
+        out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         if converted is not None:
             with output_lock(built_onnx):
                 for staged in staging.iterdir():
@@ -165,10 +176,6 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
 
-    layers, why_not = engine_layers(mod, out.engine, profiles[0])
-    summary = summarize_layers(layers) if layers is not None else None
-    if layers is not None:
-        write_json_atomic(output.with_name(output.name + ".layers.json"), layers)
     identity = runtime_identity(mod)
     sidecar = {
         "kind": "engine",
@@ -199,9 +206,10 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         "engine_bytes": len(out.engine),
         "engine_sha256": sha256_bytes(out.engine),
         "onnx_bytes": built_onnx.stat().st_size,
-        "layer_info": str(output.name + ".layers.json") if layers is not None else None,
-        "layer_info_unavailable": why_not,
-        "layer_summary": summary,
+        "layer_info": None,
+        "layer_info_unavailable": "not inspected yet",
+        "layer_summary": None,
+        "inspector": None,
         "notes": out.notes,
     }
     with output_lock(output):  # engine and sidecar of one build, even when two builds target one path
@@ -209,7 +217,56 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         if out.timing_cache is not None and options.timing_cache is not None:
             write_bytes_atomic(options.timing_cache, out.timing_cache)
         write_sidecar(output, sidecar)
-    return BuildResult(output, sidecar, profiles, summary)
+    sidecar.update(_layer_info(mod, out, profiles, output, warn))
+    with output_lock(output):
+        write_sidecar(output, sidecar)
+    return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
+
+
+def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], output: Path,
+                warn: Callable[[str], None]) -> dict[str, Any]:
+    """Sidecar fields describing the engine's layers; writes ENGINE.layers.json. Never raises.
+
+    Sources: the engine inspector (needs a GPU that can load the engine) and the builder's verbose
+    layer log (always there; on 8.6 the only one with precisions for dynamic shapes). The layers kept
+    are the inspector's when they name precisions, else the build log's."""
+    inspector_layers, why_not, inspector_error = None, None, None
+    try:
+        inspector_layers, why_not = engine_layers(mod, out.engine, profiles[0])
+    except Exception as exc:  # a broken inspector must never cost the engine (issue 9: ResNet-50 JSON)
+        inspector_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        warn(f"the engine inspector failed ({inspector_error}); the engine is written, layer info comes from the build log.")
+    try:
+        log_layers = parse_layer_log(out.layer_log)
+    except Exception as exc:  # a log format this parser does not know: record, do not fail
+        log_layers = []
+        warn(f"could not read the builder's layer log ({type(exc).__name__}: {exc}); layer precisions are unknown.")
+    layers, source = _best_layers(inspector_layers, log_layers)
+    inspector = {"error": inspector_error} if inspector_error else {"ok": inspector_layers is not None, "unavailable": why_not}
+    fields: dict[str, Any] = {"inspector": inspector, "layer_info": None, "layer_summary": None,
+                              "layer_info_unavailable": None if layers else (inspector_error or why_not or "no layer information")}
+    if layers:
+        layers_file = output.with_name(output.name + ".layers.json")
+        write_json_atomic(layers_file, {"source": source, "inspector": inspector, "layers": layers})
+        fields.update(layer_info=layers_file.name, layer_source=source, layer_summary=summarize_layers(layers))
+    return fields
+
+
+def _best_layers(inspector_layers: list[dict[str, Any]] | None,
+                 log_layers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The inspector's layers when they state precisions, else the build log's, else whatever exists."""
+    def knows_precision(layers: list[dict[str, Any]] | None) -> bool:
+        return bool(layers) and any(tensor_dtype(t) for layer in layers for t in layer.get("Outputs") or [] if isinstance(t, dict))
+
+    if knows_precision(inspector_layers):
+        return inspector_layers, "inspector"
+    if log_layers:
+        return log_layers, "build log"
+    return (inspector_layers, "inspector") if inspector_layers else (None, None)
+
+
+def _stderr_warning(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def check_engine_compat(engine_path: Path, sidecar: dict[str, Any], identity: dict[str, Any]) -> None:

@@ -209,7 +209,9 @@ def build(
     )
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
         raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")
-    result = build_step(onnx_path, output, precision, tiers, section.tiers, backend, options, lengths, tier_count)
+    with ui.build_progress(f"building {Path(onnx_path).name}") as tick:
+        result = build_step(onnx_path, output, precision, tiers, section.tiers, backend, options, lengths, tier_count,
+                            on_tick=tick, tick_s=ui.heartbeat_interval(), warn=ui.warn)
     if json_out:
         ui.print_json({"path": str(result.engine_path), **result.sidecar})
         return
@@ -230,10 +232,15 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
     if report.get("fp32_nodes") is not None:
         con.print(f"fp16 conversion: {report['fp16_nodes']} nodes fp16, {report['fp32_nodes']} kept fp32 (block list or observed overflow)")
     if summary:
-        con.print(ui.table("layers by type", ["type", "count"], sorted(summary["by_type"].items(), key=lambda kv: -kv[1])))
+        source = f" (from the {side['layer_source']})" if side.get("layer_source") else ""
+        con.print(ui.table(f"layers by type{source}", ["type", "count"], sorted(summary["by_type"].items(), key=lambda kv: -kv[1])))
         con.print(ui.table("layers by output precision", ["precision", "count"], sorted(summary["by_precision"].items(), key=lambda kv: -kv[1])))
+        int8 = summary.get("int8_layers") or []
+        con.print(f"layers running INT8: {len(int8)}" + (": " + ", ".join(int8) if int8 else ""), markup=False)
     elif side.get("layer_info_unavailable"):
         con.print(f"layer information: {side['layer_info_unavailable']}")
+    if (side.get("inspector") or {}).get("error"):
+        con.print(f"engine inspector failed: {side['inspector']['error']}", markup=False)
     for note in side.get("notes", []):
         con.print(f"note: {note}")
 
@@ -251,10 +258,11 @@ def inspect(
     side = read_engine_sidecar(engine, verify=True)
     summary = side.get("layer_summary")
     layers_file = engine.with_name(engine.name + ".layers.json")
-    if summary is None and layers_file.is_file():
+    if layers_file.is_file() and (summary is None or "int8_layers" not in summary):
         from trtforge.backends.tensorrt import summarize_layers
 
-        summary = summarize_layers(_json.loads(layers_file.read_text()))
+        data = _json.loads(layers_file.read_text())
+        summary = summarize_layers(data["layers"] if isinstance(data, dict) else data)  # a list: older trtforge
     if json_out:
         ui.print_json({"path": str(engine), **side, "layer_summary": summary})
         return
@@ -391,6 +399,8 @@ def doctor(json_out: bool = JsonOpt) -> None:
     gpu = data["gpu"]
     con.print(f"GPU: {gpu['name']} (compute capability {gpu['compute_capability']}, {gpu['memory_gib']} GiB)" if gpu else "GPU: none found")
     con.print(ui.table("features", ["feature", "available"], [[k, "yes" if v else "no"] for k, v in data["features"].items()]))
+    for flavour, why in data["engines"].items():
+        con.print(f"run {flavour} engines here: {why}")
 
 
 def main() -> None:

@@ -238,12 +238,7 @@ def _torch() -> str | None:
 
 
 def _engine_runs_here() -> bool:
-    """TensorRT (not RTX: it refuses sm_90) and a GPU are both here."""
-    from trtforge.backends.tensorrt import load_trt
-    from trtforge.doctor import _gpu
+    """A GPU and a TensorRT flavour that runs engines on it (TensorRT-RTX too, where it supports the GPU)."""
+    from trtforge.doctor import engine_flavour_here
 
-    try:
-        load_trt("tensorrt")
-    except UserError:
-        return False
-    return _gpu() is not None
+    return engine_flavour_here() is not None

@@ -157,3 +157,30 @@ def profiles_from_json(data: list[dict]) -> list[Profile]:
         shapes = {n: (tuple(s["min"]), tuple(s["opt"]), tuple(s["max"])) for n, s in item.get("shapes", {}).items()}
         profiles.append(Profile(int(item["index"]), axes, shapes))  # type: ignore[arg-type]
     return profiles
+
+
+# A build is "slow" past this many reference images' worth of profile max shapes: TensorRT tunes every
+# profile separately, and large max shapes mean large workspaces and slow kernels to time.
+SLOW_BUILD_REFERENCE_ELEMENTS = 3 * 512 * 512  # one 512x512 RGB image
+SLOW_BUILD_BUDGET = 4.0
+SLOW_BUILD_PROFILES = 8
+
+
+def slow_build_warning(profiles: list[Profile]) -> str | None:
+    """One line naming why a build will be slow and what to do, or None. Pure.
+
+    Cost = sum over profiles of the largest input's max-shape element count, in units of a 512x512 RGB
+    image. DeepLabV3 with height and width tiers 256,1024 (4 profiles up to 1x3x1024x1024) scores 6.25;
+    MiniLM with three sequence tiers up to 32x512 scores 0.06."""
+    if not profiles:
+        return None
+    largest = [max(((math.prod(s[2]), name, s[2]) for name, s in p.shapes.items()), default=(0, "", ())) for p in profiles]
+    cost = sum(count for count, _, _ in largest) / SLOW_BUILD_REFERENCE_ELEMENTS
+    if cost <= SLOW_BUILD_BUDGET and len(profiles) <= SLOW_BUILD_PROFILES:
+        return None
+    count, name, shape = max(largest)
+    index = largest.index((count, name, shape))
+    return (f"slow build ahead: {len(profiles)} optimization profiles, the largest max shape is input '{name}' "
+            f"{'x'.join(map(str, shape))} (profile {profiles[index].index}, {count / 1e6:.1f}M elements), about "
+            f"{cost:.1f}x the work of one 512x512 image; TensorRT tunes each profile separately: use fewer tiers, "
+            "a smaller max, --optimization-level 2 or lower, or --timing-cache FILE to reuse timings.")

@@ -79,3 +79,45 @@ class _PlainProgress:
         if self.total and self.done / self.total >= self.next_report:
             print(f"{self.description}: {self.done}/{self.total}", file=sys.stderr, flush=True)
             self.next_report += 0.25
+
+
+HEARTBEAT_ENV = "TRTFORGE_HEARTBEAT_S"
+PLAIN_HEARTBEAT_S = 15.0  # under CI a line at least every 30 s, with margin
+
+
+def heartbeat_interval() -> float:
+    """Seconds between build progress updates: $TRTFORGE_HEARTBEAT_S, else 15 under CI, 0.5 on a terminal."""
+    value = os.environ.get(HEARTBEAT_ENV, "").strip()
+    try:
+        if value and float(value) > 0:
+            return min(float(value), 30.0)
+    except ValueError:
+        pass
+    return PLAIN_HEARTBEAT_S if plain_mode() else 0.5
+
+
+@contextmanager
+def build_progress(label: str) -> Iterator[Any]:
+    """A tick(elapsed_s, progress) callback for a TensorRT build: a rich spinner line on a terminal, a plain
+    stderr line per tick under CI. `progress.describe()` says what the builder reports ("profile 2 of 4, ...")."""
+    if plain_mode():
+        def plain_tick(elapsed: float, progress: Any) -> None:
+            print(f"{label}: {elapsed:.0f} s elapsed, {progress.describe()}", file=sys.stderr, flush=True)
+
+        yield plain_tick
+        return
+    from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
+                  console=console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def rich_tick(_elapsed: float, progress: Any) -> None:
+            bar.update(task, description=f"{label}: {progress.describe()}")
+
+        yield rich_tick
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (stdout stays clean for --json)."""
+    console(stderr=True).print(f"warning: {message}", markup=False)

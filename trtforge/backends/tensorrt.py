@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -65,16 +65,25 @@ def load_trt(backend: str = "auto") -> TrtModule:
 
 
 class _Logger:
-    """Collects TensorRT's messages so failures can be turned into one sentence."""
+    """Collects TensorRT's messages so failures can be turned into one sentence.
 
-    def __init__(self, trt: Any, verbose: bool = False):
+    VERBOSE messages are dropped (8.6 logs every tactic timing) except the builder's per-layer report,
+    which is the only place 8.6 states layer precisions for dynamic-shape engines."""
+
+    def __init__(self, trt: Any):
+        verbose = trt.ILogger.Severity.VERBOSE
+
         class Collector(trt.ILogger):
             def __init__(inner):
                 trt.ILogger.__init__(inner)
                 inner.messages: list[tuple[Any, str]] = []
+                inner.layer_log: list[str] = []
 
             def log(inner, severity, msg):
-                inner.messages.append((severity, msg))
+                if severity != verbose:
+                    inner.messages.append((severity, msg))
+                elif msg.startswith(LAYER_LOG_HEADERS):
+                    inner.layer_log.append(msg)
 
         self.impl = Collector()
         self.trt = trt
@@ -110,6 +119,7 @@ class BuildOutput:
     timing_cache: bytes | None = None
     timing_cache_loaded: bool = False
     compute_capabilities: list[str] = field(default_factory=list)
+    layer_log: str = ""  # the builder's VERBOSE per-layer report (see parse_layer_log)
 
 
 def _parse(mod: TrtModule, onnx_path: Path, logger: _Logger, node_names: list[tuple[str, str]]) -> tuple[Any, Any, Any]:
@@ -181,9 +191,10 @@ def _configure(mod: TrtModule, builder: Any, network: Any, options: BuildOptions
         config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
     ccs: list[str] = []
     if mod.flavour == "tensorrt_rtx":
-        ccs = options.compute_capabilities or (["CURRENT"] if _gpu_present() else ["SM89"])
+        ccs = options.compute_capabilities or (["CURRENT"] if _rtx_runs_here() else ["SM89"])
         if not options.compute_capabilities and ccs == ["SM89"]:
-            notes.append("no GPU here and no compute capabilities given: built for SM89; pass --compute-capability")
+            notes.append("no GPU that TensorRT-RTX supports here and no compute capabilities given: built for SM89; "
+                         "pass --compute-capability")
         config.num_compute_capabilities = len(ccs)
         for i, cc in enumerate(ccs):
             value = getattr(trt.ComputeCapability, cc.upper(), None)
@@ -210,11 +221,57 @@ def _configure(mod: TrtModule, builder: Any, network: Any, options: BuildOptions
     return config, loaded, ccs
 
 
+PROFILE_PHASE = "Computing profile costs"  # TensorRT >= 10 / RTX: one run of steps per optimization profile
+
+
+@dataclass
+class BuildProgress:
+    """What the builder has reported so far, read by the heartbeat thread. Fed by IProgressMonitor
+    where it exists (TensorRT >= 10, TensorRT-RTX); on 8.6 only `profiles` and the clock are known."""
+
+    profiles: int
+    monitored: bool = False
+    profile: int | None = None  # 1-based
+    phases: list[list[Any]] = field(default_factory=list)  # open phases: [name, step done, steps]
+    _profile_steps: int = 0
+
+    def phase_start(self, name: str, steps: int) -> None:
+        self.monitored = True
+        if name == PROFILE_PHASE:
+            self._profile_steps, self.profile = max(steps, 1), 1
+        self.phases.append([name, 0, steps])
+
+    def step_complete(self, name: str, step: int) -> None:
+        if name == PROFILE_PHASE and self._profile_steps:
+            self.profile = min(self.profiles, (step + 1) * self.profiles // self._profile_steps + 1)  # steps done -> next profile
+        for phase in reversed(self.phases):
+            if phase[0] == name:
+                phase[1] = step + 1
+                break
+
+    def phase_finish(self, name: str) -> None:
+        for i in range(len(self.phases) - 1, -1, -1):
+            if self.phases[i][0] == name:
+                del self.phases[i]
+                break
+
+    def describe(self) -> str:
+        """'profile 2 of 4, Timing tactics 1/3', or what is known without a progress monitor."""
+        if not self.monitored:
+            return f"{self.profiles} profile(s); this TensorRT reports no per-profile progress"
+        where = f"profile {self.profile} of {self.profiles}" if self.profile else f"{self.profiles} profile(s)"
+        if self.phases:
+            name, done, steps = self.phases[-1]
+            where += f", {name} {done}/{steps}"
+        return where
+
+
 @contextlib.contextmanager
-def _interruptible(mod: TrtModule, config: Any):
+def _monitored(mod: TrtModule, config: Any, progress: BuildProgress):
     """Ctrl-C during a build: TensorRT swallows exceptions raised in its callbacks, so SIGINT only sets a
     flag; a progress monitor (TensorRT >= 10, TensorRT-RTX) then cancels the build at its next step, and
-    the caller raises KeyboardInterrupt once the builder returns. Nothing is written either way."""
+    the caller raises KeyboardInterrupt once the builder returns. Nothing is written either way.
+    The same monitor feeds `progress` with phases and steps."""
     flag = {"set": False}
     previous = None
     if threading.current_thread() is threading.main_thread():
@@ -224,20 +281,21 @@ def _interruptible(mod: TrtModule, config: Any):
         previous = signal.signal(signal.SIGINT, on_sigint)
     trt = mod.trt
     if hasattr(trt, "IProgressMonitor") and hasattr(config, "progress_monitor"):
-        class Cancel(trt.IProgressMonitor):
+        class Monitor(trt.IProgressMonitor):
             def __init__(inner):
                 trt.IProgressMonitor.__init__(inner)
 
             def phase_start(inner, phase_name, parent_phase, num_steps):
-                pass
+                progress.phase_start(phase_name, num_steps)
 
             def phase_finish(inner, phase_name):
-                pass
+                progress.phase_finish(phase_name)
 
             def step_complete(inner, phase_name, step):
+                progress.step_complete(phase_name, step)
                 return not flag["set"]
 
-        config.progress_monitor = Cancel()
+        config.progress_monitor = Monitor()
     try:
         yield lambda: flag["set"]
     finally:
@@ -245,10 +303,37 @@ def _interruptible(mod: TrtModule, config: Any):
             signal.signal(signal.SIGINT, previous)
 
 
-def _gpu_present() -> bool:
-    from trtforge.doctor import _gpu
+Tick = Callable[[float, BuildProgress], None]
 
-    return _gpu() is not None
+
+@contextlib.contextmanager
+def _heartbeat(progress: BuildProgress, on_tick: Tick | None, interval_s: float):
+    """Calls on_tick(elapsed seconds, progress) every interval_s while the builder runs, so a long
+    build is never silent (TensorRT 8.6 has no progress monitor: the clock is all there is)."""
+    if on_tick is None:
+        yield
+        return
+    stop = threading.Event()
+    start = time.perf_counter()
+
+    def beat() -> None:
+        while not stop.wait(interval_s):
+            on_tick(time.perf_counter() - start, progress)
+
+    thread = threading.Thread(target=beat, name="trtforge-build-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _rtx_runs_here() -> bool:
+    """A GPU that TensorRT-RTX supports is present (it refuses sm_90 H100/H200)."""
+    from trtforge.doctor import _support_here
+
+    return _support_here()["tensorrt_rtx"][0]
 
 
 def _io_of(network: Any) -> list[dict[str, Any]]:
@@ -267,8 +352,10 @@ def _dtype_name(dtype: Any) -> str:
             "BOOL": "bool", "BF16": "bfloat16", "UINT8": "uint8"}.get(str(dtype).split(".")[-1], str(dtype))
 
 
-def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions) -> BuildOutput:
-    """Parse, configure and build; a failed build is retried per profile to name the one that fails."""
+def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions,
+                 on_tick: Tick | None = None, tick_s: float = 15.0) -> BuildOutput:
+    """Parse, configure and build; a failed build is retried per profile to name the one that fails.
+    on_tick(elapsed, progress) is called every tick_s seconds while TensorRT builds."""
     import onnx
 
     node_names = [(n.name, n.op_type) for n in onnx.load(str(onnx_path), load_external_data=False).graph.node]
@@ -286,7 +373,8 @@ def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], optio
             )
     config, cache_loaded, ccs = _configure(mod, builder, network, options, profiles, notes)
     start = time.perf_counter()
-    with _interruptible(mod, config) as interrupted:
+    progress = BuildProgress(len(profiles))
+    with _monitored(mod, config, progress) as interrupted, _heartbeat(progress, on_tick, tick_s):
         serialized = builder.build_serialized_network(network, config)
     if interrupted():
         raise KeyboardInterrupt
@@ -296,7 +384,8 @@ def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], optio
     timing = None
     if options.timing_cache is not None and mod.flavour != "tensorrt_rtx":
         timing = bytes(config.get_timing_cache().serialize())
-    return BuildOutput(bytes(serialized), seconds, _io_of(network), notes, timing, cache_loaded, ccs)
+    return BuildOutput(bytes(serialized), seconds, _io_of(network), notes, timing, cache_loaded, ccs,
+                       "\n".join(logger.impl.layer_log))
 
 
 _LAYER_RE = re.compile(r"\bI\w+Layer ([^\s:]+)")
@@ -328,13 +417,40 @@ def _shorten(message: str) -> str:
     return " ".join(message.split())[:400]
 
 
+class InspectorParseError(ValueError):
+    """The engine inspector's JSON could not be read even after repair."""
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_BAD_ESCAPE = re.compile(r'\\(?!["\\/bfnrtu])')
+
+
+def parse_inspector_json(text: str) -> dict[str, Any]:
+    """The inspector's JSON, read tolerantly. Pure.
+
+    TensorRT 8.6 wrote raw control characters into layer names of a torchvision ResNet-50
+    ("Invalid control character"): strict=False accepts them inside strings; the fallback blanks control
+    characters anywhere (outside strings too) and doubles stray backslashes. Raises InspectorParseError with the reason."""
+    import json
+
+    try:
+        data = json.loads(text, strict=False)
+    except ValueError:
+        repaired = _CONTROL.sub(" ", _BAD_ESCAPE.sub(r"\\\\", text))
+        try:
+            data = json.loads(repaired, strict=False)
+        except ValueError as exc:
+            raise InspectorParseError(f"unreadable engine inspector JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InspectorParseError(f"engine inspector JSON is a {type(data).__name__}, not an object")
+    return data
+
+
 def engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None = None) -> tuple[list[dict[str, Any]] | None, str | None]:
     """Layer information (DETAILED) from the engine inspector, or (None, why) where it cannot load.
 
     With dynamic shapes, formats and precisions are only known for concrete shapes: an execution
-    context set to `profile`'s opt shapes is handed to the inspector."""
-    import json
-
+    context set to `profile`'s opt shapes is handed to the inspector. Raises InspectorParseError."""
     trt = mod.trt
     logger = _Logger(trt)
     try:
@@ -356,23 +472,83 @@ def engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None =
             inspector.execution_context = context
         except Exception as exc:  # formats then stay "N/A due to dynamic shapes"; say why
             context, context_error = None, f"{type(exc).__name__}: {exc}"
-    info = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+    info = parse_inspector_json(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
     layers = info.get("Layers", [])
     return [layer if isinstance(layer, dict) else {"Name": layer} for layer in layers], context_error
 
 
-def summarize_layers(layers: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Counts of layers by type and by output precision (pure, from inspector JSON)."""
+# The builder's VERBOSE per-layer report: 8.6 prints "Engine Layer Information:" then one
+# "Layer(TYPE): NAME, Tactic: T, in[Dtype(dims)], ... -> out[Dtype(dims)]" line per layer; TensorRT 10 and
+# TensorRT-RTX print "Layers:" then "Name: N, LayerType: T, Inputs: [ { Name: x, ..., Datatype: Float, ... }], ...".
+LAYER_LOG_HEADERS = ("Engine Layer Information:", "Layers:")
+_LOG_PREFIX = re.compile(r"^(?:\[[^\]]*\]\s*)+(?=Layer\(|Name: )")  # "[V] [TRT] " and timestamps
+_LOG86_LAYER = re.compile(r"^Layer\(([^)]*)\): (.*?), Tactic: (\S+?), (.*)$")
+_LOG86_TENSOR = re.compile(r"(?:^|, )(.*?)\[([A-Za-z][A-Za-z0-9]*)\(([-\d,\s]*)\)\]")
+_LOG10_LAYER = re.compile(r"^Name: (.*?), LayerType: (.*?), Inputs: \[(.*?)\], Constants: .*?Outputs: \[(.*?)\], TacticName: ([^,]*)")
+_LOG10_TENSOR = re.compile(r"\{ Name: (.*?), Dimensions: \[([-\d,]*)\].*?Datatype: (\w+)")
+
+
+def parse_layer_log(text: str) -> list[dict[str, Any]]:
+    """Per-layer types and I/O datatypes from the builder's verbose layer report (either format). Pure.
+
+    The records use the inspector's JSON keys (Name, LayerType, Inputs, Outputs with Datatype) so one
+    summary serves both; dims of dynamic axes are negative."""
+    layers = []
+    for line in (raw.strip() for raw in text.splitlines()):
+        line = _LOG_PREFIX.sub("", line)
+        m86 = _LOG86_LAYER.match(line)
+        if m86:
+            ins, _, outs = m86.group(4).partition(" -> ")
+            layers.append({"Name": m86.group(2), "LayerType": m86.group(1), "TacticValue": m86.group(3),
+                           "Inputs": _tensors86(ins), "Outputs": _tensors86(outs)})
+            continue
+        m10 = _LOG10_LAYER.match(line)
+        if m10:
+            layers.append({"Name": m10.group(1), "LayerType": m10.group(2), "TacticName": m10.group(5),
+                           "Inputs": _tensors10(m10.group(3)), "Outputs": _tensors10(m10.group(4))})
+    return layers
+
+
+def _tensors86(part: str) -> list[dict[str, Any]]:
+    return [{"Name": name.strip(), "Datatype": dtype, "Dimensions": [int(d) for d in dims.split(",") if d.strip()]}
+            for name, dtype, dims in _LOG86_TENSOR.findall(part)]
+
+
+def _tensors10(part: str) -> list[dict[str, Any]]:
+    return [{"Name": name, "Datatype": dtype, "Dimensions": [int(d) for d in dims.split(",") if d]}
+            for name, dims, dtype in _LOG10_TENSOR.findall(part)]
+
+
+_DTYPE_WORDS = (("Int8", ("int8",)), ("BFloat16", ("bfloat16", "bf16")), ("Half", ("half", "fp16")), ("FP8", ("fp8",)),
+                ("Int32", ("int32",)), ("Int64", ("int64",)), ("Bool", ("bool",)), ("Float", ("float", "fp32")))
+
+
+def tensor_dtype(tensor: dict[str, Any]) -> str | None:
+    """'Int8', 'Half', 'Float', ... from a build-log record or the inspector's 'Format/Datatype' text;
+    None where unknown (the 8.6 inspector says 'N/A due to dynamic shapes')."""
+    text = str(tensor.get("Datatype") or tensor.get("Format/Datatype") or "").lower()
+    return next((name for name, words in _DTYPE_WORDS if any(w in text for w in words)), None)
+
+
+def runs_int8(layer: dict[str, Any]) -> bool:
+    """A compute layer that consumes int8 tensors (reformats that only quantize/dequantize do not count)."""
+    if "reformat" in str(layer.get("LayerType", "")).lower():
+        return False
+    return any(tensor_dtype(t) == "Int8" for t in layer.get("Inputs") or [] if isinstance(t, dict))
+
+
+def summarize_layers(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts of layers by type and by output precision, and the layers that run INT8 (pure)."""
     by_type: dict[str, int] = {}
     by_precision: dict[str, int] = {}
     for layer in layers:
         kind = str(layer.get("LayerType", "Unknown"))
         by_type[kind] = by_type.get(kind, 0) + 1
-        outputs = layer.get("Outputs") or []
-        fmt = str(outputs[0].get("Format/Datatype", "?")) if outputs and isinstance(outputs[0], dict) else "?"
-        precision = next((p for p in ("Int8", "Half", "Float", "Int32", "Int64", "BFloat16", "FP8") if p.lower() in fmt.lower()), fmt)
+        outputs = [t for t in layer.get("Outputs") or [] if isinstance(t, dict)]
+        precision = (tensor_dtype(outputs[0]) or "unknown") if outputs else "unknown"
         by_precision[precision] = by_precision.get(precision, 0) + 1
-    return {"by_type": by_type, "by_precision": by_precision}
+    int8 = [str(layer.get("Name")) for layer in layers if runs_int8(layer)]
+    return {"by_type": by_type, "by_precision": by_precision, "int8_layers": int8}
 
 
 def runtime_identity(mod: TrtModule) -> dict[str, Any]:

@@ -54,6 +54,16 @@ def _ok(result: Any) -> Any:
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
+def _check_gpu_supported(flavour: str, engine_path: Path) -> None:
+    """Say in one sentence when this GPU cannot run the flavour's engines (TensorRT-RTX refuses sm_90)."""
+    from trtforge.doctor import _support_here
+
+    ok, why = _support_here().get(flavour, (True, ""))
+    if not ok:
+        raise UserError(f"{Path(engine_path).name} cannot run here: {flavour} engines {why.removeprefix('no: ')}; "
+                        "rebuild it with a TensorRT that supports this GPU, or run its ONNX on ONNX Runtime.")
+
+
 class PinnedBuffer:
     def __init__(self, nbytes: int):
         self.nbytes = max(int(nbytes), 1)
@@ -101,6 +111,7 @@ class TrtRunner:
 
     def __init__(self, mod: Any, engine_path: Path, sidecar: dict[str, Any]):
         self.mod, self.trt = mod, mod.trt
+        _check_gpu_supported(mod.flavour, engine_path)
         cudart = _cudart()
         self.free_before = _ok(cudart.cudaMemGetInfo())[0]
         logger = self.trt.Logger(self.trt.Logger.ERROR)
