@@ -107,6 +107,8 @@ def calibrate(
     max_eval_samples: Optional[int] = typer.Option(None, "--max-eval-samples", help="Use at most this many held-out samples."),
     min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Gate: mean cosine of pooled outputs to fp32 (default 0.99)."),
     min_int8_flops: Optional[float] = typer.Option(None, "--min-int8-flops", help="Floor on the GEMM FLOPs fraction left in INT8 (default 0.8)."),
+    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Gate: top-1 agreement of logits outputs on held-out data."),
+    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Gate: per-pixel argmax agreement of dense outputs on held-out data."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Quantize every layer; do not keep sensitive ones in float."),
     strict_cache: bool = typer.Option(False, "--strict-cache", help="Fail (exit 2) instead of recalibrating when the cache does not match."),
     from_cache: Optional[Path] = typer.Option(None, "--from-cache", help="Import a TensorRT calibration cache written elsewhere."),
@@ -124,6 +126,7 @@ def calibrate(
     options = options_from_section(
         section, data=data, method=method, percentile=percentile, max_samples=max_samples, eval_data=eval_data,
         max_eval_samples=max_eval_samples, min_cosine=min_cosine, min_int8_flops=min_int8_flops,
+        min_top1_agreement=min_top1_agreement, min_pixel_agreement=min_pixel_agreement,
         fallback=False if no_fallback else None, strict_cache=strict_cache or None, from_cache=from_cache, output=output,
     )
     if no_smooth:
@@ -146,8 +149,10 @@ def calibrate(
                 for r in (result.comparison or [result.result]) if r.accuracy]
         con.print(ui.table("held-out accuracy of the INT8 model vs fp32 (mean-pooled outputs)",
                            ["method", "mean cosine", "min cosine", "INT8 GEMM FLOPs", "layers kept float"], rows))
-        per = [[name, m["rel_l2"], m["cosine"], m["max_abs"], m.get("top1_agreement", "-")] for name, m in acc.get("per_output", {}).items()]
-        con.print(ui.table("per output", ["output", "rel-L2", "cosine", "max-abs", "top-1"], per))
+        kinds = acc.get("output_kinds", {})
+        per = [[name, kinds.get(name) or "?", m["rel_l2"], m["cosine"], m["min_item_cosine"], m.get("top1_agreement", m.get("pixel_agreement", "-"))]
+               for name, m in acc.get("per_output", {}).items()]
+        con.print(ui.table("per output", ["output", "kind", "rel-L2", "cosine", "min item cosine", "top-1 / pixel agr."], per))
         con.print(f"wrote {result.cache_path}, {result.cache_path}.json and {result.int8_path} in {result.seconds:.1f} s")
     failures = gate_failures(side, options)
     if failures:

@@ -23,7 +23,7 @@ KINDS = ("token", "pooled", "logits", "dense")
 @dataclass(frozen=True)
 class OutputKind:
     name: str
-    kind: str
+    kind: str | None  # None: unknown (strict=False only)
     scale: float | None = None  # dense only: output spatial size / input spatial size
     source: str = "declared"  # declared | inferred
 
@@ -98,10 +98,17 @@ def _dense_scale(name: str, layout: Layout, probes: list[Probe]) -> float:
 
 
 def resolve(names: list[str], declared: dict[str, tuple[str | None, float | None]], layout: Layout,
-            probes: list[Probe]) -> dict[str, OutputKind]:
-    """The kind of every output: declared ones as given (dense scales measured if missing), the rest inferred."""
+            probes: list[Probe], strict: bool = True) -> dict[str, OutputKind]:
+    """The kind of every output: declared ones as given (dense scales measured if missing), the rest
+    inferred. strict=False (metrics only, no merging) gives kind None where run would raise."""
     kinds: dict[str, OutputKind] = {}
     for name in names:
+        if not strict:
+            try:
+                kinds.update(resolve([name], declared, layout, probes, True))
+            except UserError:
+                kinds[name] = OutputKind(name, None, None, "unknown")
+            continue
         kind, scale = declared.get(name, (None, None))
         shape = probes[0].shapes.get(name) if probes else None
         if kind is not None and kind not in KINDS:

@@ -81,7 +81,7 @@ def evaluate_gates(report: dict[str, Any], gates: list[Gate]) -> dict[str, Any]:
             entry.update(status="not evaluated", reason=why)
             if gate.source == "set":
                 entry["status"] = "failed"
-                failures.append(f"{gate.key} {gate.threshold:g} could not be evaluated: {spec.section.replace('_', ' ')} not measured ({why})")
+                failures.append(f"{gate.key} {gate.threshold:g} could not be evaluated: {spec.section.replace('_', ' ')} not measured: {why}")
             continue
         values = {name: m[spec.metric] for name, m in (section.get("per_output") or {}).items() if spec.metric in m}
         if not values:

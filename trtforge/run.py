@@ -33,11 +33,11 @@ from trtforge.chunking import (StreamingMerge, Tile, Window, check_overlap, chec
 from trtforge.comparator import Comparator, worst
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
-from trtforge.feeds import random_feeds
 from trtforge.graph import io_specs
 from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
-from trtforge.outputs import OutputKind, Probe, declared_kinds, needs_probe, probe_sizes, resolve
+from trtforge.outputs import OutputKind
+from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gates_from, latency_stats
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
 
@@ -434,27 +434,6 @@ def _check_io(target: Any, reference: OrtRunner, target_path: Path, reference_pa
         )
 
 
-def output_kinds(reference: OrtRunner, reference_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange],
-                 layout: Layout, overrides: dict[str, tuple[str, float | None]] | None = None,
-                 chain: list[tuple[Path, dict]] | None = None) -> dict[str, OutputKind]:
-    """Each output's kind: declared in the sidecar chain (or overridden), else inferred from probe runs."""
-    chain = chain if chain is not None else sidecar_chain(reference_path)
-    declared: dict[str, tuple[str | None, float | None]] = {}
-    for _, side in reversed(chain):  # the nearest sidecar wins
-        declared.update(declared_kinds(side.get("outputs")))
-    declared.update(overrides or {})
-    unknown = [n for n in (overrides or {}) if n not in reference.output_names]
-    if unknown:
-        raise UserError(f"--output-kind names '{unknown[0]}', which is not an output of {reference_path.name} "
-                        f"(outputs: {', '.join(reference.output_names)}).")
-    probes = []
-    if needs_probe(reference.output_names, declared):
-        for sizes in probe_sizes(layout, axes):
-            out = reference.run(random_feeds(specs, sizes, seed=0))
-            probes.append(Probe(sizes, {k: tuple(v.shape) for k, v in out.items()}))
-    return resolve(reference.output_names, declared, layout, probes)
-
-
 @dataclass
 class Prepared:
     """Everything a run needs before inference: paths, specs, output kinds, documents and chunks."""
@@ -590,7 +569,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 def _precision_error(p: Prepared, batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]]) -> dict[str, Any]:
     """The target against ONNX Runtime fp32 on the reference ONNX, batch by batch on identical chunks."""
     if not p.is_engine and p.target_path.resolve() == p.reference_path.resolve():
-        return {"measured": False, "reason": "target is its own reference (pass --reference, or run an engine)"}
+        return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
     comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
     for i, b in enumerate(batches):
         feeds = stack(b)
