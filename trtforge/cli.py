@@ -288,6 +288,7 @@ def run_cmd(
     min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Precision gate on logits outputs' top-1 agreement."),
     min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Precision gate on dense outputs' per-pixel argmax agreement."),
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
+    save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -316,7 +317,7 @@ def run_cmd(
         min_chunk_cosine=gate(min_chunk_cosine, "min_chunk_cosine"), min_top1_agreement=gate(min_top1_agreement, "min_top1_agreement"),
         min_pixel_agreement=gate(min_pixel_agreement, "min_pixel_agreement"),
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
-        tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []),
+        tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")
