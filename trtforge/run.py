@@ -480,8 +480,8 @@ def prepare(target_path: Path, options: RunOptions) -> Prepared:
         if limit is not None and options.chunk > limit:
             where = f"engine {target_path.name}'s largest profile" if is_engine else (
                 f"the model's axis '{layout.seq_axis}'" if layout.kind == "sequence" else "the model's image axes")
-            what = "--chunk" if layout.kind == "sequence" else "--chunk (tile size)"
-            raise UserError(f"{what} {options.chunk} is larger than {where} ({limit}); rebuild with larger tiers or lower --chunk.")
+            what = f"--chunk {options.chunk}" + ("" if layout.kind == "sequence" else " (tile size)")
+            raise UserError(f"{what} is larger than {where} ({limit}); rebuild with larger tiers or lower --chunk.")
     reference = OrtRunner(reference_path)
     chain = sidecar_chain(reference_path)
     kinds = output_kinds(reference, reference_path, specs, axes, layout, options.output_kinds, chain)
