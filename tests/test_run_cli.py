@@ -14,11 +14,14 @@ def test_minilm_long_documents_report(minilm_clean, tmp_path):
                    "--reference", str(minilm_clean), "--report", str(report_path), "--warmup", "1")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(report_path.read_text())
-    assert report["schema"] == "trtforge.run/1"
+    assert report["schema"] == "trtforge.run/2"
+    assert report["outputs"] == {"last_hidden_state": {"kind": "token", "scale": None, "source": "inferred"}}
     assert len(report["inputs"]) == 6 and all(i["length"] > 4000 and i["chunks"] >= 16 for i in report["inputs"])
-    assert report["precision_error"]["worst"]["rel_l2"] == 0.0  # same model on both sides
+    # Same model on both sides: not a measured 0 that passes, but "not measured" (issue 9).
+    assert report["precision_error"] == {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
     chunking = report["chunking_error"]
-    assert chunking["per_input_scope"][0] == "prefix of 510 tokens" and 0.5 < chunking["min_pooled_cosine"] < 1.0
+    assert chunking["per_input"][0]["scope"] == "prefix of 510 tokens"
+    assert 0.5 < chunking["per_output"]["last_hidden_state"]["min_item_cosine"] < 1.0  # mean-pooled cosine per document
     for key in ("p50_ms", "p90_ms", "p99_ms"):
         assert report["latency"]["all"]["wall"][key] > 0
     assert report["throughput"]["tokens_per_s"] > 0 and report["memory"]["peak_rss_mb"] > 0
@@ -38,15 +41,19 @@ def test_fp16_onnx_passes_the_default_gates(minilm_clean, tmp_path):
     assert 0 < worst["rel_l2"] <= 1e-2 and worst["cosine"] >= 0.99
 
 
-def test_chunk_equal_to_model_max_has_no_chunking_error(minilm_clean, tmp_path):
-    proc = run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "512", "--overlap", "0", "--json", "--warmup", "0")
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["chunking_error"]["rel_l2"] < 1e-6
+def test_chunk_equal_to_model_max_cannot_measure_chunking(minilm_clean, tmp_path):
+    """Issue 9: with chunk = the model's max, the 'whole' pass was one chunk and the error always 0.
+    Now it is not measurable, and the built-in config's chunk gate (0.85) fails saying so."""
+    proc = run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "512", "--overlap", "0",
+                   "--warmup", "0", "--report", str(tmp_path / "r.json"))
+    assert_user_error(proc, "min_chunk_cosine 0.85 could not be evaluated: chunking error not measured: not measurable: chunk (512)",
+                      "the longest input the model takes whole (512)", code=1)
+    assert json.loads((tmp_path / "r.json").read_text())["chunking_error"]["measured"] is False
 
 
 def test_chunking_gate_fails_with_exit_1(minilm_clean):
     proc = run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--min-chunk-cosine", "0.999", "--warmup", "0")
-    assert_user_error(proc, "chunking error: pooled cosine", code=1)
+    assert_user_error(proc, "chunking item cosine of 'last_hidden_state'", "(min_chunk_cosine)", code=1)
 
 
 def test_tiny_fcn_tiles_match_whole_image(tiny_fcn_clean, tmp_path):
@@ -58,12 +65,13 @@ def test_tiny_fcn_tiles_match_whole_image(tiny_fcn_clean, tmp_path):
     proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--chunk", "128", "--overlap", "16", "--json", "--warmup", "0")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["chunking_error"]["rel_l2"] < 1e-5  # overlap 16 >= receptive field 9: centre merge is exact
+    assert report["outputs"]["logits"] == {"kind": "dense", "scale": 1.0, "source": "inferred"}
+    assert report["chunking_error"]["worst"]["rel_l2"] < 1e-5  # overlap 16 >= receptive field 9: centre merge is exact
     assert report["inputs"][0]["chunks"] == 6  # 3 rows x 2 columns of 128-pixel tiles, stride 112
     proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--chunk", "128", "--overlap", "32", "--merge", "gaussian",
                    "--json", "--warmup", "0")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["chunking_error"]["rel_l2"] < 2e-2  # blends weigh some edge pixels too: close, not exact
+    assert json.loads(proc.stdout)["chunking_error"]["worst"]["rel_l2"] < 2e-2  # blends weigh some edge pixels too: close, not exact
 
 
 def test_bad_run_inputs(minilm_clean, tiny_fcn_clean, tmp_path):
@@ -94,10 +102,55 @@ def test_logits_are_merged_as_token_weighted_softmax(tmp_path):
     rng = np.random.default_rng(0)
     for i, n in enumerate((150, 64, 90)):
         np.savez(data / f"s{i}.npz", tokens=rng.integers(0, 50, (1, n)))
-    proc = run_cli("run", str(onnx_path), "--inputs", str(data), "--chunk", "32", "--overlap", "0", "--json", "--warmup", "0")
+    args = ("run", str(onnx_path), "--inputs", str(data), "--chunk", "32", "--overlap", "0", "--json", "--warmup", "0")
+    # A rank-2 output is a pooled vector or logits: only a declaration can tell (issue 9).
+    assert_user_error(run_cli(*args), "output 'logits' (shape [1, 3]) may be a pooled vector or class logits",
+                      "outputs: [{name: logits, kind: pooled|logits}]", "--output-kind logits=KIND")
+    proc = run_cli(*args, "--output-kind", "logits=logits")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     # The model takes 64 positions: s1 runs whole; the others use their 64-position prefix for the chunking error.
-    assert report["chunking_error"]["per_input_scope"] == ["prefix of 64 positions", "whole", "prefix of 64 positions"]
+    assert [i["scope"] for i in report["chunking_error"]["per_input"]] == ["prefix of 64 positions", "whole", "prefix of 64 positions"]
     # Mean of embeddings is linear, so a token-weighted merge of 32-token chunks is close to the whole pass.
-    assert report["chunking_error"]["cosine"] > 0.95
+    assert report["chunking_error"]["per_output"]["logits"]["cosine"] > 0.95
+    assert report["chunking_error"]["per_output"]["logits"]["top1_agreement"] == 1.0
+
+
+def test_pooled_output_is_merged_as_a_weighted_mean_not_softmaxed(tmp_path):
+    """Issue 9: every rank-2 output was softmaxed, so a pooled embedding came back summing to 1."""
+    from conftest import FIXTURES
+
+    onnx_path = tmp_path / "cls.onnx"
+    assert run_cli("export", "--config", str(FIXTURES / "classifier.yaml"), "-o", str(onnx_path)).returncode == 0
+    data = tmp_path / "seqs"
+    data.mkdir()
+    np.savez(data / "s0.npz", tokens=np.random.default_rng(1).integers(0, 50, (1, 150)))
+    saved = tmp_path / "out.npz"
+    proc = run_cli("run", str(onnx_path), "--inputs", str(data), "--chunk", "32", "--overlap", "0", "--warmup", "0", "--json",
+                   "--output-kind", "logits=pooled", "--save-outputs", str(saved))
+    assert proc.returncode == 0, proc.stderr
+    with np.load(saved) as merged:
+        vector = merged["s0/logits"]
+    assert vector.shape == (3,) and not np.isclose(vector.sum(), 1.0)  # a mean of raw vectors, not probabilities
+
+
+def test_image_chunk_gate_is_evaluated(tiny_fcn_clean, tmp_path):
+    """Issue 9: tiny-fcn with --chunk 32 --overlap 0 has chunking rel-L2 ~0.1, yet the gate 'passed'."""
+    data = tmp_path / "images"
+    data.mkdir()
+    np.savez(data / "img.npz", image=np.random.default_rng(0).random((1, 3, 300, 200), dtype=np.float32))
+    proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--chunk", "32", "--overlap", "0", "--min-chunk-cosine", "0.99999",
+                   "--warmup", "0")
+    assert_user_error(proc, "chunking item cosine of 'logits'", "< 0.99999 (min_chunk_cosine)", code=1)
+
+
+def test_explicit_precision_gate_on_its_own_reference_fails(tiny_fcn_clean, tmp_path):
+    data = tmp_path / "images"
+    data.mkdir()
+    np.savez(data / "img.npz", image=np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32))
+    proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--max-rel-l2", "1e-3", "--warmup", "0")
+    assert_user_error(proc, "max_rel_l2 0.001 could not be evaluated: precision error not measured: target is its own reference", code=1)
+    # A task gate no output can be judged by: tiny-fcn's only output is dense, it has no top-1 agreement.
+    proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--reference", str(tiny_fcn_clean.with_name("tiny-fcn.onnx")),
+                   "--min-top1-agreement", "0.9", "--warmup", "0")
+    assert_user_error(proc, "min_top1_agreement 0.9 could not be evaluated: no output has top1_agreement (outputs: logits (dense))", code=1)

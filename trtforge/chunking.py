@@ -45,7 +45,12 @@ def plan_windows(length: int, chunk: int, overlap: int) -> list[Window]:
     starts = [0]
     while starts[-1] + chunk < length:
         starts.append(starts[-1] + stride)
-    spans = [(s, min(s + chunk, length)) for s in starts]
+    return windows_from_spans([(s, min(s + chunk, length)) for s in starts])
+
+
+def windows_from_spans(spans: list[tuple[int, int]]) -> list[Window]:
+    """Windows over given (start, end) spans (ordered, overlapping or touching), with 'center' keep
+    ranges at the middle of each overlap: for windows a tokenizer planned, or tiles at an output scale."""
     windows = []
     for i, (start, end) in enumerate(spans):
         keep_start = start if i == 0 else (start + spans[i - 1][1]) // 2
@@ -142,6 +147,11 @@ def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.nd
     return (stacked * counts[:, None]).sum(axis=0) / counts.sum()
 
 
+def merge_pooled(chunk_vectors: list[np.ndarray], token_counts: list[int]) -> np.ndarray:
+    """A pooled (sequence-level) vector from chunks: the token-weighted mean, never softmaxed."""
+    return pooled_mean(chunk_vectors, token_counts).astype(np.asarray(chunk_vectors[0]).dtype)
+
+
 def merge_logits(chunk_logits: list[np.ndarray], token_counts: list[int], mode: str = "mean_softmax") -> np.ndarray:
     """Sequence-level logits from chunks: token-weighted mean of the softmax, or a max (majority) vote."""
     logits = np.stack([np.asarray(l, dtype=np.float64) for l in chunk_logits])
@@ -180,11 +190,52 @@ def tile_weight_maps(height: int, width: int, tile: int, overlap: int, merge: st
     return [np.outer(rw, cw) for rw in row_w for cw in col_w]
 
 
-def merge_tiles(outputs: list[np.ndarray], height: int, width: int, tile: int, overlap: int, merge: str = "linear") -> np.ndarray:
-    """Tile outputs [..., h, w] back into [..., height, width]."""
-    tiles = plan_tiles(height, width, tile, overlap)
-    weights = tile_weight_maps(height, width, tile, overlap, merge)
-    merged = np.zeros(outputs[0].shape[:-2] + (height, width), dtype=np.float64)
-    for out, t, wt in zip(outputs, tiles, weights):
+def merge_tiles(outputs: list[np.ndarray], height: int, width: int, tile: int, overlap: int, merge: str = "linear",
+                scale: float = 1.0) -> np.ndarray:
+    """Tile outputs [..., h*scale, w*scale] back into [..., height*scale, width*scale].
+
+    A dense output at `scale` (0.25 for a 1/4 segmentation map, 2 for super-resolution) covers each
+    input tile with a tile `scale` times its size: tile coordinates are scaled, then merged as usual.
+    """
+    tiles = scaled_tiles(plan_tiles(height, width, tile, overlap), scale)
+    out_h, out_w = scaled_size(height, scale, "image height"), scaled_size(width, scale, "image width")
+    rows = windows_from_spans(sorted({(t.rows.start, t.rows.end) for t in tiles}))
+    cols = windows_from_spans(sorted({(t.cols.start, t.cols.end) for t in tiles}))
+    row_w = dict(zip([(w.start, w.end) for w in rows], window_weights(rows, out_h, merge)))
+    col_w = dict(zip([(w.start, w.end) for w in cols], window_weights(cols, out_w, merge)))
+    merged = np.zeros(outputs[0].shape[:-2] + (out_h, out_w), dtype=np.float64)
+    for out, t in zip(outputs, tiles):
+        if out.shape[-2:] != (t.rows.length, t.cols.length):
+            raise ValueError(f"tile output is {out.shape[-2:]}, expected {(t.rows.length, t.cols.length)} at scale {scale}")
+        wt = np.outer(row_w[(t.rows.start, t.rows.end)], col_w[(t.cols.start, t.cols.end)])
         merged[..., t.rows.start:t.rows.end, t.cols.start:t.cols.end] += out.astype(np.float64) * wt
     return merged.astype(outputs[0].dtype)
+
+
+def scaled_size(size: int, scale: float, what: str = "size") -> int:
+    """size * scale when that is a whole number of output pixels, else UserError."""
+    value = size * scale
+    if abs(value - round(value)) > 1e-6:
+        step = 1 / scale if scale < 1 else 1
+        raise UserError(f"{what} {size} at output scale {scale:g} is {value:g} output pixels, not a whole number; "
+                        f"use chunk and overlap sizes (and images) that are multiples of {step:g}.")
+    return int(round(value))
+
+
+def scaled_tiles(tiles: list[Tile], scale: float) -> list[Tile]:
+    """Input tiles mapped to an output at `scale`; every edge must land on a whole output pixel."""
+    if scale == 1:
+        return tiles
+    def span(w: Window) -> tuple[int, int]:
+        return scaled_size(w.start, scale, "a tile edge"), scaled_size(w.end, scale, "a tile edge")
+    rows = {(t.rows.start, t.rows.end): span(t.rows) for t in tiles}
+    cols = {(t.cols.start, t.cols.end): span(t.cols) for t in tiles}
+    row_w = dict(zip(sorted(rows.values()), windows_from_spans(sorted(rows.values()))))
+    col_w = dict(zip(sorted(cols.values()), windows_from_spans(sorted(cols.values()))))
+    return [Tile(row_w[rows[(t.rows.start, t.rows.end)]], col_w[cols[(t.cols.start, t.cols.end)]]) for t in tiles]
+
+
+def check_tile_scale(chunk: int, overlap: int, scale: float) -> None:
+    """Tiles, overlaps and strides must map to whole output pixels at this scale."""
+    for value, what in ((chunk, "--chunk"), (overlap, "--overlap"), (chunk - overlap, "the tile stride (chunk - overlap)")):
+        scaled_size(value, scale, what)

@@ -107,6 +107,8 @@ def calibrate(
     max_eval_samples: Optional[int] = typer.Option(None, "--max-eval-samples", help="Use at most this many held-out samples."),
     min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Gate: mean cosine of pooled outputs to fp32 (default 0.99)."),
     min_int8_flops: Optional[float] = typer.Option(None, "--min-int8-flops", help="Floor on the GEMM FLOPs fraction left in INT8 (default 0.8)."),
+    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Gate: top-1 agreement of logits outputs on held-out data."),
+    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Gate: per-pixel argmax agreement of dense outputs on held-out data."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Quantize every layer; do not keep sensitive ones in float."),
     strict_cache: bool = typer.Option(False, "--strict-cache", help="Fail (exit 2) instead of recalibrating when the cache does not match."),
     from_cache: Optional[Path] = typer.Option(None, "--from-cache", help="Import a TensorRT calibration cache written elsewhere."),
@@ -124,6 +126,7 @@ def calibrate(
     options = options_from_section(
         section, data=data, method=method, percentile=percentile, max_samples=max_samples, eval_data=eval_data,
         max_eval_samples=max_eval_samples, min_cosine=min_cosine, min_int8_flops=min_int8_flops,
+        min_top1_agreement=min_top1_agreement, min_pixel_agreement=min_pixel_agreement,
         fallback=False if no_fallback else None, strict_cache=strict_cache or None, from_cache=from_cache, output=output,
     )
     if no_smooth:
@@ -146,8 +149,10 @@ def calibrate(
                 for r in (result.comparison or [result.result]) if r.accuracy]
         con.print(ui.table("held-out accuracy of the INT8 model vs fp32 (mean-pooled outputs)",
                            ["method", "mean cosine", "min cosine", "INT8 GEMM FLOPs", "layers kept float"], rows))
-        per = [[name, m["rel_l2"], m["cosine"], m["max_abs"], m.get("top1_agreement", "-")] for name, m in acc.get("per_output", {}).items()]
-        con.print(ui.table("per output", ["output", "rel-L2", "cosine", "max-abs", "top-1"], per))
+        kinds = acc.get("output_kinds", {})
+        per = [[name, kinds.get(name) or "?", m["rel_l2"], m["cosine"], m["min_item_cosine"], m.get("top1_agreement", m.get("pixel_agreement", "-"))]
+               for name, m in acc.get("per_output", {}).items()]
+        con.print(ui.table("per output", ["output", "kind", "rel-L2", "cosine", "min item cosine", "top-1 / pixel agr."], per))
         con.print(f"wrote {result.cache_path}, {result.cache_path}.json and {result.int8_path} in {result.seconds:.1f} s")
     failures = gate_failures(side, options)
     if failures:
@@ -273,7 +278,7 @@ def inspect(
 def run_cmd(
     target: Path = typer.Argument(..., metavar="ENGINE|ONNX", help="An engine from trtforge build, or an ONNX (ONNX Runtime)."),
     inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays or images."),
-    chunk: Optional[int] = typer.Option(None, "--chunk", help="Chunk size along the sequence (tile size for images)."),
+    chunk: Optional[int] = typer.Option(None, "--chunk", help="Chunk size along the sequence, special tokens included (tile size for images)."),
     overlap: Optional[int] = typer.Option(None, "--overlap", help="Positions shared by consecutive chunks."),
     no_chunking: bool = typer.Option(False, "--no-chunking", help="Run whole inputs; longer ones are an error."),
     merge: Optional[str] = typer.Option(None, "--merge", help="center (keep each position from its most central chunk), or a linear, cosine or gaussian blend."),
@@ -283,19 +288,30 @@ def run_cmd(
     backend: str = typer.Option("auto", "--backend", help="For engines: auto, tensorrt or tensorrt_rtx."),
     provider: Optional[list[str]] = typer.Option(None, "--provider", help="ONNX Runtime providers for an ONNX target (repeatable)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per batch shape."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="A local Hugging Face tokenizer directory (default: the one export saved)."),
+    output_kind: Optional[list[str]] = typer.Option(None, "--output-kind", help="NAME=token|pooled|logits|dense[:SCALE], for outputs the sidecar does not declare (repeatable)."),
     max_rel_l2: Optional[float] = typer.Option(None, "--max-rel-l2", help="Precision gate (default 1e-2)."),
     min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Precision gate (default 0.99)."),
-    min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", help="Chunking gate on pooled cosine (default: not gated)."),
+    min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", help="Chunking gate on the worst per-input cosine (default: not gated)."),
+    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Precision gate on logits outputs' top-1 agreement."),
+    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Precision gate on dense outputs' per-pixel argmax agreement."),
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
+    save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Chunked inference checked against ONNX Runtime: precision and chunking errors, latency, throughput, memory."""
     from trtforge.config import RunSection, load_config
     from trtforge.errors import GateFailed
+    from trtforge.outputs import parse_override
     from trtforge.run import RunOptions, run as run_step
 
     section = load_config(config).run if config else _section_for_target(target) or RunSection()
+
+    def gate(flag: Optional[float], key: str) -> Optional[float]:
+        """A flag, else the config key if the YAML sets it: only those are 'set' gates (see report.py)."""
+        return flag if flag is not None else (getattr(section, key) if key in section.model_fields_set else None)
+
     chosen_inputs = inputs or (Path(section.inputs) if section.inputs else None)
     if chosen_inputs is None:
         raise UserError("no inputs given; pass --inputs FOLDER or set run.inputs in the config.")
@@ -305,9 +321,11 @@ def run_cmd(
         batch_size=batch_size or section.batch_size, merge=merge or section.merge,
         warmup=warmup if warmup is not None else section.warmup,
         reference=reference or (Path(section.reference) if section.reference else None), backend=backend,
-        max_rel_l2=max_rel_l2 or section.max_rel_l2, min_cosine=min_cosine if min_cosine is not None else section.min_cosine,
-        min_chunk_cosine=min_chunk_cosine if min_chunk_cosine is not None else section.min_chunk_cosine,
+        max_rel_l2=gate(max_rel_l2, "max_rel_l2"), min_cosine=gate(min_cosine, "min_cosine"),
+        min_chunk_cosine=gate(min_chunk_cosine, "min_chunk_cosine"), min_top1_agreement=gate(min_top1_agreement, "min_top1_agreement"),
+        min_pixel_agreement=gate(min_pixel_agreement, "min_pixel_agreement"),
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
+        tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")
@@ -335,25 +353,36 @@ def _section_for_target(target: Path):
     return _builtin_section(target, "run")
 
 
+def _kind_label(output: dict) -> str:
+    scale = output.get("scale")
+    return output["kind"] + ("" if scale in (None, 1.0) else f" x{scale:g}")
+
+
 def _render_run(r: dict) -> None:
     con = ui.console()
     ch = r["chunking"]
     con.print(f"{len(r['inputs'])} inputs, {sum(i['chunks'] for i in r['inputs'])} chunks (chunk {ch['chunk']}, overlap {ch['overlap']}, "
               f"merge {ch['merge']}), {r['batches']} batches on {r['backend']}")
-    rows = [["precision: " + name, m["rel_l2"], m["cosine"], m["min_row_cosine"], m["max_abs"]] for name, m in r["precision_error"]["per_output"].items()]
-    c = r["chunking_error"]
-    if "rel_l2" in c:
-        scope = "whole" if all(s == "whole" for s in c["per_input_scope"]) else c["per_input_scope"][0]
-        rows.append([f"chunking ({scope}): {c['output']}", c["rel_l2"], c["cosine"], c["min_row_cosine"], c["max_abs"]])
-        rows.append(["chunking: pooled cosine (min / mean)", "-", c["mean_pooled_cosine"], c["min_pooled_cosine"], "-"])
-    con.print(ui.table("errors", ["check", "rel-L2", "cosine", "min row cosine", "max-abs"], rows))
+    con.print("outputs: " + ", ".join(f"{n} ({_kind_label(o)}, {o['source']})" for n, o in r["outputs"].items()))
+    rows = []
+    for label, section in (("precision", r["precision_error"]), ("chunking", r["chunking_error"])):
+        if not section.get("measured"):
+            rows.append([f"{label}: {section.get('reason', 'not measured')}", "-", "-", "-", "-", "-"])
+            continue
+        for name, m in section["per_output"].items():
+            task = m.get("top1_agreement", m.get("pixel_agreement", "-"))
+            rows.append([f"{label}: {name} ({r['outputs'][name]['kind']})", m["rel_l2"], m["cosine"], m["min_row_cosine"],
+                         m["min_item_cosine"], task])
+    con.print(ui.table("errors", ["check", "rel-L2", "cosine", "min row cosine", "min item cosine", "top-1 / pixel agr."], rows))
     lat = [[label, v["wall"]["count"], v["wall"].get("p50_ms", 0.0), v["wall"].get("p90_ms", 0.0), v["wall"].get("p99_ms", 0.0),
             v.get("gpu_compute", {}).get("p50_ms", "-")] for label, v in r["latency"].items()]
     con.print(ui.table("latency per batch (warm-up excluded)", ["group", "batches", "p50 ms", "p90 ms", "p99 ms", "GPU p50 ms"], lat))
     t, m = r["throughput"], r["memory"]
     mem = f"peak GPU {m['peak_gpu_mb']:.0f} MiB" if "peak_gpu_mb" in m else f"peak RSS {m['peak_rss_mb']:.0f} MiB"
     con.print(f"throughput {t['inputs_per_s']:.2f} inputs/s, {t['tokens_per_s']:.0f} tokens/s; {mem}")
-    con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])))
+    skipped = [c for c in r["gates"]["checked"] if c["status"] == "not evaluated"]
+    note = "; not evaluated (defaults): " + ", ".join(f"{c['gate']} ({c['reason']})" for c in skipped) if skipped else ""
+    con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])) + note)
 
 
 @app.command()

@@ -1,17 +1,24 @@
 """Latency statistics and the run report's schema. Pure functions on plain numbers.
 
-The report is one JSON document, schema `trtforge.run/1` (documented in the README): what ran, the two
-error kinds (precision: engine vs ONNX Runtime fp32 on identical chunks; chunking: chunked-and-merged
-vs one whole pass), latency percentiles per profile, throughput, memory and the gates.
+The report is one JSON document, schema `trtforge.run/2` (documented in the README): what ran, each
+output's kind, the two error kinds (precision: engine vs ONNX Runtime fp32 on identical chunks;
+chunking: chunked-and-merged vs one whole pass), each either measured (metrics per output, by kind)
+or not (with the reason), latency percentiles per profile, throughput, memory and the gates.
+
+Gate rule: every gate whose threshold was SET (a flag or a config key) is evaluated or fails saying
+why it could not be (the error was not measured, or no output has the metric). The two precision
+gates have defaults (max_rel_l2 1e-2, min_cosine 0.99) that apply when precision is measured and are
+listed as not evaluated, without failing, when it is not (a target that is its own reference).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-SCHEMA = "trtforge.run/1"
+SCHEMA = "trtforge.run/2"
 
 
 def latency_stats(samples_ms: list[float]) -> dict[str, float]:
@@ -23,29 +30,71 @@ def latency_stats(samples_ms: list[float]) -> dict[str, float]:
             "min_ms": float(values.min()), "max_ms": float(values.max())}
 
 
-def merge_metrics(per_output: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Worst case across outputs: the largest errors, the smallest agreements."""
-    worst: dict[str, float] = {}
-    for metrics in per_output.values():
-        for key, value in metrics.items():
-            if key in ("rel_l2", "max_abs"):
-                worst[key] = max(worst.get(key, value), value)
-            else:
-                worst[key] = min(worst.get(key, value), value)
-    return worst
+@dataclass(frozen=True)
+class GateSpec:
+    key: str  # the config key under `run` / `calibrate`, and the flag --key-with-dashes
+    section: str  # the report section whose metrics it reads
+    metric: str
+    bound: str  # "max" | "min"
+    label: str
 
 
-def gate_failures(report: dict[str, Any], max_rel_l2: float, min_cosine: float, min_chunk_cosine: float | None) -> list[str]:
-    """Precision gates always apply; the chunking gate only when set, since chunking a context model
-    (BERT with absolute positions) changes its result by design and the right floor is model-specific."""
-    failures = []
-    precision = report.get("precision_error") or {}
-    worst = precision.get("worst") or {}
-    if worst and worst.get("rel_l2", 0.0) > max_rel_l2:
-        failures.append(f"precision error rel-L2 {worst['rel_l2']:.3g} > {max_rel_l2:g}")
-    if worst and worst.get("cosine", 1.0) < min_cosine:
-        failures.append(f"precision error cosine {worst['cosine']:.5f} < {min_cosine:g}")
-    chunking = report.get("chunking_error") or {}
-    if min_chunk_cosine is not None and chunking.get("min_pooled_cosine") is not None and chunking["min_pooled_cosine"] < min_chunk_cosine:
-        failures.append(f"chunking error: pooled cosine {chunking['min_pooled_cosine']:.5f} < {min_chunk_cosine:g}")
-    return failures
+GATES = {
+    "max_rel_l2": GateSpec("max_rel_l2", "precision_error", "rel_l2", "max", "precision rel-L2"),
+    "min_cosine": GateSpec("min_cosine", "precision_error", "cosine", "min", "precision cosine"),
+    "min_top1_agreement": GateSpec("min_top1_agreement", "precision_error", "top1_agreement", "min", "precision top-1 agreement"),
+    "min_pixel_agreement": GateSpec("min_pixel_agreement", "precision_error", "pixel_agreement", "min", "precision pixel agreement"),
+    "min_chunk_cosine": GateSpec("min_chunk_cosine", "chunking_error", "min_item_cosine", "min", "chunking item cosine"),
+}
+DEFAULTS = {"max_rel_l2": 1e-2, "min_cosine": 0.99}
+
+
+@dataclass(frozen=True)
+class Gate:
+    key: str
+    threshold: float
+    source: str  # "set" (a flag or config key) | "default"
+
+
+def gates_from(values: dict[str, float | None]) -> list[Gate]:
+    """Gates from {key: threshold or None}; None takes the key's default, if it has one."""
+    gates = []
+    for key, spec in GATES.items():
+        value = values.get(key)
+        if value is not None:
+            gates.append(Gate(key, float(value), "set"))
+        elif key in DEFAULTS:
+            gates.append(Gate(key, DEFAULTS[key], "default"))
+    return gates
+
+
+def evaluate_gates(report: dict[str, Any], gates: list[Gate]) -> dict[str, Any]:
+    """{passed, failures[], checked[]}: each gate's worst value over the outputs that carry its metric."""
+    failures, checked = [], []
+    for gate in gates:
+        spec = GATES[gate.key]
+        section = report.get(spec.section) or {}
+        entry: dict[str, Any] = {"gate": gate.key, "threshold": gate.threshold, "source": gate.source}
+        checked.append(entry)
+        if not section.get("measured"):
+            why = section.get("reason", "not measured")
+            entry.update(status="not evaluated", reason=why)
+            if gate.source == "set":
+                entry["status"] = "failed"
+                failures.append(f"{gate.key} {gate.threshold:g} could not be evaluated: {spec.section.replace('_', ' ')} not measured: {why}")
+            continue
+        values = {name: m[spec.metric] for name, m in (section.get("per_output") or {}).items() if spec.metric in m}
+        if not values:
+            kinds = ", ".join(f"{n} ({o.get('kind')})" for n, o in (report.get("outputs") or {}).items())
+            entry.update(status="failed", reason=f"no output has {spec.metric}")
+            failures.append(f"{gate.key} {gate.threshold:g} could not be evaluated: no output has {spec.metric} (outputs: {kinds})")
+            continue
+        pick = max if spec.bound == "max" else min
+        name = pick(values, key=values.get)
+        value = values[name]
+        ok = value <= gate.threshold if spec.bound == "max" else value >= gate.threshold
+        entry.update(value=value, output=name, status="passed" if ok else "failed")
+        if not ok:
+            sign = ">" if spec.bound == "max" else "<"
+            failures.append(f"{spec.label} of '{name}' {value:.5g} {sign} {gate.threshold:g} ({gate.key})")
+    return {"passed": not failures, "failures": failures, "checked": checked}

@@ -1,13 +1,17 @@
 """`trtforge run`: chunked inference on an engine (or ONNX), checked against ONNX Runtime, timed.
 
-Inputs longer than the model takes are cut into chunks (chunking.py), packed into batches of equal
-shape that fit a profile, run on the target backend (TensorRT engine, pipelined; or ONNX Runtime),
-merged back per input, and checked twice:
-- precision error: the target's outputs against ONNX Runtime fp32 on the reference ONNX, on the very
-  same chunks (so chunking plays no part);
-- chunking error: chunked-and-merged against one whole pass, both on ONNX Runtime fp32 (so precision
-  plays no part). Where the whole input is longer than the model takes, the longest prefix it takes is
-  used, and the report says so.
+Every output has a kind (outputs.py: declared in the export sidecar, or inferred where the shapes
+leave no doubt), and the kind decides everything after inference:
+- slicing follows each INPUT's axes: the chunk axis ('seq', or the image's height/width) is cut at
+  whatever dim it sits in that input; inputs without it go whole to every chunk. Text is windowed by
+  the model's own tokenizer (tokenize.py), with its own special tokens;
+- merging follows each OUTPUT's kind: token -> windows along its sequence dim; pooled -> token-weighted
+  mean (never softmaxed); logits -> token-weighted mean softmax; dense -> tiles at the output's scale;
+- metrics follow the kind too (comparator.py). Two errors are measured, each only where it exists:
+  precision (the target vs ONNX Runtime fp32 on the reference ONNX, on the very same chunks; not
+  measured when the target is its own reference) and chunking (chunked-and-merged vs one whole pass,
+  both ONNX Runtime fp32, on the longest prefix the model takes whole; measured only where that prefix
+  is itself chunked). Gates: report.evaluate_gates.
 """
 
 from __future__ import annotations
@@ -24,21 +28,33 @@ import numpy as np
 from trtforge import __version__
 from trtforge.artifacts import read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.chunking import StreamingMerge, check_overlap, Window, merge_logits, merge_tiles, merge_windows, plan_tiles, plan_windows
+from trtforge.chunking import (StreamingMerge, Tile, Window, check_overlap, check_tile_scale, merge_logits, merge_pooled,
+                               merge_tiles, plan_tiles, plan_windows, scaled_size)
+from trtforge.comparator import Comparator, worst
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.graph import io_specs
-from trtforge.metrics import compare, rowwise_cosine, vectors
+from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
-from trtforge.report import SCHEMA, gate_failures, latency_stats, merge_metrics
+from trtforge.outputs import OutputKind
+from trtforge.probe import output_kinds
+from trtforge.report import SCHEMA, evaluate_gates, gates_from, latency_stats
+from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
 
 
 @dataclass
 class Document:
     name: str
     kind: str  # text | seq | image
-    content: dict[str, np.ndarray]  # text: {"input_ids": ids (no specials)}; seq/image: full arrays, batch 1
-    length: int  # tokens / positions / pixels (h*w)
+    feeds: dict[str, np.ndarray] = field(default_factory=dict)  # seq/image: the whole arrays, batch 1
+    length: int = 0  # tokens / positions / pixels (h*w)
+    ids: np.ndarray | None = None  # text: the document's token ids, no special tokens
+    text: str | None = None  # text read from a file (None: pre-tokenized, or a prefix)
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        array = next(iter(v for v in self.feeds.values() if v.ndim == 4))
+        return int(array.shape[2]), int(array.shape[3])
 
 
 @dataclass
@@ -48,6 +64,7 @@ class Chunk:
     feeds: dict[str, np.ndarray]
     window: Any  # Window (1-D) or Tile (2-D)
     tokens: int
+    content: slice | None = None  # text: where the document's tokens sit in the chunk (None: all of it)
 
 
 @dataclass
@@ -60,125 +77,184 @@ class RunOptions:
     warmup: int = 2
     reference: Path | None = None
     backend: str = "auto"
-    max_rel_l2: float = 1e-2
-    min_cosine: float = 0.99
+    # Gates: None = not set (max_rel_l2 and min_cosine then take their defaults; see report.py).
+    max_rel_l2: float | None = None
+    min_cosine: float | None = None
     min_chunk_cosine: float | None = None
+    min_top1_agreement: float | None = None
+    min_pixel_agreement: float | None = None
     providers: list[str] = field(default_factory=list)
     report: Path | None = None
     naive: bool = False  # one chunk per execute (for benchmarks)
-    save_outputs: Path | None = None  # merged outputs per input, as .npz
+    save_outputs: Path | None = None  # merged outputs per input and output, as .npz keys INPUT/OUTPUT
+    tokenizer: Path | None = None  # a local HF tokenizer dir; else the one the export sidecar names
+    output_kinds: dict[str, tuple[str, float | None]] = field(default_factory=dict)  # --output-kind overrides
+
+    def gate_values(self) -> dict[str, float | None]:
+        return {"max_rel_l2": self.max_rel_l2, "min_cosine": self.min_cosine, "min_chunk_cosine": self.min_chunk_cosine,
+                "min_top1_agreement": self.min_top1_agreement, "min_pixel_agreement": self.min_pixel_agreement}
 
 
 # -- inputs --------------------------------------------------------------------------------------
 
-def _seq_axis(specs: list[InputSpec]) -> str | None:
-    for spec in specs:
-        if len(spec.shape) >= 2 and isinstance(spec.shape[1], str):
-            return spec.shape[1]
-    return None
-
-
-def load_documents(path: Path, specs: list[InputSpec], tokenizer_factory: Callable[[], Any] | None) -> list[Document]:
+def load_documents(path: Path, specs: list[InputSpec], layout: Layout, tokenizer: TextTokenizer | None) -> list[Document]:
     from trtforge.calibrate import data as data_mod
 
-    docs: list[Document] = []
-    if path.is_file() and path.suffix == ".jsonl":
-        files = [path]
-        kind = "text"
-        first = path.read_text().split("\n", 1)[0]
-        if '"input_ids"' in first:  # pre-tokenized: {"name": ..., "input_ids": [...]} without special tokens
-            import json as _json
-
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    item = _json.loads(line)
-                    ids = np.asarray(item["input_ids"], dtype=np.int64)
-                    docs.append(Document(item.get("name", f"text_{len(docs)}"), "text", {"input_ids": ids}, int(ids.size)))
-            return docs
+    path = Path(path)
+    if path.is_file() and path.suffix == ".jsonl" and '"input_ids"' in path.read_text().split("\n", 1)[0]:
+        return _pretokenized(path, tokenizer)
+    if path.is_file() and path.suffix in (".jsonl", ".txt"):
+        files, kind = [path], "text"
     else:
         dataset = data_mod.scan(path)
         files, kind = dataset.files, dataset.kind
     if kind == "text":
-        if tokenizer_factory is None:
-            raise UserError(f"{path} holds text, but this model has no tokenizer; give .npy/.npz inputs.")
-        tokenizer = tokenizer_factory()
+        if tokenizer is None:
+            raise UserError(f"{path} holds text, but no tokenizer was found for this model; pass --tokenizer DIR "
+                            "(a Hugging Face tokenizer directory with tokenizer.json) or give .npy/.npz inputs.")
         fake = data_mod.Dataset(path if path.is_dir() else path.parent, files, "text", "")
         names = [f.stem for f in files] if all(f.suffix == ".txt" for f in files) else None
+        docs = []
         for i, text in enumerate(data_mod.read_texts(fake)):
-            ids = np.asarray(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"], dtype=np.int64)
-            docs.append(Document(names[i] if names else f"text_{i}", "text", {"input_ids": ids}, int(ids.size)))
+            ids = tokenizer.document(text)
+            docs.append(Document(names[i] if names else f"text_{i}", "text", {}, int(ids.size), ids, text))
         return docs
     if kind == "images":
         samples = data_mod.read_images(data_mod.Dataset(path, files, kind, ""), specs)
     else:
         samples = data_mod.read_arrays(data_mod.Dataset(path, files, kind, ""), specs)
+    docs = []
     for i, sample in enumerate(samples):
+        where = files[i] if i < len(files) else i
         for name, array in sample.items():
             if array.dtype.kind == "f" and not np.isfinite(array).all():
-                raise UserError(f"input {files[i] if i < len(files) else i}: tensor '{name}' holds NaN or Inf; clean the input.")
-        first = next(iter(sample.values()))
-        image = first.ndim == 4 and first.dtype.kind == "f"
-        length = first.shape[2] * first.shape[3] if image else first.shape[1]
-        docs.append(Document(files[i].stem if i < len(files) else f"input_{i}", "image" if image else "seq", sample, int(length)))
+                raise UserError(f"input {where}: tensor '{name}' holds NaN or Inf; clean the input.")
+        name = files[i].stem if i < len(files) else f"input_{i}"
+        if layout.kind == "image":
+            image = sample[layout.image_input]
+            docs.append(Document(name, "image", sample, int(image.shape[2] * image.shape[3])))
+        else:
+            seq = layout.seq_axis
+            docs.append(Document(name, "seq", sample, layout.length(sample, seq) if seq else 1))
     return docs
 
 
-def _special_ids(tokenizer_factory: Callable[[], Any] | None) -> tuple[int, int]:
-    """[CLS]/[SEP] ids from the model's tokenizer; BERT's 101/102 where no tokenizer is installed
-    (pre-tokenized inputs on a machine without transformers)."""
-    try:
-        tok = tokenizer_factory() if tokenizer_factory else None
-    except (UserError, ImportError):
-        tok = None
-    return (getattr(tok, "cls_token_id", 101) or 101, getattr(tok, "sep_token_id", 102) or 102)
+def _pretokenized(path: Path, tokenizer: TextTokenizer | None) -> list[Document]:
+    """{"name": ..., "input_ids": [...]} per line: document ids WITHOUT special tokens. The model's
+    own specials are added from its tokenizer, so one is required (no ids are ever assumed)."""
+    import json
+
+    if tokenizer is None:
+        raise UserError(f"{path} holds pre-tokenized ids, but no tokenizer was found to add this model's special tokens; "
+                        "pass --tokenizer DIR (a Hugging Face tokenizer directory with tokenizer.json).")
+    docs = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            ids = np.asarray(item["input_ids"], dtype=np.int64)
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"{path}:{lineno} is not {{\"input_ids\": [ints]}}; fix the line.") from None
+        docs.append(Document(item.get("name", f"text_{len(docs)}"), "text", {}, int(ids.size), ids))
+    return docs
 
 
-def text_feeds(ids: np.ndarray, specs: list[InputSpec], cls: int, sep: int) -> dict[str, np.ndarray]:
-    """[CLS] ids [SEP] with its attention mask (and zero token types), batch 1."""
-    full = np.concatenate([[cls], ids, [sep]]).astype(np.int64)[None]
+def text_feeds(ids: np.ndarray, type_ids: np.ndarray, specs: list[InputSpec]) -> dict[str, np.ndarray]:
+    """One window as model inputs, batch 1: ids (with specials), an all-ones mask, its token types."""
     feeds = {}
     for spec in specs:
         if spec.name == "input_ids":
-            feeds[spec.name] = full.astype(spec.dtype)
+            feeds[spec.name] = ids[None].astype(spec.dtype)
         elif spec.name == "attention_mask":
-            feeds[spec.name] = np.ones_like(full, dtype=spec.dtype)
+            feeds[spec.name] = np.ones((1, ids.size), dtype=spec.dtype)
         elif spec.name == "token_type_ids":
-            feeds[spec.name] = np.zeros_like(full, dtype=spec.dtype)
+            feeds[spec.name] = type_ids[None].astype(spec.dtype)
         else:
             raise UserError(f"text inputs cannot fill model input '{spec.name}'; give .npz inputs instead.")
     return feeds
 
 
-def make_chunks(docs: list[Document], specs: list[InputSpec], chunk: int | None, overlap: int, max_len: int,
-                specials: tuple[int, int]) -> list[Chunk]:
+# -- chunk plans ---------------------------------------------------------------------------------
+
+@dataclass
+class Limits:
+    """What the model (or the engine's profiles) takes: the longest sequence, the largest tile."""
+    seq: int | None = None
+    tile: int | None = None
+
+
+def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout, chunk: int | None, overlap: int,
+                  limits: Limits, tokenizer: TextTokenizer | None, scales: list[float]) -> list[Chunk]:
+    if doc.kind == "text":
+        assert tokenizer is not None
+        total = doc.length + tokenizer.specials
+        if chunk is None:
+            if limits.seq is not None and total > limits.seq:
+                raise UserError(f"input '{doc.name}' has {total} tokens but the model takes at most {limits.seq}; enable chunking with --chunk.")
+            w = tokenizer.wrap(doc.ids)
+            return [Chunk(d, 0, text_feeds(w.ids, w.type_ids, specs), Window(0, doc.length, 0, doc.length), doc.length, w.content)]
+        if doc.text is not None:
+            windows = tokenizer.windows(doc.text, chunk, overlap)
+        else:
+            capacity = chunk - tokenizer.specials
+            if capacity <= overlap:
+                raise UserError(f"--chunk {chunk} leaves {capacity} tokens beside the model's {tokenizer.specials} special tokens, "
+                                f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap.")
+            windows = []
+            for w in plan_windows(doc.length, capacity, overlap):
+                wrapped = tokenizer.wrap(doc.ids[w.start:w.end])
+                windows.append(type(wrapped)(wrapped.ids, wrapped.type_ids, wrapped.content, (w.start, w.end)))
+        spans = plan_windows_from([w.span for w in windows])
+        return [Chunk(d, i, text_feeds(w.ids, w.type_ids, specs), span, span.length, w.content)
+                for i, (w, span) in enumerate(zip(windows, spans))]
+    if doc.kind == "seq":
+        seq = layout.seq_axis
+        if seq is None:
+            if chunk is not None:
+                raise _no_chunk_axis(layout)
+            return [Chunk(d, 0, doc.feeds, Window(0, 1, 0, 1), 1)]
+        if chunk is None and limits.seq is not None and doc.length > limits.seq:
+            raise UserError(f"input '{doc.name}' has {doc.length} positions but the model takes at most {limits.seq}; enable chunking with --chunk.")
+        return [Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length)
+                for i, w in enumerate(plan_windows(doc.length, chunk or doc.length, overlap if chunk else 0))]
+    h, w_ = doc.hw
+    if not layout.chunk_axes:
+        if chunk is not None:
+            raise _no_chunk_axis(layout)
+        return [Chunk(d, 0, doc.feeds, Tile(Window(0, h, 0, h), Window(0, w_, 0, w_)), h * w_)]
+    if chunk is None and limits.tile is not None and max(h, w_) > limits.tile:
+        raise UserError(f"image '{doc.name}' is {h}x{w_} but the model takes at most {limits.tile}x{limits.tile}; enable tiling with --chunk.")
+    size = chunk or max(h, w_)
+    tiles = plan_tiles(h, w_, size, overlap if chunk else 0)
+    if len(tiles) > 1:
+        for scale in scales:
+            check_tile_scale(size, overlap, scale)
+            scaled_size(h, scale, f"image '{doc.name}' height")
+            scaled_size(w_, scale, f"image '{doc.name}' width")
+    ha, wa = layout.chunk_axes
+    return [Chunk(d, i, layout.sliced(doc.feeds, {ha: (t.rows.start, t.rows.end), wa: (t.cols.start, t.cols.end)}), t,
+                  t.rows.length * t.cols.length) for i, t in enumerate(tiles)]
+
+
+def plan_windows_from(spans: list[tuple[int, int]]) -> list[Window]:
+    from trtforge.chunking import windows_from_spans
+
+    return windows_from_spans(spans)
+
+
+def _no_chunk_axis(layout: Layout) -> UserError:
+    if layout.ambiguous:
+        return UserError(f"the model's inputs have several dynamic axes ({', '.join(layout.ambiguous)}), so which one to chunk "
+                         "is unclear; run without --chunk (--no-chunking).")
+    return UserError("the model's inputs have no dynamic sequence or image axis to chunk; run without --chunk (--no-chunking).")
+
+
+def make_chunks(docs: list[Document], specs: list[InputSpec], layout: Layout, chunk: int | None, overlap: int, limits: Limits,
+                tokenizer: TextTokenizer | None, scales: list[float]) -> list[Chunk]:
     chunks: list[Chunk] = []
     for d, doc in enumerate(docs):
-        if doc.kind == "text":
-            capacity = (chunk or max_len) - 2
-            if chunk is None and doc.length + 2 > max_len:
-                raise UserError(f"input '{doc.name}' has {doc.length + 2} tokens but the model takes at most {max_len}; enable chunking with --chunk.")
-            if capacity < 1:
-                raise UserError(f"--chunk {chunk} leaves no room for the text beside [CLS] and [SEP]; use a larger chunk.")
-            if chunk:
-                check_overlap(chunk, overlap)
-            ov = min(overlap, capacity - 1) if chunk else 0
-            for i, w in enumerate(plan_windows(doc.length, capacity, ov)):
-                ids = doc.content["input_ids"][w.start:w.end]
-                chunks.append(Chunk(d, i, text_feeds(ids, specs, *specials), w, w.length))
-        elif doc.kind == "seq":
-            size = chunk or doc.length
-            if chunk is None and doc.length > max_len:
-                raise UserError(f"input '{doc.name}' has {doc.length} positions but the model takes at most {max_len}; enable chunking with --chunk.")
-            for i, w in enumerate(plan_windows(doc.length, size, overlap if chunk else 0)):
-                feeds = {k: v[:, w.start:w.end] for k, v in doc.content.items()}
-                chunks.append(Chunk(d, i, feeds, w, w.length))
-        else:
-            array = next(iter(doc.content.values()))
-            h, w_ = array.shape[2], array.shape[3]
-            size = chunk or max(h, w_)
-            for i, tile in enumerate(plan_tiles(h, w_, size, overlap if chunk else 0)):
-                feeds = {k: v[..., tile.rows.start:tile.rows.end, tile.cols.start:tile.cols.end] for k, v in doc.content.items()}
-                chunks.append(Chunk(d, i, feeds, tile, tile.rows.length * tile.cols.length))
+        chunks += plan_document(d, doc, specs, layout, chunk, overlap, limits, tokenizer, scales)
     return chunks
 
 
@@ -255,25 +331,98 @@ class TrtTarget:
         return {"device": "gpu", "peak_gpu_mb": self.runner.peak_bytes / 2**20}
 
 
+# -- merging by output kind ----------------------------------------------------------------------
+
+def chunk_part(kind: OutputKind, chunk: Chunk, value: np.ndarray) -> np.ndarray:
+    """One chunk's share of one output, batch axis dropped: token outputs keep only the document's
+    positions (no special tokens), moved to axis 0."""
+    part = value[0]
+    if kind.kind == "token":
+        part = np.moveaxis(part, kind.seq_dim - 1, 0)
+        if chunk.content is not None:
+            part = part[chunk.content]
+    return part
+
+
+def merge_document(doc: Document, kind: OutputKind, parts: list[tuple[Chunk, np.ndarray]], options: RunOptions) -> np.ndarray:
+    """One input's output from its chunks' parts (chunk_part), by the output's kind."""
+    parts = sorted(parts, key=lambda p: p[0].index)
+    chunks, values = [c for c, _ in parts], [v for _, v in parts]
+    tokens = [c.tokens for c in chunks]
+    if kind.kind == "logits":  # a probability vector per input, however many chunks
+        return merge_logits(values, tokens, "mean_softmax")
+    if len(values) == 1:
+        return values[0]
+    if kind.kind == "token":
+        merger = StreamingMerge([c.window for c in chunks], doc.length, options.merge)
+        for i, v in enumerate(values):
+            merger.add(i, v)
+        return merger.result()
+    if kind.kind == "pooled":
+        return merge_pooled(values, tokens)
+    if doc.kind != "image":
+        raise UserError(f"output '{kind.name}' is dense but the input '{doc.name}' is not an image; declare the output's kind.")
+    h, w = doc.hw
+    return merge_tiles(values, h, w, options.chunk or max(h, w), options.overlap if options.chunk else 0, options.merge, kind.scale or 1.0)
+
+
+class _Merger:
+    """Every output of every input merged back from its chunks as batches arrive: token outputs
+    stream into chunking.StreamingMerge, the other kinds are collected and merged per input."""
+
+    def __init__(self, docs: list[Document], chunks: list[Chunk], kinds: dict[str, OutputKind], options: RunOptions):
+        self.docs, self.kinds, self.options = docs, kinds, options
+        self.windows: dict[int, list[Window]] = {}
+        self.counts = [0] * len(docs)
+        for c in chunks:
+            self.windows.setdefault(c.doc, []).append(c.window)
+            self.counts[c.doc] += 1
+        self.streams: dict[tuple[int, str], StreamingMerge] = {}
+        self.parts: dict[tuple[int, str], list[tuple[Chunk, np.ndarray]]] = {}
+
+    def add(self, batch: list[Chunk], out: dict[str, np.ndarray]) -> None:
+        for name, kind in self.kinds.items():
+            value = out[name]
+            for j, c in enumerate(batch):
+                part = chunk_part(kind, c, value[j:j + 1])
+                if kind.kind == "token" and self.counts[c.doc] > 1:
+                    key = (c.doc, name)
+                    if key not in self.streams:
+                        self.streams[key] = StreamingMerge(self.windows[c.doc], self.docs[c.doc].length, self.options.merge)
+                    self.streams[key].add(c.index, part)
+                else:
+                    self.parts.setdefault((c.doc, name), []).append((c, part))
+
+    def results(self) -> list[dict[str, np.ndarray]]:
+        merged: list[dict[str, np.ndarray]] = []
+        for d, doc in enumerate(self.docs):
+            outs = {}
+            for name, kind in self.kinds.items():
+                if (d, name) in self.streams:
+                    outs[name] = self.streams[(d, name)].result()
+                else:
+                    outs[name] = merge_document(doc, kind, self.parts[(d, name)], self.options)
+            merged.append(outs)
+        return merged
+
+
 # -- the step ------------------------------------------------------------------------------------
 
-def _max_len(axes: dict[str, AxisRange], seq_axis: str | None, engine_sidecar: dict | None) -> int:
-    if engine_sidecar and seq_axis:
-        return max(p["axes"][seq_axis][2] for p in engine_sidecar["profiles"] if seq_axis in p["axes"])
-    if seq_axis and seq_axis in axes:
-        return axes[seq_axis].max
-    return 1 << 30
-
-
-def _max_tile(specs: list[InputSpec], axes: dict[str, AxisRange], engine_sidecar: dict | None) -> int | None:
-    """The largest square tile an image model (input [N, C, H, W] with named H and W) takes."""
-    for spec in specs:
-        if len(spec.shape) == 4 and isinstance(spec.shape[2], str) and isinstance(spec.shape[3], str):
-            h, w = spec.shape[2], spec.shape[3]
-            if engine_sidecar:
-                return max(min(p["axes"][h][2], p["axes"][w][2]) for p in engine_sidecar["profiles"])
-            return min(axes[h].max, axes[w].max)
-    return None
+def _limits(layout: Layout, axes: dict[str, AxisRange], engine_sidecar: dict | None) -> Limits:
+    def largest(axis: str) -> int | None:
+        if engine_sidecar:
+            values = [p["axes"][axis][2] for p in engine_sidecar["profiles"] if axis in p["axes"]]
+            if values:
+                return max(values)
+        return axes[axis].max if axis in axes else None
+    if layout.kind == "image" and layout.chunk_axes:
+        h, w = layout.chunk_axes
+        if engine_sidecar:
+            tiles = [min(p["axes"][h][2], p["axes"][w][2]) for p in engine_sidecar["profiles"] if h in p["axes"] and w in p["axes"]]
+            return Limits(tile=max(tiles) if tiles else None)
+        sizes = [v for v in (largest(h), largest(w)) if v is not None]
+        return Limits(tile=min(sizes) if sizes else None)
+    return Limits(seq=largest(layout.seq_axis) if layout.seq_axis else None)
 
 
 def _check_io(target: Any, reference: OrtRunner, target_path: Path, reference_path: Path) -> None:
@@ -285,29 +434,29 @@ def _check_io(target: Any, reference: OrtRunner, target_path: Path, reference_pa
         )
 
 
-def _strip(doc: Document, output: np.ndarray) -> np.ndarray:
-    """Token outputs of one chunk without [CLS]/[SEP]: [1, n+2, H] -> [n, H]."""
-    return output[0, 1:-1] if doc.kind == "text" else output[0]
+@dataclass
+class Prepared:
+    """Everything a run needs before inference: paths, specs, output kinds, documents and chunks."""
+    target_path: Path
+    is_engine: bool
+    engine_sidecar: dict | None
+    reference_path: Path
+    specs: list[InputSpec]
+    layout: Layout
+    limits: Limits
+    kinds: dict[str, OutputKind]
+    tokenizer: TextTokenizer | None
+    docs: list[Document]
+    chunks: list[Chunk]
+    batch_cap: int
+    reference: OrtRunner
+
+    @property
+    def scales(self) -> list[float]:
+        return [k.scale for k in self.kinds.values() if k.kind == "dense" and k.scale]
 
 
-def _merge_doc(doc: Document, parts: list[tuple[Chunk, dict[str, np.ndarray]]], name: str, merge: str, chunk: int | None,
-               overlap: int) -> np.ndarray | None:
-    outs = [o[name] for _, o in parts]
-    if outs[0].ndim == 3:  # token-level [1, n, H]
-        windows: list[Window] = [c.window for c, _ in parts]
-        return merge_windows([_strip(doc, o) for o in outs], windows, doc.length, merge)
-    if outs[0].ndim == 2 and outs[0].shape[-1] > 1:  # sequence-level logits [1, classes]
-        # Token-weighted mean of the chunks' softmax: a probability vector per input.
-        return merge_logits([o[0] for o in outs], [c.tokens for c, _ in parts], "mean_softmax")
-    if outs[0].ndim == 4 and doc.kind == "image":
-        array = next(iter(doc.content.values()))
-        h, w = array.shape[2], array.shape[3]
-        size = chunk or max(h, w)
-        return merge_tiles([o[0] for o in outs], h, w, size, overlap if chunk else 0, merge)
-    return None
-
-
-def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def prepare(target_path: Path, options: RunOptions) -> Prepared:
     target_path = Path(target_path)
     is_engine = target_path.suffix != ".onnx"
     engine_sidecar = None
@@ -319,37 +468,48 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     else:
         reference_path = Path(options.reference or (read_sidecar(target_path, required=False) or {}).get("reference_onnx") or target_path)
     ref_model = load_onnx(reference_path)
-    specs, axes, parent = io_specs(reference_path, ref_model)
+    specs, axes, _ = io_specs(reference_path, ref_model)
     del ref_model
-    seq_axis = _seq_axis(specs)
-    max_len = _max_len(axes, seq_axis, engine_sidecar)
+    layout = model_layout(specs)
+    limits = _limits(layout, axes, engine_sidecar)
     if options.chunk is not None:
         check_overlap(options.chunk, options.overlap)
-    if options.chunk is not None and seq_axis and options.chunk > max_len:
-        where = f"engine {target_path.name}'s largest profile" if is_engine else f"the model's axis '{seq_axis}'"
-        raise UserError(f"--chunk {options.chunk} is larger than {where} ({max_len}); rebuild with larger tiers or lower --chunk.")
-    max_tile = _max_tile(specs, axes, engine_sidecar)
-    if options.chunk is not None and max_tile is not None and options.chunk > max_tile:
-        where = f"engine {target_path.name}'s largest profile" if is_engine else "the model's image axes"
-        raise UserError(f"--chunk {options.chunk} (tile size) is larger than {where} ({max_tile}); rebuild with larger tiers or lower --chunk.")
-
-    from trtforge.calibrate.step import _tokenizer_factory
-
-    tokenizer_factory = _tokenizer_factory(parent)
-    docs = load_documents(Path(options.inputs), specs, tokenizer_factory)
+        if not layout.chunk_axes:
+            raise _no_chunk_axis(layout)
+        limit = limits.seq if layout.kind == "sequence" else limits.tile
+        if limit is not None and options.chunk > limit:
+            where = f"engine {target_path.name}'s largest profile" if is_engine else (
+                f"the model's axis '{layout.seq_axis}'" if layout.kind == "sequence" else "the model's image axes")
+            what = f"--chunk {options.chunk}" + ("" if layout.kind == "sequence" else " (tile size)")
+            raise UserError(f"{what} is larger than {where} ({limit}); rebuild with larger tiers or lower --chunk.")
+    reference = OrtRunner(reference_path)
+    chain = sidecar_chain(reference_path)
+    kinds = output_kinds(reference, reference_path, specs, axes, layout, options.output_kinds, chain)
+    tok_dir = options.tokenizer or find_tokenizer_dir(reference_path, chain)
+    tokenizer = TextTokenizer(tok_dir) if tok_dir else None
+    docs = load_documents(Path(options.inputs), specs, layout, tokenizer)
     if not docs:
         raise UserError(f"{options.inputs} holds no inputs; add documents or arrays.")
-    specials = _special_ids(tokenizer_factory)  # loads the tokenizer: once per run
-    chunks = make_chunks(docs, specs, options.chunk, options.overlap, max_len, specials)
+    scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
+    chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales)
     batch_cap = options.batch_size
-    if "batch" in axes:
-        batch_cap = min(batch_cap, max(p["axes"]["batch"][2] for p in engine_sidecar["profiles"]) if engine_sidecar else axes["batch"].max)
-    batches = make_batches(chunks, batch_cap, options.naive)
+    if layout.batch_axis:
+        b = layout.batch_axis
+        cap = max(p["axes"][b][2] for p in engine_sidecar["profiles"]) if engine_sidecar else (axes[b].max if b in axes else None)
+        batch_cap = min(batch_cap, cap) if cap else batch_cap
+    else:
+        batch_cap = 1
+    return Prepared(target_path, is_engine, engine_sidecar, reference_path, specs, layout, limits, kinds, tokenizer, docs,
+                    chunks, batch_cap, reference)
 
-    reference = OrtRunner(reference_path)
-    target = TrtTarget(target_path, options.backend) if is_engine else OrtTarget(target_path, options.providers)
-    _check_io(target, reference, target_path, reference_path)
-    progress(f"{len(docs)} inputs -> {len(chunks)} chunks -> {len(batches)} batches on {target.label}")
+
+def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    p = prepare(target_path, options)
+    batches = make_batches(p.chunks, p.batch_cap, options.naive)
+    target = TrtTarget(p.target_path, options.backend) if p.is_engine else OrtTarget(p.target_path, options.providers)
+    _check_io(target, p.reference, p.target_path, p.reference_path)
+    progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(batches)} batches on {target.label}; outputs "
+             + ", ".join(f"{k.name} ({k.kind}{f' x{k.scale:g}' if k.scale not in (None, 1.0) else ''})" for k in p.kinds.values()))
 
     # Warm-up (untimed): the first batch of every shape, `warmup` times.
     seen, warm = set(), []
@@ -364,7 +524,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     results: dict[int, dict[str, np.ndarray]] = {}
     start = time.perf_counter()
-    merger = _Merger(docs, chunks, target.output_names[0], options)
+    merger = _Merger(p.docs, p.chunks, p.kinds, options)
     # Merging runs on one worker thread (numpy copies release the GIL), so it overlaps the submission
     # and inference of the next batches instead of stalling the pipeline between them.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -374,92 +534,50 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             pending.append(pool.submit(merger.add, batches[tag], out))
         for future in pending:
             future.result()
-    merged_outputs = merger.results()
+    merged = merger.results()
     wall = time.perf_counter() - start
     if options.save_outputs:
-        save = {f"{d.name}": m for d, m in zip(docs, merged_outputs) if m is not None}
         from trtforge.artifacts import atomic_path
 
         with atomic_path(options.save_outputs) as tmp:
             with open(tmp, "wb") as fh:
-                np.savez(fh, **save)
+                np.savez(fh, **{f"{d.name}/{name}": value for d, outs in zip(p.docs, merged) for name, value in outs.items()})
 
-    # Precision error: target vs ORT fp32 on the same batches.
-    ref_rows: dict[str, list[np.ndarray]] = {}
-    tgt_rows: dict[str, list[np.ndarray]] = {}
-    same_model = (not is_engine) and target_path.resolve() == reference_path.resolve()
-    for i, b in enumerate(batches):
-        ref_out = results[i] if same_model else reference.run(stack(b))
-        for name in reference.output_names:
-            r, t = ref_out[name], results[i][name].astype(np.float32)
-            ref_rows.setdefault(name, []).append(vectors(r))
-            tgt_rows.setdefault(name, []).append(vectors(t))
-    precision = {name: compare(np.concatenate(ref_rows[name]), np.concatenate(tgt_rows[name])) for name in reference.output_names}
-
-    # Merge per input, and the chunking error (ORT fp32 on both sides).
-    chunk_err = _chunking_error(docs, reference, specs, options, max_len, specials)
     report = {
         "schema": SCHEMA, "trtforge_version": __version__,
-        "target": str(target_path), "backend": target.label, "reference": str(reference_path),
-        "chunking": {"chunk": options.chunk, "overlap": options.overlap, "merge": options.merge, "batch_size": batch_cap,
-                     "max_length": max_len if max_len < 1 << 30 else None, "naive": options.naive},
+        "target": str(p.target_path), "backend": target.label, "reference": str(p.reference_path),
+        "outputs": {name: k.to_json() for name, k in p.kinds.items()},
+        "tokenizer": str(p.tokenizer.directory) if p.tokenizer else None,
+        "chunking": {"chunk": options.chunk, "overlap": options.overlap, "merge": options.merge, "batch_size": p.batch_cap,
+                     "max_length": p.limits.seq, "max_tile": p.limits.tile, "naive": options.naive},
         "inputs": [{"name": d.name, "kind": d.kind, "length": d.length,
-                    "chunks": sum(1 for c in chunks if c.doc == i)} for i, d in enumerate(docs)],
+                    "chunks": sum(1 for c in p.chunks if c.doc == i)} for i, d in enumerate(p.docs)],
         "batches": len(batches),
-        "precision_error": {"scope": "target vs ONNX Runtime fp32 on identical chunks", "per_output": precision,
-                            "worst": merge_metrics(precision)},
-        "chunking_error": chunk_err,
+        "precision_error": _precision_error(p, batches, results),
+        "chunking_error": _chunking_error(p, options),
         "latency": _latency(target.timings),
-        "throughput": {"seconds": wall, "inputs_per_s": len(docs) / wall, "tokens_per_s": sum(d.length for d in docs) / wall,
-                       "chunks_per_s": len(chunks) / wall},
+        "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
+                       "chunks_per_s": len(p.chunks) / wall},
         "memory": target.memory(),
     }
-    failures = gate_failures(report, options.max_rel_l2, options.min_cosine, options.min_chunk_cosine)
-    report["gates"] = {"max_rel_l2": options.max_rel_l2, "min_cosine": options.min_cosine,
-                       "min_chunk_cosine": options.min_chunk_cosine, "passed": not failures, "failures": failures}
+    report["gates"] = evaluate_gates(report, gates_from(options.gate_values()))
     if options.report:
         write_json_atomic(options.report, report)
     return report
 
 
-class _Merger:
-    """The product of a run: each input's first output merged back from its chunks, as batches arrive.
-
-    Token outputs of text and sequence inputs stream into chunking.StreamingMerge; image tiles and
-    other outputs are collected and merged once their input is complete."""
-
-    def __init__(self, docs: list[Document], chunks: list[Chunk], name: str, options: RunOptions):
-        self.docs, self.name, self.options = docs, name, options
-        self.expected = [0] * len(docs)
-        self.windows: dict[int, list[Window]] = {}
-        for c in chunks:
-            self.expected[c.doc] += 1
-            self.windows.setdefault(c.doc, []).append(c.window)
-        self.streams: dict[int, StreamingMerge] = {}
-        self.parts: dict[int, list[tuple[Chunk, dict[str, np.ndarray]]]] = {}
-
-    def add(self, batch: list[Chunk], out: dict[str, np.ndarray]) -> None:
-        value = out[self.name]
-        for j, c in enumerate(batch):
-            doc = self.docs[c.doc]
-            if value.ndim == 3 and doc.kind in ("text", "seq"):
-                if c.doc not in self.streams:
-                    self.streams[c.doc] = StreamingMerge(self.windows[c.doc], doc.length, self.options.merge)
-                self.streams[c.doc].add(c.index, _strip(doc, value[j:j + 1]))
-            else:
-                self.parts.setdefault(c.doc, []).append((c, {self.name: value[j:j + 1]}))
-
-    def results(self) -> list[np.ndarray | None]:
-        merged: list[np.ndarray | None] = []
-        for d, doc in enumerate(self.docs):
-            if d in self.streams:
-                merged.append(self.streams[d].result())
-            elif d in self.parts:
-                ordered = sorted(self.parts[d], key=lambda p: p[0].index)
-                merged.append(_merge_doc(doc, ordered, self.name, self.options.merge, self.options.chunk, self.options.overlap))
-            else:
-                merged.append(None)
-        return merged
+def _precision_error(p: Prepared, batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]]) -> dict[str, Any]:
+    """The target against ONNX Runtime fp32 on the reference ONNX, batch by batch on identical chunks."""
+    if not p.is_engine and p.target_path.resolve() == p.reference_path.resolve():
+        return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
+    comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
+    for i, b in enumerate(batches):
+        feeds = stack(b)
+        ref = p.reference.run(feeds)
+        comparator.add(ref, {k: v.astype(np.float32) for k, v in results[i].items()}, feeds.get("attention_mask"))
+    per_output = comparator.result()
+    return {"measured": True, "scope": "target vs ONNX Runtime fp32 on identical chunks", "per_output": per_output,
+            "worst": worst(per_output)}
 
 
 def _latency(timings: list[tuple[str, float, float | None]]) -> dict[str, Any]:
@@ -476,43 +594,65 @@ def _latency(timings: list[tuple[str, float, float | None]]) -> dict[str, Any]:
     return out
 
 
-def _chunking_error(docs: list[Document], reference: OrtRunner, specs: list[InputSpec], options: RunOptions,
-                    max_len: int, specials: tuple[int, int]) -> dict[str, Any]:
-    """Chunked+merged vs whole, both on ORT fp32; inputs longer than the model takes use their longest prefix."""
-    token_rows_a, token_rows_b, pooled, scopes = [], [], [], []
-    first = reference.output_names[0]
-    for d, doc in enumerate(docs):
-        if doc.kind == "text":
-            limit = max_len - 2
-            n = min(doc.length, limit)
-            scopes.append("whole" if n == doc.length else f"prefix of {n} tokens")
-            sub = Document(doc.name, "text", {"input_ids": doc.content["input_ids"][:n]}, n)
-        elif doc.kind == "seq":
-            n = min(doc.length, max_len)
-            scopes.append("whole" if n == doc.length else f"prefix of {n} positions")
-            sub = Document(doc.name, "seq", {k: v[:, :n] for k, v in doc.content.items()}, n)
-        else:
-            scopes.append("whole")
-            sub = doc
-        sub_chunks = make_chunks([sub], specs, options.chunk, options.overlap, max_len, specials)
-        parts = [(c, reference.run(c.feeds)) for c in sub_chunks]
-        merged = _merge_doc(sub, parts, first, options.merge, options.chunk, options.overlap)
-        whole_feeds = text_feeds(sub.content["input_ids"], specs, *specials) if sub.kind == "text" else sub.content
-        whole = reference.run(whole_feeds)[first]
-        if merged is None:
+def _whole_limit(size: int, limit: int | None, scales: list[float]) -> int:
+    """The largest size <= limit the model takes whole whose output maps to whole pixels at every scale."""
+    n = min(size, limit) if limit else size
+    while n > 1 and any(abs(n * s - round(n * s)) > 1e-6 for s in scales):
+        n -= 1
+    return n
+
+
+def _measurement_input(doc: Document, p: Prepared) -> tuple[Document, str]:
+    """The longest prefix (top-left crop for images) of `doc` that the model takes in one pass."""
+    if doc.kind == "text":
+        assert p.tokenizer is not None
+        n = min(doc.length, p.limits.seq - p.tokenizer.specials) if p.limits.seq else doc.length
+        return Document(doc.name, "text", {}, n, doc.ids[:n]), "whole" if n == doc.length else f"prefix of {n} tokens"
+    if doc.kind == "seq":
+        n = min(doc.length, p.limits.seq or doc.length)
+        sub = Document(doc.name, "seq", p.layout.sliced(doc.feeds, {p.layout.seq_axis: (0, n)}), n)
+        return sub, "whole" if n == doc.length else f"prefix of {n} positions"
+    h, w = doc.hw
+    hh, ww = _whole_limit(h, p.limits.tile, p.scales), _whole_limit(w, p.limits.tile, p.scales)
+    ha, wa = p.layout.chunk_axes
+    sub = Document(doc.name, "image", p.layout.sliced(doc.feeds, {ha: (0, hh), wa: (0, ww)}), hh * ww)
+    return sub, "whole" if (hh, ww) == (h, w) else f"top-left {hh}x{ww} crop"
+
+
+def _chunking_error(p: Prepared, options: RunOptions) -> dict[str, Any]:
+    """Chunked+merged vs one whole pass, both ONNX Runtime fp32, where chunking happens: on the longest
+    prefix of each chunked input that the model takes whole, with that prefix itself chunked."""
+    per_input = []
+    comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
+    counts = [0] * len(p.docs)
+    for c in p.chunks:
+        counts[c.doc] += 1
+    for d, doc in enumerate(p.docs):
+        if counts[d] == 1:
+            per_input.append({"name": doc.name, "scope": "not chunked (fits one chunk)", "measured": False})
             continue
-        if whole.ndim == 2:  # logits: the merged result is a probability vector, so compare probabilities
-            whole = merge_logits([whole[0]], [1])[None]
-            merged = merged[None]
-        whole = _strip(sub, whole) if whole.ndim == 3 else whole
-        merged = merged if whole.ndim != 4 else merged[None]
-        token_rows_a.append(vectors(whole))
-        token_rows_b.append(vectors(merged))
-        if whole.ndim == 2 and sub.kind != "image" and whole.shape[0] > 1:
-            pooled.append(float(rowwise_cosine(whole.mean(axis=0)[None], merged.mean(axis=0)[None])[0]))
-    if not token_rows_a:
-        return {"scope": "not applicable to these outputs"}
-    metrics = compare(np.concatenate(token_rows_a), np.concatenate(token_rows_b))
-    return {"scope": "chunked+merged vs one whole pass, both ONNX Runtime fp32", "per_input_scope": scopes,
-            "output": first, **metrics,
-            "min_pooled_cosine": min(pooled) if pooled else None, "mean_pooled_cosine": float(np.mean(pooled)) if pooled else None}
+        sub, scope = _measurement_input(doc, p)
+        sub_chunks = plan_document(0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+        if len(sub_chunks) < 2:
+            longest = p.limits.seq if doc.kind != "image" else p.limits.tile
+            per_input.append({"name": doc.name, "scope": f"not measurable: chunk ({options.chunk}) is not smaller than the longest "
+                                                          f"input the model takes whole ({longest})", "measured": False})
+            continue
+        whole_chunk = plan_document(0, sub, p.specs, p.layout, None, 0, Limits(), p.tokenizer, p.scales)[0]
+        whole = p.reference.run(whole_chunk.feeds)
+        parts: dict[str, list[tuple[Chunk, np.ndarray]]] = {}
+        for c in sub_chunks:
+            out = p.reference.run(c.feeds)
+            for name, kind in p.kinds.items():
+                parts.setdefault(name, []).append((c, chunk_part(kind, c, out[name])))
+        for name, kind in p.kinds.items():
+            merged = merge_document(sub, kind, parts[name], options)
+            reference = merge_document(sub, kind, [(whole_chunk, chunk_part(kind, whole_chunk, whole[name]))], options)
+            comparator.add_output(name, reference[None], merged[None])
+        per_input.append({"name": doc.name, "scope": scope, "chunks": len(sub_chunks), "measured": True})
+    if not any(i["measured"] for i in per_input):
+        reasons = sorted({i["scope"] for i in per_input})
+        return {"measured": False, "reason": "; ".join(reasons), "per_input": per_input}
+    per_output = comparator.result()
+    return {"measured": True, "scope": "chunked+merged vs one whole pass, both ONNX Runtime fp32", "per_input": per_input,
+            "per_output": per_output, "worst": worst(per_output)}

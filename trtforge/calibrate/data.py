@@ -3,8 +3,10 @@
 - `.npy` / `.npz`: arrays named after the model inputs (`.npy` files as INPUT_NAME.npy in a sample
   sub-folder, or `.npz` holding every input). A leading batch axis is optional.
 - `.txt` (one document per file) / `.jsonl` (`{"text": ...}` per line): tokenized with the model's own
-  tokenizer, each sample keeping its own length (calibrating over many lengths, not one shape).
-- images (`.png`, `.jpg`, `.jpeg`, `.bmp`): read with Pillow, scaled to [0, 1], NCHW.
+  tokenizer (trtforge.tokenize: its own special tokens, no transformers needed), each sample keeping
+  its own length (calibrating over many lengths, not one shape).
+- images (`.png`, `.jpg`, `.jpeg`, `.bmp`): read with Pillow, scaled to [0, 1], NCHW; resized bilinearly
+  to the model's height and width where those are fixed (ViT 32x32), else kept at their own size.
 
 Samples may differ in shape. The manifest hash covers every file's name and bytes, so a cache knows
 which data it was computed from.
@@ -77,12 +79,9 @@ def read_texts(dataset: Dataset) -> list[str]:
 
 
 def tokenize(texts: list[str], tokenizer: Any, specs: list[InputSpec], max_length: int) -> list[dict[str, np.ndarray]]:
-    """One sample per text, [1, len] each, truncated at `max_length`; named after the model inputs."""
-    samples = []
-    for text in texts:
-        enc = tokenizer(text, truncation=True, max_length=max_length, return_tensors="np")
-        samples.append(_named(enc, specs))
-    return samples
+    """One sample per text, [1, len] each, with the model's own special tokens, truncated at
+    `max_length`; named after the model inputs. `tokenizer` is a trtforge.tokenize.TextTokenizer."""
+    return [_named(tokenizer.encode(text, max_length), specs) for text in texts]
 
 
 def _named(enc: Any, specs: list[InputSpec]) -> dict[str, np.ndarray]:
@@ -140,6 +139,8 @@ def _check_sample(arrays: dict[str, np.ndarray], specs: list[InputSpec], where: 
 
 
 def read_images(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
+    """RGB in [0, 1], NCHW. A model with a fixed input height and width (ViT: 32x32) gets every image
+    resized to it, bilinearly; a model with dynamic height/width gets the image at its own size."""
     try:
         from PIL import Image
     except ImportError:
@@ -147,13 +148,19 @@ def read_images(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.n
     if len(specs) != 1:
         raise UserError(f"image data feeds one input, but the model has {len(specs)}; give .npz samples instead.")
     spec = specs[0]
+    if len(spec.shape) != 4:
+        raise UserError(f"image data feeds an [N, 3, H, W] input, but '{spec.name}' has shape {spec.shape}; give .npz samples instead.")
+    fixed = (spec.shape[2], spec.shape[3]) if isinstance(spec.shape[2], int) and isinstance(spec.shape[3], int) else None
     samples = []
     for path in dataset.files:
         try:
-            image = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255.0
+            image = Image.open(path).convert("RGB")
+            if fixed and image.size != (fixed[1], fixed[0]):
+                image = image.resize((fixed[1], fixed[0]), Image.BILINEAR)
+            array = np.asarray(image, dtype=np.float32) / 255.0
         except Exception:
             raise UserError(f"{path} is not a readable image; remove or replace it.") from None
-        samples.append({spec.name: image.transpose(2, 0, 1)[None].astype(spec.dtype)})
+        samples.append({spec.name: array.transpose(2, 0, 1)[None].astype(spec.dtype)})
     return samples
 
 

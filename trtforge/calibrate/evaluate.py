@@ -3,6 +3,9 @@
 Sequence models (an output [B, S, H] and an `attention_mask` input) are judged on mean-pooled
 embeddings, as sentence-embedding models are used: per sample, the mask-weighted mean over tokens,
 then the cosine to the fp32 embedding. Other models: the cosine of each sample's flattened output.
+Per output, comparator.py's metrics for the output's kind: a classifier is also judged on top-1
+agreement and a segmentation net on per-pixel argmax agreement (a cosine alone let an INT8 ResNet
+pass with top-1 agreement 0).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.metrics import compare, vectors
+from trtforge.comparator import Comparator
 
 
 def pooled(output: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -51,20 +54,17 @@ def reference_outputs(runner: OrtRunner, batches: list[dict[str, np.ndarray]]) -
     return [runner.run(batch) for batch in batches]
 
 
-def evaluate(candidate: OrtRunner, batches: list[dict[str, np.ndarray]], references: list[dict[str, np.ndarray]]) -> Accuracy:
-    cosines, refs, cands = [], {}, {}
+def evaluate(candidate: OrtRunner, batches: list[dict[str, np.ndarray]], references: list[dict[str, np.ndarray]],
+             kinds: dict[str, str | None] | None = None) -> Accuracy:
+    """Held-out accuracy: the mean-pooled sample cosine of the first output (what the fallback search
+    steers by), and per output the comparator's metrics for its kind (top-1 agreement for logits,
+    per-pixel agreement for dense outputs)."""
+    cosines = []
     first = candidate.output_names[0]
+    comparator = Comparator({name: (kinds or {}).get(name) for name in candidate.output_names})
     for batch, ref in zip(batches, references):
         got = candidate.run(batch)
         mask = batch.get("attention_mask")
         cosines.append(_cosines(pooled(ref[first].astype(np.float64), mask), pooled(got[first].astype(np.float64), mask)))
-        for name in candidate.output_names:
-            refs.setdefault(name, []).append(vectors(ref[name]))
-            cands.setdefault(name, []).append(vectors(got[name]))
-    per_output = {}
-    for name in candidate.output_names:
-        a, b = np.concatenate(refs[name]), np.concatenate(cands[name])
-        # Rank-2 outputs with a small last axis are treated as logits (top-1 agreement).
-        logits = references[0][name].ndim == 2 and 1 < references[0][name].shape[-1] <= 1000
-        per_output[name] = compare(a, b, logits=logits)
-    return Accuracy(np.concatenate(cosines), per_output)
+        comparator.add(ref, got, mask)
+    return Accuracy(np.concatenate(cosines), comparator.result())

@@ -51,6 +51,8 @@ class CalibrateOptions:
     eval_data: Path | None = None
     max_eval_samples: int | None = None
     min_cosine: float = 0.99
+    min_top1_agreement: float | None = None  # task gates on held-out data (None: reported, not gated)
+    min_pixel_agreement: float | None = None
     min_int8_flops: float = 0.8
     fallback: bool = True
     sensitivity_samples: int = 48
@@ -93,13 +95,14 @@ def _max_length(specs: list[InputSpec], axes: dict[str, AxisRange]) -> int:
     return max(lengths) if lengths else 512
 
 
-def _tokenizer_factory(parent: dict[str, Any] | None) -> Callable[[], Any] | None:
-    source = (parent or {}).get("source")
-    if source == "minilm":
-        from trtforge.models.minilm import load_tokenizer
+def _tokenizer_factory(parent: dict[str, Any] | None, onnx_path: Path | None = None) -> Callable[[], Any] | None:
+    """The model's tokenizer (trtforge.tokenize.TextTokenizer), found through the sidecar chain of
+    `onnx_path` (the directory export saved), or the built-in MiniLM's; None when there is none."""
+    from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
 
-        return load_tokenizer
-    return None
+    chain = sidecar_chain(onnx_path) if onnx_path else [(Path("."), parent)] if parent else []
+    directory = find_tokenizer_dir(None, chain)
+    return (lambda: TextTokenizer(directory)) if directory else None
 
 
 def expected_fingerprint(graph_hash: str, manifest: str, options: CalibrateOptions) -> dict[str, Any]:
@@ -213,7 +216,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     specs, axes, parent = io_specs(onnx_path, model)
     graph_hash = (parent or {}).get("graph_hash") or onnx_graph_hash(model)
     int8_path, cache_path = paths_for(onnx_path, options.output)
-    tokenizer = _tokenizer_factory(parent)
+    tokenizer = _tokenizer_factory(parent, onnx_path)
     max_len = _max_length(specs, axes)
     dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples)
     fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
@@ -234,6 +237,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
         _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples)
     eval_batches = _eval_batches(eval_samples, options.max_eval_samples)
     reference = OrtRunner(model.SerializeToString())
+    kinds = _output_kinds(reference, onnx_path, specs, axes)
     eval_refs = reference_outputs(reference, eval_batches)
     sens_batches = _eval_batches(eval_samples, options.sensitivity_samples)
     sens_refs = reference_outputs(reference, sens_batches)
@@ -278,7 +282,9 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
                          "samples": len(samples), "data": str(options.data), "source_onnx": str(onnx_path)}
         write_sidecar(cache_path, cache_sidecar)
     save_onnx(qdq, int8_path)
-    accuracy_json = result.accuracy.to_json() if result.accuracy else None
+    # Task metrics by output kind (top-1 / pixel agreement) on the held-out data, for the chosen model.
+    accuracy_json = evaluate(OrtRunner(qdq.SerializeToString()), eval_batches, eval_refs, kinds).to_json()
+    accuracy_json["output_kinds"] = kinds
     sidecar = {
         "kind": "onnx", "step": "calibrate", "trtforge_version": __version__,
         "parent": str(onnx_path), "reference_onnx": str(onnx_path), "parent_graph_hash": graph_hash,
@@ -316,14 +322,40 @@ def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
     return insert_qdq(working, plan, amax, float_nodes)
 
 
+def _output_kinds(reference: OrtRunner, onnx_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange]) -> dict[str, str | None]:
+    """{output: kind or None}: declared in the sidecar chain or inferred (None where undecidable: metrics only)."""
+    from trtforge.layout import model_layout
+    from trtforge.probe import output_kinds
+
+    return {name: k.kind for name, k in output_kinds(reference, onnx_path, specs, axes, model_layout(specs), strict=False).items()}
+
+
+TASK_GATES = (("min_top1_agreement", "top1_agreement", "logits", "top-1 agreement"),
+              ("min_pixel_agreement", "pixel_agreement", "dense", "per-pixel argmax agreement"))
+
+
 def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[str]:
-    """Why the INT8 model misses its gates (empty when it passes)."""
+    """Why the INT8 model misses its gates (empty when it passes). A task gate (top-1 / pixel
+    agreement) that no output can be judged by fails too, naming the outputs and their kinds."""
     failures = []
     acc = sidecar.get("accuracy") or {}
     where = options.eval_data or options.data
     if acc and acc["mean_cosine"] < options.min_cosine:
         failures.append(f"INT8 mean cosine {acc['mean_cosine']:.4f} is below the gate {options.min_cosine} on {where}; "
                         "try --smooth, another --method, or a lower --min-int8-flops to allow more float layers")
+    for key, metric, kind, label in TASK_GATES:
+        threshold = getattr(options, key)
+        if threshold is None:
+            continue
+        values = {n: m[metric] for n, m in (acc.get("per_output") or {}).items() if metric in m}
+        if not values:
+            kinds = ", ".join(f"{n} ({k or 'kind unknown'})" for n, k in (acc.get("output_kinds") or {}).items())
+            failures.append(f"{key} {threshold:g} could not be evaluated: no {kind} output has {label} (outputs: {kinds}); "
+                            f"declare the output's kind in the config's `outputs`")
+            continue
+        name = min(values, key=values.get)
+        if values[name] < threshold:
+            failures.append(f"INT8 {label} of '{name}' is {values[name]:.4f}, below the gate {threshold:g} ({key}) on {where}")
     if sidecar["int8_gemm_flops_fraction"] < options.min_int8_flops:
         failures.append(f"only {sidecar['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor {options.min_int8_flops:.0%}")
     return failures
@@ -334,7 +366,8 @@ def options_from_section(section: Any, **overrides: Any) -> CalibrateOptions:
     values = dict(data=Path(section.data) if section.data else None, method=section.method, percentile=section.percentile,
                   num_bins=section.num_bins, batch_size=section.batch_size, max_samples=section.max_samples,
                   smooth=section.smooth, eval_data=Path(section.eval_data) if section.eval_data else None,
-                  min_cosine=section.min_cosine, min_int8_flops=section.min_int8_flops)
+                  min_cosine=section.min_cosine, min_int8_flops=section.min_int8_flops,
+                  min_top1_agreement=section.min_top1_agreement, min_pixel_agreement=section.min_pixel_agreement)
     values.update({k: v for k, v in overrides.items() if v is not None})
     if values["data"] is None:
         raise UserError("no calibration data given; pass --data FOLDER or set calibrate.data in the config.")

