@@ -42,9 +42,14 @@ def export(
     exporter: Optional[str] = typer.Option(None, "--exporter", help="legacy (TorchScript-based) or dynamo."),
     external_data: Optional[bool] = typer.Option(None, "--external-data/--no-external-data", help="Force weights into NAME.onnx.data."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the ONNX Runtime vs PyTorch check (the sidecar records it)."),
+    kv_cache: bool = typer.Option(False, "--kv-cache", help="Causal decoder with explicit past/present key-value tensors per layer (config: kv_cache)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Export a PyTorch model to ONNX and check it against PyTorch at >= 2 sizes of every dynamic axis."""
+    from trtforge import kvcache
+
+    if kv_cache or kvcache.config_wants_kv(config):
+        return kvcache.export_command(model, config, output, opset, exporter, external_data, not no_check, json_out)
     from trtforge.config import ModelConfig, apply_overrides
     from trtforge.export import export_model, specs_from_examples
     from trtforge.models import load_model
