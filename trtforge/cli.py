@@ -285,9 +285,15 @@ def run_cmd(
     min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", help="Chunking gate on pooled cosine (default: not gated)."),
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
+    stateful: bool = typer.Option(False, "--stateful", help="KV-cache model: exact chunked prefill, the cache kept on the device between chunks."),
+    generate: int = typer.Option(0, "--generate", help="With --stateful: greedy-decode N tokens with the cache, checked against a full recompute."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Chunked inference checked against ONNX Runtime: precision and chunking errors, latency, throughput, memory."""
+    if stateful or generate:
+        from trtforge.stateful import run_command
+
+        return run_command(target, inputs, chunk, generate, reference, report, backend, provider, max_rel_l2, json_out)
     from trtforge.config import RunSection, load_config
     from trtforge.errors import GateFailed
     from trtforge.run import RunOptions, run as run_step

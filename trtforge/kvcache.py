@@ -388,7 +388,7 @@ def suggest_tier(length: int) -> int:
 
 
 def select_phase_profile(profiles: list[Profile], phases: dict[str, Any], phase: str, seq: int, past: int,
-                         batch: dict[str, int] | None = None, where: str = "the engine") -> Profile:
+                         batch: dict[str, int] | None = None, where: str = "the engine", engine: bool = True) -> Profile:
     """The profile of this phase for a step of `seq` new tokens over a cache of `past`; one-sentence
     errors name the chunk or the cache length and what to rebuild with."""
     pool = [p for p in profiles if p.index in phases[phase]]
@@ -396,13 +396,14 @@ def select_phase_profile(profiles: list[Profile], phases: dict[str, Any], phase:
     seq_max = max(p.axes[seq_axis].max for p in pool)
     past_max = max(p.axes[past_axis].max for p in pool)
     if seq > seq_max:
-        raise UserError(f"chunk {seq} is larger than {where}'s {phase} seq max {seq_max}; pass --chunk {seq_max} or less, "
-                        f"or rebuild with a seq tier of {seq}.")
+        raise UserError(f"chunk {seq} is larger than the {phase} seq max of {where} ({seq_max}); pass --chunk {seq_max} or less, "
+                        f"or {'rebuild with a seq tier of' if engine else 're-export with a seq axis max of'} {seq}.")
     if past > past_max:
         tiers = sorted({p.axes[past_axis].max for p in pool})
-        raise UserError(f"a {phase} step needs a cache of {past} tokens but {where}'s past max is {past_max}; add a past tier of "
-                        f"{suggest_tier(past)} (rebuild with --tiers 'past={','.join(map(str, tiers + [suggest_tier(past)]))}') "
-                        "or shorten the input.")
+        fix = (f"rebuild with --tiers '{past_axis}={','.join(map(str, tiers + [suggest_tier(past)]))}'" if engine else
+               f"re-export with kv_cache.past.max >= {suggest_tier(past)}")
+        raise UserError(f"a {phase} step needs a cache of {past} tokens but the past max of {where} is {past_max}; add a past tier "
+                        f"of {suggest_tier(past)} ({fix}) or shorten the input.")
     return select_profile(pool, {seq_axis: seq, past_axis: past, **(batch or {})})
 
 
