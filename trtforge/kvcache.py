@@ -68,8 +68,9 @@ def cache_layout(module: Any, source: str) -> CacheLayout:
     """The layout of a transformers causal decoder; a clear error for anything else."""
     config = getattr(module, "config", None)
     params = inspect.signature(module.forward).parameters
-    if config is None or not ({"cache", "past_key_values"} & set(params)):
-        raise UserError(f"model {source} takes no key/value cache (no 'past_key_values' argument); --kv-cache needs a "
+    causal = {getattr(m, "is_causal", None) for m in module.modules() if hasattr(m, "is_causal")}  # attention modules say it
+    if config is None or not ({"cache", "past_key_values"} & set(params)) or True not in causal:
+        raise UserError(f"model {source} is not a causal decoder with a key/value cache (no 'past_key_values' argument or no causal attention); --kv-cache needs a "
                         "transformers causal decoder such as GPT2LMHeadModel or LlamaForCausalLM.")
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     heads = int(text.num_attention_heads)
