@@ -183,7 +183,7 @@ def llama(size: str = "small", layers: int | None = None) -> tuple:
     if size == "full":
         config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=1024, intermediate_size=2816,
                                           num_hidden_layers=layers or 8, num_attention_heads=16, num_key_value_heads=4,
-                                          max_position_embeddings=8192)
+                                          max_position_embeddings=16384)
     else:
         config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                                           num_hidden_layers=layers or 2, num_attention_heads=4, num_key_value_heads=2,
