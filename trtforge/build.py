@@ -145,8 +145,12 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     model = load_onnx(onnx_path)
     specs, axes, parent = io_specs(onnx_path, model)
     lengths = read_lengths(lengths_file) if lengths_file else None
+    from trtforge.kvcache import kv_axes, kv_meta, plan_kv_profiles  # KV-cache decoders: prefill + decode profiles
+
+    kv, _, _ = kv_meta(onnx_path, parent)
+    axes = kv_axes(axes, kv) if kv else axes
     tier_plan = parse_tiers(tiers, config_tiers or {}, axes, lengths, tier_count)
-    profiles = plan_profiles(specs, axes, tier_plan)
+    profiles, phases = plan_kv_profiles(specs, axes, tier_plan, kv) if kv else (plan_profiles(specs, axes, tier_plan), None)
     output = Path(output) if output else default_engine_path(onnx_path, precision)
 
     ensure_writable_dir(output)
@@ -188,6 +192,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         "target_compute_capabilities": out.compute_capabilities,
         "precision": precision,
         "profiles": [p.to_json() for p in profiles],
+        "phases": phases,  # KV-cache engines: which profiles serve prefill and decode
         "io": out.io,
         "inputs": [s.model_dump() for s in specs],
         "axes": {k: v.model_dump() for k, v in axes.items()},

@@ -42,9 +42,14 @@ def export(
     exporter: Optional[str] = typer.Option(None, "--exporter", help="legacy (TorchScript-based) or dynamo."),
     external_data: Optional[bool] = typer.Option(None, "--external-data/--no-external-data", help="Force weights into NAME.onnx.data."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the ONNX Runtime vs PyTorch check (the sidecar records it)."),
+    kv_cache: bool = typer.Option(False, "--kv-cache", help="Causal decoder with explicit past/present key-value tensors per layer (config: kv_cache)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Export a PyTorch model to ONNX and check it against PyTorch at >= 2 sizes of every dynamic axis."""
+    from trtforge import kvcache
+
+    if kv_cache or kvcache.config_wants_kv(config):
+        return kvcache.export_command(model, config, output, opset, exporter, external_data, not no_check, json_out)
     from trtforge.config import ModelConfig, apply_overrides
     from trtforge.export import export_model, specs_from_examples
     from trtforge.models import load_model
@@ -298,9 +303,15 @@ def run_cmd(
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
+    stateful: bool = typer.Option(False, "--stateful", help="KV-cache model: exact chunked prefill, the cache kept on the device between chunks."),
+    generate: int = typer.Option(0, "--generate", help="With --stateful: greedy-decode N tokens with the cache, checked against a full recompute."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Chunked inference checked against ONNX Runtime: precision and chunking errors, latency, throughput, memory."""
+    if stateful or generate:
+        from trtforge.stateful import run_command
+
+        return run_command(target, inputs, chunk, generate, reference, report, backend, provider, max_rel_l2, json_out)
     from trtforge.config import RunSection, load_config
     from trtforge.errors import GateFailed
     from trtforge.outputs import parse_override

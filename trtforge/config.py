@@ -142,6 +142,33 @@ class RunSection(Strict):
     report: str | None = None
 
 
+class CacheRange(Strict):
+    """A cache-length range; unlike other axes it may start at 0 (the first chunk has no past)."""
+    min: int = Field(0, ge=0)
+    opt: int = Field(512, ge=0)
+    max: int = Field(1024, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "CacheRange":
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"needs min <= opt <= max, got {self.min}/{self.opt}/{self.max}")
+        return self
+
+
+class KVCacheSection(Strict):
+    """Export a causal decoder with explicit past/present key-value tensors (trtforge/kvcache.py)."""
+    enabled: bool = False
+    # Name of the cache-length axis of past_key_<i>/past_value_<i> [batch, kv_heads, past, head_dim].
+    past_axis: str = "past"
+    past: CacheRange = Field(default_factory=CacheRange)
+    # Build tiers: upper bounds of the past axis (0 gives a profile for the first chunk) and of the
+    # chunk (seq) axis for prefill profiles; one decode profile (seq = 1) is always added.
+    past_tiers: list[int] = Field(default_factory=list)
+    seq_tiers: list[int] = Field(default_factory=list)
+    # Sizes at which the export check varies the past axis (>= 2; 0 included by default).
+    check_past: list[int] = Field(default_factory=list)
+
+
 class ModelConfig(Strict):
     name: str
     model: SourceSpec
@@ -154,6 +181,7 @@ class ModelConfig(Strict):
     calibrate: CalibrateSection = Field(default_factory=CalibrateSection)
     build: BuildSection = Field(default_factory=BuildSection)
     run: RunSection = Field(default_factory=RunSection)
+    kv_cache: KVCacheSection = Field(default_factory=KVCacheSection)
 
     @field_validator("outputs", mode="before")
     @classmethod

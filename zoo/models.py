@@ -155,3 +155,38 @@ def deeplabv3(size: str = "full") -> tuple:
                                                                 aux_loss=False).eval()
     side = 256 if size == "full" else 64
     return module, {"x": torch.rand(1, 3, side, side)}, ["out"], None
+
+
+# -- decoders for KV-cache export (issue 12): `trtforge export --kv-cache` adds the cache I/O itself ----
+
+
+def gpt2_lm(size: str = "small", layers: int | None = None) -> tuple:
+    """transformers GPT2LMHeadModel (causal LM, absolute positions): logits per position."""
+    transformers = _hf()
+    _seed()
+    tok = _tokenizer("gpt2-bpe")
+    if size == "full":
+        config = transformers.GPT2Config(n_layer=layers or 12)
+    else:
+        config = transformers.GPT2Config(vocab_size=len(tok), n_positions=2048, n_embd=64, n_layer=layers or 2, n_head=4)
+    module = transformers.GPT2LMHeadModel(config).eval()
+    return module, _text_examples(tok, ("input_ids",)), ["logits"], tok
+
+
+def llama(size: str = "small", layers: int | None = None) -> tuple:
+    """transformers LlamaForCausalLM with rotary positions and grouped-query attention (kv heads <
+    heads); the zoo's GPT-2 BPE tokenizer (the weights are random, any vocabulary does). Full: 8
+    layers, hidden 1024, 16 heads over 4 kv heads (a LLaMA-style 0.2B model that fits the H200 runs)."""
+    transformers = _hf()
+    _seed()
+    tok = _tokenizer("gpt2-bpe")
+    if size == "full":
+        config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=1024, intermediate_size=2816,
+                                          num_hidden_layers=layers or 8, num_attention_heads=16, num_key_value_heads=4,
+                                          max_position_embeddings=16384)
+    else:
+        config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                          num_hidden_layers=layers or 2, num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=4096)
+    module = transformers.LlamaForCausalLM(config).eval()
+    return module, _text_examples(tok, ("input_ids",)), ["logits"], tok
