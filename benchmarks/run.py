@@ -27,33 +27,16 @@ def bare_throughput(target_path: Path, options: RunOptions, repeats: int = 3) ->
     """Chunks/s of the backend alone on pre-stacked batches (no chunking, merging or checks)."""
     import trtforge.run as R
 
-    is_engine = target_path.suffix != ".onnx"
-    from trtforge.graph import io_specs
-    from trtforge.onnxio import load_onnx
-
-    if is_engine:
-        from trtforge.build import read_engine_sidecar
-
-        side = read_engine_sidecar(target_path)
-        ref = Path(options.reference or side.get("reference_onnx") or side["source_onnx"])
-    else:
-        side, ref = None, Path(options.reference or target_path)
-    specs, axes, parent = io_specs(ref, load_onnx(ref, load_external_data=False))
-    from trtforge.calibrate.step import _tokenizer_factory
-
-    tok = _tokenizer_factory(parent)
-    docs = R.load_documents(options.inputs, specs, tok)
-    max_len = R._max_len(axes, R._seq_axis(specs), side)
-    chunks = R.make_chunks(docs, specs, options.chunk, options.overlap, max_len, R._special_ids(tok))
-    batches = [stack(b) for b in make_batches(chunks, options.batch_size, options.naive)]
-    target = R.TrtTarget(target_path, options.backend) if is_engine else R.OrtTarget(target_path, options.providers)
+    p = R.prepare(target_path, options)
+    batches = [stack(b) for b in make_batches(p.chunks, p.batch_cap, options.naive)]
+    target = R.TrtTarget(p.target_path, options.backend) if p.is_engine else R.OrtTarget(p.target_path, options.providers)
     list(target.run_many([(None, b) for b in batches[:2]]))
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         list(target.run_many([(i, b) for i, b in enumerate(batches)]))
         best = min(best, time.perf_counter() - start)
-    return len(chunks) / best, len(chunks)
+    return len(p.chunks) / best, len(p.chunks)
 
 
 def main() -> None:

@@ -151,7 +151,11 @@ class Pipeline:
                                timing_cache=Path(b.timing_cache) if b.timing_cache else None, tactic_sources=b.tactic_sources,
                                hardware_compatibility=b.hardware_compatibility, version_compatible=b.version_compatible,
                                compute_capabilities=list(b.compute_capabilities))
-        result = build(src, self.paths["engine"], b.precision, None, b.tiers, self.backend, options)
+        from trtforge import ui
+
+        with ui.build_progress(f"building {src.name}") as tick:
+            result = build(src, self.paths["engine"], b.precision, None, b.tiers, self.backend, options,
+                           on_tick=tick, tick_s=ui.heartbeat_interval(), warn=ui.warn)
         return f"{result.sidecar['backend']} {result.sidecar['tensorrt_version']}, {len(result.profiles)} profiles, {result.sidecar['build_seconds']:.1f} s"
 
     def _run(self) -> str:
