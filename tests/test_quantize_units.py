@@ -298,3 +298,34 @@ def test_cache_decision(tmp_path):
     assert reuse is None and "another model graph" in why and "another method" in why and "recalibrating" in why
     with pytest.raises(UserError, match="another model graph.*--strict-cache"):
         cache_decision(cache, other, True)
+
+
+def _tied_model():
+    """ALBERT-like: two LayerNorm -> MatMul blocks sharing one weight and one LayerNorm's gamma/beta."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "g"),
+             numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "b")]
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln1"], name="ln1", axis=-1),
+             helper.make_node("MatMul", ["ln1", "w"], ["h1"], name="mm1"),
+             helper.make_node("LayerNormalization", ["h1", "g", "b"], ["ln2"], name="ln2", axis=-1),
+             helper.make_node("MatMul", ["ln2", "w"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_smoothing_never_rescales_a_shared_tensor_twice():
+    model = _tied_model()
+    groups = smoothing_groups(model)
+    assert groups == {"ln1": ["mm1"], "ln2": ["mm2"]}
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    scales = {"ln1": smoothing_scales(np.linspace(0.1, 30, 8), [w], 0.8), "ln2": smoothing_scales(np.linspace(20, 0.5, 8), [w], 0.8)}
+    smoothed = apply_smoothing(model, scales)
+    x = np.random.default_rng(2).normal(size=(6, 8)).astype(np.float32) * 5
+    ref, got = OrtRunner(model.SerializeToString()).run({"x": x})["y"], OrtRunner(smoothed.SerializeToString()).run({"x": x})["y"]
+    assert np.abs(ref - got).max() / np.abs(ref).max() < 1e-5
+    # The input model is untouched and each consumer got its own copy.
+    assert np.array_equal(numpy_helper.to_array(model.graph.initializer[0]), w)
+    weights = [n.input[1] for n in smoothed.graph.node if n.op_type == "MatMul"]
+    assert len(set(weights)) == 2
