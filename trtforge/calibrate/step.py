@@ -169,6 +169,18 @@ def _eval_batches(samples: list[dict[str, np.ndarray]], limit: int | None) -> li
     return list(data_mod.batches(chosen, 16))
 
 
+class _Lazy:
+    """A value computed on first call, then kept."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self._make, self._done, self._value = make, False, None
+
+    def __call__(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._make(), True
+        return self._value
+
+
 def _flops_fraction(flops: dict[str, float], int8_nodes: set[str]) -> float:
     """Share of all GEMM FLOPs (excluded and float layers included) in nodes that really run int8."""
     total = sum(flops.values())
@@ -202,6 +214,7 @@ def fallback_search(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, flo
         return float_nodes, accuracy, {}, {}
     progress(f"mean cosine {accuracy.mean_cosine:.4f} < {options.min_cosine}: ranking layers by their local INT8 error")
     errors = layer_errors(model, plan, amax, sens_batches)
+    sens_refs = sens_refs() if callable(sens_refs) else sens_refs
     ranked = sorted(errors, key=lambda n: -errors[n])
     top = ranked[:options.sensitivity_top]
     base = _accuracy(model, plan, amax, set(), sens_batches, sens_refs).mean_cosine
@@ -258,7 +271,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     reference = OrtRunner(model.SerializeToString())
     eval_refs = reference_outputs(reference, eval_batches)
     sens_batches = _eval_batches(eval_samples, options.sensitivity_samples)
-    sens_refs = reference_outputs(reference, sens_batches)
+    sens_refs = _Lazy(lambda: reference_outputs(reference, sens_batches))  # only the fallback needs them
     flops = gemm_flops(model, shapes)
 
     if reused_sidecar is not None:
