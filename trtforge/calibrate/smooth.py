@@ -96,10 +96,9 @@ def _own(model: onnx.ModelProto, node: onnx.NodeProto, index: int, inits: dict[s
     readers = sum(1 for n in model.graph.node for t in n.input if t == name)
     if readers <= 1 and name not in {o.name for o in model.graph.output}:
         return inits[name]
-    clone = onnx.TensorProto()
+    clone = model.graph.initializer.add()  # add(), not append(): append stores a copy, edits must reach the graph
     clone.CopyFrom(inits[name])
     clone.name = f"{name}__{node.name}"
-    model.graph.initializer.append(clone)
     inits[clone.name] = clone
     node.input[index] = clone.name
     return clone
