@@ -3,51 +3,46 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtforge.calibrate.methods import StreamingHistogram, entropy_amax, minmax_amax, percentile_amax
+from trtforge.calibrate.methods import StreamingHistogram, entropy_amax, minmax_amax, percentile_amax, quantized_groups
 
 
-def reference_entropy_threshold(hist_counts, bin_width, num_quantized_bins=128):
-    """Plain transcription of the published algorithm (GTC 2017 '8-bit Inference with TensorRT'),
-    loops and all, with the eps smoothing of the reference implementations."""
-    def smooth(p, eps=0.0001):
-        is_zero = [x == 0 for x in p]
-        n_zero = sum(is_zero)
-        n_nonzero = len(p) - n_zero
-        if n_nonzero == 0:
-            return None
-        eps1 = eps * n_zero / n_nonzero
-        if eps1 >= 1.0:
-            return None
-        return [eps if z else x - eps1 for x, z in zip(p, is_zero)]
+def reference_entropy_threshold(hist_counts, bin_width, num_quantized_bins=128, start_bin=128):
+    """Plain transcription of the published algorithm as NVIDIA pytorch-quantization implements it
+    (calib/histogram.py `_compute_amax_entropy`: zero bin set to its neighbour, bins spread over the 128
+    levels by digitizing against linspace(0, i, 129), scipy's KL, last argmin), loops and all."""
+    from collections import Counter
 
-    def kl(p, q):
+    def entropy(p, q):  # scipy.stats.entropy(p, q)
         sp, sq = sum(p), sum(q)
-        return sum((a / sp) * np.log((a / sp) / (b / sq)) for a, b in zip(p, q))
+        total = 0.0
+        for a, b in zip(p, q):
+            if a == 0:
+                continue
+            if b == 0:
+                return float("inf")
+            total += (a / sp) * np.log((a / sp) / (b / sq))
+        return total
 
-    counts = [float(c) for c in hist_counts]
-    n = len(counts)
-    best, best_i = float("inf"), n
-    for i in range(num_quantized_bins, n + 1):
-        reference = counts[:i]
-        reference[i - 1] += sum(counts[i:])
-        sliced = counts[:i]
-        merged = i // num_quantized_bins
-        expanded = [0.0] * i
-        for j in range(num_quantized_bins):
-            start = j * merged
-            stop = i if j == num_quantized_bins - 1 else start + merged
-            group = sliced[start:stop]
-            nonzero = sum(1 for x in group if x != 0)
-            total = sum(group)
-            for k in range(start, stop):
-                expanded[k] = total / nonzero if sliced[k] != 0 and nonzero else 0.0
-        p, q = smooth(reference), smooth(expanded)
-        if p is None or q is None:
-            continue
-        d = kl(p, q)
-        if d < best:
-            best, best_i = d, i
-    return best_i * bin_width
+    bins = [float(c) for c in hist_counts]
+    bins[0] = bins[1]
+    divergences = []
+    for i in range(start_bin, len(bins) + 1):
+        space = np.linspace(0, i, num=num_quantized_bins + 1)
+        digitized = list(np.digitize(range(i), space) - 1)
+        digitized = [-1 if bins[k] == 0 else d for k, d in enumerate(digitized)]
+        density = [0.0] * num_quantized_bins
+        for k, d in enumerate(digitized):
+            if d != -1:
+                density[d] += bins[k]
+        for key, count in Counter(digitized).items():
+            if key != -1:
+                density[key] /= count
+        expanded = [density[d] if d != -1 else 0.0 for d in digitized]
+        reference = bins[:i]
+        reference[-1] += sum(bins[i:])
+        divergences.append(entropy(reference, expanded))
+    last_argmin = len(divergences) - 1 - int(np.argmin(divergences[::-1]))
+    return (last_argmin + start_bin) * bin_width
 
 
 def _hist(values, bins=2048):
@@ -56,25 +51,56 @@ def _hist(values, bins=2048):
     return h
 
 
-@pytest.mark.parametrize("seed,dist", [(0, "normal"), (1, "laplace"), (2, "outliers")])
+def _gelu(x):
+    from math import erf
+
+    return x * 0.5 * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
+
+
+@pytest.mark.parametrize("seed,dist", [(0, "gaussian"), (1, "relu"), (2, "gelu"), (3, "laplace"), (4, "outliers")])
 def test_entropy_matches_plain_reference(seed, dist):
     rng = np.random.default_rng(seed)
-    values = {"normal": rng.normal(size=20000), "laplace": rng.laplace(size=20000),
-              "outliers": np.concatenate([rng.normal(size=20000), rng.normal(size=20) * 40])}[dist]
+    x = rng.normal(size=20000)
+    values = {"gaussian": x, "relu": np.maximum(x, 0), "gelu": _gelu(x), "laplace": rng.laplace(size=20000),
+              "outliers": np.concatenate([x, rng.normal(size=20) * 40])}[dist]
     hist = _hist(values, bins=512)  # 512 bins keeps the plain-Python reference fast
     ours = entropy_amax(hist)
     ref = reference_entropy_threshold(hist.counts, hist.bin_width)
-    assert ours == pytest.approx(min(ref, hist.amax) if ref >= hist.range else ref, rel=1e-9)
+    assert ours == pytest.approx(min(ref, hist.amax), rel=1e-9)
 
 
-def test_entropy_clips_outliers_and_minmax_does_not():
-    rng = np.random.default_rng(0)
-    values = np.concatenate([rng.normal(size=200000), [500.0]])
+def test_entropy_zero_bin_on_relu():
+    """ReLU puts half the mass in bin 0; without `bins[0] = bins[1]` KL clipped at 1.77 (max 4.73)."""
+    values = np.maximum(np.random.default_rng(0).normal(size=1_000_000), 0)
     hist = _hist(values)
-    assert minmax_amax(hist) == pytest.approx(500.0)
+    assert 4.0 < entropy_amax(hist) <= hist.amax
+
+
+def test_quantized_groups_are_even():
+    """Every candidate width spreads over the 128 levels with sizes that differ by at most one (the old
+    'last group takes the remainder' gave the last level up to 255 bins at i = 383: the sawtooth)."""
+    for i in range(128, 2049):
+        sizes = np.bincount(quantized_groups(i), minlength=128)
+        assert len(sizes) == 128 and sizes.max() - sizes.min() <= 1 and sizes.sum() == i
+    space = np.linspace(0, 300, num=129)
+    assert (quantized_groups(300) == np.digitize(range(300), space) - 1).all()
+
+
+def test_entropy_clips_a_heavy_tail_and_minmax_does_not():
+    values = np.random.default_rng(0).standard_t(3, size=200000)
+    hist = _hist(values)
+    assert minmax_amax(hist) == pytest.approx(np.abs(values).max(), rel=1e-6)
     ent = entropy_amax(hist)
-    # The search starts at 128 bins, so the threshold is at least 128 bin widths, and far below the outlier.
-    assert 128 * hist.bin_width <= ent < 100.0
+    # The search starts at 128 bins, so the threshold is at least 128 bin widths, and well below the max.
+    assert 128 * hist.bin_width <= ent < 0.5 * hist.amax
+
+
+def test_entropy_keeps_an_isolated_outlier():
+    """As pytorch-quantization: P holds the clipped tail in a bin where Q is empty, so KL is infinite for every
+    candidate that clips a lone outlier sitting in empty space; the threshold is the max (percentile clips it)."""
+    rng = np.random.default_rng(0)
+    hist = _hist(np.concatenate([rng.normal(size=200000), [500.0]]))
+    assert entropy_amax(hist) == pytest.approx(500.0)
     assert 3.0 < percentile_amax(hist, 99.99) < 10.0
 
 

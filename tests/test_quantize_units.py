@@ -13,7 +13,7 @@ from trtforge.calibrate.collect import plan_quantization
 from trtforge.calibrate.smooth import apply_smoothing, smoothing_groups, smoothing_scales
 from trtforge.calibrate.step import CalibrateOptions, cache_decision, expected_fingerprint
 from trtforge.errors import UserError
-from trtforge.quantize import insert_qdq, per_channel_scales, weight_axis
+from trtforge.quantize import insert_qdq, int8_gemm_nodes, per_channel_scales, weight_axis
 
 
 def independent_cache_reader(text: str) -> tuple[str, str, dict[str, float]]:
@@ -76,7 +76,7 @@ def _mlp(with_ln=False):
 
 def test_qdq_placement_and_axes():
     model = _mlp()
-    plan = plan_quantization(model)
+    plan = plan_quantization(model, rules=())
     assert [(t.node, t.activations, t.weight) for t in plan.targets] == [("mm1", ["x"], "w1"), ("mm2", ["r"], "w2")]
     qdq = insert_qdq(model, plan, {"x": 3.0, "r": 5.0})
     onnx.checker.check_model(qdq)
@@ -100,23 +100,162 @@ def test_qdq_placement_and_axes():
 
 def test_weight_axes_and_scales():
     conv = helper.make_node("Conv", ["x", "w"], ["y"])
-    convt = helper.make_node("ConvTranspose", ["x", "w"], ["y"])
     gemm_t = helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)
     gemm = helper.make_node("Gemm", ["x", "w"], ["y"])
-    assert [weight_axis(n) for n in (conv, convt, gemm_t, gemm)] == [0, 1, 0, 1]
+    assert weight_axis("Conv", 4, 1, conv) == 0 and weight_axis("ConvTranspose", 4, 1) == 1
+    assert weight_axis("Gemm", 2, 1, gemm_t) == 0 and weight_axis("Gemm", 2, 1, gemm) == 1
+    # MatMul: the output-channel axis is the last one at any rank (B = [..., K, N]), -2 for a weight as A.
+    assert [weight_axis("MatMul", r, 1) for r in (2, 3, 4)] == [1, 2, 3]
+    assert weight_axis("MatMul", 3, 0) == 1
     w = np.array([[1.0, -4.0], [-2.0, 3.0]], dtype=np.float32)
     assert per_channel_scales(w, 1) == pytest.approx([2 / 127, 4 / 127])
     assert per_channel_scales(w, 0) == pytest.approx([4 / 127, 3 / 127])
 
 
-def test_residual_add_rule_for_conv():
-    w = numpy_helper.from_array(np.ones((4, 4, 1, 1), np.float32), "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("Add", ["r", "x"], ["y"], name="add")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+def _matmul_model(weight_shape, how="init", x_shape=None):
+    """x @ W with W an initializer, a Constant node, or an fp16 initializer behind a Cast."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=weight_shape).astype(np.float32) * np.linspace(0.1, 4, weight_shape[-1]).astype(np.float32)
+    nodes, inits = [], []
+    if how == "init":
+        inits.append(numpy_helper.from_array(w, "w"))
+    elif how == "constant":
+        nodes.append(helper.make_node("Constant", [], ["w"], name="wconst", value=numpy_helper.from_array(w, "wv")))
+    else:
+        inits.append(numpy_helper.from_array(w.astype(np.float16), "w16"))
+        nodes.append(helper.make_node("Cast", ["w16"], ["w"], name="wcast", to=TensorProto.FLOAT))
+    nodes.append(helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"))
+    nodes.append(helper.make_node("Relu", ["h"], ["y"], name="relu"))
+    x_shape = x_shape or ["n"] + list(weight_shape[:-2]) + ["s", weight_shape[-2]]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, x_shape[:-1] + [weight_shape[-1]])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w
+
+
+@pytest.mark.parametrize("shape", [(8, 6), (3, 8, 6)])
+def test_matmul_weight_scales_per_output_channel_at_any_rank(shape):
+    """A rank-3 weight [G, K, N] gets N scales on axis 2, not K scales on axis 1."""
+    model, w = _matmul_model(shape)
+    plan = plan_quantization(model)
+    qdq = insert_qdq(model, plan, {"x": 3.0})
+    onnx.checker.check_model(qdq)
+    wq = next(n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "w")
+    axis = next(a.i for a in wq.attribute if a.name == "axis")
+    scales = numpy_helper.to_array(next(i for i in qdq.graph.initializer if i.name == wq.input[1]))
+    assert axis == len(shape) - 1 and scales.shape == (shape[-1],)
+    assert scales == pytest.approx(np.abs(w).max(axis=tuple(range(len(shape) - 1))) / 127)
+    x = np.random.default_rng(1).normal(size=(2,) + shape[:-2] + (5, shape[-2])).astype(np.float32)
+    import onnxruntime as ort
+
+    # ORT's optimizer fuses DQ + MatMul into MatMulIntegerToFloat, which rejects a per-axis B of rank 3
+    # (valid ONNX); the reference semantics are the unfused graph.
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = OrtRunner(model.SerializeToString()).run({"x": x})["y"]
+    got = ort.InferenceSession(qdq.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 0.03
+
+
+@pytest.mark.parametrize("how", ["cast", "constant"])
+def test_cast_and_constant_weights_are_quantized_per_channel(how):
+    """fp16 checkpoints (fp16 initializer -> Cast -> MatMul) and Constant weights: per-channel weight Q/DQ,
+    never per-tensor activation Q/DQ, never a one-sided Q/DQ counted as INT8."""
+    model, w = _matmul_model((8, 6), how)
+    plan = plan_quantization(model)
+    assert [(t.activations, t.weight, t.axis) for t in plan.targets] == [(["x"], "w", 1)]
+    qdq = insert_qdq(model, plan, {"x": 3.0})
+    onnx.checker.check_model(qdq)
+    assert int8_gemm_nodes(qdq) == {"mm"}
+    wq = [n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and any(a.name == "axis" for a in n.attribute)]
+    assert len(wq) == 1 and numpy_helper.to_array(next(i for i in qdq.graph.initializer if i.name == wq[0].input[1])).shape == (6,)
+    assert not any(n.op_type in ("Cast", "Constant") for n in qdq.graph.node)  # the replaced weight is gone
+    x = np.random.default_rng(1).normal(size=(2, 5, 8)).astype(np.float32)
+    ref, got = OrtRunner(model.SerializeToString()).run({"x": x})["y"], OrtRunner(qdq.SerializeToString()).run({"x": x})["y"]
+    assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 0.03
+
+
+def test_int8_flops_count_only_gemms_with_both_inputs_quantized():
+    model, _ = _matmul_model((8, 6))
+    plan = plan_quantization(model)
+    assert int8_gemm_nodes(insert_qdq(model, plan, {"x": 3.0}, {"mm"})) == set()
+    one_sided = insert_qdq(model, plan, {"x": 3.0})
+    mm = next(n for n in one_sided.graph.node if n.name == "mm")
+    mm.input[1] = "w"  # weight Q/DQ bypassed: only the activation is quantized
+    assert int8_gemm_nodes(one_sided) == set()
+
+
+def _conv_residual():
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(16, 16, 1, 1)).astype(np.float32), "w")
+    nodes = [helper.make_node("Relu", ["x"], ["x1"], name="pre"), helper.make_node("Conv", ["x1", "w"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"), helper.make_node("Add", ["r", "x1"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["y"], name="post")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_residual_add_rule_follows_the_conv():
+    """The residual input's Q/DQ exists to fuse the Add into an int8 Conv: none once the Conv is float."""
+    model = _conv_residual()
+    plan = plan_quantization(model)
+    assert plan.residual_adds == {"add": "x1"} and plan.residual_convs == {"add": "conv"}
+    quantized = insert_qdq(model, plan, {"x1": 3.0})
+    add = next(n for n in quantized.graph.node if n.name == "add")
+    assert add.input[1].endswith("_dq")
+    fallback = insert_qdq(model, plan, {"x1": 3.0}, {"conv"})
+    assert not any(n.op_type == "QuantizeLinear" for n in fallback.graph.node)
+    add = next(n for n in fallback.graph.node if n.name == "add")
+    assert list(add.input) == ["r", "x1"]
+
+
+def _bmm_model():
+    """Attention-like: q = x Wq, k = x Wk, s = q k^T (two activations), y = s x; plus a Conv-free tail."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), n) for n in ("wq", "wk", "wo")]
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"), helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+             helper.make_node("Transpose", ["k"], ["kt"], name="t", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"), helper.make_node("Softmax", ["s"], ["p"], name="sm", axis=-1),
+             helper.make_node("MatMul", ["p", "x"], ["ctx"], name="pv"), helper.make_node("MatMul", ["ctx", "wo"], ["o"], name="out"),
+             helper.make_node("Relu", ["o"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_modelopt_rules_keep_attention_bmms_and_gemvs_float():
+    model = _bmm_model()
+    plan = plan_quantization(model)
+    assert plan.excluded == {"qk": "attention_bmm", "pv": "attention_bmm"}
+    assert [t.node for t in plan.targets] == ["q", "k", "out"]
+    opted = plan_quantization(model, quantize_attention=True)
+    assert {t.node for t in opted.targets} == {"q", "k", "qk", "pv", "out"} and not opted.excluded
+    # At a single query position (s = 1) every product is a matrix-vector product: ModelOpt's GEMV rule.
+    shapes = {"q": (1, 1, 8), "k": (1, 1, 8), "s": (1, 1, 1), "ctx": (1, 1, 8), "o": (1, 8)}
+    plan = plan_quantization(model, shapes)
+    assert plan.excluded["out"] == "gemv" and plan.excluded["qk"] == "attention_bmm" and "q" not in plan.excluded
+
+
+def _conv(c_in, c_out, name, src, kernel=3, group=1):
+    w = numpy_helper.from_array(np.ones((c_out, c_in // group, kernel, kernel), np.float32), f"{name}_w")
+    return helper.make_node("Conv", [src, w.name], [f"{name}_y"], name=name, group=group, pads=[kernel // 2] * 4), w
+
+
+def test_modelopt_conv_channel_and_output_layer_rules():
+    """12 -> 6 (channels < 16, neither a multiple of 8) stays float; the 3 -> 64 stem reading the image is
+    quantized as ModelOpt does; a GEMM writing the graph output (through its bias Add) stays float."""
+    nodes, inits = [], []
+    for args in [(3, 64, "stem", "x"), (64, 12, "body", "stem_y"), (12, 6, "thin", "body_y"), (6, 64, "wide", "thin_y")]:
+        node, w = _conv(*args)
+        nodes.append(node)
+        inits.append(w)
+    flat = helper.make_node("Flatten", ["wide_y"], ["f"], name="flat")
+    inits += [numpy_helper.from_array(np.ones((64 * 4, 10), np.float32), "fc_w"), numpy_helper.from_array(np.ones(10, np.float32), "fc_b")]
+    nodes += [flat, helper.make_node("MatMul", ["f", "fc_w"], ["fc"], name="fc"), helper.make_node("Add", ["fc", "fc_b"], ["logits"], name="bias")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 2, 2])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)], inits)
     plan = plan_quantization(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    assert plan.residual_adds == {"add": "x"}
+    assert plan.excluded == {"thin": "conv_channels", "fc": "output_layer"}
+    assert [t.node for t in plan.targets] == ["stem", "body", "wide"]
 
 
 @pytest.mark.parametrize("with_ln", [False, True])
@@ -159,3 +298,34 @@ def test_cache_decision(tmp_path):
     assert reuse is None and "another model graph" in why and "another method" in why and "recalibrating" in why
     with pytest.raises(UserError, match="another model graph.*--strict-cache"):
         cache_decision(cache, other, True)
+
+
+def _tied_model():
+    """ALBERT-like: two LayerNorm -> MatMul blocks sharing one weight and one LayerNorm's gamma/beta."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "g"),
+             numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "b")]
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln1"], name="ln1", axis=-1),
+             helper.make_node("MatMul", ["ln1", "w"], ["h1"], name="mm1"),
+             helper.make_node("LayerNormalization", ["h1", "g", "b"], ["ln2"], name="ln2", axis=-1),
+             helper.make_node("MatMul", ["ln2", "w"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_smoothing_never_rescales_a_shared_tensor_twice():
+    model = _tied_model()
+    groups = smoothing_groups(model)
+    assert groups == {"ln1": ["mm1"], "ln2": ["mm2"]}
+    w = numpy_helper.to_array(model.graph.initializer[0])
+    scales = {"ln1": smoothing_scales(np.linspace(0.1, 30, 8), [w], 0.8), "ln2": smoothing_scales(np.linspace(20, 0.5, 8), [w], 0.8)}
+    smoothed = apply_smoothing(model, scales)
+    x = np.random.default_rng(2).normal(size=(6, 8)).astype(np.float32) * 5
+    ref, got = OrtRunner(model.SerializeToString()).run({"x": x})["y"], OrtRunner(smoothed.SerializeToString()).run({"x": x})["y"]
+    assert np.abs(ref - got).max() / np.abs(ref).max() < 1e-5
+    # The input model is untouched and each consumer got its own copy.
+    assert np.array_equal(numpy_helper.to_array(model.graph.initializer[0]), w)
+    weights = [n.input[1] for n in smoothed.graph.node if n.op_type == "MatMul"]
+    assert len(set(weights)) == 2

@@ -109,7 +109,7 @@ def default_engine_path(onnx_path: Path, precision: str) -> Path:
 def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
                        axes: dict[str, AxisRange]) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """The model to build (None: the input as it is) and what was done to it."""
-    from trtforge.precision import convert_fp16
+    from trtforge.precision import prepare_for_build
 
     has_fp16, has_qdq = model_traits(model)
     if precision in ("fp32", "fp16") and has_qdq:
@@ -120,11 +120,7 @@ def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, 
         raise UserError(f"{onnx_path.name} already holds fp16 tensors; build it with --precision fp16.")
     if precision in ("fp32", "int8"):
         return None, {}
-    opt = {name: rng.opt for name, rng in axes.items()}
-    feeds = [random_feeds(specs, opt, seed) for seed in range(2)]
-    converted, report = convert_fp16(model, feeds)
-    return converted, {"fp16_nodes": report.converted_nodes, "fp32_nodes": len(report.kept_fp32),
-                       "kept_fp32": report.kept_fp32}
+    return prepare_for_build(model, onnx_path, specs, axes)
 
 
 def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,

@@ -115,6 +115,7 @@ def calibrate(
     min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Gate: top-1 agreement of logits outputs on held-out data."),
     min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Gate: per-pixel argmax agreement of dense outputs on held-out data."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Quantize every layer; do not keep sensitive ones in float."),
+    quantize_attention: bool = typer.Option(False, "--quantize-attention", help="Also quantize attention's batched MatMuls (QK^T, softmax.V); TensorRT 8.6 computes them wrongly."),
     strict_cache: bool = typer.Option(False, "--strict-cache", help="Fail (exit 2) instead of recalibrating when the cache does not match."),
     from_cache: Optional[Path] = typer.Option(None, "--from-cache", help="Import a TensorRT calibration cache written elsewhere."),
     compare_methods: bool = typer.Option(False, "--compare-methods", help="Run entropy, percentile and minmax side by side."),
@@ -133,6 +134,7 @@ def calibrate(
         max_eval_samples=max_eval_samples, min_cosine=min_cosine, min_int8_flops=min_int8_flops,
         min_top1_agreement=min_top1_agreement, min_pixel_agreement=min_pixel_agreement,
         fallback=False if no_fallback else None, strict_cache=strict_cache or None, from_cache=from_cache, output=output,
+        quantize_attention=quantize_attention or None,
     )
     if no_smooth:
         options.smooth = None

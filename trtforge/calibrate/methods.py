@@ -63,63 +63,64 @@ def percentile_amax(hist: StreamingHistogram, percentile: float = 99.99) -> floa
     return min((index + 1) * hist.bin_width, hist.amax) if hist.amax else (index + 1) * hist.bin_width
 
 
-def _smooth(p: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
-    """Move a little mass onto zero bins so KL is finite (as TensorRT's reference does)."""
-    zeros = p == 0
-    n_zero, n_nonzero = int(zeros.sum()), int((~zeros).sum())
-    if n_nonzero == 0:
-        return None
-    eps1 = eps * n_zero / n_nonzero
-    if eps1 >= 1.0:
-        return None
-    out = p.astype(np.float64).copy()
-    out[zeros] = eps
-    out[~zeros] -= eps1
-    return out
+def quantized_groups(num_bins: int, num_quantized_bins: int = NUM_QUANTIZED_BINS) -> np.ndarray:
+    """Group of each of the first `num_bins` bins when they are merged into `num_quantized_bins` levels.
+
+    Bin j goes to group floor(j * levels / num_bins): group sizes differ by at most one, as in
+    pytorch-quantization's `np.digitize(range(i), np.linspace(0, i, levels + 1)) - 1` (exact in integers,
+    since i / 128 is exact in binary). The older "groups of i // 128, the last takes the remainder" left a
+    last group up to twice as wide, so KL jumped every 128 candidates: a sawtooth in the thresholds.
+    """
+    return (np.arange(num_bins, dtype=np.int64) * num_quantized_bins) // num_bins
 
 
-def _kl(p: np.ndarray, q: np.ndarray) -> float:
-    p = p / p.sum()
-    q = q / q.sum()
-    return float(np.sum(p * np.log(p / q)))
+def entropy_amax(hist: StreamingHistogram, num_quantized_bins: int = NUM_QUANTIZED_BINS, stride: int = 1,
+                 start_bin: int = NUM_QUANTIZED_BINS) -> float:
+    """TensorRT's entropy calibration as NVIDIA's pytorch-quantization implements it (`_compute_amax_entropy`):
+    the clip threshold whose 128-level quantization loses the least information.
 
-
-def entropy_amax(hist: StreamingHistogram, num_quantized_bins: int = NUM_QUANTIZED_BINS, stride: int = 1) -> float:
-    """TensorRT's entropy calibration: the clip threshold whose 128-level quantization loses the least
-    information (KL divergence between the clipped reference and its quantized expansion).
-
-    For each candidate i in [128, num_bins]: P = counts[:i] with the clipped tail added to P[i-1];
-    Q = counts[:i] merged into 128 groups of i // 128 bins (the last takes the rest), each group's sum
-    spread evenly over its non-empty bins; both smoothed (eps 1e-4) so that KL stays finite.
-    The threshold is the upper edge of bin i with the smallest KL(P || Q).
+    - The zero bin takes the count of its neighbour (`bins[0] = bins[1]`): after a ReLU half the mass
+      sits in bin 0, which would otherwise dominate KL and pull the threshold far down (1.77 instead of
+      4.12 on ReLU(N(0, 1)), whose max is 4.73).
+    - For each candidate i: P = bins[:i] with the clipped tail added to P[i-1]; Q = bins[:i] merged into
+      128 evenly distributed groups (`quantized_groups`), each group's sum spread over its non-empty bins.
+    - KL(P || Q) as scipy.stats.entropy computes it (terms with P = 0 vanish; P > 0 where Q = 0 is +inf);
+      the last minimum wins; the threshold is the upper edge of bin i, never above the observed max.
     """
     counts = hist.counts.astype(np.float64)
     if counts.sum() == 0:
         return 0.0
+    counts[0] = counts[1]
     nbins = len(counts)
     tail = np.concatenate([np.cumsum(counts[::-1])[::-1], [0.0]])  # tail[i] = sum(counts[i:])
     best_i, best_kl = nbins, np.inf
-    for i in range(num_quantized_bins, nbins + 1, stride):
-        reference = counts[:i].copy()
-        reference[i - 1] += tail[i]
+    for i in range(start_bin, nbins + 1, stride):
         sliced = counts[:i]
+        reference = sliced.copy()
+        reference[i - 1] += tail[i]
         nonzero = sliced != 0
-        # 128 groups of i // 128 bins each, the last group taking the remainder (the published algorithm).
-        merged = i // num_quantized_bins
-        edges = np.arange(num_quantized_bins + 1) * merged
-        edges[-1] = i
-        group_sum = np.add.reduceat(sliced, edges[:-1])
-        group_nonzero = np.add.reduceat(nonzero.astype(np.float64), edges[:-1])
-        group_of_bin = np.repeat(np.arange(num_quantized_bins), np.diff(edges))
+        group = quantized_groups(i, num_quantized_bins)
+        group_sum = np.bincount(group, weights=sliced, minlength=num_quantized_bins)
+        group_nonzero = np.bincount(group, weights=nonzero.astype(np.float64), minlength=num_quantized_bins)
         per_bin = np.divide(group_sum, group_nonzero, out=np.zeros_like(group_sum), where=group_nonzero > 0)
-        expanded = np.where(nonzero, per_bin[group_of_bin], 0.0)
-        p, q = _smooth(reference), _smooth(expanded)
-        if p is None or q is None:
-            continue
-        kl = _kl(p, q)
-        if kl < best_kl:
+        expanded = np.where(nonzero, per_bin[group], 0.0)
+        kl = _kl(reference, expanded)
+        if kl <= best_kl:  # ties: the last (largest) candidate, as pytorch-quantization's last argmin
             best_kl, best_i = kl, i
-    return (best_i) * hist.bin_width if best_i < nbins else hist.amax
+    return min(best_i * hist.bin_width, hist.amax)
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    """scipy.stats.entropy(p, q) on unnormalised counts, without the scipy dependency."""
+    p = p / p.sum()
+    q_total = q.sum()
+    if q_total == 0:
+        return np.inf
+    q = q / q_total
+    mask = p > 0
+    if np.any(q[mask] == 0):
+        return np.inf
+    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
 
 
 def compute_amax(hist: StreamingHistogram, method: str, percentile: float = 99.99) -> float:

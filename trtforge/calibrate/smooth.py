@@ -9,6 +9,14 @@ so X' W' = X W exactly, while X' has flatter channels. All MatMuls that read the
 (the weight term is their joint max). 1/s is folded into the preceding LayerNormalization's scale and
 bias when X is that LayerNorm's output and nothing but the smoothed MatMuls reads it; otherwise an
 explicit Mul by 1/s is inserted, which TensorRT fuses into the preceding pointwise kernel.
+
+Shared tensors are never rescaled in place. With tied weights (ALBERT shares one layer's weights across
+all layers; tied embeddings) one initializer feeds several MatMuls whose activations get different s,
+and one LayerNorm's gamma/beta may serve several LayerNorms. Rescaling such a tensor once per consumer
+compounded the scales (86x output error). A shared weight or LayerNorm parameter is cloned for the
+consumer being smoothed instead; skipping them would be simpler but would leave ALBERT's outlier
+channels (the reason for smoothing) unsmoothed in every layer. The cost is file size only: TensorRT
+builds each layer with its own weights anyway, and the Q/DQ model quantizes each consumer's copy.
 """
 
 from __future__ import annotations
@@ -61,12 +69,12 @@ def apply_smoothing(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> on
             continue
         for node in out.graph.node:
             if node.name in members:
-                w = inits[node.input[1]]
+                w = _own(out, node, 1, inits)
                 array = numpy_helper.to_array(w) * s[:, None]
                 w.CopyFrom(numpy_helper.from_array(array.astype(np.float32), w.name))
         producer = producers.get(tensor)
         only_smoothed = all(c.name in members for c in consumers.get(tensor, [])) and tensor not in graph_outputs
-        if producer is not None and producer.op_type == "LayerNormalization" and only_smoothed and _fold_into_layernorm(producer, s, inits):
+        if producer is not None and producer.op_type == "LayerNormalization" and only_smoothed and _fold_into_layernorm(out, producer, s, inits):
             continue
         smoothed = f"{tensor}_smoothed"
         inv = numpy_helper.from_array((1.0 / s).astype(np.float32), f"{tensor}_inv_smooth_scale")
@@ -82,14 +90,29 @@ def apply_smoothing(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> on
     return out
 
 
-def _fold_into_layernorm(node: onnx.NodeProto, s: np.ndarray, inits: dict[str, onnx.TensorProto]) -> bool:
+def _own(model: onnx.ModelProto, node: onnx.NodeProto, index: int, inits: dict[str, onnx.TensorProto]) -> onnx.TensorProto:
+    """The initializer at `node.input[index]`, cloned for this node first if anything else reads it."""
+    name = node.input[index]
+    readers = sum(1 for n in model.graph.node for t in n.input if t == name)
+    if readers <= 1 and name not in {o.name for o in model.graph.output}:
+        return inits[name]
+    clone = model.graph.initializer.add()  # add(), not append(): append stores a copy, edits must reach the graph
+    clone.CopyFrom(inits[name])
+    clone.name = f"{name}__{node.name}"
+    inits[clone.name] = clone
+    node.input[index] = clone.name
+    return clone
+
+
+def _fold_into_layernorm(model: onnx.ModelProto, node: onnx.NodeProto, s: np.ndarray, inits: dict[str, onnx.TensorProto]) -> bool:
     names = list(node.input[1:3])
     if len(names) < 1 or any(n not in inits for n in names if n):
         return False
-    for name in names:
+    for index, name in enumerate(names, start=1):
         if not name:
             continue
-        tensor = inits[name]
+        tensor = _own(model, node, index, inits)
+        name = tensor.name
         array = numpy_helper.to_array(tensor) / s
         tensor.CopyFrom(numpy_helper.from_array(array.astype(np.float32), name))
     return True

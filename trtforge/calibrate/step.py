@@ -5,8 +5,9 @@ Order of work:
 2. the cache, if its sidecar matches (graph, data, method, parameters): reused, nothing recomputed;
 3. otherwise: optional SmoothQuant (one pass for per-channel abs-max, then migration), one streamed
    pass for histograms, amax per the method, then accuracy-driven fallback: while the held-out mean
-   cosine misses the gate, the most sensitive quantized layer (by leave-one-out) is kept in float, as
-   long as the GEMM FLOPs left in INT8 stay above their floor;
+   cosine misses the gate, the most sensitive quantized layer is kept in float, as long as the GEMM
+   FLOPs left in INT8 stay above their floor. Layers are ranked by their local INT8 error from one
+   ORT run (sensitivity.py); only the top few get an end-to-end leave-one-out check;
 4. the cache, its sidecar and NAME.int8.onnx, each written atomically.
 """
 
@@ -25,7 +26,8 @@ from trtforge.artifacts import onnx_graph_hash, read_sidecar, sha256_file, write
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
 from trtforge.calibrate.cache import read_cache, write_cache
-from trtforge.calibrate.collect import QuantPlan, collect, gemm_flops, plan_quantization
+from trtforge.calibrate.collect import QuantPlan, collect, gemm_flops, gemm_shapes, plan_quantization
+from trtforge.calibrate.sensitivity import layer_errors
 from trtforge.calibrate.evaluate import Accuracy, evaluate, reference_outputs
 from trtforge.calibrate.methods import compute_amax
 from trtforge.calibrate.smooth import apply_smoothing, smoothing_groups, smoothing_scales
@@ -34,7 +36,7 @@ from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
 from trtforge.graph import io_specs, name_all_nodes
 from trtforge.onnxio import load_onnx, save_onnx
-from trtforge.quantize import insert_qdq
+from trtforge.quantize import insert_qdq, int8_gemm_nodes, quantized_nodes, residual_adds
 
 METHODS = ("entropy", "percentile", "minmax")
 
@@ -56,6 +58,8 @@ class CalibrateOptions:
     min_int8_flops: float = 0.8
     fallback: bool = True
     sensitivity_samples: int = 48
+    sensitivity_top: int = 4  # layers (by local error) that get an end-to-end leave-one-out check
+    quantize_attention: bool = False  # quantize attention BMMs (QK^T, softmax.V); off: TensorRT 8.6 breaks them
     strict_cache: bool = False
     from_cache: Path | None = None
     output: Path | None = None  # the int8 ONNX; the cache goes beside it
@@ -69,6 +73,7 @@ class MethodResult:
     accuracy: Accuracy | None
     int8_flops_fraction: float
     sensitivity: dict[str, float] = field(default_factory=dict)
+    layer_errors: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,7 +113,7 @@ def _tokenizer_factory(parent: dict[str, Any] | None, onnx_path: Path | None = N
 def expected_fingerprint(graph_hash: str, manifest: str, options: CalibrateOptions) -> dict[str, Any]:
     params: dict[str, Any] = {"num_bins": options.num_bins, "max_samples": options.max_samples, "smooth": options.smooth,
                               "fallback": options.fallback, "min_cosine": options.min_cosine,
-                              "min_int8_flops": options.min_int8_flops}
+                              "min_int8_flops": options.min_int8_flops, "quantize_attention": options.quantize_attention}
     if options.method == "percentile":
         params["percentile"] = options.percentile
     return {"graph_hash": graph_hash, "data_manifest_hash": manifest, "method": options.method, "params": params,
@@ -144,7 +149,7 @@ def _coverage(amax: dict[str, float], needed: list[str], cache: Path) -> None:
 
 def _needed_tensors(plan: QuantPlan, float_nodes: set[str]) -> list[str]:
     """Activation tensors whose scales the Q/DQ model needs once `float_nodes` stay float."""
-    return plan.activation_tensors({t.node for t in plan.targets} - float_nodes | set(plan.residual_adds))
+    return plan.activation_tensors(quantized_nodes(plan, float_nodes) | set(residual_adds(plan, float_nodes)))
 
 
 def _measure_smoothing(model: onnx.ModelProto, calib_batches: list, options: CalibrateOptions,
@@ -167,9 +172,29 @@ def _eval_batches(samples: list[dict[str, np.ndarray]], limit: int | None) -> li
     return list(data_mod.batches(chosen, 16))
 
 
-def _flops_fraction(flops: dict[str, float], float_nodes: set[str]) -> float:
+class _Lazy:
+    """A value computed on first call, then kept."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self._make, self._done, self._value = make, False, None
+
+    def __call__(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._make(), True
+        return self._value
+
+
+def _flops_fraction(flops: dict[str, float], int8_nodes: set[str]) -> float:
+    """Share of all GEMM FLOPs (excluded and float layers included) in nodes that really run int8."""
     total = sum(flops.values())
-    return 1.0 if total == 0 else sum(v for k, v in flops.items() if k not in float_nodes) / total
+    return 1.0 if total == 0 else sum(v for k, v in flops.items() if k in int8_nodes) / total
+
+
+def _planned_int8(plan: QuantPlan, float_nodes: set[str]) -> set[str]:
+    """GEMMs that run int8 once `float_nodes` stay float: targets with every input quantized (a target
+    whose weight is not a constant, e.g. a Conv with a computed kernel, has a float input)."""
+    live = quantized_nodes(plan, float_nodes)
+    return {t.node for t in plan.targets if t.node in live and (t.weight is not None or len(t.activations) == 2)}
 
 
 def _accuracy(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], float_nodes: set[str],
@@ -181,28 +206,35 @@ def _accuracy(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], f
 def fallback_search(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], flops: dict[str, float],
                     eval_batches: list, eval_refs: list, sens_batches: list, sens_refs: list,
                     options: CalibrateOptions, progress: Callable[[str], None]) -> tuple[set[str], Accuracy, dict[str, float]]:
-    """Keep the most sensitive layers in float until the gate holds or the INT8 FLOPs floor is reached."""
+    """Keep the most sensitive layers in float until the gate holds or the INT8 FLOPs floor is reached.
+
+    Order: the top `sensitivity_top` layers by local error, re-ranked by their measured end-to-end gain
+    (leave one out), then the rest by local error. Returns (float nodes, accuracy, leave-one-out gains,
+    local errors)."""
     float_nodes: set[str] = set()
     accuracy = _accuracy(model, plan, amax, float_nodes, eval_batches, eval_refs)
     if not options.fallback or accuracy.mean_cosine >= options.min_cosine:
-        return float_nodes, accuracy, {}
-    progress(f"mean cosine {accuracy.mean_cosine:.4f} < {options.min_cosine}: measuring per-layer sensitivity (leave one out)")
+        return float_nodes, accuracy, {}, {}
+    progress(f"mean cosine {accuracy.mean_cosine:.4f} < {options.min_cosine}: ranking layers by their local INT8 error")
+    errors = layer_errors(model, plan, amax, sens_batches)
+    sens_refs = sens_refs() if callable(sens_refs) else sens_refs
+    ranked = sorted(errors, key=lambda n: -errors[n])
+    top = ranked[:options.sensitivity_top]
     base = _accuracy(model, plan, amax, set(), sens_batches, sens_refs).mean_cosine
-    sensitivity = {}
-    for target in plan.targets:
-        left_out = _accuracy(model, plan, amax, {target.node}, sens_batches, sens_refs).mean_cosine
-        sensitivity[target.node] = left_out - base
-    for node in sorted(sensitivity, key=lambda n: -sensitivity[n]):
-        if sensitivity[node] <= 0:
-            break
-        if _flops_fraction(flops, float_nodes | {node}) < options.min_int8_flops:
+    sensitivity = {node: _accuracy(model, plan, amax, {node}, sens_batches, sens_refs).mean_cosine - base for node in top}
+    order = sorted(top, key=lambda n: -sensitivity[n]) + ranked[len(top):]
+    for node in order:
+        if node in sensitivity and sensitivity[node] <= 0:
+            continue  # measured: keeping it float does not help
+        if _flops_fraction(flops, _planned_int8(plan, float_nodes | {node})) < options.min_int8_flops:
             continue  # too expensive to keep in float; a cheaper sensitive layer may still fit
         float_nodes.add(node)
         accuracy = _accuracy(model, plan, amax, float_nodes, eval_batches, eval_refs)
-        progress(f"kept {node} in float: mean cosine {accuracy.mean_cosine:.4f}, INT8 FLOPs {_flops_fraction(flops, float_nodes):.1%}")
+        progress(f"kept {node} in float: mean cosine {accuracy.mean_cosine:.4f}, "
+                 f"INT8 FLOPs {_flops_fraction(flops, _planned_int8(plan, float_nodes)):.1%}")
         if accuracy.mean_cosine >= options.min_cosine:
             break
-    return float_nodes, accuracy, sensitivity
+    return float_nodes, accuracy, sensitivity, errors
 
 
 def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool = False,
@@ -230,7 +262,10 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     elif recalibrate and options.smooth is not None:
         smooth_scales = _measure_smoothing(model, calib_batches, options, progress, progress_bar)
     working = apply_smoothing(model, smooth_scales) if smooth_scales else model
-    plan = plan_quantization(working)
+    # Shapes at the axes' opt sizes (the shape the engine is tuned for) drive the GEMV rule and the FLOPs.
+    opt_sizes = {name: rng.opt for name, rng in axes.items()}
+    shapes = gemm_shapes(model, random_feeds(specs, opt_sizes))
+    plan = plan_quantization(working, shapes, options.quantize_attention)
 
     eval_samples = samples
     if options.eval_data:
@@ -240,25 +275,23 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     kinds = _output_kinds(reference, onnx_path, specs, axes)
     eval_refs = reference_outputs(reference, eval_batches)
     sens_batches = _eval_batches(eval_samples, options.sensitivity_samples)
-    sens_refs = reference_outputs(reference, sens_batches)
-    # FLOPs are counted at the axes' opt sizes (batch 1): the shape the engine is tuned for.
-    flops_feeds = random_feeds(specs, {name: (1 if name == "batch" else rng.opt) for name, rng in axes.items()})
-    flops = gemm_flops(working, plan, flops_feeds)
+    sens_refs = _Lazy(lambda: reference_outputs(reference, sens_batches))  # only the fallback needs them
+    flops = gemm_flops(model, shapes)
 
     if reused_sidecar is not None:
         _, amax = read_cache(cache_path)
         float_nodes = set(reused_sidecar.get("float_nodes", []))
         _coverage(amax, _needed_tensors(plan, float_nodes), cache_path)
         accuracy = _accuracy(working, plan, amax, float_nodes, eval_batches, eval_refs)
-        result = MethodResult(options.method, amax, sorted(float_nodes), accuracy, _flops_fraction(flops, float_nodes),
-                              reused_sidecar.get("sensitivity", {}))
+        result = MethodResult(options.method, amax, sorted(float_nodes), accuracy, 0.0,
+                              reused_sidecar.get("sensitivity", {}), reused_sidecar.get("layer_errors", {}))
         comparison: list[MethodResult] = []
     elif options.from_cache:
         _, amax = read_cache(options.from_cache)
         _coverage(amax, plan.activation_tensors(), options.from_cache)
-        float_nodes, accuracy, sensitivity = fallback_search(working, plan, amax, flops, eval_batches, eval_refs, sens_batches, sens_refs, options, progress)
+        float_nodes, accuracy, sensitivity, errors = fallback_search(working, plan, amax, flops, eval_batches, eval_refs, sens_batches, sens_refs, options, progress)
         result = MethodResult(options.method, {t: amax[t] for t in plan.activation_tensors()}, sorted(float_nodes), accuracy,
-                              _flops_fraction(flops, float_nodes), sensitivity)
+                              _flops_fraction(flops, _planned_int8(plan, float_nodes)), sensitivity, errors)
         comparison = []
     else:
         tensors = plan.activation_tensors()
@@ -268,17 +301,21 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
         comparison = []
         for method in methods:
             amax = {t: compute_amax(stats.histograms[t], method, options.percentile) for t in tensors}
-            float_nodes, accuracy, sensitivity = fallback_search(working, plan, amax, flops, eval_batches, eval_refs,
-                                                                 sens_batches, sens_refs, options, progress)
-            comparison.append(MethodResult(method, amax, sorted(float_nodes), accuracy, _flops_fraction(flops, float_nodes), sensitivity))
+            float_nodes, accuracy, sensitivity, errors = fallback_search(working, plan, amax, flops, eval_batches, eval_refs,
+                                                                         sens_batches, sens_refs, options, progress)
+            comparison.append(MethodResult(method, amax, sorted(float_nodes), accuracy,
+                                           _flops_fraction(flops, _planned_int8(plan, float_nodes)), sensitivity, errors))
         result = next(r for r in comparison if r.method == options.method)
 
     qdq = insert_qdq(working, plan, result.amax, set(result.float_nodes))
+    # What really runs int8 is read off the written graph: both GEMM inputs behind a DequantizeLinear.
+    result.int8_flops_fraction = _flops_fraction(flops, int8_gemm_nodes(qdq))
     if reused_sidecar is None:
         write_cache(cache_path, result.amax, result.method)
         cache_sidecar = {**fingerprint, "kind": "calibration_cache", "tensors": result.amax,
                          "smooth_scales": {k: v.tolist() for k, v in smooth_scales.items()},
                          "float_nodes": result.float_nodes, "sensitivity": result.sensitivity,
+                         "layer_errors": result.layer_errors, "excluded": plan.excluded,
                          "samples": len(samples), "data": str(options.data), "source_onnx": str(onnx_path)}
         write_sidecar(cache_path, cache_sidecar)
     save_onnx(qdq, int8_path)
@@ -294,9 +331,10 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
         "cache": str(cache_path), "cache_sha256": sha256_file(cache_path), "cache_reused": reused_sidecar is not None,
         "cache_reason": reason, "method": result.method, "smooth": options.smooth if smooth_scales else None,
         "quantized_nodes": len(plan.targets) - len(result.float_nodes), "float_nodes": result.float_nodes,
+        "excluded": plan.excluded, "quantize_attention": options.quantize_attention,
         "int8_gemm_flops_fraction": result.int8_flops_fraction, "accuracy": accuracy_json,
         "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops},
-        "flops_at": {name: (1 if name == "batch" else rng.opt) for name, rng in axes.items()},
+        "flops_at": opt_sizes,
         "seconds": round(time.perf_counter() - start, 3),
         "comparison": [{"method": r.method, "mean_cosine": r.accuracy.mean_cosine if r.accuracy else None,
                         "min_cosine": r.accuracy.min_cosine if r.accuracy else None,
@@ -316,7 +354,9 @@ def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
     _, amax = read_cache(cache_path)
     smooth = {k: np.asarray(v, dtype=np.float32) for k, v in (sidecar.get("smooth_scales") or {}).items()}
     working = apply_smoothing(model, smooth) if smooth else model
-    plan = plan_quantization(working)
+    specs, axes, _ = io_specs(onnx_path, model)
+    shapes = gemm_shapes(model, random_feeds(specs, {name: rng.opt for name, rng in axes.items()}))
+    plan = plan_quantization(working, shapes, bool((sidecar.get("params") or {}).get("quantize_attention")))
     float_nodes = set(sidecar.get("float_nodes", []))
     _coverage(amax, _needed_tensors(plan, float_nodes), cache_path)
     return insert_qdq(working, plan, amax, float_nodes)

@@ -1,0 +1,116 @@
+"""fp16 conversion written in trtforge (no onnxruntime converter), its keep-list from calibration data,
+and `best` Q/DQ models whose DequantizeLinear feeds its GEMM directly."""
+
+import json
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import run_cli
+from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.calibrate.collect import plan_quantization
+from trtforge.feeds import random_feeds
+from trtforge.graph import io_specs
+from trtforge.onnxio import load_onnx
+from trtforge.precision import convert_fp16, prepare_for_build
+from trtforge.quantize import insert_qdq
+
+
+def _topologically_sorted(model):
+    known = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer} | {""}
+    for node in model.graph.node:
+        if not all(t in known for t in node.input):
+            return False
+        known.update(node.output)
+    return True
+
+
+@pytest.mark.parametrize("fixture", ["minilm_clean", "tiny_fcn_clean"])
+def test_fp16_conversion_without_onnxruntime_converter(fixture, request, monkeypatch):
+    path = request.getfixturevalue(fixture)
+    monkeypatch.setitem(sys.modules, "onnxruntime.transformers", None)  # importing it would now fail
+    monkeypatch.setitem(sys.modules, "onnxruntime.transformers.float16", None)
+    model = load_onnx(path)
+    specs, axes, _ = io_specs(path, model)
+    converted, report = prepare_for_build(model, path, specs, axes)
+    onnx.checker.check_model(converted)
+    assert _topologically_sorted(converted)
+    assert [i.type.tensor_type.elem_type for i in converted.graph.input] == [i.type.tensor_type.elem_type for i in model.graph.input]
+    assert all(o.type.tensor_type.elem_type == TensorProto.FLOAT for o in converted.graph.output)
+    fp16_inits = sum(i.data_type == TensorProto.FLOAT16 for i in converted.graph.initializer)
+    assert fp16_inits >= 4 and report["fp16_nodes"] > report["fp32_nodes"]
+    feeds = random_feeds(specs, {k: v.opt for k, v in axes.items()}, 7)
+    ref, got = OrtRunner(model.SerializeToString()).run(feeds), OrtRunner(converted.SerializeToString()).run(feeds)
+    for name in ref:
+        assert got[name].dtype == np.float32
+        assert np.linalg.norm(ref[name] - got[name]) / np.linalg.norm(ref[name]) < 5e-3
+
+
+def _scaled_model(tmp_path):
+    """y = (x * 100) @ w: the Mul exceeds the fp16 guard (512) only on the real data (x from 6 to 8)."""
+    inits = [numpy_helper.from_array(np.array(100.0, np.float32), "k"),
+             numpy_helper.from_array(np.eye(4, dtype=np.float32) * 1e-3, "w")]
+    nodes = [helper.make_node("Mul", ["x", "k"], ["big"], name="scale"), helper.make_node("MatMul", ["big", "w"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], inits)
+    path = tmp_path / "scaled.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        np.savez(data / f"s{i}.npz", x=np.full((1, 4), 6.0 + i, np.float32))
+    return path, data
+
+
+def test_keep_list_observes_calibration_data(tmp_path):
+    path, data = _scaled_model(tmp_path)
+    model = load_onnx(path)
+    specs, axes, _ = io_specs(path, model)
+    _, blind = prepare_for_build(model, path, specs, axes)
+    assert "scale" not in blind["kept_fp32"] and blind["magnitudes_from"].startswith("random feeds")
+    _, seen = prepare_for_build(model, path, specs, axes, data=data)
+    assert "reached" in seen["kept_fp32"]["scale"] and str(data) in seen["magnitudes_from"]
+
+
+def _mlp_qdq(opset):
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(8, 16)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(size=(16, 4)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["m"], name="mm2"), helper.make_node("Relu", ["m"], ["y"], name="out")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return insert_qdq(model, plan_quantization(model), {"x": 3.0, "r": 8.0})
+
+
+@pytest.mark.parametrize("opset", [17, 19])
+def test_best_dq_feeds_its_gemm_directly(opset, tmp_path):
+    """No Cast between a DequantizeLinear and its MatMul: fp16 DQ outputs from opset 19 (fp16 scales), the
+    Q/DQ + GEMM left fp32 before it (DQ outputs fp32 by definition; TensorRT 8.6 parses opset <= 17)."""
+    qdq = _mlp_qdq(opset)
+    feeds = [{"x": np.random.default_rng(s).normal(size=(3, 8)).astype(np.float32)} for s in range(2)]
+    converted, report = convert_fp16(qdq, feeds)
+    onnx.checker.check_model(converted, full_check=True)
+    producers = {o: n for n in converted.graph.node for o in n.output}
+    gemms = [n for n in converted.graph.node if n.op_type == "MatMul"]
+    assert len(gemms) == 2
+    for gemm in gemms:
+        assert [producers[t].op_type for t in gemm.input] == ["DequantizeLinear", "DequantizeLinear"]
+    scales = [i for i in converted.graph.initializer if "scale" in i.name]
+    expected = TensorProto.FLOAT16 if opset >= 19 else TensorProto.FLOAT
+    assert scales and all(s.data_type == expected for s in scales)
+    if opset < 19:
+        assert "reads an fp32 DequantizeLinear" in report.kept_fp32["mm1"]
+    ref = OrtRunner(qdq.SerializeToString()).run(feeds[0])["y"]
+    got = OrtRunner(converted.SerializeToString()).run(feeds[0])["y"]
+    assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 1e-2
+    pytest.importorskip("tensorrt_rtx")
+    path = tmp_path / f"mlp{opset}.int8.onnx"
+    onnx.save(qdq, path)
+    proc = run_cli("build", str(path), "--precision", "best", "--tiers", "n=4", "-o", str(tmp_path / "e.engine"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["precision"] == "best"
