@@ -222,30 +222,15 @@ def sample_feeds(onnx_path: Path, model: onnx.ModelProto, specs: list, axes: dic
 
     folder = Path(data) if data else _calibration_data(onnx_path, model)
     if folder is not None:
-        from trtforge.artifacts import read_sidecar
         from trtforge.calibrate import data as data_mod
         from trtforge.calibrate.step import _max_length, _tokenizer_factory
 
-        parent = read_sidecar(onnx_path, required=False)
-        _, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(_root_sidecar(onnx_path, parent)),
+        # The tokenizer through this ONNX's sidecar chain: its directory is relative to the export's ONNX.
+        _, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(onnx_path),
                                            _max_length(specs, axes), max_samples)
         return list(data_mod.batches(samples, 4)), f"calibration data {folder} ({len(samples)} samples)"
     opt = {name: rng.opt for name, rng in axes.items()}
     return [random_feeds(specs, opt, seed) for seed in range(2)], "random feeds (no calibration data found; outliers of real data may not show)"
-
-
-def _root_sidecar(onnx_path: Path, sidecar: dict | None) -> dict | None:
-    """The export sidecar at the root of the `parent` chain (it names the source model and tokenizer)."""
-    from trtforge.artifacts import read_sidecar
-
-    seen = 0
-    while sidecar and sidecar.get("parent") and seen < 8:
-        parent = Path(sidecar["parent"])
-        up = read_sidecar(parent, required=False) if parent.exists() else None
-        if up is None:
-            break
-        sidecar, seen = up, seen + 1
-    return sidecar
 
 
 def _calibration_data(onnx_path: Path, model: onnx.ModelProto) -> Path | None:

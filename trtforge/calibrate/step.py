@@ -100,13 +100,13 @@ def _max_length(specs: list[InputSpec], axes: dict[str, AxisRange]) -> int:
     return max(lengths) if lengths else 512
 
 
-def _tokenizer_factory(parent: dict[str, Any] | None, onnx_path: Path | None = None) -> Callable[[], Any] | None:
+def _tokenizer_factory(onnx_path: Path) -> Callable[[], Any] | None:
     """The model's tokenizer (trtforge.tokenize.TextTokenizer), found through the sidecar chain of
-    `onnx_path` (the directory export saved), or the built-in MiniLM's; None when there is none."""
-    from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
+    `onnx_path` (the directory export saved, relative to its ONNX), or the built-in MiniLM's; None when
+    there is none."""
+    from trtforge.tokenize import TextTokenizer, find_tokenizer_dir
 
-    chain = sidecar_chain(onnx_path) if onnx_path else [(Path("."), parent)] if parent else []
-    directory = find_tokenizer_dir(None, chain)
+    directory = find_tokenizer_dir(onnx_path)
     return (lambda: TextTokenizer(directory)) if directory else None
 
 
@@ -248,7 +248,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     specs, axes, parent = io_specs(onnx_path, model)
     graph_hash = (parent or {}).get("graph_hash") or onnx_graph_hash(model)
     int8_path, cache_path = paths_for(onnx_path, options.output)
-    tokenizer = _tokenizer_factory(parent, onnx_path)
+    tokenizer = _tokenizer_factory(onnx_path)
     max_len = _max_length(specs, axes)
     dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples)
     fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
