@@ -481,13 +481,28 @@ def drop_unknown_attributes(model: Any, opset: int) -> dict[tuple[str, str], int
     return dropped
 
 
+def module_to_export(loaded: LoadedModel, call: Any) -> Any:
+    """The keyword call, except for TorchScript: the tracer refuses a loaded ScriptModule inside a Python
+    module ("not part of the active trace"), and a ScriptModule is already called positionally, so
+    it is exported as it is (its outputs are matched to the declared names by position)."""
+    import torch
+
+    return loaded.module if isinstance(loaded.module, torch.jit.ScriptModule) else call
+
+
 def _dry_run(call: Any, args: tuple) -> None:
     """Call the module once before exporting: a declared output it does not return is a UserError here,
     rather than an exception buried inside the exporter's trace."""
     import torch
 
-    with torch.no_grad():
-        call(*args)
+    try:
+        with torch.no_grad():
+            call(*args)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"calling the model with its example inputs failed: {exception_summary(exc)}; fix the model "
+                        "or its example inputs.") from None
 
 
 def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool = True) -> ExportResult:
@@ -505,7 +520,7 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool =
     output = Path(output)
     with tempfile.TemporaryDirectory(prefix="trtforge-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
-        _run_exporter(call, args, config, output_names, raw)
+        _run_exporter(module_to_export(loaded, call), args, config, output_names, raw)
         model = load_onnx(raw)
         repairs: list[str] = []
         if config.export.exporter == "dynamo":
