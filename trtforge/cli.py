@@ -35,7 +35,8 @@ def _resolve_config(model: Optional[str], config: Optional[Path]):
 
 @app.command()
 def export(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Built-in name (minilm, tiny-fcn), file.py:factory, TorchScript or .pt2."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Built-in name (minilm, tiny-fcn), file.py:factory, "
+                                        "TorchScript .pt/.ts (needs --config: its 'inputs' are passed positionally, in order) or .pt2."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (configs/NAME.yaml)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output ONNX path (default out/NAME.onnx)."),
     opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset (default 17)."),
