@@ -11,8 +11,7 @@ from onnx import TensorProto, helper
 
 from conftest import FIXTURES, assert_user_error, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.errors import UserError, exception_summary
-from trtforge.vacuous import vacuous_reason
+from trtforge.errors import UserError
 
 
 # -- outputs: every kind of return, mapped to the declared names ----------------------------------
@@ -100,6 +99,8 @@ def test_check_against_torch_refuses_an_onnx_with_an_extra_output(tmp_path):
 # -- vacuous references ---------------------------------------------------------------------------
 
 def test_vacuous_reason_definitions():
+    from trtforge.vacuous import vacuous_reason
+
     rng = np.random.default_rng(0)
     assert vacuous_reason(np.zeros((2, 10))) == "all zeros"
     assert vacuous_reason(np.full((2, 10), 0.37, dtype=np.float32)).startswith("constant")
@@ -135,6 +136,8 @@ def test_clean_refuses_constant_reference_output(tmp_path):
 # -- error text -----------------------------------------------------------------------------------
 
 def test_exception_summary_strips_ansi_and_keeps_root_cause():
+    from trtforge.errors import exception_summary
+
     try:
         try:
             raise ValueError("the actual \x1b[31mreason\x1b[0m is here")
