@@ -96,6 +96,26 @@ def test_check_against_torch_refuses_an_onnx_with_an_extra_output(tmp_path):
         check_against_torch(path, call, loaded, cfg, ["y"])
 
 
+def test_keywords_where_the_forward_takes_the_input_names_else_positional():
+    """transformers 5 forwards need keywords; nn.Sequential's `forward(input)` cannot take 'image'."""
+    import sys
+
+    sys.path.insert(0, str(FIXTURES.parent.parent))
+    from zoo.models import gpt2
+
+    from trtforge.models import called_positionally
+
+    module, examples, _, _ = gpt2()
+    assert not called_positionally(module, list(examples))  # its 2nd positional parameter is past_key_values
+    assert called_positionally(torch.nn.Sequential(torch.nn.ReLU()), ["image"])
+
+    class Kw(torch.nn.Module):
+        def forward(self, **inputs):
+            return inputs["a"]
+
+    assert not called_positionally(Kw(), ["a"])
+
+
 # -- vacuous references ---------------------------------------------------------------------------
 
 def test_vacuous_reason_definitions():

@@ -169,11 +169,11 @@ def keyword_call(loaded: LoadedModel, input_names: list[str], output_names: list
     `_decide_input_format` turns kwargs (and every defaulted parameter of the signature) into positional
     arguments, and transformers 5's `merge_with_config_defaults` decorator then also injects `use_cache`
     as a keyword ("forward() got multiple values for argument 'use_cache'"). A `*inputs` signature has
-    no defaults for it to fill in. TorchScript modules have no keyword calling convention: they get the
-    inputs positionally, in the config's input order."""
+    no defaults for it to fill in. Modules that cannot take the input names as keywords (TorchScript,
+    nn.Sequential) get them positionally, in the config's input order (models.called_positionally)."""
     import torch
 
-    positional = called_positionally(loaded.module)
+    positional = called_positionally(loaded.module, input_names)
     source = loaded.source or "the model"
 
     class KeywordCall(torch.nn.Module):
@@ -199,7 +199,7 @@ def returned_output_names(loaded: LoadedModel, config: ModelConfig) -> list[str]
     names = [s.name for s in config.inputs]
     args = tuple(loaded.example_inputs[n] for n in names)
     with torch.no_grad():
-        out = loaded.module(*args) if called_positionally(loaded.module) else loaded.module(**dict(zip(names, args)))
+        out = loaded.module(*args) if called_positionally(loaded.module, names) else loaded.module(**dict(zip(names, args)))
     pairs = named_outputs(out)
     if not pairs:
         raise UserError(f"{loaded.source or 'the model'} returned no tensors; return a tensor, tuple, dict or ModelOutput.")

@@ -167,9 +167,24 @@ def _load_exported_program(torch: Any, path: Path, inputs: list[Any]) -> LoadedM
     return LoadedModel(module, dict(zip(names, args)), [], str(path))
 
 
-def called_positionally(module: Any) -> bool:
-    """TorchScript modules and ExportedProgram modules take their inputs positionally (in the config's
-    input order); every other module is called with keyword inputs."""
+def called_positionally(module: Any, input_names: list[str]) -> bool:
+    """Whether `module` gets its inputs positionally (in the config's input order) rather than by keyword.
+
+    Keywords wherever the forward accepts the input names (transformers 5 needs them: its decorators
+    inject `use_cache` and friends, and GPT-2's second positional parameter is `past_key_values`, not
+    the attention mask). Positionally for TorchScript and ExportedProgram modules, and for forwards
+    whose parameter names differ from the input names (nn.Sequential's `input` fed as 'image')."""
+    import inspect
+
     import torch
 
-    return isinstance(module, torch.jit.ScriptModule) or bool(getattr(module, "trtforge_positional", False))
+    if isinstance(module, torch.jit.ScriptModule) or getattr(module, "trtforge_positional", False):
+        return True
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return False
+    keyword_names = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return not set(input_names) <= keyword_names
