@@ -179,13 +179,11 @@ def keyword_call(loaded: LoadedModel, input_names: list[str], output_names: list
     class KeywordCall(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.inner = loaded.module
+            setattr(self, WRAPPER_SCOPE, loaded.module)
 
         def forward(self, *inputs: Any) -> tuple:
-            if positional:
-                out = self.inner(*inputs)
-            else:
-                out = self.inner(**dict(zip(input_names, inputs)))
+            inner = getattr(self, WRAPPER_SCOPE)
+            out = inner(*inputs) if positional else inner(**dict(zip(input_names, inputs)))
             return tuple(select_outputs(named_outputs(out), output_names, source))
 
     return KeywordCall().eval()
@@ -504,6 +502,48 @@ def drop_unknown_attributes(model: Any, opset: int) -> dict[tuple[str, str], int
     return dropped
 
 
+WRAPPER_SCOPE = "inner"  # the attribute under which KeywordCall holds the user's module
+
+
+def strip_wrapper_scope(model: Any) -> None:
+    """Give nodes, tensors and weights the names the user's own module has: the exporters prefix
+    everything with the wrapper's attribute ('/inner/layer/Reshape_4', 'inner.layer.weight'), and
+    these names appear in build errors and reports. A name is kept where stripping would collide."""
+    scope_prefixes = (f"/{WRAPPER_SCOPE}/", f"{WRAPPER_SCOPE}.")
+    graphs = [model.graph]
+    names: set[str] = set()
+    while graphs:  # every (sub)graph: node names, tensors, weights, value infos
+        graph = graphs.pop()
+        names.update(t.name for t in graph.initializer)
+        names.update(v.name for v in graph.value_info)
+        for node in graph.node:
+            names.update(node.input)
+            names.update(node.output)
+            names.add(node.name)
+            graphs.extend(a.g for a in node.attribute if a.HasField("g"))
+    renamed = {}
+    for name in names:
+        for prefix in scope_prefixes:
+            if name.startswith(prefix):
+                short = ("/" if prefix.startswith("/") else "") + name[len(prefix):]
+                if short not in names:
+                    renamed[name] = short
+    if renamed:
+        _rename_everywhere(model.graph, renamed)
+
+
+def _rename_everywhere(graph: Any, renamed: dict[str, str]) -> None:
+    for tensor in list(graph.initializer) + list(graph.value_info):
+        tensor.name = renamed.get(tensor.name, tensor.name)
+    for node in graph.node:
+        node.name = renamed.get(node.name, node.name)
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        node.output[:] = [renamed.get(n, n) for n in node.output]
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                _rename_everywhere(attr.g, renamed)
+
+
 def module_to_export(loaded: LoadedModel, call: Any) -> Any:
     """The keyword call, except for TorchScript: the tracer refuses a loaded ScriptModule inside a Python
     module ("not part of the active trace"), and a ScriptModule is already called positionally, so
@@ -548,8 +588,8 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool =
         repairs: list[str] = []
         if config.export.exporter == "dynamo":
             model, repairs = conform_to_opset(model, config.export.opset)
-            if repairs:
-                save_onnx(model, raw)
+        strip_wrapper_scope(model)
+        save_onnx(model, raw)
         # ORT must see the final file layout; check the raw export, then save it atomically.
         checks = check_against_torch(raw, call, loaded, config, output_names, seed) if check else []
         sidecar = {
