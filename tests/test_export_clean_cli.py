@@ -15,6 +15,9 @@ def test_minilm_export_sidecar(minilm_onnx):
     assert side["source"] == "minilm" and side["opset"] == 17 and side["torch_version"]
     assert [i["name"] for i in side["inputs"]] == ["input_ids", "attention_mask"]
     assert side["outputs"][0]["name"] == "last_hidden_state"
+    # The sidecar contract: the output's kind, and the tokenizer saved beside the ONNX.
+    assert side["outputs"][0]["kind"] == "token" and side["tokenizer"] == "minilm.tokenizer"
+    assert (minilm_onnx.with_name("minilm.tokenizer") / "tokenizer.json").is_file()
     assert len(side["graph_hash"]) == 64
     checked = {(c["axis"], c["size"]) for c in side["check"]}
     assert checked == {("batch", 1), ("batch", 3), ("seq", 7), ("seq", 131)}
@@ -40,6 +43,7 @@ def test_minilm_clean_matches_torch_at_seq_16_and_384(minilm_clean):
         assert rel_l2(ref, got) <= 1e-5, (seq, rel_l2(ref, got))
     side = json.loads(minilm_clean.with_name("minilm.clean.onnx.json").read_text())
     assert side["verify_rel_l2"]["last_hidden_state"] <= 1e-5
+    assert side["tokenizer"] == "minilm.tokenizer"  # the cleaned ONNX still leads to the tokenizer
     assert side["parent_graph_hash"] != side["graph_hash"] or side["nodes_before"] == side["nodes_after"]
 
 

@@ -35,7 +35,8 @@ def _resolve_config(model: Optional[str], config: Optional[Path]):
 
 @app.command()
 def export(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Built-in name (minilm, tiny-fcn), file.py:factory, TorchScript or .pt2."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Built-in name (minilm, tiny-fcn), file.py:factory, "
+                                        "TorchScript .pt/.ts (needs --config: its 'inputs' are passed positionally, in order) or .pt2."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (configs/NAME.yaml)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output ONNX path (default out/NAME.onnx)."),
     opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset (default 17)."),
@@ -58,7 +59,8 @@ def export(
     if cfg is None:  # a user model without a config: specs from its example inputs
         loaded = load_model(model)
         specs, axes = specs_from_examples(loaded)
-        cfg = ModelConfig(name=Path(model.split(":")[0]).stem, model={"source": model}, inputs=specs, axes=axes,
+        name = model.rpartition(":")[2] if ".py:" in model else Path(model).stem  # the factory's name
+        cfg = ModelConfig(name=name, model={"source": model}, inputs=specs, axes=axes,
                           outputs=loaded.output_names)
     cfg = apply_overrides(cfg, {"export.opset": opset, "export.exporter": exporter, "export.external_data": external_data})
     output = output or Path("out") / f"{cfg.name}.onnx"
@@ -95,6 +97,9 @@ def clean(
     rows.append(["nodes (total)", result.before.nodes, result.after.nodes])
     rows.append(["initializer MB", result.before.initializer_bytes / 1e6, result.after.initializer_bytes / 1e6])
     con.print(ui.table(f"clean {onnx_path.name}", ["op type", "before", "after"], rows))
+    for rewrite, nodes in result.sidecar["rewritten"].items():
+        if nodes:
+            con.print(f"rewrote {len(nodes)} node(s) for TensorRT's parser ({rewrite}): {', '.join(nodes)}")
     worst = ", ".join(f"{k} rel-L2 {v:.1e}" for k, v in result.rel_l2.items())
     con.print(f"ONNX Runtime at two shapes: {worst} (gate {tolerance:.0e}); wrote {result.path}")
 

@@ -4,6 +4,8 @@ UserError (exit 2): the input is wrong (file, tensor, config key); its message i
 says what and what to do. GateFailed (exit 1): everything ran, but a measured figure missed its gate.
 """
 
+import re
+
 
 class TrtforgeError(Exception):
     exit_code = 2
@@ -19,3 +21,42 @@ class GateFailed(TrtforgeError):
     """A check ran and failed its threshold (accuracy or latency). Exit code 1."""
 
     exit_code = 1
+
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[@-Z\\-_]")
+_BOILERPLATE = (
+    "For more information",  # torch.export / dynamo: "run with TORCH_LOGS=..." hints
+    "Set TORCH_LOGS",
+    "To execute this test, run",
+    "from user code:",
+)
+
+
+def strip_ansi(text: str) -> str:
+    """Remove terminal colour/cursor escapes: torch colours its messages and they garble logs and JSON."""
+    return _ANSI_ESCAPE.sub("", text)
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The last exception of the chain (`raise ... from`, or raised while handling another): wrappers such
+    as torch.onnx's 'Failed to export the model with torch.export' put the actual reason there."""
+    seen = {id(exc)}
+    while True:
+        nxt = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if nxt is None or id(nxt) in seen:
+            return exc
+        seen.add(id(nxt))
+        exc = nxt
+
+
+def exception_summary(exc: BaseException, limit: int = 600) -> str:
+    """'Type: message' of the root cause on one line, ANSI-free, keeping its END when too long: torch puts
+    a long preamble (the traced code, the export step) first and the reason last."""
+    cause = root_cause(exc)
+    lines = [line.strip() for line in strip_ansi(str(cause)).splitlines()]
+    lines = [line for line in lines if line and not line.startswith(_BOILERPLATE)]
+    text = " ".join(" ".join(lines).split())
+    if len(text) > limit:
+        tail = text[-limit:]
+        text = "... " + tail[tail.find(" ") + 1:] if " " in tail[:80] else "... " + tail
+    return f"{type(cause).__name__}: {text}" if text else type(cause).__name__

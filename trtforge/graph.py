@@ -6,6 +6,7 @@ checks the cleaned model against the original on random inputs at two shapes.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from trtforge.errors import GateFailed, UserError
 from trtforge.feeds import random_feeds, specs_from_onnx, two_shapes
 from trtforge.metrics import rel_l2
 from trtforge.onnxio import PROTOBUF_LIMIT, load_onnx, save_onnx
+from trtforge.vacuous import require_informative
 
 PASSTHROUGH_OPS = ("Identity", "Dropout")
 
@@ -89,6 +91,44 @@ def remove_passthrough(graph: Any, ops: tuple[str, ...] = PASSTHROUGH_OPS) -> in
     return removed
 
 
+def split_shape_slices(model: onnx.ModelProto) -> list[str]:
+    """Rewrite every `Shape(start=, end=)` (opset 15+, which the dynamo exporter emits for `x.shape[i]`)
+    as a plain `Shape` followed by `Slice(starts, ends, axes=[0])`: TensorRT 8.6's ONNX parser ignores
+    the attributes and then fails on the Slice downstream ("ends.size() == axes.size()"). Same result
+    by definition of the attributes (both clamp negative and out-of-range bounds the same way).
+    Returns the names of the rewritten nodes, in graph order."""
+    from onnx import helper, numpy_helper
+
+    rewritten: list[str] = []
+    nodes: list[onnx.NodeProto] = []
+    taken = {n.name for n in model.graph.node} | {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "Shape" or node.domain not in ("", "ai.onnx") or not ({"start", "end"} & set(attrs)):
+            nodes.append(node)
+            continue
+        name = node.name or f"Shape_{len(nodes)}"
+        full, starts, ends, axes = (_unique(f"{name}_{part}", taken) for part in ("full", "starts", "ends", "axes"))
+        end = int(attrs.get("end", np.iinfo(np.int64).max))
+        for tensor_name, value in ((starts, int(attrs.get("start", 0))), (ends, end), (axes, 0)):
+            model.graph.initializer.append(numpy_helper.from_array(np.array([value], dtype=np.int64), tensor_name))
+        nodes.append(helper.make_node("Shape", [node.input[0]], [full], name=name))
+        nodes.append(helper.make_node("Slice", [full, starts, ends, axes], [node.output[0]], name=_unique(f"{name}_slice", taken)))
+        rewritten.append(name)
+    if rewritten:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return rewritten
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, i = name, 1
+    while candidate in taken:
+        candidate, i = f"{name}_{i}", i + 1
+    taken.add(candidate)
+    return candidate
+
+
 def fold_constants(graph: Any, size_limit_bytes: int) -> None:
     graph.fold_constants(size_threshold=size_limit_bytes, error_ok=True)
 
@@ -102,8 +142,14 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def clean_model(model: onnx.ModelProto, fold_size_limit_mb: float = 64.0) -> tuple[onnx.ModelProto, dict[str, int]]:
+def clean_model(model: onnx.ModelProto, fold_size_limit_mb: float = 64.0) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Run the passes; the counts say what each removed, `rewritten` which nodes were rewritten for
+    TensorRT's parser (by node name, so a user can find them in the original graph)."""
     gs = _gs()
+    source = model
+    model = onnx.ModelProto()
+    model.CopyFrom(source)
+    rewritten = {"shape_start_end": split_shape_slices(model)}
     graph = gs.import_onnx(model)
     counts = {"passthrough_removed": remove_passthrough(graph)}
     graph.cleanup(remove_unused_graph_inputs=False)
@@ -111,6 +157,7 @@ def clean_model(model: onnx.ModelProto, fold_size_limit_mb: float = 64.0) -> tup
     graph.cleanup(remove_unused_graph_inputs=False)
     counts["passthrough_removed"] += remove_passthrough(graph)  # folding can expose new ones
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    counts["rewritten"] = rewritten
     return infer_shapes(export_like(graph, model)), counts
 
 
@@ -151,6 +198,7 @@ def verify_same(original: Path | bytes, cleaned: Path | bytes, specs: list[Input
     for i, sizes in enumerate(two_shapes(axes)):
         feeds = random_feeds(specs, sizes, seed + i)
         a, b = ref.run(feeds), new.run(feeds)
+        require_informative(a, "clean's parity check")
         for name in ref.output_names:
             worst[name] = max(worst.get(name, 0.0), rel_l2(a[name], b[name]))
     return worst
@@ -184,9 +232,11 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
         "inputs": [s.model_dump() for s in specs],
         "axes": {k: v.model_dump() for k, v in axes.items()},
         "outputs": (source_sidecar or {}).get("outputs"),
-        "passes": ["remove_passthrough", "cleanup", "fold_constants", "toposort", "infer_shapes"],
+        "tokenizer": carried_tokenizer(path, source_sidecar, output),
+        "passes": ["split_shape_slices", "remove_passthrough", "cleanup", "fold_constants", "toposort", "infer_shapes"],
         "fold_size_limit_mb": fold_size_limit_mb,
-        "removed": counts,
+        "removed": {k: v for k, v in counts.items() if k != "rewritten"},
+        "rewritten": counts["rewritten"],
         "nodes_before": before.nodes, "nodes_after": after.nodes,
         "initializer_bytes_before": before.initializer_bytes, "initializer_bytes_after": after.initializer_bytes,
         "verify_rel_l2": worst, "verify_tolerance": tolerance,
@@ -202,6 +252,32 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
         raise GateFailed(f"cleaning changed output '{name}' (rel-L2 {value:.2e} > {tolerance:.0e}); the cleaned model was not kept.")
     write_sidecar(output, sidecar)
     return CleanResult(output, before, after, worst, sidecar)
+
+
+def carried_tokenizer(source: Path, source_sidecar: dict[str, Any] | None, output: Path) -> str | None:
+    """The source sidecar's `tokenizer` re-expressed relative to the cleaned ONNX's folder, so the
+    pointer stays valid when clean writes elsewhere (-o other/dir/x.onnx)."""
+    relative = (source_sidecar or {}).get("tokenizer")
+    if not relative:
+        return None
+    return os.path.relpath(source.parent / relative, output.parent)
+
+
+def tokenizer_dir(onnx_path: str | os.PathLike, max_depth: int = 8) -> Path | None:
+    """The tokenizer folder saved by export for this ONNX: its sidecar's `tokenizer`, else the same
+    lookup on its `parent` (clean -> export, calibrate -> clean -> export, ...); None if there is none."""
+    path = Path(onnx_path)
+    for _ in range(max_depth):
+        sidecar = read_sidecar(path, required=False)
+        if not sidecar:
+            return None
+        if sidecar.get("tokenizer"):
+            folder = path.parent / sidecar["tokenizer"]
+            return folder if folder.is_dir() else None
+        if not sidecar.get("parent"):
+            return None
+        path = Path(sidecar["parent"])
+    return None
 
 
 def float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:

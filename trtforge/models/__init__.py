@@ -25,6 +25,8 @@ class LoadedModel:
     output_names: list[str] = field(default_factory=list)
     source: str = ""
     tokenizer: Any = None
+    # Kinds (token/pooled/logits/dense) the model itself knows for its outputs; a config's kinds win.
+    output_kinds: dict[str, str] = field(default_factory=dict)
 
 
 def _builtin_factories() -> dict[str, Callable[..., LoadedModel]]:
@@ -48,8 +50,12 @@ def _require_torch() -> Any:
     return torch
 
 
-def load_model(source: str, kwargs: dict[str, Any] | None = None, input_names: list[str] | None = None) -> LoadedModel:
-    """Resolve a model source string to a LoadedModel, or raise UserError naming what is wrong."""
+def load_model(source: str, kwargs: dict[str, Any] | None = None, inputs: list[Any] | None = None,
+               axes: dict[str, Any] | None = None) -> LoadedModel:
+    """Resolve a model source string to a LoadedModel, or raise UserError naming what is wrong.
+
+    `inputs` (the config's InputSpecs) and `axes` give serialized modules their example inputs and
+    names: a TorchScript file carries none."""
     kwargs = kwargs or {}
     if source in BUILTIN_NAMES:
         return _builtin_factories()[source](**kwargs)
@@ -62,7 +68,7 @@ def load_model(source: str, kwargs: dict[str, Any] | None = None, input_names: l
     if path.suffix in (".pt", ".pth", ".ts", ".pt2"):
         if not path.is_file():
             raise UserError(f"model file {path} does not exist; check the path.")
-        return _load_serialized(path, input_names)
+        return _load_serialized(path, inputs or [], axes or {})
     if not path.exists() and "/" not in source and "." not in source:
         raise UserError(f"unknown model '{source}'; built-in models are: {', '.join(BUILTIN_NAMES)}, or pass file.py:factory.")
     if not path.exists():
@@ -116,24 +122,69 @@ def _as_loaded(result: Any, source: str) -> LoadedModel:
     return LoadedModel(module.eval(), examples, outputs, source, tokenizer)
 
 
-def _load_serialized(path: Path, input_names: list[str] | None) -> LoadedModel:
+def _load_serialized(path: Path, inputs: list[Any], axes: dict[str, Any]) -> LoadedModel:
     torch = _require_torch()
     if path.suffix == ".pt2":
-        try:
-            program = torch.export.load(str(path))
-        except Exception as exc:
-            raise UserError(f"{path} is not a loadable ExportedProgram ({type(exc).__name__}); save it with torch.export.save.") from None
-        module = program.module()
-        args = program.example_inputs[0] if program.example_inputs else ()
-    else:
-        try:
-            module = torch.jit.load(str(path), map_location="cpu")
-        except Exception as exc:
-            raise UserError(f"{path} is not a loadable TorchScript file ({type(exc).__name__}); save it with torch.jit.save.") from None
-        args = ()
+        return _load_exported_program(torch, path, inputs)
+    try:
+        module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as exc:
+        raise UserError(f"{path} is not a loadable TorchScript file ({type(exc).__name__}); save it with torch.jit.save.") from None
+    return LoadedModel(module.eval(), torchscript_examples(path, inputs, axes), [], str(path))
+
+
+def torchscript_examples(path: Path, inputs: list[Any], axes: dict[str, Any]) -> dict[str, Any]:
+    """Example inputs for a TorchScript module, which carries none: random tensors from the config's
+    `inputs` (dtype, value_range) with every named axis at its opt size. TorchScript modules are
+    called POSITIONALLY with them, in the order the config lists its inputs."""
+    import torch
+
+    from trtforge.feeds import random_feeds
+
+    if not inputs:
+        raise UserError(
+            f"{path} is TorchScript, which carries no example inputs; give a config (--config) whose 'inputs' list "
+            "the module's forward arguments in order, with their dtypes and shapes."
+        )
+    sizes = {name: rng.opt for name, rng in axes.items()}
+    feeds = random_feeds(inputs, sizes, seed=0)
+    return {spec.name: torch.from_numpy(feeds[spec.name]) for spec in inputs}
+
+
+def _load_exported_program(torch: Any, path: Path, inputs: list[Any]) -> LoadedModel:
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:
+        raise UserError(f"{path} is not a loadable ExportedProgram ({type(exc).__name__}); save it with torch.export.save.") from None
+    args = program.example_inputs[0] if program.example_inputs else ()
     if not args:
         raise UserError(
             f"{path} carries no example inputs; wrap it in a file.py:factory that returns (module, example_inputs)."
         )
-    names = input_names or [f"input_{i}" for i in range(len(args))]
+    names = [spec.name for spec in inputs] or [f"input_{i}" for i in range(len(args))]
+    module = program.module()
+    module.trtforge_positional = True  # its example inputs are positional: export calls it that way
     return LoadedModel(module, dict(zip(names, args)), [], str(path))
+
+
+def called_positionally(module: Any, input_names: list[str]) -> bool:
+    """Whether `module` gets its inputs positionally (in the config's input order) rather than by keyword.
+
+    Keywords wherever the forward accepts the input names (transformers 5 needs them: its decorators
+    inject `use_cache` and friends, and GPT-2's second positional parameter is `past_key_values`, not
+    the attention mask). Positionally for TorchScript and ExportedProgram modules, and for forwards
+    whose parameter names differ from the input names (nn.Sequential's `input` fed as 'image')."""
+    import inspect
+
+    import torch
+
+    if isinstance(module, torch.jit.ScriptModule) or getattr(module, "trtforge_positional", False):
+        return True
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return False
+    keyword_names = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return not set(input_names) <= keyword_names

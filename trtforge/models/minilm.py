@@ -65,4 +65,4 @@ def load(**_: Any) -> LoadedModel:
         padding="max_length", max_length=16, truncation=True, return_tensors="pt",
     )
     examples = {"input_ids": enc["input_ids"].to(torch.int64), "attention_mask": enc["attention_mask"].to(torch.int64)}
-    return LoadedModel(module, examples, ["last_hidden_state"], "minilm", tokenizer)
+    return LoadedModel(module, examples, ["last_hidden_state"], "minilm", tokenizer, {"last_hidden_state": "token"})
