@@ -23,10 +23,11 @@ def _fmt(value, spec: str = ".3g") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def row(work: Path, name: str, steps: dict) -> dict:
+def row(work: Path, name: str, steps: dict, engine_tag: str = "fp16") -> dict:
+    """One model's figures; engine_tag picks the engine (fp16, or best for the INT8 row)."""
     folder = work / name
-    engine = _load(folder / f"{name}.fp16.engine.json")
-    report = _load(folder / f"{name}.run.json")
+    engine = _load(folder / f"{name}.{engine_tag}.engine.json")
+    report = _load(folder / (f"{name}.run.json" if engine_tag == "fp16" else f"{name}.{engine_tag}.run.json"))
     worst = (report.get("precision_error") or {}).get("worst") or {}
     chunking = report.get("chunking_error") or {}
     gpu = None
@@ -35,8 +36,8 @@ def row(work: Path, name: str, steps: dict) -> dict:
         if g.get("count") and (gpu is None or g["count"] > gpu[1]):
             gpu = (g.get("p50_ms"), g["count"], group)
     return {
-        "model": name,
-        "steps": {k: v.get("rc") for k, v in steps.items() if k.endswith("-" + name)},
+        "model": name if engine_tag == "fp16" else f"{name} ({engine_tag})",
+        "steps": {k: v.get("rc") for k, v in steps.items() if k.endswith("-" + name) and (engine_tag == "fp16") != (f"-{engine_tag}-" in k)},
         "build_s": engine.get("build_seconds"),
         "engine_mb": engine["engine_bytes"] / 2**20 if engine.get("engine_bytes") else None,
         "profiles": len(engine.get("profiles") or []),
@@ -57,6 +58,8 @@ def main(work: Path) -> None:
             steps[item["step"]] = item
     names = sorted({k.split("-", 1)[1] for k in steps if k.startswith("export-")})
     rows = [row(work, n, steps) for n in names]
+    if "build-best-bert-base" in steps:
+        rows.append(row(work, "bert-base", steps, "best"))
     print("| model | steps (rc) | build s | engine MB | profiles | precision rel-L2 / cos / top-1 / pixel | chunking | GPU ms/batch (p50) | gates |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
