@@ -24,7 +24,6 @@ import inspect
 import io
 import logging
 import math
-import shutil
 import tempfile
 import time
 import warnings
@@ -37,7 +36,7 @@ import numpy as np
 from trtforge import __version__
 from trtforge.artifacts import onnx_graph_hash, read_sidecar, write_sidecar
 from trtforge.config import AxisRange, CacheRange, InputSpec, ModelConfig, load_config
-from trtforge.errors import UserError
+from trtforge.errors import UserError, exception_summary
 from trtforge.profiles import Profile, Tier, plan_profiles, select_profile, tier_ranges, validate_profiles
 
 PAST = ("past_key_{}", "past_value_{}")
@@ -205,8 +204,7 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True) -> Any:
     """Export with explicit cache I/O, check ORT against the plain model at varied seq, past and batch."""
     import torch
 
-    from trtforge.backends.onnxruntime import OrtRunner
-    from trtforge.export import AxisCheck, ExportResult
+    from trtforge.export import AxisCheck, ExportResult, output_specs, save_tokenizer, tokenizer_source
     from trtforge.models import load_model
     from trtforge.onnxio import load_onnx, save_onnx
 
@@ -237,23 +235,19 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True) -> Any:
                 torch.onnx.export(adapter, args, str(raw), input_names=names, output_names=outputs, dynamic_axes=dynamic,
                                   opset_version=config.export.opset, dynamo=False, do_constant_folding=True)
         except Exception as exc:
-            message = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise UserError(f"exporting {config.model.source} with a KV cache failed at opset {config.export.opset}: {message}; "
-                            "try another --opset.") from None
+            raise UserError(f"exporting {config.model.source} with a KV cache failed at opset {config.export.opset}: "
+                            f"{exception_summary(exc)}; try another --opset.") from None
         finally:
             adapter.eval()  # the exporter restores the adapter's train flag onto the inner module
             module.eval()
         model = load_onnx(raw)
         checks = _check(raw, module, layout, config, past_range) if check else []
-        tokenizer_dir = _save_tokenizer(config, loaded.tokenizer, output, Path(tmp))
+        tokenizer = tokenizer_source(config, loaded)
         save_onnx(model, output, external_data=True if config.export.external_data else None)
-        if tokenizer_dir is not None:
-            final = output.with_name(output.name.removesuffix(".onnx") + ".tokenizer")
-            shutil.rmtree(final, ignore_errors=True)
-            shutil.move(str(tokenizer_dir), str(final))
-    from trtforge.export import output_specs
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, output.with_name(output.name.removesuffix(".onnx") + ".tokenizer"))
 
-    out_specs = output_specs(model)
+    out_specs = output_specs(model, config, loaded)
     for spec in out_specs:
         spec["kind"], spec["scale"] = ("token" if spec["name"] == layout.output else None), None
     kv_meta = {"layout": asdict(layout), "batch_axis": batch_axis, "seq_axis": seq_axis, "past_axis": config.kv_cache.past_axis,
@@ -265,7 +259,7 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True) -> Any:
         "config_name": config.name, "torch_version": torch.__version__, "exporter": "legacy", "opset": config.export.opset,
         "inputs": [s.model_dump() for s in specs], "axes": {k: v.model_dump() for k, v in axes.items()},
         "outputs": out_specs, "graph_hash": onnx_graph_hash(model),
-        "tokenizer": output.name.removesuffix(".onnx") + ".tokenizer" if tokenizer_dir is not None else None,
+        "tokenizer": output.name.removesuffix(".onnx") + ".tokenizer" if tokenizer is not None else None,
         "kv_cache": kv_meta,
         "check": [{"axis": c.axis, "size": c.size, "sizes": c.sizes, "metrics": c.metrics} for c in checks],
         "check_tolerance": config.export.tolerance, "checked": check,
@@ -318,21 +312,6 @@ def _check(onnx_path: Path, module: Any, layout: CacheLayout, config: ModelConfi
                                 f"{check.metrics[name]['rel_l2']:.2e} > {config.export.tolerance:.0e}; a size was baked into the graph.")
         checks.append(check)
     return checks
-
-
-def _save_tokenizer(config: ModelConfig, tokenizer: Any, output: Path, tmp: Path) -> Path | None:
-    """The tokenizer saved into a staging dir (moved beside the ONNX once it is written), or None."""
-    staged = tmp / "tokenizer"
-    if config.model.tokenizer:
-        src = Path(config.model.tokenizer)
-        if not (src / "tokenizer.json").is_file():
-            raise UserError(f"model.tokenizer {src} has no tokenizer.json; point it at a Hugging Face tokenizer directory.")
-        shutil.copytree(src, staged)
-        return staged
-    if tokenizer is None:
-        return None
-    tokenizer.save_pretrained(str(staged))
-    return staged
 
 
 # -- sidecars and profiles -------------------------------------------------------------------------

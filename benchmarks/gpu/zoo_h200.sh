@@ -40,8 +40,8 @@ P310=". $HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310 -m trtforge"
 # 1. export + clean, all models at once (CPU side of the GPU machine: 16 cores)
 for m in $MODELS; do
   ( mkdir -p "$W/$m"
-    step "export-$m" 600 "$P312 export --config $CONFIGS/$m.yaml -o $W/$m/$m.onnx" &&
-    step "clean-$m" 300 "$P312 clean $W/$m/$m.onnx" ) &
+    [ -f "$W/$m/$m.clean.onnx" ] || { step "export-$m" 600 "$P312 export --config $CONFIGS/$m.yaml -o $W/$m/$m.onnx" &&
+    step "clean-$m" 300 "$P312 clean $W/$m/$m.onnx"; } ) &
 done
 wait
 

@@ -56,7 +56,7 @@ def main(work: Path) -> None:
         if line.strip():
             item = json.loads(line)
             steps[item["step"]] = item
-    names = sorted({k.split("-", 1)[1] for k in steps if k.startswith("export-")})
+    names = sorted(d.name for d in work.iterdir() if d.is_dir() and (d / f"{d.name}.clean.onnx.json").is_file())
     rows = [row(work, n, steps) for n in names]
     if "build-best-bert-base" in steps:
         rows.append(row(work, "bert-base", steps, "best"))
