@@ -15,7 +15,9 @@ import pytest
 
 from conftest import ROOT, assert_user_error, run_cli
 
-rtx = pytest.importorskip("tensorrt_rtx")
+from conftest import require
+
+rtx = require("tensorrt_rtx")
 
 
 @pytest.fixture(scope="module")

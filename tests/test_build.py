@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from conftest import FIXTURES, assert_user_error, run_cli
+from conftest import FIXTURES, assert_user_error, run_cli, require
 from trtforge.build import check_engine_compat, parse_tiers
 from trtforge.config import AxisRange
 from trtforge.errors import UserError
 
-pytest.importorskip("tensorrt_rtx")
+require("tensorrt_rtx")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, require
 from trtforge.backends.tensorrt import (BuildProgress, InspectorParseError, parse_inspector_json, parse_layer_log, runs_int8,
                                         summarize_layers)
 from trtforge.config import AxisRange, InputSpec
@@ -148,7 +148,7 @@ def test_rtx_targets_from_the_installed_module():
 
 def test_pipeline_runs_rtx_engines_on_a_supported_gpu(monkeypatch):
     """The defect: a GPU with only TensorRT-RTX was treated as unable to run engines."""
-    pytest.importorskip("tensorrt_rtx")
+    require("tensorrt_rtx")
     pytest.importorskip("cuda.bindings")
     import trtforge.doctor as doctor
     from trtforge.pipeline import _engine_runs_here
@@ -177,7 +177,7 @@ def _conv_onnx(path):
 
 
 def test_engine_is_kept_when_the_inspector_fails(tmp_path, monkeypatch):
-    pytest.importorskip("tensorrt_rtx")
+    require("tensorrt_rtx")
     import trtforge.build as build_mod
 
     def broken_inspector(*_args, **_kwargs):
@@ -198,7 +198,7 @@ def test_engine_is_kept_when_the_inspector_fails(tmp_path, monkeypatch):
 
 
 def test_heartbeat_lines_under_ci(tmp_path):
-    pytest.importorskip("tensorrt_rtx")
+    require("tensorrt_rtx")
     onnx_path = _conv_onnx(tmp_path / "c.onnx")
     proc = run_cli("build", str(onnx_path), "--tiers", "h=16,64", "-o", str(tmp_path / "c.engine"),
                    env={"TRTFORGE_HEARTBEAT_S": "0.01"})

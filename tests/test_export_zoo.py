@@ -12,7 +12,7 @@ import os
 import onnx
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_cli, require
 from trtforge.config import apply_overrides, load_config
 from trtforge.errors import UserError
 from trtforge.export import export_model
@@ -89,7 +89,7 @@ def test_segformer_dynamo_export_names_the_axis_range_torch_can_prove(tmp_path):
 def test_cleaned_dynamo_graph_parses_and_builds_with_tensorrt_rtx(name, zoo_dir):
     """The rewritten graph still parses (and builds) with a real TensorRT parser."""
     if os.environ.get("CI") != "true":
-        pytest.importorskip("tensorrt_rtx")
+        require("tensorrt_rtx")
     cleaned = zoo_dir / "clean" / f"{name}.dynamo.onnx"
     if not cleaned.exists():
         _export_and_clean(name, "dynamo", zoo_dir)

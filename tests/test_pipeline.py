@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, assert_user_error, run_cli
+from conftest import ROOT, assert_user_error, run_cli, require
 
-pytest.importorskip("tensorrt_rtx")
+require("tensorrt_rtx")
 
 
 def _statuses(report):

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_cli
+from conftest import run_cli, require
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate.collect import plan_quantization
 from trtforge.feeds import random_feeds
@@ -108,7 +108,7 @@ def test_best_dq_feeds_its_gemm_directly(opset, tmp_path):
     ref = OrtRunner(qdq.SerializeToString()).run(feeds[0])["y"]
     got = OrtRunner(converted.SerializeToString()).run(feeds[0])["y"]
     assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 1e-2
-    pytest.importorskip("tensorrt_rtx")
+    require("tensorrt_rtx")
     path = tmp_path / f"mlp{opset}.int8.onnx"
     onnx.save(qdq, path)
     proc = run_cli("build", str(path), "--precision", "best", "--tiers", "n=4", "-o", str(tmp_path / "e.engine"), "--json")

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import assert_user_error, run_cli
+from conftest import assert_user_error, run_cli, require
 
 
 def test_minilm_long_documents_report(minilm_clean, tmp_path):
@@ -31,7 +31,7 @@ def test_minilm_long_documents_report(minilm_clean, tmp_path):
 
 def test_fp16_onnx_passes_the_default_gates(minilm_clean, tmp_path):
     """The fp16 ONNX that `build --precision fp16` writes, run on ORT against the fp32 source."""
-    pytest.importorskip("tensorrt_rtx")
+    require("tensorrt_rtx")
     proc = run_cli("build", str(minilm_clean), "--precision", "fp16", "--tiers", "256,512", "-o", str(tmp_path / "m.fp16.engine"))
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("run", str(tmp_path / "m.fp16.onnx"), "--inputs", "calib_data/minilm_long", "--reference", str(minilm_clean), "--json")
