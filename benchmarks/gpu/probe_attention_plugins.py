@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from trtforge.backends.tensorrt_runtime import DeviceBuffer, _cudart, _ok  # noqa: E402
+from trtforge.backends.tensorrt_runtime import DeviceBuffer, _cudart, _handle, _ok  # noqa: E402
 
 HEADS, HEAD = 12, 64
 HIDDEN = HEADS * HEAD
@@ -69,11 +69,11 @@ def build_and_time(trt, make_network, feeds: dict[str, np.ndarray], out_name: st
         buffers[name] = (buf, host)
         context.set_tensor_address(name, buf.ptr)
     for _ in range(5):
-        context.execute_async_v3(int(stream))
+        context.execute_async_v3(_handle(stream))
     start, end = _ok(cudart.cudaEventCreate()), _ok(cudart.cudaEventCreate())
     _ok(cudart.cudaEventRecord(start, stream))
     for _ in range(iters):
-        context.execute_async_v3(int(stream))
+        context.execute_async_v3(_handle(stream))
     _ok(cudart.cudaEventRecord(end, stream))
     _ok(cudart.cudaEventSynchronize(end))
     ms = _ok(cudart.cudaEventElapsedTime(start, end)) / iters
@@ -86,13 +86,19 @@ def build_and_time(trt, make_network, feeds: dict[str, np.ndarray], out_name: st
     return {"ms": ms, "output": host.astype(np.float32), "kernels": kernels, "engine_mb": len(blob) / 2**20}
 
 
-def probe(trt, batch: int, seq: int) -> list[dict]:
+CANDIDATES = ("CustomQKVToContextPluginDynamic v1 fp16 masked", "CustomQKVToContextPluginDynamic v1 fp16 no mask",
+              "fMHA_V2 fp16", "unfused MatMul-Softmax-MatMul fp16")
+
+
+def probe(trt, batch: int, seq: int, only: str | None = None) -> list[dict]:
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((batch, HEADS, seq, HEAD)).astype(np.float32) for _ in range(3))
     expected = reference(q, k, v)  # [B, N, S, H]
     results = []
 
     def record(name, fn, to_bnsh):
+        if only is not None and name != only:
+            return
         entry = {"candidate": name, "batch": batch, "seq": seq}
         try:
             got = fn()
@@ -177,19 +183,46 @@ def probe(trt, batch: int, seq: int) -> list[dict]:
     return results
 
 
+def one_in_a_process(name: str, batch: int, seq: int) -> dict:
+    """A candidate in its own process: a plugin that crashes (a segfault killed the first version of this
+    probe, taking every other figure with it) is recorded with its exit code and stderr."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--one", name, "--batch", str(batch), "--seq", str(seq)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        return {"candidate": name, "batch": batch, "seq": seq, "error": "timed out after 180 s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    return {"candidate": name, "batch": batch, "seq": seq, "error": f"exit code {proc.returncode}",
+            "trace": (proc.stderr or proc.stdout)[-800:]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--one", help="run one candidate in this process and print its JSON line")
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--seq", type=int)
     args = parser.parse_args()
     import tensorrt as trt
 
     trt.init_libnvinfer_plugins(trt.Logger(trt.Logger.ERROR), "")
+    if args.one:
+        probe(trt, args.batch, args.seq, only=args.one)  # prints the entry as a JSON line
+        return
     creators = sorted({(c.name, c.plugin_version) for c in trt.get_plugin_registry().plugin_creator_list})
     print("plugin creators:", ", ".join(f"{n} v{v}" for n, v in creators), flush=True)
     results = {"tensorrt": trt.__version__, "creators": creators, "probes": []}
     for batch, seq in ((16, 128), (16, 512), (64, 512)):
-        results["probes"] += probe(trt, batch, seq)
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+        for name in CANDIDATES:
+            entry = one_in_a_process(name, batch, seq)
+            print(json.dumps({k: v for k, v in entry.items() if k != "trace"}), flush=True)
+            results["probes"].append(entry)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1, default=str))
     print("\n| candidate | batch x seq | ms | rel-L2 vs numpy | error |")
     print("|---|---|---|---|---|")
     for r in results["probes"]:
