@@ -69,7 +69,6 @@ for m in $MODELS; do
   step "run-$m" 600 "$P310 run $W/$m/$m.fp16.engine --config $CONFIGS/$m.yaml --reference $W/$m/$m.clean.onnx --report $W/$m/$m.run.json"
 done
 
-[ -n "${INT8:-}" ] && wait "$INT8"
 [ -f "$W/bert-base/bert-base.best.engine" ] && step "run-best-bert-base" 600 "$P310 run $W/bert-base/bert-base.best.engine --config $CONFIGS/bert-base.yaml --reference $W/bert-base/bert-base.clean.onnx --report $W/bert-base/bert-base.best.run.json"
 
 # 4. issue 11's first question: which fused-attention plugins TensorRT 8.6 has kernels for on sm_90
