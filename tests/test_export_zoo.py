@@ -16,7 +16,8 @@ from conftest import ROOT, run_cli, require
 from trtforge.config import apply_overrides, load_config
 from trtforge.errors import UserError
 from trtforge.export import export_model
-from trtforge.graph import clean_file, tokenizer_dir
+from trtforge.graph import clean_file
+from trtforge.tokenize import find_tokenizer_dir
 
 ZOO = ("bert", "roberta", "gpt2", "vit", "resnet", "segformer")
 TEXT = ("bert", "roberta", "gpt2")
@@ -65,10 +66,10 @@ def test_zoo_model_exports_and_cleans(name, exporter, zoo_dir):
     # The tokenizer ships beside the ONNX and stays reachable from the cleaned copy in another folder.
     if name in TEXT:
         assert side["tokenizer"] == f"{name}.{exporter}.tokenizer"
-        assert (tokenizer_dir(cleaned.path) / "tokenizer.json").is_file()
-        assert tokenizer_dir(cleaned.path).resolve() == (zoo_dir / side["tokenizer"]).resolve()
+        assert (find_tokenizer_dir(cleaned.path) / "tokenizer.json").is_file()
+        assert find_tokenizer_dir(cleaned.path).resolve() == (zoo_dir / side["tokenizer"]).resolve()
     else:
-        assert side["tokenizer"] is None and tokenizer_dir(cleaned.path) is None
+        assert side["tokenizer"] is None and find_tokenizer_dir(cleaned.path) is None
     model = onnx.load(str(cleaned.path))
     assert not [n.name for n in model.graph.node if n.op_type == "Shape" and n.attribute]
     assert max(cleaned.rel_l2.values()) <= cfg.clean.tolerance

@@ -45,3 +45,24 @@ def test_directory_without_tokenizer_json_is_a_user_error(tmp_path):
 
     with pytest.raises(UserError, match="has no tokenizer.json"):
         TextTokenizer(tmp_path)
+
+
+def test_a_dangling_tokenizer_pointer_falls_back_up_the_sidecar_chain(tmp_path):
+    """An ONNX and its sidecar copied elsewhere without the tokenizer folder: the export's own pointer
+    (up the `parent` chain) still leads to it; with no valid pointer anywhere it is one clear error."""
+    import shutil
+
+    from trtforge.artifacts import write_sidecar
+    from trtforge.errors import UserError
+    from trtforge.tokenize import find_tokenizer_dir
+
+    export_dir, copy_dir = tmp_path / "export", tmp_path / "copy"
+    export_dir.mkdir(), copy_dir.mkdir()
+    shutil.copytree(ROOT / "zoo" / "tokenizers" / "roberta-bpe", export_dir / "m.tokenizer")
+    write_sidecar(export_dir / "m.onnx", {"kind": "onnx", "step": "export", "tokenizer": "m.tokenizer"})
+    write_sidecar(copy_dir / "m.clean.onnx", {"kind": "onnx", "step": "clean", "tokenizer": "m.tokenizer",
+                                             "parent": str(export_dir / "m.onnx")})
+    assert find_tokenizer_dir(copy_dir / "m.clean.onnx") == export_dir / "m.tokenizer"
+    shutil.rmtree(export_dir / "m.tokenizer")
+    with pytest.raises(UserError, match="m.clean.onnx.json names tokenizer directory"):
+        find_tokenizer_dir(copy_dir / "m.clean.onnx")

@@ -263,23 +263,6 @@ def carried_tokenizer(source: Path, source_sidecar: dict[str, Any] | None, outpu
     return os.path.relpath(source.parent / relative, output.parent)
 
 
-def tokenizer_dir(onnx_path: str | os.PathLike, max_depth: int = 8) -> Path | None:
-    """The tokenizer folder saved by export for this ONNX: its sidecar's `tokenizer`, else the same
-    lookup on its `parent` (clean -> export, calibrate -> clean -> export, ...); None if there is none."""
-    path = Path(onnx_path)
-    for _ in range(max_depth):
-        sidecar = read_sidecar(path, required=False)
-        if not sidecar:
-            return None
-        if sidecar.get("tokenizer"):
-            folder = path.parent / sidecar["tokenizer"]
-            return folder if folder.is_dir() else None
-        if not sidecar.get("parent"):
-            return None
-        path = Path(sidecar["parent"])
-    return None
-
-
 def float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor that shape inference can type (inputs, outputs, intermediates)."""
     inferred = infer_shapes(model)

@@ -162,21 +162,28 @@ def sidecar_chain(onnx_path: str | Path) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def find_tokenizer_dir(onnx_path: str | Path | None, chain: list[tuple[Path, dict[str, Any]]] | None = None) -> Path | None:
-    """The tokenizer directory an export sidecar names (relative to its ONNX), or the built-in MiniLM's."""
+    """The tokenizer directory the nearest sidecar names (relative to its ONNX), or the built-in MiniLM's.
+
+    A pointer whose directory is gone (an ONNX and its sidecar copied elsewhere without the tokenizer) is
+    passed over for the next sidecar up the chain (the export's, where the tokenizer was saved); only when
+    no sidecar leads to one is it an error, naming the first missing directory."""
     chain = chain if chain is not None else (sidecar_chain(onnx_path) if onnx_path else [])
+    missing: tuple[Path, Path] | None = None
     for path, side in chain:
         named = side.get("tokenizer")
         if named:
             directory = Path(named) if Path(named).is_absolute() else path.parent / named
-            if not (directory / "tokenizer.json").is_file():
-                raise UserError(f"sidecar {path}.json names tokenizer directory {directory}, which has no tokenizer.json; "
-                                "re-run trtforge export or pass --tokenizer DIR.")
-            return directory
+            if (directory / "tokenizer.json").is_file():
+                return directory
+            missing = missing or (path, directory)
     for _, side in chain:
         if side.get("source") == "minilm":
             from trtforge.models.minilm import model_dir
 
             return model_dir()
+    if missing:
+        raise UserError(f"sidecar {missing[0]}.json names tokenizer directory {missing[1]}, which has no tokenizer.json; "
+                        "copy the tokenizer folder beside the ONNX, re-run trtforge export, or pass --tokenizer DIR.")
     return None
 
 
