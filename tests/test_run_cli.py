@@ -15,7 +15,8 @@ def test_minilm_long_documents_report(minilm_clean, tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(report_path.read_text())
     assert report["schema"] == "trtforge.run/2"
-    assert report["outputs"] == {"last_hidden_state": {"kind": "token", "scale": None, "source": "inferred"}}
+    # export declares MiniLM's output kind in its sidecar; run reads it from there.
+    assert report["outputs"] == {"last_hidden_state": {"kind": "token", "scale": None, "source": "declared"}}
     assert len(report["inputs"]) == 6 and all(i["length"] > 4000 and i["chunks"] >= 16 for i in report["inputs"])
     # Same model on both sides: not a measured 0 that passes, but "not measured" (issue 9).
     assert report["precision_error"] == {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}

@@ -4,11 +4,10 @@ tokenizer, SegFormer's dense output at 1/4 tiled over 1024x1024 images, ViT's fi
 import json
 
 import numpy as np
-import pytest
+
 
 from conftest import ROOT, run_cli
 
-KEYWORD_EXPORT = "needs keyword export from h-export"
 
 
 def _export(workdir, name):
@@ -19,7 +18,6 @@ def _export(workdir, name):
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=KEYWORD_EXPORT)
 def test_roberta_windows_carry_its_own_specials(workdir, tmp_path):
     onnx_path = _export(workdir, "roberta")
     saved = tmp_path / "out.npz"
