@@ -15,21 +15,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.comparator import Comparator
+from trtforge.comparator import Comparator, items
+from trtforge.metrics import rowwise_cosine
 
 
-def pooled(output: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """[B, S, H] -> [B, H] mask-weighted mean; any other rank -> [B, -1]."""
-    if output.ndim == 3 and mask is not None and mask.shape == output.shape[:2]:
-        weights = mask.astype(np.float64)[..., None]
-        return (output * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-    return output.reshape(output.shape[0], -1)
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    num = np.sum(a * b, axis=1)
-    den = np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
-    return num / den
+def _sample_cosines(reference: np.ndarray, candidate: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Per sample: the cosine of mask-weighted mean embeddings for a [B, S, H] output with its mask, else
+    of the flattened outputs (comparator.items pools, metrics.rowwise_cosine compares)."""
+    kind = "token" if reference.ndim == 3 and mask is not None and mask.shape == reference.shape[:2] else None
+    return rowwise_cosine(items(kind, reference, mask), items(kind, candidate, mask))
 
 
 @dataclass
@@ -65,6 +59,6 @@ def evaluate(candidate: OrtRunner, batches: list[dict[str, np.ndarray]], referen
     for batch, ref in zip(batches, references):
         got = candidate.run(batch)
         mask = batch.get("attention_mask")
-        cosines.append(_cosines(pooled(ref[first].astype(np.float64), mask), pooled(got[first].astype(np.float64), mask)))
+        cosines.append(_sample_cosines(ref[first], got[first], mask))
         comparator.add(ref, got, mask)
     return Accuracy(np.concatenate(cosines), comparator.result())
