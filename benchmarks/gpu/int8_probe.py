@@ -92,7 +92,7 @@ def build(onnx_path: str, engine: str, int8: bool, fp16: bool) -> None:
     if blob is None:
         raise SystemExit("build failed")
     Path(engine).write_bytes(bytes(blob))
-    print(json.dumps({"engine": engine, "build_s": round(time.perf_counter() - start, 1), "mb": round(len(blob) / 2**20, 1)}))
+    print(json.dumps({"engine": engine, "build_s": round(time.perf_counter() - start, 1), "mb": round(blob.nbytes / 2**20, 1)}))
 
 
 class Engine:

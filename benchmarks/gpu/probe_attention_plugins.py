@@ -83,7 +83,7 @@ def build_and_time(trt, make_network, feeds: dict[str, np.ndarray], out_name: st
     layers = inspector.get_engine_information(trt.LayerInformationFormat.JSON)
     kernels = sorted({w for w in layers.replace('"', " ").replace(",", " ").split() if any(
         t in w.lower() for t in ("fmha", "mha", "flash", "attention", "softmax", "gemm", "myelin"))})[:40]
-    return {"ms": ms, "output": host.astype(np.float32), "kernels": kernels, "engine_mb": len(blob) / 2**20}
+    return {"ms": ms, "output": host.astype(np.float32), "kernels": kernels, "engine_mb": blob.nbytes / 2**20}
 
 
 CANDIDATES = ("CustomQKVToContextPluginDynamic v1 fp16 masked", "CustomQKVToContextPluginDynamic v1 fp16 no mask",
