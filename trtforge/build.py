@@ -126,8 +126,12 @@ def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, 
 def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,
           config_tiers: dict[str, list[int]] | None = None, backend: str = "auto", options: BuildOptions | None = None,
           lengths_file: Path | None = None, tier_count: int = 3, on_tick: Tick | None = None, tick_s: float = 15.0,
-          warn: Callable[[str], None] | None = None) -> BuildResult:
+          warn: Callable[[str], None] | None = None, engine_check: bool = True, engine_hooks: Any = None) -> BuildResult:
     """Build an engine. 'fp32' is IEEE fp32 (TF32 off) unless options.tf32.
+
+    An int8/best engine built from calibrate's Q/DQ ONNX gets calibrate's held-out gate re-checked on the
+    engine where it can execute (calibrate/engine_check.py; sidecar key `engine_check`, skipped with the
+    reason elsewhere). engine_hooks replace the runtime in tests.
 
     The engine and its sidecar are written as soon as TensorRT returns; layer inspection comes after
     and can only add to the sidecar (a failed inspection is recorded and warned about, never fatal).
@@ -221,6 +225,14 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     sidecar.update(_layer_info(mod, out, profiles, output, warn))
     with output_lock(output):
         write_sidecar(output, sidecar)
+    if engine_check:
+        from trtforge.calibrate.engine_check import after_build
+
+        check = after_build(output, sidecar, engine_hooks)
+        if check is not None:
+            sidecar["engine_check"] = check
+            with output_lock(output):
+                write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
 
 

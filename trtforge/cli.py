@@ -124,6 +124,7 @@ def calibrate(
     strict_cache: bool = typer.Option(False, "--strict-cache", help="Fail (exit 2) instead of recalibrating when the cache does not match."),
     from_cache: Optional[Path] = typer.Option(None, "--from-cache", help="Import a TensorRT calibration cache written elsewhere."),
     compare_methods: bool = typer.Option(False, "--compare-methods", help="Run entropy, percentile and minmax side by side."),
+    no_engine_check: bool = typer.Option(False, "--no-engine-check", help="Do not re-check the gate on a TensorRT engine (done where an engine can execute)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'calibrate' section gives defaults."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="The Q/DQ ONNX (default NAME.int8.onnx); the cache goes beside it."),
     json_out: bool = JsonOpt,
@@ -141,6 +142,7 @@ def calibrate(
         fallback=False if no_fallback else None, strict_cache=strict_cache or None, from_cache=from_cache, output=output,
         quantize_attention=quantize_attention or None,
     )
+    options.engine_check = not no_engine_check
     if no_smooth:
         options.smooth = None
     elif smooth is not None:
@@ -166,9 +168,22 @@ def calibrate(
                for name, m in acc.get("per_output", {}).items()]
         con.print(ui.table("per output", ["output", "kind", "rel-L2", "cosine", "min item cosine", "top-1 / pixel agr."], per))
         con.print(f"wrote {result.cache_path}, {result.cache_path}.json and {result.int8_path} in {result.seconds:.1f} s")
+        _render_engine_check(side.get("engine_check"))
     failures = gate_failures(side, options)
     if failures:
         raise GateFailed("; ".join(failures) + ".")
+
+
+def _render_engine_check(check: Optional[dict]) -> None:
+    """The engine re-check: ORT and engine figures side by side, or the line saying why it was skipped."""
+    from trtforge.calibrate.engine_check import render_lines
+
+    con = ui.console()
+    if check and check.get("rows"):
+        con.print(ui.table("held-out accuracy: ONNX Runtime (Q/DQ ONNX) vs the TensorRT engine",
+                           ["metric", "ONNX Runtime", "engine", "gate"], [[("-" if v is None else v) for v in r] for r in check["rows"]]))
+    for line in render_lines(check):
+        con.print(line, markup=False)
 
 
 def _builtin_section(onnx_path: Path, section: str):
@@ -231,8 +246,12 @@ def build(
                             on_tick=tick, tick_s=ui.heartbeat_interval(), warn=ui.warn)
     if json_out:
         ui.print_json({"path": str(result.engine_path), **result.sidecar})
-        return
-    _render_engine(result.sidecar, result.engine_path, result.layer_summary)
+    else:
+        _render_engine(result.sidecar, result.engine_path, result.layer_summary)
+        _render_engine_check(result.sidecar.get("engine_check"))
+    check = result.sidecar.get("engine_check") or {}
+    if check.get("status") == "failed":
+        raise GateFailedError("; ".join(check["failures"]) + ".")
 
 
 def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> None:

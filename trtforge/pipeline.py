@@ -156,6 +156,9 @@ class Pipeline:
         with ui.build_progress(f"building {src.name}") as tick:
             result = build(src, self.paths["engine"], b.precision, None, b.tiers, self.backend, options,
                            on_tick=tick, tick_s=ui.heartbeat_interval(), warn=ui.warn)
+        check = result.sidecar.get("engine_check") or {}
+        if check.get("status") == "failed":
+            raise GateFailed("; ".join(check["failures"]))
         return f"{result.sidecar['backend']} {result.sidecar['tensorrt_version']}, {len(result.profiles)} profiles, {result.sidecar['build_seconds']:.1f} s"
 
     def _run(self) -> str:
