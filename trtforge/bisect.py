@@ -239,7 +239,8 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
         float_nodes = float_nodes_for(plan, groups, on)
         qdq = insert_qdq(working, plan, amax, float_nodes)
         acc = evaluate(OrtRunner(qdq.SerializeToString()), batches, refs, kinds)
-        row: dict[str, Any] = {"variant": name, "mode": name.split(" ")[0] if " " in name else "all",
+        mode_of = {"without": "off", "only": "alone"}
+        row: dict[str, Any] = {"variant": name, "mode": mode_of.get(name.split(" ")[0], "all"),
                                "group": name.split(" ", 1)[1] if " " in name else None, "groups_on": sorted(on),
                                "quantized_nodes": len({t.node for t in plan.targets} - float_nodes),
                                "ort_mean_cosine": acc.mean_cosine, "ort_min_cosine": acc.min_cosine}
