@@ -255,14 +255,30 @@ def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], outpu
         log_layers = []
         warn(f"could not read the builder's layer log ({type(exc).__name__}: {exc}); layer precisions are unknown.")
     layers, source = _best_layers(inspector_layers, log_layers)
+    if layers and source == "build log" and inspector_layers:
+        _add_tactic_names(layers, inspector_layers)
     inspector = {"error": inspector_error} if inspector_error else {"ok": inspector_layers is not None, "unavailable": why_not}
     fields: dict[str, Any] = {"inspector": inspector, "layer_info": None, "layer_summary": None,
                               "layer_info_unavailable": None if layers else (inspector_error or why_not or "no layer information")}
     if layers:
         layers_file = output.with_name(output.name + ".layers.json")
-        write_json_atomic(layers_file, {"source": source, "inspector": inspector, "layers": layers})
+        # The raw report too (capped): its format differs between TensorRT versions and is undocumented.
+        write_json_atomic(layers_file, {"source": source, "inspector": inspector, "layers": layers,
+                                        "build_log": out.layer_log[:LAYER_LOG_KEEP]})
         fields.update(layer_info=layers_file.name, layer_source=source, layer_summary=summarize_layers(layers))
     return fields
+
+
+LAYER_LOG_KEEP = 2_000_000  # characters of the builder's layer report kept in ENGINE.layers.json
+
+
+def _add_tactic_names(layers: list[dict[str, Any]], inspector_layers: list[dict[str, Any]]) -> None:
+    """Kernel (tactic) names from the inspector onto the build log's layers of the same name: the 8.6
+    inspector names tactics even where it says 'N/A due to dynamic shapes' for formats."""
+    names = {str(l.get("Name")): l.get("TacticName") for l in inspector_layers if isinstance(l, dict) and l.get("TacticName")}
+    for layer in layers:
+        if not layer.get("TacticName") and str(layer.get("Name")) in names:
+            layer["TacticName"] = names[str(layer.get("Name"))]
 
 
 def _best_layers(inspector_layers: list[dict[str, Any]] | None,

@@ -273,6 +273,8 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
         con.print(ui.table("layers by output precision", ["precision", "count"], sorted(summary["by_precision"].items(), key=lambda kv: -kv[1])))
         int8 = summary.get("int8_layers") or []
         con.print(f"layers running INT8: {len(int8)}" + (": " + ", ".join(int8) if int8 else ""), markup=False)
+        if summary.get("int8_verdict"):
+            con.print(f"INT8: {summary['int8_verdict']}", markup=False)
     elif side.get("layer_info_unavailable"):
         con.print(f"layer information: {side['layer_info_unavailable']}")
     if (side.get("inspector") or {}).get("error"):
@@ -294,7 +296,7 @@ def inspect(
     side = read_engine_sidecar(engine, verify=True)
     summary = side.get("layer_summary")
     layers_file = engine.with_name(engine.name + ".layers.json")
-    if layers_file.is_file() and (summary is None or "int8_layers" not in summary):
+    if layers_file.is_file() and (summary is None or "int8_verdict" not in summary):
         from trtforge.backends.tensorrt import summarize_layers
 
         data = _json.loads(layers_file.read_text())
