@@ -58,6 +58,7 @@ class BisectOptions:
     build_check: bool = True
     repeat: int = 20  # timed executions of the most common batch shape
     tactic_sources: str | None = None
+    optimization_level: int | None = None  # lower builds faster; Myelin's fusions (what bisect is about) stay
     out_dir: Path | None = None
     report: Path | None = None
 
@@ -150,7 +151,8 @@ def trt_measure(flavour: str, specs: list[InputSpec], profile: Profile, options:
             path = save_onnx(model, path.with_name(path.name.removesuffix(".onnx") + ".best.onnx"))
         has_fp16, has_qdq = model_traits(model)
         start = time.perf_counter()
-        out = build_engine(mod, path, [profile], BuildOptions(tactic_sources=tactics, has_fp16=has_fp16, has_qdq=has_qdq))
+        out = build_engine(mod, path, [profile], BuildOptions(tactic_sources=tactics, has_fp16=has_fp16, has_qdq=has_qdq,
+                                                                    optimization_level=options.optimization_level))
         engine = path.with_name(path.name.removesuffix(".onnx") + ".engine")
         engine.write_bytes(out.engine)
         result: dict[str, Any] = {"built": True, "build_s": round(time.perf_counter() - start, 1)}

@@ -320,6 +320,7 @@ def bisect(
     no_engine: bool = typer.Option(False, "--no-engine", help="ONNX Runtime only: no engine builds."),
     no_build_check: bool = typer.Option(False, "--no-build-check", help="Where engines cannot run, do not build them either."),
     tactic_sources: Optional[str] = typer.Option(None, "--tactic-sources", help="As trtexec (default on TensorRT 8.6: -CUBLAS,-CUBLAS_LT,-CUDNN)."),
+    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", help="Builder optimization level 0-5 of the variant engines (lower builds faster)."),
     out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Variant ONNX/engines and bisect.json (default NAME.bisect/)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here instead."),
     json_out: bool = JsonOpt,
@@ -335,7 +336,8 @@ def bisect(
         raise UserError(f"--modes takes off and/or alone, got '{modes}'.")
     options = BisectOptions(cache=cache or paths_for(onnx_path, None)[1], data=data, groups=groups, modes=wanted,
                             max_samples=max_samples, precision=precision, max_gap=max_gap, engine=not no_engine,
-                            build_check=not no_build_check, tactic_sources=tactic_sources, out_dir=out_dir, report=report)
+                            build_check=not no_build_check, tactic_sources=tactic_sources, out_dir=out_dir, report=report,
+                            optimization_level=optimization_level)
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
     result = bisect_step(onnx_path, options, progress=log)
     if json_out:
