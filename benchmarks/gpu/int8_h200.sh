@@ -21,12 +21,13 @@ export CI=true PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 P312="PYTHONPATH=/tmp/site:$ROOT python3 -m trtforge"
 T=". \$HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310"
 P310="$T -m trtforge"
-TACTICS="--tactic-sources -CUBLAS,-CUBLAS_LT,-CUDNN"
+TACTICS=${TACTICS---tactic-sources -CUBLAS,-CUBLAS_LT,-CUDNN}  # empty for a TensorRT-RTX dry run
+BERT_TIERS=${BERT_TIERS---tiers seq=512}  # one profile 1..512 (empty for the small BERT, whose seq ends at 128)
 
 declare -A DATA EVAL TIERS GATE
 for m in $MODELS; do
   case $m in
-    bert*) DATA[$m]=calib_data/minilm; EVAL[$m]=calib_data/minilm_eval; TIERS[$m]="--tiers seq=512"; GATE[$m]="--smooth 0.8" ;;
+    bert*) DATA[$m]=calib_data/minilm; EVAL[$m]=calib_data/minilm_eval; TIERS[$m]="$BERT_TIERS"; GATE[$m]="--smooth 0.8" ;;
     *) DATA[$m]=calib_data/images; EVAL[$m]=calib_data/images_eval; TIERS[$m]=""; GATE[$m]="--min-top1-agreement 0.99" ;;
   esac
 done
