@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import ROOT, run_cli
-from trtforge.bisect import BisectOptions, bisect, data_profile, suspects, table_rows
+from trtforge.bisection import BisectOptions, bisect, data_profile, suspects, table_rows
 from trtforge.calibrate.collect import gemm_shapes, plan_quantization
 from trtforge.calibrate.groups import float_nodes_for, role_groups, select_groups, variants
 from trtforge.config import InputSpec
@@ -160,9 +160,12 @@ def test_bisect_names_the_group_a_fake_engine_breaks(minilm_clean, minilm_cache,
 
 def test_bisect_cli_without_engine_says_why(minilm_clean, minilm_cache, tmp_path):
     proc = run_cli("bisect", str(minilm_clean), "--data", "calib_data/minilm_eval", "--max-samples", "8",
-                   "--groups", "attention_qk", "--no-build-check", "--cache", str(minilm_cache), "--out-dir", str(tmp_path / "b"))
+                   "--groups", "attention_qk", "--no-build-check", "--cache", str(minilm_cache), "--out-dir", str(tmp_path / "b"),
+                   env={"COLUMNS": "300"})
     assert proc.returncode == 0, proc.stderr
     assert "engine: absent:" in proc.stdout and "attention_qk" in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("all "))
+    assert "absent: " in row  # the engine column says why it is empty
     report = json.loads((tmp_path / "b" / "bisect.json").read_text())
     assert [r["variant"] for r in report["rows"]] == ["all"] and report["rows"][0]["ort_mean_cosine"] > 0.9
     assert "engine" not in report["rows"][0]

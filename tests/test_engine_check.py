@@ -67,7 +67,8 @@ def test_engine_failing_the_gate_fails_calibrate_even_though_ort_passes(tiny_fcn
     rows = {r[0]: r[1:] for r in check["rows"]}
     assert rows["mean cosine"][0] == pytest.approx(side["accuracy"]["mean_cosine"]) and rows["mean cosine"][2] == ">= 0.95"
     failures = gate_failures(side, _options(tmp_path))
-    assert len(failures) == 1 and failures[0].startswith("on the TensorRT engine fake.engine: INT8 mean cosine")
+    assert len(failures) == 2 and failures[0].startswith("on the TensorRT engine fake.engine: INT8 mean cosine")
+    assert failures[1].startswith("ONNX Runtime passes") and f"trtforge bisect {tiny_fcn_clean} --data {DATA}" in failures[1]
     assert json.loads((tmp_path / "fcn.int8.onnx.json").read_text())["engine_check"]["status"] == "failed"
 
 

@@ -326,7 +326,7 @@ def bisect(
     json_out: bool = JsonOpt,
 ) -> None:
     """Q/DQ groups on and off, ORT vs the TensorRT engine: which groups TensorRT executes differently."""
-    from trtforge.bisect import BisectOptions, bisect as bisect_step, table_rows
+    from trtforge.bisection import BisectOptions, bisect as bisect_step, table_rows
     from trtforge.calibrate.step import paths_for
 
     if precision not in ("best", "int8"):

@@ -115,6 +115,10 @@ def recheck(int8_onnx: Path, int8_sidecar: dict[str, Any], engine: Path, engine_
     fraction = int8_sidecar.get("int8_gemm_flops_fraction", 1.0)
     failures = [f"on the TensorRT engine {engine.name}: {f}"
                 for f in gate_failures({"accuracy": accuracy, "int8_gemm_flops_fraction": max(fraction, options.min_int8_flops)}, options)]
+    if failures and ort.get("mean_cosine", 0.0) >= options.min_cosine:
+        failures.append(f"ONNX Runtime passes on the same Q/DQ ONNX, so TensorRT executes part of it differently: "
+                        f"`trtforge bisect {int8_sidecar.get('reference_onnx')} --data {int8_sidecar.get('held_out', {}).get('data')}` "
+                        "names the Q/DQ groups")
     return {"status": "failed" if failures else "passed", "engine_path": str(engine),
             "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
             "precision": engine_sidecar.get("precision"), "ort": _headline(ort), "engine": accuracy,

@@ -290,6 +290,6 @@ def table_rows(result: BisectResult) -> list[list[Any]]:
         elif engine.get("built"):
             cells = ["built (not run here)", "-", "-"]
         else:
-            cells = ["-", "-", "-"]
+            cells = ["absent: " + result.engine_status.removeprefix("absent: ")[:60], "-", "-"]
         out.append([row["variant"], row["quantized_nodes"], row["ort_mean_cosine"], *cells])
     return out
