@@ -2,12 +2,13 @@
 # Issue 10 on the H200 (TensorRT 8.6): trtforge's INT8 on the engine, side by side with TensorRT's own
 # implicit INT8 and the fp16 engine, for BERT-base and ResNet-50 (zoo/configs/full, random init):
 #   calibrate (64 samples; the engine re-check: ORT and engine figures side by side, exit 1 if only the
-#   engine fails), build best (BERT; its re-check), bisect (BERT: attention BMMs and FFN-up alone), the
+#   engine fails), build best (BERT; its re-check), bisect (BERT: each attention BMM group alone), the
 #   implicit-INT8 anchor (IInt8EntropyCalibrator2 on the same samples, INT8+FP16, fp32 ONNX), fp16, and
 #   one `compare` per model that times every engine alone (GPU ms 16x128, 16x512, 64x512 / batch 16, 64).
 # Every engine has one profile (the model's axes; --tiers seq=512 for BERT). Each step is recorded in
 # $W/steps.jsonl (benchmarks/gpu/steps.sh) and the driver goes on after a failure; nothing starts past
-# DEADLINE. GPU time: ~9 min with the builds overlapped. Run from the project root after staging:
+# DEADLINE. GPU time: ~9-11 min with the builds overlapped (estimate from the zoo run's build times: BERT-base
+# ~80-160 s a build, ResNet-50 ~80 s; nothing here has run on the GPU yet). Run from the project root after staging:
 #   bash benchmarks/gpu/int8_h200.sh W DEADLINE_EPOCH [bert-base] [resnet50]
 # Results: $W/MODEL/compare.json (the table), $W/MODEL/*.engine.json (engine_check, layer_summary),
 # $W/bert-base/bisect/bisect.json, $W/MODEL/implicit.engine.{evidence.json,layers.log,inspector.json}.
@@ -40,24 +41,30 @@ for m in $MODELS; do
 done
 wait
 
-# 2. per model, overlapped: the INT8 chain | fp16 build | implicit-INT8 build.
-#    BERT-base: calibrate (re-check off) -> build best (its engine re-check) -> bisect.
+# 2. per model, overlapped (SERIAL=1: one job at a time, slower, no build shares the GPU's tactic timing):
+#    BERT-base: calibrate (re-check off) -> build best (its engine re-check) | bisect (attention BMMs alone).
 #    ResNet-50: calibrate with its engine re-check, whose engine (NAME.int8.best.engine, built by
 #    `trtforge build --precision best` through the API, one profile) is trtforge's INT8 engine: no second build.
+#    Both: the fp16 engine and the implicit-INT8 anchor.
+bg() { if [ -n "${SERIAL:-}" ]; then "$@"; else "$@" & fi; }
+text_chain() {
+  local m=$1 M=$W/$1/$1
+  step "calibrate-$m" 900 "$P310 calibrate $M.clean.onnx --data ${DATA[$m]} --eval-data ${EVAL[$m]} --max-samples 64 --max-eval-samples 64 ${GATE[$m]} --no-engine-check"
+  # the Q/DQ ONNX exists even when a gate failed (exit 1): build and measure it anyway
+  [ -f "$M.int8.onnx" ] && bg step "build-best-$m" 900 "$P310 build $M.int8.onnx --precision best ${TIERS[$m]} $TACTICS -o $M.best.engine"
+  [ -f "$M.calib.cache" ] && step "bisect-$m" 600 "$P310 bisect $M.clean.onnx --cache $M.calib.cache --data ${EVAL[$m]} --max-samples 32 --groups ${BISECT_GROUPS:-attention_qk,attention_av} --modes alone --optimization-level 2 --out-dir $W/$m/bisect"
+  wait
+}
 for m in $MODELS; do
   M=$W/$m/$m; [ -f "$M.clean.onnx" ] || continue
-  case $m in bert*) true ;; *) false ;; esac; TEXT=$?
-  if [ $TEXT = 0 ]; then
-    ( step "calibrate-$m" 900 "$P310 calibrate $M.clean.onnx --data ${DATA[$m]} --eval-data ${EVAL[$m]} --max-samples 64 --max-eval-samples 64 ${GATE[$m]} --no-engine-check"
-      # the Q/DQ ONNX exists even when a gate failed (exit 1): build and measure it anyway
-      [ -f "$M.int8.onnx" ] && step "build-best-$m" 900 "$P310 build $M.int8.onnx --precision best ${TIERS[$m]} $TACTICS -o $M.best.engine"
-      [ -f "$M.calib.cache" ] && step "bisect-$m" 600 "$P310 bisect $M.clean.onnx --cache $M.calib.cache --data ${EVAL[$m]} --max-samples 32 --groups attention_qk,attention_av,ffn_up --modes alone --optimization-level 2 --out-dir $W/$m/bisect"
-    ) > "$W/$m/chain.log" 2>&1 &
+  case $m in bert*) TEXT=1 ;; *) TEXT= ;; esac
+  if [ -n "$TEXT" ]; then
+    bg text_chain "$m" > "$W/$m/chain.log" 2>&1
   else
-    step "calibrate-recheck-$m" 900 "$P310 calibrate $M.clean.onnx --data ${DATA[$m]} --eval-data ${EVAL[$m]} --max-samples 64 --max-eval-samples 64 ${GATE[$m]}" &
+    bg step "calibrate-recheck-$m" 900 "$P310 calibrate $M.clean.onnx --data ${DATA[$m]} --eval-data ${EVAL[$m]} --max-samples 64 --max-eval-samples 64 ${GATE[$m]}"
   fi
-  step "build-fp16-$m" 900 "$P310 build $M.clean.onnx --precision fp16 ${TIERS[$m]} $TACTICS -o $M.fp16.engine" &
-  step "build-implicit-$m" 900 "$T benchmarks/gpu/implicit_int8.py build $M.clean.onnx $W/$m/implicit.engine --data ${DATA[$m]} --max-samples 64 $([ $TEXT = 0 ] && echo --seq 128)" &
+  bg step "build-fp16-$m" 900 "$P310 build $M.clean.onnx --precision fp16 ${TIERS[$m]} $TACTICS -o $M.fp16.engine"
+  bg step "build-implicit-$m" 900 "$T benchmarks/gpu/implicit_int8.py build $M.clean.onnx $W/$m/implicit.engine --data ${DATA[$m]} --max-samples 64 ${TEXT:+--seq 128}"
 done
 wait
 
