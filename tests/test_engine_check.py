@@ -82,6 +82,20 @@ def test_engine_equal_to_ort_passes_with_figures_side_by_side(tiny_fcn_clean, tm
     assert gate_failures(result.sidecar, _options(tmp_path)) == []
 
 
+def test_a_q_dq_onnx_that_does_not_build_fails_the_check(tiny_fcn_clean, tmp_path):
+    from trtforge.errors import UserError
+
+    def no_build(onnx_path):
+        raise UserError("the tensorrt 8.6.0 ONNX parser rejected fcn.int8.onnx: node 'q' (QuantizeLinear): unsupported")
+
+    hooks = EngineHooks(lambda: (True, "tensorrt"), no_build, lambda engine, side: None)
+    result = calibrate(tiny_fcn_clean, _options(tmp_path), engine_hooks=hooks)
+    check = result.sidecar["engine_check"]
+    assert check["status"] == "failed" and "could not build an engine from fcn.int8.onnx: the tensorrt 8.6.0 ONNX parser" in check["failures"][0]
+    assert gate_failures(result.sidecar, _options(tmp_path)) == check["failures"]
+    assert engine_check.render_lines(check)[0].startswith("engine re-check: FAILED: the engine re-check could not build")
+
+
 def test_build_rechecks_an_engine_from_calibrate_and_only_such(tiny_fcn_clean, tmp_path):
     result = calibrate(tiny_fcn_clean, _options(tmp_path, engine_check=False))
     assert result.sidecar["engine_check"]["status"] == "skipped"

@@ -170,7 +170,13 @@ def after_calibrate(int8_onnx: Path, int8_sidecar: dict[str, Any], hooks: Engine
     if not ok:
         return skipped(why)
     progress("engine re-check: building a TensorRT engine from the Q/DQ ONNX")
-    engine, engine_sidecar = hooks.build(int8_onnx)
+    from trtforge.errors import UserError
+
+    try:
+        engine, engine_sidecar = hooks.build(int8_onnx)
+    except UserError as exc:  # an INT8 model TensorRT cannot build fails the check; calibrate's files stay
+        return {"status": "failed", "engine_path": None, "backend": why, "precision": None, "rows": [],
+                "failures": [f"the engine re-check could not build an engine from {int8_onnx.name}: {exc}"]}
     return recheck(int8_onnx, int8_sidecar, engine, engine_sidecar, hooks.runner(engine, engine_sidecar), batches)
 
 
@@ -198,4 +204,6 @@ def render_lines(check: dict[str, Any] | None) -> list[str]:
     if check["status"] == "skipped":
         return [f"{check['message']}: {check['reason']}"]
     verdict = "passed" if check["status"] == "passed" else "FAILED: " + "; ".join(check["failures"])
+    if not check.get("engine_path"):
+        return [f"engine re-check: {verdict}"]
     return [f"engine re-check on {Path(check['engine_path']).name} ({check['backend']}, {check['precision']}): {verdict}"]
