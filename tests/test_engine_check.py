@@ -106,6 +106,12 @@ def test_build_rechecks_an_engine_from_calibrate_and_only_such(tiny_fcn_clean, t
     assert check["status"] == "failed" and check["engine_path"] == str(engine)  # data and gate from calibrate's sidecar
     assert engine_check.after_build(engine, dict(side, precision="fp16"), _hooks(tiny_fcn_clean, True, [])) is None
     assert engine_check.after_build(engine, dict(side, source_onnx=str(tiny_fcn_clean)), _hooks(tiny_fcn_clean, True, [])) is None
+    # Held-out data gone (the ONNX copied to another machine): skipped, saying so, never an error after the build.
+    int8_side = json.loads((tmp_path / "fcn.int8.onnx.json").read_text())
+    int8_side["held_out"]["data"] = str(tmp_path / "gone")
+    (tmp_path / "fcn.int8.onnx.json").write_text(json.dumps(int8_side))
+    check = engine_check.after_build(engine, side, _hooks(tiny_fcn_clean, ruin=True, built=[]))
+    assert check["status"] == "skipped" and "gone" in check["reason"] and check["message"].endswith("(held-out data not found)")
 
 
 def test_cli_exits_1_when_only_the_engine_fails(tiny_fcn_clean, tmp_path, monkeypatch, capsys):

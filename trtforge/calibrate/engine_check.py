@@ -90,8 +90,8 @@ def gate_options(int8_sidecar: dict[str, Any]) -> Any:
                             min_top1_agreement=gate.get("min_top1_agreement"), min_pixel_agreement=gate.get("min_pixel_agreement"))
 
 
-def skipped(reason: str) -> dict[str, Any]:
-    return {"status": "skipped", "message": SKIPPED, "reason": reason}
+def skipped(reason: str, message: str = SKIPPED) -> dict[str, Any]:
+    return {"status": "skipped", "message": message, "reason": reason}
 
 
 def recheck(int8_onnx: Path, int8_sidecar: dict[str, Any], engine: Path, engine_sidecar: dict[str, Any],
@@ -190,6 +190,11 @@ def after_build(engine: Path, engine_sidecar: dict[str, Any], hooks: EngineHooks
     int8_sidecar = read_sidecar(source, required=False) or {}
     if int8_sidecar.get("step") != "calibrate":
         return None
+    held = (int8_sidecar.get("held_out") or {}).get("data")
+    if not held or not Path(held).is_dir():
+        why = (f"the held-out data {held} named in {source}.json is not here" if held
+               else f"{source}.json names no held-out data (an older trtforge calibrate); re-run calibrate")
+        return skipped(why, "engine re-check: skipped (held-out data not found)")
     hooks = hooks or default_hooks()
     ok, why = hooks.available()
     if not ok:
