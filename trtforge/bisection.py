@@ -250,8 +250,8 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
             path = save_onnx(qdq, out_dir / (_slug(name) + ".onnx"))
             try:
                 engine = measure(path, qdq, batches, refs, kinds)
-            except UserError as exc:
-                engine = {"error": str(exc)}
+            except Exception as exc:  # one variant that fails to build or run is a finding; the others still count
+                engine = {"error": str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"}
             row["engine"] = engine
             if engine.get("mean_cosine") is not None:
                 row["gap"] = acc.mean_cosine - engine["mean_cosine"]
