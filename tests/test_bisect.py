@@ -181,3 +181,49 @@ def test_bisect_cli_bad_input(minilm_clean, minilm_cache, tmp_path):
     assert_user_error(run_cli("bisect", str(minilm_cache.with_name("m.int8.onnx")), "--data", "calib_data/minilm_eval",
                               "--cache", str(minilm_cache)),
                       "already holds Q/DQ")
+
+
+def test_a_variant_whose_engine_fails_is_recorded_and_the_rest_go_on(minilm_clean, minilm_cache, tmp_path):
+    def flaky(path, qdq, batches, refs, kinds):
+        if path.name == "all.onnx":
+            raise RuntimeError("TensorRT execution failed on profile 0")
+        return {"built": True}
+
+    options = BisectOptions(cache=minilm_cache, data=ROOT / "calib_data" / "minilm_eval", groups="ffn_up,ffn_down",
+                            modes=("alone",), max_samples=4, out_dir=tmp_path / "b")
+    result = bisect(minilm_clean, options, measure=flaky, availability=("build", "fake"))
+    assert list(result.groups) == ["ffn_up", "ffn_down"]  # found behind SmoothQuant's inserted Mul too (the cache is smoothed)
+    assert [r.get("engine") for r in result.rows] == [{"error": "RuntimeError: TensorRT execution failed on profile 0"},
+                                                     {"built": True}, {"built": True}]
+    assert [row[3] for row in table_rows(result)] == ["failed: RuntimeError: TensorRT execution failed on profile 0",
+                                                      "built (not run here)", "built (not run here)"]
+    assert result.suspects == [] and result.engine_status == "built only: fake"
+
+
+def test_tanh_gelu_ffn_and_a_pooler_before_a_classifier():
+    """A tanh-GELU FFN (6 ops between the GEMMs and the Tanh) with a residual, then BERT's pooler ([CLS] by a
+    Gather, dense, Tanh) feeding a classifier: the pooler is head, not ffn_up, though a Tanh follows it."""
+    rng = np.random.default_rng(0)
+
+    def init(name, value):
+        return numpy_helper.from_array(np.asarray(value, dtype=np.float32), name)
+
+    inits = [init("wup", rng.standard_normal((8, 16))), init("bup", np.zeros(16)), init("wdown", rng.standard_normal((16, 8))),
+             init("c3", 3.0), init("k", 0.044715), init("r", 0.79788), init("one", 1.0), init("half", 0.5),
+             init("wp", rng.standard_normal((8, 8))), init("bp", np.zeros(8)), init("wc", rng.standard_normal((8, 3))),
+             numpy_helper.from_array(np.array(0, np.int64), "cls")]
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "wup"], ["u"], name="up"), n("Add", ["u", "bup"], ["h"], name="bias_up"),
+             n("Pow", ["h", "c3"], ["p"], name="pow"), n("Mul", ["p", "k"], ["m"], name="mul_k"), n("Add", ["h", "m"], ["a"], name="add_a"),
+             n("Mul", ["a", "r"], ["s"], name="mul_r"), n("Tanh", ["s"], ["t"], name="tanh"), n("Add", ["t", "one"], ["o"], name="add_one"),
+             n("Mul", ["h", "o"], ["g"], name="mul_g"), n("Mul", ["g", "half"], ["g2"], name="mul_half"),
+             n("MatMul", ["g2", "wdown"], ["d"], name="down"), n("Add", ["d", "x"], ["y"], name="residual"),
+             n("Gather", ["y", "cls"], ["c"], name="cls_token", axis=1), n("MatMul", ["c", "wp"], ["pd"], name="pooler"),
+             n("Add", ["pd", "bp"], ["pb"], name="bias_p"), n("Tanh", ["pb"], ["pooled"], name="pool_tanh"),
+             n("MatMul", ["pooled", "wc"], ["logits"], name="classifier")]
+    graph = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8]),
+                               helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = plan_quantization(model, None, rules=())
+    assert role_groups(model, plan, None) == {"ffn_up": ["up"], "ffn_down": ["down"], "head": ["pooler", "classifier"]}

@@ -286,7 +286,7 @@ def table_rows(result: BisectResult) -> list[list[Any]]:
         if "mean_cosine" in engine:
             cells = [engine["mean_cosine"], row["gap"], engine.get("gpu_ms", "-")]
         elif "error" in engine:
-            cells = ["build failed: " + engine["error"][:80], "-", "-"]
+            cells = ["failed: " + engine["error"][:80], "-", "-"]
         elif engine.get("built"):
             cells = ["built (not run here)", "-", "-"]
         else:

@@ -10,7 +10,7 @@ on its own:
 - CNNs: `first_conv` (a convolution reading a graph input), `conv_<H>x<W>` (the others by output
   resolution, i.e. by stage, where shapes are known; `conv` otherwise), `deconv`;
 - anywhere: `head` (a GEMM whose output reaches a graph output through bias, reshape and activation ops
-  only: classifier, pooler) and `residual_add` (the Adds whose residual input the plan quantizes).
+  only, or that reads one token picked by a Gather/Slice: classifier, pooler) and `residual_add` (the Adds whose residual input the plan quantizes).
 Paths are followed across non-GEMM ops only, a few hops deep: a GEMM's role is decided by its
 neighbours, not by names, so it works on any exporter's naming.
 """
@@ -23,7 +23,7 @@ import onnx
 
 from trtforge.calibrate.placement import GEMM_OPS, QuantPlan
 
-ACTIVATIONS = ("Gelu", "FastGelu", "BiasGelu", "Erf", "Relu", "Sigmoid", "HardSigmoid", "HardSwish", "Softplus", "Elu",
+ACTIVATIONS = ("Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh", "Relu", "Sigmoid", "HardSigmoid", "HardSwish", "Softplus", "Elu",
                "LeakyRelu", "Selu", "Mish", "Swish", "Silu", "QuickGelu", "Clip")
 _HEAD_PATH = ("Add", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "Tanh", "Sigmoid", "Softmax",
               "Relu", "Gelu", "Gather", "Slice")
@@ -134,10 +134,13 @@ def node_role(node: onnx.NodeProto, graph: _Graph, shapes: dict[str, tuple[int, 
     ahead = graph.forward(node, 6)
     if any(n.op_type == "MatMul" and _is_bmm(n, graph) and (_softmax_after(n, graph) or _softmax_before(n, graph)) for n in ahead):
         return "qkv_projection"
-    behind = graph.backward(data, 4)
+    # 6 hops: an erf GELU is 4 ops deep, a tanh GELU 6, and SmoothQuant may put a Mul in front of the GEMM.
+    behind = graph.backward(data, 6)
     if any(n.op_type == "MatMul" and _is_bmm(n, graph) and _softmax_before(n, graph) for n in behind):
         return "attention_output"
-    if any(n.op_type in ACTIVATIONS for n in graph.forward(node, 3)):
+    if any(n.op_type in ("Gather", "Slice") for n in graph.backward(data, 2)):
+        return "head"  # a pooler reading one token (BERT's [CLS]) before a classifier
+    if any(n.op_type in ACTIVATIONS for n in graph.forward(node, 6)):
         return "ffn_up"
     if any(n.op_type in ACTIVATIONS for n in behind):
         return "ffn_down"
