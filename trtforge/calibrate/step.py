@@ -64,6 +64,7 @@ class CalibrateOptions:
     from_cache: Path | None = None
     output: Path | None = None  # the int8 ONNX; the cache goes beside it
     engine_check: bool = True  # re-check the gate on a TensorRT engine where one can execute (engine_check.py)
+    engine_check_off: str = "--no-engine-check"  # why, when engine_check is off
 
 
 @dataclass
@@ -359,7 +360,7 @@ def _engine_check(int8_path: Path, sidecar: dict[str, Any], options: CalibrateOp
     from trtforge.calibrate import engine_check
 
     if not options.engine_check:
-        return {"status": "skipped", "message": "engine re-check: skipped (--no-engine-check)", "reason": "turned off"}
+        return {"status": "skipped", "message": "engine re-check: skipped (turned off)", "reason": options.engine_check_off}
     return engine_check.after_calibrate(int8_path, sidecar, hooks, eval_batches, progress)
 
 
