@@ -305,6 +305,7 @@ def inspect(
         ui.print_json({"path": str(engine), **side, "layer_summary": summary})
         return
     _render_engine(side, engine, summary)
+    _render_engine_check(side.get("engine_check"))
 
 
 @app.command()
