@@ -72,7 +72,8 @@ def test_layer_log_rtx_format_and_inspector_na():
     # The 8.6 inspector without concrete shapes: precision unknown, not a made-up one.
     na = [{"Name": "c", "LayerType": "Convolution", "Inputs": [{"Format/Datatype": "N/A due to dynamic shapes"}],
            "Outputs": [{"Format/Datatype": "N/A due to dynamic shapes"}]}]
-    assert summarize_layers(na) == {"by_type": {"Convolution": 1}, "by_precision": {"unknown": 1}, "int8_layers": []}
+    summary = summarize_layers(na)
+    assert (summary["by_type"], summary["by_precision"], summary["int8_layers"]) == ({"Convolution": 1}, {"unknown": 1}, [])
     assert parse_layer_log("garbage\nLayer(: broken") == []
 
 

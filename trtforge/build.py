@@ -126,8 +126,12 @@ def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, 
 def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,
           config_tiers: dict[str, list[int]] | None = None, backend: str = "auto", options: BuildOptions | None = None,
           lengths_file: Path | None = None, tier_count: int = 3, on_tick: Tick | None = None, tick_s: float = 15.0,
-          warn: Callable[[str], None] | None = None) -> BuildResult:
+          warn: Callable[[str], None] | None = None, engine_check: bool = True, engine_hooks: Any = None) -> BuildResult:
     """Build an engine. 'fp32' is IEEE fp32 (TF32 off) unless options.tf32.
+
+    An int8/best engine built from calibrate's Q/DQ ONNX gets calibrate's held-out gate re-checked on the
+    engine where it can execute (calibrate/engine_check.py; sidecar key `engine_check`, skipped with the
+    reason elsewhere). engine_hooks replace the runtime in tests.
 
     The engine and its sidecar are written as soon as TensorRT returns; layer inspection comes after
     and can only add to the sidecar (a failed inspection is recorded and warned about, never fatal).
@@ -221,6 +225,14 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     sidecar.update(_layer_info(mod, out, profiles, output, warn))
     with output_lock(output):
         write_sidecar(output, sidecar)
+    if engine_check:
+        from trtforge.calibrate.engine_check import after_build
+
+        check = after_build(output, sidecar, engine_hooks)
+        if check is not None:
+            sidecar["engine_check"] = check
+            with output_lock(output):
+                write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
 
 
@@ -243,14 +255,30 @@ def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], outpu
         log_layers = []
         warn(f"could not read the builder's layer log ({type(exc).__name__}: {exc}); layer precisions are unknown.")
     layers, source = _best_layers(inspector_layers, log_layers)
+    if layers and source == "build log" and inspector_layers:
+        _add_tactic_names(layers, inspector_layers)
     inspector = {"error": inspector_error} if inspector_error else {"ok": inspector_layers is not None, "unavailable": why_not}
     fields: dict[str, Any] = {"inspector": inspector, "layer_info": None, "layer_summary": None,
                               "layer_info_unavailable": None if layers else (inspector_error or why_not or "no layer information")}
     if layers:
         layers_file = output.with_name(output.name + ".layers.json")
-        write_json_atomic(layers_file, {"source": source, "inspector": inspector, "layers": layers})
+        # The raw report too (capped): its format differs between TensorRT versions and is undocumented.
+        write_json_atomic(layers_file, {"source": source, "inspector": inspector, "layers": layers,
+                                        "build_log": out.layer_log[:LAYER_LOG_KEEP]})
         fields.update(layer_info=layers_file.name, layer_source=source, layer_summary=summarize_layers(layers))
     return fields
+
+
+LAYER_LOG_KEEP = 2_000_000  # characters of the builder's layer report kept in ENGINE.layers.json
+
+
+def _add_tactic_names(layers: list[dict[str, Any]], inspector_layers: list[dict[str, Any]]) -> None:
+    """Kernel (tactic) names from the inspector onto the build log's layers of the same name: the 8.6
+    inspector names tactics even where it says 'N/A due to dynamic shapes' for formats."""
+    names = {str(l.get("Name")): l.get("TacticName") for l in inspector_layers if isinstance(l, dict) and l.get("TacticName")}
+    for layer in layers:
+        if not layer.get("TacticName") and str(layer.get("Name")) in names:
+            layer["TacticName"] = names[str(layer.get("Name"))]
 
 
 def _best_layers(inspector_layers: list[dict[str, Any]] | None,

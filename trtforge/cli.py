@@ -124,6 +124,7 @@ def calibrate(
     strict_cache: bool = typer.Option(False, "--strict-cache", help="Fail (exit 2) instead of recalibrating when the cache does not match."),
     from_cache: Optional[Path] = typer.Option(None, "--from-cache", help="Import a TensorRT calibration cache written elsewhere."),
     compare_methods: bool = typer.Option(False, "--compare-methods", help="Run entropy, percentile and minmax side by side."),
+    no_engine_check: bool = typer.Option(False, "--no-engine-check", help="Do not re-check the gate on a TensorRT engine (done where an engine can execute)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'calibrate' section gives defaults."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="The Q/DQ ONNX (default NAME.int8.onnx); the cache goes beside it."),
     json_out: bool = JsonOpt,
@@ -141,6 +142,7 @@ def calibrate(
         fallback=False if no_fallback else None, strict_cache=strict_cache or None, from_cache=from_cache, output=output,
         quantize_attention=quantize_attention or None,
     )
+    options.engine_check = not no_engine_check
     if no_smooth:
         options.smooth = None
     elif smooth is not None:
@@ -166,9 +168,22 @@ def calibrate(
                for name, m in acc.get("per_output", {}).items()]
         con.print(ui.table("per output", ["output", "kind", "rel-L2", "cosine", "min item cosine", "top-1 / pixel agr."], per))
         con.print(f"wrote {result.cache_path}, {result.cache_path}.json and {result.int8_path} in {result.seconds:.1f} s")
+        _render_engine_check(side.get("engine_check"))
     failures = gate_failures(side, options)
     if failures:
         raise GateFailed("; ".join(failures) + ".")
+
+
+def _render_engine_check(check: Optional[dict]) -> None:
+    """The engine re-check: ORT and engine figures side by side, or the line saying why it was skipped."""
+    from trtforge.calibrate.engine_check import render_lines
+
+    con = ui.console()
+    if check and check.get("rows"):
+        con.print(ui.table("held-out accuracy: ONNX Runtime (Q/DQ ONNX) vs the TensorRT engine",
+                           ["metric", "ONNX Runtime", "engine", "gate"], [[("-" if v is None else v) for v in r] for r in check["rows"]]))
+    for line in render_lines(check):
+        con.print(line, markup=False)
 
 
 def _builtin_section(onnx_path: Path, section: str):
@@ -231,8 +246,12 @@ def build(
                             on_tick=tick, tick_s=ui.heartbeat_interval(), warn=ui.warn)
     if json_out:
         ui.print_json({"path": str(result.engine_path), **result.sidecar})
-        return
-    _render_engine(result.sidecar, result.engine_path, result.layer_summary)
+    else:
+        _render_engine(result.sidecar, result.engine_path, result.layer_summary)
+        _render_engine_check(result.sidecar.get("engine_check"))
+    check = result.sidecar.get("engine_check") or {}
+    if check.get("status") == "failed":
+        raise GateFailedError("; ".join(check["failures"]) + ".")
 
 
 def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> None:
@@ -254,6 +273,8 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
         con.print(ui.table("layers by output precision", ["precision", "count"], sorted(summary["by_precision"].items(), key=lambda kv: -kv[1])))
         int8 = summary.get("int8_layers") or []
         con.print(f"layers running INT8: {len(int8)}" + (": " + ", ".join(int8) if int8 else ""), markup=False)
+        if summary.get("int8_verdict"):
+            con.print(f"INT8: {summary['int8_verdict']}", markup=False)
     elif side.get("layer_info_unavailable"):
         con.print(f"layer information: {side['layer_info_unavailable']}")
     if (side.get("inspector") or {}).get("error"):
@@ -275,7 +296,7 @@ def inspect(
     side = read_engine_sidecar(engine, verify=True)
     summary = side.get("layer_summary")
     layers_file = engine.with_name(engine.name + ".layers.json")
-    if layers_file.is_file() and (summary is None or "int8_layers" not in summary):
+    if layers_file.is_file() and (summary is None or "int8_verdict" not in summary):
         from trtforge.backends.tensorrt import summarize_layers
 
         data = _json.loads(layers_file.read_text())
@@ -284,6 +305,55 @@ def inspect(
         ui.print_json({"path": str(engine), **side, "layer_summary": summary})
         return
     _render_engine(side, engine, summary)
+    _render_engine_check(side.get("engine_check"))
+
+
+@app.command()
+def bisect(
+    onnx_path: Path = typer.Argument(..., metavar="ONNX", help="The cleaned fp32 ONNX (NAME.clean.onnx)."),
+    cache: Optional[Path] = typer.Option(None, "--cache", help="Its calibration cache (default NAME.calib.cache beside it)."),
+    data: Path = typer.Option(..., "--data", "-d", help="Samples to measure on: .npy/.npz, .txt/.jsonl or images."),
+    groups: str = typer.Option("auto", "--groups", help="auto (every role group) or a comma list, e.g. attention_qk,attention_av,conv_*."),
+    modes: str = typer.Option("off,alone", "--modes", help="Variants besides all-on: off (each group left out), alone (each group only)."),
+    max_samples: int = typer.Option(64, "--max-samples", help="Use at most this many samples."),
+    precision: str = typer.Option("best", "--precision", help="Engine precision: best (float parts fp16) or int8."),
+    max_gap: float = typer.Option(0.005, "--max-gap", help="Engine mean cosine this far below ORT's names a group."),
+    no_engine: bool = typer.Option(False, "--no-engine", help="ONNX Runtime only: no engine builds."),
+    no_build_check: bool = typer.Option(False, "--no-build-check", help="Where engines cannot run, do not build them either."),
+    tactic_sources: Optional[str] = typer.Option(None, "--tactic-sources", help="As trtexec (default on TensorRT 8.6: -CUBLAS,-CUBLAS_LT,-CUDNN)."),
+    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", help="Builder optimization level 0-5 of the variant engines (lower builds faster)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Variant ONNX/engines and bisect.json (default NAME.bisect/)."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here instead."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Q/DQ groups on and off, ORT vs the TensorRT engine: which groups TensorRT executes differently."""
+    from trtforge.bisection import BisectOptions, bisect as bisect_step, table_rows
+    from trtforge.calibrate.step import paths_for
+
+    if precision not in ("best", "int8"):
+        raise UserError(f"--precision must be best or int8 for a bisection, got '{precision}'.")
+    wanted = tuple(m.strip() for m in modes.split(",") if m.strip())
+    if not set(wanted) <= {"off", "alone"}:
+        raise UserError(f"--modes takes off and/or alone, got '{modes}'.")
+    options = BisectOptions(cache=cache or paths_for(onnx_path, None)[1], data=data, groups=groups, modes=wanted,
+                            max_samples=max_samples, precision=precision, max_gap=max_gap, engine=not no_engine,
+                            build_check=not no_build_check, tactic_sources=tactic_sources, out_dir=out_dir, report=report,
+                            optimization_level=optimization_level)
+    log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
+    result = bisect_step(onnx_path, options, progress=log)
+    if json_out:
+        ui.print_json(result.report)
+        return
+    con = ui.console()
+    con.print(ui.table("Q/DQ groups", ["group", "ops"], [[g, len(n)] for g, n in result.groups.items()]))
+    con.print(ui.table(f"bisection of {onnx_path.name} (mean cosine vs fp32 on {result.report['samples']} samples)",
+                       ["variant", "quantized ops", "ORT cosine", "engine cosine", "ORT - engine", "GPU ms"], table_rows(result)))
+    con.print(f"engine: {result.engine_status}", markup=False)
+    if result.suspects:
+        con.print("groups TensorRT executes differently from the ONNX: " + ", ".join(result.suspects), markup=False)
+    elif result.engine_status == "measured":
+        con.print(f"no group's engine cosine falls more than {max_gap:g} below ONNX Runtime's", markup=False)
+    con.print(f"report: {result.report['report']}")
 
 
 @app.command(name="run")

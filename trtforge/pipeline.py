@@ -132,10 +132,15 @@ class Pipeline:
         from trtforge.calibrate.step import calibrate, gate_failures, options_from_section
 
         options = options_from_section(self.cfg.calibrate, output=self.paths["int8"])
+        # An int8/best build step re-checks its own engine with the same gate: one engine build, not two.
+        if self.cfg.build.precision in ("int8", "best"):
+            options.engine_check, options.engine_check_off = False, "the pipeline's int8/best build step re-checks its engine"
         result = calibrate(self.paths["clean"], options, progress=self.log)
         acc = result.sidecar["accuracy"] or {}
+        check = result.sidecar.get("engine_check") or {}
         detail = (f"mean cosine {acc.get('mean_cosine', float('nan')):.4f}, INT8 GEMM FLOPs "
-                  f"{result.sidecar['int8_gemm_flops_fraction']:.1%} ({result.reason})")
+                  f"{result.sidecar['int8_gemm_flops_fraction']:.1%} ({result.reason}); engine re-check {check.get('status')}"
+                  + (f" ({check.get('reason')})" if check.get("status") == "skipped" else ""))
         failures = gate_failures(result.sidecar, options)
         if failures:
             raise GateFailed("; ".join(failures))
@@ -156,7 +161,11 @@ class Pipeline:
         with ui.build_progress(f"building {src.name}") as tick:
             result = build(src, self.paths["engine"], b.precision, None, b.tiers, self.backend, options,
                            on_tick=tick, tick_s=ui.heartbeat_interval(), warn=ui.warn)
-        return f"{result.sidecar['backend']} {result.sidecar['tensorrt_version']}, {len(result.profiles)} profiles, {result.sidecar['build_seconds']:.1f} s"
+        check = result.sidecar.get("engine_check") or {}
+        if check.get("status") == "failed":
+            raise GateFailed("; ".join(check["failures"]))
+        recheck = f", engine re-check {check['status']}" if check else ""
+        return f"{result.sidecar['backend']} {result.sidecar['tensorrt_version']}, {len(result.profiles)} profiles, {result.sidecar['build_seconds']:.1f} s{recheck}"
 
     def _run(self) -> str:
         from trtforge.run import RunOptions, run

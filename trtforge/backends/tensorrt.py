@@ -484,6 +484,9 @@ LAYER_LOG_HEADERS = ("Engine Layer Information:", "Layers:")
 _LOG_PREFIX = re.compile(r"^(?:\[[^\]]*\]\s*)+(?=Layer\(|Name: )")  # "[V] [TRT] " and timestamps
 _LOG86_LAYER = re.compile(r"^Layer\(([^)]*)\): (.*?), Tactic: (\S+?), (.*)$")
 _LOG86_TENSOR = re.compile(r"(?:^|, )(.*?)\[([A-Za-z][A-Za-z0-9]*)\(([-\d,\s]*)\)\]")
+# The same report as TensorRT 8.6 GA and 9.x print it on the H200 (the bracketed form above gave every
+# layer empty I/O there): "name (Dtype[dims])".
+_LOG86_TENSOR_PAREN = re.compile(r"(?:^|, )(.*?) \(([A-Za-z][A-Za-z0-9]*)\[([-\d,\s]*)\]\)")
 _LOG10_LAYER = re.compile(r"^Name: (.*?), LayerType: (.*?), Inputs: \[(.*?)\], Constants: .*?Outputs: \[(.*?)\], TacticName: ([^,]*)")
 _LOG10_TENSOR = re.compile(r"\{ Name: (.*?), Dimensions: \[([-\d,]*)\].*?Datatype: (\w+)")
 
@@ -510,8 +513,9 @@ def parse_layer_log(text: str) -> list[dict[str, Any]]:
 
 
 def _tensors86(part: str) -> list[dict[str, Any]]:
+    found = _LOG86_TENSOR.findall(part) or _LOG86_TENSOR_PAREN.findall(part)
     return [{"Name": name.strip(), "Datatype": dtype, "Dimensions": [int(d) for d in dims.split(",") if d.strip()]}
-            for name, dtype, dims in _LOG86_TENSOR.findall(part)]
+            for name, dtype, dims in found]
 
 
 def _tensors10(part: str) -> list[dict[str, Any]]:
@@ -530,11 +534,31 @@ def tensor_dtype(tensor: dict[str, Any]) -> str | None:
     return next((name for name, words in _DTYPE_WORDS if any(w in text for w in words)), None)
 
 
+_INT8_KERNEL = re.compile(r"(?:^|[_\W])(?:i8|int8|imma)(?:[_\W\d]|$)|i8i8|int8x4|i8816|i8832", re.IGNORECASE)
+
+
+def int8_kernel(name: str) -> bool:
+    """A kernel/tactic name that says int8 math: 'i8i8', 'imma', 'int8', '_s8_'... (Ampere/Hopper xmma
+    names such as sm90_xmma_gemm_i8i8_i8i32_f32_...). Pure."""
+    return bool(_INT8_KERNEL.search(name or ""))
+
+
 def runs_int8(layer: dict[str, Any]) -> bool:
-    """A compute layer that consumes int8 tensors (reformats that only quantize/dequantize do not count)."""
+    """A compute layer that consumes int8 tensors or runs an int8 kernel (reformats that only
+    quantize/dequantize do not count)."""
     if "reformat" in str(layer.get("LayerType", "")).lower():
         return False
+    if int8_kernel(str(layer.get("TacticName") or "")):
+        return True
     return any(tensor_dtype(t) == "Int8" for t in layer.get("Inputs") or [] if isinstance(t, dict))
+
+
+def opaque(layer: dict[str, Any]) -> bool:
+    """A Myelin 'ForeignNode' that names no kernel: TensorRT 8.6 compiles whole transformer blocks into
+    one such layer and neither its inspector nor its build log lists the kernels inside, so whether the
+    GEMMs in it run int8 cannot be read off the engine (only a kernel profile, e.g. Nsight Compute, shows it)."""
+    mye = "myelin" in str(layer.get("LayerType", "")).lower() or "ForeignNode" in str(layer.get("Name", ""))
+    return mye and not layer.get("TacticName")
 
 
 def summarize_layers(layers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -548,7 +572,22 @@ def summarize_layers(layers: list[dict[str, Any]]) -> dict[str, Any]:
         precision = (tensor_dtype(outputs[0]) or "unknown") if outputs else "unknown"
         by_precision[precision] = by_precision.get(precision, 0) + 1
     int8 = [str(layer.get("Name")) for layer in layers if runs_int8(layer)]
-    return {"by_type": by_type, "by_precision": by_precision, "int8_layers": int8}
+    hidden = [str(layer.get("Name")) for layer in layers if opaque(layer)]
+    boundary = sorted({tensor_dtype(t) or "unknown" for layer in layers if opaque(layer)
+                       for t in (layer.get("Inputs") or []) + (layer.get("Outputs") or []) if isinstance(t, dict)})
+    return {"by_type": by_type, "by_precision": by_precision, "int8_layers": int8, "opaque_layers": hidden,
+            "opaque_boundary_types": boundary, "int8_verdict": int8_verdict(len(layers), int8, hidden, boundary)}
+
+
+def int8_verdict(total: int, int8: list[str], hidden: list[str], boundary: list[str]) -> str:
+    """One sentence on what the engine shows about INT8, saying plainly what it cannot show. Pure."""
+    shown = f"{len(int8)} of {total} layers run INT8 (int8 inputs or an int8 kernel)"
+    if not hidden:
+        return shown
+    types = f" (tensor types at their boundaries: {', '.join(boundary)})" if boundary else ""
+    return (f"{shown}; {len(hidden)} Myelin layer(s) are opaque{types}: this TensorRT lists no kernels inside them, "
+            "so whether their GEMMs run INT8 cannot be told from the engine; a kernel profile shows it "
+            "(benchmarks/gpu/int8_probe.py kernels on an Nsight Compute CSV)")
 
 
 def runtime_identity(mod: TrtModule) -> dict[str, Any]:

@@ -63,6 +63,8 @@ class CalibrateOptions:
     strict_cache: bool = False
     from_cache: Path | None = None
     output: Path | None = None  # the int8 ONNX; the cache goes beside it
+    engine_check: bool = True  # re-check the gate on a TensorRT engine where one can execute (engine_check.py)
+    engine_check_off: str = "--no-engine-check"  # why, when engine_check is off
 
 
 @dataclass
@@ -238,7 +240,9 @@ def fallback_search(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, flo
 
 
 def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool = False,
-              progress: Callable[[str], None] = lambda _: None, progress_bar: Any = None) -> CalibrateResult:
+              progress: Callable[[str], None] = lambda _: None, progress_bar: Any = None,
+              engine_hooks: Any = None) -> CalibrateResult:
+    """engine_hooks: engine_check.EngineHooks for the engine re-check (default: the real TensorRT runtime)."""
     start = time.perf_counter()
     onnx_path = Path(onnx_path)
     if options.method not in METHODS:
@@ -333,7 +337,11 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
         "quantized_nodes": len(plan.targets) - len(result.float_nodes), "float_nodes": result.float_nodes,
         "excluded": plan.excluded, "quantize_attention": options.quantize_attention,
         "int8_gemm_flops_fraction": result.int8_flops_fraction, "accuracy": accuracy_json,
-        "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops},
+        "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops,
+                 "min_top1_agreement": options.min_top1_agreement, "min_pixel_agreement": options.min_pixel_agreement},
+        # What the gate was measured on, so that `build` can re-check it on the engine.
+        "held_out": {"data": str(options.eval_data or options.data), "max_samples": options.max_eval_samples,
+                     "calibration_data": str(options.data)},
         "flops_at": opt_sizes,
         "seconds": round(time.perf_counter() - start, 3),
         "comparison": [{"method": r.method, "mean_cosine": r.accuracy.mean_cosine if r.accuracy else None,
@@ -341,8 +349,19 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
                         "int8_gemm_flops_fraction": r.int8_flops_fraction, "float_nodes": len(r.float_nodes)} for r in comparison],
     }
     write_sidecar(int8_path, sidecar)
+    sidecar["engine_check"] = _engine_check(int8_path, sidecar, options, engine_hooks, eval_batches, progress)
+    write_sidecar(int8_path, sidecar)
     return CalibrateResult(int8_path, cache_path, reused_sidecar is not None, reason, result, sidecar, comparison,
                            time.perf_counter() - start)
+
+
+def _engine_check(int8_path: Path, sidecar: dict[str, Any], options: CalibrateOptions, hooks: Any,
+                  eval_batches: list, progress: Callable[[str], None]) -> dict[str, Any]:
+    from trtforge.calibrate import engine_check
+
+    if not options.engine_check:
+        return {"status": "skipped", "message": "engine re-check: skipped (turned off)", "reason": options.engine_check_off}
+    return engine_check.after_calibrate(int8_path, sidecar, hooks, eval_batches, progress)
 
 
 def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
@@ -396,6 +415,9 @@ def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[st
         name = min(values, key=values.get)
         if values[name] < threshold:
             failures.append(f"INT8 {label} of '{name}' is {values[name]:.4f}, below the gate {threshold:g} ({key}) on {where}")
+    check = sidecar.get("engine_check") or {}
+    if check.get("status") == "failed":
+        failures += check["failures"]
     if sidecar["int8_gemm_flops_fraction"] < options.min_int8_flops:
         failures.append(f"only {sidecar['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor {options.min_int8_flops:.0%}")
     return failures

@@ -1,0 +1,214 @@
+"""Engine re-check: the held-out INT8 gate measured on the TensorRT engine, beside ONNX Runtime's figure.
+
+ONNX Runtime executing a Q/DQ ONNX is not what users deploy. TensorRT fuses and reorders the graph, so
+its rounding happens elsewhere (issue 10: BERT-base at cosine 0.9998 on ORT ran at 0.74 on the
+engine). So where this machine can execute TensorRT engines, `calibrate` (after writing the Q/DQ ONNX)
+and `build` (for an int8/best engine whose ONNX came from calibrate) run the same held-out samples
+through the engine and apply the same gate. A gate that passes on ORT and fails on the engine is a
+failed check (exit 1). Where no engine can execute, the check is recorded as skipped, with the
+reason, in the output and in the sidecar.
+
+The runtime pieces (is there a runtime, build, open a runner) are hooks, so tests inject a fake engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+SKIPPED = "engine re-check: skipped (no GPU / no TensorRT runtime here)"
+# TensorRT 8.6 wheels come without working cuBLAS/cuDNN here: their tactic sources stay off (trtexec's
+# --tacticSources=-CUBLAS,-CUBLAS_LT,-CUDNN); TensorRT >= 10 dropped them anyway.
+TACTICS_86 = "-CUBLAS,-CUBLAS_LT,-CUDNN"
+
+
+@dataclass
+class EngineHooks:
+    available: Callable[[], tuple[bool, str]]  # (an engine can execute here, why not)
+    build: Callable[[Path], tuple[Path, dict[str, Any]]]  # Q/DQ ONNX -> (engine, its sidecar)
+    runner: Callable[[Path, dict[str, Any]], Any]  # engine + sidecar -> a Runner (input/output names, run)
+
+
+def runtime_here() -> tuple[bool, str]:
+    """(True, flavour) when a TensorRT flavour can execute engines on this machine, else (False, why)."""
+    from trtforge.doctor import _support_here
+
+    support = _support_here()
+    for flavour in ("tensorrt", "tensorrt_rtx"):
+        ok, _why = support.get(flavour, (False, ""))
+        if ok:
+            return True, flavour
+    return False, "; ".join(f"{k}: {why.removeprefix('no: ')}" for k, (_, why) in support.items())
+
+
+def default_hooks(precision: str = "best") -> EngineHooks:
+    def build(onnx_path: Path) -> tuple[Path, dict[str, Any]]:
+        from trtforge.backends.tensorrt import BuildOptions, load_trt
+        from trtforge.build import build as build_engine, default_engine_path
+
+        _, flavour = runtime_here()
+        mod = load_trt(flavour)
+        options = BuildOptions(tactic_sources=TACTICS_86 if mod.flavour == "tensorrt" and mod.major < 10 else None)
+        result = build_engine(onnx_path, default_engine_path(onnx_path, precision), precision, backend=flavour, options=options,
+                              engine_check=False)
+        return result.engine_path, result.sidecar
+
+    def runner(engine: Path, sidecar: dict[str, Any]) -> Any:
+        from trtforge.backends.tensorrt import load_trt
+        from trtforge.backends.tensorrt_runtime import TrtRunner
+
+        return TrtRunner(load_trt(sidecar.get("backend", "auto")), engine, sidecar)
+
+    return EngineHooks(runtime_here, build, runner)
+
+
+class _Named:
+    """A runner whose output order is the reference's (the engine may list its outputs in another order;
+    the sample cosine is taken on the first output)."""
+
+    def __init__(self, runner: Any, output_names: list[str]):
+        self.runner, self.input_names, self.output_names = runner, list(runner.input_names), list(output_names)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = self.runner.run({k: v for k, v in feeds.items() if k in self.input_names})
+        return {name: np.asarray(out[name], dtype=np.float32) for name in self.output_names}
+
+
+def gate_options(int8_sidecar: dict[str, Any]) -> Any:
+    """The calibrate options that carry the gate and held-out data recorded in a calibrate sidecar."""
+    from trtforge.calibrate.step import CalibrateOptions
+
+    held = int8_sidecar.get("held_out") or {}
+    gate = int8_sidecar.get("gate") or {}
+    return CalibrateOptions(data=Path(held["calibration_data"]) if held.get("calibration_data") else Path("."),
+                            eval_data=Path(held["data"]) if held.get("data") else None,
+                            max_eval_samples=held.get("max_samples"),
+                            min_cosine=gate.get("min_cosine", 0.99), min_int8_flops=gate.get("min_int8_flops", 0.0),
+                            min_top1_agreement=gate.get("min_top1_agreement"), min_pixel_agreement=gate.get("min_pixel_agreement"))
+
+
+def skipped(reason: str, message: str = SKIPPED) -> dict[str, Any]:
+    return {"status": "skipped", "message": message, "reason": reason}
+
+
+def recheck(int8_onnx: Path, int8_sidecar: dict[str, Any], engine: Path, engine_sidecar: dict[str, Any],
+            runner: Any, batches: list[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+    """Held-out accuracy of `runner` (the engine) against the fp32 reference ONNX, gated like calibrate's
+    ORT figure; returns {status: passed|failed, ort, engine, failures, rows} (rows: the side-by-side table)."""
+    from trtforge.backends.onnxruntime import OrtRunner
+    from trtforge.calibrate.evaluate import evaluate, reference_outputs
+    from trtforge.calibrate.step import gate_failures
+    from trtforge.onnxio import load_onnx
+
+    options = gate_options(int8_sidecar)
+    if batches is None:
+        batches = held_out_batches(int8_onnx, int8_sidecar)
+    reference = OrtRunner(load_onnx(Path(int8_sidecar["reference_onnx"])).SerializeToString())
+    refs = reference_outputs(reference, batches)
+    ort = int8_sidecar.get("accuracy") or {}
+    kinds = ort.get("output_kinds") or {}
+    accuracy = evaluate(_Named(runner, reference.output_names), batches, refs, kinds).to_json()
+    accuracy["output_kinds"] = kinds
+    fraction = int8_sidecar.get("int8_gemm_flops_fraction", 1.0)
+    failures = [f"on the TensorRT engine {engine.name}: {f}"
+                for f in gate_failures({"accuracy": accuracy, "int8_gemm_flops_fraction": max(fraction, options.min_int8_flops)}, options)]
+    if failures and ort.get("mean_cosine", 0.0) >= options.min_cosine:
+        failures.append(f"ONNX Runtime passes on the same Q/DQ ONNX, so TensorRT executes part of it differently: "
+                        f"`trtforge bisect {int8_sidecar.get('reference_onnx')} --data {int8_sidecar.get('held_out', {}).get('data')}` "
+                        "names the Q/DQ groups")
+    return {"status": "failed" if failures else "passed", "engine_path": str(engine),
+            "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
+            "precision": engine_sidecar.get("precision"), "ort": _headline(ort), "engine": accuracy,
+            "failures": failures, "rows": side_by_side(ort, accuracy, options)}
+
+
+def held_out_batches(int8_onnx: Path, int8_sidecar: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+    """The held-out batches calibrate evaluated on (same data, same limit, same batching)."""
+    from trtforge.calibrate import data as data_mod
+    from trtforge.calibrate.step import _eval_batches, _max_length, _tokenizer_factory
+    from trtforge.config import AxisRange, InputSpec
+    from trtforge.errors import UserError
+
+    held = int8_sidecar.get("held_out") or {}
+    if not held.get("data"):
+        raise UserError(f"{int8_onnx}.json names no held-out data (made by an older trtforge calibrate); re-run calibrate.")
+    specs = [InputSpec(**s) for s in int8_sidecar["inputs"]]
+    axes = {k: AxisRange(**v) for k, v in int8_sidecar["axes"].items()}
+    _, samples = data_mod.load_samples(Path(held["data"]), specs, _tokenizer_factory(int8_onnx), _max_length(specs, axes),
+                                       held.get("max_samples"))
+    return _eval_batches(samples, held.get("max_samples"))
+
+
+def _headline(acc: dict[str, Any]) -> dict[str, Any]:
+    return {k: acc.get(k) for k in ("mean_cosine", "min_cosine", "samples", "per_output")}
+
+
+def side_by_side(ort: dict[str, Any], engine: dict[str, Any], options: Any) -> list[list[Any]]:
+    """[metric, ORT (Q/DQ ONNX), engine, gate] rows: the mean-pooled sample cosines, then each output's
+    task metric (top-1 / pixel agreement) where it has one."""
+    rows: list[list[Any]] = [["mean cosine", ort.get("mean_cosine"), engine.get("mean_cosine"), f">= {options.min_cosine:g}"],
+                             ["min cosine", ort.get("min_cosine"), engine.get("min_cosine"), "-"]]
+    gates = {"top1_agreement": options.min_top1_agreement, "pixel_agreement": options.min_pixel_agreement}
+    for name, metrics in (engine.get("per_output") or {}).items():
+        for metric, threshold in gates.items():
+            if metric in metrics:
+                ort_value = ((ort.get("per_output") or {}).get(name) or {}).get(metric)
+                rows.append([f"{name} {metric.replace('_', ' ')}", ort_value, metrics[metric],
+                             f">= {threshold:g}" if threshold is not None else "-"])
+    return rows
+
+
+def after_calibrate(int8_onnx: Path, int8_sidecar: dict[str, Any], hooks: EngineHooks | None,
+                    batches: list[dict[str, np.ndarray]] | None = None,
+                    progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """calibrate's re-check: build an engine from the Q/DQ ONNX just written, then `recheck`."""
+    hooks = hooks or default_hooks()
+    ok, why = hooks.available()
+    if not ok:
+        return skipped(why)
+    progress("engine re-check: building a TensorRT engine from the Q/DQ ONNX")
+    from trtforge.errors import UserError
+
+    try:
+        engine, engine_sidecar = hooks.build(int8_onnx)
+    except UserError as exc:  # an INT8 model TensorRT cannot build fails the check; calibrate's files stay
+        return {"status": "failed", "engine_path": None, "backend": why, "precision": None, "rows": [],
+                "failures": [f"the engine re-check could not build an engine from {int8_onnx.name}: {exc}"]}
+    return recheck(int8_onnx, int8_sidecar, engine, engine_sidecar, hooks.runner(engine, engine_sidecar), batches)
+
+
+def after_build(engine: Path, engine_sidecar: dict[str, Any], hooks: EngineHooks | None = None) -> dict[str, Any] | None:
+    """build's re-check for an int8/best engine whose ONNX came from calibrate; None for other engines."""
+    from trtforge.artifacts import read_sidecar
+
+    if engine_sidecar.get("precision") not in ("int8", "best"):
+        return None
+    source = Path(engine_sidecar["source_onnx"])
+    int8_sidecar = read_sidecar(source, required=False) or {}
+    if int8_sidecar.get("step") != "calibrate":
+        return None
+    held = (int8_sidecar.get("held_out") or {}).get("data")
+    if not held or not Path(held).is_dir():
+        why = (f"the held-out data {held} named in {source}.json is not here" if held
+               else f"{source}.json names no held-out data (an older trtforge calibrate); re-run calibrate")
+        return skipped(why, "engine re-check: skipped (held-out data not found)")
+    hooks = hooks or default_hooks()
+    ok, why = hooks.available()
+    if not ok:
+        return skipped(why)
+    return recheck(source, int8_sidecar, engine, engine_sidecar, hooks.runner(engine, engine_sidecar))
+
+
+def render_lines(check: dict[str, Any] | None) -> list[str]:
+    """Plain lines for the console: the skip message, or the verdict (the table is rendered by the CLI)."""
+    if not check:
+        return []
+    if check["status"] == "skipped":
+        return [f"{check['message']}: {check['reason']}"]
+    verdict = "passed" if check["status"] == "passed" else "FAILED: " + "; ".join(check["failures"])
+    if not check.get("engine_path"):
+        return [f"engine re-check: {verdict}"]
+    return [f"engine re-check on {Path(check['engine_path']).name} ({check['backend']}, {check['precision']}): {verdict}"]
