@@ -24,6 +24,18 @@ class Statistics:
     channel_amax: dict[str, np.ndarray]
     samples: int = 0
 
+    def merge(self, other: "Statistics") -> None:
+        """Add the statistics of another shard of the data. Exact and order-independent (histograms on
+        power-of-two ranges, maxima, counts), so shards collected apart give what one pass gives."""
+        for name, hist in other.histograms.items():
+            if name in self.histograms:
+                self.histograms[name].merge(hist)
+            else:
+                self.histograms[name] = hist.copy()
+        for name, peak in other.channel_amax.items():
+            self.channel_amax[name] = np.maximum(self.channel_amax[name], peak) if name in self.channel_amax else peak.copy()
+        self.samples += other.samples
+
 
 def collect(model: onnx.ModelProto, batches: Iterable[dict[str, np.ndarray]], tensors: list[str],
             channel_tensors: list[str] | None = None, num_bins: int = 2048, progress: Any = None) -> Statistics:
