@@ -280,8 +280,8 @@ def stack(batch: list[Chunk]) -> dict[str, np.ndarray]:
 class OrtTarget:
     backend = "onnxruntime"
 
-    def __init__(self, path: Path, providers: list[str]):
-        self.runner = OrtRunner(path, providers or None)
+    def __init__(self, path: Path, providers: list[str], threads: int | None = None):
+        self.runner = OrtRunner(path, providers or None, threads)
         self.input_names, self.output_names = self.runner.input_names, self.runner.output_names
         self.label = f"onnxruntime {'/'.join(self.runner.providers)}"
         self.timings: list[tuple[str, float, float | None]] = []
