@@ -126,6 +126,8 @@ def calibrate(
     compare_methods: bool = typer.Option(False, "--compare-methods", help="Run entropy, percentile and minmax side by side."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'calibrate' section gives defaults."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="The Q/DQ ONNX (default NAME.int8.onnx); the cache goes beside it."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Collect activations on Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address; same cache as one process."),
+    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", help="With --ray: actors to start (default: one per CPU of the cluster)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Calibrate INT8 scales, write a TensorRT calibration cache + sidecar and a Q/DQ ONNX, check accuracy."""
@@ -139,7 +141,7 @@ def calibrate(
         max_eval_samples=max_eval_samples, min_cosine=min_cosine, min_int8_flops=min_int8_flops,
         min_top1_agreement=min_top1_agreement, min_pixel_agreement=min_pixel_agreement,
         fallback=False if no_fallback else None, strict_cache=strict_cache or None, from_cache=from_cache, output=output,
-        quantize_attention=quantize_attention or None,
+        quantize_attention=quantize_attention or None, ray=ray, ray_actors=_positive(ray_actors, "--ray-actors"),
     )
     if no_smooth:
         options.smooth = None
@@ -148,6 +150,10 @@ def calibrate(
     if options.smooth is not None and not 0.0 <= options.smooth <= 1.0:
         raise UserError(f"--smooth must be between 0 and 1, got {options.smooth}.")
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
+    if options.ray:
+        from trtforge.scaleout.pool import connect
+
+        connect(options.ray)  # once for both collection passes (SmoothQuant's and the histograms')
     with ui.progress("calibrating", None) as bar:
         result = calibrate_step(onnx_path, options, compare_methods, progress=log, progress_bar=bar)
     side = result.sidecar
