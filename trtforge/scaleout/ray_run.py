@@ -1,12 +1,15 @@
 """`trtforge run --ray ADDRESS`: the run step sharded by document over Ray actors.
 
 The driver prepares the run exactly as one process does (run.prepare: documents, chunk plans, output
-kinds), cuts the documents into units (shard.plan_units) and hands units to actors, one per GPU (an
-engine) or per CPU slot (an ONNX on ONNX Runtime). Each actor holds its own target and reference
-runner, forms its unit's batches (run.make_batches) and returns the raw batch outputs; the driver
-merges them per document with the same merger as one process (run._Merger), so merged outputs and
-the chunking error are those of one process. Two phases, as in one process:
-1. inference, on the clock: units through the actors, outputs merged as they arrive;
+kinds), cuts the documents into units of whole documents (shard.plan_units) and hands units to actors,
+one per GPU (an engine) or per CPU slot (an ONNX on ONNX Runtime). Each actor holds its own target and
+reference runner, forms its unit's batches (run.make_batches) and merges each document with the
+one-process merger (run._Merger): a unit holds its documents whole, so every document's chunk plan and
+merge are those of one process. Merging where the outputs are keeps the driver off the critical path
+(with fast engines, shipping raw chunk outputs to one driver to merge there would cap the scaling);
+merged documents travel to the driver only when they are saved (--save-outputs), and the driver
+commits each document once. Two phases, as in one process:
+1. inference, on the clock: units through the actors;
 2. judging, off the clock: each unit back to the actor that ran it, which runs the reference on the
    very batches it inferred (precision error) and measures the chunking error of its documents.
 A worker that dies loses its in-flight units to the ledger, which retries them on another actor
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -69,24 +73,36 @@ class RunWorker:
         return {"label": self.target.label, "host": socket.gethostname(), "pid": os.getpid(),
                 "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
-    def _infer(self, chunks: list[Chunk]) -> tuple[list[list[Chunk]], list[dict[str, np.ndarray]], float]:
+    def _infer(self, chunks: list[Chunk], merger: _Merger | None = None) -> tuple[list[list[Chunk]], list[dict[str, np.ndarray]], float]:
         batches = make_batches(chunks, self.p.batch_cap, self.options.naive)
         outs: list[dict[str, np.ndarray]] = []
         start = time.perf_counter()
-        for _, out in self.target.run_many((i, stack(b)) for i, b in enumerate(batches)):
-            outs.append(out)
-            self.batches_run += 1
-            if self.die_after is not None and self.batches_run >= self.die_after:
-                os._exit(1)  # the killed-actor test: a crash mid-unit, as a segfault or an OOM kill would be
+        # As in one process: merging on one thread overlaps the inference of the next batches.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = []
+            for tag, out in self.target.run_many((i, stack(b)) for i, b in enumerate(batches)):
+                outs.append(out)
+                if merger is not None:
+                    pending.append(pool.submit(merger.add, batches[tag], out))
+                self.batches_run += 1
+                if self.die_after is not None and self.batches_run >= self.die_after:
+                    os._exit(1)  # the killed-actor test: a crash mid-unit, as a segfault or an OOM kill would be
+            for future in pending:
+                future.result()
         return batches, outs, time.perf_counter() - start
 
-    def infer(self, unit: int, chunks: list[Chunk]) -> dict[str, Any]:
-        """Phase 1: the unit's batches through the target; outputs kept for phase 2 and returned to merge."""
+    def infer(self, unit: int, chunks: list[Chunk], docs: list[tuple[int, Document]]) -> dict[str, Any]:
+        """Phase 1: the unit's documents through the target, merged per document here (the documents are
+        whole in a unit, so the merge is the one-process merge) and returned only when they are saved."""
+        local = {d: i for i, (d, _) in enumerate(docs)}
+        chunks = [replace(c, doc=local[c.doc]) for c in chunks]  # the merger indexes documents from 0
+        merger = _Merger([doc for _, doc in docs], chunks, self.p.kinds, self.options)
         mark = len(self.target.timings)
-        batches, outs, busy = self._infer(chunks)
+        batches, outs, busy = self._infer(chunks, merger)
+        merged = merger.results()
         if not self.options_self_referenced:
             self.kept[unit] = (batches, outs)
-        return {"keys": [[(c.doc, c.index) for c in b] for b in batches], "outputs": outs, "busy_s": busy,
+        return {"docs": [d for d, _ in docs], "merged": merged if self.options.save_outputs else None, "busy_s": busy,
                 "timings": self.target.timings[mark:], "batches": len(batches)}
 
     @property
@@ -174,16 +190,18 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
     progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(units)} units on {count} Ray actors ({label}); outputs "
              + ", ".join(f"{k.name} ({k.kind})" for k in p.kinds.values()))
 
-    lookup = {(c.doc, c.index): c for c in p.chunks}
-    merger = _Merger(p.docs, p.chunks, p.kinds, options)
+    merged: list[dict[str, np.ndarray] | None] = [None] * len(p.docs)
+    committed = [0] * len(p.docs)
     per_worker: dict[int, dict[str, Any]] = {}
     timings: list[tuple[str, float, float | None]] = []
     batches_total = 0
 
     def commit_infer(unit: int, worker: Any, result: dict[str, Any]) -> None:
         nonlocal batches_total
-        for keys, out in zip(result["keys"], result["outputs"]):
-            merger.add([lookup[k] for k in keys], out)
+        for i, d in enumerate(result["docs"]):
+            committed[d] += 1
+            if result["merged"] is not None:
+                merged[d] = result["merged"][i]
         stats = per_worker.setdefault(worker.id, {"documents": 0, "chunks": 0, "batches": 0, "tokens": 0, "busy_s": 0.0, "timings": []})
         stats["documents"] += len(units[unit])
         stats["chunks"] += len(unit_chunks[unit])
@@ -196,9 +214,11 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
 
     infer_ledger = Ledger(len(units))
     start = time.perf_counter()
-    pool.run(infer_ledger, lambda h, u: h.infer.remote(u, unit_chunks[u]), commit_infer, ray_options.depth)
-    merged = merger.results()
+    pool.run(infer_ledger, lambda h, u: h.infer.remote(u, unit_chunks[u], [(d, p.docs[d]) for d in units[u]]),
+             commit_infer, ray_options.depth)
     wall = time.perf_counter() - start
+    if committed != [1] * len(p.docs):  # the ledger's promise, checked on what came back
+        raise RuntimeError(f"documents merged other than once: {[d for d, n in enumerate(committed) if n != 1][:10]}")
     memory = {w.id: ray.get(w.handle.memory.remote()) for w in pool.live()}
 
     precision_parts: dict[int, Comparator | None] = {}
