@@ -132,3 +132,12 @@ def test_killed_calibration_actor_changes_nothing(minilm_clean, ray_cluster):
         assert (sharded.histograms[t].counts == one.histograms[t].counts).all()
     for t in channel:
         assert np.array_equal(sharded.channel_amax[t], one.channel_amax[t])
+
+
+def test_more_actors_than_the_cluster_holds_is_a_user_error(minilm_clean, ray_cluster):
+    from trtforge.errors import UserError
+    from trtforge.run import RunOptions
+    from trtforge.scaleout.ray_run import RayOptions, run_ray
+
+    with pytest.raises(UserError, match="--ray-actors 3 asks for more ONNX Runtime actors than the Ray cluster's 2 CPUs"):
+        run_ray(minilm_clean, RunOptions(inputs=ROOT / "calib_data/minilm_long"), RayOptions("auto", actors=3))

@@ -1,7 +1,5 @@
 """Pure pieces of the Ray scale-out (issue 13): work units and the exactly-once ledger, no Ray needed."""
 
-import random
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -76,3 +74,18 @@ def test_affinity_keeps_a_unit_on_its_worker_until_that_worker_dies():
     assert ledger.take(1) == 1 and ledger.take(1) is None  # unit 0 belongs to worker 0, which lives
     ledger.dead.add(0)
     assert ledger.take(1) == 0
+
+
+def test_ray_missing_or_unreachable_is_one_sentence(monkeypatch):
+    import sys
+
+    from trtforge.errors import UserError
+    from trtforge.scaleout.pool import _probe, require_ray
+
+    with pytest.raises(UserError, match="no Ray cluster answers at '127.0.0.1:1'"):
+        _probe("127.0.0.1:1")
+    with pytest.raises(UserError, match="no Ray cluster answers at 'nonsense'"):
+        _probe("nonsense")
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(UserError, match=r"pip install 'trtforge\[ray\]'"):
+        require_ray()

@@ -33,6 +33,8 @@ def connect(address: str) -> bool:
         return False
     import trtforge
 
+    if address != "auto" and not address.startswith("ray://"):
+        _probe(address)  # ray.init retries an address nobody serves for minutes before it fails
     # Workers import this very trtforge (a checkout need not be installed on the local cluster).
     root = str(Path(trtforge.__file__).resolve().parent.parent)
     paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
@@ -44,6 +46,17 @@ def connect(address: str) -> bool:
         raise UserError(f"cannot join the Ray cluster at '{address}' ({first[:200]}); pass --ray auto for a local "
                         "cluster or the address printed by `ray start --head`.") from None
     return True
+
+
+def _probe(address: str) -> None:
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
+    except (OSError, ValueError):
+        raise UserError(f"no Ray cluster answers at '{address}' (expected HOST:PORT of a head node, as `ray start --head` "
+                        "prints); check the address, or pass --ray auto for a local cluster.") from None
 
 
 def raise_cause(exc: BaseException) -> None:
