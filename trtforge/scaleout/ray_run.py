@@ -224,23 +224,34 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
     precision_parts: dict[int, Comparator | None] = {}
     chunking_parts: dict[int, Any] = {}
 
+    judged_by: dict[int, list[int]] = {}  # worker -> units it judged, for its own figures
+
     def commit_judge(unit: int, worker: Any, result: dict[str, Any]) -> None:
         precision_parts[unit] = result["precision"]
         for d, part in zip(units[unit], result["chunking"]):
             chunking_parts[d] = part
+        judged_by.setdefault(worker.id, []).append(unit)
 
     judge_ledger = Ledger(len(units), affinity=dict(infer_ledger.done))
     judge_ledger.dead |= {w.id for w in pool.workers if not w.alive}
     pool.run(judge_ledger, lambda h, u: h.judge.remote(u, unit_chunks[u], [(p.docs[d], doc_chunks[d]) for d in units[u]]),
              commit_judge, ray_options.depth)
 
-    if self_referenced(p):
-        precision = {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
-    else:
+    def precision_of(chosen: list[int]) -> dict[str, Any]:
+        if self_referenced(p):
+            return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
+        if not chosen:
+            return {"measured": False, "reason": "no units judged on this worker"}
         total = Comparator({name: k.kind for name, k in p.kinds.items()})
-        for u in range(len(units)):
+        for u in sorted(chosen):
             total.merge(precision_parts[u])
-        precision = precision_summary(total)
+        return precision_summary(total)
+
+    def chunking_of(chosen: list[int]) -> dict[str, Any]:
+        docs = sorted(d for u in chosen for d in units[u])
+        return chunking_summary([chunking_parts[d] for d in docs], p.kinds) if docs else {"measured": False, "reason": "no documents"}
+
+    precision = precision_of(list(range(len(units))))
 
     if options.save_outputs:
         from trtforge.artifacts import atomic_path
@@ -255,7 +266,9 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
         workers.append({"worker": w.id, **{k: w.info.get(k) for k in ("host", "pid", "devices")}, "alive": w.alive,
                         "units": sum(1 for owner in infer_ledger.done.values() if owner == w.id), "documents": stats["documents"],
                         **worker_figures(stats["tokens"], stats["busy_s"], stats["chunks"], stats["batches"]),
-                        "retried_units": w.retried_units, "latency": _latency(stats["timings"]), "memory": memory.get(w.id)})
+                        "retried_units": w.retried_units, "latency": _latency(stats["timings"]), "memory": memory.get(w.id),
+                        "judged_units": len(judged_by.get(w.id, [])), "precision_error": precision_of(judged_by.get(w.id, [])),
+                        "chunking_error": chunking_of(judged_by.get(w.id, []))})
     mems = [m for m in memory.values() if m]
     memory_all = {k: (max(m[k] for m in mems) if isinstance(mems[0][k], (int, float)) else mems[0][k]) for k in mems[0]} if mems else {}
     tokens = sum(d.length for d in p.docs)
