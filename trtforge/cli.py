@@ -127,6 +127,8 @@ def calibrate(
     no_engine_check: bool = typer.Option(False, "--no-engine-check", help="Do not re-check the gate on a TensorRT engine (done where an engine can execute)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'calibrate' section gives defaults."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="The Q/DQ ONNX (default NAME.int8.onnx); the cache goes beside it."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Collect activations on Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address; same cache as one process."),
+    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", help="With --ray: actors to start (default: one per CPU of the cluster)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Calibrate INT8 scales, write a TensorRT calibration cache + sidecar and a Q/DQ ONNX, check accuracy."""
@@ -140,7 +142,7 @@ def calibrate(
         max_eval_samples=max_eval_samples, min_cosine=min_cosine, min_int8_flops=min_int8_flops,
         min_top1_agreement=min_top1_agreement, min_pixel_agreement=min_pixel_agreement,
         fallback=False if no_fallback else None, strict_cache=strict_cache or None, from_cache=from_cache, output=output,
-        quantize_attention=quantize_attention or None,
+        quantize_attention=quantize_attention or None, ray=ray, ray_actors=_positive(ray_actors, "--ray-actors"),
     )
     options.engine_check = not no_engine_check
     if no_smooth:
@@ -150,6 +152,10 @@ def calibrate(
     if options.smooth is not None and not 0.0 <= options.smooth <= 1.0:
         raise UserError(f"--smooth must be between 0 and 1, got {options.smooth}.")
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
+    if options.ray:
+        from trtforge.scaleout.pool import connect
+
+        connect(options.ray)  # once for both collection passes (SmoothQuant's and the histograms')
     with ui.progress("calibrating", None) as bar:
         result = calibrate_step(onnx_path, options, compare_methods, progress=log, progress_bar=bar)
     side = result.sidecar
@@ -380,12 +386,16 @@ def run_cmd(
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Shard the inputs over Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address."),
+    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", help="With --ray: actors to start (default: one per GPU for an engine, one per CPU for an ONNX)."),
     stateful: bool = typer.Option(False, "--stateful", help="KV-cache model: exact chunked prefill, the cache kept on the device between chunks."),
     generate: int = typer.Option(0, "--generate", help="With --stateful: greedy-decode N tokens with the cache, checked against a full recompute."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Chunked inference checked against ONNX Runtime: precision and chunking errors, latency, throughput, memory."""
     if stateful or generate:
+        if ray:
+            raise UserError("--ray does not combine with --stateful/--generate (a KV cache lives on one device); drop one.")
         from trtforge.stateful import run_command
 
         return run_command(target, inputs, chunk, generate, reference, report, backend, provider, max_rel_l2, json_out)
@@ -418,13 +428,24 @@ def run_cmd(
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
-    result = run_step(target, options, progress=log)
+    if ray:
+        from trtforge.scaleout.ray_run import RayOptions, run_ray
+
+        result = run_ray(target, options, RayOptions(ray, _positive(ray_actors, "--ray-actors")), progress=log)
+    else:
+        result = run_step(target, options, progress=log)
     if json_out:
         ui.print_json(result)
     else:
         _render_run(result)
     if not result["gates"]["passed"]:
         raise GateFailed("; ".join(result["gates"]["failures"]) + (f"; see {options.report}" if options.report else ""))
+
+
+def _positive(value: Optional[int], flag: str) -> Optional[int]:
+    if value is not None and value < 1:
+        raise UserError(f"{flag} must be at least 1, got {value}.")
+    return value
 
 
 def _section_for_target(target: Path):
@@ -465,6 +486,11 @@ def _render_run(r: dict) -> None:
     lat = [[label, v["wall"]["count"], v["wall"].get("p50_ms", 0.0), v["wall"].get("p90_ms", 0.0), v["wall"].get("p99_ms", 0.0),
             v.get("gpu_compute", {}).get("p50_ms", "-")] for label, v in r["latency"].items()]
     con.print(ui.table("latency per batch (warm-up excluded)", ["group", "batches", "p50 ms", "p90 ms", "p99 ms", "GPU p50 ms"], lat))
+    if r.get("workers"):
+        con.print(ui.table(f"Ray workers ({r['ray']['actors']} actors, {r['ray']['units']} units, {r['ray']['retried_units']} retried)",
+                           ["worker", "host", "documents", "chunks", "batches", "tokens/s", "p50 ms", "retried", "alive"],
+                           [[w["worker"], w["host"] or "-", w["documents"], w["chunks"], w["batches"], w["tokens_per_s"],
+                             w["latency"]["all"]["wall"].get("p50_ms", 0.0), w["retried_units"], w["alive"]] for w in r["workers"]]))
     t, m = r["throughput"], r["memory"]
     mem = f"peak GPU {m['peak_gpu_mb']:.0f} MiB" if "peak_gpu_mb" in m else f"peak RSS {m['peak_rss_mb']:.0f} MiB"
     con.print(f"throughput {t['inputs_per_s']:.2f} inputs/s, {t['tokens_per_s']:.0f} tokens/s; {mem}")

@@ -77,6 +77,19 @@ class _Acc:
             self.agree += int(np.sum(a.argmax(axis=1) == b.argmax(axis=1)))
             self.votes += int(a.size // a.shape[1])
 
+    def merge(self, other: "_Acc") -> None:
+        """Add another accumulator's batches (a shard judged elsewhere). Merging per-item accumulators in
+        item order gives the very sums that adding those items in that order gives."""
+        self.diff2 += other.diff2
+        self.ref2 += other.ref2
+        self.cand2 += other.cand2
+        self.dot += other.dot
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.min_row = min(self.min_row, other.min_row)
+        self.item_cos += other.item_cos
+        self.agree += other.agree
+        self.votes += other.votes
+
     def metrics(self) -> dict[str, float]:
         out = {"rel_l2": float(np.sqrt(self.diff2) / max(np.sqrt(self.ref2), _EPS)),
                "cosine": float(self.dot / max(np.sqrt(self.ref2 * self.cand2), _EPS)),
@@ -102,6 +115,10 @@ class Comparator:
 
     def add_output(self, name: str, reference: np.ndarray, candidate: np.ndarray, mask: np.ndarray | None = None) -> None:
         self._acc[name].add(reference, candidate, mask)
+
+    def merge(self, other: "Comparator") -> None:
+        for name, acc in other._acc.items():
+            self._acc[name].merge(acc)
 
     def result(self) -> dict[str, dict[str, float]]:
         return {name: acc.metrics() for name, acc in self._acc.items() if acc.item_cos or acc.ref2}

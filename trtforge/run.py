@@ -280,8 +280,8 @@ def stack(batch: list[Chunk]) -> dict[str, np.ndarray]:
 class OrtTarget:
     backend = "onnxruntime"
 
-    def __init__(self, path: Path, providers: list[str]):
-        self.runner = OrtRunner(path, providers or None)
+    def __init__(self, path: Path, providers: list[str], threads: int | None = None):
+        self.runner = OrtRunner(path, providers or None, threads)
         self.input_names, self.output_names = self.runner.input_names, self.runner.output_names
         self.label = f"onnxruntime {'/'.join(self.runner.providers)}"
         self.timings: list[tuple[str, float, float | None]] = []
@@ -568,13 +568,25 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
 def _precision_error(p: Prepared, batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]]) -> dict[str, Any]:
     """The target against ONNX Runtime fp32 on the reference ONNX, batch by batch on identical chunks."""
-    if not p.is_engine and p.target_path.resolve() == p.reference_path.resolve():
+    if self_referenced(p):
         return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
     comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
     for i, b in enumerate(batches):
-        feeds = stack(b)
-        ref = p.reference.run(feeds)
-        comparator.add(ref, {k: v.astype(np.float32) for k, v in results[i].items()}, feeds.get("attention_mask"))
+        add_precision(comparator, p.reference, b, results[i])
+    return precision_summary(comparator)
+
+
+def self_referenced(p: Prepared) -> bool:
+    return not p.is_engine and p.target_path.resolve() == p.reference_path.resolve()
+
+
+def add_precision(comparator: Comparator, reference: OrtRunner, batch: list[Chunk], out: dict[str, np.ndarray]) -> None:
+    """One batch's target outputs judged against the reference ONNX run on the same stacked chunks."""
+    feeds = stack(batch)
+    comparator.add(reference.run(feeds), {k: v.astype(np.float32) for k, v in out.items()}, feeds.get("attention_mask"))
+
+
+def precision_summary(comparator: Comparator) -> dict[str, Any]:
     per_output = comparator.result()
     return {"measured": True, "scope": "target vs ONNX Runtime fp32 on identical chunks", "per_output": per_output,
             "worst": worst(per_output)}
@@ -622,37 +634,50 @@ def _measurement_input(doc: Document, p: Prepared) -> tuple[Document, str]:
 def _chunking_error(p: Prepared, options: RunOptions) -> dict[str, Any]:
     """Chunked+merged vs one whole pass, both ONNX Runtime fp32, where chunking happens: on the longest
     prefix of each chunked input that the model takes whole, with that prefix itself chunked."""
-    per_input = []
-    comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
     counts = [0] * len(p.docs)
     for c in p.chunks:
         counts[c.doc] += 1
-    for d, doc in enumerate(p.docs):
-        if counts[d] == 1:
-            per_input.append({"name": doc.name, "scope": "not chunked (fits one chunk)", "measured": False})
-            continue
-        sub, scope = _measurement_input(doc, p)
-        sub_chunks = plan_document(0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
-        if len(sub_chunks) < 2:
-            longest = p.limits.seq if doc.kind != "image" else p.limits.tile
-            per_input.append({"name": doc.name, "scope": f"not measurable: chunk ({options.chunk}) is not smaller than the longest "
-                                                          f"input the model takes whole ({longest})", "measured": False})
-            continue
-        whole_chunk = plan_document(0, sub, p.specs, p.layout, None, 0, Limits(), p.tokenizer, p.scales)[0]
-        whole = p.reference.run(whole_chunk.feeds)
-        parts: dict[str, list[tuple[Chunk, np.ndarray]]] = {}
-        for c in sub_chunks:
-            out = p.reference.run(c.feeds)
-            for name, kind in p.kinds.items():
-                parts.setdefault(name, []).append((c, chunk_part(kind, c, out[name])))
+    return chunking_summary([chunking_error_of(doc, counts[d], p, options) for d, doc in enumerate(p.docs)], p.kinds)
+
+
+def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOptions) -> tuple[dict[str, Any], Comparator | None]:
+    """One input's share of the chunking error (`count`: its chunks in the run): its per_input entry and
+    a comparator holding only this input (None when not measured). Per-input comparators merged in input
+    order give the sums one comparator fed input by input gives, so the error does not depend on where
+    (which process, which Ray actor) each input was measured."""
+    if count == 1:
+        return {"name": doc.name, "scope": "not chunked (fits one chunk)", "measured": False}, None
+    sub, scope = _measurement_input(doc, p)
+    sub_chunks = plan_document(0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+    if len(sub_chunks) < 2:
+        longest = p.limits.seq if doc.kind != "image" else p.limits.tile
+        return {"name": doc.name, "scope": f"not measurable: chunk ({options.chunk}) is not smaller than the longest "
+                                           f"input the model takes whole ({longest})", "measured": False}, None
+    comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
+    whole_chunk = plan_document(0, sub, p.specs, p.layout, None, 0, Limits(), p.tokenizer, p.scales)[0]
+    whole = p.reference.run(whole_chunk.feeds)
+    parts: dict[str, list[tuple[Chunk, np.ndarray]]] = {}
+    for c in sub_chunks:
+        out = p.reference.run(c.feeds)
         for name, kind in p.kinds.items():
-            merged = merge_document(sub, kind, parts[name], options)
-            reference = merge_document(sub, kind, [(whole_chunk, chunk_part(kind, whole_chunk, whole[name]))], options)
-            comparator.add_output(name, reference[None], merged[None])
-        per_input.append({"name": doc.name, "scope": scope, "chunks": len(sub_chunks), "measured": True})
+            parts.setdefault(name, []).append((c, chunk_part(kind, c, out[name])))
+    for name, kind in p.kinds.items():
+        merged = merge_document(sub, kind, parts[name], options)
+        reference = merge_document(sub, kind, [(whole_chunk, chunk_part(kind, whole_chunk, whole[name]))], options)
+        comparator.add_output(name, reference[None], merged[None])
+    return {"name": doc.name, "scope": scope, "chunks": len(sub_chunks), "measured": True}, comparator
+
+
+def chunking_summary(parts: list[tuple[dict[str, Any], Comparator | None]], kinds: dict[str, OutputKind]) -> dict[str, Any]:
+    """The report's chunking_error from chunking_error_of's results, in input order."""
+    per_input = [entry for entry, _ in parts]
     if not any(i["measured"] for i in per_input):
         reasons = sorted({i["scope"] for i in per_input})
         return {"measured": False, "reason": "; ".join(reasons), "per_input": per_input}
+    comparator = Comparator({name: k.kind for name, k in kinds.items()})
+    for _, part in parts:
+        if part is not None:
+            comparator.merge(part)
     per_output = comparator.result()
     return {"measured": True, "scope": "chunked+merged vs one whole pass, both ONNX Runtime fp32", "per_input": per_input,
             "per_output": per_output, "worst": worst(per_output)}

@@ -24,13 +24,39 @@ class Statistics:
     channel_amax: dict[str, np.ndarray]
     samples: int = 0
 
+    def merge(self, other: "Statistics") -> None:
+        """Add the statistics of another shard of the data. Exact and order-independent (histograms on
+        power-of-two ranges, maxima, counts), so shards collected apart give what one pass gives."""
+        for name, hist in other.histograms.items():
+            if name in self.histograms:
+                self.histograms[name].merge(hist)
+            else:
+                self.histograms[name] = hist.copy()
+        for name, peak in other.channel_amax.items():
+            self.channel_amax[name] = np.maximum(self.channel_amax[name], peak) if name in self.channel_amax else peak.copy()
+        self.samples += other.samples
+
 
 def collect(model: onnx.ModelProto, batches: Iterable[dict[str, np.ndarray]], tensors: list[str],
             channel_tensors: list[str] | None = None, num_bins: int = 2048, progress: Any = None) -> Statistics:
     """Stream batches through ORT; histograms for `tensors`, per-last-axis abs-max for `channel_tensors`."""
+    return collect_with(exposing_runner(model, tensors, channel_tensors), batches, tensors, channel_tensors, num_bins, progress)
+
+
+def exposing_runner(model: onnx.ModelProto | bytes, tensors: list[str], channel_tensors: list[str] | None = None,
+                    threads: int | None = None) -> OrtRunner:
+    """An ORT session of `model` with the tensors to measure as extra outputs (bytes: already exposed)."""
+    if isinstance(model, bytes):
+        return OrtRunner(model, threads=threads)
+    wanted = list(dict.fromkeys(tensors + (channel_tensors or [])))
+    return OrtRunner(expose_tensors(model, wanted).SerializeToString(), threads=threads)
+
+
+def collect_with(runner: OrtRunner, batches: Iterable[dict[str, np.ndarray]], tensors: list[str],
+                 channel_tensors: list[str] | None = None, num_bins: int = 2048, progress: Any = None) -> Statistics:
+    """collect() on a given session: what a Ray actor runs on its shard of the batches."""
     channel_tensors = channel_tensors or []
     wanted = list(dict.fromkeys(tensors + channel_tensors))
-    runner = OrtRunner(expose_tensors(model, wanted).SerializeToString())
     stats = Statistics({t: StreamingHistogram(num_bins) for t in tensors}, {})
     for batch in batches:
         values = runner.run(batch, wanted)

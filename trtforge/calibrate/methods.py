@@ -1,8 +1,12 @@
 """Scale methods on streamed histograms: entropy (TensorRT's KL search), percentile, minmax. Pure numpy.
 
-Histograms are TensorRT-style: 2048 bins over [0, range] of |x|. When a batch exceeds the range, the
-range doubles (as often as needed) and pairs of bins are merged, which re-bins exactly: no count moves
-to a wrong bin, and memory stays at 2048 counts per tensor whatever the number of samples.
+Histograms are TensorRT-style: 2048 bins over [0, range) of |x|. The range is always a power of two,
+the smallest one above the largest |x| seen: when a batch exceeds it, it doubles (as often as needed)
+and pairs of bins are merged. With a power-of-two range, x * bins / range is exact in float64, so each
+value's bin at the final range is floor(x * bins / range) however the values arrived: a histogram is a
+function of the multiset of values alone. That makes merges exact and order-independent (shards of a
+calibration set, collected on Ray actors, merge into the very histogram one process builds), and
+memory stays at 2048 counts per tensor whatever the number of samples.
 
 Written by hand because no maintained library exposes these on a streamed histogram: ORT's calibrators
 keep every activation in memory (the reason for this module), pytorch-quantization is torch-bound and
@@ -11,14 +15,22 @@ deprecated, and ModelOpt's are torch-bound too.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 NUM_BINS = 2048
 NUM_QUANTIZED_BINS = 128
 
 
+def canonical_range(peak: float) -> float:
+    """The smallest power of two strictly above `peak` (> 0): a range every shard agrees on."""
+    return math.ldexp(1.0, math.frexp(peak)[1])
+
+
 class StreamingHistogram:
-    """|x| histogram with a fixed bin count over a range that only grows (by doubling)."""
+    """|x| histogram with a fixed bin count over a power-of-two range that only grows (by doubling).
+    range 0.0 means only zeros were seen (all in bin 0, which they stay in at any range)."""
 
     def __init__(self, num_bins: int = NUM_BINS):
         if num_bins % 2:
@@ -32,6 +44,16 @@ class StreamingHistogram:
     def bin_width(self) -> float:
         return self.range / self.num_bins
 
+    def _grow_to(self, new_range: float) -> None:
+        """Re-bin to a larger power-of-two range by merging pairs of bins (exact, see the module doc)."""
+        if self.range == 0.0:
+            self.range = new_range  # only zeros so far: bin 0 at any range
+            return
+        while self.range < new_range:
+            merged = self.counts.reshape(-1, 2).sum(axis=1)
+            self.counts = np.concatenate([merged, np.zeros(self.num_bins // 2, dtype=np.int64)])
+            self.range *= 2.0
+
     def update(self, values: np.ndarray) -> None:
         data = np.abs(np.asarray(values, dtype=np.float32)).ravel()
         data = data[np.isfinite(data)]
@@ -39,14 +61,31 @@ class StreamingHistogram:
             return
         peak = float(data.max())
         self.amax = max(self.amax, peak)
-        if self.range == 0.0:
-            self.range = peak if peak > 0 else 1e-8
-        while peak > self.range:
-            merged = self.counts.reshape(-1, 2).sum(axis=1)
-            self.counts = np.concatenate([merged, np.zeros(self.num_bins // 2, dtype=np.int64)])
-            self.range *= 2.0
-        idx = np.minimum((data / self.range * self.num_bins).astype(np.int64), self.num_bins - 1)
+        if peak == 0.0:
+            self.counts[0] += data.size
+            return
+        if peak >= self.range:
+            self._grow_to(canonical_range(peak))
+        # float32 -> float64 is exact and num_bins / range is a power of two times an integer: no rounding.
+        idx = np.minimum((data.astype(np.float64) * (self.num_bins / self.range)).astype(np.int64), self.num_bins - 1)
         self.counts += np.bincount(idx, minlength=self.num_bins)
+
+    def merge(self, other: "StreamingHistogram") -> None:
+        """Add another histogram of the same bin count: both brought to the larger range, then counts added."""
+        if other.num_bins != self.num_bins:
+            raise ValueError(f"cannot merge histograms of {self.num_bins} and {other.num_bins} bins")
+        other = other.copy()
+        wanted = max(self.range, other.range)
+        if wanted > 0.0:
+            self._grow_to(wanted)
+            other._grow_to(wanted)
+        self.counts = self.counts + other.counts
+        self.amax = max(self.amax, other.amax)
+
+    def copy(self) -> "StreamingHistogram":
+        out = StreamingHistogram(self.num_bins)
+        out.counts, out.range, out.amax = self.counts.copy(), self.range, self.amax
+        return out
 
 
 def minmax_amax(hist: StreamingHistogram) -> float:

@@ -65,6 +65,8 @@ class CalibrateOptions:
     output: Path | None = None  # the int8 ONNX; the cache goes beside it
     engine_check: bool = True  # re-check the gate on a TensorRT engine where one can execute (engine_check.py)
     engine_check_off: str = "--no-engine-check"  # why, when engine_check is off
+    ray: str | None = None  # collect activations on Ray actors at this address ('auto': local); same cache
+    ray_actors: int | None = None
 
 
 @dataclass
@@ -161,12 +163,23 @@ def _measure_smoothing(model: onnx.ModelProto, calib_batches: list, options: Cal
 
     groups = smoothing_groups(model)
     progress(f"SmoothQuant alpha {options.smooth}: per-channel abs-max of {len(groups)} activations")
-    stats = collect(model, calib_batches, [], list(groups), options.num_bins, progress_bar)
+    stats = _collector(options)(model, calib_batches, [], list(groups), options.num_bins, progress_bar)
     inits = {i.name: i for i in model.graph.initializer}
     nodes = {n.name: n for n in model.graph.node}
     return {tensor: smoothing_scales(stats.channel_amax[tensor], [numpy_helper.to_array(inits[nodes[m].input[1]]) for m in members],
                                      options.smooth)
             for tensor, members in groups.items()}
+
+
+def _collector(options: CalibrateOptions) -> Callable[..., Any]:
+    """collect() in this process, or sharded over Ray actors (the statistics merge exactly: same cache)."""
+    if not options.ray:
+        return collect
+    from functools import partial
+
+    from trtforge.scaleout.ray_calibrate import collect_ray
+
+    return partial(collect_ray, address=options.ray, actors=options.ray_actors)
 
 
 def _eval_batches(samples: list[dict[str, np.ndarray]], limit: int | None) -> list[dict[str, np.ndarray]]:
@@ -300,7 +313,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     else:
         tensors = plan.activation_tensors()
         progress(f"collecting histograms of {len(tensors)} tensors over {len(samples)} samples")
-        stats = collect(working, calib_batches, tensors, None, options.num_bins, progress_bar)
+        stats = _collector(options)(working, calib_batches, tensors, None, options.num_bins, progress_bar)
         methods = list(METHODS) if compare_methods else [options.method]
         comparison = []
         for method in methods:

@@ -1,0 +1,298 @@
+"""`trtforge run --ray ADDRESS`: the run step sharded by document over Ray actors.
+
+The driver prepares the run exactly as one process does (run.prepare: documents, chunk plans, output
+kinds), cuts the documents into units of whole documents (shard.plan_units) and hands units to actors,
+one per GPU (an engine) or per CPU slot (an ONNX on ONNX Runtime). Each actor holds its own target and
+reference runner, forms its unit's batches (run.make_batches) and merges each document with the
+one-process merger (run._Merger): a unit holds its documents whole, so every document's chunk plan and
+merge are those of one process. Merging where the outputs are keeps the driver off the critical path
+(with fast engines, shipping raw chunk outputs to one driver to merge there would cap the scaling);
+merged documents travel to the driver only when they are saved (--save-outputs), and the driver
+commits each document once. Two phases, as in one process:
+1. inference, on the clock: units through the actors;
+2. judging, off the clock: each unit back to the actor that ran it, which runs the reference on the
+   very batches it inferred (precision error) and measures the chunking error of its documents.
+A worker that dies loses its in-flight units to the ledger, which retries them on another actor
+(phase 2 re-infers a unit whose outputs died with its actor). The report is the one-process report
+plus `workers` (per actor) and `ray` (the cluster side).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from trtforge import __version__
+from trtforge.artifacts import write_json_atomic
+from trtforge.comparator import Comparator
+from trtforge.report import SCHEMA, evaluate_gates, gates_from
+from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _latency, _Merger, add_precision, chunking_error_of,
+                          chunking_summary, make_batches, precision_summary, prepare, self_referenced, stack)
+from trtforge.errors import UserError
+from trtforge.scaleout.pool import Pool, connect, require_ray
+from trtforge.scaleout.shard import Ledger, plan_units, unit_size, worker_figures
+
+
+@dataclass
+class RayOptions:
+    address: str = "auto"
+    actors: int | None = None  # None: one per GPU (engines) or per CPU (ONNX Runtime) of the cluster
+    unit_chunks: int | None = None  # None: shard.unit_size
+    depth: int = 2  # units in flight per actor
+    die_after_batches: int | None = None  # tests only: worker 0's first incarnation exits after this many batches
+
+
+class RunWorker:
+    """One actor: a target (engine or ONNX) and the reference ONNX, both on this actor's device."""
+
+    def __init__(self, p: Prepared, options: RunOptions, tokenizer_dir: str | None, threads: int | None, die_after: int | None):
+        self.p, self.options, self.tokenizer_dir, self.threads, self.die_after = p, options, tokenizer_dir, threads, die_after
+        self.batches_run = 0
+        self.kept: dict[int, tuple[list[list[Chunk]], list[dict[str, np.ndarray]]]] = {}
+
+    def setup(self, warm: list[list[Chunk]], warmup: int) -> dict[str, Any]:
+        from trtforge.backends.onnxruntime import OrtRunner
+        from trtforge.run import OrtTarget, TrtTarget
+        from trtforge.tokenize import TextTokenizer
+
+        p, options = self.p, self.options
+        self.target = TrtTarget(p.target_path, options.backend) if p.is_engine else OrtTarget(p.target_path, options.providers, self.threads)
+        reference = OrtRunner(p.reference_path, threads=self.threads)
+        _check_io(self.target, reference, p.target_path, p.reference_path)
+        self.p = replace(p, reference=reference, tokenizer=TextTokenizer(self.tokenizer_dir) if self.tokenizer_dir else None)
+        for _ in range(warmup):
+            list(self.target.run_many([(None, stack(b)) for b in warm]))
+        self.target.timings.clear()
+        return {"label": self.target.label, "host": socket.gethostname(), "pid": os.getpid(),
+                "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def _infer(self, chunks: list[Chunk], merger: _Merger | None = None) -> tuple[list[list[Chunk]], list[dict[str, np.ndarray]], float]:
+        batches = make_batches(chunks, self.p.batch_cap, self.options.naive)
+        outs: list[dict[str, np.ndarray]] = []
+        start = time.perf_counter()
+        # As in one process: merging on one thread overlaps the inference of the next batches.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = []
+            for tag, out in self.target.run_many((i, stack(b)) for i, b in enumerate(batches)):
+                outs.append(out)
+                if merger is not None:
+                    pending.append(pool.submit(merger.add, batches[tag], out))
+                self.batches_run += 1
+                if self.die_after is not None and self.batches_run >= self.die_after:
+                    os._exit(1)  # the killed-actor test: a crash mid-unit, as a segfault or an OOM kill would be
+            for future in pending:
+                future.result()
+        return batches, outs, time.perf_counter() - start
+
+    def infer(self, unit: int, chunks: list[Chunk], docs: list[tuple[int, Document]]) -> dict[str, Any]:
+        """Phase 1: the unit's documents through the target, merged per document here (the documents are
+        whole in a unit, so the merge is the one-process merge) and returned only when they are saved."""
+        local = {d: i for i, (d, _) in enumerate(docs)}
+        chunks = [replace(c, doc=local[c.doc]) for c in chunks]  # the merger indexes documents from 0
+        merger = _Merger([doc for _, doc in docs], chunks, self.p.kinds, self.options)
+        mark = len(self.target.timings)
+        batches, outs, busy = self._infer(chunks, merger)
+        merged = merger.results()
+        if not self.options_self_referenced:
+            self.kept[unit] = (batches, outs)
+        return {"docs": [d for d, _ in docs], "merged": merged if self.options.save_outputs else None, "busy_s": busy,
+                "timings": self.target.timings[mark:], "batches": len(batches)}
+
+    @property
+    def options_self_referenced(self) -> bool:
+        return self_referenced(self.p)
+
+    def judge(self, unit: int, chunks: list[Chunk], docs: list[tuple[Document, int]]) -> dict[str, Any]:
+        """Phase 2: precision on the batches this actor inferred (re-inferred if they were lost), chunking
+        error of the unit's documents (one comparator per document, merged in document order by the driver)."""
+        precision = None
+        if not self.options_self_referenced:
+            if unit in self.kept:
+                batches, outs = self.kept.pop(unit)
+            else:
+                batches, outs, _ = self._infer(chunks)
+            precision = Comparator({name: k.kind for name, k in self.p.kinds.items()})
+            for b, out in zip(batches, outs):
+                add_precision(precision, self.p.reference, b, out)
+        return {"precision": precision, "chunking": [chunking_error_of(doc, count, self.p, self.options) for doc, count in docs]}
+
+    def memory(self) -> dict[str, Any]:
+        return self.target.memory()
+
+
+def _actor_plan(ray: Any, is_engine: bool, wanted: int | None, address: str) -> tuple[int, dict[str, Any], int | None]:
+    """How many actors, their Ray resources, and ONNX Runtime threads each."""
+    resources = ray.cluster_resources()
+    cpus, gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
+    if is_engine:
+        if gpus == 0:
+            raise UserError(f"the Ray cluster at '{address}' has no GPUs, and each engine actor needs one; "
+                            "run the engine's ONNX instead, or join a cluster with GPUs.")
+        count = wanted or gpus
+        if count > gpus:
+            raise UserError(f"--ray-actors {count} asks for more engine actors than the Ray cluster's {gpus} GPUs; lower it.")
+        return count, {"num_gpus": 1, "num_cpus": max(1, min(2, cpus // count))}, max(1, cpus // count)
+    count = wanted or max(1, cpus)
+    if count > max(1, cpus):
+        raise UserError(f"--ray-actors {count} asks for more ONNX Runtime actors than the Ray cluster's {cpus} CPUs; lower it.")
+    per = max(1, cpus // count)
+    return count, {"num_cpus": per}, per
+
+
+def run_ray(target_path: Path, options: RunOptions, ray_options: RayOptions,
+            progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    ray = require_ray()
+    p = prepare(target_path, options)
+    joined = connect(ray_options.address)
+    try:
+        return _run(ray, p, options, ray_options, progress)
+    finally:
+        if joined:
+            ray.shutdown()
+
+
+def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, progress: Callable[[str], None]) -> dict[str, Any]:
+    count, resources, threads = _actor_plan(ray, p.is_engine, ray_options.actors, ray_options.address)
+    by_doc: dict[int, list[Chunk]] = {}
+    for c in p.chunks:
+        by_doc.setdefault(c.doc, []).append(c)
+    doc_chunks = [len(by_doc[d]) for d in range(len(p.docs))]
+    size = ray_options.unit_chunks or unit_size(len(p.chunks), count, p.batch_cap)
+    units = plan_units(doc_chunks, size)
+    unit_chunks = [[c for d in u for c in by_doc[d]] for u in units]
+    # Warm-up as one process does it: the first batch of every shape of the whole run, on every actor.
+    seen, warm = set(), []
+    for b in make_batches(p.chunks, p.batch_cap, options.naive):
+        key = (len(b), tuple(v.shape for v in b[0].feeds.values()))
+        if key not in seen:
+            seen.add(key)
+            warm.append(b)
+
+    actor_cls = ray.remote(**resources, max_restarts=0)(RunWorker)
+    shared = replace(p, docs=[], chunks=[], reference=None, tokenizer=None)
+    tokenizer_dir = str(p.tokenizer.directory) if p.tokenizer else None
+    shared_ref, warm_ref = ray.put(shared), ray.put(warm)
+
+    def make(worker: int) -> Any:
+        die = ray_options.die_after_batches if worker == 0 else None
+        return actor_cls.remote(shared_ref, options, tokenizer_dir, threads, die)
+
+    pool = Pool(make, lambda h: h.setup.remote(warm_ref, options.warmup), count, progress=progress)
+    pool.wait_ready()
+    label = pool.workers[0].info["label"]
+    progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(units)} units on {count} Ray actors ({label}); outputs "
+             + ", ".join(f"{k.name} ({k.kind})" for k in p.kinds.values()))
+
+    merged: list[dict[str, np.ndarray] | None] = [None] * len(p.docs)
+    committed = [0] * len(p.docs)
+    per_worker: dict[int, dict[str, Any]] = {}
+    timings: list[tuple[str, float, float | None]] = []
+    batches_total = 0
+
+    def commit_infer(unit: int, worker: Any, result: dict[str, Any]) -> None:
+        nonlocal batches_total
+        for i, d in enumerate(result["docs"]):
+            committed[d] += 1
+            if result["merged"] is not None:
+                merged[d] = result["merged"][i]
+        stats = per_worker.setdefault(worker.id, {"documents": 0, "chunks": 0, "batches": 0, "tokens": 0, "busy_s": 0.0, "timings": []})
+        stats["documents"] += len(units[unit])
+        stats["chunks"] += len(unit_chunks[unit])
+        stats["batches"] += result["batches"]
+        stats["tokens"] += sum(p.docs[d].length for d in units[unit])
+        stats["busy_s"] += result["busy_s"]
+        stats["timings"] += result["timings"]
+        timings.extend(result["timings"])
+        batches_total += result["batches"]
+
+    infer_ledger = Ledger(len(units))
+    start = time.perf_counter()
+    pool.run(infer_ledger, lambda h, u: h.infer.remote(u, unit_chunks[u], [(d, p.docs[d]) for d in units[u]]),
+             commit_infer, ray_options.depth)
+    wall = time.perf_counter() - start
+    if committed != [1] * len(p.docs):  # the ledger's promise, checked on what came back
+        raise RuntimeError(f"documents merged other than once: {[d for d, n in enumerate(committed) if n != 1][:10]}")
+    memory = {w.id: ray.get(w.handle.memory.remote()) for w in pool.live()}
+
+    precision_parts: dict[int, Comparator | None] = {}
+    chunking_parts: dict[int, Any] = {}
+
+    judged_by: dict[int, list[int]] = {}  # worker -> units it judged, for its own figures
+
+    def commit_judge(unit: int, worker: Any, result: dict[str, Any]) -> None:
+        precision_parts[unit] = result["precision"]
+        for d, part in zip(units[unit], result["chunking"]):
+            chunking_parts[d] = part
+        judged_by.setdefault(worker.id, []).append(unit)
+
+    judge_ledger = Ledger(len(units), affinity=dict(infer_ledger.done))
+    judge_ledger.dead |= {w.id for w in pool.workers if not w.alive}
+    pool.run(judge_ledger, lambda h, u: h.judge.remote(u, unit_chunks[u], [(p.docs[d], doc_chunks[d]) for d in units[u]]),
+             commit_judge, ray_options.depth)
+
+    def precision_of(chosen: list[int]) -> dict[str, Any]:
+        if self_referenced(p):
+            return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
+        if not chosen:
+            return {"measured": False, "reason": "no units judged on this worker"}
+        total = Comparator({name: k.kind for name, k in p.kinds.items()})
+        for u in sorted(chosen):
+            total.merge(precision_parts[u])
+        return precision_summary(total)
+
+    def chunking_of(chosen: list[int]) -> dict[str, Any]:
+        docs = sorted(d for u in chosen for d in units[u])
+        return chunking_summary([chunking_parts[d] for d in docs], p.kinds) if docs else {"measured": False, "reason": "no documents"}
+
+    precision = precision_of(list(range(len(units))))
+
+    if options.save_outputs:
+        from trtforge.artifacts import atomic_path
+
+        with atomic_path(options.save_outputs) as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **{f"{d.name}/{name}": value for d, outs in zip(p.docs, merged) for name, value in outs.items()})
+
+    workers = []
+    for w in pool.workers:
+        stats = per_worker.get(w.id, {"documents": 0, "chunks": 0, "batches": 0, "tokens": 0, "busy_s": 0.0, "timings": []})
+        workers.append({"worker": w.id, **{k: w.info.get(k) for k in ("host", "pid", "devices")}, "alive": w.alive,
+                        "units": sum(1 for owner in infer_ledger.done.values() if owner == w.id), "documents": stats["documents"],
+                        **worker_figures(stats["tokens"], stats["busy_s"], stats["chunks"], stats["batches"]),
+                        "retried_units": w.retried_units, "latency": _latency(stats["timings"]), "memory": memory.get(w.id),
+                        "judged_units": len(judged_by.get(w.id, [])), "precision_error": precision_of(judged_by.get(w.id, [])),
+                        "chunking_error": chunking_of(judged_by.get(w.id, []))})
+    mems = [m for m in memory.values() if m]
+    memory_all = {k: (max(m[k] for m in mems) if isinstance(mems[0][k], (int, float)) else mems[0][k]) for k in mems[0]} if mems else {}
+    tokens = sum(d.length for d in p.docs)
+    report = {
+        "schema": SCHEMA, "trtforge_version": __version__,
+        "target": str(p.target_path), "backend": label, "reference": str(p.reference_path),
+        "outputs": {name: k.to_json() for name, k in p.kinds.items()},
+        "tokenizer": tokenizer_dir,
+        "chunking": {"chunk": options.chunk, "overlap": options.overlap, "merge": options.merge, "batch_size": p.batch_cap,
+                     "max_length": p.limits.seq, "max_tile": p.limits.tile, "naive": options.naive},
+        "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": doc_chunks[i]} for i, d in enumerate(p.docs)],
+        "batches": batches_total,
+        "precision_error": precision,
+        "chunking_error": chunking_summary([chunking_parts[d] for d in range(len(p.docs))], p.kinds),
+        "latency": _latency(timings),
+        "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": tokens / wall,
+                       "chunks_per_s": len(p.chunks) / wall},
+        "memory": memory_all,
+        "workers": workers,
+        "ray": {"address": ray_options.address, "actors": count, "resources_per_actor": resources, "onnxruntime_threads": threads,
+                "units": len(units), "unit_chunks": size, "lost_workers": sum(1 for w in pool.workers if not w.alive),
+                "retried_units": sum(w.retried_units for w in pool.workers)},
+    }
+    report["gates"] = evaluate_gates(report, gates_from(options.gate_values()))
+    if options.report:
+        write_json_atomic(options.report, report)
+    return report
