@@ -15,6 +15,7 @@ directory the export sidecar names (relative to that ONNX's folder), following t
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ class TextTokenizer:
             raise UserError(f"{path} is not a readable tokenizer ({type(exc).__name__}); re-save it with save_pretrained.") from None
         self.tok.no_padding()
         self.tok.no_truncation()
+        self._lock = threading.Lock()
         self.directory = directory
         self.config = _read_config(directory)
         probe = self.tok.encode("a")
@@ -71,7 +73,8 @@ class TextTokenizer:
 
     def document(self, text: str) -> np.ndarray:
         """The text's token ids without special tokens."""
-        return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        with self._lock:
+            return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def wrap(self, ids: np.ndarray) -> TextWindow:
         """Document ids (no specials) with the model's special tokens around them."""
@@ -81,26 +84,33 @@ class TextTokenizer:
     def windows(self, text: str, chunk: int, overlap: int) -> list[TextWindow]:
         """Windows of at most `chunk` tokens (specials included) sharing `overlap` document tokens,
         planned by the tokenizer (truncation with stride), each mapped back to document positions."""
+        return self.document_windows(text, chunk, overlap)[1]
+
+    def document_windows(self, text: str, chunk: int, overlap: int) -> tuple[np.ndarray, list[TextWindow]]:
+        """The document's ids (no specials) and its windows, from one pass of the tokenizer."""
         capacity = chunk - self.specials
         if capacity <= overlap:
             raise UserError(f"--chunk {chunk} leaves {capacity} tokens beside the model's {self.specials} special tokens, "
                             f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap.")
-        doc = self.tok.encode(text, add_special_tokens=False)
-        self.tok.enable_truncation(chunk, stride=overlap)
-        try:
-            first = self.tok.encode(text)
-        finally:
-            self.tok.no_truncation()
-        return map_windows(doc.ids, doc.offsets, [(e.ids, e.type_ids, e.special_tokens_mask, e.offsets)
-                                                   for e in [first, *first.overflowing]])
+        with self._lock:  # truncation is tokenizer state: planning threads take turns
+            doc = self.tok.encode(text, add_special_tokens=False)
+            self.tok.enable_truncation(chunk, stride=overlap)
+            try:
+                first = self.tok.encode(text)
+            finally:
+                self.tok.no_truncation()
+        windows = map_windows(doc.ids, doc.offsets, [(e.ids, e.type_ids, e.special_tokens_mask, e.offsets)
+                                                      for e in [first, *first.overflowing]])
+        return np.asarray(doc.ids, dtype=np.int64), windows
 
     def encode(self, text: str, max_length: int) -> dict[str, np.ndarray]:
         """One sample for calibration: ids with specials, truncated to max_length, and its masks. [1, n]."""
-        self.tok.enable_truncation(max_length)
-        try:
-            enc = self.tok.encode(text)
-        finally:
-            self.tok.no_truncation()
+        with self._lock:
+            self.tok.enable_truncation(max_length)
+            try:
+                enc = self.tok.encode(text)
+            finally:
+                self.tok.no_truncation()
         ids = np.asarray(enc.ids, np.int64)[None]
         return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.asarray(enc.type_ids, np.int64)[None]}
 
