@@ -112,7 +112,7 @@ def test_a_planning_error_reaches_the_consumer():
 class FakeCudart:
     """cuda.bindings.runtime, executed on the host at once. Memory is host memory; capture records ops."""
     cudaMemcpyKind = SimpleNamespace(cudaMemcpyHostToDevice=1, cudaMemcpyDeviceToHost=2)
-    cudaStreamCaptureMode = SimpleNamespace(cudaStreamCaptureModeGlobal=0)
+    cudaStreamCaptureMode = SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
 
     def __init__(self):
         self.buffers, self.capturing, self.streams = {}, {}, 0

@@ -17,6 +17,7 @@ leave no doubt), and the kind decides everything after inference:
 from __future__ import annotations
 
 import resource
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -579,14 +580,21 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     results: dict[int, dict[str, np.ndarray]] = {}
     # Merging runs on one worker thread (numpy copies release the GIL), so it overlaps the submission
-    # and inference of the next batches instead of stalling the pipeline between them.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = []
-        for tag, out in target.run_many(feeds()):
-            results[tag] = out
-            pending.append(pool.submit(merger.add, batches[tag], out))
-        for future in pending:
-            future.result()
+    # and inference of the next batches instead of stalling the pipeline between them. With planning,
+    # merging and collecting threads about, the thread feeding the GPU must not wait Python's default
+    # 5 ms for the GIL: a shorter switch interval while the loop runs.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, 0.0005))
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = []
+            for tag, out in target.run_many(feeds()):
+                results[tag] = out
+                pending.append(pool.submit(merger.add, batches[tag], out))
+            for future in pending:
+                future.result()
+    finally:
+        sys.setswitchinterval(interval)
     merged = merger.results()
     wall = time.perf_counter() - start
     p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]

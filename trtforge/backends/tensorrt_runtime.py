@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -272,7 +274,7 @@ class TrtRunner:
         cudart = _cudart()
         stream = self.compute_stream
         try:
-            _ok(cudart.cudaStreamBeginCapture(stream, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeGlobal))
+            _ok(cudart.cudaStreamBeginCapture(stream, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
         except RuntimeError as exc:
             return None, f"cudaStreamBeginCapture: {exc}"
         ok = False
@@ -338,25 +340,28 @@ class TrtRunner:
         return tag, outputs
 
     def run(self, feeds: dict[str, Any], profile: int | None = None) -> dict[str, np.ndarray]:
-        return next(iter(self.run_many([(None, feeds)], profile)))[1]
+        return list(self.run_many([(None, feeds)], profile))[0][1]
 
     def run_many(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None = None) -> Iterator[tuple[Any, dict[str, np.ndarray]]]:
-        """Pipelined: yields (tag, outputs) in submission order while up to `slots - 1` later batches are
-        in flight. A feed may be an array or the list of its chunks' arrays (stacked in pinned memory)."""
+        """Pipelined: yields (tag, outputs) in submission order. A feed may be an array or the list of its
+        chunks' arrays (stacked in pinned memory). This thread only stages and submits; a collector
+        thread waits for each batch and copies its outputs out of pinned memory, so up to `slots - 1`
+        batches stay queued on the GPU meanwhile. A slot is restaged only once its batch was collected."""
         n = len(self.slots)
-        i = 0
-        for tag, feeds in batches:
-            s = i % n
-            if i == 0:
-                self._last_done = time.perf_counter()  # the first batch's wall: from its submission
-            if self.slots[s].pending is not None:  # round robin: this slot holds the oldest batch
-                yield self._collect(s)
-            self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag)
-            i += 1
-        for k in range(n):  # drain, oldest first
-            s = (i + k) % n
-            if self.slots[s].pending is not None:
-                yield self._collect(s)
+        order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
+            for i, (tag, feeds) in enumerate(batches):
+                s = i % n
+                while any(slot == s for slot, _ in order):  # round robin: slot s holds the oldest batch
+                    yield order.popleft()[1].result()
+                if i == 0:
+                    self._last_done = time.perf_counter()  # the first batch's wall: from its submission
+                self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag)
+                order.append((s, collector.submit(self._collect, s)))
+                while order and order[0][1].done():
+                    yield order.popleft()[1].result()
+            while order:
+                yield order.popleft()[1].result()
 
     def close(self) -> None:
         cudart = _cudart()
