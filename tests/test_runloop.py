@@ -352,3 +352,12 @@ def test_a_batch_given_as_its_chunks_is_stacked_in_pinned_memory(monkeypatch, tm
     parts = [np.full((1, 8), i, np.int64) for i in range(3)]
     out = runner.run({"x": parts})
     np.testing.assert_array_equal(out["y"], _expected({"x": np.concatenate(parts)}))
+
+
+def test_without_the_shared_memory_api_contexts_get_their_own_and_the_report_says_why(monkeypatch, tmp_path):
+    monkeypatch.delattr(FakeEngine, "create_execution_context_without_device_memory")
+    runner, engine = _runner(monkeypatch, tmp_path)
+    assert {c.device_memory for c in engine.contexts} == {"own"}
+    report = runner.runtime_report()["shared_device_memory"]
+    assert report["enabled"] is False and "create_execution_context_without_device_memory" in report["reason"]
+    np.testing.assert_array_equal(runner.run({"x": np.ones((2, 4), np.int64)})["y"], _expected({"x": np.ones((2, 4), np.int64)}))

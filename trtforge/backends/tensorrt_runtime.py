@@ -168,18 +168,35 @@ class TrtRunner:
         self.shared_memory = {"enabled": True, "mb": size / 2**20}
 
     def _new_context(self) -> Any:
-        if self._memory is None:
-            return self.engine.create_execution_context()
+        if self._memory is not None:
+            try:
+                return self._shared_context()
+            except Exception as exc:  # an API this TensorRT lacks: own memory per context, said in the report
+                if self.contexts:
+                    raise
+                self._memory.free()
+                self._memory = None
+                self.shared_memory = {"enabled": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}
+        return self.engine.create_execution_context()
+
+    def _shared_context(self) -> Any:
+        """A context without its own activation memory, given the shared block (TensorRT 8.6 and >= 10 APIs)."""
+        assert self._memory is not None
         if self.mod.strongly_typed:  # TensorRT >= 10 and RTX: an allocation strategy instead of a separate call
             ctx = self.engine.create_execution_context(self.trt.ExecutionContextAllocationStrategy.USER_MANAGED)
         else:  # TensorRT 8.6
             ctx = self.engine.create_execution_context_without_device_memory()
         if ctx is None:
-            return None
+            raise RuntimeError("TensorRT returned no context without device memory")
         if hasattr(ctx, "set_device_memory"):
             ctx.set_device_memory(self._memory.ptr, self._memory.nbytes)
         else:
-            ctx.device_memory = self._memory.ptr
+            try:
+                ctx.device_memory = self._memory.ptr
+            except TypeError:  # bindings typed as a capsule
+                capsule_new = ctypes.pythonapi.PyCapsule_New
+                capsule_new.restype, capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+                ctx.device_memory = capsule_new(self._memory.ptr, None, None)
         return ctx
 
     def _context(self, profile: int) -> Any:
