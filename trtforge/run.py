@@ -16,6 +16,7 @@ leave no doubt), and the kind decides everything after inference:
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -95,7 +96,7 @@ class RunOptions:
     cuda_graphs: bool = True
     shared_device_memory: bool = True
     slots: int = 3  # staging slots: batches in flight
-    plan_workers: int = 2  # threads tokenizing and planning documents while batches run
+    plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
 
     def gate_values(self) -> dict[str, float | None]:
         return {"max_rel_l2": self.max_rel_l2, "min_cosine": self.min_cosine, "min_chunk_cosine": self.min_chunk_cosine,
@@ -572,9 +573,10 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     batches: list[list[Chunk]] = []
     parts = getattr(target, "accepts_parts", False)
+    workers = options.plan_workers or min(8, os.cpu_count() or 2)  # tokenizing releases the GIL: documents in parallel
 
     def feeds() -> Any:
-        for b in stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), options.plan_workers, on_plan):
+        for b in stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), workers, on_plan):
             batches.append(b)
             yield len(batches) - 1, ({k: [c.feeds[k] for c in b] for k in b[0].feeds} if parts else stack(b))
 
@@ -622,7 +624,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
                        "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
         "memory": target.memory(),
-        "runtime": {"plan_workers": options.plan_workers, **target.runtime()},
+        "runtime": {"plan_workers": workers, **target.runtime()},
     }
     report["gates"] = evaluate_gates(report, gates_from(options.gate_values()))
     if options.report:
