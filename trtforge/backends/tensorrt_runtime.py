@@ -294,15 +294,17 @@ class TrtRunner:
             _ok(cudart.cudaStreamBeginCapture(stream, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
         except RuntimeError as exc:
             return None, f"cudaStreamBeginCapture: {exc}"
-        ok = False
+        why = None
         try:
-            ok = bool(ctx.execute_async_v3(_handle(stream)))
-        finally:
-            err, graph = cudart.cudaStreamEndCapture(stream)
-        if not ok or int(err) != 0:
+            if not ctx.execute_async_v3(_handle(stream)):
+                why = "execute_async_v3 failed under capture"
+        except Exception as exc:  # the capture is ended below either way; the batch then runs plainly
+            why = f"execute_async_v3 under capture: {type(exc).__name__}: {exc}"[:300]
+        err, graph = cudart.cudaStreamEndCapture(stream)
+        if why is not None or int(err) != 0:
             if int(err) == 0 and graph is not None:
                 cudart.cudaGraphDestroy(graph)
-            return None, "execute_async_v3 failed under capture" if not ok else f"cudaStreamEndCapture: CUDA error {int(err)}"
+            return None, why or f"cudaStreamEndCapture: CUDA error {int(err)}"
         try:
             exe = _ok(cudart.cudaGraphInstantiateWithFlags(graph, 0))
         except RuntimeError as exc:
