@@ -16,6 +16,7 @@ plain enqueues and are reported.
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -77,7 +78,7 @@ class PinnedBuffer:
         self._raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
 
     def view(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)
         return np.frombuffer(self._raw, dtype=dtype, count=count).reshape(shape)
 
     def free(self) -> None:
@@ -260,7 +261,7 @@ class TrtRunner:
                 raise UserError(f"the engine expects input '{name}' but the feeds have {', '.join(feeds)}; check the I/O names.")
             value, dtype = feeds[name], self.dtypes[name]
             shape = _shape_of(value)
-            nbytes = int(np.prod(shape)) * dtype.itemsize
+            nbytes = math.prod(shape) * dtype.itemsize
             if nbytes > slot.host[name].nbytes:
                 raise UserError(f"input '{name}' shape {list(shape)} is larger than any profile of this engine; rebuild with wider tiers.")
             view = slot.host[name].view(dtype, shape)
@@ -338,7 +339,7 @@ class TrtRunner:
         _ok(cudart.cudaEventRecord(slot.events["end"], self.compute_stream))
         _ok(cudart.cudaStreamWaitEvent(self.d2h_stream, slot.events["end"], 0))
         for name, out_shape in shapes.items():
-            nbytes = int(np.prod(out_shape)) * self.dtypes[name].itemsize
+            nbytes = math.prod(out_shape) * self.dtypes[name].itemsize
             _ok(cudart.cudaMemcpyAsync(slot.host[name].ptr, slot.device[name].ptr, nbytes, d2h, self.d2h_stream))
         _ok(cudart.cudaEventRecord(slot.events["d2h"], self.d2h_stream))
         slot.pending = (tag, profile, shapes)
