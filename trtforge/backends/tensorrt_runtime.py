@@ -4,24 +4,31 @@ Kept apart from tensorrt.py (building) because it needs a GPU; it receives the T
 tensorrt.load_trt and imports nothing of TensorRT by itself.
 
 Pipelining: one execution context per optimization profile (TensorRT lets a profile belong to one
-context at a time), a compute stream and two copy streams, and two slots of device + pinned host
-buffers. Batch i uses slot i % 2: its H2D copy (copy stream) overlaps the compute of batch i - 1, and
-its D2H copy (second copy stream) overlaps the compute of batch i + 1; events order each batch's
-copy -> compute -> copy, and a slot is reused only after its previous batch was collected.
+context at a time), all sharing one device-memory block since they only run on the one compute
+stream; two copy streams; N slots of device + pinned host buffers, sized once for the largest batch
+of any profile so addresses never change. Batch i uses slot i % N: its H2D copy overlaps earlier
+batches' compute, its D2H copy later ones'; events order each batch's copy -> compute -> copy, and a
+slot is reused only after its previous batch was collected. Each (profile, shape, slot) is captured
+once as a CUDA graph and replayed (runloop.GraphCache decides when); capture failures fall back to
+plain enqueues and are reported.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
+from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, slot_bytes
 
 
 def _cudart() -> Any:
@@ -71,7 +78,7 @@ class PinnedBuffer:
         self._raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
 
     def view(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)
         return np.frombuffer(self._raw, dtype=dtype, count=count).reshape(shape)
 
     def free(self) -> None:
@@ -96,20 +103,27 @@ class _Slot:
     device: dict[str, DeviceBuffer] = field(default_factory=dict)
     host: dict[str, PinnedBuffer] = field(default_factory=dict)
     events: dict[str, Any] = field(default_factory=dict)  # h2d, start, end, d2h
-    pending: Any = None  # (tag, profile, output shapes, submit time) of the batch in flight
+    pending: Any = None  # (tag, profile, output shapes) of the batch in flight
 
 
 @dataclass
 class BatchTiming:
     profile: int
     gpu_ms: float
-    wall_ms: float
+    wall_ms: float  # wall time this batch cost: since the previous batch completed (see runloop.completion_intervals)
 
 
 class TrtRunner:
-    """Runs an engine built by `trtforge build`; `run` for one batch, `run_many` for a pipelined stream."""
+    """Runs an engine built by `trtforge build`; `run` for one batch, `run_many` for a pipelined stream.
 
-    def __init__(self, mod: Any, engine_path: Path, sidecar: dict[str, Any]):
+    `slots` staging slots (device + pinned host buffers, sized once for any profile's largest batch, so
+    their addresses never change); batches use them round robin, so while the oldest batch's outputs
+    are copied out the GPU still holds `slots - 1` batches. All contexts share one device-memory block
+    (their activations): they only ever run on the one compute stream, one after the other. With
+    `cuda_graphs`, each (profile, shape, slot) is captured once and replayed (runloop.GraphCache)."""
+
+    def __init__(self, mod: Any, engine_path: Path, sidecar: dict[str, Any], slots: int = 3, cuda_graphs: bool = True,
+                 shared_device_memory: bool = True):
         self.mod, self.trt = mod, mod.trt
         _check_gpu_supported(mod.flavour, engine_path)
         cudart = _cudart()
@@ -130,130 +144,263 @@ class TrtRunner:
         self.compute_stream = _ok(cudart.cudaStreamCreate())
         self.h2d_stream = _ok(cudart.cudaStreamCreate())
         self.d2h_stream = _ok(cudart.cudaStreamCreate())
-        self.contexts: dict[int, Any] = {}
-        self.profile_bytes: dict[int, dict[str, int]] = {}
-        self.slots = [self._make_slot() for _ in range(2)]
         self.timings: list[BatchTiming] = []
         self.peak_bytes = 0
+        self.graphs = GraphCache(enabled=cuda_graphs)
+        self.shared_memory: dict[str, Any] = {"enabled": False}
+        self._memory: DeviceBuffer | None = None
+        if shared_device_memory:
+            self._share_memory()
+        self.contexts: dict[int, Any] = {}
+        self._ctx_shape: dict[int, Any] = {}  # input shapes last set on each context
+        self._ctx_slot: dict[int, int] = {}  # slot whose addresses each context holds
+        self._out_shapes: dict[tuple[int, Any], dict[str, tuple[int, ...]]] = {}
+        self.profile_bytes = {p: self._sizes(p) for p in range(len(self.profiles))}
+        sizes = slot_bytes(self.profile_bytes)
+        self.slots = [self._make_slot(sizes) for _ in range(max(1, int(slots)))]
+        self._note_memory()
 
     # -- setup -------------------------------------------------------------------------------
-    def _make_slot(self) -> _Slot:
-        cudart = _cudart()
-        slot = _Slot()
-        for name in ("h2d", "start", "end", "d2h"):
-            slot.events[name] = _ok(cudart.cudaEventCreate())
-        return slot
+    def _share_memory(self) -> None:
+        """One block for every context's activations, sized by the engine (TensorRT 10: `_v2`)."""
+        size = getattr(self.engine, "device_memory_size_v2", None)
+        size = int(size if size is not None else self.engine.device_memory_size)
+        self._memory = DeviceBuffer(size)
+        self.shared_memory = {"enabled": True, "mb": size / 2**20}
+
+    def _new_context(self) -> Any:
+        if self._memory is not None:
+            try:
+                return self._shared_context()
+            except Exception as exc:  # an API this TensorRT lacks: own memory per context, said in the report
+                if self.contexts:
+                    raise
+                self._memory.free()
+                self._memory = None
+                self.shared_memory = {"enabled": False, "reason": f"{type(exc).__name__}: {exc}"[:300]}
+        return self.engine.create_execution_context()
+
+    def _shared_context(self) -> Any:
+        """A context without its own activation memory, given the shared block (TensorRT 8.6 and >= 10 APIs)."""
+        assert self._memory is not None
+        if self.mod.strongly_typed:  # TensorRT >= 10 and RTX: an allocation strategy instead of a separate call
+            ctx = self.engine.create_execution_context(self.trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+        else:  # TensorRT 8.6
+            ctx = self.engine.create_execution_context_without_device_memory()
+        if ctx is None:
+            raise RuntimeError("TensorRT returned no context without device memory")
+        if hasattr(ctx, "set_device_memory"):
+            ctx.set_device_memory(self._memory.ptr, self._memory.nbytes)
+        else:
+            try:
+                ctx.device_memory = self._memory.ptr
+            except TypeError:  # bindings typed as a capsule
+                capsule_new = ctypes.pythonapi.PyCapsule_New
+                capsule_new.restype, capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+                ctx.device_memory = capsule_new(self._memory.ptr, None, None)
+        return ctx
 
     def _context(self, profile: int) -> Any:
-        """The one context of this profile, created on first use; also sizes its I/O at the profile's max."""
+        """The one context of this profile (TensorRT lets a profile belong to one context)."""
         if profile not in self.contexts:
-            ctx = self.engine.create_execution_context()
+            ctx = self._new_context()
             if ctx is None:
                 raise RuntimeError(f"TensorRT could not create an execution context for profile {profile} (out of GPU memory?)")
             ctx.set_optimization_profile_async(profile, _handle(self.compute_stream))
             _ok(_cudart().cudaStreamSynchronize(self.compute_stream))
-            for name in self.input_names:
-                ctx.set_input_shape(name, self.profiles[profile].shapes[name][2])
-            self.profile_bytes[profile] = {
-                name: int(np.prod(tuple(ctx.get_tensor_shape(name)))) * self.dtypes[name].itemsize
-                for name in self.input_names + self.output_names
-            }
             self.contexts[profile] = ctx
-            self._note_memory()
         return self.contexts[profile]
 
-    def _ensure_buffers(self, slot: _Slot, profile: int) -> None:
-        grown = False
-        for name, nbytes in self.profile_bytes[profile].items():
-            if name not in slot.device or slot.device[name].nbytes < nbytes:
-                if name in slot.device:
-                    slot.device[name].free()
-                    slot.host[name].free()
-                slot.device[name] = DeviceBuffer(nbytes)
-                slot.host[name] = PinnedBuffer(nbytes)
-                grown = True
-        if grown:  # memory only grows here and at context creation: no per-batch query on the hot path
-            self._note_memory()
+    def _sizes(self, profile: int) -> dict[str, int]:
+        """Bytes of every I/O tensor at the profile's largest shapes."""
+        ctx = self._context(profile)
+        for name in self.input_names:
+            ctx.set_input_shape(name, self.profiles[profile].shapes[name][2])
+        self._ctx_shape[profile] = None
+        return {name: int(np.prod(tuple(ctx.get_tensor_shape(name)))) * self.dtypes[name].itemsize
+                for name in self.input_names + self.output_names}
+
+    def _make_slot(self, sizes: dict[str, int]) -> _Slot:
+        cudart = _cudart()
+        slot = _Slot()
+        for name in ("h2d", "start", "end", "d2h"):
+            slot.events[name] = _ok(cudart.cudaEventCreate())
+        for name, nbytes in sizes.items():
+            slot.device[name] = DeviceBuffer(nbytes)
+            slot.host[name] = PinnedBuffer(nbytes)
+        return slot
 
     def _note_memory(self) -> None:
         free, _total = _ok(_cudart().cudaMemGetInfo())
         self.peak_bytes = max(self.peak_bytes, int(self.free_before - free))
 
-    def profile_for(self, feeds: dict[str, np.ndarray]) -> int:
+    def profile_for(self, feeds: dict[str, Any]) -> int:
         sizes: dict[str, int] = {}
         for spec in self.inputs_spec:
-            array = feeds.get(spec["name"])
-            if array is None:
+            value = feeds.get(spec["name"])
+            if value is None:
                 continue
-            for dim, size in zip(spec["shape"], array.shape):
+            for dim, size in zip(spec["shape"], _shape_of(value)):
                 if isinstance(dim, str):
                     sizes[dim] = int(size)
         return select_profile(self.profiles, sizes).index
 
+    def runtime_report(self) -> dict[str, Any]:
+        return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory),
+                "staging_slots": len(self.slots)}
+
     # -- execution ---------------------------------------------------------------------------
-    def _submit(self, slot: _Slot, feeds: dict[str, np.ndarray], profile: int, tag: Any) -> None:
+    def _stage(self, slot: _Slot, feeds: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+        """Inputs into the slot's pinned buffers (one copy: a batch given as its chunks' parts is
+        concatenated there), then one async H2D copy each."""
         cudart = _cudart()
-        h2d, d2h = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        ctx = self._context(profile)
-        self._ensure_buffers(slot, profile)
-        submitted = time.perf_counter()
+        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        shapes = []
         for name in self.input_names:
             if name not in feeds:
                 raise UserError(f"the engine expects input '{name}' but the feeds have {', '.join(feeds)}; check the I/O names.")
-            array = np.ascontiguousarray(feeds[name], dtype=self.dtypes[name])
-            slot.host[name].view(self.dtypes[name], array.shape)[...] = array
-            _ok(cudart.cudaMemcpyAsync(slot.device[name].ptr, slot.host[name].ptr, array.nbytes, h2d, self.h2d_stream))
-            if not ctx.set_input_shape(name, array.shape):
-                raise UserError(f"input '{name}' shape {list(array.shape)} is outside profile {profile}; rebuild with wider tiers.")
+            value, dtype = feeds[name], self.dtypes[name]
+            shape = _shape_of(value)
+            nbytes = math.prod(shape) * dtype.itemsize
+            if nbytes > slot.host[name].nbytes:
+                raise UserError(f"input '{name}' shape {list(shape)} is larger than any profile of this engine; rebuild with wider tiers.")
+            view = slot.host[name].view(dtype, shape)
+            if isinstance(value, (list, tuple)):
+                np.concatenate(value, axis=0, out=view, casting="same_kind")
+            else:
+                np.copyto(view, value, casting="same_kind")
+            _ok(cudart.cudaMemcpyAsync(slot.device[name].ptr, slot.host[name].ptr, nbytes, h2d, self.h2d_stream))
+            shapes.append(shape)
+        return tuple(shapes)
+
+    def _prepare_context(self, ctx: Any, profile: int, shape: tuple, s: int) -> None:
+        """Shapes and addresses on the context, set only when they change (set_input_shape is not free)."""
+        if self._ctx_shape.get(profile) != shape:
+            for name, dims in zip(self.input_names, shape):
+                if not ctx.set_input_shape(name, dims):
+                    raise UserError(f"input '{name}' shape {list(dims)} is outside profile {profile}; rebuild with wider tiers.")
+            self._ctx_shape[profile] = shape
+        if self._ctx_slot.get(profile) != s:
+            for name in self.input_names + self.output_names:
+                ctx.set_tensor_address(name, self.slots[s].device[name].ptr)
+            self._ctx_slot[profile] = s
+        if (profile, shape) not in self._out_shapes:
+            self._out_shapes[(profile, shape)] = {name: tuple(ctx.get_tensor_shape(name)) for name in self.output_names}
+
+    def _capture(self, ctx: Any) -> tuple[Any, str | None]:
+        """One enqueue captured as a CUDA graph and instantiated; (None, why) when TensorRT's enqueue cannot be captured."""
+        cudart = _cudart()
+        stream = self.compute_stream
+        try:
+            _ok(cudart.cudaStreamBeginCapture(stream, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
+        except RuntimeError as exc:
+            return None, f"cudaStreamBeginCapture: {exc}"
+        why = None
+        try:
+            if not ctx.execute_async_v3(_handle(stream)):
+                why = "execute_async_v3 failed under capture"
+        except Exception as exc:  # the capture is ended below either way; the batch then runs plainly
+            why = f"execute_async_v3 under capture: {type(exc).__name__}: {exc}"[:300]
+        err, graph = cudart.cudaStreamEndCapture(stream)
+        if why is not None or int(err) != 0:
+            if int(err) == 0 and graph is not None:
+                cudart.cudaGraphDestroy(graph)
+            return None, why or f"cudaStreamEndCapture: CUDA error {int(err)}"
+        try:
+            exe = _ok(cudart.cudaGraphInstantiateWithFlags(graph, 0))
+        except RuntimeError as exc:
+            cudart.cudaGraphDestroy(graph)
+            return None, f"cudaGraphInstantiate: {exc}"
+        return (graph, exe), None
+
+    def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any) -> None:
+        cudart = _cudart()
+        d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        slot = self.slots[s]
+        ctx = self._context(profile)
+        shape = self._stage(slot, feeds)
         _ok(cudart.cudaEventRecord(slot.events["h2d"], self.h2d_stream))
-        for name in self.input_names + self.output_names:
-            ctx.set_tensor_address(name, slot.device[name].ptr)
-        shapes = {name: tuple(ctx.get_tensor_shape(name)) for name in self.output_names}
+        action = self.graphs.action(profile, shape, s)
+        if action != LAUNCH:
+            self._prepare_context(ctx, profile, shape, s)
+        shapes = self._out_shapes[(profile, shape)]
         _ok(cudart.cudaStreamWaitEvent(self.compute_stream, slot.events["h2d"], 0))
         _ok(cudart.cudaEventRecord(slot.events["start"], self.compute_stream))
-        if not ctx.execute_async_v3(_handle(self.compute_stream)):
-            raise RuntimeError(f"TensorRT execution failed on profile {profile}")
+        graph, error = None, None
+        if action == CAPTURE:
+            graph, error = self._capture(ctx)
+        if action == ENQUEUE or error is not None:
+            if not ctx.execute_async_v3(_handle(self.compute_stream)):
+                raise RuntimeError(f"TensorRT execution failed on profile {profile}")
+        else:
+            exe = graph[1] if graph is not None else self.graphs.graphs[(profile, shape, s)][1]
+            _ok(cudart.cudaGraphLaunch(exe, self.compute_stream))
+        self.graphs.done(profile, shape, s, action, graph, error)
         _ok(cudart.cudaEventRecord(slot.events["end"], self.compute_stream))
         _ok(cudart.cudaStreamWaitEvent(self.d2h_stream, slot.events["end"], 0))
-        for name, shape in shapes.items():
-            nbytes = int(np.prod(shape)) * self.dtypes[name].itemsize
+        for name, out_shape in shapes.items():
+            nbytes = math.prod(out_shape) * self.dtypes[name].itemsize
             _ok(cudart.cudaMemcpyAsync(slot.host[name].ptr, slot.device[name].ptr, nbytes, d2h, self.d2h_stream))
         _ok(cudart.cudaEventRecord(slot.events["d2h"], self.d2h_stream))
-        slot.pending = (tag, profile, shapes, submitted)
+        slot.pending = (tag, profile, shapes)
 
-    def _collect(self, slot: _Slot) -> tuple[Any, dict[str, np.ndarray]]:
+    def _collect(self, s: int) -> tuple[Any, dict[str, np.ndarray]]:
         cudart = _cudart()
+        slot = self.slots[s]
         _ok(cudart.cudaEventSynchronize(slot.events["d2h"]))
-        tag, profile, shapes, submitted = slot.pending
+        done = time.perf_counter()
+        tag, profile, shapes = slot.pending
         slot.pending = None
         gpu_ms = float(_ok(cudart.cudaEventElapsedTime(slot.events["start"], slot.events["end"])))
+        self._note_memory()  # after execution: activations and graphs are allocated by now
         outputs = {name: slot.host[name].view(self.dtypes[name], shape).copy() for name, shape in shapes.items()}
-        self.timings.append(BatchTiming(profile, gpu_ms, (time.perf_counter() - submitted) * 1e3))
+        wall_ms = (done - self._last_done) * 1e3
+        self._last_done = done
+        self.timings.append(BatchTiming(profile, gpu_ms, wall_ms))
         return tag, outputs
 
-    def run(self, feeds: dict[str, np.ndarray], profile: int | None = None) -> dict[str, np.ndarray]:
-        slot = self.slots[0]
-        if slot.pending is not None:
-            self._collect(slot)
-        self._submit(slot, feeds, self.profile_for(feeds) if profile is None else profile, None)
-        return self._collect(slot)[1]
+    def run(self, feeds: dict[str, Any], profile: int | None = None) -> dict[str, np.ndarray]:
+        return list(self.run_many([(None, feeds)], profile))[0][1]
 
-    def run_many(self, batches: Iterable[tuple[Any, dict[str, np.ndarray]]]) -> Iterable[tuple[Any, dict[str, np.ndarray]]]:
-        """Pipelined: yields (tag, outputs) in submission order while the next batch is in flight."""
-        i = 0
-        for tag, feeds in batches:
-            slot = self.slots[i % 2]
-            if slot.pending is not None:
-                yield self._collect(slot)
-            self._submit(slot, feeds, self.profile_for(feeds), tag)
-            i += 1
-        for k in range(2):  # drain in order: the older slot first
-            slot = self.slots[(i + k) % 2]
-            if slot.pending is not None:
-                yield self._collect(slot)
+    def run_many(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None = None) -> Iterator[tuple[Any, dict[str, np.ndarray]]]:
+        """Pipelined: yields (tag, outputs) in submission order. A feed may be an array or the list of its
+        chunks' arrays (stacked in pinned memory). This thread only stages and submits; a collector
+        thread waits for each batch and copies its outputs out of pinned memory, so up to `slots - 1`
+        batches stay queued on the GPU meanwhile. A slot is restaged only once its batch was collected."""
+        n = len(self.slots)
+        order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
+            for i, (tag, feeds) in enumerate(batches):
+                s = i % n
+                while any(slot == s for slot, _ in order):  # round robin: slot s holds the oldest batch
+                    yield order.popleft()[1].result()
+                if i == 0:
+                    self._last_done = time.perf_counter()  # the first batch's wall: from its submission
+                self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag)
+                order.append((s, collector.submit(self._collect, s)))
+                while order and order[0][1].done():
+                    yield order.popleft()[1].result()
+            while order:
+                yield order.popleft()[1].result()
 
     def close(self) -> None:
+        cudart = _cudart()
+        for graph, exe in self.graphs.graphs.values():
+            cudart.cudaGraphExecDestroy(exe)
+            cudart.cudaGraphDestroy(graph)
+        self.graphs.graphs.clear()
+        self.contexts.clear()
         for slot in self.slots:
             for buf in list(slot.device.values()) + list(slot.host.values()):
                 buf.free()
-        self.contexts.clear()
+        if self._memory is not None:
+            self._memory.free()
+            self._memory = None
+
+
+def _shape_of(value: Any) -> tuple[int, ...]:
+    """Shape of a feed: an array, or a list of arrays stacked along axis 0."""
+    if isinstance(value, (list, tuple)):
+        first = np.shape(value[0])
+        return (sum(int(np.shape(v)[0]) for v in value), *map(int, first[1:]))
+    return tuple(int(d) for d in np.shape(value))

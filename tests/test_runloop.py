@@ -1,0 +1,363 @@
+"""The run loop's pure decisions (runloop.py) and TrtRunner driven through a fake CUDA + TensorRT.
+
+No GPU here: the fake executes every stream operation at once, in submission order (a valid
+serialization of the real streams), and models what makes CUDA graphs delicate with TensorRT: an
+enqueue refreshes a context's host-side shape state, and a captured graph reads that state when it
+replays (as TensorRT's shape host-to-device copies do), with its buffer addresses baked in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from trtforge.runloop import (CAPTURE, ENQUEUE, LAUNCH, Batcher, GraphCache, completion_intervals, slot_bytes, stream_batches,
+                              wall_over_gpu)
+
+
+# -- GraphCache ------------------------------------------------------------------------------------
+
+def test_graph_cache_captures_after_a_plain_enqueue_and_replays_only_on_the_shape_last_enqueued():
+    g = GraphCache()
+    steps = [((0, "A", 0), ENQUEUE), ((0, "A", 1), CAPTURE), ((0, "A", 0), CAPTURE), ((0, "A", 1), LAUNCH),
+             ((0, "B", 0), ENQUEUE), ((0, "A", 1), ENQUEUE),  # the context last ran B: A needs a plain enqueue first
+             ((0, "A", 0), LAUNCH), ((1, "A", 0), ENQUEUE)]  # another profile's context has its own state
+    for (profile, shape, slot), expected in steps:
+        action = g.action(profile, shape, slot)
+        assert action == expected, (profile, shape, slot)
+        g.done(profile, shape, slot, action, graph=object() if action == CAPTURE else None)
+    assert g.report()["captured"] == 2 and g.report()["replayed"] == 2 and g.report()["plain_enqueues"] == 4
+
+
+def test_graph_cache_falls_back_for_good_after_a_failed_capture_and_reports_it():
+    g = GraphCache()
+    g.done(0, "A", 0, ENQUEUE)
+    assert g.action(0, "A", 0) == CAPTURE
+    g.done(0, "A", 0, CAPTURE, error="execute_async_v3 failed under capture")
+    assert [g.action(0, "A", s) for s in (0, 1)] == [ENQUEUE, ENQUEUE]
+    assert g.report()["fallbacks"] == [{"profile": 0, "shape": "A", "reason": "execute_async_v3 failed under capture"}]
+    off = GraphCache(enabled=False)
+    off.done(0, "A", 0, ENQUEUE)
+    assert off.action(0, "A", 0) == ENQUEUE
+
+
+def test_slot_bytes_holds_every_profiles_largest_tensor():
+    assert slot_bytes({0: {"x": 10, "y": 400}, 1: {"x": 40, "y": 100}}) == {"x": 40, "y": 400}
+
+
+def test_completion_intervals_sum_to_the_loop_and_wall_over_gpu():
+    intervals = completion_intervals(10.0, [10.5, 11.5, 12.0])
+    assert intervals == [0.5, 1.0, 0.5] and sum(intervals) == 2.0
+    assert wall_over_gpu([2.0, 2.0], [1.0, 1.0]) == 2.0
+    assert wall_over_gpu([2.0], [None]) is None and wall_over_gpu([], []) is None
+
+
+# -- batching as documents are planned ---------------------------------------------------------------
+
+def _chunks(doc_lengths):
+    """(doc, index, shape) triples: each document's chunks, the last one shorter."""
+    return {d: [(d, i, 8 if i < n - 1 else 3 + d) for i in range(n)] for d, n in enumerate(doc_lengths)}
+
+
+def test_streamed_batches_are_make_batches_batches():
+    from trtforge.run import make_batches
+
+    planned = _chunks([5, 1, 7, 3])
+    key = lambda c: c[2]  # noqa: E731
+    got = list(stream_batches(4, lambda d: planned[d], Batcher(3, key), workers=2))
+    chunks = [SimpleNamespace(feeds={"x": np.zeros((1, c[2]))}, c=c) for d in range(4) for c in planned[d]]
+    expected = [[x.c for x in b] for b in make_batches(chunks, 3)]
+    assert sorted(got) == sorted(expected)
+    assert [c for b in got for c in b if c[2] == 8] == [c for b in expected for c in b if c[2] == 8]  # order within a shape
+    naive = list(stream_batches(4, lambda d: planned[d], Batcher(3, key, naive=True)))
+    assert naive == [[c] for d in range(4) for c in planned[d]]
+
+
+def test_batches_run_while_later_documents_are_still_being_planned():
+    """Document 1 cannot finish planning until the consumer holds the first batch: a loop that planned
+    every document before running any batch would time out here."""
+    planned = _chunks([4, 4, 4])
+    first_batch_taken = threading.Event()
+    registered = set()
+
+    def plan(d):
+        if d > 0 and not first_batch_taken.wait(timeout=20):
+            raise AssertionError("planning did not overlap execution")
+        return planned[d]
+
+    seen = []
+    for batch in stream_batches(3, plan, Batcher(3, lambda c: c[2]), workers=2, on_plan=lambda d, cs: registered.add(d)):
+        assert all(c[0] in registered for c in batch)  # a document is registered before its chunks arrive
+        first_batch_taken.set()
+        seen += batch
+    assert sorted(seen) == sorted(c for d in range(3) for c in planned[d])
+
+
+def test_a_planning_error_reaches_the_consumer():
+    def plan(d):
+        if d == 1:
+            raise ValueError("bad document")
+        return [(d, 0, 8)]
+
+    with pytest.raises(ValueError, match="bad document"):
+        list(stream_batches(3, plan, Batcher(2, lambda c: c[2])))
+
+
+# -- TrtRunner through a fake CUDA + TensorRT ----------------------------------------------------------
+
+class FakeCudart:
+    """cuda.bindings.runtime, executed on the host at once. Memory is host memory; capture records ops."""
+    cudaMemcpyKind = SimpleNamespace(cudaMemcpyHostToDevice=1, cudaMemcpyDeviceToHost=2)
+    cudaStreamCaptureMode = SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
+
+    def __init__(self):
+        self.buffers, self.capturing, self.streams = {}, {}, 0
+        self.used = 0
+
+    def _alloc(self, n):
+        buf = ctypes.create_string_buffer(int(n))
+        self.buffers[ctypes.addressof(buf)] = buf
+        self.used += int(n)
+        return 0, ctypes.addressof(buf)
+
+    cudaMalloc = cudaMallocHost = _alloc
+
+    def _free(self, ptr):
+        self.used -= len(self.buffers.pop(ptr))
+        return (0,)
+
+    cudaFree = cudaFreeHost = _free
+
+    def cudaMemGetInfo(self):
+        return 0, 10**12 - self.used, 10**12
+
+    def cudaStreamCreate(self):
+        self.streams += 1
+        return 0, self.streams
+
+    def cudaEventCreate(self):
+        return 0, object()
+
+    def op(self, stream, fn):
+        if stream in self.capturing:
+            self.capturing[stream].append(fn)
+        else:
+            fn()
+
+    def cudaMemcpyAsync(self, dst, src, n, kind, stream):
+        self.op(stream, lambda: ctypes.memmove(dst, src, n))
+        return (0,)
+
+    def cudaEventRecord(self, event, stream):
+        return (0,)
+
+    def cudaStreamWaitEvent(self, stream, event, flags):
+        return (0,)
+
+    def cudaEventSynchronize(self, event):
+        return (0,)
+
+    def cudaStreamSynchronize(self, stream):
+        return (0,)
+
+    def cudaEventElapsedTime(self, a, b):
+        return 0, 1.0
+
+    def cudaStreamBeginCapture(self, stream, mode):
+        self.capturing[stream] = []
+        return (0,)
+
+    def cudaStreamEndCapture(self, stream):
+        return 0, self.capturing.pop(stream)
+
+    def cudaGraphInstantiateWithFlags(self, graph, flags):
+        return 0, list(graph)
+
+    def cudaGraphLaunch(self, exe, stream):
+        for fn in exe:
+            fn()
+        return (0,)
+
+    def cudaGraphExecDestroy(self, exe):
+        return (0,)
+
+    cudaGraphDestroy = cudaGraphExecDestroy
+
+    def cudaGetErrorString(self, err):
+        return 0, b"fake error"
+
+
+class FakeContext:
+    """y[b, s] = (x[b, s] * 2 + profile, S): S comes from the context's host shape state when the
+    enqueue runs, which an enqueue refreshes (TensorRT's deferred shape update)."""
+
+    def __init__(self, engine, memory=None):
+        self.engine, self.device_memory, self.addresses, self.shape = engine, memory, {}, None
+        self.host_state = [0, 0]  # batch, seq: read by the kernels at run time
+
+    def set_device_memory(self, ptr, size):
+        self.device_memory = ptr
+
+    def set_optimization_profile_async(self, profile, stream):
+        self.profile = profile
+
+    def set_input_shape(self, name, dims):
+        self.shape = tuple(int(d) for d in dims)
+        return self.engine.lo[self.profile] <= self.shape[1] <= self.engine.hi[self.profile]
+
+    def get_tensor_shape(self, name):
+        return self.shape if name == "x" else (*self.shape, 2)
+
+    def set_tensor_address(self, name, ptr):
+        self.addresses[name] = ptr
+
+    def execute_async_v3(self, stream):
+        cudart = self.engine.cudart
+        if stream in cudart.capturing and self.engine.capture_fails:
+            return False
+        self.host_state[:] = self.shape
+        x_ptr, y_ptr, state, profile = self.addresses["x"], self.addresses["y"], self.host_state, self.profile
+
+        def kernel():
+            b, s = state
+            x = np.frombuffer((ctypes.c_int32 * (b * s)).from_address(x_ptr), np.int32).reshape(b, s)
+            y = np.frombuffer((ctypes.c_float * (b * s * 2)).from_address(y_ptr), np.float32).reshape(b, s, 2)
+            y[..., 0] = x * 2 + profile
+            y[..., 1] = s
+
+        cudart.op(stream, kernel)
+        return True
+
+
+class FakeEngine:
+    num_io_tensors = 2
+    device_memory_size = 4096
+
+    def __init__(self, cudart, capture_fails=False):
+        self.cudart, self.capture_fails = cudart, capture_fails
+        self.lo, self.hi = [1, 9], [8, 16]
+        self.contexts = []
+
+    def get_tensor_name(self, i):
+        return ["x", "y"][i]
+
+    def get_tensor_mode(self, name):
+        return "in" if name == "x" else "out"
+
+    def get_tensor_dtype(self, name):
+        return np.int32 if name == "x" else np.float32
+
+    def create_execution_context_without_device_memory(self):
+        self.contexts.append(FakeContext(self))
+        return self.contexts[-1]
+
+    def create_execution_context(self):
+        self.contexts.append(FakeContext(self, memory="own"))
+        return self.contexts[-1]
+
+
+class FakeLogger:
+    ERROR = 0
+
+    def __init__(self, level):
+        pass
+
+
+def _runner(monkeypatch, tmp_path, **kwargs):
+    from trtforge.backends import tensorrt_runtime as rt
+    from trtforge.backends.tensorrt import TrtModule
+
+    cudart = FakeCudart()
+    engine = FakeEngine(cudart, capture_fails=kwargs.pop("capture_fails", False))
+    trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="in"), nptype=lambda t: t)
+    trt.Runtime = lambda logger: SimpleNamespace(deserialize_cuda_engine=lambda data: engine)
+    monkeypatch.setattr(rt, "_cudart", lambda: cudart)
+    monkeypatch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
+    path = tmp_path / "fake.engine"
+    path.write_bytes(b"engine")
+    profiles = [{"index": i, "axes": {"batch": [1, 4, 4], "seq": [lo, hi, hi]},
+                 "shapes": {"x": {"min": [1, lo], "opt": [4, hi], "max": [4, hi]}}} for i, (lo, hi) in enumerate([(1, 8), (9, 16)])]
+    sidecar = {"profiles": profiles, "inputs": [{"name": "x", "shape": ["batch", "seq"]}]}
+    return rt.TrtRunner(TrtModule(trt, "tensorrt", "8.6.0"), path, sidecar, **kwargs), engine
+
+
+SEQUENCE = [(4, 8), (4, 8), (4, 8), (4, 8), (2, 5), (4, 8), (4, 8), (4, 12), (4, 12), (4, 12), (4, 8), (4, 8), (1, 3), (4, 8)]
+
+
+def _batches():
+    rng = np.random.default_rng(0)
+    return [(i, {"x": rng.integers(0, 1000, size=shape).astype(np.int64)}) for i, shape in enumerate(SEQUENCE)]
+
+
+def _expected(feeds):
+    x = feeds["x"]
+    profile = 0 if x.shape[1] <= 8 else 1
+    return np.stack([x * 2 + profile, np.full(x.shape, x.shape[1])], axis=-1).astype(np.float32)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_trt_runner_outputs_match_with_and_without_cuda_graphs(monkeypatch, tmp_path, graphs):
+    runner, engine = _runner(monkeypatch, tmp_path, slots=3, cuda_graphs=graphs)
+    batches = _batches()
+    got = list(runner.run_many(batches))
+    assert [tag for tag, _ in got] == list(range(len(batches)))  # submission order
+    for (tag, out), (_, feeds) in zip(got, batches):
+        np.testing.assert_array_equal(out["y"], _expected(feeds))
+    report = runner.runtime_report()
+    if graphs:
+        assert report["cuda_graphs"]["replayed"] == 3 and report["cuda_graphs"]["captured"] == 5  # see GraphCache
+    else:
+        assert report["cuda_graphs"]["replayed"] == 0 and report["cuda_graphs"]["captured"] == 0
+    assert len(runner.timings) == len(batches) and all(t.gpu_ms == 1.0 for t in runner.timings)
+    runner.close()
+
+
+def test_replaying_a_graph_after_the_context_ran_another_shape_would_be_wrong(monkeypatch, tmp_path):
+    """The fake is strict enough to catch the hazard GraphCache avoids: a cache that replays a graph
+    whatever shape the context last ran gives wrong outputs."""
+    runner, _ = _runner(monkeypatch, tmp_path, slots=2)
+    careless = lambda profile, shape, slot: (LAUNCH if (profile, shape, slot) in runner.graphs.graphs  # noqa: E731
+                                              else CAPTURE if runner.graphs.current.get(profile) == shape else ENQUEUE)
+    monkeypatch.setattr(runner.graphs, "action", careless)
+    batches = [(i, {"x": np.full(shape, i, np.int64)}) for i, shape in enumerate([(4, 8), (4, 8), (4, 8), (2, 8), (4, 8)])]
+    outs = dict(runner.run_many(batches))
+    assert not np.array_equal(outs[4]["y"], _expected(batches[4][1]))
+
+
+def test_profile_contexts_share_one_device_memory_block(monkeypatch, tmp_path):
+    runner, engine = _runner(monkeypatch, tmp_path)
+    assert len(engine.contexts) == 2 and len({c.device_memory for c in engine.contexts}) == 1
+    assert engine.contexts[0].device_memory == runner._memory.ptr
+    assert runner.runtime_report()["shared_device_memory"]["enabled"] is True
+    own, engine2 = _runner(monkeypatch, tmp_path, shared_device_memory=False)
+    assert {c.device_memory for c in engine2.contexts} == {"own"}
+    assert own.runtime_report()["shared_device_memory"]["enabled"] is False
+
+
+def test_a_failed_capture_falls_back_to_plain_enqueues_and_is_reported(monkeypatch, tmp_path):
+    runner, _ = _runner(monkeypatch, tmp_path, capture_fails=True)
+    batches = _batches()
+    for (tag, out), (_, feeds) in zip(runner.run_many(batches), batches):
+        np.testing.assert_array_equal(out["y"], _expected(feeds))
+    report = runner.runtime_report()["cuda_graphs"]
+    assert report["replayed"] == 0 and report["fallbacks"] and "under capture" in report["fallbacks"][0]["reason"]
+
+
+def test_a_batch_given_as_its_chunks_is_stacked_in_pinned_memory(monkeypatch, tmp_path):
+    runner, _ = _runner(monkeypatch, tmp_path)
+    parts = [np.full((1, 8), i, np.int64) for i in range(3)]
+    out = runner.run({"x": parts})
+    np.testing.assert_array_equal(out["y"], _expected({"x": np.concatenate(parts)}))
+
+
+def test_without_the_shared_memory_api_contexts_get_their_own_and_the_report_says_why(monkeypatch, tmp_path):
+    monkeypatch.delattr(FakeEngine, "create_execution_context_without_device_memory")
+    runner, engine = _runner(monkeypatch, tmp_path)
+    assert {c.device_memory for c in engine.contexts} == {"own"}
+    report = runner.runtime_report()["shared_device_memory"]
+    assert report["enabled"] is False and "create_execution_context_without_device_memory" in report["reason"]
+    np.testing.assert_array_equal(runner.run({"x": np.ones((2, 4), np.int64)})["y"], _expected({"x": np.ones((2, 4), np.int64)}))

@@ -1,0 +1,154 @@
+"""The run loop's decisions, kept free of any runtime so they are tested on a CPU.
+
+- `GraphCache`: when a batch may replay a captured CUDA graph, when to capture one, and when it must
+  run as a plain enqueue. TensorRT bakes shape-dependent state into a context at its first enqueue
+  after a shape change (its docs: enqueue once after a shape change, then capture), so a graph of
+  (profile, shape) is only replayed while that profile's context last ran that very shape; a graph
+  also bakes its buffer addresses in, so graphs are kept per staging slot.
+- `Batcher` / `stream_batches`: chunks planned by a worker pool, document by document, batched as
+  they arrive (the same batches `run.make_batches` forms, in the order they fill), so tokenization
+  and chunk planning overlap execution.
+- `slot_bytes`, `completion_intervals`, `wall_over_gpu`: staging-buffer sizes and the clock.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Iterator, Sequence
+
+ENQUEUE, CAPTURE, LAUNCH = "enqueue", "capture", "launch"
+
+
+@dataclass
+class GraphCache:
+    """Per (profile, shape, slot) CUDA graphs; `action` says what the next batch does, `done` records it."""
+    enabled: bool = True
+    graphs: dict[tuple[int, Hashable, int], Any] = field(default_factory=dict)
+    current: dict[int, Hashable] = field(default_factory=dict)  # shape each profile's context last enqueued
+    failed: dict[tuple[int, Hashable], str] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: {ENQUEUE: 0, CAPTURE: 0, LAUNCH: 0})
+    disabled_reason: str | None = None
+
+    def action(self, profile: int, shape: Hashable, slot: int) -> str:
+        if not self.enabled or (profile, shape) in self.failed or self.current.get(profile) != shape:
+            return ENQUEUE  # a shape change needs one plain enqueue before TensorRT's state may be captured
+        return LAUNCH if (profile, shape, slot) in self.graphs else CAPTURE
+
+    def done(self, profile: int, shape: Hashable, slot: int, action: str, graph: Any = None, error: str | None = None) -> None:
+        """After the batch ran: `graph` is the captured one (CAPTURE), `error` why capture failed (then it ran plainly)."""
+        if action == CAPTURE and error is not None:
+            self.failed[(profile, shape)] = error
+            action = ENQUEUE
+        elif action == CAPTURE:
+            self.graphs[(profile, shape, slot)] = graph
+        if action == ENQUEUE:
+            self.current[profile] = shape
+        self.counts[action] += 1
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"enabled": self.enabled, "graphs": len(self.graphs), "captured": self.counts[CAPTURE],
+                               "replayed": self.counts[LAUNCH], "plain_enqueues": self.counts[ENQUEUE],
+                               "fallbacks": [{"profile": p, "shape": _jsonable(s), "reason": r} for (p, s), r in self.failed.items()]}
+        if self.disabled_reason:
+            out["reason"] = self.disabled_reason
+        return out
+
+
+def _jsonable(shape: Any) -> Any:
+    return [list(s) if isinstance(s, tuple) else s for s in shape] if isinstance(shape, tuple) else shape
+
+
+def slot_bytes(profile_bytes: dict[int, dict[str, int]]) -> dict[str, int]:
+    """One staging slot holds any profile's batch: per tensor, the largest size over the profiles. Sized
+    once, so buffer addresses never change and captured graphs stay valid."""
+    sizes: dict[str, int] = {}
+    for tensors in profile_bytes.values():
+        for name, nbytes in tensors.items():
+            sizes[name] = max(sizes.get(name, 0), int(nbytes))
+    return sizes
+
+
+def completion_intervals(start: float, done: Sequence[float]) -> list[float]:
+    """Wall time each batch cost: the gap since the previous batch completed (the first: since start).
+    They sum to the loop's wall time, so their mean against GPU time says how busy the GPU was."""
+    out, last = [], start
+    for t in done:
+        out.append(t - last)
+        last = t
+    return out
+
+
+def wall_over_gpu(wall_ms: Sequence[float], gpu_ms: Sequence[float | None]) -> float | None:
+    gpu = [g for g in gpu_ms if g is not None]
+    if not gpu or len(gpu) != len(wall_ms) or sum(gpu) <= 0:
+        return None
+    return float(sum(wall_ms) / sum(gpu))
+
+
+class Batcher:
+    """Chunks grouped by shape key into batches of at most `size`: a batch is emitted when its group
+    fills, the rest by `flush` in group order. Same batches as run.make_batches, in the order they fill."""
+
+    def __init__(self, size: int, key: Callable[[Any], Hashable], naive: bool = False):
+        self.size, self.key, self.naive = max(int(size), 1), key, naive
+        self.groups: dict[Hashable, list[Any]] = {}
+
+    def add(self, chunk: Any) -> list[list[Any]]:
+        if self.naive:
+            return [[chunk]]
+        group = self.groups.setdefault(self.key(chunk), [])
+        group.append(chunk)
+        if len(group) == self.size:
+            self.groups[self.key(chunk)] = []
+            return [group]
+        return []
+
+    def flush(self) -> list[list[Any]]:
+        out = [g for g in self.groups.values() if g]
+        self.groups = {}
+        return out
+
+
+_END = object()
+
+
+def stream_batches(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batcher, workers: int = 2,
+                   on_plan: Callable[[int, list[Any]], None] = lambda d, chunks: None) -> Iterator[list[Any]]:
+    """Batches as documents are planned on `workers` threads (document order kept): `on_plan(d, chunks)`
+    runs before any chunk of document d is handed out, so a consumer may rely on it. A planning error
+    is raised in the consumer."""
+    out: queue.Queue = queue.Queue()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                for d, chunks in enumerate(pool.map(plan, range(n_docs))):
+                    if stop.is_set():
+                        return
+                    on_plan(d, chunks)
+                    for c in chunks:
+                        for b in batcher.add(c):
+                            out.put(b)
+            for b in batcher.flush():
+                out.put(b)
+            out.put(_END)
+        except BaseException as exc:  # handed to the consumer, raised there
+            out.put(exc)
+
+    thread = threading.Thread(target=produce, name="trtforge-plan", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = out.get()
+            if item is _END:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
