@@ -50,6 +50,7 @@ class Candidate:
     v: Projection | None = None
     heads: int = 0
     head_size: int = 0
+    seq: int | None = None  # observed sequence length (at the largest profile sizes when called from build)
     reason: str | None = None
 
 
@@ -316,6 +317,7 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
             c.reason = f"Q/K/V weights {c.q.weight.shape}, {c.k.weight.shape}, {c.v.weight.shape} do not split into {c.heads} heads"
             continue
         c.head_size = e // c.heads
+        c.seq = int(x.shape[1])
         ctx = [t for t in c.ctx.split(",") if values[t].ndim == 3 and values[t].shape[-1] == e]
         if not ctx:
             c.reason = "no [batch, seq, hidden] context tensor below probs @ V"
