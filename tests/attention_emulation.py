@@ -9,7 +9,8 @@ from onnx import helper, numpy_helper
 from trtforge.fusion.plugins import PLUGIN
 
 
-def emulate_plugins(model: onnx.ModelProto, padded_head: int) -> onnx.ModelProto:
+def emulate_plugins(model: onnx.ModelProto, padded_head: int, dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    """dtype: the plugin's I/O type in the graph (fp16 after trtforge's fp16 conversion); the math runs fp32."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     nodes = []
@@ -30,7 +31,8 @@ def emulate_plugins(model: onnx.ModelProto, padded_head: int) -> onnx.ModelProto
         nodes += [
             helper.make_node("Shape", [seq], [p + "S"]),
             helper.make_node("Concat", [c("m1", np.array([-1], np.int64)), p + "S", c("n3h", np.array([n, 3, h], np.int64))], [p + "shape"], axis=0),
-            helper.make_node("Reshape", [qkv, p + "shape"], [p + "bsn3h"]),
+            helper.make_node("Cast", [qkv], [p + "qkv32"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Reshape", [p + "qkv32", p + "shape"], [p + "bsn3h"]),
             helper.make_node("Transpose", [p + "bsn3h"], [p + "3bnsh"], perm=[3, 0, 2, 1, 4]),
             helper.make_node("Gather", [p + "3bnsh", c("i0", np.array(0, np.int64))], [p + "q"], axis=0),
             helper.make_node("Gather", [p + "3bnsh", c("i1", np.array(1, np.int64))], [p + "k"], axis=0),
@@ -41,7 +43,8 @@ def emulate_plugins(model: onnx.ModelProto, padded_head: int) -> onnx.ModelProto
             helper.make_node("Softmax", [p + "scores"], [p + "probs"], axis=-1),
             helper.make_node("MatMul", [p + "probs", p + "v"], [p + "bnsh"]),
             helper.make_node("Transpose", [p + "bnsh"], [p + "bsnh"], perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [p + "bsnh", c("outshape", np.array([-1, e, 1, 1], np.int64))], [node.output[0]]),
+            helper.make_node("Reshape", [p + "bsnh", c("outshape", np.array([-1, e, 1, 1], np.int64))], [p + "out32"]),
+            helper.make_node("Cast", [p + "out32"], [node.output[0]], to=dtype),
         ]
     del out.graph.node[:]
     out.graph.node.extend(nodes)

@@ -85,6 +85,25 @@ def test_encoder_attention_is_fused_and_equals_the_original(zoo, key):
         assert rel < 1e-5, (name, rel)
 
 
+@pytest.mark.parametrize("key", [("bert", "dynamo"), ("vit", "legacy")], ids=lambda k: ".".join(k))
+def test_fp16_converted_graph_is_fused(zoo, key):
+    """What build actually hands the pass on 8.6: trtforge's fp16 conversion (fp16 weights, Casts around the
+    ops kept fp32, the mask Add fed through a Cast). The fused graph stays within the fp16 gate of the fp32 original."""
+    from trtforge.precision import prepare_for_build
+
+    model, specs, axes, sizes = _load(zoo, key)
+    converted, _ = prepare_for_build(model, zoo[key], specs, axes)
+    fused, report = _fuse(converted, sizes, specs, sm=80)
+    assert len(report.replaced) == 2 and not report.refused, report.to_json()
+    emulated = emulate_plugins(fused, padded_head=32, dtype=onnx.TensorProto.FLOAT16)
+    feeds = random_feeds(specs, dict(sizes, batch=3), seed=5)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulated.SerializeToString()).run(feeds)
+    for name, value in want.items():
+        cos = float(np.sum(got[name] * value) / (np.linalg.norm(got[name]) * np.linalg.norm(value)))
+        assert cos > 0.999, (name, cos)
+
+
 @pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
 def test_causal_attention_is_refused_with_its_reason(zoo, exporter):
     model, specs, _, sizes = _load(zoo, ("gpt2", exporter))

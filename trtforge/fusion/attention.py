@@ -104,6 +104,23 @@ def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     return default
 
 
+def _reaches_matmul(g: _Graph, t: str) -> bool:
+    """Whether t is a MatMul's output seen through Cast and scalar Mul/Div (the scores side of a mask Add)."""
+    for _ in range(6):
+        node = g.producer.get(t)
+        if node is None:
+            return False
+        if node.op_type == "MatMul":
+            return True
+        if node.op_type == "Cast" or (node.op_type in ("Mul", "Div") and g.scalar(node.input[1]) is not None):
+            t = node.input[0]
+        elif node.op_type == "Mul" and g.scalar(node.input[0]) is not None:
+            t = node.input[1]
+        else:
+            return False
+    return False
+
+
 def _scores_path(g: _Graph, cand: Candidate, start: str) -> onnx.NodeProto | None:
     """Walk up from the softmax input to the scores MatMul, collecting mask terms and scalar scales."""
     t = start
@@ -124,8 +141,7 @@ def _scores_path(g: _Graph, cand: Candidate, start: str) -> onnx.NodeProto | Non
             t = node.input[1]
         elif node.op_type in ("Add", "Where"):
             data = list(node.input[1:]) if node.op_type == "Where" else list(node.input)
-            main = [i for i in data if g.producer.get(i) is not None and g.producer[i].op_type in ("MatMul", "Mul", "Div", "Cast")
-                    and g.const(i) is None]
+            main = [i for i in data if _reaches_matmul(g, i)]
             if len(main) != 1:
                 return None
             others = [i for i in data if i != main[0]]
