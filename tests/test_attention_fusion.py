@@ -261,3 +261,24 @@ def test_cli_build_records_the_fusion_and_rejects_a_bad_mode(minilm_clean, tmp_p
     assert record["mode"] == "on" and record["route"] == "native" and not record["replaced"]
     assert_user_error(run_cli("build", str(minilm_clean), "--fuse-attention", "maybe", "-o", str(tmp_path / "x.engine")),
                       "--fuse-attention 'maybe'", "build.fuse_attention")
+
+
+def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(minilm_clean, tmp_path, monkeypatch):
+    """`auto` promises a faster engine, never a failed build: TensorRT-RTX has no plugin registry, so the fused
+    graph fails to parse there, and the build goes on with the graph as it was, saying why in the sidecar."""
+    require("tensorrt_rtx")
+    import trtforge.build as build_mod
+    from trtforge.fusion.step import attention_fusion as real
+
+    def forced(mod, identity, model, precision, options, specs, axes, profiles, onnx_path):
+        feeds = random_feeds(specs, {"batch": 2, "seq": 64})
+        return real(model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, feeds, onnx_path.name)
+
+    monkeypatch.setattr(build_mod, "_fuse_attention", forced)
+    warnings = []
+    result = build_mod.build(minilm_clean, tmp_path / "m.engine", "fp16", "seq=64", backend="tensorrt_rtx", warn=warnings.append)
+    record = result.sidecar["attention_fusion"]
+    assert record["route"] == "none" and "failed to build" in record["why"] and not record["replaced"]
+    assert any("without attention fusion" in w for w in warnings)
+    built = onnx.load(result.sidecar["built_onnx"])
+    assert not any(n.op_type == PLUGIN for n in built.graph.node) and any(n.op_type == "Softmax" for n in built.graph.node)

@@ -154,6 +154,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     identity = runtime_identity(mod)
     fused, fusion = _fuse_attention(mod, identity, converted if converted is not None else model, precision, options,
                                     specs, axes, profiles, onnx_path)
+    unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
     slow = slow_build_warning(profiles)
@@ -170,7 +171,24 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             model = converted
         options.has_fp16, options.has_qdq = model_traits(model)
         start = time.perf_counter()
-        out = build_engine(mod, source, profiles, options, on_tick, tick_s)
+        try:
+            out = build_engine(mod, source, profiles, options, on_tick, tick_s)
+        except UserError as exc:
+            if fused is None or options.fuse_attention != "auto":
+                raise
+            # auto promised a faster engine, not a failed build: record why and build the graph as it was.
+            warn(f"the fused-attention graph did not build ({exc}); building without attention fusion.")
+            fusion.update(route="none", why=f"fused graph failed to build: {str(exc)[:400]}", replaced=[],
+                          padding_allowed=True, mask_inputs=[])
+            converted = unfused
+            if converted is None:
+                shutil.rmtree(staging, ignore_errors=True)
+                staging, built_onnx, source, model = None, onnx_path, onnx_path, load_onnx(onnx_path)
+            else:
+                source = save_onnx(converted, staging / built_onnx.name)
+                model = converted
+            options.has_fp16, options.has_qdq = model_traits(model)
+            out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         if converted is not None:
             with output_lock(built_onnx):
                 for staged in staging.iterdir():

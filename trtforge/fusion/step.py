@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import onnx
 
 from trtforge.errors import UserError
@@ -62,7 +63,9 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
         record.update(route="none", why=why_not)
         return None, record
     sm = sm_of(compute_capability)
-    fused, report = fuse_attention(model, feeds or {},
+    # The pass verifies each attention on unpadded rows (what the fused engine will be allowed to see).
+    feeds = {k: (np.ones_like(v) if "mask" in k.lower() else v) for k, v in (feeds or {}).items()}
+    fused, report = fuse_attention(model, feeds,
                                    lambda c: attention_route(flavour, version, sm, c.head_size, c.seq, False), base.reason)
     record.update(report.to_json(), route=base.kind, why=base.reason)
     if mode == "on" and not report.replaced and report.refused:
