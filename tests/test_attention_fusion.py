@@ -262,6 +262,18 @@ def test_cli_build_records_the_fusion_and_rejects_a_bad_mode(minilm_clean, tmp_p
     assert_user_error(run_cli("build", str(minilm_clean), "--fuse-attention", "maybe", "-o", str(tmp_path / "x.engine")),
                       "--fuse-attention 'maybe'", "build.fuse_attention")
 
+    # An engine whose sidecar says its attention is unmasked: `run` refuses a padded mask before any GPU work.
+    side_path = tmp_path / "m.engine.json"
+    side = json.loads(side_path.read_text())
+    side["attention_fusion"].update(padding_allowed=False, mask_inputs=["attention_mask"])
+    side_path.write_text(json.dumps(side))
+    inputs = tmp_path / "padded"
+    inputs.mkdir()
+    np.savez(inputs / "doc.npz", input_ids=np.full((1, 16), 2000, np.int64),
+             attention_mask=np.concatenate([np.ones((1, 12), np.int64), np.zeros((1, 4), np.int64)], 1))
+    assert_user_error(run_cli("run", str(engine), "--inputs", str(inputs), "--no-chunking", "--reference", str(minilm_clean)),
+                      "'doc' has zeros in 'attention_mask'", "m.engine", "--fuse-attention off")
+
 
 def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(minilm_clean, tmp_path, monkeypatch):
     """`auto` promises a faster engine, never a failed build: TensorRT-RTX has no plugin registry, so the fused

@@ -30,7 +30,7 @@ for m in $BIG $SMALL; do
     [ -f "$W/$m/$m.clean.onnx" ] || { step "export-$m" 420 "$P312 export --config $(cfg $m) -o $W/$m/$m.onnx" &&
     step "clean-$m" 240 "$P312 clean $W/$m/$m.onnx"; } ) &
 done
-step probe-plugins 150 "$PY benchmarks/gpu/probe_attention_plugins.py --shapes 16x512 --json $W/plugins.json"
+step probe-plugins 200 "$PY benchmarks/gpu/probe_attention_plugins.py --shapes 16x512 --json $W/plugins.json"
 wait
 
 # 2. fp16 engines: the pass on and off (three builds at a time; cuBLAS/cuDNN tactic sources off on 8.6)
@@ -60,7 +60,7 @@ if [ -f "$E" ]; then
   step inspect-fused 60 "$PY -m trtforge inspect $E"
   step run-fused 240 "$PY -m trtforge run $E --config zoo/configs/full/bert-base.yaml --reference $W/bert-base/bert-base.clean.onnx --report $W/bert-base/run.fused.json"
   mkdir -p "$W/padded" && python3 -c "import numpy as np; np.savez('$W/padded/doc.npz', input_ids=np.full((1, 64), 2000, np.int64), attention_mask=np.concatenate([np.ones((1, 60), np.int64), np.zeros((1, 4), np.int64)], 1))"
-  step padded-refused 120 "$PY -m trtforge run $E --inputs $W/padded --reference $W/bert-base/bert-base.clean.onnx; test \$? -eq 2"
+  step padded-refused 120 "$PY -m trtforge run $E --inputs $W/padded --no-chunking --reference $W/bert-base/bert-base.clean.onnx; test \$? -eq 2"
 fi
 
 for m in $BIG $SMALL; do [ -f "$W/$m/compare.json" ] && echo "== $m" && sed -n '/^|/p' "$W/log.compare-$m"; done > "$W/table.md" 2>&1
