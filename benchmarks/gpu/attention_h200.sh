@@ -38,8 +38,8 @@ build() {  # MODEL MODE LABEL
   [ -f "$W/$1/$1.clean.onnx" ] || return 1
   step "build-$1-$3" 600 "$PY -m trtforge build $W/$1/$1.clean.onnx --config $(cfg $1) --precision fp16 $TACTICS --fuse-attention $2 -o $W/$1/$1.$3.engine --json > $W/$1/$1.$3.build.json"
 }
-build bert-base on fused & build bert-base off unfused & build vit-b16 on fused & wait
-build roberta-base on fused & build vit-b16 off unfused & build bert auto auto & build gpt2 auto auto & wait
+build bert-base on fused & build bert-base off unfused & build vit-b16 on fused & build bert auto auto & build gpt2 auto auto & wait
+build roberta-base on fused & build vit-b16 off unfused & wait
 
 # 3. accuracy vs ORT fp32 on the original graph, GPU ms, layers
 engines() { for l in "$@"; do [ -f "$W/$M/$M.$l.engine" ] && printf -- ' --engine %s=%s' "$l" "$W/$M/$M.$l.engine"; done; }

@@ -80,7 +80,9 @@ def describe(record: dict[str, Any]) -> list[str]:
     lines = [f"attention fusion ({record.get('mode')}): {record.get('why')}"]
     replaced = record.get("replaced") or []
     if replaced:
-        lines.append(f"  replaced {len(replaced)} attention(s) by {replaced[0]['plugin']}: " + ", ".join(r["softmax"] for r in replaced))
+        names = [r["softmax"] for r in replaced]
+        lines.append(f"  replaced {len(replaced)} attention(s) by {replaced[0]['plugin']} (heads {replaced[0]['heads']} x "
+                     f"{replaced[0]['head_size']}): " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
     reasons: dict[str, list[str]] = {}
     for r in record.get("refused") or []:
         reasons.setdefault(r["reason"], []).append(r["softmax"])
