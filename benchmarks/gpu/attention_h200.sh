@@ -3,7 +3,7 @@
 # graph, and against the same engines built without the pass. Run detached from the project root after staging
 # (../shared/gpu/README.md); every step appends {step, rc, seconds, cmd, tail} to $W/steps.jsonl and goes on
 # after a failure; no step starts after DEADLINE. ~8 minutes of GPU time when the exports are fresh.
-#   usage: bash benchmarks/gpu/attention_h200.sh W DEADLINE_EPOCH
+#   usage: [KEEP=DIR] bash benchmarks/gpu/attention_h200.sh W DEADLINE_EPOCH
 # Order: (1) the plugin probe (short: one shape) on the GPU while the CPU exports BERT-base, ViT-B/16,
 # RoBERTa-base (64-wide heads: the plugin's sm_90 kernels) and the small zoo BERT / GPT-2 (python3, torch);
 # (2) fp16 builds under $PY310, three at a time, --fuse-attention on and off (small zoo: auto, which
@@ -64,4 +64,14 @@ if [ -f "$E" ]; then
 fi
 
 for m in $BIG $SMALL; do [ -f "$W/$m/compare.json" ] && echo "== $m" && sed -n '/^|/p' "$W/log.compare-$m"; done > "$W/table.md" 2>&1
+# The small results (JSON, logs, tables; not the engines) to $KEEP when given, e.g. the device tool's $OUT/attn.
+if [ -n "${KEEP:-}" ]; then
+  mkdir -p "$KEEP" && cp "$W"/steps.jsonl "$W"/table.md "$W"/log.* "$KEEP"/ 2>/dev/null
+  cp "$W"/plugins.json "$KEEP"/ 2>/dev/null
+  for m in $BIG $SMALL; do
+    for f in "$W/$m"/compare.json "$W/$m"/*.build.json "$W/$m"/run.*.json "$W/$m"/*.engine.json "$W/$m"/*.layers.json; do
+      [ -f "$f" ] && cp "$f" "$KEEP/$m.$(basename "$f")"
+    done
+  done
+fi
 touch "$W/DONE"
