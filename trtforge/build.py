@@ -155,6 +155,12 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
 
     ensure_writable_dir(output)
     converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes)
+    identity = runtime_identity(mod)
+    fused, fusion = _fuse_attention(mod, identity, converted if converted is not None else model, precision, options,
+                                    specs, axes, profiles, onnx_path)
+    unfused = converted
+    if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
+        converted = fused
     slow = slow_build_warning(profiles)
     if slow:
         warn(slow)
@@ -169,7 +175,24 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             model = converted
         options.has_fp16, options.has_qdq = model_traits(model)
         start = time.perf_counter()
-        out = build_engine(mod, source, profiles, options, on_tick, tick_s)
+        try:
+            out = build_engine(mod, source, profiles, options, on_tick, tick_s)
+        except UserError as exc:
+            if fused is None or options.fuse_attention != "auto":
+                raise
+            # auto promised a faster engine, not a failed build: record why and build the graph as it was.
+            warn(f"the fused-attention graph did not build ({exc}); building without attention fusion.")
+            fusion.update(route="none", why=f"fused graph failed to build: {str(exc)[:400]}", replaced=[],
+                          padding_allowed=True, mask_inputs=[])
+            converted = unfused
+            if converted is None:
+                shutil.rmtree(staging, ignore_errors=True)
+                staging, built_onnx, source, model = None, onnx_path, onnx_path, load_onnx(onnx_path)
+            else:
+                source = save_onnx(converted, staging / built_onnx.name)
+                model = converted
+            options.has_fp16, options.has_qdq = model_traits(model)
+            out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         if converted is not None:
             with output_lock(built_onnx):
                 for staged in staging.iterdir():
@@ -180,7 +203,6 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
 
-    identity = runtime_identity(mod)
     sidecar = {
         "kind": "engine",
         "trtforge_version": __version__,
@@ -203,6 +225,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         "built_onnx": str(built_onnx),
         "calibration_cache_sha256": (parent or {}).get("cache_sha256"),
         "precision_report": precision_report,
+        "attention_fusion": fusion,
         "build_options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
         "timing_cache": {"path": str(options.timing_cache) if options.timing_cache else None,
                          "loaded": out.timing_cache_loaded, "saved": out.timing_cache is not None},
@@ -234,6 +257,22 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             with output_lock(output):
                 write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
+
+
+def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelProto, precision: str, options: BuildOptions,
+                    specs: list[InputSpec], axes: dict[str, AxisRange], profiles: list[Profile],
+                    onnx_path: Path) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+    """Run trtforge.fusion's attention pass for this TensorRT and GPU: (fused model or None, sidecar record)."""
+    from trtforge.backends.tensorrt import plugin_registered
+    from trtforge.fusion.plugins import PLUGIN, PLUGIN_VERSION, backend_route
+    from trtforge.fusion.step import attention_fusion, observation_sizes
+
+    route = backend_route(mod.flavour, mod.version)
+    wants = options.fuse_attention != "off" and route.kind == "plugin" and precision in ("fp16", "best")
+    registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
+    feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and registered else None
+    return attention_fusion(model, options.fuse_attention, precision, mod.flavour, mod.version,
+                            identity.get("compute_capability"), registered, feeds, onnx_path.name)
 
 
 def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], output: Path,

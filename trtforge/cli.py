@@ -224,6 +224,7 @@ def build(
     version_compatible: Optional[bool] = typer.Option(None, "--version-compatible/--no-version-compatible"),
     compute_capability: Optional[list[str]] = typer.Option(None, "--compute-capability", help="TensorRT-RTX targets, e.g. SM89 (repeatable)."),
     tf32: bool = typer.Option(False, "--tf32", help="Allow TF32 for fp32 math (faster, ~1e-3 rel-L2); off means IEEE fp32."),
+    fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
@@ -244,6 +245,7 @@ def build(
         version_compatible=version_compatible if version_compatible is not None else section.version_compatible,
         compute_capabilities=list(compute_capability or section.compute_capabilities),
         tf32=tf32,
+        fuse_attention=fuse_attention or section.fuse_attention,
     )
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
         raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")
@@ -285,6 +287,10 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
         con.print(f"layer information: {side['layer_info_unavailable']}")
     if (side.get("inspector") or {}).get("error"):
         con.print(f"engine inspector failed: {side['inspector']['error']}", markup=False)
+    from trtforge.fusion.step import describe
+
+    for line in describe(side.get("attention_fusion") or {}):
+        con.print(line, markup=False)
     for note in side.get("notes", []):
         con.print(f"note: {note}")
 

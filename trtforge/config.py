@@ -121,6 +121,8 @@ class BuildSection(Strict):
     hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
     version_compatible: bool = False
     compute_capabilities: list[str] = Field(default_factory=list)
+    # Attention fusion (trtforge.fusion): auto = where the installed TensorRT runs a fused kernel it would not pick.
+    fuse_attention: Literal["auto", "on", "off"] = "auto"
 
 
 class RunSection(Strict):

@@ -534,6 +534,11 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     docs = load_documents(Path(options.inputs), specs, layout, tokenizer, tokenize=plan)
     if not docs:
         raise UserError(f"{options.inputs} holds no inputs; add documents or arrays.")
+    if is_engine:  # an engine whose fused attention dropped the mask must never see padding
+        from trtforge.fusion.attention import refuse_padding
+
+        for doc in docs:
+            refuse_padding(engine_sidecar, doc.name, doc.feeds, target_path.name)
     scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
     chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales) if plan else []
     batch_cap = options.batch_size

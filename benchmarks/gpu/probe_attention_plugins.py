@@ -6,8 +6,12 @@ it with CUDA events; the comparison is one unfused attention (MatMul, Softmax, M
 TensorRT itself from the same network API. Records every error instead of stopping.
 
     $PY310 benchmarks/gpu/probe_attention_plugins.py --json plugins.json
-Candidates: CustomQKVToContextPluginDynamic v1 (input [S, B, 3E, 1, 1], heads interleaved as
-N x 3 x H, mask [B] of valid lengths) and fMHA_V2 (input [B, S, N, 3, H], no mask).
+Candidates: CustomQKVToContextPluginDynamic v2 with var_seqlen=1 (what trtforge's attention pass emits:
+packed tokens [B*S, 3E, 1, 1] with each head's q, k, v adjacent, cu_seqlens [B+1], a dummy of length S;
+8.6's FusedMHARunnerFP16v2 has sm_90 kernels for S <= 512), v1 (input [S, B, 3E, 1, 1]; its fused sm_90
+kernels take EmbLayerNorm's packed mask [B, packed] and only S in 64/96/128/384, else it runs cuBLAS; v1
+without a mask hands its fused kernel a null mask pointer, the likely cause of the first probe's segfault)
+and fMHA_V2 (input [B, S, N, 3, H], no mask).
 """
 
 from __future__ import annotations
@@ -86,8 +90,8 @@ def build_and_time(trt, make_network, feeds: dict[str, np.ndarray], out_name: st
     return {"ms": ms, "output": host.astype(np.float32), "kernels": kernels, "engine_mb": blob.nbytes / 2**20}
 
 
-CANDIDATES = ("CustomQKVToContextPluginDynamic v1 fp16 masked", "CustomQKVToContextPluginDynamic v1 fp16 no mask",
-              "fMHA_V2 fp16", "unfused MatMul-Softmax-MatMul fp16")
+CANDIDATES = ("CustomQKVToContextPluginDynamic v2 var_seqlen fp16", "CustomQKVToContextPluginDynamic v1 fp16 masked",
+              "CustomQKVToContextPluginDynamic v1 fp16 no mask", "fMHA_V2 fp16", "unfused MatMul-Softmax-MatMul fp16")
 
 
 def probe(trt, batch: int, seq: int, only: str | None = None) -> list[dict]:
@@ -137,15 +141,35 @@ def probe(trt, batch: int, seq: int, only: str | None = None) -> list[dict]:
             plugin = creator("CustomQKVToContextPluginDynamic").create_plugin("mha", trt_.PluginFieldCollection(fields))
             inputs = [x]
             if mask:
-                inputs.append(network.add_input("mask", trt_.int32, (batch,)))
+                inputs.append(network.add_input("mask", trt_.int32, (batch, 1)))  # 2-D: supportsFormatCombination
             layer = network.add_plugin_v2(inputs, plugin)
             layer.get_output(0).name = "out"
             layer.get_output(0).dtype = trt_.float16
             network.mark_output(layer.get_output(0))
         feeds = {"qkv": qkv_sb}
         if mask:
-            feeds["mask"] = lengths
+            feeds["mask"] = lengths.reshape(batch, 1)
         return lambda: build_and_time(trt, make, feeds, "out")
+
+    # v2 var_seqlen: tokens [B*S, 3E, 1, 1] (batch-major), mask dummy, cu_seqlens [B+1], dummy [S].
+    qkv_tok = np.stack([q, k, v], axis=2).transpose(0, 3, 1, 2, 4).reshape(batch * seq, 3 * HIDDEN, 1, 1)  # [B,S,N,3,H]
+    cu = (np.arange(batch + 1) * seq).astype(np.int32)
+
+    def bert_v2():
+        def make(trt_, network):
+            x = network.add_input("qkv", trt_.float16, qkv_tok.shape)
+            cu_t = network.add_input("cu_seqlens", trt_.int32, cu.shape)
+            dummy = network.add_input("max_seqlen", trt_.int32, (seq,))
+            fields = [trt_.PluginField(n, np.array([val], np.int32), trt_.PluginFieldType.INT32) for n, val in
+                      (("type_id", 1), ("hidden_size", HIDDEN), ("num_heads", HEADS), ("has_mask", 1), ("var_seqlen", 1))]
+            plugin = creator("CustomQKVToContextPluginDynamic", "2").create_plugin("mha", trt_.PluginFieldCollection(fields))
+            layer = network.add_plugin_v2([x, dummy, cu_t, dummy], plugin)
+            layer.get_output(0).name = "out"
+            network.mark_output(layer.get_output(0))
+        return build_and_time(trt, make, {"qkv": qkv_tok, "cu_seqlens": cu, "max_seqlen": np.zeros(seq, np.int32)}, "out")
+
+    record("CustomQKVToContextPluginDynamic v2 var_seqlen fp16", bert_v2,
+           lambda o: o.reshape(batch, seq, HEADS, HEAD).transpose(0, 2, 1, 3))
 
     to_bnsh_sb = lambda o: o.reshape(seq, batch, HEADS, HEAD).transpose(1, 2, 0, 3)  # noqa: E731
     record("CustomQKVToContextPluginDynamic v1 fp16 masked", bert_plugin(True), to_bnsh_sb)
@@ -206,6 +230,8 @@ def main() -> None:
     parser.add_argument("--one", help="run one candidate in this process and print its JSON line")
     parser.add_argument("--batch", type=int)
     parser.add_argument("--seq", type=int)
+    parser.add_argument("--shapes", default="16x128,16x512,64x512", help="BATCHxSEQ,... to probe")
+    parser.add_argument("--only", help="comma-separated candidate names (default: all)")
     args = parser.parse_args()
     import tensorrt as trt
 
@@ -216,8 +242,10 @@ def main() -> None:
     creators = sorted({(c.name, c.plugin_version) for c in trt.get_plugin_registry().plugin_creator_list})
     print("plugin creators:", ", ".join(f"{n} v{v}" for n, v in creators), flush=True)
     results = {"tensorrt": trt.__version__, "creators": creators, "probes": []}
-    for batch, seq in ((16, 128), (16, 512), (64, 512)):
-        for name in CANDIDATES:
+    shapes = [tuple(int(v) for v in part.split("x")) for part in args.shapes.split(",") if part]
+    names = [n.strip() for n in args.only.split(",")] if args.only else list(CANDIDATES)
+    for batch, seq in shapes:
+        for name in names:
             entry = one_in_a_process(name, batch, seq)
             print(json.dumps({k: v for k, v in entry.items() if k != "trace"}), flush=True)
             results["probes"].append(entry)

@@ -108,6 +108,7 @@ class BuildOptions:
     has_fp16: bool = False
     has_qdq: bool = False
     tf32: bool = False  # off: 'fp32' means IEEE fp32 (TensorRT turns TF32 on by default)
+    fuse_attention: str = "auto"  # auto|on|off: trtforge.fusion's attention pass (auto: where this TensorRT runs it)
 
 
 @dataclass
@@ -122,6 +123,23 @@ class BuildOutput:
     layer_log: str = ""  # the builder's VERBOSE per-layer report (see parse_layer_log)
 
 
+def init_plugins(mod: TrtModule) -> None:
+    """Register libnvinfer_plugin's creators (idempotent); a TensorRT without the library registers none."""
+    init = getattr(mod.trt, "init_libnvinfer_plugins", None)
+    if init is not None:
+        init(mod.trt.Logger(mod.trt.Logger.ERROR), "")
+
+
+def plugin_registered(mod: TrtModule, name: str, version: str) -> bool:
+    if mod.flavour != "tensorrt":
+        return False
+    try:
+        init_plugins(mod)
+        return mod.trt.get_plugin_registry().get_plugin_creator(name, version, "") is not None
+    except Exception:  # no plugin library, or a registry API this TensorRT does not have
+        return False
+
+
 def _parse(mod: TrtModule, onnx_path: Path, logger: _Logger, node_names: list[tuple[str, str]]) -> tuple[Any, Any, Any]:
     trt = mod.trt
     builder = trt.Builder(logger.impl)
@@ -132,6 +150,8 @@ def _parse(mod: TrtModule, onnx_path: Path, logger: _Logger, node_names: list[tu
     else:
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
     network = builder.create_network(flags)
+    if mod.flavour == "tensorrt":
+        init_plugins(mod)  # fused graphs hold plugin nodes the parser resolves from the registry
     parser = trt.OnnxParser(network, logger.impl)
     if not parser.parse_from_file(str(onnx_path)):
         problems = []

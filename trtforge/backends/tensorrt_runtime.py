@@ -129,6 +129,8 @@ class TrtRunner:
         cudart = _cudart()
         self.free_before = _ok(cudart.cudaMemGetInfo())[0]
         logger = self.trt.Logger(self.trt.Logger.ERROR)
+        if mod.flavour == "tensorrt" and hasattr(self.trt, "init_libnvinfer_plugins"):
+            self.trt.init_libnvinfer_plugins(logger, "")  # engines with fused-attention plugin layers need the registry
         self.runtime = self.trt.Runtime(logger)
         data = Path(engine_path).read_bytes()
         self.engine = self.runtime.deserialize_cuda_engine(data)

@@ -1,0 +1,51 @@
+"""An ONNX Runtime stand-in for TensorRT's CustomQKVToContextPluginDynamic v2 (var_seqlen, full rows), for tests:
+ORT cannot run the plugin, so the fused graph is proven on CPU by replacing each plugin node with the attention
+the plugin computes (each head's q, k, v adjacent in [tokens, 3E, 1, 1], scale 1/sqrt(padded head))."""
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from trtforge.fusion.plugins import PLUGIN
+
+
+def emulate_plugins(model: onnx.ModelProto, padded_head: int, dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    """dtype: the plugin's I/O type in the graph (fp16 after trtforge's fp16 conversion); the math runs fp32."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for node in out.graph.node:
+        if node.op_type != PLUGIN:
+            nodes.append(node)
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+        e, n = a["hidden_size"], a["num_heads"]
+        h = e // n
+        p = node.name + "/emu"
+        qkv, seq = node.input[0], node.input[3]
+
+        def c(name, value, p=p):
+            out.graph.initializer.append(numpy_helper.from_array(np.asarray(value), p + name))
+            return p + name
+
+        nodes += [
+            helper.make_node("Shape", [seq], [p + "S"]),
+            helper.make_node("Concat", [c("m1", np.array([-1], np.int64)), p + "S", c("n3h", np.array([n, 3, h], np.int64))], [p + "shape"], axis=0),
+            helper.make_node("Cast", [qkv], [p + "qkv32"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Reshape", [p + "qkv32", p + "shape"], [p + "bsn3h"]),
+            helper.make_node("Transpose", [p + "bsn3h"], [p + "3bnsh"], perm=[3, 0, 2, 1, 4]),
+            helper.make_node("Gather", [p + "3bnsh", c("i0", np.array(0, np.int64))], [p + "q"], axis=0),
+            helper.make_node("Gather", [p + "3bnsh", c("i1", np.array(1, np.int64))], [p + "k"], axis=0),
+            helper.make_node("Gather", [p + "3bnsh", c("i2", np.array(2, np.int64))], [p + "v"], axis=0),
+            helper.make_node("Transpose", [p + "k"], [p + "kt"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", [p + "q", p + "kt"], [p + "qk"]),
+            helper.make_node("Mul", [p + "qk", c("scale", np.array(1 / np.sqrt(padded_head), np.float32))], [p + "scores"]),
+            helper.make_node("Softmax", [p + "scores"], [p + "probs"], axis=-1),
+            helper.make_node("MatMul", [p + "probs", p + "v"], [p + "bnsh"]),
+            helper.make_node("Transpose", [p + "bnsh"], [p + "bsnh"], perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", [p + "bsnh", c("outshape", np.array([-1, e, 1, 1], np.int64))], [p + "out32"]),
+            helper.make_node("Cast", [p + "out32"], [node.output[0]], to=dtype),
+        ]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out

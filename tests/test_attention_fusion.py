@@ -1,0 +1,296 @@
+"""The attention fusion pass (issue 11) on the zoo's real exports: what it takes, what it refuses and why.
+
+ORT cannot run TensorRT's plugin, so a fused graph is proven on CPU by swapping each plugin node for the
+attention the plugin computes (tests/attention_emulation.py) and comparing with the ORIGINAL graph on ORT,
+at a sequence length the pass never saw. The engine itself is proven on the H200 (benchmarks/gpu/attention_h200.sh).
+"""
+
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from attention_emulation import emulate_plugins
+from conftest import ROOT, assert_user_error, require, run_cli
+from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.config import apply_overrides, load_config
+from trtforge.errors import UserError
+from trtforge.export import export_model
+from trtforge.feeds import random_feeds
+from trtforge.fusion.attention import Projection, fuse_attention, pack_qkv, reference_attention, refuse_padding
+from trtforge.fusion.plugins import PLUGIN, attention_route, backend_route
+from trtforge.fusion.step import attention_fusion, describe, sm_of
+from trtforge.graph import clean_file, io_specs
+
+EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "legacy"), ("vit", "dynamo"),
+           ("gpt2", "legacy"), ("gpt2", "dynamo")]
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    """Each small zoo model exported once per exporter and cleaned, as `trtforge build` would receive it."""
+    folder = tmp_path_factory.mktemp("attn")
+    before = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        paths = {}
+        for name, exporter in EXPORTS:
+            cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / f"{name}.yaml"), {"export.exporter": exporter})
+            raw = folder / f"{name}.{exporter}.onnx"
+            export_model(cfg, raw)
+            paths[(name, exporter)] = clean_file(raw, folder / "clean" / raw.name, tolerance=cfg.clean.tolerance).path
+        yield paths
+    finally:
+        os.chdir(before)
+
+
+def _load(zoo, key, seq=16):
+    path = zoo[key]
+    model = onnx.load(path)
+    specs, axes, _ = io_specs(path, model)
+    sizes = {a: (2 if a == "batch" else min(max(r.min, seq), r.max) if a == "seq" else r.opt) for a, r in axes.items()}
+    return model, specs, axes, sizes
+
+
+def _fuse(model, sizes, specs, sm):
+    feeds = random_feeds(specs, sizes)
+    return fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", sm, c.head_size, c.seq, False), "8.6 plugin")
+
+
+@pytest.mark.parametrize("key", [k for k in EXPORTS if k[0] != "gpt2"], ids=lambda k: ".".join(k))
+def test_encoder_attention_is_fused_and_equals_the_original(zoo, key):
+    """BERT, RoBERTa, ViT (SDPA from both exporters): every attention replaced by one plugin node; the plugin's
+    computation on the packed weights equals the original graph at an unseen sequence length."""
+    model, specs, axes, sizes = _load(zoo, key)
+    fused, report = _fuse(model, sizes, specs, sm=80)  # sm_80 has head-32 kernels (the small zoo's head is 16)
+    softmaxes = sum(n.op_type == "Softmax" for n in model.graph.node)
+    assert len(report.replaced) == softmaxes == 2 and not report.refused, report.to_json()
+    assert not any(n.op_type == "Softmax" for n in fused.graph.node)
+    plugins = [n for n in fused.graph.node if n.op_type == PLUGIN]
+    attrs = {a.name: helper.get_attribute_value(a) for a in plugins[0].attribute}
+    assert attrs["plugin_version"] == b"2" and attrs["var_seqlen"] == 1 and attrs["num_heads"] == 4 and attrs["hidden_size"] == 64
+    assert report.padding_allowed == (key[0] == "vit") and report.mask_inputs == ([] if key[0] == "vit" else ["attention_mask"])
+
+    emulated = emulate_plugins(fused, padded_head=32)
+    if "seq" in sizes:
+        sizes = dict(sizes, seq=min(23, axes["seq"].max))
+    feeds = random_feeds(specs, dict(sizes, batch=3), seed=7)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulated.SerializeToString()).run(feeds)
+    for name, value in want.items():
+        rel = np.linalg.norm(got[name] - value) / np.linalg.norm(value)
+        assert rel < 1e-5, (name, rel)
+
+
+@pytest.mark.parametrize("key", [("bert", "dynamo"), ("vit", "legacy")], ids=lambda k: ".".join(k))
+def test_fp16_converted_graph_is_fused(zoo, key):
+    """What build actually hands the pass on 8.6: trtforge's fp16 conversion (fp16 weights, Casts around the
+    ops kept fp32, the mask Add fed through a Cast). The fused graph stays within the fp16 gate of the fp32 original."""
+    from trtforge.precision import prepare_for_build
+
+    model, specs, axes, sizes = _load(zoo, key)
+    converted, _ = prepare_for_build(model, zoo[key], specs, axes)
+    fused, report = _fuse(converted, sizes, specs, sm=80)
+    assert len(report.replaced) == 2 and not report.refused, report.to_json()
+    emulated = emulate_plugins(fused, padded_head=32, dtype=onnx.TensorProto.FLOAT16)
+    feeds = random_feeds(specs, dict(sizes, batch=3), seed=5)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulated.SerializeToString()).run(feeds)
+    for name, value in want.items():
+        cos = float(np.sum(got[name] * value) / (np.linalg.norm(got[name]) * np.linalg.norm(value)))
+        assert cos > 0.999, (name, cos)
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+def test_causal_attention_is_refused_with_its_reason(zoo, exporter):
+    model, specs, _, sizes = _load(zoo, ("gpt2", exporter))
+    fused, report = _fuse(model, sizes, specs, sm=80)
+    assert not report.replaced and len(report.refused) == 2
+    assert all("causal" in r["reason"] for r in report.refused), report.refused
+    assert fused.graph.node == model.graph.node
+
+
+def test_head_size_without_sm90_kernel_is_refused(zoo):
+    """The small zoo's head size 16 pads to 32, for which TensorRT 8.6 ships no sm_90 kernel."""
+    model, specs, _, sizes = _load(zoo, ("bert", "legacy"))
+    _, report = _fuse(model, sizes, specs, sm=90)
+    assert not report.replaced and all("head size 16" in r["reason"] and "sm_90" in r["reason"] for r in report.refused)
+
+
+def test_sequence_beyond_the_plugin_limit_is_refused(zoo):
+    model, specs, _, sizes = _load(zoo, ("bert", "legacy"))
+    feeds = random_feeds(specs, sizes)
+    _, report = fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, 1024, False), "x")
+    assert not report.replaced and all("512" in r["reason"] for r in report.refused)
+
+
+def _attention_model(heads=2, head=4, hidden_order="NH", seed=0):
+    """A hand-written attention X -> softmax(QKᵀ/sqrt(d))V -> [B, S, E]; hidden_order 'HN' splits the hidden
+    axis the other way round (head-minor), which is still attention but not the layout the plugin packs."""
+    rng = np.random.default_rng(seed)
+    e = heads * head
+    inits, nodes = [], []
+
+    def init(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    split = [0, 0, heads, head] if hidden_order == "NH" else [0, 0, head, heads]
+    perm = [0, 2, 1, 3] if hidden_order == "NH" else [0, 3, 1, 2]
+    init("split", np.array(split, np.int64))
+    for p in "qkv":
+        init(f"w{p}", rng.standard_normal((e, e)).astype(np.float32))
+        init(f"b{p}", rng.standard_normal(e).astype(np.float32))
+        nodes += [helper.make_node("MatMul", ["x", f"w{p}"], [f"{p}0"]), helper.make_node("Add", [f"{p}0", f"b{p}"], [f"{p}1"]),
+                  helper.make_node("Reshape", [f"{p}1", "split"], [f"{p}2"]), helper.make_node("Transpose", [f"{p}2"], [f"{p}3"], perm=perm)]
+    nodes += [helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q3", "kt"], ["qk"]),
+              helper.make_node("Div", ["qk", init("sqrt_d", np.array(np.sqrt(head), np.float32))], ["scores"]),
+              helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v3"], ["ctx4"]),
+              helper.make_node("Transpose", ["ctx4"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ctx_t", init("merge", np.array([0, 0, e], np.int64))], ["y"])]
+    graph = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "seq", e])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", "seq", e])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _route_any(c):
+    return attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, False)
+
+
+def test_hand_written_attention_is_fused():
+    model = _attention_model()
+    x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+    fused, report = fuse_attention(model, {"x": x}, _route_any, "x")
+    assert len(report.replaced) == 1 and report.replaced[0]["heads"] == 2 and report.padding_allowed
+    x2 = np.random.default_rng(2).standard_normal((3, 7, 8)).astype(np.float32)
+    want = OrtRunner(model.SerializeToString()).run({"x": x2})["y"]
+    got = OrtRunner(emulate_plugins(fused, 32).SerializeToString()).run({"x": x2})["y"]
+    assert np.abs(got - want).max() < 1e-4
+
+
+def test_a_layout_the_pass_does_not_model_is_refused_not_fused_wrong():
+    """Structurally the same chain, but heads split head-minor: the numeric check refuses it."""
+    model = _attention_model(hidden_order="HN")
+    x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+    _, report = fuse_attention(model, {"x": x}, _route_any, "x")
+    assert not report.replaced and "differs from the graph's" in report.refused[0]["reason"]
+
+
+def test_a_classifier_softmax_is_not_attention():
+    w = numpy_helper.from_array(np.ones((8, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("Softmax", ["logits"], ["p"], axis=-1)],
+                              "cls", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [2, 3])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _, report = fuse_attention(model, {"x": np.ones((2, 8), np.float32)}, _route_any, "x")
+    assert not report.replaced and "MatMul(probs, V)" in report.refused[0]["reason"]
+
+
+@pytest.mark.parametrize("scale,head,padded", [(0.125, 64, 64), (0.3, 48, 64), (1.0, 20, 32)])
+def test_packed_weights_compute_the_same_attention(scale, head, padded):
+    """Re-packing in numpy: the plugin's view of the packed QKV ([tokens, heads, 3, head], scale 1/sqrt(padded))
+    equals the original attention with the model's own scale folded into Q."""
+    rng = np.random.default_rng(0)
+    heads, e_in = 3, 40
+    e = heads * head
+    proj = [Projection("x", rng.standard_normal((e_in, e)), rng.standard_normal(e), s) for s in (1.0, 0.5, 2.0)]
+    x = rng.standard_normal((2, 6, e_in))
+    want = reference_attention(x, *proj, heads, scale)
+    w, b = pack_qkv(*proj, heads, q_factor=scale * np.sqrt(padded))
+    packed = (x @ w + b).reshape(2, 6, heads, 3, head)
+    q, k, v = (packed[:, :, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(padded)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    got = ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(2, 6, e)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_route_table():
+    assert backend_route("tensorrt_rtx", "1.7.0").kind == "native"
+    assert backend_route("tensorrt", "10.3.0").kind == "native"
+    assert attention_route("tensorrt", "8.6.1", 90, 64, 512, False).padded_head == 64
+    assert attention_route("tensorrt", "8.6.1", 90, 64, 513, False).kind == "none"
+    assert "causal" in attention_route("tensorrt", "8.6.1", 90, 64, 128, True).reason
+    assert "sm_61" in attention_route("tensorrt", "8.6.1", 61, 64, 128, False).reason
+    assert "head size 80" in attention_route("tensorrt", "8.6.1", 90, 80, 128, False).reason
+    assert attention_route("tensorrt", "8.6.1", 80, 16, 128, False).padded_head == 32
+    assert "unknown" in attention_route("tensorrt", "8.6.1", None, 64, 128, False).reason
+    assert sm_of("9.0") == 90 and sm_of(None) is None
+
+
+def test_build_step_modes():
+    model = _attention_model()
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)}
+    fused, rec = attention_fusion(model, "off", "fp16", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx")
+    assert fused is None and rec["route"] == "off" and not rec["replaced"]
+    fused, rec = attention_fusion(model, "on", "fp16", "tensorrt_rtx", "1.7.0", None, False, None, "m.onnx")
+    assert fused is None and rec["route"] == "native"
+    fused, rec = attention_fusion(model, "auto", "fp16", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx")
+    assert fused is not None and len(rec["replaced"]) == 1 and "replaced 1" in "\n".join(describe(rec))
+    _, rec = attention_fusion(model, "auto", "fp32", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx")
+    assert rec["route"] == "none" and "fp16" in rec["why"]
+    with pytest.raises(UserError, match="m.onnx.*fp16"):
+        attention_fusion(model, "on", "fp32", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx")
+    with pytest.raises(UserError, match="plugin registry"):
+        attention_fusion(model, "on", "fp16", "tensorrt", "8.6.1", "8.0", False, feeds, "m.onnx")
+    with pytest.raises(UserError, match="build.fuse_attention"):
+        attention_fusion(model, "yes", "fp16", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx")
+
+
+def test_run_refuses_padding_for_an_unmasked_engine():
+    side = {"attention_fusion": {"padding_allowed": False, "mask_inputs": ["attention_mask"]}}
+    refuse_padding(side, "doc", {"attention_mask": np.ones((1, 8), np.int64)}, "e.engine")
+    with pytest.raises(UserError, match="'doc' has zeros in 'attention_mask'.*e.engine"):
+        refuse_padding(side, "doc", {"attention_mask": np.array([[1, 1, 0]])}, "e.engine")
+    refuse_padding({"attention_fusion": {"padding_allowed": True}}, "doc", {"attention_mask": np.zeros((1, 3))}, "e.engine")
+    refuse_padding({}, "doc", {"attention_mask": np.zeros((1, 3))}, "e.engine")
+
+
+def test_cli_build_records_the_fusion_and_rejects_a_bad_mode(minilm_clean, tmp_path):
+    """On tensorrt-rtx (CI's TensorRT) attention is left to TensorRT's own fusion, and the sidecar says so."""
+    require("tensorrt_rtx")
+    engine = tmp_path / "m.engine"
+    proc = run_cli("build", str(minilm_clean), "--precision", "fp16", "--tiers", "64", "--fuse-attention", "on", "-o", str(engine), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(proc.stdout)["attention_fusion"]
+    assert record["mode"] == "on" and record["route"] == "native" and not record["replaced"]
+    assert_user_error(run_cli("build", str(minilm_clean), "--fuse-attention", "maybe", "-o", str(tmp_path / "x.engine")),
+                      "--fuse-attention 'maybe'", "build.fuse_attention")
+
+    # An engine whose sidecar says its attention is unmasked: `run` refuses a padded mask before any GPU work.
+    side_path = tmp_path / "m.engine.json"
+    side = json.loads(side_path.read_text())
+    side["attention_fusion"].update(padding_allowed=False, mask_inputs=["attention_mask"])
+    side_path.write_text(json.dumps(side))
+    inputs = tmp_path / "padded"
+    inputs.mkdir()
+    np.savez(inputs / "doc.npz", input_ids=np.full((1, 16), 2000, np.int64),
+             attention_mask=np.concatenate([np.ones((1, 12), np.int64), np.zeros((1, 4), np.int64)], 1))
+    assert_user_error(run_cli("run", str(engine), "--inputs", str(inputs), "--no-chunking", "--reference", str(minilm_clean)),
+                      "'doc' has zeros in 'attention_mask'", "m.engine", "--fuse-attention off")
+
+
+def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(minilm_clean, tmp_path, monkeypatch):
+    """`auto` promises a faster engine, never a failed build: TensorRT-RTX has no plugin registry, so the fused
+    graph fails to parse there, and the build goes on with the graph as it was, saying why in the sidecar."""
+    require("tensorrt_rtx")
+    import trtforge.build as build_mod
+    from trtforge.fusion.step import attention_fusion as real
+
+    def forced(mod, identity, model, precision, options, specs, axes, profiles, onnx_path):
+        feeds = random_feeds(specs, {"batch": 2, "seq": 64})
+        return real(model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, feeds, onnx_path.name)
+
+    monkeypatch.setattr(build_mod, "_fuse_attention", forced)
+    warnings = []
+    result = build_mod.build(minilm_clean, tmp_path / "m.engine", "fp16", "seq=64", backend="tensorrt_rtx", warn=warnings.append)
+    record = result.sidecar["attention_fusion"]
+    assert record["route"] == "none" and "failed to build" in record["why"] and not record["replaced"]
+    assert any("without attention fusion" in w for w in warnings)
+    built = onnx.load(result.sidecar["built_onnx"])
+    assert not any(n.op_type == PLUGIN for n in built.graph.node) and any(n.op_type == "Softmax" for n in built.graph.node)

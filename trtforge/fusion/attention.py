@@ -1,0 +1,486 @@
+"""Attention fusion: find the multi-head attentions an exporter wrote and, where the installed TensorRT
+runs a fused kernel for them that it would not pick itself (8.6: the plugin library), replace each with one
+plugin node the ONNX parser resolves from the plugin registry.
+
+Matching is structural and then numeric. Structure: from each Softmax, up to the scores MatMul (through
+mask Add/Where, scalar Mul/Div, Cast), down to the probabilities x V MatMul (through the NaN guard and
+Cast), and from the two MatMuls up to Q, K, V projections of one tensor X by constant weights (MatMul or
+Gemm, optional bias, through Reshape/Transpose/scalar scale/Cast, whatever order the exporter chose).
+Numbers: one ONNX Runtime run of the original graph on unpadded inputs gives X, the heads (the scores'
+shape), the softmax probabilities (zero above the diagonal: causal) and the context tensor; the pass
+keeps a candidate only if softmax(Q Kᵀ s) V recomputed in numpy from X and the weights equals that
+context. So a layout the matcher misreads is refused, never fused wrong.
+
+Every candidate ends as replaced or refused with one reason. Pure onnx + numpy: the plugin itself is
+never called here (ORT cannot run it); the engine is proven on the GPU (benchmarks/gpu/attention_h200.sh).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from trtforge.fusion.plugins import PLUGIN, PLUGIN_DOMAIN, PLUGIN_VERSION, Route
+
+PASS_THROUGH = ("Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity")
+
+
+@dataclass
+class Projection:
+    x: str
+    weight: np.ndarray  # [E_in, E] as X @ W
+    bias: np.ndarray | None
+    scale: float  # scalar factors met on the way from the projection to the scores MatMul
+
+
+@dataclass
+class Candidate:
+    softmax: str
+    scores: str = ""  # scores MatMul output [B, N, S, S]
+    probs: str = ""  # softmax output
+    ctx: str = ""  # merged-heads context [B, S, E]
+    masked: bool = False  # an additive or Where mask term between the scores and the softmax
+    scale: float = 1.0  # scalar factors between the scores MatMul and the softmax
+    q: Projection | None = None
+    k: Projection | None = None
+    v: Projection | None = None
+    heads: int = 0
+    head_size: int = 0
+    seq: int | None = None  # observed sequence length (at the largest profile sizes when called from build)
+    reason: str | None = None
+
+
+@dataclass
+class FusionReport:
+    route: str
+    replaced: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[dict[str, Any]] = field(default_factory=list)
+    padding_allowed: bool = True
+    mask_inputs: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"route": self.route, "replaced": self.replaced, "refused": self.refused,
+                "padding_allowed": self.padding_allowed, "mask_inputs": self.mask_inputs}
+
+
+class _Graph:
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        g = model.graph
+        self.producer = {o: n for n in g.node for o in n.output if o}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in g.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.inits = {i.name: i for i in g.initializer}
+        self.consts = {n.output[0]: n for n in g.node if n.op_type == "Constant"}
+
+    def const(self, name: str) -> np.ndarray | None:
+        if name in self.inits:
+            return numpy_helper.to_array(self.inits[name])
+        node = self.consts.get(name)
+        if node is not None:
+            for a in node.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+        return None
+
+    def scalar(self, name: str) -> float | None:
+        value = self.const(name)
+        return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+
+    def data_consumers(self, name: str) -> list[onnx.NodeProto]:
+        return [c for c in self.consumers.get(name, []) if c.op_type != "Shape"]
+
+
+def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _reaches_matmul(g: _Graph, t: str) -> bool:
+    """Whether t is a MatMul's output seen through Cast and scalar Mul/Div (the scores side of a mask Add)."""
+    for _ in range(6):
+        node = g.producer.get(t)
+        if node is None:
+            return False
+        if node.op_type == "MatMul":
+            return True
+        if node.op_type == "Cast" or (node.op_type in ("Mul", "Div") and g.scalar(node.input[1]) is not None):
+            t = node.input[0]
+        elif node.op_type == "Mul" and g.scalar(node.input[0]) is not None:
+            t = node.input[1]
+        else:
+            return False
+    return False
+
+
+def _scores_path(g: _Graph, cand: Candidate, start: str) -> onnx.NodeProto | None:
+    """Walk up from the softmax input to the scores MatMul, collecting mask terms and scalar scales."""
+    t = start
+    for _ in range(12):
+        node = g.producer.get(t)
+        if node is None:
+            return None
+        if node.op_type == "MatMul":
+            return node
+        if node.op_type == "Cast":
+            t = node.input[0]
+        elif node.op_type in ("Mul", "Div") and g.scalar(node.input[1]) is not None:
+            c = g.scalar(node.input[1])
+            cand.scale *= c if node.op_type == "Mul" else 1.0 / c
+            t = node.input[0]
+        elif node.op_type == "Mul" and g.scalar(node.input[0]) is not None:
+            cand.scale *= g.scalar(node.input[0])
+            t = node.input[1]
+        elif node.op_type in ("Add", "Where"):
+            data = list(node.input[1:]) if node.op_type == "Where" else list(node.input)
+            main = [i for i in data if _reaches_matmul(g, i)]
+            if len(main) != 1:
+                return None
+            others = [i for i in data if i != main[0]]
+            zero = all(g.const(i) is not None and not np.any(g.const(i)) for i in others) and node.op_type == "Add"
+            cand.masked = cand.masked or not zero
+            t = main[0]
+        else:
+            return None
+    return None
+
+
+def _projection(g: _Graph, start: str) -> Projection | None:
+    """Walk up from a Q/K/V operand to X @ W (+ b), through layout ops and scalar scales."""
+    t, scale, bias = start, 1.0, None
+    for _ in range(16):
+        node = g.producer.get(t)
+        if node is None:
+            return None
+        op = node.op_type
+        if op in PASS_THROUGH:
+            t = node.input[0]
+        elif op in ("Mul", "Div") and g.scalar(node.input[1]) is not None:
+            c = g.scalar(node.input[1])
+            scale *= c if op == "Mul" else 1.0 / c
+            t = node.input[0]
+        elif op == "Mul" and g.scalar(node.input[0]) is not None:
+            scale *= g.scalar(node.input[0])
+            t = node.input[1]
+        elif op == "Add" and bias is None:
+            consts = [i for i in node.input if g.const(i) is not None]
+            if len(consts) != 1 or g.const(consts[0]).ndim != 1:
+                return None
+            bias = g.const(consts[0])
+            t = next(i for i in node.input if i != consts[0])
+        elif op == "MatMul":
+            w = g.const(node.input[1])
+            if w is None or w.ndim != 2:
+                return None
+            return Projection(node.input[0], w, bias, scale)
+        elif op == "Gemm":
+            w = g.const(node.input[1])
+            if w is None or _attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0:
+                return None
+            w = w.T if _attr(node, "transB", 0) else w
+            if len(node.input) > 2 and node.input[2]:
+                c = g.const(node.input[2])
+                if c is None or bias is not None:
+                    return None
+                bias = c * _attr(node, "beta", 1.0)
+            return Projection(node.input[0], w, bias, scale)
+        else:
+            return None
+    return None
+
+
+def _pv_matmul(g: _Graph, probs: str) -> onnx.NodeProto | None:
+    """Down from the softmax output to probs @ V, through Cast and the NaN guard (Where(IsNaN(p), 0, p))."""
+    t = probs
+    for _ in range(6):
+        users = g.data_consumers(t)
+        mm = [u for u in users if u.op_type == "MatMul" and u.input[0] == t]
+        if mm:
+            return mm[0]
+        where = [u for u in users if u.op_type == "Where" and u.input[2] == t]
+        casts = [u for u in users if u.op_type == "Cast"]
+        if where:
+            t = where[0].output[0]
+        elif len(users) == 1 and casts:
+            t = casts[0].output[0]
+        else:
+            return None
+    return None
+
+
+def _context(g: _Graph, pv: onnx.NodeProto) -> list[str]:
+    """Tensors below probs @ V, through its head-merging Transpose/Reshape/Cast (single data consumer)."""
+    out, t = [], pv.output[0]
+    for _ in range(6):
+        users = g.data_consumers(t)
+        if len(users) != 1 or users[0].op_type not in ("Transpose", "Reshape", "Cast"):
+            break
+        t = users[0].output[0]
+        out.append(t)
+    return out
+
+
+def find_candidates(model: onnx.ModelProto) -> list[Candidate]:
+    """Every Softmax, matched structurally as far as it goes; a failed match carries its reason."""
+    g = _Graph(model)
+    found = []
+    for i, node in enumerate(model.graph.node):
+        if node.op_type != "Softmax":
+            continue
+        cand = Candidate(softmax=node.name or f"Softmax#{i}", probs=node.output[0])
+        found.append(cand)
+        axis = _attr(node, "axis", -1)
+        if axis not in (-1, 3):
+            cand.reason = f"softmax over axis {axis}, not the keys"
+            continue
+        scores = _scores_path(g, cand, node.input[0])
+        if scores is None:
+            cand.reason = "the softmax does not read MatMul(Q, Kᵀ) (through scale, mask and Cast only)"
+            continue
+        cand.scores = scores.output[0]
+        pv = _pv_matmul(g, node.output[0])
+        if pv is None:
+            cand.reason = "the softmax output does not feed MatMul(probs, V)"
+            continue
+        cand.q, cand.k, cand.v = _projection(g, scores.input[0]), _projection(g, scores.input[1]), _projection(g, pv.input[1])
+        ctx = _context(g, pv)
+        cand.ctx = ",".join(ctx)  # resolved against observed shapes in verify()
+        if not ctx:
+            cand.reason = "probs @ V is not followed by a head-merging Transpose/Reshape"
+    return found
+
+
+def observe(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    """Values of the named tensors on ORT (graph outputs exposed untyped: ORT types them itself)."""
+    from trtforge.backends.onnxruntime import OrtRunner
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    existing = {o.name for o in exposed.graph.output}
+    for name in names:
+        if name not in existing:
+            exposed.graph.output.append(onnx.ValueInfoProto(name=name))
+    return OrtRunner(exposed.SerializeToString()).run(feeds, names)
+
+
+def reference_attention(x: np.ndarray, q: Projection, k: Projection, v: Projection, heads: int, scale: float,
+                        causal: bool = False) -> np.ndarray:
+    """softmax(Q Kᵀ scale) V with Q, K, V = X W + b split into heads: [B, S, E_in] -> [B, S, E], fp64 math."""
+    def split(p: Projection) -> np.ndarray:
+        y = x.astype(np.float64) @ p.weight.astype(np.float64) + (0 if p.bias is None else p.bias.astype(np.float64))
+        y = y * p.scale
+        b, s, e = y.shape
+        return y.reshape(b, s, heads, e // heads).transpose(0, 2, 1, 3)
+
+    qh, kh, vh = split(q), split(k), split(v)
+    scores = qh @ kh.transpose(0, 1, 3, 2) * scale
+    if causal:
+        s = scores.shape[-1]
+        scores = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, scores)
+    scores -= scores.max(-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(-1, keepdims=True)
+    out = p @ vh
+    b, n, s, h = out.shape
+    return out.transpose(0, 2, 1, 3).reshape(b, s, n * h)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.ndarray]) -> None:
+    """Numeric half of the match: heads, causality and the recomputed context against ORT's."""
+    live = [c for c in cands if c.reason is None]
+    if not live:
+        return
+    names = set()
+    for c in live:
+        names.update([c.scores, c.probs, *c.ctx.split(",")])
+        names.update(p.x for p in (c.q, c.k, c.v) if p is not None)
+    values = observe(model, feeds, sorted(names))
+    for c in live:
+        scores, probs = values[c.scores], values[c.probs]
+        if scores.ndim != 4 or probs.shape != scores.shape:
+            c.reason = f"scores are {list(scores.shape)}, not [batch, heads, seq, seq]"
+            continue
+        s = probs.shape[-1]
+        if s > 1 and probs.shape[-2] == s and not np.any(np.abs(probs[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]]) > 0):
+            c.reason = "causal attention (probabilities above the diagonal are zero on an unpadded input)"
+            continue
+        if None in (c.q, c.k, c.v):
+            c.reason = "Q, K or V is not a projection X·W (+ b) by constant weights"
+            continue
+        if not (c.q.x == c.k.x == c.v.x):
+            c.reason = "Q, K and V are projections of different tensors (cross-attention)"
+            continue
+        x = values[c.q.x]
+        if x.ndim != 3:
+            c.reason = f"the projected tensor is {list(x.shape)}, not [batch, seq, hidden]"
+            continue
+        c.heads = int(scores.shape[1])
+        e = c.q.weight.shape[1]
+        if not (c.k.weight.shape == c.q.weight.shape == c.v.weight.shape) or e % c.heads:
+            c.reason = f"Q/K/V weights {c.q.weight.shape}, {c.k.weight.shape}, {c.v.weight.shape} do not split into {c.heads} heads"
+            continue
+        c.head_size = e // c.heads
+        c.seq = int(x.shape[1])
+        ctx = [t for t in c.ctx.split(",") if values[t].ndim == 3 and values[t].shape[-1] == e]
+        if not ctx:
+            c.reason = "no [batch, seq, hidden] context tensor below probs @ V"
+            continue
+        c.ctx = ctx[0]
+        ref = reference_attention(x, c.q, c.k, c.v, c.heads, c.scale)
+        tol = 2e-2 if c.q.weight.dtype == np.float16 else 1e-4
+        err = _rel(values[c.ctx], ref)
+        if not err <= tol:
+            c.reason = f"recomputed attention differs from the graph's (rel-L2 {err:.1e} > {tol:g}): a layout this pass does not model"
+
+
+def pack_qkv(q: Projection, k: Projection, v: Projection, heads: int, q_factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Weights [E_in, 3E] and bias [3E] whose output columns are laid out [heads, 3, head] (each head's q, k, v
+    adjacent, the plugin's layout), with every path's scalar scale and q_factor folded into Q."""
+    e_in, e = q.weight.shape
+    h = e // heads
+    dtype = q.weight.dtype
+    ws, bs = [], []
+    for p, extra in ((q, q_factor), (k, 1.0), (v, 1.0)):
+        f = p.scale * extra
+        ws.append(p.weight.astype(np.float64) * f)
+        bs.append((np.zeros(e) if p.bias is None else p.bias.astype(np.float64)) * f)
+    w = np.stack(ws, 1).reshape(e_in, 3, heads, h).transpose(0, 2, 1, 3).reshape(e_in, 3 * e)
+    b = np.stack(bs, 0).reshape(3, heads, h).transpose(1, 0, 2).reshape(3 * e)
+    return w.astype(dtype), b.astype(dtype)
+
+
+def _plugin_nodes(c: Candidate, padded_head: int, prefix: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """X -> packed QKV MatMul -> plugin (var_seqlen: cu_seqlens = S·[0..B], every row full) -> [B, S, E] named c.ctx."""
+    # The plugin scales by 1/sqrt(padded head); the model's own scale s is restored by folding s·sqrt(padded) into Q.
+    q_factor = c.scale * float(np.sqrt(padded_head))
+    w, b = pack_qkv(c.q, c.k, c.v, c.heads, q_factor)
+    e = c.heads * c.head_size
+    n = lambda s: f"{prefix}/{s}"  # noqa: E731
+    inits = [numpy_helper.from_array(w, n("qkv_weight")), numpy_helper.from_array(b, n("qkv_bias")),
+             numpy_helper.from_array(np.array([-1, 3 * e, 1, 1], np.int64), n("qkv_shape")),
+             numpy_helper.from_array(np.array([e], np.int64), n("hidden")),
+             numpy_helper.from_array(np.array([0, 1], np.int64), n("bs_index")),
+             numpy_helper.from_array(np.array(0, np.int64), n("zero")),
+             numpy_helper.from_array(np.array(1, np.int64), n("one"))]
+    x = c.q.x
+    nodes = [
+        helper.make_node("MatMul", [x, n("qkv_weight")], [n("qkv_mm")], name=n("qkv_matmul")),
+        helper.make_node("Add", [n("qkv_mm"), n("qkv_bias")], [n("qkv")], name=n("qkv_bias_add")),
+        helper.make_node("Reshape", [n("qkv"), n("qkv_shape")], [n("qkv_tokens")], name=n("qkv_to_tokens")),
+        helper.make_node("Shape", [x], [n("x_shape")], name=n("x_shape")),
+        helper.make_node("Gather", [n("x_shape"), n("bs_index")], [n("bs")], name=n("batch_seq"), axis=0),
+        helper.make_node("Gather", [n("x_shape"), n("zero")], [n("b")], name=n("batch"), axis=0),
+        helper.make_node("Gather", [n("x_shape"), n("one")], [n("s")], name=n("seq"), axis=0),
+        helper.make_node("Mul", [n("b"), n("s")], [n("tokens")], name=n("tokens")),
+        helper.make_node("Add", [n("tokens"), n("one")], [n("limit")], name=n("limit")),
+        helper.make_node("Range", [n("zero"), n("limit"), n("s")], [n("cu64")], name=n("cu_seqlens64")),
+        helper.make_node("Cast", [n("cu64")], [n("cu_seqlens")], name=n("cu_seqlens"), to=onnx.TensorProto.INT32),
+        helper.make_node("Range", [n("zero"), n("s"), n("one")], [n("seq64")], name=n("max_seqlen64")),
+        helper.make_node("Cast", [n("seq64")], [n("max_seqlen")], name=n("max_seqlen"), to=onnx.TensorProto.INT32),
+        helper.make_node(PLUGIN, [n("qkv_tokens"), n("max_seqlen"), n("cu_seqlens"), n("max_seqlen")], [n("ctx_tokens")],
+                         name=n("qkv_to_context"), domain=PLUGIN_DOMAIN, plugin_version=PLUGIN_VERSION, plugin_namespace="",
+                         type_id=1, hidden_size=e, num_heads=c.heads, has_mask=1, var_seqlen=1),
+        helper.make_node("Concat", [n("bs"), n("hidden")], [n("ctx_shape")], name=n("ctx_shape"), axis=0),
+        helper.make_node("Reshape", [n("ctx_tokens"), n("ctx_shape")], [c.ctx], name=n("ctx")),
+    ]
+    return nodes, inits
+
+
+def prune(model: onnx.ModelProto) -> None:
+    """Drop nodes and initializers no graph output depends on."""
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output if o}
+    needed, stack, keep = set(), [o.name for o in g.output], set()
+    while stack:
+        t = stack.pop()
+        if t in needed:
+            continue
+        needed.add(t)
+        node = producer.get(t)
+        if node is not None and id(node) not in keep:
+            keep.add(id(node))
+            stack.extend(i for i in node.input if i)
+    nodes = [n for n in g.node if id(n) in keep]
+    del g.node[:]
+    g.node.extend(nodes)
+    inits = [i for i in g.initializer if i.name in needed]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+
+
+def mask_inputs(model: onnx.ModelProto) -> list[str]:
+    """Graph inputs that look like a padding mask (what `run` must see all ones for an unmasked engine)."""
+    return [i.name for i in model.graph.input if "mask" in i.name.lower()]
+
+
+def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_for: Callable[[Candidate], Route],
+                   route_name: str, apply: bool = True) -> tuple[onnx.ModelProto, FusionReport]:
+    """Match, verify, and (apply) replace every attention whose route is the plugin; report each one's fate."""
+    cands = find_candidates(model)
+    verify(model, cands, feeds)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    routes = {}
+    for c in cands:
+        if c.reason is None:
+            r = route_for(c)
+            routes[c.softmax] = r
+            if r.kind != "plugin":
+                c.reason = r.reason
+    accepted = [c for c in cands if c.reason is None]
+    report = FusionReport(route=route_name)
+    for c in cands:
+        if c.reason is not None:
+            report.refused.append({"softmax": c.softmax, "reason": c.reason})
+    if not accepted or not apply:
+        for c in accepted:
+            report.refused.append({"softmax": c.softmax, "reason": "fusion not applied (--fuse-attention off)"})
+        return (out if apply else model), report
+    ctx_producers = {c.ctx for c in accepted}
+    kept = [n for n in out.graph.node if not (set(n.output) & ctx_producers)]
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    for i, c in enumerate(accepted):
+        nodes, inits = _plugin_nodes(c, routes[c.softmax].padded_head or 64, f"fused_attention_{i}")
+        out.graph.node.extend(nodes)
+        out.graph.initializer.extend(inits)
+        report.replaced.append({"softmax": c.softmax, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "heads": c.heads,
+                                "head_size": c.head_size, "scale": c.scale * c.q.scale * c.k.scale, "masked": c.masked,
+                                "node": f"fused_attention_{i}/qkv_to_context"})
+    prune(out)
+    from trtforge.graph import toposorted
+
+    out = toposorted(out)
+    if not any(o.domain == PLUGIN_DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
+    if any(c.masked for c in accepted):  # verified unmasked on unpadded rows: only a mask input can pad
+        report.mask_inputs = mask_inputs(model)
+        report.padding_allowed = not report.mask_inputs
+    return out, report
+
+
+def refuse_padding(sidecar: dict[str, Any] | None, name: str, arrays: dict[str, np.ndarray], engine: str) -> None:
+    """`run`'s guard: an engine whose attention lost its mask must never see a padded row."""
+    from trtforge.errors import UserError
+
+    fusion = (sidecar or {}).get("attention_fusion") or {}
+    if fusion.get("padding_allowed", True):
+        return
+    for mask in fusion.get("mask_inputs") or []:
+        value = arrays.get(mask)
+        if value is not None and not np.all(value != 0):
+            raise UserError(f"input '{name}' has zeros in '{mask}' (padding), but {engine} was built with unmasked fused "
+                            "attention; give unpadded inputs or rebuild with --fuse-attention off.")

@@ -1,0 +1,76 @@
+"""What fused attention the installed TensorRT runs, as a pure table keyed by TensorRT version and GPU SM.
+
+Read from TensorRT 8.6.1's plugin sources (plugin/bertQKVToContextPlugin, qkvToContext.cu):
+- `CustomQKVToContextPluginDynamic` v1 (fixed length) runs its fused fp16 kernel on sm_90 only for
+  seq 64/96/128/384 and needs EmbLayerNorm's packed mask format; any other length falls back to the
+  plugin's own cuBLAS path (cuBLAS is what trtforge keeps off on 8.6). Not used.
+- v2 with `var_seqlen=1` runs `FusedMHARunnerFP16v2` on sm 72/75/80/86/87/89/90 for every length up to
+  512 (rounded up to 64/96/128/256/384/512), head sizes up to 64 (padded to 32 or 64 by the plugin,
+  which then scales by 1/sqrt(padded size)); sm_90 ships only head-64 kernels. Inputs: packed QKV
+  [tokens, 3E, 1, 1] with each head's q, k, v adjacent, a dummy mask, cu_seqlens [B+1] (int32) and a
+  dummy whose length is the max sequence. Sequences are contiguous, so a batch row cannot carry
+  padding: the engine is unmasked and `run` refuses a padded attention_mask for it.
+- No 8.6 plugin applies a causal mask (fMHA_V2 and fMHCA are unmasked, bidirectional): decoders keep
+  TensorRT's own layers.
+- TensorRT 10+ (and TensorRT-RTX) fuse multi-head attention themselves (Myelin MHA fusion, later
+  IAttention): the pass leaves those graphs as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PLUGIN = "CustomQKVToContextPluginDynamic"
+PLUGIN_VERSION = "2"
+PLUGIN_DOMAIN = "trt.plugins"
+MAX_SEQ = 512
+V2_SMS = (72, 75, 80, 86, 87, 89, 90)
+# SMs with fp16 kernels for a head padded to 32 (fused_multihead_attention_v2_fp16_*_32_kernel.sm*).
+HEAD32_SMS = (75, 80)
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: str  # "plugin" | "native" | "none"
+    reason: str
+    padded_head: int | None = None  # the head size the plugin's kernel runs (and scales by)
+
+
+def _major(version: str | None) -> int | None:
+    try:
+        return int(str(version).split(".")[0])
+    except (TypeError, ValueError):
+        return None
+
+
+def backend_route(flavour: str | None, version: str | None) -> Route:
+    """The route a TensorRT takes before looking at any one attention."""
+    major = _major(version)
+    if flavour == "tensorrt_rtx" or (major is not None and major >= 10):
+        return Route("native", f"{flavour or 'tensorrt'} {version} fuses attention itself; the graph is left as exported")
+    if major == 8:
+        return Route("plugin", f"TensorRT {version}: {PLUGIN} v{PLUGIN_VERSION} (var_seqlen) from the plugin library")
+    return Route("none", f"no fused-attention route is known for TensorRT {version}")
+
+
+def attention_route(flavour: str | None, version: str | None, sm: int | None, head_size: int, max_seq: int | None,
+                    causal: bool) -> Route:
+    """Which route one attention takes, or why none: pure, so every refusal is testable without TensorRT."""
+    base = backend_route(flavour, version)
+    if base.kind != "plugin":
+        return base
+    if causal:
+        return Route("none", f"causal attention: TensorRT {version}'s plugins have no causal fused-attention kernel")
+    if sm is None:
+        return Route("none", "the GPU's compute capability is unknown (no GPU here); the plugin's kernels depend on it")
+    if sm not in V2_SMS:
+        return Route("none", f"{PLUGIN} v{PLUGIN_VERSION} has no fused kernels for sm_{sm}")
+    if head_size > 64:
+        return Route("none", f"head size {head_size} > 64: {PLUGIN} has no kernel for it")
+    padded = 32 if head_size <= 32 else 64
+    if padded == 32 and sm not in HEAD32_SMS:
+        return Route("none", f"head size {head_size} (padded to 32): TensorRT {version} ships head-32 kernels only for "
+                             f"sm_{', sm_'.join(map(str, HEAD32_SMS))}, not sm_{sm}")
+    if max_seq is None or max_seq > MAX_SEQ:
+        return Route("none", f"sequences up to {max_seq} exceed the plugin's {MAX_SEQ}; build with tiers that stop at {MAX_SEQ}")
+    return Route("plugin", base.reason, padded)

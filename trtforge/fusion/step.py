@@ -1,0 +1,96 @@
+"""The build stage's use of the fusion passes: which mode, which route, what the engine's sidecar records.
+
+Kept apart from build.py so that the decision (mode x TensorRT x GPU x precision) is testable with plain
+values; the one TensorRT question (is the plugin registered?) is asked by the caller and passed in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+
+from trtforge.errors import UserError
+from trtforge.fusion.attention import FusionReport, fuse_attention
+from trtforge.fusion.plugins import PLUGIN, PLUGIN_VERSION, attention_route, backend_route
+
+MODES = ("auto", "on", "off")
+
+
+def sm_of(compute_capability: str | None) -> int | None:
+    """'9.0' -> 90."""
+    try:
+        major, minor = str(compute_capability).split(".")
+        return int(major) * 10 + int(minor)
+    except ValueError:
+        return None
+
+
+def observation_sizes(axes: dict[str, Any], profiles: list[Any]) -> dict[str, int]:
+    """Every non-batch axis at the largest size any profile admits (the observed sequence is then the longest
+    the engine can see, which the plugin's 512 limit is checked against), batch 2 (or its max)."""
+    sizes = {}
+    for name, rng in axes.items():
+        top = max((p.axes[name].max for p in profiles if name in p.axes), default=rng.max)
+        sizes[name] = min(2, top) if name == "batch" else top
+    return sizes
+
+
+def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour: str, version: str,
+                     compute_capability: str | None, plugin_registered: bool, feeds: dict | None,
+                     onnx_name: str) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+    """(the fused model, or None when the graph stays as it is; the sidecar's `attention_fusion`)."""
+    if mode not in MODES:
+        raise UserError(f"--fuse-attention '{mode}' is not one of {', '.join(MODES)} (config key build.fuse_attention).")
+    base = backend_route(flavour, version)
+    record: dict[str, Any] = {"mode": mode, "route": base.kind, "why": base.reason, "replaced": [], "refused": [],
+                              "padding_allowed": True, "mask_inputs": []}
+    if mode == "off":
+        record.update(route="off", why="--fuse-attention off")
+        return None, record
+    if base.kind != "plugin":
+        if mode == "on" and base.kind == "none":
+            raise UserError(f"--fuse-attention on: {base.reason}; use --fuse-attention auto or off.")
+        return None, record
+    why_not = None
+    if precision not in ("fp16", "best"):
+        why_not = f"precision {precision}: the plugin's kernels are fp16 (build with --precision fp16 or best)"
+    elif not plugin_registered:
+        why_not = f"{PLUGIN} v{PLUGIN_VERSION} is not in this TensorRT's plugin registry"
+    if why_not:
+        if mode == "on":
+            raise UserError(f"--fuse-attention on cannot fuse {onnx_name}: {why_not}.")
+        record.update(route="none", why=why_not)
+        return None, record
+    sm = sm_of(compute_capability)
+    # The pass verifies each attention on unpadded rows (what the fused engine will be allowed to see).
+    feeds = {k: (np.ones_like(v) if "mask" in k.lower() else v) for k, v in (feeds or {}).items()}
+    fused, report = fuse_attention(model, feeds,
+                                   lambda c: attention_route(flavour, version, sm, c.head_size, c.seq, False), base.reason)
+    record.update(report.to_json(), route=base.kind, why=base.reason)
+    if mode == "on" and not report.replaced and report.refused:
+        raise UserError(f"--fuse-attention on found no attention in {onnx_name} it can fuse: {report.refused[0]['reason']}.")
+    return (fused if report.replaced else None), record
+
+
+def describe(record: dict[str, Any]) -> list[str]:
+    """Lines for the build output: what was replaced, what was not and why."""
+    if not record:
+        return []
+    lines = [f"attention fusion ({record.get('mode')}): {record.get('why')}"]
+    replaced = record.get("replaced") or []
+    if replaced:
+        names = [r["softmax"] for r in replaced]
+        lines.append(f"  replaced {len(replaced)} attention(s) by {replaced[0]['plugin']} (heads {replaced[0]['heads']} x "
+                     f"{replaced[0]['head_size']}): " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
+    reasons: dict[str, list[str]] = {}
+    for r in record.get("refused") or []:
+        reasons.setdefault(r["reason"], []).append(r["softmax"])
+    for reason, names in reasons.items():
+        lines.append(f"  not fused ({len(names)}): {reason}")
+    if not record.get("padding_allowed", True):
+        lines.append(f"  unmasked kernels: run refuses padded {', '.join(record.get('mask_inputs') or [])}")
+    return lines
+
+
+__all__ = ["FusionReport", "attention_fusion", "describe", "observation_sizes", "sm_of"]
