@@ -29,6 +29,6 @@ if [ -z "$ENGINE" ]; then
 fi
 
 step ray_cli 600 "$P310ENV \$PY310 -m trtforge run $ENGINE --config $CONFIG --reference $CLEAN --ray auto --report $W/ray_run.json"
-step ray_scaling 900 "$P310ENV \$PY310 benchmarks/ray_scaling.py $ENGINE --reference $CLEAN --min-tokens 200000 --chunk 256 --overlap 32 --batch-size 16 --json $W/ray_scaling.json"
+step ray_scaling 900 "$P310ENV \$PY310 benchmarks/ray_scaling.py $ENGINE --reference $CLEAN --min-tokens ${MIN_TOKENS:-200000} --chunk 256 --overlap 32 --batch-size 16 --json $W/ray_scaling.json"
 cat "$W/log.ray_scaling" 2>/dev/null | tail -8
 echo done > "$W/DONE"
