@@ -28,6 +28,9 @@ if [ -z "$ENGINE" ]; then
   step build 900 "$P310ENV \$PY310 -m trtforge build $CLEAN --config $CONFIG --precision fp16 --tactic-sources=$TACTICS -o $ENGINE"
 fi
 
+# Ray's two binaries lose their exec bits in a zipfile unpack: restore them before the first `ray.init`
+# (the 2026-12-01 run's ray_cli step failed with "Permission denied: .../gcs/gcs_server" without this).
+step exec_bits 60 "$P310ENV cd $ROOT/benchmarks && \$PY310 -c 'from ray_scaling import fix_exec_bits; print(fix_exec_bits())'"
 step ray_cli 600 "$P310ENV \$PY310 -m trtforge run $ENGINE --config $CONFIG --reference $CLEAN --ray auto --report $W/ray_run.json"
 step ray_scaling 900 "$P310ENV \$PY310 benchmarks/ray_scaling.py $ENGINE --reference $CLEAN --min-tokens ${MIN_TOKENS:-200000} --chunk 256 --overlap 32 --batch-size 16 --json $W/ray_scaling.json"
 cat "$W/log.ray_scaling" 2>/dev/null | tail -8
