@@ -112,6 +112,10 @@ def _windows(tok, text: str, chunk: int, overlap: int):
         content = [i for i, m in enumerate(mask) if not m]
         start = k * (capacity - overlap)
         out.append((ids, content[0], content[-1] + 1, start, start + len(content)))
+    whole = len(tok(text, add_special_tokens=False, truncation=False)["input_ids"])
+    if out[-1][4] != whole:  # the H200's transformers returned one window per document (1,536 tokens for 6 documents)
+        raise SystemExit(f"the tokenizer's windows cover {out[-1][4]} of the document's {whole} tokens "
+                         f"({type(tok).__name__}, transformers' return_overflowing_tokens); the loop would not be comparable")
     return out[-1][4], out
 
 
