@@ -272,15 +272,18 @@ def float_tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def expose_tensors(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """A copy of `model` whose graph outputs also include these intermediate tensors."""
+def expose_tensors(model: onnx.ModelProto, names: list[str], typed: bool = True) -> onnx.ModelProto:
+    """A copy of `model` whose graph outputs also include these intermediate tensors. Typed from ONNX shape
+    inference, or (typed=False) declared without a type so that ONNX Runtime types them itself: no shape
+    inference involved, for graphs it cannot type."""
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
     existing = {o.name for o in exposed.graph.output}
-    types = float_tensor_types(model)
+    types = float_tensor_types(model) if typed else {}
     for name in names:
         if name not in existing:
-            exposed.graph.output.append(helper_value_info(name, types.get(name, onnx.TensorProto.FLOAT)))
+            exposed.graph.output.append(helper_value_info(name, types.get(name, onnx.TensorProto.FLOAT)) if typed
+                                        else onnx.ValueInfoProto(name=name))
     return exposed
 
 

@@ -36,7 +36,7 @@ from onnx import helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
-from trtforge.graph import name_all_nodes, toposorted
+from trtforge.graph import expose_tensors, name_all_nodes, toposorted
 
 FP32_OP_BLOCK_LIST = ("LayerNormalization", "Pow", "ReduceMean", "ReduceSum", "ReduceSumSquare", "Sqrt",
                       "Reciprocal", "Exp", "Log", "Softplus")
@@ -70,13 +70,7 @@ def observe(model: onnx.ModelProto, feeds_list: list[dict[str, np.ndarray]]) -> 
 
     Outputs are exposed without declared types so ORT types them itself: no ONNX shape inference involved."""
     names = list(dict.fromkeys(o for node in model.graph.node for o in node.output if o))
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    existing = {o.name for o in exposed.graph.output}
-    for name in names:
-        if name not in existing:
-            exposed.graph.output.append(onnx.ValueInfoProto(name=name))
-    runner = OrtRunner(exposed.SerializeToString())
+    runner = OrtRunner(expose_tensors(model, names, typed=False).SerializeToString())
     peaks: dict[str, float] = {}
     types: dict[str, np.dtype] = {}
     for feeds in feeds_list:

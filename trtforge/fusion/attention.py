@@ -261,14 +261,9 @@ def find_candidates(model: onnx.ModelProto) -> list[Candidate]:
 def observe(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
     """Values of the named tensors on ORT (graph outputs exposed untyped: ORT types them itself)."""
     from trtforge.backends.onnxruntime import OrtRunner
+    from trtforge.graph import expose_tensors
 
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(model)
-    existing = {o.name for o in exposed.graph.output}
-    for name in names:
-        if name not in existing:
-            exposed.graph.output.append(onnx.ValueInfoProto(name=name))
-    return OrtRunner(exposed.SerializeToString()).run(feeds, names)
+    return OrtRunner(expose_tensors(model, names, typed=False).SerializeToString()).run(feeds, names)
 
 
 def reference_attention(x: np.ndarray, q: Projection, k: Projection, v: Projection, heads: int, scale: float,
