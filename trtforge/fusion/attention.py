@@ -32,9 +32,10 @@ PASS_THROUGH = ("Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identit
 @dataclass
 class Projection:
     x: str
-    weight: np.ndarray  # [E_in, E] as X @ W
+    weight: np.ndarray  # [E_in, E] as X @ W (a quantized weight: its dequantized values)
     bias: np.ndarray | None
     scale: float  # scalar factors met on the way from the projection to the scores MatMul
+    wscale: np.ndarray | None = None  # INT8 weight (Q/DQ): its scale per output column [E]; None: a float weight
 
 
 @dataclass
@@ -153,6 +154,43 @@ def _scores_path(g: _Graph, cand: Candidate, start: str) -> onnx.NodeProto | Non
     return None
 
 
+def _quantized_weight(g: _Graph, name: str, out_axis: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A constant weight behind DequantizeLinear (after QuantizeLinear of a float constant, or an int8 constant),
+    zero point 0, scaled per tensor or along `out_axis` (the output channels): (dequantized weight, the scale per
+    output channel). None for anything else (scales along the input channels cannot be packed per column)."""
+    dq = g.producer.get(name)
+    if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+        return None
+    scale = g.const(dq.input[1])
+    zero = g.const(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else np.zeros(1, np.int8)
+    if scale is None or zero is None or np.any(zero != 0):
+        return None
+    q = g.const(dq.input[0])
+    if q is None:
+        quant = g.producer.get(dq.input[0])
+        if quant is None or quant.op_type != "QuantizeLinear" or quant.input[1] != dq.input[1]:
+            return None
+        w = g.const(quant.input[0])
+        if w is None:
+            return None
+        q = np.clip(np.rint(w.astype(np.float64) / _broadcast(scale, _attr(dq, "axis", 1), w.ndim)), -128, 127)
+    if q.ndim != 2:
+        return None
+    axis = _attr(dq, "axis", 1) % 2
+    if scale.size > 1 and axis != out_axis:
+        return None
+    per_column = np.broadcast_to(scale.reshape(-1), (q.shape[out_axis],)).copy()
+    return (q.astype(np.float64) * _broadcast(scale, axis, 2)).astype(scale.dtype), per_column
+
+
+def _broadcast(scale: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    if scale.size == 1:
+        return scale.reshape(())
+    shape = [1] * ndim
+    shape[axis % ndim] = scale.size
+    return scale.reshape(shape)
+
+
 def _projection(g: _Graph, start: str) -> Projection | None:
     """Walk up from a Q/K/V operand to X @ W (+ b), through layout ops and scalar scales."""
     t, scale, bias = start, 1.0, None
@@ -177,21 +215,26 @@ def _projection(g: _Graph, start: str) -> Projection | None:
             bias = g.const(consts[0])
             t = next(i for i in node.input if i != consts[0])
         elif op == "MatMul":
-            w = g.const(node.input[1])
+            w, wscale = g.const(node.input[1]), None
+            if w is None:
+                w, wscale = _quantized_weight(g, node.input[1], 1) or (None, None)
             if w is None or w.ndim != 2:
                 return None
-            return Projection(node.input[0], w, bias, scale)
+            return Projection(node.input[0], w, bias, scale, wscale)
         elif op == "Gemm":
-            w = g.const(node.input[1])
+            trans_b = _attr(node, "transB", 0)
+            w, wscale = g.const(node.input[1]), None
+            if w is None:
+                w, wscale = _quantized_weight(g, node.input[1], 0 if trans_b else 1) or (None, None)
             if w is None or _attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0:
                 return None
-            w = w.T if _attr(node, "transB", 0) else w
+            w = w.T if trans_b else w
             if len(node.input) > 2 and node.input[2]:
                 c = g.const(node.input[2])
                 if c is None or bias is not None:
                     return None
                 bias = c * _attr(node, "beta", 1.0)
-            return Projection(node.input[0], w, bias, scale)
+            return Projection(node.input[0], w, bias, scale, wscale)
         else:
             return None
     return None
@@ -228,6 +271,20 @@ def _context(g: _Graph, pv: onnx.NodeProto) -> list[str]:
     return out
 
 
+def _is_dequantized_activation(g: _Graph, t: str) -> bool:
+    """Whether t comes out of DequantizeLinear(QuantizeLinear(activation)), seen through layout ops."""
+    for _ in range(4):
+        node = g.producer.get(t)
+        if node is None:
+            return False
+        if node.op_type == "DequantizeLinear":
+            return g.const(node.input[0]) is None and _quantized_weight(g, t, 1) is None and _quantized_weight(g, t, 0) is None
+        if node.op_type not in PASS_THROUGH:
+            return False
+        t = node.input[0]
+    return False
+
+
 def find_candidates(model: onnx.ModelProto) -> list[Candidate]:
     """Every Softmax, matched structurally as far as it goes; a failed match carries its reason."""
     g = _Graph(model)
@@ -247,6 +304,12 @@ def find_candidates(model: onnx.ModelProto) -> list[Candidate]:
             continue
         cand.scores = scores.output[0]
         pv = _pv_matmul(g, node.output[0])
+        quantized = any(_is_dequantized_activation(g, t) for t in scores.input[:2]) or (
+            pv is None and any(u.op_type == "QuantizeLinear" for u in g.data_consumers(node.output[0])))
+        if quantized:
+            cand.reason = ("the attention's batched MatMuls are quantized (calibrate --quantize-attention): the plugin "
+                           "runs them fp16 and would drop their Q/DQ; calibrate without it to fuse")
+            continue
         if pv is None:
             cand.reason = "the softmax output does not feed MatMul(probs, V)"
             continue
@@ -315,6 +378,13 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
         if None in (c.q, c.k, c.v):
             c.reason = "Q, K or V is not a projection X·W (+ b) by constant weights"
             continue
+        quantized = [p.wscale is not None for p in (c.q, c.k, c.v)]
+        if any(quantized) and not all(quantized):
+            c.reason = "Q, K and V projections are not all INT8 or all float (one packed GEMM cannot mix them)"
+            continue
+        if all(quantized) and not (c.q.scale > 0 and c.k.scale > 0 and c.v.scale > 0 and c.scale > 0):
+            c.reason = "a non-positive scale on an INT8 projection cannot be folded into its weight scales"
+            continue
         if not (c.q.x == c.k.x == c.v.x):
             c.reason = "Q, K and V are projections of different tensors (cross-attention)"
             continue
@@ -335,7 +405,8 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
             continue
         c.ctx = ctx[0]
         ref = reference_attention(x, c.q, c.k, c.v, c.heads, c.scale)
-        tol = 2e-2 if c.q.weight.dtype == np.float16 else 1e-4
+        fp16 = any(a is not None and a.dtype == np.float16 for p in (c.q, c.k, c.v) for a in (p.weight, p.bias))
+        tol = 2e-2 if fp16 else 1e-4  # a misread layout is off by O(1)
         err = _rel(values[c.ctx], ref)
         if not err <= tol:
             c.reason = f"recomputed attention differs from the graph's (rel-L2 {err:.1e} > {tol:g}): a layout this pass does not model"
@@ -354,7 +425,17 @@ def pack_qkv(q: Projection, k: Projection, v: Projection, heads: int, q_factor: 
         bs.append((np.zeros(e) if p.bias is None else p.bias.astype(np.float64)) * f)
     w = np.stack(ws, 1).reshape(e_in, 3, heads, h).transpose(0, 2, 1, 3).reshape(e_in, 3 * e)
     b = np.stack(bs, 0).reshape(3, heads, h).transpose(1, 0, 2).reshape(3 * e)
-    return w.astype(dtype), b.astype(dtype)
+    bias_dtype = next((p.bias.dtype for p in (q, k, v) if p.bias is not None), dtype)  # INT8 weights: fp32, their bias fp16
+    return w.astype(dtype), b.astype(bias_dtype)
+
+
+def pack_qkv_scales(q: Projection, k: Projection, v: Projection, heads: int, q_factor: float) -> np.ndarray:
+    """INT8 weight scales [3E] in pack_qkv's column order, each path's factors folded in (exact: the int8
+    values stay the same, only what one step of them is worth changes)."""
+    e = q.weight.shape[1]
+    h = e // heads
+    s = np.stack([p.wscale.astype(np.float64) * p.scale * extra for p, extra in ((q, q_factor), (k, 1.0), (v, 1.0))], 0)
+    return s.reshape(3, heads, h).transpose(1, 0, 2).reshape(3 * e).astype(q.wscale.dtype)
 
 
 def _plugin_nodes(c: Candidate, padded_head: int, prefix: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
@@ -371,9 +452,24 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str) -> tuple[list[onn
              numpy_helper.from_array(np.array(0, np.int64), n("zero")),
              numpy_helper.from_array(np.array(1, np.int64), n("one"))]
     x = c.q.x
-    nodes = [
-        helper.make_node("MatMul", [x, n("qkv_weight")], [n("qkv_mm")], name=n("qkv_matmul")),
-        helper.make_node("Add", [n("qkv_mm"), n("qkv_bias")], [n("qkv")], name=n("qkv_bias_add")),
+    weight, nodes = n("qkv_weight"), []
+    if c.q.wscale is not None:  # INT8 projections: one INT8 GEMM, the packed weight behind its own Q/DQ
+        scales = pack_qkv_scales(c.q, c.k, c.v, c.heads, q_factor)
+        inits += [numpy_helper.from_array(scales, n("qkv_wscale")),
+                  numpy_helper.from_array(np.zeros(scales.shape, np.int8), n("qkv_wzero_point"))]
+        weight = n("qkv_wdq")
+        nodes += [helper.make_node("QuantizeLinear", [n("qkv_weight"), n("qkv_wscale"), n("qkv_wzero_point")], [n("qkv_wq")],
+                                   name=n("qkv_wQuantizeLinear"), axis=1),
+                  helper.make_node("DequantizeLinear", [n("qkv_wq"), n("qkv_wscale"), n("qkv_wzero_point")], [weight],
+                                   name=n("qkv_wDequantizeLinear"), axis=1)]
+    mm = n("qkv_mm")
+    nodes.append(helper.make_node("MatMul", [x, weight], [mm], name=n("qkv_matmul")))
+    if c.q.wscale is not None and b.dtype != scales.dtype:  # the GEMM writes the scales' type; the bias Add wants its own
+        nodes.append(helper.make_node("Cast", [mm], [n("qkv_mm_cast")], name=n("qkv_mm_cast"),
+                                      to=helper.np_dtype_to_tensor_dtype(b.dtype)))
+        mm = n("qkv_mm_cast")
+    nodes += [
+        helper.make_node("Add", [mm, n("qkv_bias")], [n("qkv")], name=n("qkv_bias_add")),
         helper.make_node("Reshape", [n("qkv"), n("qkv_shape")], [n("qkv_tokens")], name=n("qkv_to_tokens")),
         helper.make_node("Shape", [x], [n("x_shape")], name=n("x_shape")),
         helper.make_node("Gather", [n("x_shape"), n("bs_index")], [n("bs")], name=n("batch_seq"), axis=0),
