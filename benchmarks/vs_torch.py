@@ -102,21 +102,19 @@ def _gpu_ms(torch, fn, iters: int, warmup: int) -> dict:
 
 
 def _windows(tok, text: str, chunk: int, overlap: int):
-    """The tokenizer's own windows (truncation with stride), as trtforge plans them: ids with specials
-    and the document span of their content tokens."""
-    enc = tok(text, truncation=True, max_length=chunk, stride=overlap, return_overflowing_tokens=True,
-              add_special_tokens=True, return_special_tokens_mask=True)
-    capacity = chunk - (len(enc["input_ids"][0]) - sum(1 for m in enc["special_tokens_mask"][0] if not m))
+    """Windows as a plain loop cuts them (and as trtforge plans them): the document's ids without specials,
+    spans of chunk - 2 advancing by chunk - 2 - overlap, each wrapped in [CLS] ... [SEP]. Cut here, not by
+    transformers' return_overflowing_tokens, which on the H200's transformers gave one window per document."""
+    ids = tok(text, add_special_tokens=False, truncation=False)["input_ids"]
+    capacity = chunk - 2
+    starts = [0]
+    while starts[-1] + capacity < len(ids):
+        starts.append(starts[-1] + capacity - overlap)
     out = []
-    for k, (ids, mask) in enumerate(zip(enc["input_ids"], enc["special_tokens_mask"])):
-        content = [i for i, m in enumerate(mask) if not m]
-        start = k * (capacity - overlap)
-        out.append((ids, content[0], content[-1] + 1, start, start + len(content)))
-    whole = len(tok(text, add_special_tokens=False, truncation=False)["input_ids"])
-    if out[-1][4] != whole:  # the H200's transformers returned one window per document (1,536 tokens for 6 documents)
-        raise SystemExit(f"the tokenizer's windows cover {out[-1][4]} of the document's {whole} tokens "
-                         f"({type(tok).__name__}, transformers' return_overflowing_tokens); the loop would not be comparable")
-    return out[-1][4], out
+    for s in starts:
+        e = min(s + capacity, len(ids))
+        out.append(([tok.cls_token_id, *ids[s:e], tok.sep_token_id], 1, 1 + e - s, s, e))
+    return len(ids), out
 
 
 def torch_loop(module, tok, torch, texts: list[str], chunk: int, overlap: int, batch: int, device: str = "cuda") -> dict:

@@ -95,7 +95,7 @@ def minilm(size: str = "full") -> tuple:
     _seed()
     path = minilm_weights()
     if path is not None:
-        module = transformers.BertModel.from_pretrained(str(path), local_files_only=True).eval()
+        module = transformers.BertModel.from_pretrained(str(path), local_files_only=True).float().eval()  # fp32 whatever the file holds
     else:
         module = transformers.BertModel(transformers.BertConfig(**MINILM_SHAPE)).eval()
     tok = _tokenizer("bert")

@@ -116,6 +116,14 @@ class Engine:
     def set(self, b: int, s: int, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
         feeds = {"input_ids": rng.integers(*VOCAB, size=(b, s)).astype(np.int64), "attention_mask": np.ones((b, s), np.int64)}
+        inputs = [n for n in self.names if self.engine.get_tensor_mode(n) == self.trt.TensorIOMode.INPUT]
+        for k in range(self.engine.num_optimization_profiles):  # the first profile that admits (b, s)
+            ranges = [self.engine.get_tensor_profile_shape(n, k) for n in inputs]
+            if all(lo[0] <= b <= hi[0] and lo[1] <= s <= hi[1] for lo, _opt, hi in ranges):
+                from trtforge.backends.tensorrt_runtime import _handle
+
+                self.context.set_optimization_profile_async(k, _handle(self.stream))
+                break
         for n in self.names:
             if self.engine.get_tensor_mode(n) == self.trt.TensorIOMode.INPUT:
                 host = np.ascontiguousarray(feeds[n].astype(self.trt.nptype(self.engine.get_tensor_dtype(n))))

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Wait for a detached driver and bring its light results back in the same call (the machine goes back 30 s
+# after a call returns: results copied later are lost, as the 2026-12-01 windows learned).
+#   bash benchmarks/gpu/poll.sh W MAX_SECONDS
+# Waits until W/DONE exists or MAX_SECONDS pass, printing each new step of W/**/steps.jsonl; then tars every
+# json/jsonl/md/txt/log/csv under W (no engines, no ONNX) into $OUT/results.tgz.
+W=${1:?work dir}; MAX=${2:-540}
+end=$(( $(date +%s) + MAX )); seen=0
+while :; do
+  n=$(cat "$W"/steps.jsonl "$W"/*/steps.jsonl 2>/dev/null | wc -l)
+  if [ "$n" -gt "$seen" ]; then
+    cat "$W"/steps.jsonl "$W"/*/steps.jsonl 2>/dev/null | tail -n $((n - seen)) | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        s = json.loads(line)
+    except ValueError:
+        continue
+    print(f"[{s.get(\"step\")}] rc={s.get(\"rc\")} {s.get(\"seconds\", s.get(\"skipped\", \"\"))}s", flush=True)'
+    seen=$n
+  fi
+  [ -f "$W/DONE" ] && break
+  [ "$(date +%s)" -ge "$end" ] && break
+  sleep 5
+done
+[ -f "$W/DONE" ] && echo "driver: DONE" || echo "driver: still running"
+mkdir -p "${OUT:-/tmp/out}"
+( cd "$W" && find . -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.txt' -o -name 'log.*' \
+    -o -name '*.csv' -o -name '*.log' \) -size -20M -print0 | tar -czf "${OUT:-/tmp/out}/results.tgz" --null -T - )
+ls -la "${OUT:-/tmp/out}/results.tgz"
