@@ -107,10 +107,54 @@ def test_best_dq_feeds_its_gemm_directly(opset, tmp_path):
         assert "reads an fp32 DequantizeLinear" in report.kept_fp32["mm1"]
     ref = OrtRunner(qdq.SerializeToString()).run(feeds[0])["y"]
     got = OrtRunner(converted.SerializeToString()).run(feeds[0])["y"]
-    assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 1e-2
+    # fp16 rounding of the ReLU output can move a value across one int8 step of r (scale 8/127), which this
+    # 16-wide MLP turns into ~0.06 rel-L2 (onnxruntime 1.32's MatMul summation order does it on this input); a
+    # graph computing something else is off by O(1).
+    assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 0.1
     require("tensorrt_rtx")
     path = tmp_path / f"mlp{opset}.int8.onnx"
     onnx.save(qdq, path)
     proc = run_cli("build", str(path), "--precision", "best", "--tiers", "n=4", "-o", str(tmp_path / "e.engine"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["precision"] == "best"
+
+
+def _residual_block_qdq():
+    """x -> Conv -> Relu -> Conv -> Add(x) -> Relu -> Conv -> y: a ResNet basic block and a head, through
+    calibrate's placement (its residual rule gives the Add's skip input a Q/DQ) and Q/DQ insertion."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.normal(size=(16, 16, 3, 3)) * 0.1).astype(np.float32), f"w{i}") for i in range(3)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c1", "x"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16, 6, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = plan_quantization(model)
+    return insert_qdq(model, plan, {t: 4.0 for t in plan.activation_tensors()})
+
+
+def test_best_keeps_no_cast_inside_an_int8_convolutions_epilogue():
+    """TensorRT fuses Conv -> ReLU -> Q and Conv -> Add(DQ residual) -> ReLU -> Q into one int8 kernel only
+    when no Cast splits the chain (on the H200 the Casts left ResNet-50's INT8 engine at 2x fp16's time)."""
+    qdq = _residual_block_qdq()
+    feeds = [{"x": np.random.default_rng(s).normal(size=(2, 16, 6, 6)).astype(np.float32)} for s in range(2)]
+    converted, report = convert_fp16(qdq, feeds)
+    producers = {o: n for n in converted.graph.node for o in n.output}
+    consumers = {}
+    for n in converted.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    for name in ("relu0", "add", "relu1"):
+        assert "epilogue of an fp32 INT8 convolution" in report.kept_fp32[name], report.kept_fp32
+    for node in converted.graph.node:
+        if node.op_type in ("Relu", "Add"):
+            assert all(producers[i].op_type in ("Conv", "Relu", "Add", "DequantizeLinear") for i in node.input), node
+            if node.name != "relu1":  # relu1 feeds the float head conv2 (output-layer rule): its Cast is right
+                assert all(c.op_type != "Cast" for c in consumers.get(node.output[0], [])), node
+    ref = OrtRunner(qdq.SerializeToString()).run(feeds[0])["y"]
+    got = OrtRunner(converted.SerializeToString()).run(feeds[0])["y"]
+    assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 1e-3

@@ -20,8 +20,9 @@ Q/DQ models (`best`): DequantizeLinear must feed its Conv/MatMul directly, since
 blocks TensorRT's Q/DQ fusion. From opset 19 Q/DQ take fp16 scales, so DQ writes fp16 straight into an
 fp16 GEMM. Before opset 19 (TensorRT 8.6 parses up to 17) DQ outputs fp32 by definition, so the Q/DQ and
 the GEMMs they feed stay fp32 in the ONNX (Casts sit before Q and after the GEMM); TensorRT 8.6 is weakly
-typed and picks the fused int8 kernel's output precision from its flags. A scale outside fp16's normal
-range keeps its Q/DQ fp32 the same way.
+typed and picks the fused int8 kernel's output precision from its flags. A convolution's epilogue (ReLU,
+residual Add, ...) stays fp32 with it, so that no Cast splits the Conv -> ReLU -> Q chain TensorRT fuses
+into one int8 kernel. A scale outside fp16's normal range keeps its Q/DQ fp32 the same way.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ _OPAQUE_OPS = ("EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "
 _FP32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 GEMM_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
+CONV_OPS = ("Conv", "ConvTranspose")
+# Elementwise ops TensorRT fuses after an int8 convolution (activation, residual Add, BatchNorm, scaling).
+CONV_EPILOGUE_OPS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Add", "Sub", "Mul",
+                     "BatchNormalization", "PRelu", "Max", "Min")
 DATA_MAX = 512.0
 INIT_MAX = 65504.0
 FP16_MIN_NORMAL = 6.104e-05
@@ -113,6 +118,24 @@ def nodes_to_keep_fp32(model: onnx.ModelProto, peaks: dict[str, float], data_max
     for node in model.graph.node:
         if node.name not in keep and node.op_type in GEMM_OPS and any(i in kept_dq for i in node.input):
             keep[node.name] = "reads an fp32 DequantizeLinear (no Cast between DQ and its GEMM)"
+    # An fp32 INT8 convolution's epilogue (ReLU, residual Add, ...) stays fp32 with it: TensorRT fuses
+    # Conv -> ReLU -> Q and Conv -> Add(DQ residual) -> ReLU -> Q into one int8 kernel only with no Cast in
+    # between (H200, 8.6: ResNet-50's Casts left every ReLU and residual Add a separate layer, 2x fp16's time).
+    producer = {o: n for n in model.graph.node for o in n.output}
+    constants = set(inits) | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    kept_conv = {n.name for n in model.graph.node if n.op_type in CONV_OPS and n.name in keep and
+                 any(i in kept_dq for i in n.input)}
+    epilogue: set[str] = set()
+    for node in model.graph.node:  # topological order: a chain grows from its convolution forward
+        if node.name in keep or node.op_type not in CONV_EPILOGUE_OPS:
+            continue
+        sources = [producer.get(i) for i in node.input if i and i not in constants]
+        from_conv = [n for n in sources if n is not None and (n.name in kept_conv or n.name in epilogue)]
+        others_fp32 = all(n is not None and (n.name in kept_conv or n.name in epilogue or n.output[0] in kept_dq)
+                          for n in sources)
+        if from_conv and others_fp32:
+            epilogue.add(node.name)
+            keep[node.name] = "epilogue of an fp32 INT8 convolution (a Cast there blocks TensorRT's conv fusion)"
     return keep
 
 
