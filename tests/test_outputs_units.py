@@ -120,3 +120,22 @@ def test_a_gate_naming_a_metric_no_output_has_fails():
     assert result["failures"] == ["min_top1_agreement 0.9 could not be evaluated: no output has top1_agreement (outputs: h (token))"]
     ok = evaluate_gates(_report(per_output={"h": {"rel_l2": 0.0, "cosine": 1.0, "top1_agreement": 0.5}}), gates_from({"min_top1_agreement": 0.9}))
     assert "precision top-1 agreement of 'h' 0.5 < 0.9" in ok["failures"][0]
+
+
+def test_int8_targets_are_gated_by_cosine_not_the_fp16_rel_l2_default():
+    """H200: BERT-base's INT8 engine (cosine 0.9997, rel-L2 0.025) failed `run`'s fp16-level rel-L2 default."""
+    from trtforge.report import gate_notes, target_precision
+
+    healthy_int8 = _report(per_output={"h": {"rel_l2": 0.025, "cosine": 0.9997}})
+    assert not evaluate_gates(healthy_int8, gates_from({}))["passed"]  # fp16 defaults
+    for precision in ("int8", "best"):
+        result = evaluate_gates(healthy_int8, gates_from({}, precision))
+        assert result["passed"] and [c["gate"] for c in result["checked"]] == ["min_cosine"]
+        assert "max_rel_l2 has no default for an INT8 target" in gate_notes({}, precision)[0]
+    broken_int8 = _report(per_output={"h": {"rel_l2": 0.7, "cosine": 0.74}})  # issue 10's engine
+    assert not evaluate_gates(broken_int8, gates_from({}, "best"))["passed"]
+    explicit = evaluate_gates(healthy_int8, gates_from({"max_rel_l2": 0.01}, "best"))
+    assert not explicit["passed"] and gate_notes({"max_rel_l2": 0.01}, "best") == []
+    assert gate_notes({}, "fp16") == []
+    assert target_precision({"precision": "best"}, None) == "best"
+    assert target_precision(None, {"step": "calibrate"}) == "int8" and target_precision(None, {"step": "clean"}) is None

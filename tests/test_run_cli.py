@@ -42,6 +42,22 @@ def test_fp16_onnx_passes_the_default_gates(minilm_clean, tmp_path):
     assert 0 < worst["rel_l2"] <= 1e-2 and worst["cosine"] >= 0.99
 
 
+def test_int8_onnx_is_gated_by_cosine_by_default(minilm_int8, minilm_clean, tmp_path):
+    """calibrate's Q/DQ ONNX against its fp32 source: the default gates of an INT8 target are the cosine
+    alone (its rel-L2 is INT8 rounding, several percent on healthy models), and the output says so."""
+    int8, _ = minilm_int8
+    report_path = tmp_path / "r.json"
+    args = ("run", str(int8), "--inputs", "calib_data/minilm_long", "--chunk", "256", "--overlap", "32",
+            "--reference", str(minilm_clean), "--warmup", "0")
+    proc = run_cli(*args, "--report", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    gates = json.loads(report_path.read_text())["gates"]
+    assert [c["gate"] for c in gates["checked"] if c["source"] == "default"] == ["min_cosine"]
+    assert gates["checked"][0]["value"] >= 0.99 and "max_rel_l2 has no default for an INT8 target" in proc.stdout
+    strict = run_cli(*args, "--max-rel-l2", "1e-4")
+    assert strict.returncode == 1, strict.stdout[-2000:]
+
+
 def test_chunk_equal_to_model_max_cannot_measure_chunking(minilm_clean, tmp_path):
     """Issue 9: with chunk = the model's max, the 'whole' pass was one chunk and the error always 0.
     Now it is not measurable, and the built-in config's chunk gate (0.85) fails saying so."""

@@ -513,6 +513,8 @@ def _render_run(r: dict) -> None:
     skipped = [c for c in r["gates"]["checked"] if c["status"] == "not evaluated"]
     note = "; not evaluated (defaults): " + ", ".join(f"{c['gate']} ({c['reason']})" for c in skipped) if skipped else ""
     con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])) + note)
+    for line in r["gates"].get("notes") or []:
+        con.print(f"  note: {line}", markup=False)
 
 
 @app.command()

@@ -40,7 +40,7 @@ from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
-from trtforge.report import SCHEMA, evaluate_gates, gates_from, latency_stats
+from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
 from trtforge.runloop import Batcher, stream_batches, wall_over_gpu
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
 
@@ -631,10 +631,19 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "memory": target.memory(),
         "runtime": {"plan_workers": workers, **target.runtime()},
     }
-    report["gates"] = evaluate_gates(report, gates_from(options.gate_values()))
+    report["gates"] = gates_for(report, p, options)
     if options.report:
         write_json_atomic(options.report, report)
     return report
+
+
+def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[str, Any]:
+    """The report's gates, with the defaults of the target's precision (report.py: INT8 by cosine)."""
+    onnx_sidecar = None if p.is_engine else read_sidecar(p.target_path, required=False)
+    precision = target_precision(p.engine_sidecar if p.is_engine else None, onnx_sidecar)
+    gates = evaluate_gates(report, gates_from(options.gate_values(), precision))
+    notes = gate_notes(options.gate_values(), precision)
+    return {**gates, "notes": notes} if notes else gates
 
 
 def _warm_up(p: Prepared, options: RunOptions, target: Any) -> None:

@@ -32,8 +32,8 @@ import numpy as np
 from trtforge import __version__
 from trtforge.artifacts import write_json_atomic
 from trtforge.comparator import Comparator
-from trtforge.report import SCHEMA, evaluate_gates, gates_from
-from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _latency, _Merger, add_precision, chunking_error_of,
+from trtforge.report import SCHEMA
+from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _latency, _Merger, add_precision, chunking_error_of, gates_for,
                           chunking_summary, make_batches, precision_summary, prepare, self_referenced, stack)
 from trtforge.errors import UserError
 from trtforge.scaleout.pool import Pool, connect, require_ray
@@ -292,7 +292,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
                 "units": len(units), "unit_chunks": size, "lost_workers": sum(1 for w in pool.workers if not w.alive),
                 "retried_units": sum(w.retried_units for w in pool.workers)},
     }
-    report["gates"] = evaluate_gates(report, gates_from(options.gate_values()))
+    report["gates"] = gates_for(report, p, options)
     if options.report:
         write_json_atomic(options.report, report)
     return report
