@@ -28,6 +28,9 @@ def test_minilm_long_documents_report(minilm_clean, tmp_path):
     assert report["throughput"]["tokens_per_s"] > 0 and report["memory"]["peak_rss_mb"] > 0
     assert report["gates"]["passed"]
     assert "latency per batch" in proc.stdout and "chunking" in proc.stdout
+    host = report["runtime"]["host"]  # where the loop's wall time went, stage by stage
+    assert {"plan", "wait_plan", "merge"} <= set(host["stages"]) and host["loop_wall_s"] > 0
+    assert host["stages"]["plan"]["count"] == 6 and "host seconds" in proc.stdout
 
 
 def test_fp16_onnx_passes_the_default_gates(minilm_clean, tmp_path):

@@ -361,3 +361,39 @@ def test_without_the_shared_memory_api_contexts_get_their_own_and_the_report_say
     report = runner.runtime_report()["shared_device_memory"]
     assert report["enabled"] is False and "create_execution_context_without_device_memory" in report["reason"]
     np.testing.assert_array_equal(runner.run({"x": np.ones((2, 4), np.int64)})["y"], _expected({"x": np.ones((2, 4), np.int64)}))
+
+
+def test_stage_clock_sums_each_stage_over_threads():
+    import threading
+    import time
+
+    from trtforge.runloop import StageClock
+
+    clock = StageClock()
+
+    def work():
+        with clock.stage("copy_out"):
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with clock.stage("merge"):
+        pass
+    report = clock.report()
+    assert report["copy_out"]["count"] == 3 and report["copy_out"]["seconds"] >= 0.06
+    assert report["merge"]["count"] == 1 and set(report) == {"copy_out", "merge"}
+
+
+def test_trt_runner_reports_where_the_host_time_went(monkeypatch, tmp_path):
+    runner, _ = _runner(monkeypatch, tmp_path)
+    batches = _batches()
+    list(runner.run_many(batches))
+    stages = runner.runtime_report()["host_seconds"]
+    n = len(batches)
+    assert stages["submit"]["count"] == stages["stage_inputs"]["count"] == n
+    assert stages["wait_gpu"]["count"] == stages["copy_out"]["count"] == n
+    assert stages.get("wait_slot", {"count": 0})["count"] <= n - len(runner.slots)  # only when a slot was still busy
+    assert all(v["seconds"] >= 0 for v in stages.values())

@@ -510,6 +510,10 @@ def _render_run(r: dict) -> None:
         con.print(f"CUDA graphs: {'on' if g['enabled'] else 'off'}, {g['captured']} captured, {g['replayed']} replays, "
                   f"{g['plain_enqueues']} plain enqueues, {len(g['fallbacks'])} fallbacks; shared device memory: "
                   + (f"{shared['mb']:.0f} MiB" if shared.get("enabled") else "off"))
+    host = r.get("runtime", {}).get("host")
+    if host and host.get("stages"):
+        con.print(f"host seconds (loop wall {host['loop_wall_s']:.3f} s; threads overlap): "
+                  + ", ".join(f"{k} {v['seconds']:.3f}" for k, v in host["stages"].items()), markup=False)
     skipped = [c for c in r["gates"]["checked"] if c["status"] == "not evaluated"]
     note = "; not evaluated (defaults): " + ", ".join(f"{c['gate']} ({c['reason']})" for c in skipped) if skipped else ""
     con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])) + note)

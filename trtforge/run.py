@@ -41,7 +41,7 @@ from trtforge.onnxio import load_onnx
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
-from trtforge.runloop import Batcher, stream_batches, wall_over_gpu
+from trtforge.runloop import Batcher, StageClock, stream_batches, wall_over_gpu
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
 
 
@@ -568,9 +568,15 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     start = time.perf_counter()
     merger = _Merger(p.docs, [], p.kinds, options)
     planned: dict[int, list[Chunk]] = {}
+    host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
 
     def plan(d: int) -> list[Chunk]:
-        return plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+        with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
+            return plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+
+    def merge(batch: list[Chunk], out: dict[str, np.ndarray]) -> None:
+        with host.stage("merge"):
+            merger.add(batch, out)
 
     def on_plan(d: int, chunks: list[Chunk]) -> None:
         planned[d] = chunks
@@ -581,7 +587,12 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     workers = options.plan_workers or min(8, os.cpu_count() or 2)  # tokenizing releases the GIL: documents in parallel
 
     def feeds() -> Any:
-        for b in stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), workers, on_plan):
+        stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), workers, on_plan)
+        while True:
+            with host.stage("wait_plan"):  # the submitting thread waiting for planned chunks
+                b = next(stream, None)
+            if b is None:
+                return
             batches.append(b)
             yield len(batches) - 1, ({k: [c.feeds[k] for c in b] for k in b[0].feeds} if parts else stack(b))
 
@@ -597,7 +608,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             pending = []
             for tag, out in target.run_many(feeds()):
                 results[tag] = out
-                pending.append(pool.submit(merger.add, batches[tag], out))
+                pending.append(pool.submit(merge, batches[tag], out))
             for future in pending:
                 future.result()
     finally:
@@ -629,12 +640,22 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
                        "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
         "memory": target.memory(),
-        "runtime": {"plan_workers": workers, **target.runtime()},
+        "runtime": _runtime(workers, target.runtime(), host, wall),
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
         write_json_atomic(options.report, report)
     return report
+
+
+def _runtime(workers: int, target_runtime: dict[str, Any], host: StageClock, wall: float) -> dict[str, Any]:
+    """The target's runtime figures plus where the host's time went: seconds per stage of the loop (plan,
+    wait_plan, merge) and of the target (submit incl. stage_inputs, wait_slot, wait_gpu, copy_out)."""
+    target_runtime = dict(target_runtime)
+    stages = {**host.report(), **target_runtime.pop("host_seconds", {})}
+    return {"plan_workers": workers, **target_runtime,
+            "host": {"loop_wall_s": round(wall, 6), "stages": stages,
+                     "note": "seconds each stage took, summed over the threads that ran it (threads overlap)"}}
 
 
 def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[str, Any]:

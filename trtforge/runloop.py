@@ -9,12 +9,16 @@
   they arrive (the same batches `run.make_batches` forms, in the order they fill), so tokenization
   and chunk planning overlap execution.
 - `slot_bytes`, `completion_intervals`, `wall_over_gpu`: staging-buffer sizes and the clock.
+- `StageClock`: seconds per host stage (planning, staging, waiting on the GPU, copying out, merging),
+  summed over threads, so a run whose wall time exceeds its GPU time says where the rest went.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Sequence
@@ -55,6 +59,33 @@ class GraphCache:
         if self.disabled_reason:
             out["reason"] = self.disabled_reason
         return out
+
+
+class StageClock:
+    """Thread-safe seconds per named stage. Stages on different threads overlap, so their sum may exceed
+    the loop's wall time; a stage's own figure is what that thread spent on it."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - start)
+
+    def report(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return {k: {"seconds": round(v, 6), "count": self.counts[k]} for k, v in self.seconds.items()}
 
 
 def _jsonable(shape: Any) -> Any:

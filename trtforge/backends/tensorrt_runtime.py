@@ -28,7 +28,7 @@ import numpy as np
 
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
-from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, slot_bytes
+from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, slot_bytes
 
 
 def _cudart() -> Any:
@@ -149,6 +149,7 @@ class TrtRunner:
         self.timings: list[BatchTiming] = []
         self.peak_bytes = 0
         self.graphs = GraphCache(enabled=cuda_graphs)
+        self.host = StageClock()  # where the host's time goes: runtime_report()["host_seconds"]
         self.shared_memory: dict[str, Any] = {"enabled": False}
         self._memory: DeviceBuffer | None = None
         if shared_device_memory:
@@ -249,7 +250,7 @@ class TrtRunner:
 
     def runtime_report(self) -> dict[str, Any]:
         return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory),
-                "staging_slots": len(self.slots)}
+                "staging_slots": len(self.slots), "host_seconds": self.host.report()}
 
     # -- execution ---------------------------------------------------------------------------
     def _stage(self, slot: _Slot, feeds: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
@@ -320,7 +321,8 @@ class TrtRunner:
         d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         slot = self.slots[s]
         ctx = self._context(profile)
-        shape = self._stage(slot, feeds)
+        with self.host.stage("stage_inputs"):  # stack the chunks into pinned memory, queue the H2D copies
+            shape = self._stage(slot, feeds)
         _ok(cudart.cudaEventRecord(slot.events["h2d"], self.h2d_stream))
         action = self.graphs.action(profile, shape, s)
         if action != LAUNCH:
@@ -349,13 +351,15 @@ class TrtRunner:
     def _collect(self, s: int) -> tuple[Any, dict[str, np.ndarray]]:
         cudart = _cudart()
         slot = self.slots[s]
-        _ok(cudart.cudaEventSynchronize(slot.events["d2h"]))
+        with self.host.stage("wait_gpu"):  # the collector thread waiting for the batch's compute and D2H copies
+            _ok(cudart.cudaEventSynchronize(slot.events["d2h"]))
         done = time.perf_counter()
         tag, profile, shapes = slot.pending
         slot.pending = None
         gpu_ms = float(_ok(cudart.cudaEventElapsedTime(slot.events["start"], slot.events["end"])))
         self._note_memory()  # after execution: activations and graphs are allocated by now
-        outputs = {name: slot.host[name].view(self.dtypes[name], shape).copy() for name, shape in shapes.items()}
+        with self.host.stage("copy_out"):  # pinned slot -> the batch's own arrays (the slot is reused)
+            outputs = {name: slot.host[name].view(self.dtypes[name], shape).copy() for name, shape in shapes.items()}
         wall_ms = (done - self._last_done) * 1e3
         self._last_done = done
         self.timings.append(BatchTiming(profile, gpu_ms, wall_ms))
@@ -375,10 +379,13 @@ class TrtRunner:
             for i, (tag, feeds) in enumerate(batches):
                 s = i % n
                 while any(slot == s for slot, _ in order):  # round robin: slot s holds the oldest batch
-                    yield order.popleft()[1].result()
+                    with self.host.stage("wait_slot"):  # the submitting thread blocked on the oldest batch
+                        result = order.popleft()[1].result()
+                    yield result
                 if i == 0:
                     self._last_done = time.perf_counter()  # the first batch's wall: from its submission
-                self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag)
+                with self.host.stage("submit"):
+                    self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag)
                 order.append((s, collector.submit(self._collect, s)))
                 while order and order[0][1].done():
                     yield order.popleft()[1].result()
