@@ -49,3 +49,42 @@ def emulate_plugins(model: onnx.ModelProto, padded_head: int, dtype: int = onnx.
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each CustomGeluPluginDynamic node as the ops it computes: (x + bias), then 0.5x(1 + tanh(sqrt(2/pi)(x +
+    0.044715x^3))) (TensorRT's geluKernel.cu), in fp32, cast back to the plugin's type."""
+    from trtforge.fusion.gelu import PLUGIN as GELU
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for node in out.graph.node:
+        if node.op_type != GELU:
+            nodes.append(node)
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+        p = node.name + "/emu"
+
+        def c(name, value, p=p):
+            out.graph.initializer.append(numpy_helper.from_array(np.asarray(value, np.float32), p + name))
+            return p + name
+
+        x = node.input[0]
+        nodes.append(helper.make_node("Cast", [x], [p + "x32"], to=onnx.TensorProto.FLOAT))
+        t = p + "x32"
+        if "bias" in a:
+            nodes.append(helper.make_node("Add", [t, c("b", numpy_helper.to_array(a["bias"]).astype(np.float32))], [p + "xb"]))
+            t = p + "xb"
+        nodes += [helper.make_node("Mul", [t, t], [p + "x2"]), helper.make_node("Mul", [p + "x2", t], [p + "x3"]),
+                  helper.make_node("Mul", [p + "x3", c("k", 0.044715)], [p + "kx3"]),
+                  helper.make_node("Add", [t, p + "kx3"], [p + "in"]),
+                  helper.make_node("Mul", [p + "in", c("s", np.sqrt(2.0 / np.pi))], [p + "arg"]),
+                  helper.make_node("Tanh", [p + "arg"], [p + "th"]),
+                  helper.make_node("Add", [p + "th", c("one", 1.0)], [p + "cdf2"]),
+                  helper.make_node("Mul", [p + "cdf2", c("half", 0.5)], [p + "cdf"]),
+                  helper.make_node("Mul", [t, p + "cdf"], [p + "y32"]),
+                  helper.make_node("Cast", [p + "y32"], [node.output[0]], to=onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT)]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out

@@ -25,6 +25,10 @@ class OrtRunner:
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
+        # Q/DQ run as written (fake quantization in float: the ONNX semantics TensorRT implements), not fused into
+        # ONNX Runtime's int8 kernels, whose u8s8 path saturates on x86 CPUs without VNNI (onnxruntime 1.32 on the
+        # 2-core dev machine: rel-L2 0.27 on a 2-layer MLP whose Q/DQ graph is 0.012 from fp32).
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
         wanted = providers or ["CPUExecutionProvider"]
         wanted = [p for p in wanted if p in ort.get_available_providers()] or ["CPUExecutionProvider"]
         source = model if isinstance(model, bytes) else str(model)
