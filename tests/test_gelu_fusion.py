@@ -130,3 +130,57 @@ def test_reference_formulas():
     x = np.linspace(-6, 6, 1001)
     assert np.abs(gelu_tanh(x) - gelu_erf(x)).max() < 1e-3
     assert gelu_erf(np.array([0.0, 1.0]))[1] == pytest.approx(0.8413447460685429)
+
+
+def test_build_step_modes(zoo):
+    """The build's decision: off by default (recorded), on fuses on TensorRT 8.x where the plugin is registered,
+    and says in one sentence why it cannot elsewhere."""
+    from trtforge.errors import UserError
+    from trtforge.fusion.step import describe_gelu, gelu_fusion
+
+    key = ("bert", "dynamo")
+    model = onnx.load(zoo[key])
+    specs, axes, _ = io_specs(zoo[key], model)
+    feeds = random_feeds(specs, _sizes(axes, 16))
+    none, record = gelu_fusion(model, model, "off", "fp16", "tensorrt", "8.6.0", True, feeds, "m.onnx")
+    assert none is None and record["route"] == "off" and describe_gelu(record) == []
+    fused, record = gelu_fusion(model, model, "on", "fp16", "tensorrt", "8.6.0", True, feeds, "m.onnx")
+    assert sum(n.op_type == PLUGIN for n in fused.graph.node) == 2 and len(record["replaced"]) == 2
+    assert "replaced 2 GELU(s)" in describe_gelu(record)[0]
+    for args, fragment in [(("on", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses GELU itself"),
+                           (("on", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry"),
+                           (("auto", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_gelu")]:
+        with pytest.raises(UserError, match=fragment):
+            gelu_fusion(model, model, *args, feeds, "m.onnx")
+
+
+def test_gelu_after_attention_fusion_observes_the_unfused_graph(zoo):
+    """build fuses attention first: the GELU pass then reads its numbers from the graph before that pass
+    (ORT cannot run the attention plugin) and applies to the fused one."""
+    from attention_emulation import emulate_plugins
+    from trtforge.fusion.attention import fuse_attention
+    from trtforge.fusion.plugins import attention_route
+
+    key = ("bert", "legacy")
+    model = _with_random_vectors(onnx.load(zoo[key]))
+    specs, axes, _ = io_specs(zoo[key], model)
+    feeds = random_feeds(specs, _sizes(axes, 16))
+    attn, _ = fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, False), "x")
+    both, report = fuse_gelu(attn, feeds, observe_model=model)
+    assert len(report.replaced) == 2
+    emulated = emulate_gelu_plugins(emulate_plugins(both, padded_head=32))
+    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=7)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulated.SerializeToString()).run(feeds)
+    assert all(_rel(got[k], v) < 3e-3 for k, v in want.items())
+
+
+def test_cli_build_fuse_gelu_needs_tensorrt_8(zoo, tmp_path):
+    from conftest import assert_user_error, require, run_cli
+
+    require("tensorrt_rtx")
+    onnx_path = zoo[("gpt2", "legacy")]
+    proc = run_cli("build", str(onnx_path), "--precision", "fp16", "--fuse-gelu", "on", "-o", str(tmp_path / "g.engine"))
+    assert_user_error(proc, "--fuse-gelu on cannot fuse", "fuses GELU itself")
+    proc = run_cli("build", str(onnx_path), "--precision", "fp16", "--fuse-gelu", "maybe", "-o", str(tmp_path / "g.engine"))
+    assert_user_error(proc, "--fuse-gelu 'maybe' is not one of on, off")

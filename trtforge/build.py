@@ -156,8 +156,12 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     ensure_writable_dir(output)
     converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes)
     identity = runtime_identity(mod)
-    fused, fusion = _fuse_attention(mod, identity, converted if converted is not None else model, precision, options,
-                                    specs, axes, profiles, onnx_path)
+    before_fusion = converted if converted is not None else model
+    fused, fusion = _fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
+    gelu_fused, gelu_record = _fuse_gelu(mod, fused if fused is not None else before_fusion, before_fusion, precision,
+                                         options, specs, axes, profiles, onnx_path)
+    if gelu_fused is not None:
+        fused = gelu_fused
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -178,7 +182,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         try:
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         except UserError as exc:
-            if fused is None or options.fuse_attention != "auto":
+            if fused is None or options.fuse_attention != "auto" or gelu_fused is not None:
                 raise
             # auto promised a faster engine, not a failed build: record why and build the graph as it was.
             warn(f"the fused-attention graph did not build ({exc}); building without attention fusion.")
@@ -226,6 +230,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         "calibration_cache_sha256": (parent or {}).get("cache_sha256"),
         "precision_report": precision_report,
         "attention_fusion": fusion,
+        "gelu_fusion": gelu_record,
         "build_options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
         "timing_cache": {"path": str(options.timing_cache) if options.timing_cache else None,
                          "loaded": out.timing_cache_loaded, "saved": out.timing_cache is not None},
@@ -273,6 +278,21 @@ def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelP
     feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and registered else None
     return attention_fusion(model, options.fuse_attention, precision, mod.flavour, mod.version,
                             identity.get("compute_capability"), registered, feeds, onnx_path.name)
+
+
+def _fuse_gelu(mod: TrtModule, model: onnx.ModelProto, observe_model: onnx.ModelProto, precision: str, options: BuildOptions,
+               specs: list[InputSpec], axes: dict[str, AxisRange], profiles: list[Profile],
+               onnx_path: Path) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+    """trtforge.fusion's bias+GELU pass when asked for (--fuse-gelu on): (fused model or None, sidecar record)."""
+    from trtforge.backends.tensorrt import plugin_registered
+    from trtforge.fusion.gelu import PLUGIN, PLUGIN_VERSION
+    from trtforge.fusion.step import gelu_fusion, observation_sizes
+
+    wants = options.fuse_gelu == "on"
+    registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
+    feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and registered else None
+    return gelu_fusion(model, observe_model, options.fuse_gelu, precision, mod.flavour, mod.version, registered, feeds,
+                       onnx_path.name)
 
 
 def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], output: Path,

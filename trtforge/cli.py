@@ -225,6 +225,7 @@ def build(
     compute_capability: Optional[list[str]] = typer.Option(None, "--compute-capability", help="TensorRT-RTX targets, e.g. SM89 (repeatable)."),
     tf32: bool = typer.Option(False, "--tf32", help="Allow TF32 for fp32 math (faster, ~1e-3 rel-L2); off means IEEE fp32."),
     fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
+    fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; off by default)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
@@ -246,6 +247,7 @@ def build(
         compute_capabilities=list(compute_capability or section.compute_capabilities),
         tf32=tf32,
         fuse_attention=fuse_attention or section.fuse_attention,
+        fuse_gelu=fuse_gelu or section.fuse_gelu,
     )
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
         raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")
@@ -287,9 +289,9 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
         con.print(f"layer information: {side['layer_info_unavailable']}")
     if (side.get("inspector") or {}).get("error"):
         con.print(f"engine inspector failed: {side['inspector']['error']}", markup=False)
-    from trtforge.fusion.step import describe
+    from trtforge.fusion.step import describe, describe_gelu
 
-    for line in describe(side.get("attention_fusion") or {}):
+    for line in describe(side.get("attention_fusion") or {}) + describe_gelu(side.get("gelu_fusion") or {}):
         con.print(line, markup=False)
     for note in side.get("notes", []):
         con.print(f"note: {note}")

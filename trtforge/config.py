@@ -123,6 +123,7 @@ class BuildSection(Strict):
     compute_capabilities: list[str] = Field(default_factory=list)
     # Attention fusion (trtforge.fusion): auto = where the installed TensorRT runs a fused kernel it would not pick.
     fuse_attention: Literal["auto", "on", "off"] = "auto"
+    fuse_gelu: Literal["on", "off"] = "off"
 
 
 class RunSection(Strict):

@@ -200,10 +200,13 @@ def _foldable_bias(g: _Graph, x: str, region: set[str], width: int) -> tuple[np.
     return g.const(consts[0]), next(i for i in add.input if i != consts[0])
 
 
-def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], apply: bool = True) -> tuple[onnx.ModelProto, GeluReport]:
-    """Replace every verified GELU (with its bias Add where it can) by one plugin node."""
+def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], apply: bool = True,
+              observe_model: onnx.ModelProto | None = None) -> tuple[onnx.ModelProto, GeluReport]:
+    """Replace every verified GELU (with its bias Add where it can) by one plugin node. `observe_model`: the
+    ONNX Runtime-runnable graph the numbers come from when `model` already holds plugin nodes (attention fused
+    first); the GELUs' tensors keep their names across that pass."""
     cands = find_gelus(model)
-    verify(model, cands, feeds)
+    verify(observe_model if observe_model is not None else model, cands, feeds)
     report = GeluReport([], [{"node": c.node, "reason": c.reason} for c in cands if c.reason is not None])
     accepted = [c for c in cands if c.reason is None]
     if not accepted or not apply:

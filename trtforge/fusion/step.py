@@ -12,6 +12,7 @@ import onnx
 
 from trtforge.errors import UserError
 from trtforge.fusion.attention import FusionReport, fuse_attention
+from trtforge.fusion.gelu import PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
 from trtforge.fusion.plugins import PLUGIN, PLUGIN_VERSION, attention_route, backend_route
 
 MODES = ("auto", "on", "off")
@@ -73,6 +74,50 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     return (fused if report.replaced else None), record
 
 
+GELU_MODES = ("on", "off")
+
+
+def gelu_fusion(model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: str, precision: str, flavour: str,
+                version: str, plugin_registered: bool, feeds: dict | None,
+                onnx_name: str) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+    """(the model with its GELUs fused, or None; the sidecar's `gelu_fusion`). Off by default until the H200
+    shows the plugin beats Myelin's GELU kernels (benchmarks/RESULTS.md); `on` asks for it."""
+    if mode not in GELU_MODES:
+        raise UserError(f"--fuse-gelu '{mode}' is not one of {', '.join(GELU_MODES)} (config key build.fuse_gelu).")
+    record: dict[str, Any] = {"mode": mode, "route": "off", "why": "--fuse-gelu off (the default)", "replaced": [], "refused": []}
+    if mode == "off":
+        return None, record
+    base = backend_route(flavour, version)
+    why_not = None
+    if base.kind != "plugin":
+        why_not = f"{GELU_PLUGIN} is TensorRT 8.x's plugin; {flavour} {version} fuses GELU itself"
+    elif precision not in ("fp16", "best", "fp32"):
+        why_not = f"precision {precision}: build with fp16 or best"
+    elif not plugin_registered:
+        why_not = f"{GELU_PLUGIN} v{GELU_VERSION} is not in this TensorRT's plugin registry"
+    if why_not:
+        raise UserError(f"--fuse-gelu on cannot fuse {onnx_name}: {why_not}.")
+    fused, report = fuse_gelu(model, feeds or {}, observe_model=observe_model)
+    record.update(report.to_json(), route="plugin", why=f"TensorRT {version}: {GELU_PLUGIN} v{GELU_VERSION} (tanh GELU, bias folded)")
+    if not report.replaced:
+        reason = report.refused[0]["reason"] if report.refused else "the graph has no Erf/Tanh"
+        raise UserError(f"--fuse-gelu on found no GELU in {onnx_name} it can fuse: {reason}.")
+    return fused, record
+
+
+def describe_gelu(record: dict[str, Any]) -> list[str]:
+    if not record or record.get("mode") != "on":
+        return []
+    replaced = record.get("replaced") or []
+    worst = max((r["approximation_max_abs"] or 0.0 for r in replaced), default=0.0)
+    lines = [f"GELU fusion: replaced {len(replaced)} GELU(s) by {GELU_PLUGIN} "
+             f"({sum(r['bias_folded'] for r in replaced)} with their bias); tanh form, max |difference| on the "
+             f"observed activations {worst:.2g}"]
+    for r in record.get("refused") or []:
+        lines.append(f"  not fused: {r['node']}: {r['reason']}")
+    return lines
+
+
 def describe(record: dict[str, Any]) -> list[str]:
     """Lines for the build output: what was replaced, what was not and why."""
     if not record:
@@ -93,4 +138,4 @@ def describe(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["FusionReport", "attention_fusion", "describe", "observation_sizes", "sm_of"]
+__all__ = ["FusionReport", "attention_fusion", "describe", "describe_gelu", "gelu_fusion", "observation_sizes", "sm_of"]
