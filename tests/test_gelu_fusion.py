@@ -184,3 +184,23 @@ def test_cli_build_fuse_gelu_needs_tensorrt_8(zoo, tmp_path):
     assert_user_error(proc, "--fuse-gelu on cannot fuse", "fuses GELU itself")
     proc = run_cli("build", str(onnx_path), "--precision", "fp16", "--fuse-gelu", "maybe", "-o", str(tmp_path / "g.engine"))
     assert_user_error(proc, "--fuse-gelu 'maybe' is not one of on, off")
+
+
+def test_int8_best_graph_gelus_are_fused(zoo):
+    """What `build --precision best --fuse-gelu on` hands the pass: Casts around the INT8 GEMMs' fp32 islands,
+    a Cast to fp32 before the next layer's QuantizeLinear, and the rest of a deep network below each GELU (the
+    first layer's was once refused because the search for its descendants stopped early)."""
+    from test_attention_fusion import _quantized
+    from trtforge.precision import prepare_for_build
+
+    key = ("bert", "legacy")
+    model = _with_random_vectors(onnx.load(zoo[key]))
+    specs, axes, _ = io_specs(zoo[key], model)
+    sizes = _sizes(axes, 16)
+    best, _ = prepare_for_build(_quantized(model, specs, sizes), zoo[key], specs, axes)
+    fused, report = fuse_gelu(best, random_feeds(specs, sizes))
+    assert len(report.replaced) == 2 and all(r["bias_folded"] for r in report.replaced), report.to_json()
+    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=5)
+    ref, unfused, got = (OrtRunner(m.SerializeToString()).run(feeds) for m in (model, best, emulate_gelu_plugins(fused)))
+    for name, value in ref.items():
+        assert _rel(got[name], value) <= 1.5 * _rel(unfused[name], value) + 0.01, name

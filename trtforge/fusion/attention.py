@@ -88,6 +88,11 @@ class _Graph:
             for a in node.attribute:
                 if a.name == "value":
                     return numpy_helper.to_array(a.t)
+        cast = self.producer.get(name)
+        if cast is not None and cast.op_type == "Cast":  # the fp16 conversion's Cast of a Constant node's output
+            value = self.const(cast.input[0])
+            if value is not None:
+                return value.astype(helper.tensor_dtype_to_np_dtype(_attr(cast, "to")))
         return None
 
     def scalar(self, name: str) -> float | None:

@@ -130,13 +130,10 @@ def find_gelus(model: onnx.ModelProto) -> list[GeluCandidate]:
 def _region(g: _Graph, x: str, y: str) -> set[str] | None:
     """Every tensor on a path from x to y (y included): what the plugin replaces. None when a node on the
     way reads a non-constant tensor that does not come from x (then it is not a function of x alone)."""
-    below, stack = set(), [x]
-    while stack and len(below) < 64:  # x's descendants, a GELU's worth
-        for u in g.data_consumers(stack.pop()):
-            for o in u.output:
-                if o not in below:
-                    below.add(o)
-                    stack.append(o)
+    below, frontier = set(), [x]
+    for _ in range(12):  # x's descendants up to a GELU's depth (breadth first: the whole GELU before anything deeper)
+        frontier = [o for t in frontier for u in g.data_consumers(t) for o in u.output if o not in below]
+        below.update(frontier)
     region, stack = set(), [y]
     while stack:
         t = stack.pop()
