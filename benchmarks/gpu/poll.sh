@@ -16,7 +16,7 @@ for line in sys.stdin:
         s = json.loads(line)
     except ValueError:
         continue
-    print(f"[{s.get(\"step\")}] rc={s.get(\"rc\")} {s.get(\"seconds\", s.get(\"skipped\", \"\"))}s", flush=True)'
+    print("[%s] rc=%s %ss" % (s.get("step"), s.get("rc"), s.get("seconds", s.get("skipped", ""))), flush=True)'
     seen=$n
   fi
   [ -f "$W/DONE" ] && break
