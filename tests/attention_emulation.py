@@ -9,26 +9,36 @@ from onnx import helper, numpy_helper
 from trtforge.fusion.plugins import PLUGIN
 
 
-def emulate_plugins(model: onnx.ModelProto, padded_head: int, dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
-    """dtype: the plugin's I/O type in the graph (fp16 after trtforge's fp16 conversion); the math runs fp32."""
+def _expand(model: onnx.ModelProto, op_type: str, expand) -> onnx.ModelProto:
+    """A copy of `model` with every `op_type` node replaced by expand(node, attrs, prefix, const) -> nodes, where
+    const(name, value) adds an initializer under the node's own prefix and returns its name."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     nodes = []
     for node in out.graph.node:
-        if node.op_type != PLUGIN:
+        if node.op_type != op_type:
             nodes.append(node)
             continue
-        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-        e, n = a["hidden_size"], a["num_heads"]
-        h = e // n
         p = node.name + "/emu"
-        qkv, seq = node.input[0], node.input[3]
 
-        def c(name, value, p=p):
+        def const(name, value, p=p):
             out.graph.initializer.append(numpy_helper.from_array(np.asarray(value), p + name))
             return p + name
 
-        nodes += [
+        nodes += expand(node, {x.name: helper.get_attribute_value(x) for x in node.attribute}, p, const)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+def emulate_plugins(model: onnx.ModelProto, padded_head: int, dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    """dtype: the plugin's I/O type in the graph (fp16 after trtforge's fp16 conversion); the math runs fp32."""
+
+    def expand(node, a, p, c):
+        e, n = a["hidden_size"], a["num_heads"]
+        h = e // n
+        qkv, seq = node.input[0], node.input[3]
+        return [
             helper.make_node("Shape", [seq], [p + "S"]),
             helper.make_node("Concat", [c("m1", np.array([-1], np.int64)), p + "S", c("n3h", np.array([n, 3, h], np.int64))], [p + "shape"], axis=0),
             helper.make_node("Cast", [qkv], [p + "qkv32"], to=onnx.TensorProto.FLOAT),
@@ -46,9 +56,8 @@ def emulate_plugins(model: onnx.ModelProto, padded_head: int, dtype: int = onnx.
             helper.make_node("Reshape", [p + "bsnh", c("outshape", np.array([-1, e, 1, 1], np.int64))], [p + "out32"]),
             helper.make_node("Cast", [p + "out32"], [node.output[0]], to=dtype),
         ]
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
+
+    return _expand(model, PLUGIN, expand)
 
 
 def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -56,35 +65,23 @@ def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     0.044715x^3))) (TensorRT's geluKernel.cu), in fp32, cast back to the plugin's type."""
     from trtforge.fusion.gelu import PLUGIN as GELU
 
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    nodes = []
-    for node in out.graph.node:
-        if node.op_type != GELU:
-            nodes.append(node)
-            continue
-        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-        p = node.name + "/emu"
-
-        def c(name, value, p=p):
-            out.graph.initializer.append(numpy_helper.from_array(np.asarray(value, np.float32), p + name))
-            return p + name
-
-        x = node.input[0]
-        nodes.append(helper.make_node("Cast", [x], [p + "x32"], to=onnx.TensorProto.FLOAT))
+    def expand(node, a, p, c):
+        f = lambda v: np.asarray(v, np.float32)  # noqa: E731
+        nodes = [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT)]
         t = p + "x32"
         if "bias" in a:
-            nodes.append(helper.make_node("Add", [t, c("b", numpy_helper.to_array(a["bias"]).astype(np.float32))], [p + "xb"]))
+            nodes.append(helper.make_node("Add", [t, c("b", f(numpy_helper.to_array(a["bias"])))], [p + "xb"]))
             t = p + "xb"
-        nodes += [helper.make_node("Mul", [t, t], [p + "x2"]), helper.make_node("Mul", [p + "x2", t], [p + "x3"]),
-                  helper.make_node("Mul", [p + "x3", c("k", 0.044715)], [p + "kx3"]),
-                  helper.make_node("Add", [t, p + "kx3"], [p + "in"]),
-                  helper.make_node("Mul", [p + "in", c("s", np.sqrt(2.0 / np.pi))], [p + "arg"]),
-                  helper.make_node("Tanh", [p + "arg"], [p + "th"]),
-                  helper.make_node("Add", [p + "th", c("one", 1.0)], [p + "cdf2"]),
-                  helper.make_node("Mul", [p + "cdf2", c("half", 0.5)], [p + "cdf"]),
-                  helper.make_node("Mul", [t, p + "cdf"], [p + "y32"]),
-                  helper.make_node("Cast", [p + "y32"], [node.output[0]], to=onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT)]
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    return out
+        return nodes + [
+            helper.make_node("Mul", [t, t], [p + "x2"]), helper.make_node("Mul", [p + "x2", t], [p + "x3"]),
+            helper.make_node("Mul", [p + "x3", c("k", f(0.044715))], [p + "kx3"]),
+            helper.make_node("Add", [t, p + "kx3"], [p + "in"]),
+            helper.make_node("Mul", [p + "in", c("s", f(np.sqrt(2.0 / np.pi)))], [p + "arg"]),
+            helper.make_node("Tanh", [p + "arg"], [p + "th"]),
+            helper.make_node("Add", [p + "th", c("one", f(1.0))], [p + "cdf2"]),
+            helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
+            helper.make_node("Mul", [t, p + "cdf"], [p + "y32"]),
+            helper.make_node("Cast", [p + "y32"], [node.output[0]],
+                             to=onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT)]
+
+    return _expand(model, GELU, expand)

@@ -79,3 +79,24 @@ def minilm_int8(minilm_clean):
     proc = run_cli("calibrate", str(minilm_clean), "--data", "calib_data/minilm", "--method", "entropy", "--json", timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return minilm_clean.with_name("minilm.int8.onnx"), json.loads(proc.stdout)
+
+
+def export_zoo(folder: Path, exports: list[tuple[str, str]]) -> dict[tuple[str, str], Path]:
+    """Each small zoo model (zoo/configs/NAME.yaml) exported with each exporter and cleaned, as `trtforge build`
+    would receive it: {(name, exporter): cleaned ONNX}. Runs from the project root (the configs' paths)."""
+    from trtforge.config import apply_overrides, load_config
+    from trtforge.export import export_model
+    from trtforge.graph import clean_file
+
+    before = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        paths = {}
+        for name, exporter in exports:
+            cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / f"{name}.yaml"), {"export.exporter": exporter})
+            raw = folder / f"{name}.{exporter}.onnx"
+            export_model(cfg, raw)
+            paths[(name, exporter)] = clean_file(raw, folder / "clean" / raw.name, tolerance=cfg.clean.tolerance).path
+        return paths
+    finally:
+        os.chdir(before)

@@ -6,7 +6,6 @@ at a sequence length the pass never saw. The engine itself is proven on the H200
 """
 
 import json
-import os
 
 import numpy as np
 import onnx
@@ -14,16 +13,14 @@ import pytest
 from onnx import helper, numpy_helper
 
 from attention_emulation import emulate_plugins
-from conftest import ROOT, assert_user_error, require, run_cli
+from conftest import assert_user_error, export_zoo, require, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.config import apply_overrides, load_config
 from trtforge.errors import UserError
-from trtforge.export import export_model
 from trtforge.feeds import random_feeds
 from trtforge.fusion.attention import Projection, fuse_attention, pack_qkv, reference_attention, refuse_padding
 from trtforge.fusion.plugins import PLUGIN, attention_route, backend_route
 from trtforge.fusion.step import attention_fusion, describe, sm_of
-from trtforge.graph import clean_file, io_specs
+from trtforge.graph import io_specs
 
 EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "legacy"), ("vit", "dynamo"),
            ("gpt2", "legacy"), ("gpt2", "dynamo")]
@@ -32,19 +29,7 @@ EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit"
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
     """Each small zoo model exported once per exporter and cleaned, as `trtforge build` would receive it."""
-    folder = tmp_path_factory.mktemp("attn")
-    before = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        paths = {}
-        for name, exporter in EXPORTS:
-            cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / f"{name}.yaml"), {"export.exporter": exporter})
-            raw = folder / f"{name}.{exporter}.onnx"
-            export_model(cfg, raw)
-            paths[(name, exporter)] = clean_file(raw, folder / "clean" / raw.name, tolerance=cfg.clean.tolerance).path
-        yield paths
-    finally:
-        os.chdir(before)
+    return export_zoo(tmp_path_factory.mktemp("attn"), EXPORTS)
 
 
 def _load(zoo, key, seq=16):

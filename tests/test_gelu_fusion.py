@@ -2,7 +2,6 @@
 exporters) becomes one CustomGeluPluginDynamic node, its bias folded in; the plugin is emulated on ORT
 (tests/attention_emulation.py) and compared with the ORIGINAL graph at a sequence length the pass never saw."""
 
-import os
 
 import numpy as np
 import onnx
@@ -10,32 +9,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from attention_emulation import emulate_gelu_plugins
-from conftest import ROOT
+from conftest import export_zoo
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.config import apply_overrides, load_config
-from trtforge.export import export_model
 from trtforge.feeds import random_feeds
 from trtforge.fusion.gelu import PLUGIN, fuse_gelu, gelu_erf, gelu_tanh
-from trtforge.graph import clean_file, io_specs
+from trtforge.graph import io_specs
 
 EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("vit", "legacy"), ("gpt2", "legacy"), ("gpt2", "dynamo")]
 
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gelu")
-    before = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        paths = {}
-        for name, exporter in EXPORTS:
-            cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / f"{name}.yaml"), {"export.exporter": exporter})
-            raw = folder / f"{name}.{exporter}.onnx"
-            export_model(cfg, raw)
-            paths[(name, exporter)] = clean_file(raw, folder / "clean" / raw.name, tolerance=cfg.clean.tolerance).path
-        yield paths
-    finally:
-        os.chdir(before)
+    return export_zoo(tmp_path_factory.mktemp("gelu"), EXPORTS)
 
 
 def _sizes(axes, seq):

@@ -14,13 +14,8 @@
 # Every step appends {step, rc, seconds, cmd, tail} to W/steps.jsonl; the driver goes on after a failure.
 set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
-mkdir -p "$W"; : > "$W/steps.jsonl"
-export CI=true PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0
 . "$ROOT/benchmarks/gpu/steps.sh"
-P312="PYTHONPATH=/tmp/site:$ROOT python3"
-T=". \$HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310"
-TAC="--tactic-sources -CUBLAS,-CUBLAS_LT,-CUDNN"
-CFG=zoo/configs/full
+driver_setup
 CAL="--max-samples 64 --max-eval-samples 64 --smooth 0.8 --no-engine-check"
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv > "$W/gpu_before.csv" 2>&1
 

@@ -11,13 +11,8 @@
 # Every step appends {step, rc, seconds, cmd, tail} to W/steps.jsonl; the driver goes on after a failure.
 set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
-mkdir -p "$W"; : > "$W/steps.jsonl"
-export CI=true PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 . "$ROOT/benchmarks/gpu/steps.sh"
-P312="PYTHONPATH=/tmp/site:$ROOT python3"
-T=". \$HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310"
-TAC="--tactic-sources -CUBLAS,-CUBLAS_LT,-CUDNN"
-CFG=zoo/configs/full
+driver_setup
 CAL="--max-samples 64 --max-eval-samples 64 --smooth 0.8 --no-engine-check"
 M() { echo "$W/$1/$1"; }
 B=$(M bert-base); N=$(M minilm); R=$(M resnet50)

@@ -20,3 +20,15 @@ PY
   echo "[$name] rc=$rc ${dt}s"
   return $rc
 }
+
+# The drivers' common setup (after ROOT, W and DEADLINE are set): offline, unbuffered, W/steps.jsonl fresh;
+# P312 = the GPU box's python3 (torch) with the carried cp312 wheels, T = TensorRT 8.6's Python 3.10, TAC = the
+# tactic sources a staged 8.6 can use, CFG = the full-size zoo configs.
+driver_setup() {
+  mkdir -p "$W"; : > "$W/steps.jsonl"
+  export CI=true PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0
+  P312="PYTHONPATH=/tmp/site:$ROOT python3"
+  T=". \$HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310"
+  TAC="--tactic-sources -CUBLAS,-CUBLAS_LT,-CUDNN"
+  CFG=zoo/configs/full
+}
