@@ -70,6 +70,8 @@ def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
         nodes = [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT)]
         t = p + "x32"
         if "bias" in a:
+            # the plugin copies count x sizeof(its type) raw bytes: a bias of another type would be garbage there
+            assert a["bias"].data_type == (onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT), node.name
             nodes.append(helper.make_node("Add", [t, c("b", f(numpy_helper.to_array(a["bias"])))], [p + "xb"]))
             t = p + "xb"
         return nodes + [

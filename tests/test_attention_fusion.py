@@ -339,3 +339,63 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
     assert any("without attention fusion" in w for w in warnings)
     built = onnx.load(result.sidecar["built_onnx"])
     assert not any(n.op_type == PLUGIN for n in built.graph.node) and any(n.op_type == "Softmax" for n in built.graph.node)
+
+
+def _dequantized_projections(model, dtype):
+    """The hand-written attention with its Q/K/V weights given as integer constants behind DequantizeLinear."""
+    rng = np.random.default_rng(0)
+    g = model.graph
+    for init in [i for i in g.initializer if i.name in ("wq", "wk", "wv")]:
+        w = numpy_helper.to_array(init)
+        q = rng.integers(0, 256, w.shape) if dtype == np.uint8 else rng.integers(-127, 128, w.shape)
+        g.initializer.remove(init)
+        g.initializer.extend([numpy_helper.from_array(q.astype(dtype), init.name + "_q"),
+                              numpy_helper.from_array(np.full(w.shape[1], 0.003, np.float32), init.name + "_s"),
+                              numpy_helper.from_array(np.zeros(w.shape[1], dtype), init.name + "_z")])
+        g.node.insert(0, helper.make_node("DequantizeLinear", [init.name + "_q", init.name + "_s", init.name + "_z"],
+                                          [init.name], axis=1))
+    return model
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8], ids=["int8", "uint8"])
+def test_integer_weight_constants_are_packed_only_when_int8(dtype):
+    """The packed weight is re-quantized as int8: uint8 weights (128..255 would saturate) are refused."""
+    model = _dequantized_projections(_attention_model(), dtype)
+    x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+    fused, report = fuse_attention(model, {"x": x}, _route_any, "x")
+    if dtype == np.uint8:
+        assert not report.replaced and "not a projection" in report.refused[0]["reason"]
+        return
+    assert len(report.replaced) == 1
+    x2 = np.random.default_rng(2).standard_normal((3, 7, 8)).astype(np.float32)
+    want = OrtRunner(model.SerializeToString()).run({"x": x2})["y"]
+    got = OrtRunner(emulate_plugins(fused, 32).SerializeToString()).run({"x": x2})["y"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_fp32_projections_with_an_fp16_bias_give_a_valid_graph():
+    """A projection GEMM kept fp32 in an fp16 graph (Cast after it, fp16 bias): the packed GEMM is cast to the
+    bias's type before the Add, so the fused graph is valid ONNX and computes the same attention."""
+    model = _attention_model(heads=2, head=32)
+    g = model.graph
+    for init in g.initializer:
+        if init.name in ("bq", "bk", "bv", "sqrt_d"):
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name))
+    nodes = []
+    for n in g.node:
+        if n.op_type == "MatMul" and n.input[1] in ("wq", "wk", "wv"):
+            out, n.output[0] = n.output[0], n.output[0] + "_32"
+            nodes += [n, helper.make_node("Cast", [n.output[0]], [out], to=onnx.TensorProto.FLOAT16)]
+        elif n.output[0] == "y":
+            n.output[0] = "y16"
+            nodes += [n, helper.make_node("Cast", ["y16"], ["y"], to=onnx.TensorProto.FLOAT)]
+        else:
+            nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    x = np.random.default_rng(1).standard_normal((2, 5, 64)).astype(np.float32)
+    fused, report = fuse_attention(model, {"x": x}, _route_any, "x")
+    assert len(report.replaced) == 1, report.to_json()
+    want = OrtRunner(model.SerializeToString()).run({"x": x})["y"]
+    got = OrtRunner(emulate_plugins(fused, 32, onnx.TensorProto.FLOAT16).SerializeToString()).run({"x": x})["y"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2

@@ -139,3 +139,5 @@ def test_int8_targets_are_gated_by_cosine_not_the_fp16_rel_l2_default():
     assert gate_notes({}, "fp16") == []
     assert target_precision({"precision": "best"}, None) == "best"
     assert target_precision(None, {"step": "calibrate"}) == "int8" and target_precision(None, {"step": "clean"}) is None
+    assert target_precision(None, {"step": "precision", "precision": "best"}) == "best"  # the ONNX build writes
+    assert target_precision(None, {"step": "precision", "precision": "fp16"}) is None

@@ -155,3 +155,11 @@ def test_best_keeps_no_cast_inside_an_int8_convolutions_epilogue():
     ref = OrtRunner(qdq.SerializeToString()).run(feeds[0])["y"]
     got = OrtRunner(converted.SerializeToString()).run(feeds[0])["y"]
     assert np.linalg.norm(ref - got) / np.linalg.norm(ref) < 1e-3
+
+
+def test_an_epilogue_node_kept_fp32_for_another_reason_does_not_break_the_chain():
+    """The residual Add kept fp32 because its output is large: the ReLU after it still joins conv1's epilogue."""
+    from trtforge.precision import nodes_to_keep_fp32
+
+    keep = nodes_to_keep_fp32(_residual_block_qdq(), {"s": 1000.0})
+    assert keep["add"].startswith("output 's' reached") and "epilogue" in keep["relu1"]

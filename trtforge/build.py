@@ -157,11 +157,10 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes)
     identity = runtime_identity(mod)
     before_fusion = converted if converted is not None else model
-    fused, fusion = _fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
-    gelu_fused, gelu_record = _fuse_gelu(mod, fused if fused is not None else before_fusion, before_fusion, precision,
-                                         options, specs, axes, profiles, onnx_path)
-    if gelu_fused is not None:
-        fused = gelu_fused
+    attention_fused, fusion = _fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
+    gelu_fused, gelu_record = _fuse_gelu(mod, attention_fused if attention_fused is not None else before_fusion,
+                                         before_fusion, precision, options, specs, axes, profiles, onnx_path)
+    fused = gelu_fused if gelu_fused is not None else attention_fused
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -182,12 +181,16 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         try:
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         except UserError as exc:
-            if fused is None or options.fuse_attention != "auto" or gelu_fused is not None:
+            if attention_fused is None or options.fuse_attention != "auto":
                 raise
-            # auto promised a faster engine, not a failed build: record why and build the graph as it was.
+            # auto promised a faster engine, not a failed build: record why and build the graph as it was
+            # (with its GELUs still fused when --fuse-gelu on asked for them).
             warn(f"the fused-attention graph did not build ({exc}); building without attention fusion.")
             fusion.update(route="none", why=f"fused graph failed to build: {str(exc)[:400]}", replaced=[],
                           padding_allowed=True, mask_inputs=[])
+            if gelu_fused is not None:
+                unfused, gelu_record = _fuse_gelu(mod, before_fusion, before_fusion, precision, options, specs, axes,
+                                                  profiles, onnx_path)
             converted = unfused
             if converted is None:
                 shutil.rmtree(staging, ignore_errors=True)

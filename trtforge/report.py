@@ -86,7 +86,10 @@ def target_precision(engine_sidecar: dict[str, Any] | None, onnx_sidecar: dict[s
     """An engine's build precision; for an ONNX target, 'int8' when calibrate wrote it (a Q/DQ model)."""
     if engine_sidecar is not None:
         return engine_sidecar.get("precision")
-    return "int8" if (onnx_sidecar or {}).get("step") == "calibrate" else None
+    side = onnx_sidecar or {}
+    if side.get("step") == "calibrate":
+        return "int8"
+    return side.get("precision") if side.get("precision") in INT8_PRECISIONS else None  # build's NAME.best.onnx
 
 
 def evaluate_gates(report: dict[str, Any], gates: list[Gate]) -> dict[str, Any]:

@@ -190,8 +190,9 @@ class OrtStepper:
     def __init__(self, path: Path, layout: dict[str, Any], providers: list[str] | None = None):
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
+        from trtforge.backends.onnxruntime import session_options
+
+        options = session_options()  # Q/DQ as written (see there)
         options.enable_cpu_mem_arena = False  # memory returns to the OS after a run, so peaks per phase compare
         wanted = [p for p in (providers or ["CPUExecutionProvider"]) if p in ort.get_available_providers()] or ["CPUExecutionProvider"]
         try:

@@ -16,19 +16,26 @@ def available_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
+def session_options(threads: int | None = None):
+    """Quiet sessions that run Q/DQ as written: fake quantization in float, the ONNX semantics TensorRT
+    implements, not ONNX Runtime's fused int8 kernels, whose u8s8 path saturates on x86 CPUs without VNNI
+    (onnxruntime 1.32 on the 2-core dev machine: rel-L2 0.27 on a 2-layer MLP whose Q/DQ graph is 0.012 from fp32)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    return options
+
+
 class OrtRunner:
     def __init__(self, model: str | os.PathLike | bytes, providers: list[str] | None = None, threads: int | None = None):
         import onnxruntime as ort
 
         ort.set_default_logger_severity(3)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if threads:
-            options.intra_op_num_threads = threads
-        # Q/DQ run as written (fake quantization in float: the ONNX semantics TensorRT implements), not fused into
-        # ONNX Runtime's int8 kernels, whose u8s8 path saturates on x86 CPUs without VNNI (onnxruntime 1.32 on the
-        # 2-core dev machine: rel-L2 0.27 on a 2-layer MLP whose Q/DQ graph is 0.012 from fp32).
-        options.add_session_config_entry("session.disable_quant_qdq", "1")
+        options = session_options(threads)
         wanted = providers or ["CPUExecutionProvider"]
         wanted = [p for p in wanted if p in ort.get_available_providers()] or ["CPUExecutionProvider"]
         source = model if isinstance(model, bytes) else str(model)

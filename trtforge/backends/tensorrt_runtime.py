@@ -390,7 +390,9 @@ class TrtRunner:
                 while order and order[0][1].done():
                     yield order.popleft()[1].result()
             while order:
-                yield order.popleft()[1].result()
+                with self.host.stage("wait_slot"):  # the drain: the last batches, collected in order
+                    result = order.popleft()[1].result()
+                yield result
 
     def close(self) -> None:
         cudart = _cudart()

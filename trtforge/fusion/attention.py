@@ -52,6 +52,7 @@ class Candidate:
     heads: int = 0
     head_size: int = 0
     seq: int | None = None  # observed sequence length (at the largest profile sizes when called from build)
+    io_dtype: Any = np.float32  # the context tensor's observed type: what the plugin reads and writes
     reason: str | None = None
 
 
@@ -78,22 +79,12 @@ class _Graph:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
         self.inits = {i.name: i for i in g.initializer}
-        self.consts = {n.output[0]: n for n in g.node if n.op_type == "Constant"}
 
     def const(self, name: str) -> np.ndarray | None:
-        if name in self.inits:
-            return numpy_helper.to_array(self.inits[name])
-        node = self.consts.get(name)
-        if node is not None:
-            for a in node.attribute:
-                if a.name == "value":
-                    return numpy_helper.to_array(a.t)
-        cast = self.producer.get(name)
-        if cast is not None and cast.op_type == "Cast":  # the fp16 conversion's Cast of a Constant node's output
-            value = self.const(cast.input[0])
-            if value is not None:
-                return value.astype(helper.tensor_dtype_to_np_dtype(_attr(cast, "to")))
-        return None
+        """A constant's value, seen through Identity/Cast (the fp16 conversion casts Constant outputs)."""
+        from trtforge.calibrate.placement import constant_value
+
+        return constant_value(name, self.inits, self.producer)
 
     def scalar(self, name: str) -> float | None:
         value = self.const(name)
@@ -164,21 +155,23 @@ def _quantized_weight(g: _Graph, name: str, out_axis: int) -> tuple[np.ndarray, 
     zero point 0, scaled per tensor or along `out_axis` (the output channels): (dequantized weight, the scale per
     output channel). None for anything else (scales along the input channels cannot be packed per column)."""
     dq = g.producer.get(name)
-    if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
-        return None
-    scale = g.const(dq.input[1])
-    zero = g.const(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else np.zeros(1, np.int8)
-    if scale is None or zero is None or np.any(zero != 0):
+    if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 3 or not dq.input[2]:
+        return None  # no zero point means uint8; the packed weight is re-quantized as int8
+    scale, zero = g.const(dq.input[1]), g.const(dq.input[2])
+    if scale is None or zero is None or zero.dtype != np.int8 or np.any(zero != 0):
         return None
     q = g.const(dq.input[0])
     if q is None:
         quant = g.producer.get(dq.input[0])
-        if quant is None or quant.op_type != "QuantizeLinear" or quant.input[1] != dq.input[1]:
+        if (quant is None or quant.op_type != "QuantizeLinear" or list(quant.input[1:3]) != list(dq.input[1:3])
+                or _attr(quant, "axis", 1) != _attr(dq, "axis", 1)):
             return None
         w = g.const(quant.input[0])
         if w is None:
             return None
         q = np.clip(np.rint(w.astype(np.float64) / _broadcast(scale, _attr(dq, "axis", 1), w.ndim)), -128, 127)
+    elif q.dtype != np.int8:
+        return None
     if q.ndim != 2:
         return None
     axis = _attr(dq, "axis", 1) % 2
@@ -277,13 +270,17 @@ def _context(g: _Graph, pv: onnx.NodeProto) -> list[str]:
 
 
 def _is_dequantized_activation(g: _Graph, t: str) -> bool:
-    """Whether t comes out of DequantizeLinear(QuantizeLinear(activation)), seen through layout ops."""
+    """Whether t comes out of DequantizeLinear(QuantizeLinear(activation)), seen through layout ops: neither the
+    DequantizeLinear's input nor its QuantizeLinear's input is a constant."""
     for _ in range(4):
         node = g.producer.get(t)
         if node is None:
             return False
         if node.op_type == "DequantizeLinear":
-            return g.const(node.input[0]) is None and _quantized_weight(g, t, 1) is None and _quantized_weight(g, t, 0) is None
+            if g.const(node.input[0]) is not None:
+                return False
+            quant = g.producer.get(node.input[0])
+            return not (quant is not None and quant.op_type == "QuantizeLinear" and g.const(quant.input[0]) is not None)
         if node.op_type not in PASS_THROUGH:
             return False
         t = node.input[0]
@@ -409,8 +406,9 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
             c.reason = "no [batch, seq, hidden] context tensor below probs @ V"
             continue
         c.ctx = ctx[0]
+        c.io_dtype = values[c.ctx].dtype
         ref = reference_attention(x, c.q, c.k, c.v, c.heads, c.scale)
-        fp16 = any(a is not None and a.dtype == np.float16 for p in (c.q, c.k, c.v) for a in (p.weight, p.bias))
+        fp16 = c.io_dtype == np.float16 or any(a is not None and a.dtype == np.float16 for p in (c.q, c.k, c.v) for a in (p.weight, p.bias))
         tol = 2e-2 if fp16 else 1e-4  # a misread layout is off by O(1)
         err = _rel(values[c.ctx], ref)
         if not err <= tol:
@@ -430,8 +428,7 @@ def pack_qkv(q: Projection, k: Projection, v: Projection, heads: int, q_factor: 
         bs.append((np.zeros(e) if p.bias is None else p.bias.astype(np.float64)) * f)
     w = np.stack(ws, 1).reshape(e_in, 3, heads, h).transpose(0, 2, 1, 3).reshape(e_in, 3 * e)
     b = np.stack(bs, 0).reshape(3, heads, h).transpose(1, 0, 2).reshape(3 * e)
-    bias_dtype = next((p.bias.dtype for p in (q, k, v) if p.bias is not None), dtype)  # INT8 weights: fp32, their bias fp16
-    return w.astype(dtype), b.astype(bias_dtype)
+    return w.astype(dtype), b.astype(dtype)
 
 
 def pack_qkv_scales(q: Projection, k: Projection, v: Projection, heads: int, q_factor: float) -> np.ndarray:
@@ -448,6 +445,7 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str) -> tuple[list[onn
     # The plugin scales by 1/sqrt(padded head); the model's own scale s is restored by folding s·sqrt(padded) into Q.
     q_factor = c.scale * float(np.sqrt(padded_head))
     w, b = pack_qkv(c.q, c.k, c.v, c.heads, q_factor)
+    b = b.astype(c.io_dtype)  # the bias Add and the plugin run in the graph's type there (fp16 after conversion)
     e = c.heads * c.head_size
     n = lambda s: f"{prefix}/{s}"  # noqa: E731
     inits = [numpy_helper.from_array(w, n("qkv_weight")), numpy_helper.from_array(b, n("qkv_bias")),
@@ -469,7 +467,8 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str) -> tuple[list[onn
                                    name=n("qkv_wDequantizeLinear"), axis=1)]
     mm = n("qkv_mm")
     nodes.append(helper.make_node("MatMul", [x, weight], [mm], name=n("qkv_matmul")))
-    if c.q.wscale is not None and b.dtype != scales.dtype:  # the GEMM writes the scales' type; the bias Add wants its own
+    gemm_dtype = scales.dtype if c.q.wscale is not None else w.dtype  # DequantizeLinear writes its scales' type
+    if gemm_dtype != b.dtype:  # e.g. an fp32 (INT8 or kept) GEMM in an fp16 graph
         nodes.append(helper.make_node("Cast", [mm], [n("qkv_mm_cast")], name=n("qkv_mm_cast"),
                                       to=helper.np_dtype_to_tensor_dtype(b.dtype)))
         mm = n("qkv_mm_cast")

@@ -92,7 +92,7 @@ def gelu_fusion(model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: st
     if base.kind != "plugin":
         why_not = f"{GELU_PLUGIN} is TensorRT 8.x's plugin; {flavour} {version} fuses GELU itself"
     elif precision not in ("fp16", "best", "fp32"):
-        why_not = f"precision {precision}: build with fp16 or best"
+        why_not = f"precision {precision} has no GELU plugin route; build with fp32, fp16 or best"
     elif not plugin_registered:
         why_not = f"{GELU_PLUGIN} v{GELU_VERSION} is not in this TensorRT's plugin registry"
     if why_not:
