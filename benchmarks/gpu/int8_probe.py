@@ -12,7 +12,8 @@ duration, which says whether the GEMMs ran int8 (i8/imma kernels) and what the Q
 
 Variants: fp16 (trtforge's fp16 conversion of the clean ONNX), best (trtforge build --precision best: Q/DQ
 and their GEMMs fp32 islands in an fp16 graph), best_cast (the GEMMs fp16 too, behind a Cast after each
-DequantizeLinear), int8flags (the Q/DQ ONNX as it is, built with INT8 + FP16 flags).
+DequantizeLinear), best_mm_epilogue (best, with each INT8 MatMul's epilogue kept fp32 up to the next
+QuantizeLinear, as `best` does for convolutions), int8flags (the Q/DQ ONNX as it is, INT8 + FP16 flags).
 """
 
 from __future__ import annotations
@@ -61,8 +62,19 @@ def variants(clean: str, int8: str, out: str) -> None:
     finally:
         precision.nodes_to_keep_fp32 = original
     save_onnx(cast, outdir / "best_cast.onnx")
+    # best_mm_epilogue: the convolution-epilogue rule applied to INT8 MatMuls too (bias Add, GELU, residual Add
+    # stay fp32 up to the next QuantizeLinear): whether Myelin then fuses the requantization into the GEMM.
+    saved = precision.CONV_OPS, precision.CONV_EPILOGUE_OPS
+    precision.CONV_OPS = saved[0] + ("MatMul", "Gemm")
+    precision.CONV_EPILOGUE_OPS = saved[1] + ("Div", "Erf", "Tanh", "Pow")
+    try:
+        mm_epilogue, rep_mm = precision.convert_fp16(qdq, feeds)
+    finally:
+        precision.CONV_OPS, precision.CONV_EPILOGUE_OPS = saved
+    save_onnx(mm_epilogue, outdir / "best_mm_epilogue.onnx")
     onnx.save(qdq, str(outdir / "int8flags.onnx"), save_as_external_data=True, location="int8flags.onnx.data")
-    print(json.dumps({"fp16_kept": len(rep.kept_fp32), "best_kept": len(rep_best.kept_fp32), "best_cast_kept": len(rep_cast.kept_fp32)}))
+    print(json.dumps({"fp16_kept": len(rep.kept_fp32), "best_kept": len(rep_best.kept_fp32), "best_cast_kept": len(rep_cast.kept_fp32),
+                      "best_mm_epilogue_kept": len(rep_mm.kept_fp32)}))
 
 
 def build(onnx_path: str, engine: str, int8: bool, fp16: bool) -> None:

@@ -26,7 +26,12 @@ wait
 
 ( step calibrate-bert-base 600 "$T -m trtforge calibrate $B.clean.onnx --data calib_data/minilm --eval-data calib_data/minilm_eval $CAL"
   step build-best-gelu-bert-base 900 "$T -m trtforge build $B.int8.onnx --config $CFG/bert-base.yaml --precision best --fuse-gelu on $TAC -o $B.best_gelu.engine"
-  step build-best-bert-base 900 "$T -m trtforge build $B.int8.onnx --config $CFG/bert-base.yaml --precision best $TAC -o $B.best.engine" ) &
+  step build-best-bert-base 900 "$T -m trtforge build $B.int8.onnx --config $CFG/bert-base.yaml --precision best $TAC -o $B.best.engine"
+  # the MatMul-epilogue experiment (int8_probe.py: one profile, attention not fused, same for both variants)
+  step variants 300 "$P312 benchmarks/gpu/int8_probe.py variants $B.clean.onnx $B.int8.onnx $W/bert-base/v" &&
+  for v in best best_mm_epilogue; do
+    step "probe-build-$v" 600 "$T benchmarks/gpu/int8_probe.py build $W/bert-base/v/$v.onnx $W/bert-base/probe_$v.engine --int8 --fp16"
+  done ) &
 ( step build-fp16-bert-base 900 "$T -m trtforge build $B.clean.onnx --config $CFG/bert-base.yaml --precision fp16 $TAC -o $B.fp16.engine"
   step build-fp16-gelu-bert-base 900 "$T -m trtforge build $B.clean.onnx --config $CFG/bert-base.yaml --precision fp16 --fuse-gelu on $TAC -o $B.fp16_gelu.engine" ) &
 ( step calibrate-resnet50 900 "$T -m trtforge calibrate $R.clean.onnx --data calib_data/images --eval-data calib_data/images_eval --max-samples 64 --max-eval-samples 64 --min-top1-agreement 0.99"
@@ -41,6 +46,9 @@ eng() { for l in "$@"; do f=${l#*=}; [ -f "$f" ] && printf ' --engine %s' "$l"; 
 step compare-bert-base 420 "$T benchmarks/gpu/implicit_int8.py compare $B.clean.onnx --eval-data calib_data/minilm_eval --max-samples 64 $(eng fp16=$B.fp16.engine fp16_gelu=$B.fp16_gelu.engine int8_best=$B.best.engine int8_best_gelu=$B.best_gelu.engine) --json $W/bert-base/compare.json"
 step compare-resnet50 300 "$T benchmarks/gpu/implicit_int8.py compare $R.clean.onnx --eval-data calib_data/images_eval $(eng trtforge_int8_best=$R.int8.best.engine fp16=$R.fp16.engine trt_implicit_int8=$W/resnet50/implicit.engine) --json $W/resnet50/compare.json"
 step compare-minilm 300 "$T benchmarks/gpu/implicit_int8.py compare $N.clean.onnx --eval-data calib_data/minilm_eval --max-samples 64 $(eng int8_best=$N.best.engine fp16=$N.fp16.engine) --json $W/minilm/compare.json"
+for v in best best_mm_epilogue; do
+  [ -f "$W/bert-base/probe_$v.engine" ] && step "probe-time-$v" 180 "$T benchmarks/gpu/int8_probe.py time $W/bert-base/probe_$v.engine $B.clean.onnx --json $W/bert-base/probe_time_$v.json"
+done
 for e in fp16_gelu best_gelu; do
   [ -f "$B.$e.engine" ] && step "run-ref-$e" 420 "$T -m trtforge run $B.$e.engine --config $CFG/bert-base.yaml --reference $B.clean.onnx --report $W/bert-base/run_ref_$e.json"
 done
