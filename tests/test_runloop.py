@@ -397,3 +397,26 @@ def test_trt_runner_reports_where_the_host_time_went(monkeypatch, tmp_path):
     assert stages["wait_gpu"]["count"] == stages["copy_out"]["count"] == n
     assert stages.get("wait_slot", {"count": 0})["count"] <= n - len(runner.slots)  # only when a slot was still busy
     assert all(v["seconds"] >= 0 for v in stages.values())
+
+
+def test_runtime_logger_holds_errors_during_a_capture_attempt_and_prints_them_otherwise(capsys):
+    """An engine that refuses CUDA-graph capture (RoBERTa on 8.6) says so in a TensorRT error: during the
+    attempt it becomes the fallback's reason instead of a stray error line."""
+    from trtforge.backends.tensorrt_runtime import RuntimeLogger
+
+    severity = SimpleNamespace(INTERNAL_ERROR=0, ERROR=1, WARNING=2, INFO=3, VERBOSE=4)
+
+    class ILogger:
+        Severity = severity
+
+        def __init__(self):
+            pass
+
+    logger = RuntimeLogger(SimpleNamespace(ILogger=ILogger))
+    with logger.holding() as held:
+        logger.impl.log(severity.ERROR, "Error Code 3: the CUDA stream is in capturing mode, but this TRT engine is not stream capturable!")
+        logger.impl.log(severity.INFO, "ignored")
+    assert held == ["Error Code 3: the CUDA stream is in capturing mode, but this TRT engine is not stream capturable!"]
+    assert capsys.readouterr().err == ""
+    logger.impl.log(severity.ERROR, "a real failure")
+    assert "TensorRT: a real failure" in capsys.readouterr().err

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +100,42 @@ class DeviceBuffer:
             self.ptr = 0
 
 
+class RuntimeLogger:
+    """TensorRT's runtime messages: errors and warnings to stderr, except while `holding()`, when they are
+    kept for the caller (a CUDA-graph capture attempt that an engine refuses, e.g. RoBERTa's Myelin graph on
+    8.6: "this TRT engine is not stream capturable", becomes the fallback's recorded reason, not noise)."""
+
+    def __init__(self, trt: Any):
+        self.held: list[str] | None = None
+        outer = self
+        if not hasattr(trt, "ILogger"):  # a runtime without the logger interface: its default logger
+            self.impl = trt.Logger(trt.Logger.ERROR)
+            return
+        shown = (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR)
+
+        class Impl(trt.ILogger):
+            def __init__(inner):
+                trt.ILogger.__init__(inner)
+
+            def log(inner, severity, msg):
+                if severity not in shown:
+                    return
+                if outer.held is not None:
+                    outer.held.append(" ".join(str(msg).split())[:300])
+                else:
+                    print(f"TensorRT: {msg}", file=sys.stderr, flush=True)
+
+        self.impl = Impl()
+
+    @contextmanager
+    def holding(self) -> Iterator[list[str]]:
+        self.held = []
+        try:
+            yield self.held
+        finally:
+            self.held = None
+
+
 @dataclass
 class _Slot:
     device: dict[str, DeviceBuffer] = field(default_factory=dict)
@@ -128,7 +166,8 @@ class TrtRunner:
         _check_gpu_supported(mod.flavour, engine_path)
         cudart = _cudart()
         self.free_before = _ok(cudart.cudaMemGetInfo())[0]
-        logger = self.trt.Logger(self.trt.Logger.ERROR)
+        self.logger = RuntimeLogger(self.trt)
+        logger = self.logger.impl
         if mod.flavour == "tensorrt" and hasattr(self.trt, "init_libnvinfer_plugins"):
             self.trt.init_libnvinfer_plugins(logger, "")  # engines with fused-attention plugin layers need the registry
         self.runtime = self.trt.Runtime(logger)
@@ -299,11 +338,12 @@ class TrtRunner:
         except RuntimeError as exc:
             return None, f"cudaStreamBeginCapture: {exc}"
         why = None
-        try:
-            if not ctx.execute_async_v3(_handle(stream)):
-                why = "execute_async_v3 failed under capture"
-        except Exception as exc:  # the capture is ended below either way; the batch then runs plainly
-            why = f"execute_async_v3 under capture: {type(exc).__name__}: {exc}"[:300]
+        with self.logger.holding() as held:  # an engine that refuses capture says so in an error: recorded, not printed
+            try:
+                if not ctx.execute_async_v3(_handle(stream)):
+                    why = "execute_async_v3 failed under capture" + (f" ({held[-1]})" if held else "")
+            except Exception as exc:  # the capture is ended below either way; the batch then runs plainly
+                why = f"execute_async_v3 under capture: {type(exc).__name__}: {exc}"[:300]
         err, graph = cudart.cudaStreamEndCapture(stream)
         if why is not None or int(err) != 0:
             if int(err) == 0 and graph is not None:
