@@ -59,6 +59,12 @@ def test_int8_onnx_is_gated_by_cosine_by_default(minilm_int8, minilm_clean, tmp_
     assert gates["checked"][0]["value"] >= 0.99 and "max_rel_l2 has no default for an INT8 target" in proc.stdout
     strict = run_cli(*args, "--max-rel-l2", "1e-4")
     assert strict.returncode == 1, strict.stdout[-2000:]
+    # a speed run: no ONNX Runtime pass after the loop; a gate that needs it fails saying so
+    fast = run_cli(*args, "--no-precision-check", "--json")
+    assert fast.returncode == 0, fast.stderr
+    assert json.loads(fast.stdout)["precision_error"] == {"measured": False, "reason": "--no-precision-check"}
+    gated = run_cli(*args, "--no-precision-check", "--min-cosine", "0.99")
+    assert_user_error(gated, "min_cosine 0.99 could not be evaluated: precision error not measured: --no-precision-check", code=1)
 
 
 def test_chunk_equal_to_model_max_cannot_measure_chunking(minilm_clean, tmp_path):

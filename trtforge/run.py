@@ -97,6 +97,9 @@ class RunOptions:
     shared_device_memory: bool = True
     slots: int = 3  # staging slots: batches in flight
     plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
+    # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
+    # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
+    precision_check: bool = True
 
     def gate_values(self) -> dict[str, float | None]:
         return {"max_rel_l2": self.max_rel_l2, "min_cosine": self.min_cosine, "min_chunk_cosine": self.min_chunk_cosine,
@@ -613,7 +616,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         with ThreadPoolExecutor(max_workers=1) as pool:
             pending = []
             for tag, out in target.run_many(feeds()):
-                results[tag] = out
+                if options.precision_check:
+                    results[tag] = out  # kept for the ONNX Runtime comparison after the loop
                 pending.append(pool.submit(merge, batches[tag], out))
             for future in pending:
                 future.result()
@@ -640,7 +644,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "inputs": [{"name": d.name, "kind": d.kind, "length": d.length,
                     "chunks": sum(1 for c in p.chunks if c.doc == i)} for i, d in enumerate(p.docs)],
         "batches": len(batches),
-        "precision_error": _precision_error(p, batches, results),
+        "precision_error": _precision_error(p, batches, results) if options.precision_check else
+        {"measured": False, "reason": "--no-precision-check"},
         "chunking_error": _chunking_error(p, options),
         "latency": _latency(target.timings),
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,

@@ -100,20 +100,21 @@ class RunWorker:
         mark = len(self.target.timings)
         batches, outs, busy = self._infer(chunks, merger)
         merged = merger.results()
-        if not self.options_self_referenced:
+        if not self.skips_precision:
             self.kept[unit] = (batches, outs)
         return {"docs": [d for d, _ in docs], "merged": merged if self.options.save_outputs else None, "busy_s": busy,
                 "timings": self.target.timings[mark:], "batches": len(batches)}
 
     @property
-    def options_self_referenced(self) -> bool:
-        return self_referenced(self.p)
+    def skips_precision(self) -> bool:
+        """No ONNX Runtime comparison: the target is its own reference, or --no-precision-check."""
+        return self_referenced(self.p) or not self.options.precision_check
 
     def judge(self, unit: int, chunks: list[Chunk], docs: list[tuple[Document, int]]) -> dict[str, Any]:
         """Phase 2: precision on the batches this actor inferred (re-inferred if they were lost), chunking
         error of the unit's documents (one comparator per document, merged in document order by the driver)."""
         precision = None
-        if not self.options_self_referenced:
+        if not self.skips_precision:
             if unit in self.kept:
                 batches, outs = self.kept.pop(unit)
             else:
@@ -238,6 +239,8 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
              commit_judge, ray_options.depth)
 
     def precision_of(chosen: list[int]) -> dict[str, Any]:
+        if not options.precision_check:
+            return {"measured": False, "reason": "--no-precision-check"}
         if self_referenced(p):
             return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
         if not chosen:
