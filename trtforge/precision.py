@@ -131,8 +131,7 @@ def nodes_to_keep_fp32(model: onnx.ModelProto, peaks: dict[str, float], data_max
             continue
         sources = [producer.get(i) for i in node.input if i and i not in constants]
         from_conv = [n for n in sources if n is not None and (n.name in kept_conv or n.name in epilogue)]
-        others_fp32 = all(n is not None and (n.name in kept_conv or n.name in epilogue or n.output[0] in kept_dq
-                                             or n.name in keep) for n in sources)
+        others_fp32 = all(n is not None and n.name in keep for n in sources)  # kept DQs, convs, epilogues included
         if from_conv and others_fp32:
             epilogue.add(node.name)  # a node kept fp32 for another reason keeps that reason and the chain goes on
             keep.setdefault(node.name, "epilogue of an fp32 INT8 convolution (a Cast there blocks TensorRT's conv fusion)")

@@ -101,9 +101,9 @@ class DeviceBuffer:
 
 
 class RuntimeLogger:
-    """TensorRT's runtime messages: errors and warnings to stderr, except while `holding()`, when they are
-    kept for the caller (a CUDA-graph capture attempt that an engine refuses, e.g. RoBERTa's Myelin graph on
-    8.6: "this TRT engine is not stream capturable", becomes the fallback's recorded reason, not noise)."""
+    """TensorRT's runtime errors: to stderr, except while `holding()`, when they are kept for the caller (a
+    CUDA-graph capture attempt that an engine refuses, e.g. RoBERTa's Myelin graph on 8.6: "this TRT engine is
+    not stream capturable", becomes the fallback's recorded reason, not noise)."""
 
     def __init__(self, trt: Any):
         self.held: list[str] | None = None
