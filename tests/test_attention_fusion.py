@@ -40,17 +40,25 @@ def _load(zoo, key, seq=16):
     return model, specs, axes, sizes
 
 
-def _fuse(model, sizes, specs, sm):
+def _fuse(model, sizes, specs, sm, qkv_projection="matmul"):
     feeds = random_feeds(specs, sizes)
-    return fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", sm, c.head_size, c.seq, False), "8.6 plugin")
+    return fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", sm, c.head_size, c.seq, False), "8.6 plugin",
+                          qkv_projection=qkv_projection)
 
 
-@pytest.mark.parametrize("key", [k for k in EXPORTS if k[0] != "gpt2"], ids=lambda k: ".".join(k))
-def test_encoder_attention_is_fused_and_equals_the_original(zoo, key):
+# "conv": the packed QKV projection as a 1x1 Conv on [tokens, E, 1, 1] (build --qkv-projection conv).
+PROJECTIONS = ["matmul", "conv"]
+
+
+@pytest.mark.parametrize("key,qkv_projection", [(k, "matmul") for k in EXPORTS if k[0] != "gpt2"]
+                         + [(("bert", "legacy"), "conv"), (("vit", "dynamo"), "conv")], ids=lambda k: ".".join(k) if isinstance(k, tuple) else k)
+def test_encoder_attention_is_fused_and_equals_the_original(zoo, key, qkv_projection):
     """BERT, RoBERTa, ViT (SDPA from both exporters): every attention replaced by one plugin node; the plugin's
     computation on the packed weights equals the original graph at an unseen sequence length."""
     model, specs, axes, sizes = _load(zoo, key)
-    fused, report = _fuse(model, sizes, specs, sm=80)  # sm_80 has head-32 kernels (the small zoo's head is 16)
+    fused, report = _fuse(model, sizes, specs, sm=80, qkv_projection=qkv_projection)  # sm_80: head-32 kernels (the zoo's head is 16)
+    assert sum(n.op_type == "Conv" and n.name.startswith("fused_attention") for n in fused.graph.node) == (
+        2 * (qkv_projection == "conv"))
     softmaxes = sum(n.op_type == "Softmax" for n in model.graph.node)
     assert len(report.replaced) == softmaxes == 2 and not report.refused, report.to_json()
     assert not any(n.op_type == "Softmax" for n in fused.graph.node)
@@ -70,15 +78,16 @@ def test_encoder_attention_is_fused_and_equals_the_original(zoo, key):
         assert rel < 1e-5, (name, rel)
 
 
+@pytest.mark.parametrize("qkv_projection", PROJECTIONS)
 @pytest.mark.parametrize("key", [("bert", "dynamo"), ("vit", "legacy")], ids=lambda k: ".".join(k))
-def test_fp16_converted_graph_is_fused(zoo, key):
+def test_fp16_converted_graph_is_fused(zoo, key, qkv_projection):
     """What build actually hands the pass on 8.6: trtforge's fp16 conversion (fp16 weights, Casts around the
     ops kept fp32, the mask Add fed through a Cast). The fused graph stays within the fp16 gate of the fp32 original."""
     from trtforge.precision import prepare_for_build
 
     model, specs, axes, sizes = _load(zoo, key)
     converted, _ = prepare_for_build(model, zoo[key], specs, axes)
-    fused, report = _fuse(converted, sizes, specs, sm=80)
+    fused, report = _fuse(converted, sizes, specs, sm=80, qkv_projection=qkv_projection)
     assert len(report.replaced) == 2 and not report.refused, report.to_json()
     emulated = emulate_plugins(fused, padded_head=32, dtype=onnx.TensorProto.FLOAT16)
     feeds = random_feeds(specs, dict(sizes, batch=3), seed=5)
@@ -102,8 +111,9 @@ def _quantized(model, specs, sizes, quantize_attention=False):
     return insert_qdq(model, plan, {k: float(np.abs(v).max()) for k, v in seen.items()})
 
 
+@pytest.mark.parametrize("qkv_projection", PROJECTIONS)
 @pytest.mark.parametrize("key", [("bert", "legacy"), ("bert", "dynamo")], ids=lambda k: ".".join(k))
-def test_int8_projections_become_one_int8_qkv_gemm(zoo, key):
+def test_int8_projections_become_one_int8_qkv_gemm(zoo, key, qkv_projection):
     """calibrate's Q/DQ graph: each attention's Q, K, V INT8 projections become one INT8 GEMM (the packed weight
     behind its own Q/DQ, the per-channel scales re-packed with the scale folded into Q's). In fp32 the fused graph
     computes exactly what the Q/DQ graph does: the same int8 values, only their scales moved."""
@@ -111,10 +121,10 @@ def test_int8_projections_become_one_int8_qkv_gemm(zoo, key):
 
     model, specs, axes, sizes = _load(zoo, key)
     qdq = _quantized(model, specs, sizes)
-    fused, report = _fuse(qdq, sizes, specs, sm=80)
+    fused, report = _fuse(qdq, sizes, specs, sm=80, qkv_projection=qkv_projection)
     assert len(report.replaced) == 2 and not report.refused, report.to_json()
     int8 = int8_gemm_nodes(fused)
-    assert {f"fused_attention_{i}/qkv_matmul" for i in range(2)} <= int8
+    assert {f"fused_attention_{i}/qkv_{qkv_projection}" for i in range(2)} <= int8
     assert len(int8) == len(int8_gemm_nodes(qdq)) - 4  # three projections became one, twice
     feeds = random_feeds(specs, dict(sizes, batch=3, seq=min(23, axes["seq"].max)), seed=5)
     want = OrtRunner(qdq.SerializeToString()).run(feeds)
@@ -123,7 +133,8 @@ def test_int8_projections_become_one_int8_qkv_gemm(zoo, key):
         assert float(np.linalg.norm(got[name] - value) / np.linalg.norm(value)) < 1e-5, name
 
 
-def test_int8_best_graph_is_fused(zoo):
+@pytest.mark.parametrize("qkv_projection", PROJECTIONS)
+def test_int8_best_graph_is_fused(zoo, qkv_projection):
     """What `build --precision best` hands the pass on 8.6: fp16 outside the INT8 GEMMs, whose Q/DQ stay fp32.
     Against the fp32 original the fused graph is about as close as the unfused one (fp16 rounding moves a few
     int8 values either way: the small zoo's activations quantize coarsely, 0.06-0.12 rel-L2 for both)."""
@@ -132,7 +143,7 @@ def test_int8_best_graph_is_fused(zoo):
     key = ("bert", "dynamo")
     model, specs, axes, sizes = _load(zoo, key)
     best, _ = prepare_for_build(_quantized(model, specs, sizes), zoo[key], specs, axes)
-    fused, report = _fuse(best, sizes, specs, sm=80)
+    fused, report = _fuse(best, sizes, specs, sm=80, qkv_projection=qkv_projection)
     assert len(report.replaced) == 2 and not report.refused, report.to_json()
     emulated = emulate_plugins(fused, padded_head=32, dtype=onnx.TensorProto.FLOAT16)
     feeds = random_feeds(specs, dict(sizes, batch=3, seq=min(23, axes["seq"].max)), seed=5)
@@ -285,6 +296,10 @@ def test_build_step_modes():
         attention_fusion(model, "on", "fp16", "tensorrt", "8.6.1", "8.0", False, feeds, "m.onnx")
     with pytest.raises(UserError, match="build.fuse_attention"):
         attention_fusion(model, "yes", "fp16", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx")
+    with pytest.raises(UserError, match="build.qkv_projection"):
+        attention_fusion(model, "auto", "fp16", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx", "gemm")
+    fused, rec = attention_fusion(model, "auto", "fp16", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx", "conv")
+    assert rec["qkv_projection"] == "conv" and any(n.op_type == "Conv" for n in fused.graph.node)
 
 
 def test_run_refuses_padding_for_an_unmasked_engine():
@@ -357,12 +372,13 @@ def _dequantized_projections(model, dtype):
     return model
 
 
+@pytest.mark.parametrize("qkv_projection", PROJECTIONS)
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8], ids=["int8", "uint8"])
-def test_integer_weight_constants_are_packed_only_when_int8(dtype):
+def test_integer_weight_constants_are_packed_only_when_int8(dtype, qkv_projection):
     """The packed weight is re-quantized as int8: uint8 weights (128..255 would saturate) are refused."""
     model = _dequantized_projections(_attention_model(), dtype)
     x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
-    fused, report = fuse_attention(model, {"x": x}, _route_any, "x")
+    fused, report = fuse_attention(model, {"x": x}, _route_any, "x", qkv_projection=qkv_projection)
     if dtype == np.uint8:
         assert not report.replaced and "not a projection" in report.refused[0]["reason"]
         return
@@ -373,7 +389,8 @@ def test_integer_weight_constants_are_packed_only_when_int8(dtype):
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
 
 
-def test_fp32_projections_with_an_fp16_bias_give_a_valid_graph():
+@pytest.mark.parametrize("qkv_projection", PROJECTIONS)
+def test_fp32_projections_with_an_fp16_bias_give_a_valid_graph(qkv_projection):
     """A projection GEMM kept fp32 in an fp16 graph (Cast after it, fp16 bias): the packed GEMM is cast to the
     bias's type before the Add, so the fused graph is valid ONNX and computes the same attention."""
     model = _attention_model(heads=2, head=32)
@@ -394,7 +411,7 @@ def test_fp32_projections_with_an_fp16_bias_give_a_valid_graph():
     del g.node[:]
     g.node.extend(nodes)
     x = np.random.default_rng(1).standard_normal((2, 5, 64)).astype(np.float32)
-    fused, report = fuse_attention(model, {"x": x}, _route_any, "x")
+    fused, report = fuse_attention(model, {"x": x}, _route_any, "x", qkv_projection=qkv_projection)
     assert len(report.replaced) == 1, report.to_json()
     want = OrtRunner(model.SerializeToString()).run({"x": x})["y"]
     got = OrtRunner(emulate_plugins(fused, 32, onnx.TensorProto.FLOAT16).SerializeToString()).run({"x": x})["y"]

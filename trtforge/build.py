@@ -280,7 +280,7 @@ def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelP
     registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
     feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and registered else None
     return attention_fusion(model, options.fuse_attention, precision, mod.flavour, mod.version,
-                            identity.get("compute_capability"), registered, feeds, onnx_path.name)
+                            identity.get("compute_capability"), registered, feeds, onnx_path.name, options.qkv_projection)
 
 
 def _fuse_gelu(mod: TrtModule, model: onnx.ModelProto, observe_model: onnx.ModelProto, precision: str, options: BuildOptions,

@@ -226,6 +226,7 @@ def build(
     tf32: bool = typer.Option(False, "--tf32", help="Allow TF32 for fp32 math (faster, ~1e-3 rel-L2); off means IEEE fp32."),
     fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
     fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; off by default)."),
+    qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="matmul|conv: how the attention pass writes the packed QKV projection (conv: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
@@ -248,6 +249,7 @@ def build(
         tf32=tf32,
         fuse_attention=fuse_attention or section.fuse_attention,
         fuse_gelu=fuse_gelu or section.fuse_gelu,
+        qkv_projection=qkv_projection or section.qkv_projection,
     )
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
         raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")

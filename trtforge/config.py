@@ -124,6 +124,8 @@ class BuildSection(Strict):
     # Attention fusion (trtforge.fusion): auto = where the installed TensorRT runs a fused kernel it would not pick.
     fuse_attention: Literal["auto", "on", "off"] = "auto"
     fuse_gelu: Literal["on", "off"] = "off"
+    # How the attention pass writes each packed QKV projection: MatMul + Reshape, or a 1x1 Conv on [tokens, E, 1, 1].
+    qkv_projection: Literal["matmul", "conv"] = "matmul"
 
 
 class RunSection(Strict):

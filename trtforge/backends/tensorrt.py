@@ -110,6 +110,7 @@ class BuildOptions:
     tf32: bool = False  # off: 'fp32' means IEEE fp32 (TensorRT turns TF32 on by default)
     fuse_attention: str = "auto"  # auto|on|off: trtforge.fusion's attention pass (auto: where this TensorRT runs it)
     fuse_gelu: str = "off"  # on|off: trtforge.fusion's bias+GELU pass (TensorRT 8.x plugin; off until measured faster)
+    qkv_projection: str = "matmul"  # matmul|conv: how the attention pass writes the packed QKV projection
 
 
 @dataclass

@@ -440,15 +440,41 @@ def pack_qkv_scales(q: Projection, k: Projection, v: Projection, heads: int, q_f
     return s.reshape(3, heads, h).transpose(1, 0, 2).reshape(3 * e).astype(q.wscale.dtype)
 
 
-def _plugin_nodes(c: Candidate, padded_head: int, prefix: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """X -> packed QKV MatMul -> plugin (var_seqlen: cu_seqlens = S·[0..B], every row full) -> [B, S, E] named c.ctx."""
+QKV_PROJECTIONS = ("matmul", "conv")
+
+
+def activation_qdq(model: onnx.ModelProto, x: str) -> tuple[str, str, str] | None:
+    """(float input, scale, zero point) when x = DequantizeLinear(QuantizeLinear(float input)) with one scale for the
+    whole tensor (so a reshape commutes with it); None otherwise."""
+    g = _Graph(model)
+    dq = g.producer.get(x)
+    if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 3:
+        return None
+    q = g.producer.get(dq.input[0])
+    scale = g.const(dq.input[1])
+    if q is None or q.op_type != "QuantizeLinear" or list(q.input[1:3]) != list(dq.input[1:3]) or scale is None or scale.size != 1:
+        return None
+    return q.input[0], dq.input[1], dq.input[2]
+
+
+def _plugin_nodes(c: Candidate, padded_head: int, prefix: str, qkv_projection: str = "matmul",
+                  x_qdq: tuple[str, str, str] | None = None) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """X -> packed QKV projection -> plugin (var_seqlen: cu_seqlens = S·[0..B], every row full) -> [B, S, E] named c.ctx.
+
+    qkv_projection "matmul": MatMul [B, S, E_in] x [E_in, 3E], bias Add, Reshape to the plugin's [tokens, 3E, 1, 1].
+    "conv": X reshaped to [tokens, E_in, 1, 1] first, then a 1x1 Conv (bias inside) writes [tokens, 3E, 1, 1] itself,
+    as TensorRT's BERT demo feeds the plugin: on 8.6 a Reshape at the end of a Myelin region costs a copy kernel
+    (52 us per layer on BERT-base at 16x512, H200), a reshape before a convolution costs nothing. With INT8
+    projections, x_qdq (activation_qdq of X) lets the reshape go before X's own Q/DQ, so that DequantizeLinear
+    feeds the Conv directly, the pattern TensorRT fuses into an int8 convolution."""
     # The plugin scales by 1/sqrt(padded head); the model's own scale s is restored by folding s·sqrt(padded) into Q.
     q_factor = c.scale * float(np.sqrt(padded_head))
     w, b = pack_qkv(c.q, c.k, c.v, c.heads, q_factor)
     b = b.astype(c.io_dtype)  # the bias Add and the plugin run in the graph's type there (fp16 after conversion)
-    e = c.heads * c.head_size
+    e_in, e = w.shape[0], c.heads * c.head_size
+    conv = qkv_projection == "conv"
     n = lambda s: f"{prefix}/{s}"  # noqa: E731
-    inits = [numpy_helper.from_array(w, n("qkv_weight")), numpy_helper.from_array(b, n("qkv_bias")),
+    inits = [numpy_helper.from_array(w.T.reshape(3 * e, e_in, 1, 1).copy() if conv else w, n("qkv_weight")),
              numpy_helper.from_array(np.array([-1, 3 * e, 1, 1], np.int64), n("qkv_shape")),
              numpy_helper.from_array(np.array([e], np.int64), n("hidden")),
              numpy_helper.from_array(np.array([0, 1], np.int64), n("bs_index")),
@@ -456,25 +482,50 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str) -> tuple[list[onn
              numpy_helper.from_array(np.array(1, np.int64), n("one"))]
     x = c.q.x
     weight, nodes = n("qkv_weight"), []
+    gemm_dtype = w.dtype
     if c.q.wscale is not None:  # INT8 projections: one INT8 GEMM, the packed weight behind its own Q/DQ
         scales = pack_qkv_scales(c.q, c.k, c.v, c.heads, q_factor)
+        gemm_dtype = scales.dtype  # DequantizeLinear writes its scales' type
         inits += [numpy_helper.from_array(scales, n("qkv_wscale")),
                   numpy_helper.from_array(np.zeros(scales.shape, np.int8), n("qkv_wzero_point"))]
         weight = n("qkv_wdq")
+        axis = 0 if conv else 1  # the output channels: Conv weight [3E, E_in, 1, 1], MatMul weight [E_in, 3E]
         nodes += [helper.make_node("QuantizeLinear", [n("qkv_weight"), n("qkv_wscale"), n("qkv_wzero_point")], [n("qkv_wq")],
-                                   name=n("qkv_wQuantizeLinear"), axis=1),
+                                   name=n("qkv_wQuantizeLinear"), axis=axis),
                   helper.make_node("DequantizeLinear", [n("qkv_wq"), n("qkv_wscale"), n("qkv_wzero_point")], [weight],
-                                   name=n("qkv_wDequantizeLinear"), axis=1)]
-    mm = n("qkv_mm")
-    nodes.append(helper.make_node("MatMul", [x, weight], [mm], name=n("qkv_matmul")))
-    gemm_dtype = scales.dtype if c.q.wscale is not None else w.dtype  # DequantizeLinear writes its scales' type
-    if gemm_dtype != b.dtype:  # e.g. an fp32 (INT8 or kept) GEMM in an fp16 graph
-        nodes.append(helper.make_node("Cast", [mm], [n("qkv_mm_cast")], name=n("qkv_mm_cast"),
-                                      to=helper.np_dtype_to_tensor_dtype(b.dtype)))
-        mm = n("qkv_mm_cast")
+                                   name=n("qkv_wDequantizeLinear"), axis=axis)]
+    if conv:
+        # Conv's bias has the GEMM's type; a Cast after it (an fp32 INT8 or kept GEMM in an fp16 graph) gives the plugin's.
+        inits += [numpy_helper.from_array(b.astype(gemm_dtype), n("qkv_bias")),
+                  numpy_helper.from_array(np.array([-1, e_in, 1, 1], np.int64), n("x_tokens_shape"))]
+        if c.q.wscale is not None and x_qdq is not None:
+            source, x_scale, x_zero = x_qdq
+            nodes += [helper.make_node("Reshape", [source, n("x_tokens_shape")], [n("x_tokens_float")], name=n("x_to_tokens")),
+                      helper.make_node("QuantizeLinear", [n("x_tokens_float"), x_scale, x_zero], [n("x_tokens_q")],
+                                       name=n("x_tokens_QuantizeLinear")),
+                      helper.make_node("DequantizeLinear", [n("x_tokens_q"), x_scale, x_zero], [n("x_tokens")],
+                                       name=n("x_tokens_DequantizeLinear"))]
+        else:
+            nodes.append(helper.make_node("Reshape", [x, n("x_tokens_shape")], [n("x_tokens")], name=n("x_to_tokens")))
+        nodes += [helper.make_node("Conv", [n("x_tokens"), weight, n("qkv_bias")], [n("qkv_conv")], name=n("qkv_conv"),
+                                   kernel_shape=[1, 1])]
+        qkv_tokens = n("qkv_conv")
+        if gemm_dtype != b.dtype:
+            nodes.append(helper.make_node("Cast", [qkv_tokens], [n("qkv_tokens")], name=n("qkv_conv_cast"),
+                                          to=helper.np_dtype_to_tensor_dtype(b.dtype)))
+            qkv_tokens = n("qkv_tokens")
+    else:
+        inits.append(numpy_helper.from_array(b, n("qkv_bias")))
+        mm = n("qkv_mm")
+        nodes.append(helper.make_node("MatMul", [x, weight], [mm], name=n("qkv_matmul")))
+        if gemm_dtype != b.dtype:  # e.g. an fp32 (INT8 or kept) GEMM in an fp16 graph
+            nodes.append(helper.make_node("Cast", [mm], [n("qkv_mm_cast")], name=n("qkv_mm_cast"),
+                                          to=helper.np_dtype_to_tensor_dtype(b.dtype)))
+            mm = n("qkv_mm_cast")
+        nodes += [helper.make_node("Add", [mm, n("qkv_bias")], [n("qkv")], name=n("qkv_bias_add")),
+                  helper.make_node("Reshape", [n("qkv"), n("qkv_shape")], [n("qkv_tokens")], name=n("qkv_to_tokens"))]
+        qkv_tokens = n("qkv_tokens")
     nodes += [
-        helper.make_node("Add", [mm, n("qkv_bias")], [n("qkv")], name=n("qkv_bias_add")),
-        helper.make_node("Reshape", [n("qkv"), n("qkv_shape")], [n("qkv_tokens")], name=n("qkv_to_tokens")),
         helper.make_node("Shape", [x], [n("x_shape")], name=n("x_shape")),
         helper.make_node("Gather", [n("x_shape"), n("bs_index")], [n("bs")], name=n("batch_seq"), axis=0),
         helper.make_node("Gather", [n("x_shape"), n("zero")], [n("b")], name=n("batch"), axis=0),
@@ -485,7 +536,7 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str) -> tuple[list[onn
         helper.make_node("Cast", [n("cu64")], [n("cu_seqlens")], name=n("cu_seqlens"), to=onnx.TensorProto.INT32),
         helper.make_node("Range", [n("zero"), n("s"), n("one")], [n("seq64")], name=n("max_seqlen64")),
         helper.make_node("Cast", [n("seq64")], [n("max_seqlen")], name=n("max_seqlen"), to=onnx.TensorProto.INT32),
-        helper.make_node(PLUGIN, [n("qkv_tokens"), n("max_seqlen"), n("cu_seqlens"), n("max_seqlen")], [n("ctx_tokens")],
+        helper.make_node(PLUGIN, [qkv_tokens, n("max_seqlen"), n("cu_seqlens"), n("max_seqlen")], [n("ctx_tokens")],
                          name=n("qkv_to_context"), domain=PLUGIN_DOMAIN, plugin_version=PLUGIN_VERSION, plugin_namespace="",
                          type_id=1, hidden_size=e, num_heads=c.heads, has_mask=1, var_seqlen=1),
         helper.make_node("Concat", [n("bs"), n("hidden")], [n("ctx_shape")], name=n("ctx_shape"), axis=0),
@@ -522,8 +573,9 @@ def mask_inputs(model: onnx.ModelProto) -> list[str]:
 
 
 def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_for: Callable[[Candidate], Route],
-                   route_name: str, apply: bool = True) -> tuple[onnx.ModelProto, FusionReport]:
-    """Match, verify, and (apply) replace every attention whose route is the plugin; report each one's fate."""
+                   route_name: str, apply: bool = True, qkv_projection: str = "matmul") -> tuple[onnx.ModelProto, FusionReport]:
+    """Match, verify, and (apply) replace every attention whose route is the plugin; report each one's fate.
+    qkv_projection: how the packed QKV projection is written (QKV_PROJECTIONS; see _plugin_nodes)."""
     cands = find_candidates(model)
     verify(model, cands, feeds)
     out = onnx.ModelProto()
@@ -549,12 +601,14 @@ def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_f
     del out.graph.node[:]
     out.graph.node.extend(kept)
     for i, c in enumerate(accepted):
-        nodes, inits = _plugin_nodes(c, routes[c.softmax].padded_head or 64, f"fused_attention_{i}")
+        x_qdq = activation_qdq(model, c.q.x) if qkv_projection == "conv" and c.q.wscale is not None else None
+        nodes, inits = _plugin_nodes(c, routes[c.softmax].padded_head or 64, f"fused_attention_{i}", qkv_projection, x_qdq)
         out.graph.node.extend(nodes)
         out.graph.initializer.extend(inits)
         report.replaced.append({"softmax": c.softmax, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "heads": c.heads,
                                 "head_size": c.head_size, "scale": c.scale * c.q.scale * c.k.scale, "masked": c.masked,
-                                "node": f"fused_attention_{i}/qkv_to_context"})
+                                "node": f"fused_attention_{i}/qkv_to_context",
+                                "qkv_projection": qkv_projection})
     prune(out)
     from trtforge.graph import toposorted
 

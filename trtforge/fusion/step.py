@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from trtforge.errors import UserError
-from trtforge.fusion.attention import FusionReport, fuse_attention
+from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, fuse_attention
 from trtforge.fusion.gelu import PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
 from trtforge.fusion.plugins import PLUGIN, PLUGIN_VERSION, attention_route, backend_route
 
@@ -39,10 +39,13 @@ def observation_sizes(axes: dict[str, Any], profiles: list[Any]) -> dict[str, in
 
 def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour: str, version: str,
                      compute_capability: str | None, plugin_registered: bool, feeds: dict | None,
-                     onnx_name: str) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+                     onnx_name: str, qkv_projection: str = "matmul") -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """(the fused model, or None when the graph stays as it is; the sidecar's `attention_fusion`)."""
     if mode not in MODES:
         raise UserError(f"--fuse-attention '{mode}' is not one of {', '.join(MODES)} (config key build.fuse_attention).")
+    if qkv_projection not in QKV_PROJECTIONS:
+        raise UserError(f"--qkv-projection '{qkv_projection}' is not one of {', '.join(QKV_PROJECTIONS)} "
+                        "(config key build.qkv_projection).")
     base = backend_route(flavour, version)
     record: dict[str, Any] = {"mode": mode, "route": base.kind, "why": base.reason, "replaced": [], "refused": [],
                               "padding_allowed": True, "mask_inputs": []}
@@ -67,8 +70,9 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     # The pass verifies each attention on unpadded rows (what the fused engine will be allowed to see).
     feeds = {k: (np.ones_like(v) if "mask" in k.lower() else v) for k, v in (feeds or {}).items()}
     fused, report = fuse_attention(model, feeds,
-                                   lambda c: attention_route(flavour, version, sm, c.head_size, c.seq, False), base.reason)
-    record.update(report.to_json(), route=base.kind, why=base.reason)
+                                   lambda c: attention_route(flavour, version, sm, c.head_size, c.seq, False), base.reason,
+                                   qkv_projection=qkv_projection)
+    record.update(report.to_json(), route=base.kind, why=base.reason, qkv_projection=qkv_projection)
     if mode == "on" and not report.replaced and report.refused:
         raise UserError(f"--fuse-attention on found no attention in {onnx_name} it can fuse: {report.refused[0]['reason']}.")
     return (fused if report.replaced else None), record
@@ -127,7 +131,8 @@ def describe(record: dict[str, Any]) -> list[str]:
     if replaced:
         names = [r["softmax"] for r in replaced]
         lines.append(f"  replaced {len(replaced)} attention(s) by {replaced[0]['plugin']} (heads {replaced[0]['heads']} x "
-                     f"{replaced[0]['head_size']}): " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
+                     f"{replaced[0]['head_size']}, QKV projection as {record.get('qkv_projection', 'matmul')}): "
+                     + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
     reasons: dict[str, list[str]] = {}
     for r in record.get("refused") or []:
         reasons.setdefault(r["reason"], []).append(r["softmax"])
