@@ -356,6 +356,28 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
     assert not any(n.op_type == PLUGIN for n in built.graph.node) and any(n.op_type == "Softmax" for n in built.graph.node)
 
 
+def test_auto_gelu_fusion_falls_back_too_when_the_fused_graph_does_not_build(minilm_clean, tmp_path, monkeypatch):
+    """The same promise for `--fuse-gelu auto`: a GELU-fused graph that fails to parse (no plugin registry on
+    TensorRT-RTX) is rebuilt without the GELU plugins, and the sidecar's gelu_fusion says why."""
+    require("tensorrt_rtx")
+    import trtforge.build as build_mod
+    from trtforge.fusion.gelu import PLUGIN as GELU
+    from trtforge.fusion.step import gelu_fusion as real
+
+    def forced(mod, model, observe_model, precision, options, specs, axes, profiles, onnx_path):
+        feeds = random_feeds(specs, {"batch": 2, "seq": 64})
+        return real(model, observe_model, "auto", precision, "tensorrt", "8.6.1", True, feeds, onnx_path.name)
+
+    monkeypatch.setattr(build_mod, "_fuse_gelu", forced)
+    warnings = []
+    result = build_mod.build(minilm_clean, tmp_path / "m.engine", "fp16", "seq=64", backend="tensorrt_rtx", warn=warnings.append)
+    record = result.sidecar["gelu_fusion"]
+    assert record["route"] == "none" and "failed to build" in record["why"] and not record["replaced"]
+    assert any("without GELU fusion" in w for w in warnings)
+    built = onnx.load(result.sidecar["built_onnx"])
+    assert not any(n.op_type == GELU for n in built.graph.node) and any(n.op_type == "Erf" for n in built.graph.node)
+
+
 def _dequantized_projections(model, dtype):
     """The hand-written attention with its Q/K/V weights given as integer constants behind DequantizeLinear."""
     rng = np.random.default_rng(0)

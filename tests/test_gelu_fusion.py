@@ -118,8 +118,9 @@ def test_reference_formulas():
 
 
 def test_build_step_modes(zoo):
-    """The build's decision: off by default (recorded), on fuses on TensorRT 8.x where the plugin is registered,
-    and says in one sentence why it cannot elsewhere."""
+    """The build's decision: auto fuses fp16 builds on TensorRT 8.x (measured faster there) and leaves INT8 best
+    builds and other TensorRTs alone, saying why; on fuses wherever the plugin is registered and says in one
+    sentence why it cannot elsewhere; off never."""
     from trtforge.errors import UserError
     from trtforge.fusion.step import describe_gelu, gelu_fusion
 
@@ -132,9 +133,16 @@ def test_build_step_modes(zoo):
     fused, record = gelu_fusion(model, model, "on", "fp16", "tensorrt", "8.6.0", True, feeds, "m.onnx")
     assert sum(n.op_type == PLUGIN for n in fused.graph.node) == 2 and len(record["replaced"]) == 2
     assert "replaced 2 GELU(s)" in describe_gelu(record)[0]
+    fused, record = gelu_fusion(model, model, "auto", "fp16", "tensorrt", "8.6.0", True, feeds, "m.onnx")
+    assert sum(n.op_type == PLUGIN for n in fused.graph.node) == 2 and record["route"] == "plugin"
+    for args, fragment in [(("auto", "best", "tensorrt", "8.6.0", True), "measured faster only in fp16"),
+                           (("auto", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses GELU itself"),
+                           (("auto", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry")]:
+        none, record = gelu_fusion(model, model, *args, feeds, "m.onnx")
+        assert none is None and record["route"] == "none" and fragment in record["why"], record
     for args, fragment in [(("on", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses GELU itself"),
                            (("on", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry"),
-                           (("auto", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_gelu")]:
+                           (("maybe", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_gelu")]:
         with pytest.raises(UserError, match=fragment):
             gelu_fusion(model, model, *args, feeds, "m.onnx")
 
@@ -168,7 +176,7 @@ def test_cli_build_fuse_gelu_needs_tensorrt_8(zoo, tmp_path):
     proc = run_cli("build", str(onnx_path), "--precision", "fp16", "--fuse-gelu", "on", "-o", str(tmp_path / "g.engine"))
     assert_user_error(proc, "--fuse-gelu on cannot fuse", "fuses GELU itself")
     proc = run_cli("build", str(onnx_path), "--precision", "fp16", "--fuse-gelu", "maybe", "-o", str(tmp_path / "g.engine"))
-    assert_user_error(proc, "--fuse-gelu 'maybe' is not one of on, off")
+    assert_user_error(proc, "--fuse-gelu 'maybe' is not one of auto, on, off")
 
 
 def test_int8_best_graph_gelus_are_fused(zoo):

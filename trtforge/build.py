@@ -181,17 +181,24 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         try:
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         except UserError as exc:
-            if attention_fused is None or options.fuse_attention != "auto":
+            drop_attention = attention_fused is not None and options.fuse_attention == "auto"
+            drop_gelu = gelu_fused is not None and options.fuse_gelu == "auto"
+            if not (drop_attention or drop_gelu):
                 raise
-            # auto promised a faster engine, not a failed build: record why and build the graph as it was
-            # (with its GELUs still fused when --fuse-gelu on asked for them).
-            warn(f"the fused-attention graph did not build ({exc}); building without attention fusion.")
-            fusion.update(route="none", why=f"fused graph failed to build: {str(exc)[:400]}", replaced=[],
-                          padding_allowed=True, mask_inputs=[])
-            if gelu_fused is not None:
-                unfused, gelu_record = _fuse_gelu(mod, before_fusion, before_fusion, precision, options, specs, axes,
-                                                  profiles, onnx_path)
-            converted = unfused
+            # auto promised a faster engine, not a failed build: record why and build without what auto added
+            # (a pass asked for with `on` stays).
+            dropped = " and ".join(name for name, drop in (("attention", drop_attention), ("GELU", drop_gelu)) if drop)
+            warn(f"the fused graph did not build ({exc}); building without {dropped} fusion.")
+            why = f"fused graph failed to build: {str(exc)[:400]}"
+            if drop_attention:
+                fusion.update(route="none", why=why, replaced=[], padding_allowed=True, mask_inputs=[])
+            base = attention_fused if attention_fused is not None and not drop_attention else unfused
+            if drop_gelu:
+                gelu_record.update(route="none", why=why, replaced=[])
+            elif gelu_fused is not None:  # --fuse-gelu on
+                base, gelu_record = _fuse_gelu(mod, base if base is not None else before_fusion, before_fusion, precision,
+                                               options, specs, axes, profiles, onnx_path)
+            converted = base
             if converted is None:
                 shutil.rmtree(staging, ignore_errors=True)
                 staging, built_onnx, source, model = None, onnx_path, onnx_path, load_onnx(onnx_path)
@@ -286,12 +293,12 @@ def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelP
 def _fuse_gelu(mod: TrtModule, model: onnx.ModelProto, observe_model: onnx.ModelProto, precision: str, options: BuildOptions,
                specs: list[InputSpec], axes: dict[str, AxisRange], profiles: list[Profile],
                onnx_path: Path) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
-    """trtforge.fusion's bias+GELU pass when asked for (--fuse-gelu on): (fused model or None, sidecar record)."""
+    """trtforge.fusion's bias+GELU pass (--fuse-gelu auto|on): (fused model or None, sidecar record)."""
     from trtforge.backends.tensorrt import plugin_registered
     from trtforge.fusion.gelu import PLUGIN, PLUGIN_VERSION
-    from trtforge.fusion.step import gelu_fusion, observation_sizes
+    from trtforge.fusion.step import auto_gelu_skip, gelu_fusion, observation_sizes
 
-    wants = options.fuse_gelu == "on"
+    wants = options.fuse_gelu == "on" or (options.fuse_gelu == "auto" and auto_gelu_skip(precision, mod.flavour, mod.version, True) is None)
     registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
     feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and registered else None
     return gelu_fusion(model, observe_model, options.fuse_gelu, precision, mod.flavour, mod.version, registered, feeds,

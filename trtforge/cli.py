@@ -225,8 +225,8 @@ def build(
     compute_capability: Optional[list[str]] = typer.Option(None, "--compute-capability", help="TensorRT-RTX targets, e.g. SM89 (repeatable)."),
     tf32: bool = typer.Option(False, "--tf32", help="Allow TF32 for fp32 math (faster, ~1e-3 rel-L2); off means IEEE fp32."),
     fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
-    fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; off by default)."),
-    qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="matmul|conv: how the attention pass writes the packed QKV projection (conv: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin)."),
+    fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="auto|on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; auto: fp16 builds, where it was measured faster)."),
+    qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="conv|matmul: how the attention pass writes the packed QKV projection (conv, the default: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""

@@ -123,9 +123,10 @@ class BuildSection(Strict):
     compute_capabilities: list[str] = Field(default_factory=list)
     # Attention fusion (trtforge.fusion): auto = where the installed TensorRT runs a fused kernel it would not pick.
     fuse_attention: Literal["auto", "on", "off"] = "auto"
-    fuse_gelu: Literal["on", "off"] = "off"
+    # bias+GELU pass: auto = TensorRT 8.x fp16 builds, where the H200 measured the plugin faster.
+    fuse_gelu: Literal["auto", "on", "off"] = "auto"
     # How the attention pass writes each packed QKV projection: MatMul + Reshape, or a 1x1 Conv on [tokens, E, 1, 1].
-    qkv_projection: Literal["matmul", "conv"] = "matmul"
+    qkv_projection: Literal["matmul", "conv"] = "conv"
 
 
 class RunSection(Strict):

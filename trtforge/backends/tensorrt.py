@@ -109,8 +109,8 @@ class BuildOptions:
     has_qdq: bool = False
     tf32: bool = False  # off: 'fp32' means IEEE fp32 (TensorRT turns TF32 on by default)
     fuse_attention: str = "auto"  # auto|on|off: trtforge.fusion's attention pass (auto: where this TensorRT runs it)
-    fuse_gelu: str = "off"  # on|off: trtforge.fusion's bias+GELU pass (TensorRT 8.x plugin; off until measured faster)
-    qkv_projection: str = "matmul"  # matmul|conv: how the attention pass writes the packed QKV projection
+    fuse_gelu: str = "auto"  # auto|on|off: trtforge.fusion's bias+GELU pass (auto: TensorRT 8.x fp16 builds, measured faster)
+    qkv_projection: str = "conv"  # matmul|conv: how the attention pass writes the packed QKV projection (conv measured faster)
 
 
 @dataclass

@@ -457,7 +457,7 @@ def activation_qdq(model: onnx.ModelProto, x: str) -> tuple[str, str, str] | Non
     return q.input[0], dq.input[1], dq.input[2]
 
 
-def _plugin_nodes(c: Candidate, padded_head: int, prefix: str, qkv_projection: str = "matmul",
+def _plugin_nodes(c: Candidate, padded_head: int, prefix: str, qkv_projection: str = "conv",
                   x_qdq: tuple[str, str, str] | None = None) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """X -> packed QKV projection -> plugin (var_seqlen: cu_seqlens = S·[0..B], every row full) -> [B, S, E] named c.ctx.
 
@@ -573,7 +573,7 @@ def mask_inputs(model: onnx.ModelProto) -> list[str]:
 
 
 def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_for: Callable[[Candidate], Route],
-                   route_name: str, apply: bool = True, qkv_projection: str = "matmul") -> tuple[onnx.ModelProto, FusionReport]:
+                   route_name: str, apply: bool = True, qkv_projection: str = "conv") -> tuple[onnx.ModelProto, FusionReport]:
     """Match, verify, and (apply) replace every attention whose route is the plugin; report each one's fate.
     qkv_projection: how the packed QKV projection is written (QKV_PROJECTIONS; see _plugin_nodes)."""
     cands = find_candidates(model)

@@ -39,7 +39,7 @@ def observation_sizes(axes: dict[str, Any], profiles: list[Any]) -> dict[str, in
 
 def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour: str, version: str,
                      compute_capability: str | None, plugin_registered: bool, feeds: dict | None,
-                     onnx_name: str, qkv_projection: str = "matmul") -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+                     onnx_name: str, qkv_projection: str = "conv") -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """(the fused model, or None when the graph stays as it is; the sidecar's `attention_fusion`)."""
     if mode not in MODES:
         raise UserError(f"--fuse-attention '{mode}' is not one of {', '.join(MODES)} (config key build.fuse_attention).")
@@ -78,20 +78,35 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     return (fused if report.replaced else None), record
 
 
-GELU_MODES = ("on", "off")
+GELU_MODES = ("auto", "on", "off")
+# What `auto` does, from the H200 (TensorRT 8.6, BERT-base, GPU ms at 16x512; benchmarks/RESULTS.md, 2026-12-01 w4):
+# fp16 5.42 -> 5.06 with the plugin (Myelin's erf GELU kernel took 89 us per layer, the plugin 41 us);
+# INT8 best 5.67 -> 8.94 (the plugin splits each int8 GEMM's dequantize/quantize epilogue into separate kernels).
+GELU_AUTO_PRECISIONS = ("fp16",)
 
 
 def gelu_fusion(model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: str, precision: str, flavour: str,
                 version: str, plugin_registered: bool, feeds: dict | None,
                 onnx_name: str) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
-    """(the model with its GELUs fused, or None; the sidecar's `gelu_fusion`). Off by default until the H200
-    shows the plugin beats Myelin's GELU kernels (benchmarks/RESULTS.md); `on` asks for it."""
+    """(the model with its GELUs fused, or None; the sidecar's `gelu_fusion`). `auto` (the default) fuses where the
+    H200 measured the plugin faster: TensorRT 8.x, fp16 builds (GELU_AUTO_PRECISIONS); `on` asks for it anywhere the
+    plugin exists and fails loudly where it cannot; `off` never."""
     if mode not in GELU_MODES:
         raise UserError(f"--fuse-gelu '{mode}' is not one of {', '.join(GELU_MODES)} (config key build.fuse_gelu).")
-    record: dict[str, Any] = {"mode": mode, "route": "off", "why": "--fuse-gelu off (the default)", "replaced": [], "refused": []}
+    record: dict[str, Any] = {"mode": mode, "route": "off", "why": "--fuse-gelu off", "replaced": [], "refused": []}
     if mode == "off":
         return None, record
     base = backend_route(flavour, version)
+    if mode == "auto":
+        why_not = auto_gelu_skip(precision, flavour, version, plugin_registered)
+        if why_not:
+            record.update(route="none", why=why_not)
+            return None, record
+        fused, report = fuse_gelu(model, feeds or {}, observe_model=observe_model)
+        record.update(report.to_json(), route="plugin" if report.replaced else "none",
+                      why=f"TensorRT {version}: {GELU_PLUGIN} v{GELU_VERSION} (tanh GELU, bias folded)" if report.replaced
+                      else "no GELU this pass can fuse")
+        return (fused if report.replaced else None), record
     why_not = None
     if base.kind != "plugin":
         why_not = f"{GELU_PLUGIN} is TensorRT 8.x's plugin; {flavour} {version} fuses GELU itself"
@@ -109,8 +124,21 @@ def gelu_fusion(model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: st
     return fused, record
 
 
+def auto_gelu_skip(precision: str, flavour: str, version: str, plugin_registered: bool) -> str | None:
+    """Why `--fuse-gelu auto` leaves this build's GELUs alone, or None when it fuses them."""
+    base = backend_route(flavour, version)
+    if base.kind != "plugin":
+        return f"{GELU_PLUGIN} is TensorRT 8.x's plugin; {flavour} {version} fuses GELU itself"
+    if precision not in GELU_AUTO_PRECISIONS:
+        return (f"precision {precision}: the plugin was measured faster only in fp16 builds (INT8 best on the H200: "
+                "5.67 -> 8.94 ms at 16x512); --fuse-gelu on forces it")
+    if not plugin_registered:
+        return f"{GELU_PLUGIN} v{GELU_VERSION} is not in this TensorRT's plugin registry"
+    return None
+
+
 def describe_gelu(record: dict[str, Any]) -> list[str]:
-    if not record or record.get("mode") != "on":
+    if not record or not record.get("replaced"):
         return []
     replaced = record.get("replaced") or []
     worst = max((r["approximation_max_abs"] or 0.0 for r in replaced), default=0.0)
@@ -131,7 +159,7 @@ def describe(record: dict[str, Any]) -> list[str]:
     if replaced:
         names = [r["softmax"] for r in replaced]
         lines.append(f"  replaced {len(replaced)} attention(s) by {replaced[0]['plugin']} (heads {replaced[0]['heads']} x "
-                     f"{replaced[0]['head_size']}, QKV projection as {record.get('qkv_projection', 'matmul')}): "
+                     f"{replaced[0]['head_size']}, QKV projection as {record.get('qkv_projection', 'conv')}): "
                      + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
     reasons: dict[str, list[str]] = {}
     for r in record.get("refused") or []:
