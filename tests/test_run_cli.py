@@ -1,6 +1,7 @@
 """`trtforge run` on the ORT backend: MiniLM long documents, tiny-fcn tiles, and its bad input."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +181,21 @@ def test_explicit_precision_gate_on_its_own_reference_fails(tiny_fcn_clean, tmp_
     proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--reference", str(tiny_fcn_clean.with_name("tiny-fcn.onnx")),
                    "--min-top1-agreement", "0.9", "--warmup", "0")
     assert_user_error(proc, "min_top1_agreement 0.9 could not be evaluated: no output has top1_agreement (outputs: logits (dense))", code=1)
+
+
+@pytest.mark.parametrize("merge", ["center", "linear"])
+def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(minilm_clean, tmp_path, merge):
+    """Without the precision check, run merges each batch straight out of the target's outputs (TensorRT: its
+    pinned slots) on several threads; the merged outputs equal the single-threaded loop's, bit for bit, for the
+    disjoint 'center' copies and for the overlapping 'linear' blend (locked)."""
+    from trtforge.run import RunOptions, run
+
+    saved = {}
+    for name, check, workers in (("serial", True, 1), ("parallel", False, 3)):
+        saved[name] = tmp_path / f"{name}.npz"
+        run(minilm_clean, RunOptions(inputs=Path("calib_data/minilm_long"), chunk=48, overlap=16, batch_size=5, merge=merge,
+                                     warmup=0, precision_check=check, merge_workers=workers, save_outputs=saved[name]))
+    serial, parallel = np.load(saved["serial"]), np.load(saved["parallel"])
+    assert sorted(serial.files) == sorted(parallel.files) and len(serial.files) >= 4
+    for key in serial.files:
+        np.testing.assert_array_equal(serial[key], parallel[key], err_msg=key)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import threading
+
 import numpy as np
 
 from trtforge.errors import UserError
@@ -100,6 +102,10 @@ class StreamingMerge:
     'center' copies each window's kept slice (no arithmetic: this is on the hot path of every run);
     blends accumulate weighted windows (weights precomputed, summing to 1), in float32 (float64 for
     float64 outputs). Positions run along axis 0 of every part.
+
+    `add` may be called from several threads at once (run merges a batch's rows in parallel): kept slices
+    are disjoint and copied without a lock (numpy drops the GIL for the copy); blended windows overlap, so
+    their accumulation takes the lock.
     """
 
     def __init__(self, windows: list[Window], length: int, merge: str = "center"):
@@ -108,19 +114,23 @@ class StreamingMerge:
         self.merged: np.ndarray | None = None
         self.dtype: np.dtype | None = None
         self.seen: set[int] = set()
+        self._lock = threading.Lock()
 
     def add(self, index: int, part: np.ndarray) -> None:
         w = self.windows[index]
         if part.shape[0] != w.length:
             raise ValueError(f"window output has {part.shape[0]} positions, the window {w.length}")
         if self.merged is None:
-            self.dtype = part.dtype
-            self.merged = np.zeros((self.length,) + part.shape[1:], dtype=np.result_type(part.dtype, np.float32))
+            with self._lock:
+                if self.merged is None:
+                    self.dtype = part.dtype
+                    self.merged = np.zeros((self.length,) + part.shape[1:], dtype=np.result_type(part.dtype, np.float32))
         if self.weights is None:
             self.merged[w.keep_start:w.keep_end] = part[w.keep_start - w.start:w.keep_end - w.start]
         else:
             wt = self.weights[index].astype(self.merged.dtype).reshape((-1,) + (1,) * (part.ndim - 1))
-            self.merged[w.start:w.end] += part * wt
+            with self._lock:
+                self.merged[w.start:w.end] += part * wt
         self.seen.add(index)
 
     def result(self) -> np.ndarray:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -388,7 +388,7 @@ class TrtRunner:
         _ok(cudart.cudaEventRecord(slot.events["d2h"], self.d2h_stream))
         slot.pending = (tag, profile, shapes)
 
-    def _collect(self, s: int) -> tuple[Any, dict[str, np.ndarray]]:
+    def _collect(self, s: int, consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None) -> tuple[Any, Any]:
         cudart = _cudart()
         slot = self.slots[s]
         with self.host.stage("wait_gpu"):  # the collector thread waiting for the batch's compute and D2H copies
@@ -398,8 +398,12 @@ class TrtRunner:
         slot.pending = None
         gpu_ms = float(_ok(cudart.cudaEventElapsedTime(slot.events["start"], slot.events["end"])))
         self._note_memory()  # after execution: activations and graphs are allocated by now
-        with self.host.stage("copy_out"):  # pinned slot -> the batch's own arrays (the slot is reused)
-            outputs = {name: slot.host[name].view(self.dtypes[name], shape).copy() for name, shape in shapes.items()}
+        views = {name: slot.host[name].view(self.dtypes[name], shape) for name, shape in shapes.items()}
+        if consume is not None:  # read straight out of pinned memory; the slot is reused once this returns
+            outputs = consume(tag, views)
+        else:
+            with self.host.stage("copy_out"):  # pinned slot -> the batch's own arrays (the slot is reused)
+                outputs = {name: view.copy() for name, view in views.items()}
         wall_ms = (done - self._last_done) * 1e3
         self._last_done = done
         self.timings.append(BatchTiming(profile, gpu_ms, wall_ms))
@@ -408,11 +412,15 @@ class TrtRunner:
     def run(self, feeds: dict[str, Any], profile: int | None = None) -> dict[str, np.ndarray]:
         return list(self.run_many([(None, feeds)], profile))[0][1]
 
-    def run_many(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None = None) -> Iterator[tuple[Any, dict[str, np.ndarray]]]:
+    def run_many(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None = None,
+                 consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None) -> Iterator[tuple[Any, Any]]:
         """Pipelined: yields (tag, outputs) in submission order. A feed may be an array or the list of its
         chunks' arrays (stacked in pinned memory). This thread only stages and submits; a collector
         thread waits for each batch and copies its outputs out of pinned memory, so up to `slots - 1`
-        batches stay queued on the GPU meanwhile. A slot is restaged only once its batch was collected."""
+        batches stay queued on the GPU meanwhile. A slot is restaged only once its batch was collected.
+        With `consume`, the collector hands consume(tag, views of the pinned outputs) the batch instead of
+        copying it (no copy, no fresh allocation per batch) and yields (tag, what consume returned); the
+        views are only valid inside that call."""
         n = len(self.slots)
         order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
@@ -426,7 +434,7 @@ class TrtRunner:
                     self._last_done = time.perf_counter()  # the first batch's wall: from its submission
                 with self.host.stage("submit"):
                     self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag)
-                order.append((s, collector.submit(self._collect, s)))
+                order.append((s, collector.submit(self._collect, s, consume)))
                 while order and order[0][1].done():
                     yield order.popleft()[1].result()
             while order:
