@@ -5,7 +5,9 @@ Two loops over the same synthetic outputs (BERT-base / MiniLM shapes: 16 windows
 fp32, plus the pooled vector; 48 documents of ~7,000 tokens, chunk 256, overlap 32, 'center' merge):
 - copy: the loop before 2026-12-01 w4: every batch copied out of the (pinned) output buffer into fresh arrays,
   then merged on one thread (what `run --reference` still does: it keeps each batch for ONNX Runtime);
-- consume: the loop now: merged straight out of the reused output buffer, each batch's rows split over K threads.
+- consume: merged straight out of the reused output buffer, each batch's rows split over K threads;
+- prepared: consume, with every document's merged output allocated and paged in beforehand by 8 threads (what
+  `run` now does on its planning threads while batches run; that time is reported apart, as prepare_ms).
 Prints a table and writes JSON. No GPU needed; run it on the GPU box's host for the figure that matters there.
 
     python benchmarks/merge_throughput.py --out merge.json [--workers 1 2 4 8]
@@ -40,12 +42,20 @@ def _plan(docs: int, length: int, chunk: int, overlap: int):
     return documents, chunks
 
 
-def measure(hidden: int, mode: str, workers: int, docs: int, length: int, batch: int) -> float:
-    """ms per batch to merge every batch of the run (the buffers are fresh each time, as in a real run)."""
+def measure(hidden: int, mode: str, workers: int, docs: int, length: int, batch: int) -> tuple[float, float]:
+    """(ms per batch to merge every batch of the run, ms to prepare the outputs ahead); fresh buffers each time,
+    as in a real run."""
     documents, chunks = _plan(docs, length, 256, 32)
     kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token"), "pooler_output": OutputKind("pooler_output", "pooled")}
-    merger = _Merger(documents, chunks, kinds, RunOptions(inputs=Path(".")))
+    templates = {"last_hidden_state": ((hidden,), np.dtype(np.float32))} if mode == "prepared" else None
+    merger = _Merger(documents, chunks, kinds, RunOptions(inputs=Path(".")), templates=templates)
     batches = [chunks[i:i + batch] for i in range(0, len(chunks), batch)]
+    prepare_ms = 0.0
+    if templates:
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=8) as planners:
+            list(planners.map(merger.prepare, [[c for c in chunks if c.doc == d] for d in range(docs)]))
+        prepare_ms = (time.perf_counter() - t) * 1e3
     rng = np.random.default_rng(0)
     slot = {"last_hidden_state": rng.standard_normal((batch, 256, hidden)).astype(np.float32),
             "pooler_output": rng.standard_normal((batch, hidden)).astype(np.float32)}
@@ -65,7 +75,7 @@ def measure(hidden: int, mode: str, workers: int, docs: int, length: int, batch:
                 for f in [pool.submit(merger.add, b, views, g, True) for g in groups]:
                     f.result()
     merger.results()
-    return (time.perf_counter() - start) * 1e3 / len(batches)
+    return (time.perf_counter() - start) * 1e3 / len(batches), prepare_ms
 
 
 def main() -> None:
@@ -79,17 +89,20 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for model, hidden in MODELS.items():
-        runs = [("copy", 1)] + [("consume", k) for k in args.workers]
+        runs = [("copy", 1)] + [(mode, k) for mode in ("consume", "prepared") for k in args.workers]
         for mode, k in runs:
-            ms = float(np.median([measure(hidden, mode, k, args.docs, args.length, args.batch) for _ in range(args.repeat)]))
+            got = [measure(hidden, mode, k, args.docs, args.length, args.batch) for _ in range(args.repeat)]
+            ms, prepare_ms = float(np.median([g[0] for g in got])), float(np.median([g[1] for g in got]))
             gpu = GPU_MS_16x256[model]
             rows.append({"model": model, "hidden": hidden, "mode": mode, "workers": k, "ms_per_batch": round(ms, 3),
-                         "gpu_ms_per_batch": gpu, "merge_over_gpu": round(ms / gpu, 2) if gpu else None})
+                         "prepare_ms": round(prepare_ms, 1), "gpu_ms_per_batch": gpu,
+                         "merge_over_gpu": round(ms / gpu, 2) if gpu else None})
             print(f"{model:10s} {mode:8s} x{k}: {ms:7.2f} ms per batch" + (f"  ({ms / gpu:.2f}x the GPU's {gpu} ms)" if gpu else ""),
                   flush=True)
-    print("\n| model | loop | merge threads | ms per batch | / GPU ms |\n|---|---|---|---|---|")
+    print("\n| model | loop | merge threads | ms per batch | / GPU ms | prepare ms (8 threads, whole run) |\n|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['mode']} | {r['workers']} | {r['ms_per_batch']:.2f} | {r['merge_over_gpu'] or '-'} |")
+        print(f"| {r['model']} | {r['mode']} | {r['workers']} | {r['ms_per_batch']:.2f} | {r['merge_over_gpu'] or '-'} | "
+              f"{r['prepare_ms'] or '-'} |")
     info = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
             "docs": args.docs, "length": args.length, "batch": args.batch, "rows": rows}
     args.out.write_text(json.dumps(info, indent=1))

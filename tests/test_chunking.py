@@ -111,3 +111,24 @@ def test_tiled_tiny_fcn_equals_whole_image():
         merged = merge_tiles(outs, 150, 130, 64, overlap, merge)
         rel = np.linalg.norm(merged - whole) / np.linalg.norm(whole)
         assert rel < tol, (merge, rel)
+
+
+def test_a_preallocated_merge_equals_the_lazy_one_and_refuses_another_shape():
+    """StreamingMerge.preallocate (run pages in each input's merged output on its planning thread): same
+    result as allocating on the first window; a window of another feature shape is refused, not broadcast."""
+    from trtforge.chunking import StreamingMerge, plan_windows
+
+    windows = plan_windows(50, 16, 4)
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal((w.length, 3)).astype(np.float32) for w in windows]
+    for merge in ("center", "linear"):
+        lazy, early = StreamingMerge(windows, 50, merge), StreamingMerge(windows, 50, merge)
+        early.preallocate((3,), np.float32)
+        for i in reversed(range(len(windows))):
+            lazy.add(i, parts[i])
+            early.add(i, parts[i])
+        np.testing.assert_array_equal(lazy.result(), early.result())
+    wrong = StreamingMerge(windows, 50)
+    wrong.preallocate((4,), np.float32)
+    with pytest.raises(ValueError, match="per position"):
+        wrong.add(0, parts[0])

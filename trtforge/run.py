@@ -421,8 +421,10 @@ class _Merger:
     """Every output of every input merged back from its chunks as batches arrive: token outputs
     stream into chunking.StreamingMerge, the other kinds are collected and merged per input."""
 
-    def __init__(self, docs: list[Document], chunks: list[Chunk], kinds: dict[str, OutputKind], options: RunOptions):
+    def __init__(self, docs: list[Document], chunks: list[Chunk], kinds: dict[str, OutputKind], options: RunOptions,
+                 templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None):
         self.docs, self.kinds, self.options = docs, kinds, options
+        self.templates = templates or {}  # token output -> (shape per position, dtype), seen in the warm-up
         self.windows: dict[int, list[Window]] = {}
         self.counts = [0] * len(docs)
         for c in chunks:
@@ -431,6 +433,18 @@ class _Merger:
         self.streams: dict[tuple[int, str], StreamingMerge] = {}
         self.parts: dict[tuple[int, str], list[tuple[Chunk, np.ndarray]]] = {}
         self._lock = threading.Lock()  # add() runs on several threads: creating a stream is guarded
+
+    def prepare(self, chunks: list[Chunk]) -> None:
+        """Allocate and page in one document's merged token outputs (StreamingMerge.preallocate), on the
+        planning thread that just planned it, before any of its batches runs."""
+        if len(chunks) < 2:
+            return
+        d = chunks[0].doc
+        for name, (feature, dtype) in self.templates.items():
+            stream = StreamingMerge([c.window for c in chunks], self.docs[d].length, self.options.merge)
+            stream.preallocate(feature, dtype)
+            with self._lock:
+                self.streams[(d, name)] = stream
 
     def add_plan(self, chunks: list[Chunk]) -> None:
         """One document's chunks, planned after construction (run() plans while batches run): call
@@ -586,18 +600,21 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     _check_io(target, p.reference, p.target_path, p.reference_path)
     progress(f"{len(p.docs)} inputs on {target.label}; outputs "
              + ", ".join(f"{k.name} ({k.kind}{f' x{k.scale:g}' if k.scale not in (None, 1.0) else ''})" for k in p.kinds.values()))
-    _warm_up(p, options, target)
+    warm = _warm_up(p, options, target)
 
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
     # running (the target's pipelined loop) and merging (one more thread) all overlap under one clock.
     start = time.perf_counter()
-    merger = _Merger(p.docs, [], p.kinds, options)
+    merger = _Merger(p.docs, [], p.kinds, options, templates=warm)
     planned: dict[int, list[Chunk]] = {}
     host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
 
     def plan(d: int) -> list[Chunk]:
         with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
-            return plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+            chunks = plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+        with host.stage("prepare_outputs"):  # its merged outputs allocated and paged in, off the merge's path
+            merger.prepare(chunks)
+        return chunks
 
     merge_workers = max(1, options.merge_workers or min(4, os.cpu_count() or 2))
 
@@ -709,20 +726,27 @@ def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[
     return {**gates, "notes": notes} if notes else gates
 
 
-def _warm_up(p: Prepared, options: RunOptions, target: Any) -> None:
+def _warm_up(p: Prepared, options: RunOptions, target: Any) -> dict[str, tuple[tuple[int, ...], np.dtype]] | None:
     """Untimed: the full-size batch of the first document's first chunk shape, `warmup` rounds of the
     target's warm_batches (TensorRT: one plain enqueue, then a graph capture per staging slot). The
-    document is planned on a copy, so the timed run still tokenizes and plans it."""
+    document is planned on a copy, so the timed run still tokenizes and plans it. Returns each token
+    output's shape per position and dtype (what the merge can allocate ahead), None without a warm-up."""
     if options.warmup <= 0 or not p.docs:
-        return
+        return None
     doc = replace(p.docs[0], feeds=dict(p.docs[0].feeds))
     chunks = plan_document(0, doc, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
     first = [c for c in chunks if shape_key(c) == shape_key(chunks[0])]
     size = 1 if options.naive else p.batch_cap
     batch = stack([first[i % len(first)] for i in range(size)])
-    list(target.run_many([(None, batch)] * (options.warmup * target.warm_batches)))
+    outs = list(target.run_many([(None, batch)] * (options.warmup * target.warm_batches)))
     target.timings.clear()
     target.reset_host_clock()  # runtime.host covers the timed loop only, like loop_wall_s
+    templates = {}
+    for name, kind in p.kinds.items():
+        if kind.kind == "token" and outs and name in outs[-1][1]:
+            part = chunk_part(kind, first[0], outs[-1][1][name][0:1])
+            templates[name] = (tuple(part.shape[1:]), part.dtype)
+    return templates
 
 
 def _precision_error(p: Prepared, batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]]) -> dict[str, Any]:
