@@ -612,8 +612,9 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     def plan(d: int) -> list[Chunk]:
         with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
             chunks = plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
-        with host.stage("prepare_outputs"):  # its merged outputs allocated and paged in, off the merge's path
-            merger.prepare(chunks)
+        if merger.templates:
+            with host.stage("prepare_outputs"):  # its merged outputs allocated and paged in, off the merge's path
+                merger.prepare(chunks)
         return chunks
 
     merge_workers = max(1, options.merge_workers or min(4, os.cpu_count() or 2))

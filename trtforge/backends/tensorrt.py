@@ -78,12 +78,16 @@ class _Logger:
                 trt.ILogger.__init__(inner)
                 inner.messages: list[tuple[Any, str]] = []
                 inner.layer_log: list[str] = []
+                inner.interrupted = False
 
             def log(inner, severity, msg):
-                if severity != verbose:
-                    inner.messages.append((severity, msg))
-                elif msg.startswith(LAYER_LOG_HEADERS):
-                    inner.layer_log.append(msg)
+                try:
+                    if severity != verbose:
+                        inner.messages.append((severity, msg))
+                    elif msg.startswith(LAYER_LOG_HEADERS):
+                        inner.layer_log.append(msg)
+                except KeyboardInterrupt:  # Ctrl-C landed while TensorRT called us: it would swallow it and go on
+                    inner.interrupted = True
 
         self.impl = Collector()
         self.trt = trt
@@ -398,7 +402,7 @@ def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], optio
     progress = BuildProgress(len(profiles))
     with _monitored(mod, config, progress) as interrupted, _heartbeat(progress, on_tick, tick_s):
         serialized = builder.build_serialized_network(network, config)
-    if interrupted():
+    if interrupted() or getattr(logger.impl, "interrupted", False):
         raise KeyboardInterrupt
     seconds = time.perf_counter() - start
     if serialized is None:
