@@ -335,47 +335,36 @@ def test_cli_build_records_the_fusion_and_rejects_a_bad_mode(minilm_clean, tmp_p
                       "'doc' has zeros in 'attention_mask'", "m.engine", "--fuse-attention off")
 
 
-def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(minilm_clean, tmp_path, monkeypatch):
-    """`auto` promises a faster engine, never a failed build: TensorRT-RTX has no plugin registry, so the fused
-    graph fails to parse there, and the build goes on with the graph as it was, saying why in the sidecar."""
-    require("tensorrt_rtx")
-    import trtforge.build as build_mod
-    from trtforge.fusion.step import attention_fusion as real
-
-    def forced(mod, identity, model, precision, options, specs, axes, profiles, onnx_path):
-        feeds = random_feeds(specs, {"batch": 2, "seq": 64})
-        return real(model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, feeds, onnx_path.name)
-
-    monkeypatch.setattr(build_mod, "_fuse_attention", forced)
-    warnings = []
-    result = build_mod.build(minilm_clean, tmp_path / "m.engine", "fp16", "seq=64", backend="tensorrt_rtx", warn=warnings.append)
-    record = result.sidecar["attention_fusion"]
-    assert record["route"] == "none" and "failed to build" in record["why"] and not record["replaced"]
-    assert any("without attention fusion" in w for w in warnings)
-    built = onnx.load(result.sidecar["built_onnx"])
-    assert not any(n.op_type == PLUGIN for n in built.graph.node) and any(n.op_type == "Softmax" for n in built.graph.node)
-
-
-def test_auto_gelu_fusion_falls_back_too_when_the_fused_graph_does_not_build(minilm_clean, tmp_path, monkeypatch):
-    """The same promise for `--fuse-gelu auto`: a GELU-fused graph that fails to parse (no plugin registry on
-    TensorRT-RTX) is rebuilt without the GELU plugins, and the sidecar's gelu_fusion says why."""
+@pytest.mark.parametrize("fusion", ["attention", "gelu"])
+def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(minilm_clean, tmp_path, monkeypatch, fusion):
+    """`auto` promises a faster engine, never a failed build (`--fuse-attention auto` and `--fuse-gelu auto` alike):
+    TensorRT-RTX has no plugin registry, so a graph fused as for 8.6 fails to parse there, and the build goes on
+    without what auto added, saying why in the sidecar."""
     require("tensorrt_rtx")
     import trtforge.build as build_mod
     from trtforge.fusion.gelu import PLUGIN as GELU
-    from trtforge.fusion.step import gelu_fusion as real
+    from trtforge.fusion.step import attention_fusion, gelu_fusion
 
-    def forced(mod, model, observe_model, precision, options, specs, axes, profiles, onnx_path):
-        feeds = random_feeds(specs, {"batch": 2, "seq": 64})
-        return real(model, observe_model, "auto", precision, "tensorrt", "8.6.1", True, feeds, onnx_path.name)
+    def feeds(specs):
+        return random_feeds(specs, {"batch": 2, "seq": 64})
 
-    monkeypatch.setattr(build_mod, "_fuse_gelu", forced)
+    def fused_attention(mod, identity, model, precision, options, specs, axes, profiles, onnx_path):
+        return attention_fusion(model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, feeds(specs), onnx_path.name)
+
+    def fused_gelu(mod, model, observe_model, precision, options, specs, axes, profiles, onnx_path):
+        return gelu_fusion(model, observe_model, "auto", precision, "tensorrt", "8.6.1", True, feeds(specs), onnx_path.name)
+
+    patched, forced, key, word, plugin, original = {
+        "attention": ("_fuse_attention", fused_attention, "attention_fusion", "attention", PLUGIN, "Softmax"),
+        "gelu": ("_fuse_gelu", fused_gelu, "gelu_fusion", "GELU", GELU, "Erf")}[fusion]
+    monkeypatch.setattr(build_mod, patched, forced)
     warnings = []
     result = build_mod.build(minilm_clean, tmp_path / "m.engine", "fp16", "seq=64", backend="tensorrt_rtx", warn=warnings.append)
-    record = result.sidecar["gelu_fusion"]
+    record = result.sidecar[key]
     assert record["route"] == "none" and "failed to build" in record["why"] and not record["replaced"]
-    assert any("without GELU fusion" in w for w in warnings)
+    assert any(f"without {word} fusion" in w for w in warnings)
     built = onnx.load(result.sidecar["built_onnx"])
-    assert not any(n.op_type == GELU for n in built.graph.node) and any(n.op_type == "Erf" for n in built.graph.node)
+    assert not any(n.op_type == plugin for n in built.graph.node) and any(n.op_type == original for n in built.graph.node)
 
 
 def _dequantized_projections(model, dtype):

@@ -296,9 +296,9 @@ def _fuse_gelu(mod: TrtModule, model: onnx.ModelProto, observe_model: onnx.Model
     """trtforge.fusion's bias+GELU pass (--fuse-gelu auto|on): (fused model or None, sidecar record)."""
     from trtforge.backends.tensorrt import plugin_registered
     from trtforge.fusion.gelu import PLUGIN, PLUGIN_VERSION
-    from trtforge.fusion.step import auto_gelu_skip, gelu_fusion, observation_sizes
+    from trtforge.fusion.step import gelu_fusion, gelu_skip, observation_sizes
 
-    wants = options.fuse_gelu == "on" or (options.fuse_gelu == "auto" and auto_gelu_skip(precision, mod.flavour, mod.version, True) is None)
+    wants = options.fuse_gelu != "off" and gelu_skip(options.fuse_gelu, precision, mod.flavour, mod.version, True) is None
     registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
     feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and registered else None
     return gelu_fusion(model, observe_model, options.fuse_gelu, precision, mod.flavour, mod.version, registered, feeds,

@@ -8,9 +8,8 @@ across the overlap and sum to 1 at every position.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -116,12 +115,15 @@ class StreamingMerge:
         self.seen: set[int] = set()
         self._lock = threading.Lock()
 
+    def _allocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        self.dtype = np.dtype(dtype)
+        return np.zeros((self.length,) + tuple(feature_shape), dtype=np.result_type(self.dtype, np.float32))
+
     def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Allocate the merged array and write it once, so its pages are in memory before the windows arrive:
         run calls this on the planning threads, where it overlaps the GPU instead of slowing the merge's copies
-        (first-touch page faults were most of the merge's cost on the H200 box)."""
-        self.dtype = np.dtype(dtype)
-        merged = np.empty((self.length,) + tuple(feature_shape), dtype=np.result_type(self.dtype, np.float32))
+        (first-touch page faults were most of the merge's cost on the H200 box; np.zeros alone maps no page)."""
+        merged = self._allocate(feature_shape, dtype)
         merged[...] = 0
         self.merged = merged
 
@@ -132,8 +134,7 @@ class StreamingMerge:
         if self.merged is None:
             with self._lock:
                 if self.merged is None:
-                    self.dtype = part.dtype
-                    self.merged = np.zeros((self.length,) + part.shape[1:], dtype=np.result_type(part.dtype, np.float32))
+                    self.merged = self._allocate(part.shape[1:], part.dtype)
         if self.merged.shape[1:] != part.shape[1:]:
             raise ValueError(f"window output has shape {part.shape[1:]} per position, the merged output {self.merged.shape[1:]}")
         if self.weights is None:

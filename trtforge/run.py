@@ -318,9 +318,8 @@ class OrtTarget:
         self.label = f"onnxruntime {'/'.join(self.runner.providers)}"
         self.timings: list[tuple[str, float, float | None]] = []
 
-    consumes = True  # run_many(consume=...), as TrtTarget (here the outputs are ORT's own arrays)
-
     def run_many(self, batches: list[tuple[Any, dict[str, np.ndarray]]], consume=None):
+        """As TrtTarget.run_many; with `consume` the outputs (ORT's own arrays) go to consume(tag, outputs)."""
         for tag, feeds in batches:
             start = time.perf_counter()
             out = self.runner.run(feeds)
@@ -363,9 +362,8 @@ class TrtTarget:
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
         self.timings: list[tuple[str, float, float | None]] = []
 
-    consumes = True  # run_many(consume=...): outputs handed over as views of pinned memory, not copied
-
     def run_many(self, batches, consume=None):
+        """consume: see TrtRunner.run_many (the outputs are views of pinned memory, valid inside the call)."""
         start = len(self.runner.timings)
         for tag, out in self.runner.run_many(batches, consume=consume):
             yield tag, out
@@ -603,7 +601,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     warm = _warm_up(p, options, target)
 
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
-    # running (the target's pipelined loop) and merging (one more thread) all overlap under one clock.
+    # running (the target's pipelined loop) and merging (worker threads) all overlap under one clock.
     start = time.perf_counter()
     merger = _Merger(p.docs, [], p.kinds, options, templates=warm)
     planned: dict[int, list[Chunk]] = {}
@@ -653,7 +651,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     sys.setswitchinterval(min(interval, 0.0005))
     try:
         with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
-            if not options.precision_check and getattr(target, "consumes", False):
+            if not options.precision_check:
                 def consume(tag: int, views: dict[str, np.ndarray]) -> None:
                     b = batches[tag]
                     groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
@@ -665,8 +663,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             else:
                 pending = []
                 for tag, out in target.run_many(feeds()):
-                    if options.precision_check:
-                        results[tag] = out  # kept for the ONNX Runtime comparison after the loop
+                    results[tag] = out  # kept for the ONNX Runtime comparison after the loop
                     pending.append(pool.submit(merge, batches[tag], out))
                 for future in pending:
                     future.result()

@@ -402,7 +402,7 @@ def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], optio
     progress = BuildProgress(len(profiles))
     with _monitored(mod, config, progress) as interrupted, _heartbeat(progress, on_tick, tick_s):
         serialized = builder.build_serialized_network(network, config)
-    if interrupted() or getattr(logger.impl, "interrupted", False):
+    if interrupted() or logger.impl.interrupted:
         raise KeyboardInterrupt
     seconds = time.perf_counter() - start
     if serialized is None:

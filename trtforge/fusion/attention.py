@@ -443,10 +443,9 @@ def pack_qkv_scales(q: Projection, k: Projection, v: Projection, heads: int, q_f
 QKV_PROJECTIONS = ("matmul", "conv")
 
 
-def activation_qdq(model: onnx.ModelProto, x: str) -> tuple[str, str, str] | None:
+def activation_qdq(g: _Graph, x: str) -> tuple[str, str, str] | None:
     """(float input, scale, zero point) when x = DequantizeLinear(QuantizeLinear(float input)) with one scale for the
     whole tensor (so a reshape commutes with it); None otherwise."""
-    g = _Graph(model)
     dq = g.producer.get(x)
     if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 3:
         return None
@@ -475,7 +474,6 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str, qkv_projection: s
     conv = qkv_projection == "conv"
     n = lambda s: f"{prefix}/{s}"  # noqa: E731
     inits = [numpy_helper.from_array(w.T.reshape(3 * e, e_in, 1, 1).copy() if conv else w, n("qkv_weight")),
-             numpy_helper.from_array(np.array([-1, 3 * e, 1, 1], np.int64), n("qkv_shape")),
              numpy_helper.from_array(np.array([e], np.int64), n("hidden")),
              numpy_helper.from_array(np.array([0, 1], np.int64), n("bs_index")),
              numpy_helper.from_array(np.array(0, np.int64), n("zero")),
@@ -515,7 +513,8 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str, qkv_projection: s
                                           to=helper.np_dtype_to_tensor_dtype(b.dtype)))
             qkv_tokens = n("qkv_tokens")
     else:
-        inits.append(numpy_helper.from_array(b, n("qkv_bias")))
+        inits += [numpy_helper.from_array(b, n("qkv_bias")),
+                  numpy_helper.from_array(np.array([-1, 3 * e, 1, 1], np.int64), n("qkv_shape"))]
         mm = n("qkv_mm")
         nodes.append(helper.make_node("MatMul", [x, weight], [mm], name=n("qkv_matmul")))
         if gemm_dtype != b.dtype:  # e.g. an fp32 (INT8 or kept) GEMM in an fp16 graph
@@ -600,8 +599,9 @@ def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_f
     kept = [n for n in out.graph.node if not (set(n.output) & ctx_producers)]
     del out.graph.node[:]
     out.graph.node.extend(kept)
+    graph = _Graph(model)
     for i, c in enumerate(accepted):
-        x_qdq = activation_qdq(model, c.q.x) if qkv_projection == "conv" and c.q.wscale is not None else None
+        x_qdq = activation_qdq(graph, c.q.x) if qkv_projection == "conv" and c.q.wscale is not None else None
         nodes, inits = _plugin_nodes(c, routes[c.softmax].padded_head or 64, f"fused_attention_{i}", qkv_projection, x_qdq)
         out.graph.node.extend(nodes)
         out.graph.initializer.extend(inits)

@@ -96,51 +96,41 @@ def gelu_fusion(model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: st
     record: dict[str, Any] = {"mode": mode, "route": "off", "why": "--fuse-gelu off", "replaced": [], "refused": []}
     if mode == "off":
         return None, record
-    base = backend_route(flavour, version)
-    if mode == "auto":
-        why_not = auto_gelu_skip(precision, flavour, version, plugin_registered)
-        if why_not:
-            record.update(route="none", why=why_not)
-            return None, record
-        fused, report = fuse_gelu(model, feeds or {}, observe_model=observe_model)
-        record.update(report.to_json(), route="plugin" if report.replaced else "none",
-                      why=f"TensorRT {version}: {GELU_PLUGIN} v{GELU_VERSION} (tanh GELU, bias folded)" if report.replaced
-                      else "no GELU this pass can fuse")
-        return (fused if report.replaced else None), record
-    why_not = None
-    if base.kind != "plugin":
-        why_not = f"{GELU_PLUGIN} is TensorRT 8.x's plugin; {flavour} {version} fuses GELU itself"
-    elif precision not in ("fp16", "best", "fp32"):
-        why_not = f"precision {precision} has no GELU plugin route; build with fp32, fp16 or best"
-    elif not plugin_registered:
-        why_not = f"{GELU_PLUGIN} v{GELU_VERSION} is not in this TensorRT's plugin registry"
+    why_not = gelu_skip(mode, precision, flavour, version, plugin_registered)
     if why_not:
-        raise UserError(f"--fuse-gelu on cannot fuse {onnx_name}: {why_not}.")
+        if mode == "on":
+            raise UserError(f"--fuse-gelu on cannot fuse {onnx_name}: {why_not}.")
+        record.update(route="none", why=why_not)
+        return None, record
     fused, report = fuse_gelu(model, feeds or {}, observe_model=observe_model)
-    record.update(report.to_json(), route="plugin", why=f"TensorRT {version}: {GELU_PLUGIN} v{GELU_VERSION} (tanh GELU, bias folded)")
     if not report.replaced:
         reason = report.refused[0]["reason"] if report.refused else "the graph has no Erf/Tanh"
-        raise UserError(f"--fuse-gelu on found no GELU in {onnx_name} it can fuse: {reason}.")
+        if mode == "on":
+            raise UserError(f"--fuse-gelu on found no GELU in {onnx_name} it can fuse: {reason}.")
+        record.update(report.to_json(), route="none", why="no GELU this pass can fuse")
+        return None, record
+    record.update(report.to_json(), route="plugin", why=f"TensorRT {version}: {GELU_PLUGIN} v{GELU_VERSION} (tanh GELU, bias folded)")
     return fused, record
 
 
-def auto_gelu_skip(precision: str, flavour: str, version: str, plugin_registered: bool) -> str | None:
-    """Why `--fuse-gelu auto` leaves this build's GELUs alone, or None when it fuses them."""
-    base = backend_route(flavour, version)
-    if base.kind != "plugin":
+def gelu_skip(mode: str, precision: str, flavour: str, version: str, plugin_registered: bool) -> str | None:
+    """Why the GELU pass in this mode (auto|on) leaves this build's GELUs alone, or None when it fuses them."""
+    if backend_route(flavour, version).kind != "plugin":
         return f"{GELU_PLUGIN} is TensorRT 8.x's plugin; {flavour} {version} fuses GELU itself"
-    if precision not in GELU_AUTO_PRECISIONS:
+    if mode == "auto" and precision not in GELU_AUTO_PRECISIONS:
         return (f"precision {precision}: the plugin was measured faster only in fp16 builds (INT8 best on the H200: "
                 "5.67 -> 8.94 ms at 16x512); --fuse-gelu on forces it")
+    if precision not in ("fp16", "best", "fp32"):
+        return f"precision {precision} has no GELU plugin route; build with fp32, fp16 or best"
     if not plugin_registered:
         return f"{GELU_PLUGIN} v{GELU_VERSION} is not in this TensorRT's plugin registry"
     return None
 
 
 def describe_gelu(record: dict[str, Any]) -> list[str]:
-    if not record or not record.get("replaced"):
+    replaced = (record or {}).get("replaced")
+    if not replaced:
         return []
-    replaced = record.get("replaced") or []
     worst = max((r["approximation_max_abs"] or 0.0 for r in replaced), default=0.0)
     lines = [f"GELU fusion: replaced {len(replaced)} GELU(s) by {GELU_PLUGIN} "
              f"({sum(r['bias_folded'] for r in replaced)} with their bias); tanh form, max |difference| on the "
