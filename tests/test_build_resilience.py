@@ -208,30 +208,3 @@ def test_heartbeat_lines_under_ci(tmp_path):
     assert beats and all(re.search(r"profile [12] of 2", l) for l in beats), proc.stderr
     proc = run_cli("inspect", str(tmp_path / "c.engine"))
     assert proc.returncode == 0 and "layers running INT8: 0" in proc.stdout and "from the build log" in proc.stdout
-
-
-def test_a_ctrl_c_inside_tensorrts_log_callback_is_kept_not_swallowed():
-    """CI caught a build that ran to the end after Ctrl-C: the KeyboardInterrupt was raised inside the logger
-    callback, and TensorRT catches exceptions there ('[ERROR] Exception caught in log()'). The logger keeps it
-    so that the build raises it once TensorRT returns."""
-    from trtforge.backends.tensorrt import _Logger
-
-    class Levels:
-        VERBOSE, WARNING = "verbose", "warning"
-
-    class ILogger:
-        Severity = Levels
-
-        def __init__(self):
-            pass
-
-    class Interrupting(list):
-        def append(self, item):
-            raise KeyboardInterrupt
-
-    logger = _Logger(type("trt", (), {"ILogger": ILogger}))
-    logger.impl.log(Levels.WARNING, "fine")
-    assert not logger.impl.interrupted
-    logger.impl.messages = Interrupting()
-    logger.impl.log(Levels.WARNING, "during Ctrl-C")
-    assert logger.impl.interrupted

@@ -18,6 +18,21 @@ from typing import Any, Iterator
 from trtforge.errors import UserError
 
 
+_published: list[Path] = []
+
+
+def publish(tmp: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Rename a finished temp file onto its final name and remember it: an interrupted command then says
+    exactly which complete files it had already written (`published()`)."""
+    os.replace(tmp, final)
+    _published.append(Path(final))
+
+
+def published() -> list[Path]:
+    """Files this process has written that are still there (a staging folder's are gone), in order, no repeats."""
+    return [p for p in dict.fromkeys(_published) if p.exists()]
+
+
 def sidecar_path(artifact: str | os.PathLike) -> Path:
     return Path(str(artifact) + ".json")
 
@@ -43,7 +58,7 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        os.replace(tmp_path, final)
+        publish(tmp_path, final)
     except OSError as exc:
         tmp_path.unlink(missing_ok=True)
         raise UserError(f"could not write {final}: {exc.strerror or exc}; free space or choose another path.") from None

@@ -9,7 +9,6 @@ the input.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -20,8 +19,8 @@ from typing import Any, Callable
 
 import onnx
 
-from trtforge import __version__
-from trtforge.artifacts import (ensure_writable_dir, onnx_graph_hash, output_lock, read_sidecar, sha256_bytes, sha256_file, write_bytes_atomic,
+from trtforge import __version__, interrupts
+from trtforge.artifacts import (ensure_writable_dir, onnx_graph_hash, output_lock, publish, read_sidecar, sha256_bytes, sha256_file, write_bytes_atomic,
                                 write_json_atomic, write_sidecar)
 from trtforge.backends.tensorrt import (BuildOptions, BuildOutput, Tick, TrtModule, build_engine, engine_layers, load_trt, parse_layer_log,
                                        runtime_identity, summarize_layers, tensor_dtype)
@@ -207,17 +206,43 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
                 model = converted
             options.has_fp16, options.has_qdq = model_traits(model)
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
-        if converted is not None:
-            with output_lock(built_onnx):
-                for staged in staging.iterdir():
-                    os.replace(staged, built_onnx.parent / staged.name)
-                write_sidecar(built_onnx, {**(parent or {}), "step": "precision", "precision": precision,
-                                           "parent": str(onnx_path), "graph_hash": onnx_graph_hash(converted), **precision_report})
+        sidecar = _engine_sidecar(mod, identity, precision, profiles, phases, out, specs, axes, onnx_path, parent, built_onnx,
+                                  source, precision_report, fusion, gelu_record, options, start)
+        with interrupts.deferred():  # the built ONNX, the engine and their sidecars appear together or not at all
+            if converted is not None:
+                with output_lock(built_onnx):
+                    for staged in staging.iterdir():
+                        publish(staged, built_onnx.parent / staged.name)
+                    write_sidecar(built_onnx, {**(parent or {}), "step": "precision", "precision": precision,
+                                               "parent": str(onnx_path), "graph_hash": onnx_graph_hash(converted), **precision_report})
+            with output_lock(output):  # engine and sidecar of one build, even when two builds target one path
+                write_bytes_atomic(output, out.engine)
+                if out.timing_cache is not None and options.timing_cache is not None:
+                    write_bytes_atomic(options.timing_cache, out.timing_cache)
+                write_sidecar(output, sidecar)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+    sidecar.update(_layer_info(mod, out, profiles, output, warn))
+    with output_lock(output):
+        write_sidecar(output, sidecar)
+    if engine_check:
+        from trtforge.calibrate.engine_check import after_build
 
-    sidecar = {
+        check = after_build(output, sidecar, engine_hooks)
+        if check is not None:
+            sidecar["engine_check"] = check
+            with output_lock(output):
+                write_sidecar(output, sidecar)
+    return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
+
+
+def _engine_sidecar(mod: TrtModule, identity: dict[str, Any], precision: str, profiles: list[Profile], phases: Any,
+                    out: BuildOutput, specs: list[InputSpec], axes: dict[str, AxisRange], onnx_path: Path,
+                    parent: dict[str, Any] | None, built_onnx: Path, source: Path, precision_report: dict[str, Any],
+                    fusion: dict[str, Any], gelu_record: dict[str, Any], options: BuildOptions, start: float) -> dict[str, Any]:
+    """The engine's sidecar as written with the engine; layer info and the engine check are added later."""
+    return {
         "kind": "engine",
         "trtforge_version": __version__,
         "backend": mod.flavour,
@@ -248,30 +273,13 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         "total_seconds": round(time.perf_counter() - start, 3),
         "engine_bytes": len(out.engine),
         "engine_sha256": sha256_bytes(out.engine),
-        "onnx_bytes": built_onnx.stat().st_size,
+        "onnx_bytes": source.stat().st_size,  # the staged copy of built_onnx, or the source itself
         "layer_info": None,
         "layer_info_unavailable": "not inspected yet",
         "layer_summary": None,
         "inspector": None,
         "notes": out.notes,
     }
-    with output_lock(output):  # engine and sidecar of one build, even when two builds target one path
-        write_bytes_atomic(output, out.engine)
-        if out.timing_cache is not None and options.timing_cache is not None:
-            write_bytes_atomic(options.timing_cache, out.timing_cache)
-        write_sidecar(output, sidecar)
-    sidecar.update(_layer_info(mod, out, profiles, output, warn))
-    with output_lock(output):
-        write_sidecar(output, sidecar)
-    if engine_check:
-        from trtforge.calibrate.engine_check import after_build
-
-        check = after_build(output, sidecar, engine_hooks)
-        if check is not None:
-            sidecar["engine_check"] = check
-            with output_lock(output):
-                write_sidecar(output, sidecar)
-    return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
 
 
 def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelProto, precision: str, options: BuildOptions,

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from trtforge import __version__
+from trtforge.artifacts import published
 from trtforge.errors import GateFailed as GateFailedError, TrtforgeError, UserError
 from trtforge import ui
 
@@ -585,7 +586,7 @@ def main() -> None:
         ui.console(stderr=True).print(f"error: {exc}", markup=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        ui.console(stderr=True).print("interrupted: nothing was written under the final output names.", markup=False)
+        ui.console(stderr=True).print(interrupted_message(published()), markup=False)
         sys.exit(130)
     except SystemExit:
         raise
@@ -598,6 +599,26 @@ def main() -> None:
         if isinstance(exc, click.exceptions.Abort):
             sys.exit(130)
         raise
+    finally:
+        _ignore_late_ctrl_c()
+
+
+def interrupted_message(written: list[Path]) -> str:
+    """What Ctrl-C left behind: every file is written whole or not at all, so either nothing or a list of complete files."""
+    if not written:
+        return "interrupted: nothing was written under the final output names."
+    names = ", ".join(str(p) for p in written[:8]) + (f" and {len(written) - 8} more" if len(written) > 8 else "")
+    return f"interrupted: {names} had already been written (complete); nothing else was written under final output names."
+
+
+def _ignore_late_ctrl_c() -> None:
+    """The command has finished and said so: a Ctrl-C during interpreter teardown would otherwise kill the
+    process by signal and hide the exit code it already decided."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import ensure_writable_dir, onnx_graph_hash, write_sidecar
+from trtforge.artifacts import ensure_writable_dir, onnx_graph_hash, publish, write_sidecar
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.config import AxisRange, InputSpec, ModelConfig
 from trtforge.errors import UserError, exception_summary
@@ -437,7 +437,7 @@ def save_tokenizer(tokenizer: Any, folder: Path) -> None:
         if folder.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old.", dir=folder.parent))
             os.replace(folder, old / "t")
-        os.replace(tmp, folder)
+        publish(tmp, folder)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:

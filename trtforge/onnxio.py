@@ -13,7 +13,7 @@ from pathlib import Path
 
 import onnx
 
-from trtforge.artifacts import ensure_writable_dir
+from trtforge.artifacts import ensure_writable_dir, publish
 from trtforge.errors import UserError
 
 PROTOBUF_LIMIT = 2 * 1024**3 - 1
@@ -49,13 +49,13 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bo
         if use_external:
             onnx.save_model(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=data_name, size_threshold=0)
-            os.replace(tmpdir / data_name, path.parent / data_name)
+            publish(tmpdir / data_name, path.parent / data_name)
             # save_model moved the weights out of `model`; read them back so the caller's model stays whole.
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
         else:
             onnx.save_model(model, str(tmp_model))
             (path.parent / data_name).unlink(missing_ok=True)
-        os.replace(tmp_model, path)
+        publish(tmp_model, path)
     except OSError as exc:
         raise UserError(f"could not write {path}: {exc.strerror or exc}; free space or choose another path.") from None
     finally:

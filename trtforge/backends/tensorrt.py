@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from trtforge import interrupts
 from trtforge.errors import UserError
 from trtforge.profiles import Profile
 
@@ -78,16 +78,12 @@ class _Logger:
                 trt.ILogger.__init__(inner)
                 inner.messages: list[tuple[Any, str]] = []
                 inner.layer_log: list[str] = []
-                inner.interrupted = False
 
-            def log(inner, severity, msg):
-                try:
-                    if severity != verbose:
-                        inner.messages.append((severity, msg))
-                    elif msg.startswith(LAYER_LOG_HEADERS):
-                        inner.layer_log.append(msg)
-                except KeyboardInterrupt:  # Ctrl-C landed while TensorRT called us: it would swallow it and go on
-                    inner.interrupted = True
+            def log(inner, severity, msg):  # called from C++: runs inside interrupts.deferred(), so Ctrl-C cannot land here
+                if severity != verbose:
+                    inner.messages.append((severity, msg))
+                elif msg.startswith(LAYER_LOG_HEADERS):
+                    inner.layer_log.append(msg)
 
         self.impl = Collector()
         self.trt = trt
@@ -294,17 +290,10 @@ class BuildProgress:
 
 @contextlib.contextmanager
 def _monitored(mod: TrtModule, config: Any, progress: BuildProgress):
-    """Ctrl-C during a build: TensorRT swallows exceptions raised in its callbacks, so SIGINT only sets a
-    flag; a progress monitor (TensorRT >= 10, TensorRT-RTX) then cancels the build at its next step, and
-    the caller raises KeyboardInterrupt once the builder returns. Nothing is written either way.
-    The same monitor feeds `progress` with phases and steps."""
-    flag = {"set": False}
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def on_sigint(_signum, _frame):
-            flag["set"] = True
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
+    """A progress monitor (TensorRT >= 10, TensorRT-RTX) that feeds `progress` with phases and steps and
+    cancels the build at its next step once Ctrl-C was pressed (the caller runs inside interrupts.deferred(),
+    which turns SIGINT into a flag and raises it when TensorRT returns). 8.6 has no monitor: Ctrl-C then
+    waits for the builder to return. Nothing is written either way."""
     trt = mod.trt
     if hasattr(trt, "IProgressMonitor") and hasattr(config, "progress_monitor"):
         class Monitor(trt.IProgressMonitor):
@@ -319,14 +308,10 @@ def _monitored(mod: TrtModule, config: Any, progress: BuildProgress):
 
             def step_complete(inner, phase_name, step):
                 progress.step_complete(phase_name, step)
-                return not flag["set"]
+                return not interrupts.requested()
 
         config.progress_monitor = Monitor()
-    try:
-        yield lambda: flag["set"]
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    yield
 
 
 Tick = Callable[[float, BuildProgress], None]
@@ -385,9 +370,16 @@ def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], optio
     import onnx
 
     node_names = [(n.name, n.op_type) for n in onnx.load(str(onnx_path), load_external_data=False).graph.node]
+    with interrupts.deferred():  # TensorRT swallows a KeyboardInterrupt raised in its callbacks
+        return _build_engine(mod, onnx_path, profiles, options, on_tick, tick_s, node_names)
+
+
+def _build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions,
+                  on_tick: Tick | None, tick_s: float, node_names: list[tuple[str, str]]) -> BuildOutput:
     logger = _Logger(mod.trt)
     notes: list[str] = []
     builder, network, _parser = _parse(mod, onnx_path, logger, node_names)
+    interrupts.check()
     known = {network.get_input(i).name for i in range(network.num_inputs)}
     for profile in profiles:
         missing = known - set(profile.shapes)
@@ -400,10 +392,10 @@ def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], optio
     config, cache_loaded, ccs = _configure(mod, builder, network, options, profiles, notes)
     start = time.perf_counter()
     progress = BuildProgress(len(profiles))
-    with _monitored(mod, config, progress) as interrupted, _heartbeat(progress, on_tick, tick_s):
+    interrupts.check()
+    with _monitored(mod, config, progress), _heartbeat(progress, on_tick, tick_s):
         serialized = builder.build_serialized_network(network, config)
-    if interrupted() or logger.impl.interrupted:
-        raise KeyboardInterrupt
+    interrupts.check()  # a cancelled build returns None: that is Ctrl-C, not a failed build
     seconds = time.perf_counter() - start
     if serialized is None:
         raise UserError(_explain_build_failure(mod, onnx_path, profiles, options, logger, node_names))
@@ -423,6 +415,7 @@ def _explain_build_failure(mod: TrtModule, onnx_path: Path, profiles: list[Profi
     first = _shorten(logger.errors()[0]) if logger.errors() else "the builder returned no engine"
     if len(profiles) > 1:
         for profile in profiles:  # rebuild each profile alone: which one breaks?
+            interrupts.check()
             single = _Logger(mod.trt)
             builder, network, _ = _parse(mod, onnx_path, single, node_names)
             config, _, _ = _configure(mod, builder, network, options, [profile], [])
@@ -477,6 +470,11 @@ def engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None =
 
     With dynamic shapes, formats and precisions are only known for concrete shapes: an execution
     context set to `profile`'s opt shapes is handed to the inspector. Raises InspectorParseError."""
+    with interrupts.deferred():  # TensorRT swallows a KeyboardInterrupt raised in its logger
+        return _engine_layers(mod, engine_bytes, profile)
+
+
+def _engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None) -> tuple[list[dict[str, Any]] | None, str | None]:
     trt = mod.trt
     logger = _Logger(trt)
     try:

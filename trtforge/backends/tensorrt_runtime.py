@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from trtforge import interrupts
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
 from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, slot_bytes
@@ -168,11 +169,12 @@ class TrtRunner:
         self.free_before = _ok(cudart.cudaMemGetInfo())[0]
         self.logger = RuntimeLogger(self.trt)
         logger = self.logger.impl
-        if mod.flavour == "tensorrt" and hasattr(self.trt, "init_libnvinfer_plugins"):
-            self.trt.init_libnvinfer_plugins(logger, "")  # engines with fused-attention plugin layers need the registry
-        self.runtime = self.trt.Runtime(logger)
         data = Path(engine_path).read_bytes()
-        self.engine = self.runtime.deserialize_cuda_engine(data)
+        with interrupts.deferred():  # TensorRT swallows a KeyboardInterrupt raised in its logger
+            if mod.flavour == "tensorrt" and hasattr(self.trt, "init_libnvinfer_plugins"):
+                self.trt.init_libnvinfer_plugins(logger, "")  # engines with fused-attention plugin layers need the registry
+            self.runtime = self.trt.Runtime(logger)
+            self.engine = self.runtime.deserialize_cuda_engine(data)
         if self.engine is None:
             raise UserError(f"engine {engine_path} is truncated or corrupt (TensorRT could not load it); rebuild it with trtforge build.")
         self.profiles: list[Profile] = profiles_from_json(sidecar["profiles"])

@@ -1,0 +1,88 @@
+"""Ctrl-C inside native callbacks (trtforge.interrupts): TensorRT catches what its Python callbacks raise."""
+import os
+import signal
+import threading
+
+import pytest
+
+from trtforge import interrupts
+
+
+def _native_call(callback):
+    """Stands in for TensorRT calling a Python logger from C++: every exception the callback raises is caught."""
+    try:
+        callback()
+    except BaseException:  # noqa: BLE001 - what TensorRT does ("Exception caught in log()")
+        pass
+    return "built"
+
+
+def _ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):  # the handler runs at the next bytecode boundary
+        pass
+
+
+def test_without_deferral_a_ctrl_c_in_a_callback_is_lost():
+    assert _native_call(_ctrl_c) == "built"  # the failure the module exists for
+
+
+def test_deferred_raises_the_ctrl_c_a_callback_would_lose():
+    results = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.deferred():
+            results.append(_native_call(_ctrl_c))
+            assert interrupts.requested()
+    assert results == ["built"] and not interrupts.requested()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_check_raises_between_native_calls_and_nesting_restores_once():
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.deferred():
+            with interrupts.deferred():
+                _native_call(_ctrl_c)
+            pytest.fail("the inner block should have raised")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with interrupts.deferred():
+        _native_call(lambda: None)
+        interrupts.check()  # nothing pending: no interrupt
+
+
+def test_an_ignored_sigint_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupts.deferred():
+            _native_call(_ctrl_c)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and not interrupts.requested()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_outside_the_main_thread_nothing_changes():
+    seen = []
+
+    def worker():
+        with interrupts.deferred():
+            seen.append(signal.getsignal(signal.SIGINT))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [signal.default_int_handler]
+
+
+def test_the_interrupt_message_lists_what_was_already_written(tmp_path):
+    from pathlib import Path
+
+    from trtforge.artifacts import published, write_text_atomic
+    from trtforge.cli import interrupted_message
+
+    assert interrupted_message([]) == "interrupted: nothing was written under the final output names."
+    before = len(published())
+    write_text_atomic(tmp_path / "a.json", "{}")
+    write_text_atomic(tmp_path / "a.json", "{}")
+    assert published()[before:] == [tmp_path / "a.json"]
+    message = interrupted_message([tmp_path / "m.engine", tmp_path / "m.engine.json"])
+    assert "m.engine, " in message and "m.engine.json had already been written (complete)" in message
+    assert "and 2 more" in interrupted_message([Path(f"f{i}") for i in range(10)])
