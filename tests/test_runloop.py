@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from trtforge.backends.cuda_async import AsyncCuda
 from trtforge.runloop import (CAPTURE, ENQUEUE, LAUNCH, Batcher, GraphCache, completion_intervals, slot_bytes, stream_batches,
                               wall_over_gpu)
 
@@ -115,7 +116,7 @@ class FakeCudart:
     cudaStreamCaptureMode = SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
 
     def __init__(self):
-        self.buffers, self.capturing, self.streams = {}, {}, 0
+        self.buffers, self.capturing, self.streams, self.executables = {}, {}, 0, {}
         self.used = 0
 
     def _alloc(self, n):
@@ -140,7 +141,8 @@ class FakeCudart:
         return 0, self.streams
 
     def cudaEventCreate(self):
-        return 0, object()
+        self.streams += 1
+        return 0, 1000 + self.streams
 
     def op(self, stream, fn):
         if stream in self.capturing:
@@ -175,10 +177,12 @@ class FakeCudart:
         return 0, self.capturing.pop(stream)
 
     def cudaGraphInstantiateWithFlags(self, graph, flags):
-        return 0, list(graph)
+        handle = 10_000 + len(self.executables)
+        self.executables[handle] = list(graph)
+        return 0, handle
 
     def cudaGraphLaunch(self, exe, stream):
-        for fn in exe:
+        for fn in self.executables[exe]:
             fn()
         return (0,)
 
@@ -189,6 +193,32 @@ class FakeCudart:
 
     def cudaGetErrorString(self, err):
         return 0, b"fake error"
+
+
+def fake_driver(cudart):
+    """libcuda as cuda_async.load_driver sees it (functions taking argtypes), executed by FakeCudart."""
+    calls = []
+
+    def entry(name, fn):
+        def call(*args):
+            calls.append(name)
+            return fn(*args)
+        return call
+
+    lib = SimpleNamespace(calls=calls)
+    lib.cuMemcpyHtoDAsync_v2 = entry("htod", lambda dst, src, n, stream: cudart.cudaMemcpyAsync(dst, src, n, 1, stream)[0])
+    lib.cuMemcpyDtoHAsync_v2 = entry("dtoh", lambda dst, src, n, stream: cudart.cudaMemcpyAsync(dst, src, n, 2, stream)[0])
+    lib.cuEventRecord = entry("record", lambda event, stream: 0)
+    lib.cuStreamWaitEvent = entry("wait", lambda stream, event, flags: 0)
+    lib.cuGraphLaunch = entry("launch", lambda exe, stream: cudart.cudaGraphLaunch(exe, stream)[0])
+
+    def elapsed(out, start, end):
+        out._obj.value = 1.0
+        return 0
+
+    lib.cuEventElapsedTime = entry("elapsed", elapsed)
+    lib.cuGetErrorName = entry("error_name", lambda code, out: 0)
+    return lib
 
 
 class FakeContext:
@@ -276,6 +306,7 @@ def _runner(monkeypatch, tmp_path, **kwargs):
     trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="in"), nptype=lambda t: t)
     trt.Runtime = lambda logger: SimpleNamespace(deserialize_cuda_engine=lambda data: engine)
     monkeypatch.setattr(rt, "_cudart", lambda: cudart)
+    monkeypatch.setattr(rt, "AsyncCuda", lambda: AsyncCuda(fake_driver(cudart)))
     monkeypatch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
     path = tmp_path / "fake.engine"
     path.write_bytes(b"engine")

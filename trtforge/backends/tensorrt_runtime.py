@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from trtforge import interrupts
+from trtforge.backends.cuda_async import AsyncCuda, stack_into
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
 from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, slot_bytes
@@ -142,7 +143,8 @@ class _Slot:
     device: dict[str, DeviceBuffer] = field(default_factory=dict)
     host: dict[str, PinnedBuffer] = field(default_factory=dict)
     events: dict[str, Any] = field(default_factory=dict)  # h2d, start, end, d2h
-    pending: Any = None  # (tag, profile, output shapes) of the batch in flight
+    event_handles: dict[str, int] = field(default_factory=dict)  # the same events as driver handles
+    pending: Any = None  # (tag, profile, output shapes, first run of its shape) of the batch in flight
 
 
 @dataclass
@@ -187,6 +189,8 @@ class TrtRunner:
         self.compute_stream = _ok(cudart.cudaStreamCreate())
         self.h2d_stream = _ok(cudart.cudaStreamCreate())
         self.d2h_stream = _ok(cudart.cudaStreamCreate())
+        self._streams = {name: _handle(getattr(self, name)) for name in ("compute_stream", "h2d_stream", "d2h_stream")}
+        self.cuda = AsyncCuda()  # the submitting path's calls keep the GIL (cuda_async.py says why)
         self.timings: list[BatchTiming] = []
         self.peak_bytes = 0
         self.graphs = GraphCache(enabled=cuda_graphs)
@@ -269,6 +273,7 @@ class TrtRunner:
         slot = _Slot()
         for name in ("h2d", "start", "end", "d2h"):
             slot.events[name] = _ok(cudart.cudaEventCreate())
+            slot.event_handles[name] = _handle(slot.events[name])
         for name, nbytes in sizes.items():
             slot.device[name] = DeviceBuffer(nbytes)
             slot.host[name] = PinnedBuffer(nbytes)
@@ -296,9 +301,7 @@ class TrtRunner:
     # -- execution ---------------------------------------------------------------------------
     def _stage(self, slot: _Slot, feeds: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
         """Inputs into the slot's pinned buffers (one copy: a batch given as its chunks' parts is
-        concatenated there), then one async H2D copy each."""
-        cudart = _cudart()
-        h2d = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        concatenated there), then one async H2D copy each; the GIL is held throughout (cuda_async.py)."""
         shapes = []
         for name in self.input_names:
             if name not in feeds:
@@ -308,12 +311,8 @@ class TrtRunner:
             nbytes = math.prod(shape) * dtype.itemsize
             if nbytes > slot.host[name].nbytes:
                 raise UserError(f"input '{name}' shape {list(shape)} is larger than any profile of this engine; rebuild with wider tiers.")
-            view = slot.host[name].view(dtype, shape)
-            if isinstance(value, (list, tuple)):
-                np.concatenate(value, axis=0, out=view, casting="same_kind")
-            else:
-                np.copyto(view, value, casting="same_kind")
-            _ok(cudart.cudaMemcpyAsync(slot.device[name].ptr, slot.host[name].ptr, nbytes, h2d, self.h2d_stream))
+            stack_into(slot.host[name].view(dtype, shape), value)
+            self.cuda.copy_to_device(slot.device[name].ptr, slot.host[name].ptr, nbytes, self._streams["h2d_stream"])
             shapes.append(shape)
         return tuple(shapes)
 
@@ -359,36 +358,35 @@ class TrtRunner:
         return (graph, exe), None
 
     def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any) -> None:
-        cudart = _cudart()
-        d2h = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        slot = self.slots[s]
+        cuda, streams, slot = self.cuda, self._streams, self.slots[s]
+        events = slot.event_handles
         ctx = self._context(profile)
         with self.host.stage("stage_inputs"):  # stack the chunks into pinned memory, queue the H2D copies
             shape = self._stage(slot, feeds)
-        _ok(cudart.cudaEventRecord(slot.events["h2d"], self.h2d_stream))
+        cuda.record(events["h2d"], streams["h2d_stream"])
         action = self.graphs.action(profile, shape, s)
         if action != LAUNCH:
             self._prepare_context(ctx, profile, shape, s)
         shapes = self._out_shapes[(profile, shape)]
-        _ok(cudart.cudaStreamWaitEvent(self.compute_stream, slot.events["h2d"], 0))
-        _ok(cudart.cudaEventRecord(slot.events["start"], self.compute_stream))
+        cuda.wait(streams["compute_stream"], events["h2d"])
+        cuda.record(events["start"], streams["compute_stream"])
         graph, error = None, None
         if action == CAPTURE:
             graph, error = self._capture(ctx)
         if action == ENQUEUE or error is not None:
-            if not ctx.execute_async_v3(_handle(self.compute_stream)):
+            if not ctx.execute_async_v3(streams["compute_stream"]):
                 raise RuntimeError(f"TensorRT execution failed on profile {profile}")
         else:
             exe = graph[1] if graph is not None else self.graphs.graphs[(profile, shape, s)][1]
-            _ok(cudart.cudaGraphLaunch(exe, self.compute_stream))
+            cuda.launch(_handle(exe), streams["compute_stream"])
         self.graphs.done(profile, shape, s, action, graph, error)
-        _ok(cudart.cudaEventRecord(slot.events["end"], self.compute_stream))
-        _ok(cudart.cudaStreamWaitEvent(self.d2h_stream, slot.events["end"], 0))
+        cuda.record(events["end"], streams["compute_stream"])
+        cuda.wait(streams["d2h_stream"], events["end"])
         for name, out_shape in shapes.items():
             nbytes = math.prod(out_shape) * self.dtypes[name].itemsize
-            _ok(cudart.cudaMemcpyAsync(slot.host[name].ptr, slot.device[name].ptr, nbytes, d2h, self.d2h_stream))
-        _ok(cudart.cudaEventRecord(slot.events["d2h"], self.d2h_stream))
-        slot.pending = (tag, profile, shapes)
+            cuda.copy_to_host(slot.host[name].ptr, slot.device[name].ptr, nbytes, streams["d2h_stream"])
+        cuda.record(events["d2h"], streams["d2h_stream"])
+        slot.pending = (tag, profile, shapes, action != LAUNCH)
 
     def _collect(self, s: int, consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None) -> tuple[Any, Any]:
         cudart = _cudart()
@@ -396,10 +394,11 @@ class TrtRunner:
         with self.host.stage("wait_gpu"):  # the collector thread waiting for the batch's compute and D2H copies
             _ok(cudart.cudaEventSynchronize(slot.events["d2h"]))
         done = time.perf_counter()
-        tag, profile, shapes = slot.pending
+        tag, profile, shapes, first_of_shape = slot.pending
         slot.pending = None
-        gpu_ms = float(_ok(cudart.cudaEventElapsedTime(slot.events["start"], slot.events["end"])))
-        self._note_memory()  # after execution: activations and graphs are allocated by now
+        gpu_ms = self.cuda.elapsed_ms(slot.event_handles["start"], slot.event_handles["end"])
+        if first_of_shape:  # after execution: activations and graphs are allocated by now (replays allocate nothing)
+            self._note_memory()
         views = {name: slot.host[name].view(self.dtypes[name], shape) for name, shape in shapes.items()}
         if consume is not None:  # read straight out of pinned memory; the slot is reused once this returns
             outputs = consume(tag, views)

@@ -1,0 +1,72 @@
+"""cuda_async: GIL-holding driver calls and pinned staging (pure parts; the driver is faked)."""
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from trtforge.backends.cuda_async import AsyncCuda, load_driver, stack_into
+
+
+def _lib(codes=None):
+    codes = codes or {}
+    seen = []
+
+    def entry(name):
+        def call(*args):
+            seen.append((name, args))
+            return codes.get(name, 0)
+        return call
+
+    lib = SimpleNamespace(seen=seen)
+    for name in ("cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch",
+                 "cuEventElapsedTime"):
+        setattr(lib, name, entry(name))
+
+    def error_name(code, out):
+        out._obj.value = b"CUDA_ERROR_INVALID_HANDLE"
+        return 0
+
+    lib.cuGetErrorName = error_name
+    return lib
+
+
+def test_every_driver_entry_gets_its_argument_types():
+    lib = load_driver(_lib())
+    assert lib.cuMemcpyHtoDAsync_v2.argtypes[0] is ctypes.c_uint64 and lib.cuEventRecord.restype is ctypes.c_int
+    assert len(lib.cuStreamWaitEvent.argtypes) == 3
+
+
+def test_calls_pass_handles_through_and_errors_name_the_call():
+    cuda = AsyncCuda(_lib())
+    cuda.copy_to_device(1, 2, 3, 4)
+    cuda.wait(5, 6)
+    assert cuda.lib.seen == [("cuMemcpyHtoDAsync_v2", (1, 2, 3, 4)), ("cuStreamWaitEvent", (5, 6, 0))]
+    failing = AsyncCuda(_lib({"cuGraphLaunch": 400}))
+    with pytest.raises(RuntimeError, match=r"cuGraphLaunch failed: CUDA error 400 \(CUDA_ERROR_INVALID_HANDLE\)"):
+        failing.launch(7, 8)
+
+
+@pytest.mark.parametrize("case", ["parts", "array", "cast", "strided", "other_rows"])
+def test_stack_into_equals_numpy(case):
+    rng = np.random.default_rng(0)
+    parts = [rng.integers(0, 30000, size=(n, 5)) for n in (1, 3, 2)]
+    if case == "parts":
+        value, expected = parts, np.concatenate(parts)
+    elif case == "array":
+        value = expected = parts[1]
+    elif case == "cast":  # int32 parts into an int64 view: numpy's cast, not a byte copy
+        value = [p.astype(np.int32) for p in parts]
+        expected = np.concatenate(parts)
+    elif case == "strided":
+        value = [p[:, ::-1] for p in parts]
+        expected = np.concatenate(value)
+    else:  # equal bytes, other row shape: refused like np.concatenate would
+        value = [rng.integers(0, 9, size=(6, 5)).reshape(5, 6)]
+        view = np.zeros((6, 5), np.int64)
+        with pytest.raises(ValueError):
+            stack_into(view, value)
+        return
+    view = np.zeros(expected.shape, np.int64)
+    stack_into(view, value)
+    assert np.array_equal(view, expected)

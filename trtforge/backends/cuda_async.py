@@ -1,0 +1,99 @@
+"""The CUDA calls on `run`'s submitting path, made without releasing the GIL.
+
+cuda-python (like PyCUDA and CuPy) releases the GIL around every driver call. On its own that is right;
+in `run` it is what kept the GPU idle: with planning, merging and collecting threads busy, each release
+hands the GIL to another thread, and the submitting thread then waits up to a switch interval to get it
+back, a dozen times per batch. On the H200 box the submit of one MiniLM batch took 2.0-2.2 ms against
+1.29 ms of GPU work (benchmarks/RESULTS.md, w5); `benchmarks/gil_handoff.py` shows the mechanism on any
+machine: 12 GIL-releasing calls next to 4 busy Python threads cost 4 ms on average, 12 GIL-holding ones
+0.02 ms.
+
+So the non-blocking calls a batch needs (async copies, event records and waits, graph launches, elapsed
+times) go straight to the driver (libcuda) through ctypes.PyDLL, which keeps the GIL for the few
+microseconds each takes; blocking calls (event synchronisation) stay with cuda-python and release it.
+Pinned staging is filled with memmove through a GIL-holding ctypes prototype for the same reason (numpy
+releases the GIL for copies of more than 500 elements). Handles are interchangeable: a cudaStream_t is a
+CUstream, a cudaEvent_t a CUevent, a cudaGraphExec_t a CUgraphExec, on the primary context the runtime
+made current. Hand-written because no maintained binding offers GIL-holding calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Sequence
+
+import numpy as np
+
+_SIGNATURES = {
+    "cuMemcpyHtoDAsync_v2": (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p),
+    "cuMemcpyDtoHAsync_v2": (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p),
+    "cuEventRecord": (ctypes.c_void_p, ctypes.c_void_p),
+    "cuStreamWaitEvent": (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint),
+    "cuGraphLaunch": (ctypes.c_void_p, ctypes.c_void_p),
+    "cuEventElapsedTime": (ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p),
+    "cuGetErrorName": (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)),
+}
+
+# memmove that keeps the GIL (ctypes.memmove is a CFUNCTYPE: it releases it).
+_memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(ctypes._memmove_addr)
+
+
+def load_driver(lib: Any = None) -> Any:
+    """libcuda through ctypes.PyDLL (calls hold the GIL), with argument types set; `lib` for tests."""
+    lib = lib if lib is not None else ctypes.PyDLL("libcuda.so.1")
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
+    return lib
+
+
+class AsyncCuda:
+    """Non-blocking driver calls that keep the GIL; raise RuntimeError naming the call and the CUDA error."""
+
+    def __init__(self, lib: Any = None):
+        self.lib = load_driver(lib)
+
+    def _check(self, name: str, code: int) -> None:
+        if code:
+            text = ctypes.c_char_p()
+            self.lib.cuGetErrorName(code, ctypes.byref(text))
+            raise RuntimeError(f"{name} failed: CUDA error {code} ({(text.value or b'unknown').decode()})")
+
+    def copy_to_device(self, device_ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
+        self._check("cuMemcpyHtoDAsync", self.lib.cuMemcpyHtoDAsync_v2(device_ptr, host_ptr, nbytes, stream))
+
+    def copy_to_host(self, host_ptr: int, device_ptr: int, nbytes: int, stream: int) -> None:
+        self._check("cuMemcpyDtoHAsync", self.lib.cuMemcpyDtoHAsync_v2(host_ptr, device_ptr, nbytes, stream))
+
+    def record(self, event: int, stream: int) -> None:
+        self._check("cuEventRecord", self.lib.cuEventRecord(event, stream))
+
+    def wait(self, stream: int, event: int) -> None:
+        self._check("cuStreamWaitEvent", self.lib.cuStreamWaitEvent(stream, event, 0))
+
+    def launch(self, graph_exec: int, stream: int) -> None:
+        self._check("cuGraphLaunch", self.lib.cuGraphLaunch(graph_exec, stream))
+
+    def elapsed_ms(self, start: int, end: int) -> float:
+        ms = ctypes.c_float()
+        self._check("cuEventElapsedTime", self.lib.cuEventElapsedTime(ctypes.byref(ms), start, end))
+        return float(ms.value)
+
+
+def stack_into(view: np.ndarray, value: Any) -> None:
+    """Write a feed (an array, or its chunks' arrays stacked along axis 0) into `view` (pinned memory),
+    holding the GIL: one memmove per C-contiguous part of view's dtype, numpy for anything else."""
+    parts: Sequence[Any] = value if isinstance(value, (list, tuple)) else [value]
+    rows = view.shape[1:] if isinstance(value, (list, tuple)) else view.shape
+    if view.flags.c_contiguous and all(isinstance(p, np.ndarray) and p.dtype == view.dtype and p.flags.c_contiguous
+                                       and (p.shape[1:] if isinstance(value, (list, tuple)) else p.shape) == rows
+                                       for p in parts) and sum(p.nbytes for p in parts) == view.nbytes:
+        address = view.ctypes.data
+        for part in parts:
+            _memmove(address, part.ctypes.data, part.nbytes)
+            address += part.nbytes
+        return
+    if isinstance(value, (list, tuple)):
+        np.concatenate(value, axis=0, out=view, casting="same_kind")
+    else:
+        np.copyto(view, value, casting="same_kind")
