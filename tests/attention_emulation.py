@@ -87,3 +87,41 @@ def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
                              to=onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT)]
 
     return _expand(model, GELU, expand)
+
+
+def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each CustomSkipLayerNormPluginDynamic node as the ops it computes: x = a + b (+ bias), then
+    (x - mean) / sqrt(E[x^2] - mean^2 + eps(type)) * gamma + beta (TensorRT's skipLayerNormKernel.cu), in fp32,
+    cast back to the plugin's type."""
+    from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN
+
+    def expand(node, a, p, c):
+        fp16 = a["type_id"] == 1
+        dtype = onnx.TensorProto.FLOAT16 if fp16 else onnx.TensorProto.FLOAT
+        f = lambda v: np.asarray(v, np.float32)  # noqa: E731
+        weights = {k: numpy_helper.to_array(a[k]) for k in ("gamma", "beta", "bias") if k in a}
+        # the plugin copies count x sizeof(its type) raw bytes: weights of another type would be garbage there
+        assert all(a[k].data_type == dtype for k in weights), node.name
+        nodes = [helper.make_node("Cast", [node.input[0]], [p + "a"], to=onnx.TensorProto.FLOAT),
+                 helper.make_node("Cast", [node.input[1]], [p + "b"], to=onnx.TensorProto.FLOAT),
+                 helper.make_node("Add", [p + "a", p + "b"], [p + "x0"])]
+        x = p + "x0"
+        if "bias" in weights:
+            nodes.append(helper.make_node("Add", [x, c("bias", f(weights["bias"]))], [p + "xb"]))
+            x = p + "xb"
+        eps = float(np.finfo(np.float16 if fp16 else np.float32).eps)
+        return nodes + [
+            helper.make_node("ReduceMean", [x], [p + "mean"], axes=[-1], keepdims=1),
+            helper.make_node("Mul", [x, x], [p + "x2"]),
+            helper.make_node("ReduceMean", [p + "x2"], [p + "ex2"], axes=[-1], keepdims=1),
+            helper.make_node("Mul", [p + "mean", p + "mean"], [p + "mean2"]),
+            helper.make_node("Sub", [p + "ex2", p + "mean2"], [p + "var"]),
+            helper.make_node("Add", [p + "var", c("eps", f(eps))], [p + "var_eps"]),
+            helper.make_node("Sqrt", [p + "var_eps"], [p + "std"]),
+            helper.make_node("Sub", [x, p + "mean"], [p + "centred"]),
+            helper.make_node("Div", [p + "centred", p + "std"], [p + "norm"]),
+            helper.make_node("Mul", [p + "norm", c("gamma", f(weights["gamma"]))], [p + "scaled"]),
+            helper.make_node("Add", [p + "scaled", c("beta", f(weights["beta"]))], [p + "y32"]),
+            helper.make_node("Cast", [p + "y32"], [node.output[0]], to=dtype)]
+
+    return _expand(model, SKIP_LN, expand)

@@ -335,34 +335,46 @@ def test_cli_build_records_the_fusion_and_rejects_a_bad_mode(minilm_clean, tmp_p
                       "'doc' has zeros in 'attention_mask'", "m.engine", "--fuse-attention off")
 
 
-@pytest.mark.parametrize("fusion", ["attention", "gelu"])
+@pytest.mark.parametrize("fusion", ["attention", "gelu", "skip_layernorm"])
 def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(minilm_clean, tmp_path, monkeypatch, fusion):
-    """`auto` promises a faster engine, never a failed build (`--fuse-attention auto` and `--fuse-gelu auto` alike):
-    TensorRT-RTX has no plugin registry, so a graph fused as for 8.6 fails to parse there, and the build goes on
-    without what auto added, saying why in the sidecar."""
+    """`auto` promises a faster engine, never a failed build (`--fuse-attention`, `--fuse-gelu` and
+    `--fuse-skip-layernorm auto` alike): TensorRT-RTX has no plugin registry, so a graph fused as for 8.6 fails to
+    parse there, and the build goes on without what auto added, saying why in the sidecar."""
     require("tensorrt_rtx")
+    import dataclasses
+
+    import trtforge.backends.tensorrt as tensorrt_mod
     import trtforge.build as build_mod
+    import trtforge.fusion.step as step
     from trtforge.fusion.gelu import PLUGIN as GELU
-    from trtforge.fusion.step import attention_fusion, gelu_fusion
+    from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN
 
-    def feeds(specs):
-        return random_feeds(specs, {"batch": 2, "seq": 64})
+    feeds = {"batch": 2, "seq": 64}
+    if fusion == "attention":
+        def fused_attention(mod, identity, model, precision, options, specs, axes, profiles, onnx_path):
+            return step.attention_fusion(model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, random_feeds(specs, feeds),
+                                         onnx_path.name)
 
-    def fused_attention(mod, identity, model, precision, options, specs, axes, profiles, onnx_path):
-        return attention_fusion(model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, feeds(specs), onnx_path.name)
-
-    def fused_gelu(mod, model, observe_model, precision, options, specs, axes, profiles, onnx_path):
-        return gelu_fusion(model, observe_model, "auto", precision, "tensorrt", "8.6.1", True, feeds(specs), onnx_path.name)
-
-    patched, forced, key, word, plugin, original = {
-        "attention": ("_fuse_attention", fused_attention, "attention_fusion", "attention", PLUGIN, "Softmax"),
-        "gelu": ("_fuse_gelu", fused_gelu, "gelu_fusion", "GELU", GELU, "Erf")}[fusion]
-    monkeypatch.setattr(build_mod, patched, forced)
+        monkeypatch.setattr(build_mod, "_fuse_attention", fused_attention)
+        monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", ())
+    else:  # the one pass under test, as auto would apply it on 8.6 in fp16
+        spec = dataclasses.replace(step.GELU_PASS if fusion == "gelu" else step.SKIP_LN_PASS, auto_precisions=("fp16",))
+        real_fusion, real_skip = step.elementwise_fusion, step.elementwise_skip
+        monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", (spec,))
+        monkeypatch.setattr(tensorrt_mod, "plugin_registered", lambda mod, name, version: True)
+        monkeypatch.setattr(step, "elementwise_skip", lambda s, mode, precision, flavour, version, registered:
+                            real_skip(s, mode, precision, "tensorrt", "8.6.1", registered))
+        monkeypatch.setattr(step, "elementwise_fusion", lambda s, model, observe, mode, precision, flavour, version, registered,
+                            f, name: real_fusion(s, model, observe, mode, precision, "tensorrt", "8.6.1", True, f, name))
+    key, word, plugin, original = {
+        "attention": ("attention_fusion", "attention", PLUGIN, "Softmax"),
+        "gelu": ("gelu_fusion", "GELU", GELU, "Erf"),
+        "skip_layernorm": ("skip_layernorm_fusion", "skip-LayerNorm", SKIP_LN, "LayerNormalization")}[fusion]
     warnings = []
     result = build_mod.build(minilm_clean, tmp_path / "m.engine", "fp16", "seq=64", backend="tensorrt_rtx", warn=warnings.append)
     record = result.sidecar[key]
     assert record["route"] == "none" and "failed to build" in record["why"] and not record["replaced"]
-    assert any(f"without {word} fusion" in w for w in warnings)
+    assert any(f"without {word} fusion" in w for w in warnings), warnings
     built = onnx.load(result.sidecar["built_onnx"])
     assert not any(n.op_type == plugin for n in built.graph.node) and any(n.op_type == original for n in built.graph.node)
 

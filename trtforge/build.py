@@ -27,6 +27,7 @@ from trtforge.backends.tensorrt import (BuildOptions, BuildOutput, Tick, TrtModu
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
+from trtforge.fusion.step import ELEMENTWISE_PASSES
 from trtforge.graph import io_specs
 from trtforge.onnxio import load_onnx, save_onnx
 from trtforge.profiles import Profile, Tier, auto_tier_bounds, plan_profiles, slow_build_warning, tier_ranges
@@ -157,9 +158,10 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     identity = runtime_identity(mod)
     before_fusion = converted if converted is not None else model
     attention_fused, fusion = _fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
-    gelu_fused, gelu_record = _fuse_gelu(mod, attention_fused if attention_fused is not None else before_fusion,
-                                         before_fusion, precision, options, specs, axes, profiles, onnx_path)
-    fused = gelu_fused if gelu_fused is not None else attention_fused
+    passes = (specs, axes, profiles, onnx_path)
+    elementwise_fused, elementwise = _fuse_elementwise(mod, attention_fused if attention_fused is not None else before_fusion,
+                                                       before_fusion, precision, options, *passes)
+    fused = elementwise_fused if elementwise_fused is not None else attention_fused
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -181,22 +183,23 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         except UserError as exc:
             drop_attention = attention_fused is not None and options.fuse_attention == "auto"
-            drop_gelu = gelu_fused is not None and options.fuse_gelu == "auto"
-            if not (drop_attention or drop_gelu):
+            drop_elementwise = [spec for spec in ELEMENTWISE_PASSES
+                                if elementwise[spec.key]["route"] == "plugin" and elementwise[spec.key]["mode"] == "auto"]
+            if not (drop_attention or drop_elementwise):
                 raise
             # auto promised a faster engine, not a failed build: record why and build without what auto added
             # (a pass asked for with `on` stays).
-            dropped = " and ".join(name for name, drop in (("attention", drop_attention), ("GELU", drop_gelu)) if drop)
+            dropped = " and ".join(["attention"] * drop_attention + [spec.what for spec in drop_elementwise])
             warn(f"the fused graph did not build ({exc}); building without {dropped} fusion.")
             why = f"fused graph failed to build: {str(exc)[:400]}"
             if drop_attention:
                 fusion.update(route="none", why=why, replaced=[], padding_allowed=True, mask_inputs=[])
             base = attention_fused if attention_fused is not None and not drop_attention else unfused
-            if drop_gelu:
-                gelu_record.update(route="none", why=why, replaced=[])
-            elif gelu_fused is not None:  # --fuse-gelu on
-                base, gelu_record = _fuse_gelu(mod, base if base is not None else before_fusion, before_fusion, precision,
-                                               options, specs, axes, profiles, onnx_path)
+            refused = {spec.key: why for spec in drop_elementwise}
+            again, records = _fuse_elementwise(mod, base if base is not None else before_fusion, before_fusion, precision,
+                                               options, *passes, refused=refused)
+            elementwise.update(records)
+            base = again if again is not None else base
             converted = base
             if converted is None:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -207,7 +210,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             options.has_fp16, options.has_qdq = model_traits(model)
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         sidecar = _engine_sidecar(mod, identity, precision, profiles, phases, out, specs, axes, onnx_path, parent, built_onnx,
-                                  source, precision_report, fusion, gelu_record, options, start)
+                                  source, precision_report, fusion, elementwise, options, start)
         with interrupts.deferred():  # the built ONNX, the engine and their sidecars appear together or not at all
             if converted is not None:
                 with output_lock(built_onnx):
@@ -240,7 +243,8 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
 def _engine_sidecar(mod: TrtModule, identity: dict[str, Any], precision: str, profiles: list[Profile], phases: Any,
                     out: BuildOutput, specs: list[InputSpec], axes: dict[str, AxisRange], onnx_path: Path,
                     parent: dict[str, Any] | None, built_onnx: Path, source: Path, precision_report: dict[str, Any],
-                    fusion: dict[str, Any], gelu_record: dict[str, Any], options: BuildOptions, start: float) -> dict[str, Any]:
+                    fusion: dict[str, Any], elementwise: dict[str, dict[str, Any]], options: BuildOptions,
+                    start: float) -> dict[str, Any]:
     """The engine's sidecar as written with the engine; layer info and the engine check are added later."""
     return {
         "kind": "engine",
@@ -265,7 +269,7 @@ def _engine_sidecar(mod: TrtModule, identity: dict[str, Any], precision: str, pr
         "calibration_cache_sha256": (parent or {}).get("cache_sha256"),
         "precision_report": precision_report,
         "attention_fusion": fusion,
-        "gelu_fusion": gelu_record,
+        **{f"{key}_fusion": record for key, record in elementwise.items()},  # gelu_fusion, skip_layernorm_fusion
         "build_options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
         "timing_cache": {"path": str(options.timing_cache) if options.timing_cache else None,
                          "loaded": out.timing_cache_loaded, "saved": out.timing_cache is not None},
@@ -298,19 +302,30 @@ def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelP
                             identity.get("compute_capability"), registered, feeds, onnx_path.name, options.qkv_projection)
 
 
-def _fuse_gelu(mod: TrtModule, model: onnx.ModelProto, observe_model: onnx.ModelProto, precision: str, options: BuildOptions,
-               specs: list[InputSpec], axes: dict[str, AxisRange], profiles: list[Profile],
-               onnx_path: Path) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
-    """trtforge.fusion's bias+GELU pass (--fuse-gelu auto|on): (fused model or None, sidecar record)."""
+def _fuse_elementwise(mod: TrtModule, model: onnx.ModelProto, observe_model: onnx.ModelProto, precision: str,
+                      options: BuildOptions, specs: list[InputSpec], axes: dict[str, AxisRange], profiles: list[Profile],
+                      onnx_path: Path, refused: dict[str, str] | None = None) -> tuple[onnx.ModelProto | None, dict[str, dict[str, Any]]]:
+    """trtforge.fusion's elementwise plugin passes in order (bias+GELU, then skip-LayerNorm; --fuse-gelu,
+    --fuse-skip-layernorm auto|on|off), each on the previous one's graph: (fused model or None, sidecar record per
+    pass). `refused`: passes that auto must leave out this time, with the reason (a fused graph that failed to build)."""
     from trtforge.backends.tensorrt import plugin_registered
-    from trtforge.fusion.gelu import PLUGIN, PLUGIN_VERSION
-    from trtforge.fusion.step import gelu_fusion, gelu_skip, observation_sizes
+    from trtforge.fusion.step import elementwise_fusion, elementwise_skip, observation_sizes
 
-    wants = options.fuse_gelu != "off" and gelu_skip(options.fuse_gelu, precision, mod.flavour, mod.version, True) is None
-    registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
-    feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and registered else None
-    return gelu_fusion(model, observe_model, options.fuse_gelu, precision, mod.flavour, mod.version, registered, feeds,
-                       onnx_path.name)
+    current, records, feeds = None, {}, None
+    for spec in ELEMENTWISE_PASSES:
+        mode = getattr(options, f"fuse_{spec.key}")
+        if (refused or {}).get(spec.key) and mode == "auto":
+            records[spec.key] = {"mode": mode, "route": "none", "why": refused[spec.key], "replaced": [], "refused": []}
+            continue
+        wants = mode != "off" and elementwise_skip(spec, mode, precision, mod.flavour, mod.version, True) is None
+        registered = plugin_registered(mod, spec.plugin, spec.version) if wants else False
+        if wants and registered and feeds is None:
+            feeds = random_feeds(specs, observation_sizes(axes, profiles))
+        fused, records[spec.key] = elementwise_fusion(spec, current if current is not None else model, observe_model, mode,
+                                                      precision, mod.flavour, mod.version, registered,
+                                                      feeds if wants and registered else None, onnx_path.name)
+        current = fused if fused is not None else current
+    return current, records
 
 
 def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], output: Path,

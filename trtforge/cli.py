@@ -227,6 +227,7 @@ def build(
     tf32: bool = typer.Option(False, "--tf32", help="Allow TF32 for fp32 math (faster, ~1e-3 rel-L2); off means IEEE fp32."),
     fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
     fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="auto|on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; auto: fp16 builds, where it was measured faster)."),
+    fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: where it was measured faster)."),
     qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="conv|matmul: how the attention pass writes the packed QKV projection (conv, the default: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin)."),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -250,6 +251,7 @@ def build(
         tf32=tf32,
         fuse_attention=fuse_attention or section.fuse_attention,
         fuse_gelu=fuse_gelu or section.fuse_gelu,
+        fuse_skip_layernorm=fuse_skip_layernorm or section.fuse_skip_layernorm,
         qkv_projection=qkv_projection or section.qkv_projection,
     )
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
@@ -292,9 +294,10 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
         con.print(f"layer information: {side['layer_info_unavailable']}")
     if (side.get("inspector") or {}).get("error"):
         con.print(f"engine inspector failed: {side['inspector']['error']}", markup=False)
-    from trtforge.fusion.step import describe, describe_gelu
+    from trtforge.fusion.step import describe, describe_gelu, describe_skip_layernorm
 
-    for line in describe(side.get("attention_fusion") or {}) + describe_gelu(side.get("gelu_fusion") or {}):
+    for line in describe(side.get("attention_fusion") or {}) + describe_gelu(side.get("gelu_fusion") or {}) \
+            + describe_skip_layernorm(side.get("skip_layernorm_fusion") or {}):
         con.print(line, markup=False)
     for note in side.get("notes", []):
         con.print(f"note: {note}")

@@ -125,6 +125,7 @@ class BuildSection(Strict):
     fuse_attention: Literal["auto", "on", "off"] = "auto"
     # bias+GELU pass: auto = TensorRT 8.x fp16 builds, where the H200 measured the plugin faster.
     fuse_gelu: Literal["auto", "on", "off"] = "auto"
+    fuse_skip_layernorm: Literal["auto", "on", "off"] = "auto"
     # How the attention pass writes each packed QKV projection: MatMul + Reshape, or a 1x1 Conv on [tokens, E, 1, 1].
     qkv_projection: Literal["matmul", "conv"] = "conv"
 

@@ -110,6 +110,7 @@ class BuildOptions:
     tf32: bool = False  # off: 'fp32' means IEEE fp32 (TensorRT turns TF32 on by default)
     fuse_attention: str = "auto"  # auto|on|off: trtforge.fusion's attention pass (auto: where this TensorRT runs it)
     fuse_gelu: str = "auto"  # auto|on|off: trtforge.fusion's bias+GELU pass (auto: TensorRT 8.x fp16 builds, measured faster)
+    fuse_skip_layernorm: str = "auto"  # auto|on|off: residual add + LayerNorm as one plugin (auto: where measured faster)
     qkv_projection: str = "conv"  # matmul|conv: how the attention pass writes the packed QKV projection (conv measured faster)
 
 

@@ -5,7 +5,8 @@ values; the one TensorRT question (is the plugin registered?) is asked by the ca
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -14,6 +15,7 @@ from trtforge.errors import UserError
 from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, fuse_attention
 from trtforge.fusion.gelu import PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
 from trtforge.fusion.plugins import PLUGIN, PLUGIN_VERSION, attention_route, backend_route
+from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN_PLUGIN, PLUGIN_VERSION as SKIP_LN_VERSION, fuse_skip_layernorm
 
 MODES = ("auto", "on", "off")
 
@@ -79,52 +81,88 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
 
 
 GELU_MODES = ("auto", "on", "off")
-# What `auto` does, from the H200 (TensorRT 8.6, BERT-base, GPU ms at 16x512; benchmarks/RESULTS.md, 2026-12-01 w4):
-# fp16 5.42 -> 5.06 with the plugin (Myelin's erf GELU kernel took 89 us per layer, the plugin 41 us);
-# INT8 best 5.67 -> 8.94 (the plugin splits each int8 GEMM's dequantize/quantize epilogue into separate kernels).
-GELU_AUTO_PRECISIONS = ("fp16",)
+
+
+@dataclass(frozen=True)
+class ElementwisePass:
+    """A pass that swaps a kind of elementwise block for one TensorRT 8.x plugin (GELU, skip-LayerNorm): its names,
+    its fuse function, and where `auto` applies it (the precisions the H200 measured it faster in, and why)."""
+    key: str  # the sidecar record: f"{key}_fusion"; the flag: --fuse-{flag}; the config key: build.fuse_{key}
+    flag: str
+    what: str  # "GELU", "skip-LayerNorm"
+    plugin: str
+    version: str
+    fuse: Callable[..., Any]
+    auto_precisions: tuple[str, ...]
+    auto_note: str  # why auto leaves other precisions alone (the measurement)
+    route_note: str  # what the replacement computes, for the record
+
+
+GELU_PASS = ElementwisePass(
+    "gelu", "gelu", "GELU", GELU_PLUGIN, GELU_VERSION, fuse_gelu, ("fp16",),
+    # From the H200 (TensorRT 8.6, BERT-base, GPU ms at 16x512; benchmarks/RESULTS.md, 2026-12-01 w4): fp16 5.42 -> 5.06
+    # with the plugin (Myelin's erf GELU kernel took 89 us per layer, the plugin 41 us); INT8 best 5.67 -> 8.94 (the
+    # plugin splits each int8 GEMM's dequantize/quantize epilogue into separate kernels).
+    "the plugin was measured faster only in fp16 builds (INT8 best on the H200: 5.67 -> 8.94 ms at 16x512)",
+    "tanh GELU, bias folded")
+SKIP_LN_PASS = ElementwisePass(
+    "skip_layernorm", "skip-layernorm", "skip-LayerNorm", SKIP_LN_PLUGIN, SKIP_LN_VERSION, fuse_skip_layernorm, (),
+    "the plugin has not been measured faster yet (benchmarks/RESULTS.md); --fuse-skip-layernorm on applies it",
+    "residual add + LayerNorm in one kernel, dense bias folded")
+GELU_AUTO_PRECISIONS = GELU_PASS.auto_precisions
+ELEMENTWISE_PASSES = (GELU_PASS, SKIP_LN_PASS)  # applied in this order, each on the previous one's graph
+
+
+def elementwise_fusion(spec: ElementwisePass, model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: str,
+                       precision: str, flavour: str, version: str, plugin_registered: bool, feeds: dict | None,
+                       onnx_name: str) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+    """(the model with the pass applied, or None; the sidecar's `{key}_fusion`). `auto` (the default) fuses where the
+    H200 measured the plugin faster (TensorRT 8.x, spec.auto_precisions); `on` asks for it anywhere the plugin exists
+    and fails loudly where it cannot; `off` never."""
+    if mode not in GELU_MODES:
+        raise UserError(f"--fuse-{spec.flag} '{mode}' is not one of {', '.join(GELU_MODES)} (config key build.fuse_{spec.key}).")
+    record: dict[str, Any] = {"mode": mode, "route": "off", "why": f"--fuse-{spec.flag} off", "replaced": [], "refused": []}
+    if mode == "off":
+        return None, record
+    why_not = elementwise_skip(spec, mode, precision, flavour, version, plugin_registered)
+    if why_not:
+        if mode == "on":
+            raise UserError(f"--fuse-{spec.flag} on cannot fuse {onnx_name}: {why_not}.")
+        record.update(route="none", why=why_not)
+        return None, record
+    fused, report = spec.fuse(model, feeds or {}, observe_model=observe_model)
+    if not report.replaced:
+        reason = report.refused[0]["reason"] if report.refused else f"the graph has no {spec.what} this pass knows"
+        if mode == "on":
+            raise UserError(f"--fuse-{spec.flag} on found no {spec.what} in {onnx_name} it can fuse: {reason}.")
+        record.update(report.to_json(), route="none", why=f"no {spec.what} this pass can fuse")
+        return None, record
+    record.update(report.to_json(), route="plugin", why=f"TensorRT {version}: {spec.plugin} v{spec.version} ({spec.route_note})")
+    return fused, record
+
+
+def elementwise_skip(spec: ElementwisePass, mode: str, precision: str, flavour: str, version: str,
+                     plugin_registered: bool) -> str | None:
+    """Why the pass in this mode (auto|on) leaves this build's graph alone, or None when it fuses."""
+    if backend_route(flavour, version).kind != "plugin":
+        return f"{spec.plugin} is TensorRT 8.x's plugin; {flavour} {version} fuses {spec.what} itself"
+    if mode == "auto" and precision not in spec.auto_precisions:
+        return f"precision {precision}: {spec.auto_note}; --fuse-{spec.flag} on forces it"
+    if precision not in ("fp16", "best", "fp32"):
+        return f"precision {precision} has no {spec.what} plugin route; build with fp32, fp16 or best"
+    if not plugin_registered:
+        return f"{spec.plugin} v{spec.version} is not in this TensorRT's plugin registry"
+    return None
 
 
 def gelu_fusion(model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: str, precision: str, flavour: str,
                 version: str, plugin_registered: bool, feeds: dict | None,
                 onnx_name: str) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
-    """(the model with its GELUs fused, or None; the sidecar's `gelu_fusion`). `auto` (the default) fuses where the
-    H200 measured the plugin faster: TensorRT 8.x, fp16 builds (GELU_AUTO_PRECISIONS); `on` asks for it anywhere the
-    plugin exists and fails loudly where it cannot; `off` never."""
-    if mode not in GELU_MODES:
-        raise UserError(f"--fuse-gelu '{mode}' is not one of {', '.join(GELU_MODES)} (config key build.fuse_gelu).")
-    record: dict[str, Any] = {"mode": mode, "route": "off", "why": "--fuse-gelu off", "replaced": [], "refused": []}
-    if mode == "off":
-        return None, record
-    why_not = gelu_skip(mode, precision, flavour, version, plugin_registered)
-    if why_not:
-        if mode == "on":
-            raise UserError(f"--fuse-gelu on cannot fuse {onnx_name}: {why_not}.")
-        record.update(route="none", why=why_not)
-        return None, record
-    fused, report = fuse_gelu(model, feeds or {}, observe_model=observe_model)
-    if not report.replaced:
-        reason = report.refused[0]["reason"] if report.refused else "the graph has no Erf/Tanh"
-        if mode == "on":
-            raise UserError(f"--fuse-gelu on found no GELU in {onnx_name} it can fuse: {reason}.")
-        record.update(report.to_json(), route="none", why="no GELU this pass can fuse")
-        return None, record
-    record.update(report.to_json(), route="plugin", why=f"TensorRT {version}: {GELU_PLUGIN} v{GELU_VERSION} (tanh GELU, bias folded)")
-    return fused, record
+    return elementwise_fusion(GELU_PASS, model, observe_model, mode, precision, flavour, version, plugin_registered, feeds, onnx_name)
 
 
 def gelu_skip(mode: str, precision: str, flavour: str, version: str, plugin_registered: bool) -> str | None:
-    """Why the GELU pass in this mode (auto|on) leaves this build's GELUs alone, or None when it fuses them."""
-    if backend_route(flavour, version).kind != "plugin":
-        return f"{GELU_PLUGIN} is TensorRT 8.x's plugin; {flavour} {version} fuses GELU itself"
-    if mode == "auto" and precision not in GELU_AUTO_PRECISIONS:
-        return (f"precision {precision}: the plugin was measured faster only in fp16 builds (INT8 best on the H200: "
-                "5.67 -> 8.94 ms at 16x512); --fuse-gelu on forces it")
-    if precision not in ("fp16", "best", "fp32"):
-        return f"precision {precision} has no GELU plugin route; build with fp32, fp16 or best"
-    if not plugin_registered:
-        return f"{GELU_PLUGIN} v{GELU_VERSION} is not in this TensorRT's plugin registry"
-    return None
+    return elementwise_skip(GELU_PASS, mode, precision, flavour, version, plugin_registered)
 
 
 def describe_gelu(record: dict[str, Any]) -> list[str]:
@@ -137,6 +175,22 @@ def describe_gelu(record: dict[str, Any]) -> list[str]:
              f"observed activations {worst:.2g}"]
     for r in record.get("refused") or []:
         lines.append(f"  not fused: {r['node']}: {r['reason']}")
+    return lines
+
+
+def describe_skip_layernorm(record: dict[str, Any]) -> list[str]:
+    replaced = (record or {}).get("replaced")
+    if not replaced:
+        return []
+    worst = max((r["rel_l2"] or 0.0 for r in replaced), default=0.0)
+    lines = [f"skip-LayerNorm fusion: replaced {len(replaced)} residual LayerNorm(s) by {SKIP_LN_PLUGIN} "
+             f"({sum(r['bias_folded'] for r in replaced)} with the dense bias); plugin formula vs the graph on the "
+             f"observed activations: rel-L2 <= {worst:.2g}"]
+    reasons: dict[str, list[str]] = {}
+    for r in record.get("refused") or []:
+        reasons.setdefault(r["reason"], []).append(r["node"])
+    for reason, names in reasons.items():
+        lines.append(f"  not fused ({len(names)}): {reason}")
     return lines
 
 
@@ -161,4 +215,5 @@ def describe(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["FusionReport", "attention_fusion", "describe", "describe_gelu", "gelu_fusion", "observation_sizes", "sm_of"]
+__all__ = ["FusionReport", "GELU_PASS", "SKIP_LN_PASS", "attention_fusion", "describe", "describe_gelu", "describe_skip_layernorm",
+           "elementwise_fusion", "gelu_fusion", "observation_sizes", "sm_of"]

@@ -1,0 +1,163 @@
+"""Skip-LayerNorm fusion (issue 11): each post-LN residual block of the zoo's exports (BERT, both exporters) becomes one
+CustomSkipLayerNormPluginDynamic node with the dense bias folded in; the plugin is emulated on ORT
+(tests/attention_emulation.py) and compared with the ORIGINAL graph at a sequence length the pass never saw.
+Pre-LN blocks (GPT-2, ViT), whose residual sum is read again, must be refused."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from attention_emulation import emulate_skip_layernorm_plugins
+from conftest import export_zoo
+from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.feeds import random_feeds
+from trtforge.fusion.skip_layernorm import PLUGIN, fuse_skip_layernorm, plugin_layernorm
+from trtforge.graph import io_specs
+
+EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("vit", "legacy"), ("gpt2", "legacy")]
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    return export_zoo(tmp_path_factory.mktemp("skipln"), EXPORTS)
+
+
+def _sizes(axes, seq):
+    return {a: (2 if a == "batch" else min(max(r.min, seq), r.max) if a == "seq" else r.opt) for a, r in axes.items()}
+
+
+def _rel(a, b):
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
+
+
+def _with_random_vectors(model):
+    """Every 1-D float initializer (biases, norms) redrawn, so that a fused graph that dropped a bias, gamma or beta fails."""
+    rng = np.random.default_rng(3)
+    for init in model.graph.initializer:
+        if init.data_type == TensorProto.FLOAT and len(init.dims) == 1 and init.dims[0] > 1:
+            init.CopyFrom(numpy_helper.from_array(rng.normal(0, 0.5, init.dims[0]).astype(np.float32), init.name))
+    return model
+
+
+@pytest.mark.parametrize("key", EXPORTS, ids=lambda k: ".".join(k))
+def test_post_ln_residuals_become_plugins_and_pre_ln_ones_are_refused(zoo, key):
+    model = _with_random_vectors(onnx.load(zoo[key]))
+    specs, axes, _ = io_specs(zoo[key], model)
+    fused, report = fuse_skip_layernorm(model, random_feeds(specs, _sizes(axes, 16)))
+    plugins = [n for n in fused.graph.node if n.op_type == PLUGIN]
+    if key[0] != "bert":  # pre-LN: each residual sum also feeds the next residual Add, except the last one's
+        assert len(report.replaced) == 1, report.to_json()
+        assert report.replaced[0]["node"].startswith(("/vit/layernorm/", "/ln_f/")), report.replaced  # the final LayerNorm
+        assert len(plugins) == 1 and len(report.refused) == 4, report.to_json()  # 2 layers x 2 pre-LNs
+        # the sums before the other LayerNorms are read again (ViT's first one reads the embeddings, no residual Add)
+        assert all("read elsewhere" in r["reason"] or "not a residual Add" in r["reason"] for r in report.refused), report.refused
+        assert sum("read elsewhere" in r["reason"] for r in report.refused) >= 3
+        return
+    # 2 layers x (attention output, FFN output), each with its dense bias; the embeddings' LayerNorm adds position
+    # embeddings broadcast over the batch ([1, S, E]): refused, the plugin adds same-shaped tensors
+    assert len(report.replaced) == 4 and all(r["bias_folded"] for r in report.replaced), report.to_json()
+    assert len(report.refused) == 1 and "differ in shape" in report.refused[0]["reason"], report.refused
+    assert len(plugins) == 4 and sum(n.op_type == "LayerNormalization" for n in fused.graph.node) == 1
+    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=7)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulate_skip_layernorm_plugins(fused).SerializeToString()).run(feeds)
+    for name, value in want.items():
+        assert _rel(got[name], value) < 1e-3, name
+
+
+def test_fp16_graph_absorbs_the_casts_around_the_fp32_layernorm(zoo):
+    from trtforge.precision import prepare_for_build
+
+    key = ("bert", "legacy")
+    model = _with_random_vectors(onnx.load(zoo[key]))
+    specs, axes, _ = io_specs(zoo[key], model)
+    converted, _ = prepare_for_build(model, zoo[key], specs, axes)
+    assert sum(n.op_type == "LayerNormalization" for n in converted.graph.node) == 5  # kept fp32, behind Casts
+    casts = sum(n.op_type == "Cast" for n in converted.graph.node)
+    fused, report = fuse_skip_layernorm(converted, random_feeds(specs, _sizes(axes, 16)))
+    assert len(report.replaced) == 4 and all(r["type"] == "float16" for r in report.replaced), report.to_json()
+    # three blocks lose both Casts; the last one's LayerNorm writes the fp32 graph output, so the plugin's fp16
+    # result goes through one Cast there (in place of the Cast before its LayerNorm)
+    assert sum(n.op_type == "Cast" for n in fused.graph.node) == casts - 2 * 3
+    plugin = next(n for n in fused.graph.node if n.op_type == PLUGIN)
+    attrs = {a.name: helper.get_attribute_value(a) for a in plugin.attribute}
+    assert attrs["type_id"] == 1 and attrs["gamma"].data_type == TensorProto.FLOAT16
+    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=5)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulate_skip_layernorm_plugins(fused).SerializeToString()).run(feeds)
+    assert all(_rel(got[k], v) < 1e-2 for k, v in want.items())
+
+
+def _residual_ln_model(scale: float):
+    """y = LayerNorm(x + r) over [2, 8]; x and r inputs scaled by `scale` inside the graph."""
+    inits = [numpy_helper.from_array(np.full(8, 1.5, np.float32), "gamma"), numpy_helper.from_array(np.full(8, 0.25, np.float32), "beta"),
+             numpy_helper.from_array(np.float32(scale), "scale")]
+    nodes = [helper.make_node("Mul", ["x", "scale"], ["xs"]), helper.make_node("Mul", ["r", "scale"], ["rs"]),
+             helper.make_node("Add", ["xs", "rs"], ["sum"]),
+             helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12, name="ln")]
+    io = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8])  # noqa: E731
+    graph = helper.make_graph(nodes, "g", [io("x"), io("r")], [io("y")], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_layernorm_the_plugins_epsilon_would_change_is_refused():
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.normal(size=(2, 8)).astype(np.float32), "r": rng.normal(size=(2, 8)).astype(np.float32)}
+    _, report = fuse_skip_layernorm(_residual_ln_model(1.0), feeds)
+    assert len(report.replaced) == 1 and report.replaced[0]["rel_l2"] < 1e-6  # fp32: epsilon 1.2e-7
+    _, report = fuse_skip_layernorm(_residual_ln_model(1e-4), feeds)  # variance ~1e-8: epsilon 1.2e-7 dominates it
+    assert not report.replaced and "differs from the graph's" in report.refused[0]["reason"], report.to_json()
+
+
+def test_plugin_formula_matches_layernorm_up_to_its_epsilon():
+    x = np.random.default_rng(1).normal(size=(4, 16))
+    y = plugin_layernorm(x, np.zeros_like(x), None, np.ones(16), np.zeros(16), np.float32)
+    ref = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)
+    assert np.allclose(y, ref, atol=1e-6)
+
+
+def test_build_step_modes_and_all_three_passes_together(zoo):
+    """auto leaves the graph alone until the plugin is measured faster (saying so); on fuses where the plugin is
+    registered and says in one sentence why it cannot elsewhere; off never. After attention and GELU fusion the
+    pass still finds every block (it reads its numbers from the unfused graph) and the emulated engine matches."""
+    from attention_emulation import emulate_gelu_plugins, emulate_plugins
+    from trtforge.errors import UserError
+    from trtforge.fusion.attention import fuse_attention
+    from trtforge.fusion.gelu import fuse_gelu
+    from trtforge.fusion.plugins import attention_route
+    from trtforge.fusion.step import SKIP_LN_PASS, describe_skip_layernorm, elementwise_fusion
+
+    key = ("bert", "legacy")
+    model = _with_random_vectors(onnx.load(zoo[key]))
+    specs, axes, _ = io_specs(zoo[key], model)
+    feeds = random_feeds(specs, _sizes(axes, 16))
+    run = lambda m, *args: elementwise_fusion(SKIP_LN_PASS, m, model, *args, feeds, "m.onnx")  # noqa: E731
+    none, record = run(model, "off", "fp16", "tensorrt", "8.6.0", True)
+    assert none is None and record["route"] == "off" and describe_skip_layernorm(record) == []
+    none, record = run(model, "auto", "fp16", "tensorrt", "8.6.0", True)
+    assert none is None and "not been measured faster" in record["why"], record
+    for args, fragment in [(("on", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses skip-LayerNorm itself"),
+                           (("on", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry"),
+                           (("maybe", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_skip_layernorm")]:
+        with pytest.raises(UserError, match=fragment):
+            run(model, *args)
+    attn, _ = fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, False), "x")
+    gelu, _ = fuse_gelu(attn, feeds, observe_model=model)
+    both, record = run(gelu, "on", "fp32", "tensorrt", "8.6.0", True)
+    assert len(record["replaced"]) == 4 and record["route"] == "plugin"
+    assert "replaced 4 residual LayerNorm(s)" in describe_skip_layernorm(record)[0]
+    emulated = emulate_skip_layernorm_plugins(emulate_gelu_plugins(emulate_plugins(both, padded_head=32)))
+    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=7)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulated.SerializeToString()).run(feeds)
+    assert all(_rel(got[k], v) < 3e-3 for k, v in want.items())
+
+
+def test_cli_build_fuse_skip_layernorm_needs_tensorrt_8(zoo, tmp_path):
+    from conftest import assert_user_error, require, run_cli
+
+    require("tensorrt_rtx")
+    onnx_path = zoo[("bert", "legacy")]
+    proc = run_cli("build", str(onnx_path), "--precision", "fp16", "--fuse-skip-layernorm", "on", "-o", str(tmp_path / "b.engine"))
+    assert_user_error(proc, "--fuse-skip-layernorm on cannot fuse", "fuses skip-LayerNorm itself")
