@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trtforge.backends.cuda_async import AsyncCuda
+from trtforge.backends.cuda_async import submit_calls
 from trtforge.runloop import (CAPTURE, ENQUEUE, LAUNCH, Batcher, GraphCache, completion_intervals, slot_bytes, stream_batches,
                               wall_over_gpu)
 
@@ -166,6 +166,9 @@ class FakeCudart:
     def cudaStreamSynchronize(self, stream):
         return (0,)
 
+    def cudaEventDestroy(self, event):
+        return (0,)
+
     def cudaEventElapsedTime(self, a, b):
         return 0, 1.0
 
@@ -306,7 +309,8 @@ def _runner(monkeypatch, tmp_path, **kwargs):
     trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="in"), nptype=lambda t: t)
     trt.Runtime = lambda logger: SimpleNamespace(deserialize_cuda_engine=lambda data: engine)
     monkeypatch.setattr(rt, "_cudart", lambda: cudart)
-    monkeypatch.setattr(rt, "AsyncCuda", lambda: AsyncCuda(fake_driver(cudart)))
+    driver = kwargs.pop("driver", None) or fake_driver(cudart)
+    monkeypatch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
     monkeypatch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
     path = tmp_path / "fake.engine"
     path.write_bytes(b"engine")
@@ -378,11 +382,28 @@ def test_a_failed_capture_falls_back_to_plain_enqueues_and_is_reported(monkeypat
     assert report["replayed"] == 0 and report["fallbacks"] and "under capture" in report["fallbacks"][0]["reason"]
 
 
-def test_a_batch_given_as_its_chunks_is_stacked_in_pinned_memory(monkeypatch, tmp_path):
-    runner, _ = _runner(monkeypatch, tmp_path)
-    parts = [np.full((1, 8), i, np.int64) for i in range(3)]
+@pytest.mark.parametrize("dtype", [np.int32, np.int64], ids=["memmove", "numpy-cast"])
+def test_a_batch_given_as_its_chunks_is_stacked_in_pinned_memory(monkeypatch, tmp_path, dtype):
+    runner, _ = _runner(monkeypatch, tmp_path)  # the engine's x is int32: int64 parts take numpy's cast
+    parts = [np.full((1, 8), i, dtype) for i in range(3)]
     out = runner.run({"x": parts})
     np.testing.assert_array_equal(out["y"], _expected({"x": np.concatenate(parts)}))
+
+
+def test_submit_calls_hold_the_gil_through_libcuda_and_fall_back_to_cuda_python_when_the_probe_fails(monkeypatch, tmp_path):
+    from trtforge.backends.cuda_async import AsyncCuda, CudaPythonCalls
+
+    driver = fake_driver(FakeCudart())
+    runner, _ = _runner(monkeypatch, tmp_path, driver=None)
+    assert isinstance(runner.cuda, AsyncCuda) and runner.runtime_report()["submit_calls"] == "libcuda through ctypes, GIL held"
+    broken = SimpleNamespace(**{k: v for k, v in vars(driver).items() if k != "calls"})
+    broken.cuEventRecord = lambda event, stream: 201  # CUDA_ERROR_INVALID_CONTEXT
+    runner, _ = _runner(monkeypatch, tmp_path, driver=broken)
+    assert isinstance(runner.cuda, CudaPythonCalls)
+    assert "cuda-python" in runner.runtime_report()["submit_calls"] and "cuEventRecord failed" in runner.runtime_report()["submit_calls"]
+    batches = _batches()
+    for (tag, out), (_, feeds) in zip(runner.run_many(batches), batches):
+        np.testing.assert_array_equal(out["y"], _expected(feeds))
 
 
 def test_without_the_shared_memory_api_contexts_get_their_own_and_the_report_says_why(monkeypatch, tmp_path):

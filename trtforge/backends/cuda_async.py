@@ -80,6 +80,47 @@ class AsyncCuda:
         return float(ms.value)
 
 
+class CudaPythonCalls:
+    """The same calls through cuda-python (they release the GIL): what `run` falls back to where libcuda cannot be
+    loaded through ctypes or refuses the probe, so that a driver quirk costs speed, never the run."""
+
+    def __init__(self, cudart: Any, check: Any):
+        self.cudart, self.check = cudart, check
+
+    def copy_to_device(self, device_ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self.check(self.cudart.cudaMemcpyAsync(device_ptr, host_ptr, nbytes, kind, stream))
+
+    def copy_to_host(self, host_ptr: int, device_ptr: int, nbytes: int, stream: int) -> None:
+        kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self.check(self.cudart.cudaMemcpyAsync(host_ptr, device_ptr, nbytes, kind, stream))
+
+    def record(self, event: int, stream: int) -> None:
+        self.check(self.cudart.cudaEventRecord(event, stream))
+
+    def wait(self, stream: int, event: int) -> None:
+        self.check(self.cudart.cudaStreamWaitEvent(stream, event, 0))
+
+    def launch(self, graph_exec: int, stream: int) -> None:
+        self.check(self.cudart.cudaGraphLaunch(graph_exec, stream))
+
+    def elapsed_ms(self, start: int, end: int) -> float:
+        return float(self.check(self.cudart.cudaEventElapsedTime(start, end)))
+
+
+def submit_calls(cudart: Any, check: Any, event: int, stream: int, lib: Any = None) -> tuple[Any, str]:
+    """AsyncCuda where it works here, probed by recording `event` on `stream` and waiting for it through cuda-python
+    (the same handles, the same context); else CudaPythonCalls. Returns (calls, what the runtime report says)."""
+    try:
+        calls = AsyncCuda(lib)
+        calls.record(event, stream)
+        check(cudart.cudaEventSynchronize(event))
+        return calls, "libcuda through ctypes, GIL held"
+    except (OSError, AttributeError, RuntimeError) as exc:
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        return CudaPythonCalls(cudart, check), f"cuda-python (GIL released per call): the GIL-holding path failed its probe ({why})"
+
+
 def stack_into(view: np.ndarray, value: Any) -> None:
     """Write a feed (an array, or its chunks' arrays stacked along axis 0) into `view` (pinned memory),
     holding the GIL: one memmove per C-contiguous part of view's dtype, numpy for anything else."""

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from trtforge import interrupts
-from trtforge.backends.cuda_async import AsyncCuda, stack_into
+from trtforge.backends.cuda_async import stack_into, submit_calls
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
 from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, slot_bytes
@@ -190,7 +190,10 @@ class TrtRunner:
         self.h2d_stream = _ok(cudart.cudaStreamCreate())
         self.d2h_stream = _ok(cudart.cudaStreamCreate())
         self._streams = {name: _handle(getattr(self, name)) for name in ("compute_stream", "h2d_stream", "d2h_stream")}
-        self.cuda = AsyncCuda()  # the submitting path's calls keep the GIL (cuda_async.py says why)
+        probe = _ok(cudart.cudaEventCreate())
+        # the submitting path's calls keep the GIL (cuda_async.py says why), where the probe shows they work here
+        self.cuda, self.submit_calls = submit_calls(cudart, _ok, _handle(probe), self._streams["compute_stream"])
+        cudart.cudaEventDestroy(probe)
         self.timings: list[BatchTiming] = []
         self.peak_bytes = 0
         self.graphs = GraphCache(enabled=cuda_graphs)
@@ -296,7 +299,7 @@ class TrtRunner:
 
     def runtime_report(self) -> dict[str, Any]:
         return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory),
-                "staging_slots": len(self.slots), "host_seconds": self.host.report()}
+                "staging_slots": len(self.slots), "submit_calls": self.submit_calls, "host_seconds": self.host.report()}
 
     # -- execution ---------------------------------------------------------------------------
     def _stage(self, slot: _Slot, feeds: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
