@@ -44,7 +44,7 @@ for i in 1 2; do
   step "run-e2e-minilm-$i" 120 "$T -m trtforge run $N.fp16.engine --config $CFG/minilm.yaml --inputs $W/docs8 --no-precision-check --report $W/minilm/run_e2e_$i.json"
   step "run-e2e-bert-base-$i" 300 "$T -m trtforge run $B.fp16.engine --config $CFG/bert-base.yaml --inputs $W/docs8 --no-precision-check --report $W/bert-base/run_e2e_$i.json"
 done
-for v in fp16 fp16_skipln best_skipln; do
+for v in fp16 fp16_skipln best best_skipln; do
   [ -f "$B.$v.engine" ] || continue
   step "ncu-$v" 180 ". \$HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --log-file $W/ncu_$v.csv \$PY310 benchmarks/gpu/int8_probe.py once $B.$v.engine 16x512" &&
   step "kernels-$v" 60 "python3 benchmarks/gpu/int8_probe.py kernels $W/ncu_$v.csv --json $W/kernels_$v.json"
