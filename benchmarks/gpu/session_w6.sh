@@ -6,7 +6,7 @@
 #    `run` end to end only, as in w5).
 # B (one job at a time on the GPU): compare tables (accuracy vs ORT fp32 + GPU ms at 16x128/16x512/64x512), Nsight
 #    Compute kernel lists of the skip-LN engines, `run` end to end (the submitting thread's CUDA calls now keep the
-#    GIL) twice per model with its host-stage breakdown, torch eager + its sliding-window loop in the same run, the
+#    GIL) twice per model with its host-stage breakdown, from text and pre-tokenized, torch eager + its sliding-window loop in the same run, the
 #    GIL hand-off benchmark on this host, and the vs-torch table.
 # Every step appends {step, rc, seconds, cmd, tail} to W/steps.jsonl; the driver goes on after a failure.
 set -u
@@ -44,6 +44,14 @@ for i in 1 2; do
   step "run-e2e-minilm-$i" 120 "$T -m trtforge run $N.fp16.engine --config $CFG/minilm.yaml --inputs $W/docs8 --no-precision-check --report $W/minilm/run_e2e_$i.json"
   step "run-e2e-bert-base-$i" 300 "$T -m trtforge run $B.fp16.engine --config $CFG/bert-base.yaml --inputs $W/docs8 --no-precision-check --report $W/bert-base/run_e2e_$i.json"
 done
+# The same documents pre-tokenized: the loop without the tokenizer's cost (plan was 1.1-1.5 CPU-s of w5's 0.33-0.46 s loop)
+for m in minilm bert-base; do
+  step "pretokenize-$m" 120 "$T benchmarks/gpu/pretokenize.py $W/docs8 $(M $m).tokenizer $W/$m/docs8.jsonl"
+done
+for i in 1 2; do
+  step "run-e2e-tok-minilm-$i" 120 "$T -m trtforge run $N.fp16.engine --config $CFG/minilm.yaml --inputs $W/minilm/docs8.jsonl --no-precision-check --report $W/minilm/run_e2e_tok_$i.json"
+done
+step "run-e2e-tok-bert-base-1" 300 "$T -m trtforge run $B.fp16.engine --config $CFG/bert-base.yaml --inputs $W/bert-base/docs8.jsonl --no-precision-check --report $W/bert-base/run_e2e_tok_1.json"
 for v in fp16 fp16_skipln best best_skipln; do
   [ -f "$B.$v.engine" ] || continue
   step "ncu-$v" 180 ". \$HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH /usr/local/cuda/bin/ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --log-file $W/ncu_$v.csv \$PY310 benchmarks/gpu/int8_probe.py once $B.$v.engine 16x512" &&
