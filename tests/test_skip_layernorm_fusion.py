@@ -110,6 +110,17 @@ def test_a_layernorm_the_plugins_epsilon_would_change_is_refused():
     assert not report.replaced and "differs from the graph's" in report.refused[0]["reason"], report.to_json()
 
 
+def test_a_layernorm_whose_statistics_are_read_is_refused():
+    model = _residual_ln_model(1.0)
+    ln = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    ln.output.extend(["mean"])
+    model.graph.output.append(helper.make_tensor_value_info("mean", TensorProto.FLOAT, None))
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.normal(size=(2, 8)).astype(np.float32), "r": rng.normal(size=(2, 8)).astype(np.float32)}
+    fused, report = fuse_skip_layernorm(model, feeds)
+    assert not report.replaced and "mean or inverse deviation" in report.refused[0]["reason"] and fused is model
+
+
 def test_plugin_formula_matches_layernorm_up_to_its_epsilon():
     x = np.random.default_rng(1).normal(size=(4, 16))
     y = plugin_layernorm(x, np.zeros_like(x), None, np.ones(16), np.zeros(16), np.float32)

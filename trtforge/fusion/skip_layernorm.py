@@ -83,6 +83,9 @@ def find_skip_layernorms(model: onnx.ModelProto) -> list[SkipLnCandidate]:
         if axis != -1:
             cand.reason = f"LayerNorm over axis {axis}; the plugin normalises the last axis"
             continue
+        if any(t and (g.consumers.get(t) or t in {o.name for o in g.model.graph.output}) for t in node.output[1:]):
+            cand.reason = "the LayerNorm's mean or inverse deviation output is read; the plugin has only the normalised one"
+            continue
         removed = [node.output[0]]
         x = node.input[0]
         producer = g.producer.get(x)
