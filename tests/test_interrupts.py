@@ -86,3 +86,17 @@ def test_the_interrupt_message_lists_what_was_already_written(tmp_path):
     message = interrupted_message([tmp_path / "m.engine", tmp_path / "m.engine.json"])
     assert "m.engine, " in message and "m.engine.json had already been written (complete)" in message
     assert "and 2 more" in interrupted_message([Path(f"f{i}") for i in range(10)])
+
+
+def test_main_in_process_leaves_the_ctrl_c_handler_alone(monkeypatch):
+    """Only the executable ignores a late Ctrl-C (cli.entry): tests and embedders that call main() keep theirs."""
+    import sys
+
+    from trtforge import cli
+
+    monkeypatch.setattr(sys, "argv", ["trtforge", "--help"])
+    try:
+        cli.main()
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -1,3 +1,3 @@
-from trtforge.cli import main
+from trtforge.cli import entry
 
-main()
+entry()

@@ -602,6 +602,13 @@ def main() -> None:
         if isinstance(exc, click.exceptions.Abort):
             sys.exit(130)
         raise
+
+
+def entry() -> None:
+    """The `trtforge` executable: main(), then a Ctrl-C during interpreter teardown is ignored (not in main()
+    itself, which tests call in-process)."""
+    try:
+        main()
     finally:
         _ignore_late_ctrl_c()
 
@@ -625,4 +632,4 @@ def _ignore_late_ctrl_c() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    entry()
