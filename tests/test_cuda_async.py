@@ -28,6 +28,13 @@ def _lib(codes=None):
         return 0
 
     lib.cuGetErrorName = error_name
+
+    def get_current(out):
+        out._obj.value = 0xC0
+        return 0
+
+    lib.cuCtxGetCurrent = get_current
+    lib.cuCtxSetCurrent = entry("cuCtxSetCurrent")
     return lib
 
 
@@ -70,3 +77,34 @@ def test_stack_into_equals_numpy(case):
     view = np.zeros(expected.shape, np.int64)
     stack_into(view, value)
     assert np.array_equal(view, expected)
+
+
+def test_a_thread_without_a_context_gets_the_runners_one_and_the_call_is_retried():
+    import threading
+
+    lib = _lib()
+    current = threading.local()
+    calls = []
+
+    def record(event, stream):
+        calls.append(threading.current_thread().name)
+        return 0 if getattr(current, "ctx", None) == 0xC0 else 201  # CUDA_ERROR_INVALID_CONTEXT
+
+    def set_current(ctx):
+        current.ctx = ctx
+        return 0
+
+    lib.cuEventRecord, lib.cuCtxSetCurrent = record, set_current
+    current.ctx = 0xC0  # the runner's thread
+    cuda = AsyncCuda(lib)
+    cuda.record(1, 2)
+    worker = threading.Thread(target=cuda.record, args=(1, 2), name="collector")
+    worker.start()
+    worker.join()
+    assert calls == ["MainThread", "collector", "collector"]  # refused once, then retried with the context set
+    lib.cuCtxSetCurrent = lambda ctx: 0  # a context that does not take: the error reaches the caller
+    failures = []
+    worker = threading.Thread(target=lambda: failures.append(pytest.raises(RuntimeError, cuda.record, 1, 2)), name="other")
+    worker.start()
+    worker.join()
+    assert failures and "cuEventRecord failed: CUDA error 201" in str(failures[0].value)

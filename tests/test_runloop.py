@@ -221,6 +221,13 @@ def fake_driver(cudart):
 
     lib.cuEventElapsedTime = entry("elapsed", elapsed)
     lib.cuGetErrorName = entry("error_name", lambda code, out: 0)
+
+    def get_current(out):
+        out._obj.value = 0xC0
+        return 0
+
+    lib.cuCtxGetCurrent = entry("get_context", get_current)
+    lib.cuCtxSetCurrent = entry("set_context", lambda ctx: 0)
     return lib
 
 

@@ -32,7 +32,10 @@ _SIGNATURES = {
     "cuGraphLaunch": (ctypes.c_void_p, ctypes.c_void_p),
     "cuEventElapsedTime": (ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p),
     "cuGetErrorName": (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)),
+    "cuCtxGetCurrent": (ctypes.POINTER(ctypes.c_void_p),),
+    "cuCtxSetCurrent": (ctypes.c_void_p,),
 }
+CUDA_ERROR_INVALID_CONTEXT = 201
 
 # memmove that keeps the GIL (ctypes.memmove is a CFUNCTYPE: it releases it).
 _memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(ctypes._memmove_addr)
@@ -48,10 +51,16 @@ def load_driver(lib: Any = None) -> Any:
 
 
 class AsyncCuda:
-    """Non-blocking driver calls that keep the GIL; raise RuntimeError naming the call and the CUDA error."""
+    """Non-blocking driver calls that keep the GIL; raise RuntimeError naming the call and the CUDA error.
+
+    Made where the CUDA runtime is already current (the runner's thread): its context is kept and made current on
+    any other thread whose first call finds none (the collecting thread), then the call is retried once."""
 
     def __init__(self, lib: Any = None):
         self.lib = load_driver(lib)
+        context = ctypes.c_void_p()
+        self._check("cuCtxGetCurrent", self.lib.cuCtxGetCurrent(ctypes.byref(context)))
+        self.context = context.value
 
     def _check(self, name: str, code: int) -> None:
         if code:
@@ -59,24 +68,31 @@ class AsyncCuda:
             self.lib.cuGetErrorName(code, ctypes.byref(text))
             raise RuntimeError(f"{name} failed: CUDA error {code} ({(text.value or b'unknown').decode()})")
 
+    def _call(self, name: str, fn: Any, *args: Any) -> None:
+        code = fn(*args)
+        if code == CUDA_ERROR_INVALID_CONTEXT and self.context:  # a thread that never touched CUDA
+            self._check("cuCtxSetCurrent", self.lib.cuCtxSetCurrent(self.context))
+            code = fn(*args)
+        self._check(name, code)
+
     def copy_to_device(self, device_ptr: int, host_ptr: int, nbytes: int, stream: int) -> None:
-        self._check("cuMemcpyHtoDAsync", self.lib.cuMemcpyHtoDAsync_v2(device_ptr, host_ptr, nbytes, stream))
+        self._call("cuMemcpyHtoDAsync", self.lib.cuMemcpyHtoDAsync_v2, device_ptr, host_ptr, nbytes, stream)
 
     def copy_to_host(self, host_ptr: int, device_ptr: int, nbytes: int, stream: int) -> None:
-        self._check("cuMemcpyDtoHAsync", self.lib.cuMemcpyDtoHAsync_v2(host_ptr, device_ptr, nbytes, stream))
+        self._call("cuMemcpyDtoHAsync", self.lib.cuMemcpyDtoHAsync_v2, host_ptr, device_ptr, nbytes, stream)
 
     def record(self, event: int, stream: int) -> None:
-        self._check("cuEventRecord", self.lib.cuEventRecord(event, stream))
+        self._call("cuEventRecord", self.lib.cuEventRecord, event, stream)
 
     def wait(self, stream: int, event: int) -> None:
-        self._check("cuStreamWaitEvent", self.lib.cuStreamWaitEvent(stream, event, 0))
+        self._call("cuStreamWaitEvent", self.lib.cuStreamWaitEvent, stream, event, 0)
 
     def launch(self, graph_exec: int, stream: int) -> None:
-        self._check("cuGraphLaunch", self.lib.cuGraphLaunch(graph_exec, stream))
+        self._call("cuGraphLaunch", self.lib.cuGraphLaunch, graph_exec, stream)
 
     def elapsed_ms(self, start: int, end: int) -> float:
         ms = ctypes.c_float()
-        self._check("cuEventElapsedTime", self.lib.cuEventElapsedTime(ctypes.byref(ms), start, end))
+        self._call("cuEventElapsedTime", self.lib.cuEventElapsedTime, ctypes.byref(ms), start, end)
         return float(ms.value)
 
 
@@ -109,11 +125,27 @@ class CudaPythonCalls:
 
 
 def submit_calls(cudart: Any, check: Any, event: int, stream: int, lib: Any = None) -> tuple[Any, str]:
-    """AsyncCuda where it works here, probed by recording `event` on `stream` and waiting for it through cuda-python
-    (the same handles, the same context); else CudaPythonCalls. Returns (calls, what the runtime report says)."""
+    """AsyncCuda where it works here, probed by recording `event` on `stream` from this thread and from a new one,
+    then waiting for it through cuda-python (the same handles, the same context); else CudaPythonCalls. Returns
+    (calls, what the runtime report says)."""
+    import threading
+
     try:
         calls = AsyncCuda(lib)
+        failures: list[BaseException] = []
+
+        def elsewhere() -> None:  # as the collecting thread will: a thread with no CUDA context yet
+            try:
+                calls.record(event, stream)
+            except RuntimeError as exc:
+                failures.append(exc)
+
         calls.record(event, stream)
+        worker = threading.Thread(target=elsewhere, name="trtforge-cuda-probe")
+        worker.start()
+        worker.join()
+        if failures:
+            raise failures[0]
         check(cudart.cudaEventSynchronize(event))
         return calls, "libcuda through ctypes, GIL held"
     except (OSError, AttributeError, RuntimeError) as exc:
