@@ -10,7 +10,8 @@ a Cast back. The plugin adds, normalises and scales in fp16 in one memory-bound 
 
 The plugin computes LN(a + b + bias) with var = E[x^2] - mean^2 and epsilon = the machine epsilon of its type
 (9.8e-4 in fp16, whatever the model's epsilon; TensorRT's skipLayerNormKernel.cu), so a candidate is kept only
-when that formula, recomputed in numpy on the activations ONNX Runtime observes, matches the graph's output.
+when that formula, recomputed in numpy on the activations ONNX Runtime observes, matches the graph's output
+(TOLERANCE).
 Matching is structural: LayerNormalization over the last axis with constant scale and bias, its input an Add of
 two same-shaped computed tensors (through at most one Cast), its output through at most one Cast; every tensor
 in between read by nothing else. Pure onnx + numpy; the plugin runs only in TensorRT.
@@ -31,7 +32,10 @@ PLUGIN = "CustomSkipLayerNormPluginDynamic"
 PLUGIN_VERSION = "2"
 PLUGIN_DOMAIN = "trt.plugins"
 PLUGIN_EPSILON = {np.dtype(np.float16): float(np.finfo(np.float16).eps), np.dtype(np.float32): float(np.finfo(np.float32).eps)}
-TOLERANCE = 1e-3  # relative L2 of the plugin's formula against the graph's LayerNorm, on observed activations
+# Relative L2 of the plugin's formula against the graph's LayerNorm on the observed activations. In fp16 the graph's
+# own output rounding is ~3e-4 and the plugin's epsilon (9.8e-4) shifts the output by ~eps / (2 var): 3e-3 admits
+# sums with variance above ~0.2 (the real MiniLM's: 0.8-1.3e-3 in all 12 blocks, 2.9e-4 of it rounding).
+TOLERANCE = {np.dtype(np.float16): 3e-3, np.dtype(np.float32): 1e-3}
 
 
 @dataclass
@@ -152,9 +156,10 @@ def verify(model: onnx.ModelProto, cands: list[SkipLnCandidate], feeds: dict[str
         y = values[c.y].astype(np.float64)
         want = plugin_layernorm(a, b, None, c.gamma, c.beta, c.dtype)  # the bias is already inside a or b
         c.error = float(np.linalg.norm(want - y) / max(np.linalg.norm(y), 1e-30))
-        if c.error > TOLERANCE:
+        tolerance = TOLERANCE[np.dtype(c.dtype)]
+        if c.error > tolerance:
             c.reason = (f"the plugin's LayerNorm (epsilon {PLUGIN_EPSILON[np.dtype(c.dtype)]:.2g}) differs from the graph's "
-                        f"by rel-L2 {c.error:.2g} on the observed activations (> {TOLERANCE:g})")
+                        f"by rel-L2 {c.error:.2g} on the observed activations (> {tolerance:g})")
             continue
         if c.bias is not None:  # fold it: the plugin reads the dense output before its bias Add
             bias_add = g.producer[c.bias_input]
