@@ -1,0 +1,168 @@
+"""`trtforge run` on an ENGINE, end to end, without a GPU: a real TensorRT-RTX engine file and sidecar for MiniLM,
+executed by a stand-in whose "kernel" runs the engine's ONNX on ONNX Runtime, on the fake CUDA of test_runloop (host
+memory, synchronous streams, graph capture by recording). Everything of the GPU path above the CUDA calls is the
+real code: TrtTarget, TrtRunner (pinned staging of chunk parts, CUDA graphs, shared context memory, the GIL-holding
+submit calls through a fake libcuda), the pipelined loop, the merge straight out of the output slot, the report.
+The merged outputs must equal `run` on ONNX Runtime over the same documents."""
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import require
+from test_runloop import FakeCudart, FakeLogger, fake_driver
+from trtforge.artifacts import read_sidecar
+from trtforge.backends.onnxruntime import OrtRunner
+
+
+class OrtEngine:
+    """A deserialized engine whose execution is ONNX Runtime on `onnx_path` (I/O names and types from the sidecar)."""
+    device_memory_size = 1 << 16
+
+    def __init__(self, onnx_path, io, cudart):
+        self.ort = OrtRunner(onnx_path)
+        self.io, self.cudart = io, cudart
+        self.names = [t["name"] for t in io]
+        self.shapes_for: dict = {}
+
+    @property
+    def num_io_tensors(self):
+        return len(self.names)
+
+    def get_tensor_name(self, i):
+        return self.names[i]
+
+    def get_tensor_mode(self, name):
+        return next(t["mode"] for t in self.io if t["name"] == name)
+
+    def get_tensor_dtype(self, name):
+        return np.dtype(next(t["dtype"] for t in self.io if t["name"] == name))
+
+    def create_execution_context_without_device_memory(self):
+        return OrtContext(self)
+
+    def output_shapes(self, inputs):
+        key = tuple(sorted((k, v) for k, v in inputs.items()))
+        if key not in self.shapes_for:  # the engine's shape inference: ORT on zeros of these shapes, once
+            feeds = {k: np.ones(v, self.get_tensor_dtype(k)) for k, v in inputs.items()}
+            self.shapes_for[key] = {k: v.shape for k, v in self.ort.run(feeds).items()}
+        return self.shapes_for[key]
+
+
+class OrtContext:
+    def __init__(self, engine):
+        self.engine, self.inputs, self.addresses, self.runs = engine, {}, {}, 0
+
+    def set_device_memory(self, ptr, size):
+        pass
+
+    def set_optimization_profile_async(self, profile, stream):
+        self.profile = profile
+
+    def set_input_shape(self, name, dims):
+        self.inputs[name] = tuple(int(d) for d in dims)
+        return True
+
+    def get_tensor_shape(self, name):
+        if name in self.inputs:
+            return self.inputs[name]
+        return self.engine.output_shapes(self.inputs)[name]
+
+    def set_tensor_address(self, name, ptr):
+        self.addresses[name] = ptr
+
+    def execute_async_v3(self, stream):
+        import ctypes
+
+        engine, shapes, addresses = self.engine, dict(self.inputs), dict(self.addresses)
+        outs = engine.output_shapes(shapes)
+
+        def view(name, shape):
+            dtype = engine.get_tensor_dtype(name)
+            raw = (ctypes.c_byte * (int(np.prod(shape)) * dtype.itemsize)).from_address(addresses[name])
+            return np.frombuffer(raw, dtype).reshape(shape)
+
+        def kernel():
+            self.runs += 1
+            got = engine.ort.run({k: view(k, s).copy() for k, s in shapes.items()})
+            for name, shape in outs.items():
+                view(name, shape)[...] = got[name]
+
+        engine.cudart.op(stream, kernel)
+        return True
+
+
+@pytest.fixture(scope="module")
+def engine(minilm_clean, tmp_path_factory):
+    """A real engine file and sidecar (TensorRT-RTX builds without a GPU), one profile of chunks up to 256."""
+    require("tensorrt_rtx")
+    from trtforge.build import build
+
+    out = tmp_path_factory.mktemp("emulated") / "minilm.engine"
+    result = build(minilm_clean, out, "fp32", "seq=256", backend="tensorrt_rtx")
+    return result.engine_path
+
+
+def _emulate(monkeypatch, onnx_path, engine_path):
+    import trtforge.backends.tensorrt as tensorrt_mod
+    import trtforge.backends.tensorrt_runtime as rt
+    import trtforge.build as build_mod
+    import trtforge.doctor as doctor
+    from trtforge.backends.cuda_async import submit_calls
+
+    cudart = FakeCudart()
+    driver = fake_driver(cudart)
+    engines = []
+
+    def runtime(logger):
+        def deserialize(data):
+            side = read_sidecar(engine_path)
+            engines.append(OrtEngine(onnx_path, side["io"], cudart))
+            return engines[-1]
+        return SimpleNamespace(deserialize_cuda_engine=deserialize)
+
+    trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="input"), nptype=lambda t: t, Runtime=runtime)
+    emulated = {"engines": engines, "driver": driver}
+    monkeypatch.setattr(tensorrt_mod, "load_trt", lambda backend="auto": tensorrt_mod.TrtModule(trt, "tensorrt", "8.6.0"))
+    monkeypatch.setattr(tensorrt_mod, "runtime_identity", lambda mod: {})
+    monkeypatch.setattr(build_mod, "check_engine_compat", lambda path, sidecar, identity: None)
+    monkeypatch.setattr(doctor, "_gpu", lambda: {"name": "emulated", "compute_capability": "9.0"})
+    monkeypatch.setattr(rt, "_cudart", lambda: cudart)
+    monkeypatch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
+    monkeypatch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
+    return emulated
+
+
+@pytest.mark.parametrize("precision_check", [False, True], ids=["merged-from-the-slot", "with-reference"])
+def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check):
+    from trtforge.run import RunOptions, run
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name in ("logging_inspect.txt",):
+        shutil.copy(f"calib_data/minilm_long/{name}", docs / name)
+    common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=2, plan_workers=2)
+    want = run(minilm_clean, RunOptions(**common, precision_check=False, save_outputs=tmp_path / "ort.npz"))
+    emulated = _emulate(monkeypatch, minilm_clean, engine)
+    report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check,
+                                    save_outputs=tmp_path / "engine.npz", report=tmp_path / "report.json"))
+    ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
+    assert sorted(ort.files) == sorted(got.files) and len(got.files) == len(list(docs.iterdir())) * len(want["outputs"])
+    for key in ort.files:
+        np.testing.assert_allclose(got[key], ort[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    assert report["batches"] == want["batches"] and report["backend"].startswith("tensorrt 8.6.0")
+    runtime = report["runtime"]
+    assert runtime["submit_calls"] == "libcuda through ctypes, GIL held"
+    assert runtime["cuda_graphs"]["captured"] >= 1 and runtime["cuda_graphs"]["replayed"] >= 1
+    assert {"stage_inputs", "submit", "wait_gpu"} <= set(runtime["host"]["stages"])
+    assert {"htod", "launch", "dtoh", "elapsed"} <= set(emulated["driver"].calls)
+    assert report["memory"]["sampled"].startswith("after the first run of each profile and shape")
+    if precision_check:  # the engine's outputs ARE ORT's: measured, and the gates hold
+        worst = report["precision_error"]["worst"]
+        assert report["precision_error"]["measured"] is not False and worst["rel_l2"] < 1e-5 and report["gates"]["passed"]
+    else:
+        assert report["precision_error"] == {"measured": False, "reason": "--no-precision-check"}
+    json.loads((tmp_path / "report.json").read_text())
