@@ -371,7 +371,7 @@ class TrtTarget:
             self.timings.append((f"profile {t.profile}", t.wall_ms, t.gpu_ms))
 
     def memory(self) -> dict[str, Any]:
-        return {"device": "gpu", "peak_gpu_mb": self.runner.peak_bytes / 2**20, "sampled": "after the first run of each profile and shape (replays allocate nothing)"}
+        return {"device": "gpu", "peak_gpu_mb": self.runner.peak_bytes / 2**20, "sampled": "after every batch that was not a CUDA-graph replay (replays allocate nothing)"}
 
     def reset_host_clock(self) -> None:
         self.runner.host = StageClock()

@@ -144,7 +144,7 @@ class _Slot:
     host: dict[str, PinnedBuffer] = field(default_factory=dict)
     events: dict[str, Any] = field(default_factory=dict)  # h2d, start, end, d2h
     event_handles: dict[str, int] = field(default_factory=dict)  # the same events as driver handles
-    pending: Any = None  # (tag, profile, output shapes, first run of its shape) of the batch in flight
+    pending: Any = None  # (tag, profile, output shapes, not a graph replay) of the batch in flight
 
 
 @dataclass
@@ -397,10 +397,10 @@ class TrtRunner:
         with self.host.stage("wait_gpu"):  # the collector thread waiting for the batch's compute and D2H copies
             _ok(cudart.cudaEventSynchronize(slot.events["d2h"]))
         done = time.perf_counter()
-        tag, profile, shapes, first_of_shape = slot.pending
+        tag, profile, shapes, not_replay = slot.pending
         slot.pending = None
         gpu_ms = self.cuda.elapsed_ms(slot.event_handles["start"], slot.event_handles["end"])
-        if first_of_shape:  # after execution: activations and graphs are allocated by now (replays allocate nothing)
+        if not_replay:  # after execution: activations and graphs are allocated by now (replays allocate nothing)
             self._note_memory()
         views = {name: slot.host[name].view(self.dtypes[name], shape) for name, shape in shapes.items()}
         if consume is not None:  # read straight out of pinned memory; the slot is reused once this returns
