@@ -44,6 +44,7 @@ for i in 1 2; do
   step "run-e2e-minilm-$i" 120 "$T -m trtforge run $N.fp16.engine --config $CFG/minilm.yaml --inputs $W/docs8 --no-precision-check --report $W/minilm/run_e2e_$i.json"
   step "run-e2e-bert-base-$i" 300 "$T -m trtforge run $B.fp16.engine --config $CFG/bert-base.yaml --inputs $W/docs8 --no-precision-check --report $W/bert-base/run_e2e_$i.json"
 done
+step tokenize-throughput 120 "$P312 benchmarks/tokenize_throughput.py $N.tokenizer $W/docs8 --out $W/tokenize.json --threads 1 4 8 12"
 # The same documents pre-tokenized: the loop without the tokenizer's cost (plan was 1.1-1.5 CPU-s of w5's 0.33-0.46 s loop)
 for m in minilm bert-base; do
   step "pretokenize-$m" 120 "$T benchmarks/gpu/pretokenize.py $W/docs8 $(M $m).tokenizer $W/$m/docs8.jsonl"
