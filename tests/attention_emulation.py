@@ -91,8 +91,9 @@ def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each CustomSkipLayerNormPluginDynamic node as the ops it computes: x = a + b (+ bias), then
-    (x - mean) / sqrt(E[x^2] - mean^2 + eps(type)) * gamma + beta (TensorRT's skipLayerNormKernel.cu), in fp32,
-    cast back to the plugin's type."""
+    (x - mean) / sqrt(E[x^2] - mean^2 + eps) * gamma + beta (TensorRT's skipLayerNormKernel.cu; eps = the type's
+    machine epsilon at hidden 768/1024, else none), in fp32, cast back to the plugin's type. The plugin's own fp16
+    sums are modelled by fusion.skip_layernorm.plugin_layernorm, not here."""
     from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN
 
     def expand(node, a, p, c):
@@ -109,7 +110,8 @@ def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
         if "bias" in weights:
             nodes.append(helper.make_node("Add", [x, c("bias", f(weights["bias"]))], [p + "xb"]))
             x = p + "xb"
-        eps = float(np.finfo(np.float16 if fp16 else np.float32).eps)
+        width = weights["gamma"].size
+        eps = float(np.finfo(np.float16 if fp16 else np.float32).eps) if width in (768, 1024) else 0.0
         return nodes + [
             helper.make_node("ReduceMean", [x], [p + "mean"], axes=[-1], keepdims=1),
             helper.make_node("Mul", [x, x], [p + "x2"]),

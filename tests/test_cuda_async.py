@@ -39,9 +39,15 @@ def _lib(codes=None):
 
 
 def test_every_driver_entry_gets_its_argument_types():
+    from trtforge.backends.cuda_async import _SIGNATURES
+
     lib = load_driver(_lib())
-    assert lib.cuMemcpyHtoDAsync_v2.argtypes[0] is ctypes.c_uint64 and lib.cuEventRecord.restype is ctypes.c_int
-    assert len(lib.cuStreamWaitEvent.argtypes) == 3
+    for name, argtypes in _SIGNATURES.items():
+        assert getattr(lib, name).argtypes == list(argtypes) and getattr(lib, name).restype is ctypes.c_int, name
+    # the driver API's prototypes: CUdeviceptr is 64-bit, handles are pointers, flags an unsigned int
+    assert _SIGNATURES["cuMemcpyHtoDAsync_v2"] == (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    assert _SIGNATURES["cuStreamWaitEvent"] == (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint)
+    assert _SIGNATURES["cuEventElapsedTime"][0] == ctypes.POINTER(ctypes.c_float)
 
 
 def test_calls_pass_handles_through_and_errors_name_the_call():
@@ -55,7 +61,12 @@ def test_calls_pass_handles_through_and_errors_name_the_call():
 
 
 @pytest.mark.parametrize("case", ["parts", "array", "cast", "strided", "other_rows"])
-def test_stack_into_equals_numpy(case):
+def test_stack_into_equals_numpy(case, monkeypatch):
+    import trtforge.backends.cuda_async as cuda_async
+
+    moves = []
+    real = cuda_async._memmove
+    monkeypatch.setattr(cuda_async, "_memmove", lambda dst, src, n: (moves.append(n), real(dst, src, n))[1])
     rng = np.random.default_rng(0)
     parts = [rng.integers(0, 30000, size=(n, 5)) for n in (1, 3, 2)]
     if case == "parts":
@@ -77,6 +88,8 @@ def test_stack_into_equals_numpy(case):
     view = np.zeros(expected.shape, np.int64)
     stack_into(view, value)
     assert np.array_equal(view, expected)
+    # the GIL-holding memmove for C-contiguous parts of the view's type, numpy's copy (cast, strides) otherwise
+    assert sum(moves) == (view.nbytes if case in ("parts", "array") else 0)
 
 
 def test_a_thread_without_a_context_gets_the_runners_one_and_the_call_is_retried():

@@ -38,6 +38,11 @@ def test_deferred_raises_the_ctrl_c_a_callback_would_lose():
 
 
 def test_check_raises_between_native_calls_and_nesting_restores_once():
+    with interrupts.deferred():
+        handler = signal.getsignal(signal.SIGINT)
+        with interrupts.deferred():
+            _native_call(lambda: None)
+        assert signal.getsignal(signal.SIGINT) is handler is not signal.default_int_handler  # the inner block kept it
     with pytest.raises(KeyboardInterrupt):
         with interrupts.deferred():
             with interrupts.deferred():
@@ -100,3 +105,42 @@ def test_main_in_process_leaves_the_ctrl_c_handler_alone(monkeypatch):
     except SystemExit as exc:
         assert exc.code in (0, None)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_block_ending_with_an_error_after_ctrl_c_raises_the_interrupt():
+    """Ctrl-C while the parser reads a graph it then rejects: the build's fallback catches the parser's error, so
+    the interrupt must come out instead of it, or the fallback would build (and publish) another engine."""
+    from trtforge.errors import UserError
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        with interrupts.deferred():
+            _native_call(_ctrl_c)
+            raise UserError("the ONNX parser rejected m.onnx")
+    assert isinstance(caught.value.__cause__, UserError) and not interrupts.requested()
+    with pytest.raises(UserError):  # without Ctrl-C the error is the error
+        with interrupts.deferred():
+            raise UserError("the ONNX parser rejected m.onnx")
+
+
+def test_a_second_ctrl_c_aborts_at_once(tmp_path):
+    """TensorRT 8.6 has no progress monitor: the first Ctrl-C waits for the builder; the second exits 130 now."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    code = ("from trtforge import interrupts\nimport time\nwith interrupts.deferred():\n    print('ready', flush=True)\n"
+            "    time.sleep(60)  # native work that never returns early\n")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "PYTHONPATH": str(root)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline().strip() == "ready"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert proc.poll() is None  # the first one only asks
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.monotonic() - start < 20, err
+    assert interrupts.FIRST in err and interrupts.SECOND in err

@@ -159,7 +159,6 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     assert runtime["cuda_graphs"]["captured"] >= 1 and runtime["cuda_graphs"]["replayed"] >= 1
     assert {"stage_inputs", "submit", "wait_gpu"} <= set(runtime["host"]["stages"])
     assert {"htod", "launch", "dtoh", "elapsed"} <= set(emulated["driver"].calls)
-    assert report["memory"]["sampled"].startswith("after every batch that was not a CUDA-graph replay")
     if precision_check:  # the engine's outputs ARE ORT's: measured, and the gates hold
         worst = report["precision_error"]["worst"]
         assert report["precision_error"]["measured"] is not False and worst["rel_l2"] < 1e-5 and report["gates"]["passed"]

@@ -89,11 +89,12 @@ def test_fp16_graph_absorbs_the_casts_around_the_fp32_layernorm(zoo):
     assert all(_rel(got[k], v) < 1e-2 for k, v in want.items())
 
 
-def _residual_ln_model(scale: float):
-    """y = LayerNorm(x + r) over [2, 8]; x and r inputs scaled by `scale` inside the graph."""
+def _residual_ln_model(scale: float, offset: float = 0.0):
+    """y = LayerNorm(x * scale + offset + r * scale) over [2, 8]."""
     inits = [numpy_helper.from_array(np.full(8, 1.5, np.float32), "gamma"), numpy_helper.from_array(np.full(8, 0.25, np.float32), "beta"),
-             numpy_helper.from_array(np.float32(scale), "scale")]
-    nodes = [helper.make_node("Mul", ["x", "scale"], ["xs"]), helper.make_node("Mul", ["r", "scale"], ["rs"]),
+             numpy_helper.from_array(np.float32(scale), "scale"), numpy_helper.from_array(np.float32(offset), "offset")]
+    nodes = [helper.make_node("Mul", ["x", "scale"], ["xs0"]), helper.make_node("Add", ["xs0", "offset"], ["xs"]),
+             helper.make_node("Mul", ["r", "scale"], ["rs"]),
              helper.make_node("Add", ["xs", "rs"], ["sum"]),
              helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12, name="ln")]
     io = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8])  # noqa: E731
@@ -101,13 +102,32 @@ def _residual_ln_model(scale: float):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_a_layernorm_the_plugins_epsilon_would_change_is_refused():
+def test_a_layernorm_the_plugins_arithmetic_would_change_is_refused():
     rng = np.random.default_rng(0)
     feeds = {"x": rng.normal(size=(2, 8)).astype(np.float32), "r": rng.normal(size=(2, 8)).astype(np.float32)}
     _, report = fuse_skip_layernorm(_residual_ln_model(1.0), feeds)
-    assert len(report.replaced) == 1 and report.replaced[0]["rel_l2"] < 1e-6  # fp32: epsilon 1.2e-7
-    _, report = fuse_skip_layernorm(_residual_ln_model(1e-4), feeds)  # variance ~1e-8: epsilon 1.2e-7 dominates it
+    assert len(report.replaced) == 1 and report.replaced[0]["rel_l2"] < 1e-5
+    # mean 1000, spread 0.01: E[x^2] - mean^2 cancels in fp32 (the graph's LayerNorm subtracts the mean first)
+    _, report = fuse_skip_layernorm(_residual_ln_model(0.01, offset=1000.0), feeds)
     assert not report.replaced and "differs from the graph's" in report.refused[0]["reason"], report.to_json()
+
+
+def test_the_plugin_arithmetic_replay():
+    """plugin_layernorm against a float64 LayerNorm: exact up to rounding in fp32; in fp16 its fp16 sums cost ~6e-4
+    (rel-L2) and at hidden 768 the fp16 epsilon (9.8e-4) shows on small variances; the block sum is the warp tree."""
+    from trtforge.fusion.skip_layernorm import _block_sum
+
+    rng = np.random.default_rng(1)
+    for ld, scale, dtype, low, high in [(384, 1.0, np.float32, 0, 1e-6), (768, 1.0, np.float32, 0, 1e-6),
+                                        (384, 1.0, np.float16, 2e-4, 2e-3), (768, 0.3, np.float16, 1.5e-3, 4e-3)]:
+        a, b = (rng.normal(size=(64, ld)) * scale).astype(dtype), (rng.normal(size=(64, ld)) * scale).astype(dtype)
+        x = a.astype(np.float64) + b
+        ref = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)
+        got = plugin_layernorm(a, b, None, np.ones(ld), np.zeros(ld), dtype)
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert low <= err <= high, (ld, scale, dtype, err)
+    v = np.arange(40, dtype=np.float32)[None]
+    assert _block_sum(v, np.float32)[0] == v.sum()
 
 
 def test_a_layernorm_whose_statistics_are_read_is_refused():
@@ -121,11 +141,6 @@ def test_a_layernorm_whose_statistics_are_read_is_refused():
     assert not report.replaced and "mean or inverse deviation" in report.refused[0]["reason"] and fused is model
 
 
-def test_plugin_formula_matches_layernorm_up_to_its_epsilon():
-    x = np.random.default_rng(1).normal(size=(4, 16))
-    y = plugin_layernorm(x, np.zeros_like(x), None, np.ones(16), np.zeros(16), np.float32)
-    ref = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)
-    assert np.allclose(y, ref, atol=1e-6)
 
 
 def test_build_step_modes_and_all_three_passes_together(zoo):
@@ -175,8 +190,8 @@ def test_cli_build_fuse_skip_layernorm_needs_tensorrt_8(zoo, tmp_path):
 
 
 def test_the_real_minilm_fp16_graph_has_every_residual_block_fused(minilm_clean):
-    """All-MiniLM-L6-v2's real weights: the plugin's epsilon shifts each fp16 LayerNorm by ~1e-3 (its sums' variance
-    is ~0.5), inside the fp16 tolerance; a 1e-3 tolerance refused 10 of the 12 blocks."""
+    """All-MiniLM-L6-v2's real weights (hidden 384: the plugin's 256-thread kernel, fp16 sums, no epsilon): every block
+    within the fp16 tolerance."""
     from trtforge.precision import prepare_for_build
 
     model = onnx.load(minilm_clean)

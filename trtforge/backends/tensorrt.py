@@ -420,7 +420,10 @@ def _explain_build_failure(mod: TrtModule, onnx_path: Path, profiles: list[Profi
             single = _Logger(mod.trt)
             builder, network, _ = _parse(mod, onnx_path, single, node_names)
             config, _, _ = _configure(mod, builder, network, options, [profile], [])
-            if builder.build_serialized_network(network, config) is None:
+            with _monitored(mod, config, BuildProgress(1)):  # Ctrl-C cancels these rebuilds too (TensorRT >= 10, RTX)
+                rebuilt = builder.build_serialized_network(network, config)
+            interrupts.check()  # a cancelled rebuild is Ctrl-C, not the failing profile
+            if rebuilt is None:
                 msg = _shorten(single.errors()[0]) if single.errors() else first
                 return _sentence(profile, msg)
     return _sentence(profiles[0], first) if len(profiles) == 1 else f"the engine build failed: {first}"
