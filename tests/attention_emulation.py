@@ -127,3 +127,24 @@ def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
             helper.make_node("Cast", [p + "y32"], [node.output[0]], to=dtype)]
 
     return _expand(model, SKIP_LN, expand)
+
+
+# -- helpers the fusion-pass tests share ---------------------------------------------------------------------------
+
+def zoo_sizes(axes, seq):
+    """Observation sizes for a zoo export: batch 2, `seq` clamped to the axis, every other axis at its opt."""
+    return {a: (2 if a == "batch" else min(max(r.min, seq), r.max) if a == "seq" else r.opt) for a, r in axes.items()}
+
+
+def rel_l2(a, b):
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
+
+
+def with_random_vectors(model):
+    """Every 1-D float initializer (biases, norms) redrawn: random-init transformers start biases at 0 and norms at
+    1/0, which would let a fused graph that dropped a bias, gamma or beta pass."""
+    rng = np.random.default_rng(3)
+    for init in model.graph.initializer:
+        if init.data_type == onnx.TensorProto.FLOAT and len(init.dims) == 1 and init.dims[0] > 1:
+            init.CopyFrom(numpy_helper.from_array(rng.normal(0, 0.5, init.dims[0]).astype(np.float32), init.name))
+    return model

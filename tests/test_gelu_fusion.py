@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from attention_emulation import emulate_gelu_plugins
+from attention_emulation import emulate_gelu_plugins, rel_l2, with_random_vectors, zoo_sizes
 from conftest import export_zoo
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.feeds import random_feeds
@@ -23,29 +23,11 @@ def zoo(tmp_path_factory):
     return export_zoo(tmp_path_factory.mktemp("gelu"), EXPORTS)
 
 
-def _sizes(axes, seq):
-    return {a: (2 if a == "batch" else min(max(r.min, seq), r.max) if a == "seq" else r.opt) for a, r in axes.items()}
-
-
-def _rel(a, b):
-    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
-
-
-def _with_random_vectors(model):
-    """Every 1-D float initializer (biases, norms) redrawn: random-init transformers start biases at 0, which
-    would let a fused graph that dropped its bias pass."""
-    rng = np.random.default_rng(3)
-    for init in model.graph.initializer:
-        if init.data_type == TensorProto.FLOAT and len(init.dims) == 1 and init.dims[0] > 1:
-            init.CopyFrom(numpy_helper.from_array(rng.normal(0, 0.5, init.dims[0]).astype(np.float32), init.name))
-    return model
-
-
 @pytest.mark.parametrize("key", EXPORTS, ids=lambda k: ".".join(k))
 def test_every_gelu_becomes_one_plugin_with_its_bias(zoo, key):
-    model = _with_random_vectors(onnx.load(zoo[key]))
+    model = with_random_vectors(onnx.load(zoo[key]))
     specs, axes, _ = io_specs(zoo[key], model)
-    fused, report = fuse_gelu(model, random_feeds(specs, _sizes(axes, 16)))
+    fused, report = fuse_gelu(model, random_feeds(specs, zoo_sizes(axes, 16)))
     layers = 2  # the small zoo models
     assert len(report.replaced) == layers, report.to_json()
     # BERT's pooler Tanh is refused with its reason; nothing else is left
@@ -57,12 +39,12 @@ def test_every_gelu_becomes_one_plugin_with_its_bias(zoo, key):
     assert sum(n.op_type == "Tanh" for n in fused.graph.node) == (1 if key[0] == "bert" else 0)
     plugins = [n for n in fused.graph.node if n.op_type == PLUGIN]
     assert len(plugins) == layers and all(n.domain == "trt.plugins" for n in plugins)
-    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=7)
+    feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=7)
     want = OrtRunner(model.SerializeToString()).run(feeds)
     got = OrtRunner(emulate_gelu_plugins(fused).SerializeToString()).run(feeds)
     for name, value in want.items():
         # the tanh formula replaces erf exactly for GPT-2; for erf GELUs it differs by <= ~5e-4 per activation
-        assert _rel(got[name], value) < (1e-5 if key[0] == "gpt2" else 3e-3), name
+        assert rel_l2(got[name], value) < (1e-5 if key[0] == "gpt2" else 3e-3), name
 
 
 def test_fp16_graph_gets_an_fp16_plugin_and_bias(zoo):
@@ -72,15 +54,15 @@ def test_fp16_graph_gets_an_fp16_plugin_and_bias(zoo):
     model = onnx.load(zoo[key])
     specs, axes, _ = io_specs(zoo[key], model)
     converted, _ = prepare_for_build(model, zoo[key], specs, axes)
-    fused, report = fuse_gelu(converted, random_feeds(specs, _sizes(axes, 16)))
+    fused, report = fuse_gelu(converted, random_feeds(specs, zoo_sizes(axes, 16)))
     assert len(report.replaced) == 2, report.to_json()
     plugin = next(n for n in fused.graph.node if n.op_type == PLUGIN)
     attrs = {a.name: helper.get_attribute_value(a) for a in plugin.attribute}
     assert attrs["type_id"] == 1 and attrs["bias"].data_type == TensorProto.FLOAT16
-    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=5)
+    feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=5)
     want = OrtRunner(model.SerializeToString()).run(feeds)
     got = OrtRunner(emulate_gelu_plugins(fused).SerializeToString()).run(feeds)
-    assert all(_rel(got[k], v) < 1e-2 for k, v in want.items())
+    assert all(rel_l2(got[k], v) < 1e-2 for k, v in want.items())
 
 
 def _elementwise_model(build):
@@ -127,7 +109,7 @@ def test_build_step_modes(zoo):
     key = ("bert", "dynamo")
     model = onnx.load(zoo[key])
     specs, axes, _ = io_specs(zoo[key], model)
-    feeds = random_feeds(specs, _sizes(axes, 16))
+    feeds = random_feeds(specs, zoo_sizes(axes, 16))
     none, record = gelu_fusion(model, model, "off", "fp16", "tensorrt", "8.6.0", True, feeds, "m.onnx")
     assert none is None and record["route"] == "off" and describe_gelu(record) == []
     fused, record = gelu_fusion(model, model, "on", "fp16", "tensorrt", "8.6.0", True, feeds, "m.onnx")
@@ -155,17 +137,17 @@ def test_gelu_after_attention_fusion_observes_the_unfused_graph(zoo):
     from trtforge.fusion.plugins import attention_route
 
     key = ("bert", "legacy")
-    model = _with_random_vectors(onnx.load(zoo[key]))
+    model = with_random_vectors(onnx.load(zoo[key]))
     specs, axes, _ = io_specs(zoo[key], model)
-    feeds = random_feeds(specs, _sizes(axes, 16))
+    feeds = random_feeds(specs, zoo_sizes(axes, 16))
     attn, _ = fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, False), "x")
     both, report = fuse_gelu(attn, feeds, observe_model=model)
     assert len(report.replaced) == 2
     emulated = emulate_gelu_plugins(emulate_plugins(both, padded_head=32))
-    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=7)
+    feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=7)
     want = OrtRunner(model.SerializeToString()).run(feeds)
     got = OrtRunner(emulated.SerializeToString()).run(feeds)
-    assert all(_rel(got[k], v) < 3e-3 for k, v in want.items())
+    assert all(rel_l2(got[k], v) < 3e-3 for k, v in want.items())
 
 
 def test_cli_build_fuse_gelu_needs_tensorrt_8(zoo, tmp_path):
@@ -187,13 +169,13 @@ def test_int8_best_graph_gelus_are_fused(zoo):
     from trtforge.precision import prepare_for_build
 
     key = ("bert", "legacy")
-    model = _with_random_vectors(onnx.load(zoo[key]))
+    model = with_random_vectors(onnx.load(zoo[key]))
     specs, axes, _ = io_specs(zoo[key], model)
-    sizes = _sizes(axes, 16)
+    sizes = zoo_sizes(axes, 16)
     best, _ = prepare_for_build(_quantized(model, specs, sizes), zoo[key], specs, axes)
     fused, report = fuse_gelu(best, random_feeds(specs, sizes))
     assert len(report.replaced) == 2 and all(r["bias_folded"] for r in report.replaced), report.to_json()
-    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=5)
+    feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=5)
     ref, unfused, got = (OrtRunner(m.SerializeToString()).run(feeds) for m in (model, best, emulate_gelu_plugins(fused)))
     for name, value in ref.items():
-        assert _rel(got[name], value) <= 1.5 * _rel(unfused[name], value) + 0.01, name
+        assert rel_l2(got[name], value) <= 1.5 * rel_l2(unfused[name], value) + 0.01, name

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from attention_emulation import emulate_skip_layernorm_plugins
+from attention_emulation import emulate_skip_layernorm_plugins, rel_l2, with_random_vectors, zoo_sizes
 from conftest import export_zoo
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.feeds import random_feeds
@@ -23,28 +23,11 @@ def zoo(tmp_path_factory):
     return export_zoo(tmp_path_factory.mktemp("skipln"), EXPORTS)
 
 
-def _sizes(axes, seq):
-    return {a: (2 if a == "batch" else min(max(r.min, seq), r.max) if a == "seq" else r.opt) for a, r in axes.items()}
-
-
-def _rel(a, b):
-    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
-
-
-def _with_random_vectors(model):
-    """Every 1-D float initializer (biases, norms) redrawn, so that a fused graph that dropped a bias, gamma or beta fails."""
-    rng = np.random.default_rng(3)
-    for init in model.graph.initializer:
-        if init.data_type == TensorProto.FLOAT and len(init.dims) == 1 and init.dims[0] > 1:
-            init.CopyFrom(numpy_helper.from_array(rng.normal(0, 0.5, init.dims[0]).astype(np.float32), init.name))
-    return model
-
-
 @pytest.mark.parametrize("key", EXPORTS, ids=lambda k: ".".join(k))
 def test_post_ln_residuals_become_plugins_and_pre_ln_ones_are_refused(zoo, key):
-    model = _with_random_vectors(onnx.load(zoo[key]))
+    model = with_random_vectors(onnx.load(zoo[key]))
     specs, axes, _ = io_specs(zoo[key], model)
-    fused, report = fuse_skip_layernorm(model, random_feeds(specs, _sizes(axes, 16)))
+    fused, report = fuse_skip_layernorm(model, random_feeds(specs, zoo_sizes(axes, 16)))
     plugins = [n for n in fused.graph.node if n.op_type == PLUGIN]
     if key[0] != "bert":  # pre-LN: each residual sum also feeds the next residual Add, except the last one's
         assert len(report.replaced) == 1, report.to_json()
@@ -59,23 +42,23 @@ def test_post_ln_residuals_become_plugins_and_pre_ln_ones_are_refused(zoo, key):
     assert len(report.replaced) == 4 and all(r["bias_folded"] for r in report.replaced), report.to_json()
     assert len(report.refused) == 1 and "differ in shape" in report.refused[0]["reason"], report.refused
     assert len(plugins) == 4 and sum(n.op_type == "LayerNormalization" for n in fused.graph.node) == 1
-    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=7)
+    feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=7)
     want = OrtRunner(model.SerializeToString()).run(feeds)
     got = OrtRunner(emulate_skip_layernorm_plugins(fused).SerializeToString()).run(feeds)
     for name, value in want.items():
-        assert _rel(got[name], value) < 1e-3, name
+        assert rel_l2(got[name], value) < 1e-3, name
 
 
 def test_fp16_graph_absorbs_the_casts_around_the_fp32_layernorm(zoo):
     from trtforge.precision import prepare_for_build
 
     key = ("bert", "legacy")
-    model = _with_random_vectors(onnx.load(zoo[key]))
+    model = with_random_vectors(onnx.load(zoo[key]))
     specs, axes, _ = io_specs(zoo[key], model)
     converted, _ = prepare_for_build(model, zoo[key], specs, axes)
     assert sum(n.op_type == "LayerNormalization" for n in converted.graph.node) == 5  # kept fp32, behind Casts
     casts = sum(n.op_type == "Cast" for n in converted.graph.node)
-    fused, report = fuse_skip_layernorm(converted, random_feeds(specs, _sizes(axes, 16)))
+    fused, report = fuse_skip_layernorm(converted, random_feeds(specs, zoo_sizes(axes, 16)))
     assert len(report.replaced) == 4 and all(r["type"] == "float16" for r in report.replaced), report.to_json()
     # three blocks lose both Casts; the last one's LayerNorm writes the fp32 graph output, so the plugin's fp16
     # result goes through one Cast there (in place of the Cast before its LayerNorm)
@@ -83,10 +66,10 @@ def test_fp16_graph_absorbs_the_casts_around_the_fp32_layernorm(zoo):
     plugin = next(n for n in fused.graph.node if n.op_type == PLUGIN)
     attrs = {a.name: helper.get_attribute_value(a) for a in plugin.attribute}
     assert attrs["type_id"] == 1 and attrs["gamma"].data_type == TensorProto.FLOAT16
-    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=5)
+    feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=5)
     want = OrtRunner(model.SerializeToString()).run(feeds)
     got = OrtRunner(emulate_skip_layernorm_plugins(fused).SerializeToString()).run(feeds)
-    assert all(_rel(got[k], v) < 1e-2 for k, v in want.items())
+    assert all(rel_l2(got[k], v) < 1e-2 for k, v in want.items())
 
 
 def _residual_ln_model(scale: float, offset: float = 0.0):
@@ -155,9 +138,9 @@ def test_build_step_modes_and_all_three_passes_together(zoo):
     from trtforge.fusion.step import SKIP_LN_PASS, describe_skip_layernorm, elementwise_fusion
 
     key = ("bert", "legacy")
-    model = _with_random_vectors(onnx.load(zoo[key]))
+    model = with_random_vectors(onnx.load(zoo[key]))
     specs, axes, _ = io_specs(zoo[key], model)
-    feeds = random_feeds(specs, _sizes(axes, 16))
+    feeds = random_feeds(specs, zoo_sizes(axes, 16))
     run = lambda m, *args: elementwise_fusion(SKIP_LN_PASS, m, model, *args, feeds, "m.onnx")  # noqa: E731
     none, record = run(model, "off", "fp16", "tensorrt", "8.6.0", True)
     assert none is None and record["route"] == "off" and describe_skip_layernorm(record) == []
@@ -174,10 +157,10 @@ def test_build_step_modes_and_all_three_passes_together(zoo):
     assert len(record["replaced"]) == 4 and record["route"] == "plugin"
     assert "replaced 4 residual LayerNorm(s)" in describe_skip_layernorm(record)[0]
     emulated = emulate_skip_layernorm_plugins(emulate_gelu_plugins(emulate_plugins(both, padded_head=32)))
-    feeds = random_feeds(specs, dict(_sizes(axes, 23), batch=3), seed=7)
+    feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=7)
     want = OrtRunner(model.SerializeToString()).run(feeds)
     got = OrtRunner(emulated.SerializeToString()).run(feeds)
-    assert all(_rel(got[k], v) < 3e-3 for k, v in want.items())
+    assert all(rel_l2(got[k], v) < 3e-3 for k, v in want.items())
 
 
 def test_cli_build_fuse_skip_layernorm_needs_tensorrt_8(zoo, tmp_path):

@@ -62,7 +62,7 @@ def deferred() -> Iterator[None]:
     Nests (only the outermost block installs and restores the handler). A block that ends with an error while
     Ctrl-C is pending raises KeyboardInterrupt from that error (the interrupt is never dropped). A process that
     ignores SIGINT (a shell's background job) keeps ignoring it; outside the main thread nothing changes."""
-    global _depth
+    global _depth, _pending
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -80,7 +80,7 @@ def deferred() -> Iterator[None]:
         raise
     except BaseException as exc:
         if _pending:  # e.g. the parser rejecting a graph it was reading when Ctrl-C came: the interrupt wins
-            _clear()
+            _pending = False
             raise KeyboardInterrupt from exc
         raise
     finally:
@@ -88,8 +88,3 @@ def deferred() -> Iterator[None]:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     check()
-
-
-def _clear() -> None:
-    global _pending
-    _pending = False

@@ -79,6 +79,7 @@ class _Graph:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
         self.inits = {i.name: i for i in g.initializer}
+        self.outputs = {o.name for o in g.output}
 
     def const(self, name: str) -> np.ndarray | None:
         """A constant's value, seen through Identity/Cast (the fp16 conversion casts Constant outputs)."""
@@ -544,6 +545,49 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str, qkv_projection: s
     return nodes, inits
 
 
+@dataclass
+class PassReport:
+    """What an elementwise plugin pass (GELU, skip-LayerNorm) replaced and refused, as its sidecar record holds it."""
+    replaced: list[dict[str, Any]]
+    refused: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"replaced": self.replaced, "refused": self.refused}
+
+
+def drop_producers(model: onnx.ModelProto, tensors: set[str]) -> onnx.ModelProto:
+    """A copy of `model` without the nodes that write any of `tensors` (a pass's plugin nodes write them instead)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [n for n in out.graph.node if not (set(n.output) & tensors)]
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    return out
+
+
+def plugin_with_cast(op: str, version: str, inputs: list[str], y: str, plugin_dtype: Any, y_dtype: Any, name: str,
+                     prefix: str, **attrs: Any) -> list[onnx.NodeProto]:
+    """The plugin node that writes `y`, through a Cast to y's type where the plugin runs in another one."""
+    plugin_out = y if np.dtype(y_dtype) == np.dtype(plugin_dtype) else f"{prefix}/out"
+    nodes = [helper.make_node(op, inputs, [plugin_out], name=name, domain=PLUGIN_DOMAIN, plugin_version=version,
+                              plugin_namespace="", **attrs)]
+    if plugin_out != y:
+        nodes.append(helper.make_node("Cast", [plugin_out], [y], name=f"{prefix}/cast",
+                                      to=helper.np_dtype_to_tensor_dtype(np.dtype(y_dtype))))
+    return nodes
+
+
+def finish_plugin_graph(out: onnx.ModelProto) -> onnx.ModelProto:
+    """After a pass: drop what its plugin nodes orphaned, sort the nodes, declare the plugins' domain."""
+    from trtforge.graph import toposorted
+
+    prune(out)
+    out = toposorted(out)
+    if not any(o.domain == PLUGIN_DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
+    return out
+
+
 def prune(model: onnx.ModelProto) -> None:
     """Drop nodes and initializers no graph output depends on."""
     g = model.graph
@@ -595,10 +639,7 @@ def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_f
         for c in accepted:
             report.refused.append({"softmax": c.softmax, "reason": "fusion not applied (--fuse-attention off)"})
         return (out if apply else model), report
-    ctx_producers = {c.ctx for c in accepted}
-    kept = [n for n in out.graph.node if not (set(n.output) & ctx_producers)]
-    del out.graph.node[:]
-    out.graph.node.extend(kept)
+    out = drop_producers(out, {c.ctx for c in accepted})
     graph = _Graph(model)
     for i, c in enumerate(accepted):
         x_qdq = activation_qdq(graph, c.q.x) if qkv_projection == "conv" and c.q.wscale is not None else None
@@ -609,12 +650,7 @@ def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_f
                                 "head_size": c.head_size, "scale": c.scale * c.q.scale * c.k.scale, "masked": c.masked,
                                 "node": f"fused_attention_{i}/qkv_to_context",
                                 "qkv_projection": qkv_projection})
-    prune(out)
-    from trtforge.graph import toposorted
-
-    out = toposorted(out)
-    if not any(o.domain == PLUGIN_DOMAIN for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
+    out = finish_plugin_graph(out)
     if any(c.masked for c in accepted):  # verified unmasked on unpadded rows: only a mask input can pad
         report.mask_inputs = mask_inputs(model)
         report.padding_allowed = not report.mask_inputs

@@ -21,13 +21,12 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
-from trtforge.fusion.attention import _Graph, observe, prune
+from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish_plugin_graph, observe, plugin_with_cast
 
 PLUGIN = "CustomGeluPluginDynamic"
 PLUGIN_VERSION = "1"
-PLUGIN_DOMAIN = "trt.plugins"
 _CHAIN = ("Add", "Mul", "Cast")
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 
@@ -56,15 +55,6 @@ class GeluCandidate:
     approximation: float | None = None  # max |plugin formula - graph| on the observed x
     dtypes: tuple[Any, Any] = (np.float32, np.float32)  # observed types of x and y
     reason: str | None = None
-
-
-@dataclass
-class GeluReport:
-    replaced: list[dict[str, Any]]
-    refused: list[dict[str, Any]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"replaced": self.replaced, "refused": self.refused}
 
 
 def _non_scalar_operand(g: _Graph, node: onnx.NodeProto) -> str | None:
@@ -200,22 +190,17 @@ def _foldable_bias(g: _Graph, x: str, region: set[str], width: int) -> tuple[np.
 
 
 def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-              observe_model: onnx.ModelProto | None = None) -> tuple[onnx.ModelProto, GeluReport]:
+              observe_model: onnx.ModelProto | None = None) -> tuple[onnx.ModelProto, PassReport]:
     """Replace every verified GELU (with its bias Add where it can) by one plugin node. `observe_model`: the
     ONNX Runtime-runnable graph the numbers come from when `model` already holds plugin nodes (attention fused
     first); the GELUs' tensors keep their names across that pass."""
     cands = find_gelus(model)
     verify(observe_model if observe_model is not None else model, cands, feeds)
-    report = GeluReport([], [{"node": c.node, "reason": c.reason} for c in cands if c.reason is not None])
+    report = PassReport([], [{"node": c.node, "reason": c.reason} for c in cands if c.reason is not None])
     accepted = [c for c in cands if c.reason is None]
     if not accepted:
         return model, report
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    producers_of_y = {c.y for c in accepted}
-    kept = [n for n in out.graph.node if not (set(n.output) & producers_of_y)]
-    del out.graph.node[:]
-    out.graph.node.extend(kept)
+    out = drop_producers(model, {c.y for c in accepted})
     for i, c in enumerate(accepted):
         source = c.pre_bias if c.bias is not None else c.x
         x_dtype, y_dtype = c.dtypes  # an Add's inputs share a type: pre_bias has x's
@@ -223,19 +208,10 @@ def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
         if c.bias is not None:  # the plugin copies count x sizeof(type) bytes: the bias in the plugin's type
             attrs["bias"] = numpy_helper.from_array(c.bias.astype(x_dtype), f"fused_gelu_{i}/bias")
         name = f"fused_gelu_{i}/gelu"
-        plugin_out = c.y if y_dtype == x_dtype else f"fused_gelu_{i}/out"
-        out.graph.node.append(helper.make_node(PLUGIN, [source], [plugin_out], name=name, domain=PLUGIN_DOMAIN,
-                                               plugin_version=PLUGIN_VERSION, plugin_namespace="", **attrs))
-        if plugin_out != c.y:
-            out.graph.node.append(helper.make_node("Cast", [plugin_out], [c.y], name=f"fused_gelu_{i}/cast",
-                                                   to=helper.np_dtype_to_tensor_dtype(y_dtype)))
+        out.graph.node.extend(plugin_with_cast(PLUGIN, PLUGIN_VERSION, [source], c.y, x_dtype, y_dtype, name,
+                                               f"fused_gelu_{i}", **attrs))
         report.replaced.append({"node": c.node, "form": c.form, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
                                 "bias_folded": c.bias is not None, "approximation_max_abs": c.approximation,
                                 "plugin_node": name})
-    prune(out)
-    from trtforge.graph import toposorted
-
-    out = toposorted(out)
-    if not any(o.domain == PLUGIN_DOMAIN for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
+    out = finish_plugin_graph(out)
     return out, report

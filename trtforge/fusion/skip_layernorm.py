@@ -25,13 +25,12 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
-from trtforge.fusion.attention import _Graph, observe, prune
+from trtforge.fusion.attention import PassReport, _attr, _Graph, drop_producers, finish_plugin_graph, observe, plugin_with_cast
 
 PLUGIN = "CustomSkipLayerNormPluginDynamic"
 PLUGIN_VERSION = "2"
-PLUGIN_DOMAIN = "trt.plugins"
 # Relative L2 of the plugin's arithmetic against the graph's LayerNorm on the observed activations. In fp16 the
 # graph's own output rounding is ~3e-4, the plugin's fp16 sums add ~3e-4 (the real MiniLM, hidden 384: 6.5-7.2e-4 in
 # all 12 blocks) and at hidden 768/1024 its epsilon shifts the output by ~eps / (2 var): 3e-3 admits variances above ~0.2.
@@ -56,19 +55,10 @@ class SkipLnCandidate:
     reason: str | None = None
 
 
-@dataclass
-class SkipLnReport:
-    replaced: list[dict[str, Any]]
-    refused: list[dict[str, Any]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"replaced": self.replaced, "refused": self.refused}
-
-
 def _only_consumer(g: _Graph, tensor: str) -> onnx.NodeProto | None:
     """The one node reading `tensor` (Shape included), when it is not also a graph output."""
     users = g.consumers.get(tensor, [])
-    return users[0] if len(users) == 1 and tensor not in {o.name for o in g.model.graph.output} else None
+    return users[0] if len(users) == 1 and tensor not in g.outputs else None
 
 
 def find_skip_layernorms(model: onnx.ModelProto) -> list[SkipLnCandidate]:
@@ -79,7 +69,7 @@ def find_skip_layernorms(model: onnx.ModelProto) -> list[SkipLnCandidate]:
             continue
         cand = SkipLnCandidate(node=node.name or f"LayerNormalization#{i}")
         found.append(cand)
-        axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+        axis = _attr(node, "axis", -1)
         gamma = g.const(node.input[1])
         beta = g.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if gamma is None or gamma.ndim != 1 or (beta is not None and beta.shape != gamma.shape):
@@ -88,7 +78,7 @@ def find_skip_layernorms(model: onnx.ModelProto) -> list[SkipLnCandidate]:
         if axis != -1:
             cand.reason = f"LayerNorm over axis {axis}; the plugin normalises the last axis"
             continue
-        if any(t and (g.consumers.get(t) or t in {o.name for o in g.model.graph.output}) for t in node.output[1:]):
+        if any(t and (g.consumers.get(t) or t in g.outputs) for t in node.output[1:]):
             cand.reason = "the LayerNorm's mean or inverse deviation output is read; the plugin has only the normalised one"
             continue
         removed = [node.output[0]]
@@ -217,21 +207,16 @@ def verify(model: onnx.ModelProto, cands: list[SkipLnCandidate], feeds: dict[str
 
 
 def fuse_skip_layernorm(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-                        observe_model: onnx.ModelProto | None = None) -> tuple[onnx.ModelProto, SkipLnReport]:
+                        observe_model: onnx.ModelProto | None = None) -> tuple[onnx.ModelProto, PassReport]:
     """Replace every verified residual LayerNorm by one plugin node. `observe_model`: the ONNX Runtime-runnable
     graph the numbers come from when `model` already holds plugin nodes; the tensors matched keep their names."""
     cands = find_skip_layernorms(model)
     verify(observe_model if observe_model is not None else model, cands, feeds)
-    report = SkipLnReport([], [{"node": c.node, "reason": c.reason} for c in cands if c.reason is not None])
+    report = PassReport([], [{"node": c.node, "reason": c.reason} for c in cands if c.reason is not None])
     accepted = [c for c in cands if c.reason is None]
     if not accepted:
         return model, report
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    removed = {t for c in accepted for t in c.removed}
-    kept = [n for n in out.graph.node if not (set(n.output) & removed)]
-    del out.graph.node[:]
-    out.graph.node.extend(kept)
+    out = drop_producers(model, {t for c in accepted for t in c.removed})
     for i, c in enumerate(accepted):
         name = f"fused_skip_layernorm_{i}/skip_layernorm"
         attrs: dict[str, Any] = {"type_id": 1 if c.dtype == np.float16 else 0,  # the plugin copies its weights in its own type
@@ -239,18 +224,8 @@ def fuse_skip_layernorm(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                                  "beta": numpy_helper.from_array(c.beta.astype(c.dtype), f"{name}/beta")}
         if c.bias is not None:
             attrs["bias"] = numpy_helper.from_array(c.bias.astype(c.dtype), f"{name}/bias")
-        plugin_out = c.y if c.y_dtype == c.dtype else f"fused_skip_layernorm_{i}/out"
-        out.graph.node.append(helper.make_node(PLUGIN, [c.a, c.b], [plugin_out], name=name, domain=PLUGIN_DOMAIN,
-                                               plugin_version=PLUGIN_VERSION, plugin_namespace="", **attrs))
-        if plugin_out != c.y:
-            out.graph.node.append(helper.make_node("Cast", [plugin_out], [c.y], name=f"fused_skip_layernorm_{i}/cast",
-                                                   to=helper.np_dtype_to_tensor_dtype(np.dtype(c.y_dtype))))
+        out.graph.node.extend(plugin_with_cast(PLUGIN, PLUGIN_VERSION, [c.a, c.b], c.y, c.dtype, c.y_dtype, name,
+                                               f"fused_skip_layernorm_{i}", **attrs))
         report.replaced.append({"node": c.node, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "bias_folded": c.bias is not None,
                                 "rel_l2": c.error, "type": str(np.dtype(c.dtype)), "plugin_node": name})
-    prune(out)
-    from trtforge.graph import toposorted
-
-    out = toposorted(out)
-    if not any(o.domain == PLUGIN_DOMAIN for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
-    return out, report
+    return finish_plugin_graph(out), report

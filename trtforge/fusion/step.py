@@ -186,12 +186,15 @@ def describe_skip_layernorm(record: dict[str, Any]) -> list[str]:
     lines = [f"skip-LayerNorm fusion: replaced {len(replaced)} residual LayerNorm(s) by {SKIP_LN_PLUGIN} "
              f"({sum(r['bias_folded'] for r in replaced)} with the dense bias); plugin formula vs the graph on the "
              f"observed activations: rel-L2 <= {worst:.2g}"]
+    return lines + _refused_by_reason(record, "node")
+
+
+def _refused_by_reason(record: dict[str, Any], key: str) -> list[str]:
+    """'  not fused (N): reason' per distinct reason among the record's refused entries (named by `key`)."""
     reasons: dict[str, list[str]] = {}
     for r in record.get("refused") or []:
-        reasons.setdefault(r["reason"], []).append(r["node"])
-    for reason, names in reasons.items():
-        lines.append(f"  not fused ({len(names)}): {reason}")
-    return lines
+        reasons.setdefault(r["reason"], []).append(r[key])
+    return [f"  not fused ({len(names)}): {reason}" for reason, names in reasons.items()]
 
 
 def describe(record: dict[str, Any]) -> list[str]:
@@ -205,11 +208,7 @@ def describe(record: dict[str, Any]) -> list[str]:
         lines.append(f"  replaced {len(replaced)} attention(s) by {replaced[0]['plugin']} (heads {replaced[0]['heads']} x "
                      f"{replaced[0]['head_size']}, QKV projection as {record.get('qkv_projection', 'conv')}): "
                      + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
-    reasons: dict[str, list[str]] = {}
-    for r in record.get("refused") or []:
-        reasons.setdefault(r["reason"], []).append(r["softmax"])
-    for reason, names in reasons.items():
-        lines.append(f"  not fused ({len(names)}): {reason}")
+    lines += _refused_by_reason(record, "softmax")
     if not record.get("padding_allowed", True):
         lines.append(f"  unmasked kernels: run refuses padded {', '.join(record.get('mask_inputs') or [])}")
     return lines
