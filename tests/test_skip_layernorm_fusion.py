@@ -127,7 +127,7 @@ def test_a_layernorm_whose_statistics_are_read_is_refused():
 
 
 def test_build_step_modes_and_all_three_passes_together(zoo):
-    """auto leaves the graph alone until the plugin is measured faster (saying so); on fuses where the plugin is
+    """auto fuses the precisions the H200 measured it faster in (fp16, best) and leaves others alone, saying why; on fuses where the plugin is
     registered and says in one sentence why it cannot elsewhere; off never. After attention and GELU fusion the
     pass still finds every block (it reads its numbers from the unfused graph) and the emulated engine matches."""
     from attention_emulation import emulate_gelu_plugins, emulate_plugins
@@ -144,8 +144,10 @@ def test_build_step_modes_and_all_three_passes_together(zoo):
     run = lambda m, *args: elementwise_fusion(SKIP_LN_PASS, m, model, *args, feeds, "m.onnx")  # noqa: E731
     none, record = run(model, "off", "fp16", "tensorrt", "8.6.0", True)
     assert none is None and record["route"] == "off" and describe_skip_layernorm(record) == []
-    none, record = run(model, "auto", "fp16", "tensorrt", "8.6.0", True)
-    assert none is None and "not been measured faster" in record["why"], record
+    none, record = run(model, "auto", "int8", "tensorrt", "8.6.0", True)
+    assert none is None and "measured faster only in fp16 and INT8 best" in record["why"], record
+    fused, record = run(model, "auto", "fp16", "tensorrt", "8.6.0", True)
+    assert record["route"] == "plugin" and sum(n.op_type == PLUGIN for n in fused.graph.node) == 4
     for args, fragment in [(("on", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses skip-LayerNorm itself"),
                            (("on", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry"),
                            (("maybe", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_skip_layernorm")]:

@@ -227,7 +227,7 @@ def build(
     tf32: bool = typer.Option(False, "--tf32", help="Allow TF32 for fp32 math (faster, ~1e-3 rel-L2); off means IEEE fp32."),
     fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
     fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="auto|on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; auto: fp16 builds, where it was measured faster)."),
-    fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: where it was measured faster)."),
+    fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: fp16 and INT8 best builds, where it was measured faster)."),
     qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="conv|matmul: how the attention pass writes the packed QKV projection (conv, the default: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin)."),
     json_out: bool = JsonOpt,
 ) -> None:
