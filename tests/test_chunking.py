@@ -132,3 +132,26 @@ def test_a_preallocated_merge_equals_the_lazy_one_and_refuses_another_shape():
     wrong.preallocate((4,), np.float32)
     with pytest.raises(ValueError, match="per position"):
         wrong.add(0, parts[0])
+
+
+def test_merging_while_holding_the_gil_copies_the_same_values():
+    """StreamingMerge.add(hold_gil=True) (run --merge-workers 0: one memmove per kept slice) gives the numpy
+    path's result, also for parts it must leave to numpy (another dtype, a strided view); hostcopy refuses
+    what one memmove cannot copy."""
+    from trtforge.chunking import StreamingMerge, plan_windows
+    from trtforge.hostcopy import copy_holding_gil
+
+    windows = plan_windows(70, 16, 4)
+    rng = np.random.default_rng(1)
+    parts = [rng.standard_normal((w.length, 5)).astype(np.float32) for w in windows]
+    plain, held = StreamingMerge(windows, 70), StreamingMerge(windows, 70)
+    held.preallocate((5,), np.float32)
+    for i, part in enumerate(parts):
+        plain.add(i, part)
+        odd = {0: part.astype(np.float64), 1: np.asfortranarray(part)}.get(i, part)
+        held.add(i, odd, hold_gil=True)
+    np.testing.assert_array_equal(held.result(), plain.result())
+    dst = np.zeros((4, 3), np.float32)
+    assert not copy_holding_gil(dst, np.ones((4, 3), np.float64))
+    assert not copy_holding_gil(dst[:, :2], np.ones((4, 2), np.float32))
+    assert copy_holding_gil(dst, np.full((4, 3), 2.0, np.float32)) and (dst == 2.0).all()

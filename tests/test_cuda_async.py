@@ -65,8 +65,8 @@ def test_stack_into_equals_numpy(case, monkeypatch):
     import trtforge.backends.cuda_async as cuda_async
 
     moves = []
-    real = cuda_async._memmove
-    monkeypatch.setattr(cuda_async, "_memmove", lambda dst, src, n: (moves.append(n), real(dst, src, n))[1])
+    real = cuda_async.memmove_holding_gil
+    monkeypatch.setattr(cuda_async, "memmove_holding_gil", lambda dst, src, n: (moves.append(n), real(dst, src, n))[1])
     rng = np.random.default_rng(0)
     parts = [rng.integers(0, 30000, size=(n, 5)) for n in (1, 3, 2)]
     if case == "parts":

@@ -136,15 +136,17 @@ def _emulate(monkeypatch, onnx_path, engine_path):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check", [False, True], ids=["merged-from-the-slot", "with-reference"])
-def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check):
+@pytest.mark.parametrize("precision_check, merge_workers", [(False, 2), (False, 0), (True, 2)],
+                         ids=["merged-from-the-slot", "merged-by-the-collector", "with-reference"])
+def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check,
+                                                            merge_workers):
     from trtforge.run import RunOptions, run
 
     docs = tmp_path / "docs"
     docs.mkdir()
     for name in ("logging_inspect.txt",):
         shutil.copy(f"calib_data/minilm_long/{name}", docs / name)
-    common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=2, plan_workers=2)
+    common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=merge_workers, plan_workers=2)
     want = run(minilm_clean, RunOptions(**common, precision_check=False, save_outputs=tmp_path / "ort.npz"))
     emulated = _emulate(monkeypatch, minilm_clean, engine)
     report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check,

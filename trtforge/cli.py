@@ -401,6 +401,8 @@ def run_cmd(
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="TensorRT: capture each batch shape as a CUDA graph and replay it."),
     shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
+    plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs))."),
+    merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=0, help="Threads merging outputs while batches run (default: min(4, CPUs); 0: the thread collecting each batch merges it, without giving up the GIL)."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     precision_check: bool = typer.Option(True, "--precision-check/--no-precision-check", help="Check every chunk against ONNX Runtime fp32 after the run (off: speed runs; precision gates you set then fail)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
@@ -443,6 +445,7 @@ def run_cmd(
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
         cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots, precision_check=precision_check,
+        plan_workers=plan_workers, merge_workers=merge_workers,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")

@@ -24,6 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trtforge.hostcopy import memmove_holding_gil
+
 _SIGNATURES = {
     "cuMemcpyHtoDAsync_v2": (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p),
     "cuMemcpyDtoHAsync_v2": (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p),
@@ -37,8 +39,6 @@ _SIGNATURES = {
 }
 CUDA_ERROR_INVALID_CONTEXT = 201
 
-# memmove that keeps the GIL (ctypes.memmove is a CFUNCTYPE: it releases it).
-_memmove = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(ctypes._memmove_addr)
 
 
 def load_driver(lib: Any = None) -> Any:
@@ -163,7 +163,7 @@ def stack_into(view: np.ndarray, value: Any) -> None:
                                        for p in parts) and sum(p.nbytes for p in parts) == view.nbytes:
         address = view.ctypes.data
         for part in parts:
-            _memmove(address, part.ctypes.data, part.nbytes)
+            memmove_holding_gil(address, part.ctypes.data, part.nbytes)
             address += part.nbytes
         return
     if isinstance(value, (list, tuple)):
