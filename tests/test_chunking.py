@@ -134,24 +134,15 @@ def test_a_preallocated_merge_equals_the_lazy_one_and_refuses_another_shape():
         wrong.add(0, parts[0])
 
 
-def test_merging_while_holding_the_gil_copies_the_same_values():
-    """StreamingMerge.add(hold_gil=True) (run --merge-workers 0: one memmove per kept slice) gives the numpy
-    path's result, also for parts it must leave to numpy (another dtype, a strided view); hostcopy refuses
-    what one memmove cannot copy."""
-    from trtforge.chunking import StreamingMerge, plan_windows
+def test_a_gil_holding_copy_copies_what_one_memmove_can_and_refuses_the_rest():
+    """hostcopy (run's pinned staging): one memmove for same-dtype, same-shape C-contiguous arrays; anything
+    else is refused (False, nothing written) for the caller's numpy path."""
     from trtforge.hostcopy import copy_holding_gil
 
-    windows = plan_windows(70, 16, 4)
-    rng = np.random.default_rng(1)
-    parts = [rng.standard_normal((w.length, 5)).astype(np.float32) for w in windows]
-    plain, held = StreamingMerge(windows, 70), StreamingMerge(windows, 70)
-    held.preallocate((5,), np.float32)
-    for i, part in enumerate(parts):
-        plain.add(i, part)
-        odd = {0: part.astype(np.float64), 1: np.asfortranarray(part)}.get(i, part)
-        held.add(i, odd, hold_gil=True)
-    np.testing.assert_array_equal(held.result(), plain.result())
     dst = np.zeros((4, 3), np.float32)
     assert not copy_holding_gil(dst, np.ones((4, 3), np.float64))
     assert not copy_holding_gil(dst[:, :2], np.ones((4, 2), np.float32))
-    assert copy_holding_gil(dst, np.full((4, 3), 2.0, np.float32)) and (dst == 2.0).all()
+    assert not copy_holding_gil(dst, np.asfortranarray(np.ones((3, 4), np.float32)).T.copy(order="F"))
+    assert (dst == 0).all()
+    src = np.arange(12, dtype=np.float32).reshape(4, 3)
+    assert copy_holding_gil(dst, src) and (dst == src).all()

@@ -186,22 +186,20 @@ def test_explicit_precision_gate_on_its_own_reference_fails(tiny_fcn_clean, tmp_
 @pytest.mark.parametrize("merge", ["center", "linear"])
 def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(minilm_clean, tmp_path, merge):
     """Without the precision check, run merges each batch straight out of the target's outputs (TensorRT: its
-    pinned slots) on several threads, or on the collecting thread itself (--merge-workers 0), into outputs the
-    planning threads allocated ahead (shapes from the warm-up); the merged outputs equal the single-threaded loop's, bit for bit, for the disjoint 'center'
+    pinned slots) on several threads, into outputs the planning threads allocated ahead (shapes from the
+    warm-up); the merged outputs equal the single-threaded loop's, bit for bit, for the disjoint 'center'
     copies and for the overlapping 'linear' blend (locked)."""
     from trtforge.run import RunOptions, run
 
     saved = {}
-    for name, check, workers, warmup in (("serial", True, 1, 0), ("parallel", False, 3, 1), ("collector", False, 0, 1)):
+    for name, check, workers, warmup in (("serial", True, 1, 0), ("parallel", False, 3, 1)):
         saved[name] = tmp_path / f"{name}.npz"
         report = run(minilm_clean, RunOptions(inputs=Path("calib_data/minilm_long"), chunk=48, overlap=16, batch_size=5,
                                               merge=merge, warmup=warmup, precision_check=check, merge_workers=workers,
                                               save_outputs=saved[name]))
         prepared = report["runtime"]["host"]["stages"].get("prepare_outputs", {}).get("count", 0)
         assert report["runtime"]["merge_workers"] == workers and (prepared > 0) == (warmup > 0)
-    serial = np.load(saved["serial"])
-    for other in ("parallel", "collector"):  # collector: --merge-workers 0, the GIL-holding copies
-        parallel = np.load(saved[other])
-        assert sorted(serial.files) == sorted(parallel.files) and len(serial.files) >= 4
-        for key in serial.files:
-            np.testing.assert_array_equal(serial[key], parallel[key], err_msg=f"{other}: {key}")
+    serial, parallel = np.load(saved["serial"]), np.load(saved["parallel"])
+    assert sorted(serial.files) == sorted(parallel.files) and len(serial.files) >= 4
+    for key in serial.files:
+        np.testing.assert_array_equal(serial[key], parallel[key], err_msg=key)

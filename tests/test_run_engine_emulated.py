@@ -136,8 +136,8 @@ def _emulate(monkeypatch, onnx_path, engine_path):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check, merge_workers", [(False, 2), (False, 0), (True, 2)],
-                         ids=["merged-from-the-slot", "merged-by-the-collector", "with-reference"])
+@pytest.mark.parametrize("precision_check, merge_workers", [(False, 2), (True, 2)],
+                         ids=["merged-from-the-slot", "with-reference"])
 def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check,
                                                             merge_workers):
     from trtforge.run import RunOptions, run

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtforge.errors import UserError
-from trtforge.hostcopy import copy_holding_gil
 
 MERGES = ("center", "linear", "cosine", "gaussian")
 
@@ -128,9 +127,7 @@ class StreamingMerge:
         merged[...] = 0
         self.merged = merged
 
-    def add(self, index: int, part: np.ndarray, hold_gil: bool = False) -> None:
-        """hold_gil: copy a kept 'center' slice without releasing the GIL (trtforge.hostcopy), for a caller
-        on run's collecting thread, where waiting to get the GIL back costs more than the copy."""
+    def add(self, index: int, part: np.ndarray) -> None:
         w = self.windows[index]
         if part.shape[0] != w.length:
             raise ValueError(f"window output has {part.shape[0]} positions, the window {w.length}")
@@ -141,9 +138,7 @@ class StreamingMerge:
         if self.merged.shape[1:] != part.shape[1:]:
             raise ValueError(f"window output has shape {part.shape[1:]} per position, the merged output {self.merged.shape[1:]}")
         if self.weights is None:
-            dst, src = self.merged[w.keep_start:w.keep_end], part[w.keep_start - w.start:w.keep_end - w.start]
-            if not (hold_gil and copy_holding_gil(dst, src)):
-                dst[...] = src
+            self.merged[w.keep_start:w.keep_end] = part[w.keep_start - w.start:w.keep_end - w.start]
         else:
             wt = self.weights[index].astype(self.merged.dtype).reshape((-1,) + (1,) * (part.ndim - 1))
             with self._lock:

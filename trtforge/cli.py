@@ -402,7 +402,7 @@ def run_cmd(
     shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
     plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs))."),
-    merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=0, help="Threads merging outputs while batches run (default: min(4, CPUs); 0: the thread collecting each batch merges it, without giving up the GIL)."),
+    merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=1, help="Threads merging outputs while batches run (default: min(4, CPUs))."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     precision_check: bool = typer.Option(True, "--precision-check/--no-precision-check", help="Check every chunk against ONNX Runtime fp32 after the run (off: speed runs; precision gates you set then fail)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),

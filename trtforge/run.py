@@ -98,7 +98,7 @@ class RunOptions:
     shared_device_memory: bool = True
     slots: int = 3  # staging slots: batches in flight
     plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
-    merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(4, CPUs); 0: the collecting thread)
+    merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(4, CPUs))
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
     # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
     precision_check: bool = True
@@ -452,10 +452,9 @@ class _Merger:
             self.counts[c.doc] += 1
 
     def add(self, batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None,
-            copy: bool = False, hold_gil: bool = False) -> None:
+            copy: bool = False) -> None:
         """Merge a batch's rows (all of them, or `rows`) from its outputs. copy: the outputs are views that are
-        reused after this call (TensorRT's pinned slots), so the parts kept for merging per input are copied.
-        hold_gil: streamed slices are copied without releasing the GIL (StreamingMerge.add)."""
+        reused after this call (TensorRT's pinned slots), so the parts kept for merging per input are copied."""
         for name, kind in self.kinds.items():
             value = out[name]
             for j in (range(len(batch)) if rows is None else rows):
@@ -470,7 +469,7 @@ class _Merger:
                             if stream is None:
                                 stream = StreamingMerge(self.windows[c.doc], self.docs[c.doc].length, self.options.merge)
                                 self.streams[key] = stream
-                    stream.add(c.index, part, hold_gil)
+                    stream.add(c.index, part)
                 else:
                     self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
 
@@ -616,12 +615,11 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                 merger.prepare(chunks)
         return chunks
 
-    merge_workers = min(4, os.cpu_count() or 2) if options.merge_workers is None else max(0, options.merge_workers)
+    merge_workers = max(1, options.merge_workers or min(4, os.cpu_count() or 2))
 
-    def merge(batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None, copy: bool = False,
-              hold_gil: bool = False) -> None:
+    def merge(batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None, copy: bool = False) -> None:
         with host.stage("merge"):  # worker threads: summed over them
-            merger.add(batch, out, rows, copy, hold_gil)
+            merger.add(batch, out, rows, copy)
 
     def on_plan(d: int, chunks: list[Chunk]) -> None:
         planned[d] = chunks
@@ -652,12 +650,10 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, 0.0005))
     try:
-        with ThreadPoolExecutor(max_workers=max(1, merge_workers), thread_name_prefix="trtforge-merge") as pool:
+        with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
             if not options.precision_check:
                 def consume(tag: int, views: dict[str, np.ndarray]) -> None:
                     b = batches[tag]
-                    if merge_workers == 0:  # the collecting thread merges the batch itself, never giving up the GIL
-                        return merge(b, views, None, True, hold_gil=True)
                     groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
                     for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
                         future.result()
