@@ -203,3 +203,21 @@ def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(min
     assert sorted(serial.files) == sorted(parallel.files) and len(serial.files) >= 4
     for key in serial.files:
         np.testing.assert_array_equal(serial[key], parallel[key], err_msg=key)
+
+
+def test_direct_merge_says_what_it_needs(minilm_clean):
+    """--direct-merge (the GPU writes the merged outputs) needs an engine, no precision check and a warm-up: each
+    missing one is one sentence and exit 2, not a silent host merge."""
+    from trtforge.errors import UserError
+    from trtforge.run import Prepared, RunOptions, _check_direct_merge
+
+    proc = run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--direct-merge", "--no-precision-check")
+    assert_user_error(proc, "--direct-merge applies to TensorRT engines", "runs on ONNX Runtime")
+
+    engine = Prepared.__new__(Prepared)
+    engine.is_engine, engine.target_path = True, Path("m.engine")
+    with pytest.raises(UserError, match="needs --no-precision-check"):
+        _check_direct_merge(engine, RunOptions(inputs=Path("x"), direct_merge=True))
+    with pytest.raises(UserError, match="needs --warmup 1 or more"):
+        _check_direct_merge(engine, RunOptions(inputs=Path("x"), direct_merge=True, precision_check=False, warmup=0))
+    _check_direct_merge(engine, RunOptions(inputs=Path("x"), direct_merge=True, precision_check=False))

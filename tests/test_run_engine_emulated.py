@@ -125,7 +125,7 @@ def _emulate(monkeypatch, onnx_path, engine_path):
         return SimpleNamespace(deserialize_cuda_engine=deserialize)
 
     trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="input"), nptype=lambda t: t, Runtime=runtime)
-    emulated = {"engines": engines, "driver": driver}
+    emulated = {"engines": engines, "driver": driver, "cudart": cudart}
     monkeypatch.setattr(tensorrt_mod, "load_trt", lambda backend="auto": tensorrt_mod.TrtModule(trt, "tensorrt", "8.6.0"))
     monkeypatch.setattr(tensorrt_mod, "runtime_identity", lambda mod: {})
     monkeypatch.setattr(build_mod, "check_engine_compat", lambda path, sidecar, identity: None)
@@ -136,20 +136,22 @@ def _emulate(monkeypatch, onnx_path, engine_path):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check, merge_workers", [(False, 2), (True, 2)],
-                         ids=["merged-from-the-slot", "with-reference"])
-def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check,
-                                                            merge_workers):
+@pytest.mark.parametrize("precision_check, direct", [(False, None), (False, "on"), (False, "refused"), (True, None)],
+                         ids=["merged-from-the-slot", "merged-by-the-copy-engine", "page-lock-refused", "with-reference"])
+def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, capsys,
+                                                            precision_check, direct):
     from trtforge.run import RunOptions, run
 
     docs = tmp_path / "docs"
     docs.mkdir()
     for name in ("logging_inspect.txt",):
         shutil.copy(f"calib_data/minilm_long/{name}", docs / name)
-    common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=merge_workers, plan_workers=2)
+    common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=2, plan_workers=2)
     want = run(minilm_clean, RunOptions(**common, precision_check=False, save_outputs=tmp_path / "ort.npz"))
     emulated = _emulate(monkeypatch, minilm_clean, engine)
-    report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check,
+    if direct == "refused":
+        monkeypatch.setattr(emulated["cudart"], "cudaHostRegister", lambda ptr, size, flags: (1,))
+    report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check, direct_merge=bool(direct),
                                     save_outputs=tmp_path / "engine.npz", report=tmp_path / "report.json"))
     ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
     assert sorted(ort.files) == sorted(got.files) and len(got.files) == len(list(docs.iterdir())) * len(want["outputs"])
@@ -161,6 +163,19 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     assert runtime["cuda_graphs"]["captured"] >= 1 and runtime["cuda_graphs"]["replayed"] >= 1
     assert {"stage_inputs", "submit", "wait_gpu"} <= set(runtime["host"]["stages"])
     assert {"htod", "launch", "dtoh", "elapsed"} <= set(emulated["driver"].calls)
+    merged_by = report["runtime"]["direct_merge"]
+    if direct == "on":  # every multi-chunk input's kept positions were copied by the "GPU" straight into place
+        assert merged_by["rows_gpu"] > 0 and merged_by["outputs_pinned"] >= 1 and "refused" not in merged_by
+        assert runtime["direct_copies"]["copies"] == merged_by["rows_gpu"] and runtime["direct_copies"]["slot_copies_skipped"] > 0
+        assert not emulated["cudart"].registered  # unlocked after the loop
+        from trtforge.cli import _render_run
+
+        _render_run(report)
+        assert f"direct merge: {merged_by['rows_gpu']} chunk outputs copied into place by the GPU" in capsys.readouterr().out
+    elif direct == "refused":  # the host merged everything instead, and the report says why
+        assert merged_by["rows_gpu"] == 0 and merged_by["rows_host"] > 0 and "cudaHostRegister" in merged_by["refused"]
+    else:
+        assert merged_by == {"enabled": False} and runtime["direct_copies"]["copies"] == 0
     if precision_check:  # the engine's outputs ARE ORT's: measured, and the gates hold
         worst = report["precision_error"]["worst"]
         assert report["precision_error"]["measured"] is not False and worst["rel_l2"] < 1e-5 and report["gates"]["passed"]

@@ -197,6 +197,14 @@ class FakeCudart:
     def cudaGetErrorString(self, err):
         return 0, b"fake error"
 
+    def cudaHostRegister(self, ptr, size, flags):  # host memory is all the fake has: nothing to lock
+        self.registered = getattr(self, "registered", set()) | {ptr}
+        return (0,)
+
+    def cudaHostUnregister(self, ptr):
+        self.registered.discard(ptr)
+        return (0,)
+
 
 def fake_driver(cudart):
     """libcuda as cuda_async.load_driver sees it (functions taking argtypes), executed by FakeCudart."""
@@ -501,3 +509,27 @@ def test_consume_reads_each_batch_from_the_pinned_slot_without_copying(monkeypat
     assert np.shares_memory(views[0], views[3]) and not np.shares_memory(views[0], views[1])
     assert "copy_out" not in runner.runtime_report()["host_seconds"]
     runner.close()
+
+
+def test_kept_copy_moves_exactly_what_center_merging_keeps():
+    """The copy the GPU makes under --direct-merge, replayed with numpy on flat bytes: the same positions land
+    in the same place as StreamingMerge's 'center' slice of chunk_part (special tokens skipped)."""
+    from trtforge.chunking import StreamingMerge, plan_windows
+    from trtforge.runloop import kept_copy
+
+    length, chunk, overlap, features = 61, 16, 6, 3
+    windows = plan_windows(length, chunk, overlap)
+    seq = chunk + 2  # [CLS] + chunk + [SEP]
+    rng = np.random.default_rng(0)
+    out = rng.standard_normal((len(windows), seq, features)).astype(np.float32)  # one batch, one row per window
+    want = StreamingMerge(windows, length)
+    for j, w in enumerate(windows):
+        want.add(j, out[j, 1:1 + w.length])
+    merged = np.zeros((length, features), np.float32)
+    src, dst = out.view(np.uint8).reshape(-1), merged.view(np.uint8).reshape(-1)
+    pos = features * 4
+    for j, w in enumerate(windows):
+        c = kept_copy(j, seq, pos, w.start, w.keep_start, w.keep_end, 1, merged.ctypes.data)
+        at = c.dst - merged.ctypes.data
+        dst[at:at + c.nbytes] = src[c.src_offset:c.src_offset + c.nbytes]
+    np.testing.assert_array_equal(merged, want.result())

@@ -145,6 +145,11 @@ class StreamingMerge:
                 self.merged[w.start:w.end] += part * wt
         self.seen.add(index)
 
+    def written(self, index: int) -> None:
+        """Window `index`'s kept slice was written into `merged` by someone else (run --direct-merge: the GPU's
+        copy engine, finished before the batch is collected)."""
+        self.seen.add(index)
+
     def result(self) -> np.ndarray:
         if len(self.seen) != len(self.windows):
             raise ValueError(f"{len(self.windows) - len(self.seen)} windows were never added")

@@ -16,6 +16,7 @@ leave no doubt), and the kind decides everything after inference:
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import sys
@@ -42,7 +43,7 @@ from trtforge.onnxio import load_onnx
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
-from trtforge.runloop import Batcher, StageClock, stream_batches, wall_over_gpu
+from trtforge.runloop import Batcher, DirectCopy, StageClock, kept_copy, stream_batches, wall_over_gpu
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
 
 
@@ -102,6 +103,7 @@ class RunOptions:
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
     # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
     precision_check: bool = True
+    direct_merge: bool = False  # TensorRT: the GPU copies kept positions straight into page-locked merged outputs
 
     def gate_values(self) -> dict[str, float | None]:
         return {"max_rel_l2": self.max_rel_l2, "min_cosine": self.min_cosine, "min_chunk_cosine": self.min_chunk_cosine,
@@ -359,13 +361,14 @@ class TrtTarget:
                                 shared_device_memory=shared_device_memory)
         self.warm_batches = len(self.runner.slots) + 1  # a plain enqueue, then one graph capture per slot
         self.input_names, self.output_names = self.runner.input_names, self.runner.output_names
+        self.itemsizes = {name: dtype.itemsize for name, dtype in self.runner.dtypes.items()}
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
         self.timings: list[tuple[str, float, float | None]] = []
 
-    def run_many(self, batches, consume=None):
-        """consume: see TrtRunner.run_many (the outputs are views of pinned memory, valid inside the call)."""
+    def run_many(self, batches, consume=None, direct=None):
+        """consume, direct: see TrtRunner.run_many (the outputs are views of pinned memory, valid inside the call)."""
         start = len(self.runner.timings)
-        for tag, out in self.runner.run_many(batches, consume=consume):
+        for tag, out in self.runner.run_many(batches, consume=consume, direct=direct):
             yield tag, out
         for t in self.runner.timings[start:]:
             self.timings.append((f"profile {t.profile}", t.wall_ms, t.gpu_ms))
@@ -375,6 +378,12 @@ class TrtTarget:
 
     def reset_host_clock(self) -> None:
         self.runner.host = StageClock()
+
+    def pin(self, array: np.ndarray) -> str | None:
+        return self.runner.pin(array)
+
+    def unpin_all(self) -> None:
+        self.runner.unpin_all()
 
     def runtime(self) -> dict[str, Any]:
         return self.runner.runtime_report()
@@ -420,9 +429,14 @@ class _Merger:
     stream into chunking.StreamingMerge, the other kinds are collected and merged per input."""
 
     def __init__(self, docs: list[Document], chunks: list[Chunk], kinds: dict[str, OutputKind], options: RunOptions,
-                 templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None):
+                 templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None,
+                 pin: Callable[[np.ndarray], str | None] | None = None):
         self.docs, self.kinds, self.options = docs, kinds, options
         self.templates = templates or {}  # token output -> (shape per position, dtype), seen in the warm-up
+        self.pin = pin  # --direct-merge: page-locks a merged output for the GPU to write into (the reason if refused)
+        self.direct: set[tuple[int, str]] = set()  # (input, output) whose chunks the GPU merges
+        self.pin_refusals: list[str] = []
+        self.rows = {"direct": 0, "host": 0}
         self.windows: dict[int, list[Window]] = {}
         self.counts = [0] * len(docs)
         for c in chunks:
@@ -441,8 +455,15 @@ class _Merger:
         for name, (feature, dtype) in self.templates.items():
             stream = StreamingMerge([c.window for c in chunks], self.docs[d].length, self.options.merge)
             stream.preallocate(feature, dtype)
+            # 'center' slices in the engine's own dtype are plain copies: the GPU can make them
+            eligible = self.pin is not None and stream.weights is None and stream.merged.dtype == np.dtype(dtype)
+            refused = self.pin(stream.merged) if eligible else None
             with self._lock:
                 self.streams[(d, name)] = stream
+                if eligible and refused is None:
+                    self.direct.add((d, name))
+                elif refused:
+                    self.pin_refusals.append(refused)
 
     def add_plan(self, chunks: list[Chunk]) -> None:
         """One document's chunks, planned after construction (run() plans while batches run): call
@@ -450,6 +471,28 @@ class _Merger:
         for c in chunks:
             self.windows.setdefault(c.doc, []).append(c.window)
             self.counts[c.doc] += 1
+
+    def direct_plan(self, batch: list[Chunk], shapes: dict[str, tuple[int, ...]],
+                    itemsizes: dict[str, int]) -> dict[str, tuple[list[DirectCopy], bool]]:
+        """--direct-merge: per output, the GPU's copies of this batch's kept positions into the page-locked merged
+        outputs, and whether any row is left to the host (then the whole output still goes to the slot)."""
+        plan: dict[str, tuple[list[DirectCopy], bool]] = {}
+        for name in self.kinds:
+            shape = shapes.get(name)
+            if shape is None or len(shape) < 2:
+                continue
+            position_bytes = math.prod(shape[2:]) * itemsizes[name]
+            copies, whole = [], False
+            for j, c in enumerate(batch):
+                if (c.doc, name) not in self.direct:
+                    whole = True
+                    continue
+                w = c.window
+                copies.append(kept_copy(j, shape[1], position_bytes, w.start, w.keep_start, w.keep_end,
+                                        (c.content.start or 0) if c.content is not None else 0,
+                                        self.streams[(c.doc, name)].merged.ctypes.data))
+            plan[name] = (copies, whole)
+        return plan
 
     def add(self, batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None,
             copy: bool = False) -> None:
@@ -459,6 +502,11 @@ class _Merger:
             value = out[name]
             for j in (range(len(batch)) if rows is None else rows):
                 c = batch[j]
+                if (c.doc, name) in self.direct:  # the GPU wrote its kept positions (the batch was collected)
+                    self.streams[(c.doc, name)].written(c.index)
+                    self.rows["direct"] += 1
+                    continue
+                self.rows["host"] += 1
                 part = chunk_part(kind, c, value[j:j + 1])
                 if kind.kind == "token" and self.counts[c.doc] > 1:
                     key = (c.doc, name)
@@ -598,12 +646,14 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     _check_io(target, p.reference, p.target_path, p.reference_path)
     progress(f"{len(p.docs)} inputs on {target.label}; outputs "
              + ", ".join(f"{k.name} ({k.kind}{f' x{k.scale:g}' if k.scale not in (None, 1.0) else ''})" for k in p.kinds.values()))
+    if options.direct_merge:
+        _check_direct_merge(p, options)
     warm = _warm_up(p, options, target)
 
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
     # running (the target's pipelined loop) and merging (worker threads) all overlap under one clock.
     start = time.perf_counter()
-    merger = _Merger(p.docs, [], p.kinds, options, templates=warm)
+    merger = _Merger(p.docs, [], p.kinds, options, templates=warm, pin=target.pin if options.direct_merge else None)
     planned: dict[int, list[Chunk]] = {}
     host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
 
@@ -658,7 +708,9 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                     for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
                         future.result()
 
-                for _ in target.run_many(feeds(), consume=consume):
+                direct = {"direct": lambda tag, shapes: merger.direct_plan(batches[tag], shapes, target.itemsizes)
+                          } if options.direct_merge else {}
+                for _ in target.run_many(feeds(), consume=consume, **direct):
                     pass
             else:
                 pending = []
@@ -669,6 +721,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                     future.result()
     finally:
         sys.setswitchinterval(interval)
+        if options.direct_merge:
+            target.unpin_all()
     merged = merger.results()
     wall = time.perf_counter() - start
     p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
@@ -697,7 +751,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
                        "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
         "memory": target.memory(),
-        "runtime": _runtime(workers, merge_workers, target.runtime(), host, wall),
+        "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall), "direct_merge": _direct_report(merger, options)},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
@@ -713,6 +767,30 @@ def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], h
     return {"plan_workers": workers, "merge_workers": merge_workers, **target_runtime,
             "host": {"loop_wall_s": round(wall, 6), "stages": stages,
                      "note": "seconds each stage took, summed over the threads that ran it (threads overlap)"}}
+
+
+def _check_direct_merge(p: Prepared, options: RunOptions) -> None:
+    """--direct-merge needs what lets the GPU write the merged outputs: an engine, outputs nobody else reads, and
+    their shapes known before the loop (from the warm-up)."""
+    if not p.is_engine:
+        raise UserError(f"--direct-merge applies to TensorRT engines; {p.target_path.name} runs on ONNX Runtime, drop the flag.")
+    if options.precision_check:
+        raise UserError("--direct-merge needs --no-precision-check: the precision check compares every batch's whole outputs with ONNX Runtime.")
+    if options.warmup < 1:
+        raise UserError("--direct-merge needs --warmup 1 or more: the warm-up gives the merged outputs' shapes before the loop.")
+
+
+def _direct_report(merger: _Merger, options: RunOptions) -> dict[str, Any]:
+    """What --direct-merge did: outputs page-locked, rows the GPU merged against rows the host merged, and why an
+    output was refused."""
+    if not options.direct_merge:
+        return {"enabled": False}
+    out: dict[str, Any] = {"enabled": True, "outputs_pinned": len(merger.direct), "rows_gpu": merger.rows["direct"],
+                           "rows_host": merger.rows["host"]}
+    if merger.pin_refusals:
+        out["refused"] = merger.pin_refusals[0]
+        out["refusals"] = len(merger.pin_refusals)
+    return out
 
 
 def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[str, Any]:

@@ -32,7 +32,11 @@ from trtforge import interrupts
 from trtforge.backends.cuda_async import stack_into, submit_calls
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
-from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, slot_bytes
+from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, DirectCopy, GraphCache, StageClock, slot_bytes
+
+# run --direct-merge: (tag, output shapes) -> per output, the kept-position copies into page-locked merged outputs
+# and whether the whole output must still reach the slot (rows the host merges)
+DirectPlan = Callable[[Any, dict[str, tuple[int, ...]]], dict[str, tuple[list[DirectCopy], bool]]]
 
 
 def _cudart() -> Any:
@@ -195,6 +199,8 @@ class TrtRunner:
         self.cuda, self.submit_calls = submit_calls(cudart, _ok, _handle(probe), self._streams["compute_stream"])
         cudart.cudaEventDestroy(probe)
         self.timings: list[BatchTiming] = []
+        self.pinned: dict[int, int] = {}  # host arrays page-locked for --direct-merge: address -> bytes
+        self.direct = {"copies": 0, "bytes": 0, "slot_copies_skipped": 0}
         self.peak_bytes = 0
         self.graphs = GraphCache(enabled=cuda_graphs)
         self.host = StageClock()  # where the host's time goes: runtime_report()["host_seconds"]
@@ -299,7 +305,27 @@ class TrtRunner:
 
     def runtime_report(self) -> dict[str, Any]:
         return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory),
-                "staging_slots": len(self.slots), "submit_calls": self.submit_calls, "host_seconds": self.host.report()}
+                "staging_slots": len(self.slots), "submit_calls": self.submit_calls, "host_seconds": self.host.report(),
+                "direct_copies": dict(self.direct)}
+
+    def pin(self, array: np.ndarray) -> str | None:
+        """Page-lock a host array (cudaHostRegister) so that device-to-host copies may land in it directly; the
+        reason when CUDA refuses, None when done. Called from the planning threads; `unpin_all` undoes it."""
+        cudart = _cudart()
+        if not array.flags.c_contiguous or array.nbytes == 0:
+            return "not one contiguous block"
+        err = cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0)
+        err = err[0] if isinstance(err, tuple) else err
+        if int(err) != 0:
+            return f"cudaHostRegister: CUDA error {int(err)}"
+        self.pinned[array.ctypes.data] = array.nbytes
+        return None
+
+    def unpin_all(self) -> None:
+        cudart = _cudart()
+        for address in list(self.pinned):
+            cudart.cudaHostUnregister(address)
+            del self.pinned[address]
 
     # -- execution ---------------------------------------------------------------------------
     def _stage(self, slot: _Slot, feeds: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
@@ -360,7 +386,7 @@ class TrtRunner:
             return None, f"cudaGraphInstantiate: {exc}"
         return (graph, exe), None
 
-    def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any) -> None:
+    def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any, direct: DirectPlan | None = None) -> None:
         cuda, streams, slot = self.cuda, self._streams, self.slots[s]
         events = slot.event_handles
         ctx = self._context(profile)
@@ -385,9 +411,18 @@ class TrtRunner:
         self.graphs.done(profile, shape, s, action, graph, error)
         cuda.record(events["end"], streams["compute_stream"])
         cuda.wait(streams["d2h_stream"], events["end"])
+        plan = direct(tag, shapes) if direct is not None else {}
         for name, out_shape in shapes.items():
-            nbytes = math.prod(out_shape) * self.dtypes[name].itemsize
-            cuda.copy_to_host(slot.host[name].ptr, slot.device[name].ptr, nbytes, streams["d2h_stream"])
+            copies, whole = plan.get(name, ((), True))
+            for c in copies:  # --direct-merge: kept positions straight into the page-locked merged output
+                cuda.copy_to_host(c.dst, slot.device[name].ptr + c.src_offset, c.nbytes, streams["d2h_stream"])
+                self.direct["copies"] += 1
+                self.direct["bytes"] += c.nbytes
+            if whole:
+                nbytes = math.prod(out_shape) * self.dtypes[name].itemsize
+                cuda.copy_to_host(slot.host[name].ptr, slot.device[name].ptr, nbytes, streams["d2h_stream"])
+            else:
+                self.direct["slot_copies_skipped"] += 1
         cuda.record(events["d2h"], streams["d2h_stream"])
         slot.pending = (tag, profile, shapes, action != LAUNCH)
 
@@ -417,14 +452,17 @@ class TrtRunner:
         return list(self.run_many([(None, feeds)], profile))[0][1]
 
     def run_many(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None = None,
-                 consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None) -> Iterator[tuple[Any, Any]]:
+                 consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None,
+                 direct: DirectPlan | None = None) -> Iterator[tuple[Any, Any]]:
         """Pipelined: yields (tag, outputs) in submission order. A feed may be an array or the list of its
         chunks' arrays (stacked in pinned memory). This thread only stages and submits; a collector
         thread waits for each batch and copies its outputs out of pinned memory, so up to `slots - 1`
         batches stay queued on the GPU meanwhile. A slot is restaged only once its batch was collected.
         With `consume`, the collector hands consume(tag, views of the pinned outputs) the batch instead of
         copying it (no copy, no fresh allocation per batch) and yields (tag, what consume returned); the
-        views are only valid inside that call."""
+        views are only valid inside that call. With `direct`, each batch's plan of copies into page-locked
+        host memory is queued behind its compute (an output every row of which is copied so skips the slot:
+        its view then holds stale data, which consume must not read)."""
         n = len(self.slots)
         order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
@@ -437,7 +475,7 @@ class TrtRunner:
                 if i == 0:
                     self._last_done = time.perf_counter()  # the first batch's wall: from its submission
                 with self.host.stage("submit"):
-                    self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag)
+                    self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag, direct)
                 order.append((s, collector.submit(self._collect, s, consume)))
                 while order and order[0][1].done():
                     yield order.popleft()[1].result()
@@ -448,6 +486,7 @@ class TrtRunner:
 
     def close(self) -> None:
         cudart = _cudart()
+        self.unpin_all()
         for graph, exe in self.graphs.graphs.values():
             cudart.cudaGraphExecDestroy(exe)
             cudart.cudaGraphDestroy(graph)
