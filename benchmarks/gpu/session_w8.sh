@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The next H200 window (staging as in session_w4.sh; the real MiniLM as .whl2/gtpkg, py-spy's wheel as .whl4 unzipped
+# into /tmp/pyspy). Run from the project root:   bash benchmarks/gpu/session_w8.sh W DEADLINE_EPOCH   then  poll.sh W 540
+# A: BERT-base fp16 and INT8 best with the defaults (skip-LayerNorm fused by `auto` in both since the sixth session),
+#    MiniLM fp16 (one profile, seq 256).
+# B (one job at a time on the GPU): accuracy + GPU ms of both BERT engines; `run` end to end with and without
+#    --direct-merge (the GPU's copy engine merges; the host copies nothing), twice each, from text and pre-tokenized;
+#    the same under py-spy sampling without stopping the process (--nonblocking: w7's blocking sampler slowed the
+#    loop 8x and timed out); torch eager + torch.compile and the vs-torch table.
+set -u
+ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
+. "$ROOT/benchmarks/gpu/steps.sh"
+driver_setup
+PYSPY=$(ls /tmp/pyspy/*/scripts/py-spy 2>/dev/null | head -1); chmod +x "$PYSPY" 2>/dev/null
+M() { echo "$W/$1/$1"; }
+B=$(M bert-base); N=$(M minilm)
+CAL="--max-samples 64 --max-eval-samples 64 --smooth 0.8 --no-engine-check"
+
+for m in bert-base minilm; do
+  ( mkdir -p "$W/$m"
+    step "export-$m" 600 "$P312 -m trtforge export --config $CFG/$m.yaml -o $W/$m/$m.onnx" &&
+    step "clean-$m" 300 "$P312 -m trtforge clean $W/$m/$m.onnx" ) &
+done
+wait
+( step build-fp16-bert-base 900 "$T -m trtforge build $B.clean.onnx --config $CFG/bert-base.yaml $TAC --precision fp16 -o $B.fp16.engine" ) &
+( step calibrate-bert-base 600 "$T -m trtforge calibrate $B.clean.onnx --data calib_data/minilm --eval-data calib_data/minilm_eval $CAL" &&
+  step build-best-bert-base 900 "$T -m trtforge build $B.int8.onnx --config $CFG/bert-base.yaml $TAC --precision best -o $B.best.engine" ) &
+( step build-fp16-minilm 600 "$T -m trtforge build $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC -o $N.fp16.engine" ) &
+wait
+eng() { for l in "$@"; do f=${l#*=}; [ -f "$f" ] && printf ' --engine %s' "$l"; done; }
+step compare-bert-base 600 "$T benchmarks/gpu/implicit_int8.py compare $B.clean.onnx --eval-data calib_data/minilm_eval --max-samples 64 $(eng fp16=$B.fp16.engine int8_best=$B.best.engine) --json $W/bert-base/compare.json"
+mkdir -p "$W/docs8"
+for k in 1 2 3 4 5 6 7 8; do for f in calib_data/minilm_long/*.txt; do cp "$f" "$W/docs8/${k}_$(basename "$f")"; done; done
+for m in minilm bert-base; do step "pretokenize-$m" 120 "$T benchmarks/gpu/pretokenize.py $W/docs8 $(M $m).tokenizer $W/$m/docs8.jsonl"; done
+RUN() { echo "$T -m trtforge run $(M $1).fp16.engine --config $CFG/$1.yaml --inputs $2 --no-precision-check $3 --report $W/$1/$4.json"; }
+for i in 1 2; do for m in minilm bert-base; do
+  step "run-$m-host-$i" 300 "$(RUN $m $W/docs8 "" "run_host_$i")"
+  step "run-$m-direct-$i" 300 "$(RUN $m $W/docs8 --direct-merge "run_direct_$i")"
+  step "run-tok-$m-direct-$i" 300 "$(RUN $m $W/$m/docs8.jsonl --direct-merge "run_tok_direct_$i")"
+done; done
+SPY() { echo ". \$HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH $PYSPY record --nonblocking --threads --idle --rate 200 --format raw -o $W/pyspy_$1_$3.txt -- \$PY310 -m trtforge run $(M $1).fp16.engine --config $CFG/$1.yaml --inputs $W/docs8 --no-precision-check $2 --report $W/$1/spy_$3.json"; }
+step spy-minilm-host 120 "$(SPY minilm "" host)"
+step spy-minilm-direct 120 "$(SPY minilm --direct-merge direct)"
+step vs-torch-engine 240 "$T benchmarks/vs_torch.py engine $(eng bert-base=$B.fp16.engine) --out $W/engine.json"
+step torch 600 "$P312 benchmarks/vs_torch.py torch --models bert-base minilm --repeat 8 --compile --compile-budget-s 150 --out $W/torch.json"
+step table 60 "python3 benchmarks/vs_torch.py table --torch $W/torch.json --engine $W/engine.json --run bert-base=$W/bert-base/run_direct_1.json --run minilm=$W/minilm/run_direct_1.json --out $W/vs_torch.json > $W/table.md"
+touch "$W/DONE"
