@@ -119,12 +119,14 @@ class StreamingMerge:
         self.dtype = np.dtype(dtype)
         return np.zeros((self.length,) + tuple(feature_shape), dtype=np.result_type(self.dtype, np.float32))
 
-    def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype, page_in: bool = True) -> None:
         """Allocate the merged array and write it once, so its pages are in memory before the windows arrive:
         run calls this on the planning threads, where it overlaps the GPU instead of slowing the merge's copies
-        (first-touch page faults were most of the merge's cost on the H200 box; np.zeros alone maps no page)."""
+        (first-touch page faults were most of the merge's cost on the H200 box; np.zeros alone maps no page).
+        page_in=False leaves it untouched (run --direct-merge: page-locking it maps every page anyway)."""
         merged = self._allocate(feature_shape, dtype)
-        merged[...] = 0
+        if page_in:
+            merged[...] = 0
         self.merged = merged
 
     def add(self, index: int, part: np.ndarray) -> None:

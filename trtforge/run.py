@@ -454,10 +454,14 @@ class _Merger:
         d = chunks[0].doc
         for name, (feature, dtype) in self.templates.items():
             stream = StreamingMerge([c.window for c in chunks], self.docs[d].length, self.options.merge)
-            stream.preallocate(feature, dtype)
-            # 'center' slices in the engine's own dtype are plain copies: the GPU can make them
-            eligible = self.pin is not None and stream.weights is None and stream.merged.dtype == np.dtype(dtype)
+            # 'center' slices in the engine's own dtype are plain copies: the GPU can make them (page-locking maps
+            # the pages, so they are not written first; 'center' windows cover every position)
+            eligible = (self.pin is not None and stream.weights is None
+                        and np.result_type(np.dtype(dtype), np.float32) == np.dtype(dtype))
+            stream.preallocate(feature, dtype, page_in=not eligible)
             refused = self.pin(stream.merged) if eligible else None
+            if refused:
+                stream.merged[...] = 0  # the host merges it: paged in here, as without --direct-merge
             with self._lock:
                 self.streams[(d, name)] = stream
                 if eligible and refused is None:

@@ -1,0 +1,129 @@
+"""What `trtforge run` costs the host per batch on an ENGINE when the GPU costs nothing (issue 11: run wall per
+batch <= 1.1x GPU time; on the H200 the loop was host-bound, `wait_gpu` ~0 s).
+
+The real `run` loop (planning threads, pinned staging, CUDA-graph capture and replay, the submitting and
+collecting threads, the merge, --direct-merge's copy plan) drives a real TensorRT-RTX engine file through the fake
+CUDA of tests/test_runloop.py, with a kernel and device copies that do nothing. So the loop's wall time per batch
+is its host overhead: what the GPU must outlast for the loop to keep it busy. Not a GPU figure: the fake driver's
+calls are Python functions (~1 us, the real ones are ~2-5 us), and this machine's core count shapes the thread
+contention. Compare settings on one machine; the H200 box has 16 CPUs.
+
+    python benchmarks/host_overhead.py out/minilm.clean.onnx --docs calib_data/minilm_long --repeat 4 --out host.json \
+        [--tokenizer out/minilm.tokenizer]   # pre-tokenized input: the loop without the tokenizer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+def _null_engine(onnx_path: Path, engine_path: Path) -> None:
+    """Patch trtforge so that TrtTarget loads `engine_path` and executes nothing (test fakes, no GPU)."""
+    import pytest
+
+    import trtforge.backends.tensorrt as tensorrt_mod
+    import trtforge.backends.tensorrt_runtime as rt
+    import trtforge.build as build_mod
+    import trtforge.doctor as doctor
+    from test_run_engine_emulated import OrtContext, OrtEngine
+    from test_runloop import FakeCudart, FakeLogger, fake_driver
+    from trtforge.artifacts import read_sidecar
+    from trtforge.backends.cuda_async import submit_calls
+
+    class NullContext(OrtContext):
+        def execute_async_v3(self, stream):
+            return True  # the kernel costs the host nothing
+
+    class NullEngine(OrtEngine):
+        def create_execution_context_without_device_memory(self):
+            return NullContext(self)
+
+        def output_shapes(self, inputs):
+            """TensorRT's shape inference is free; the fake's runs ONNX Runtime. Once, then by substitution:
+            an output dim equal to the first input shape's batch or sequence follows the new one."""
+            if not self.shapes_for:
+                return super().output_shapes(inputs)
+            (first_in, first_out), = list(self.shapes_for.items())[:1]
+            (b0, s0), (b, s) = next(iter(dict(first_in).values()))[:2], next(iter(inputs.values()))[:2]
+            swap = {b0: b, s0: s} if b0 != s0 else {b0: b}
+            return {k: tuple(swap.get(d, d) if i < 2 else d for i, d in enumerate(v)) for k, v in first_out.items()}
+
+    cudart = FakeCudart()
+    cudart.cudaMemcpyAsync = lambda dst, src, n, kind, stream: (0,)  # DMA: not the host's time
+    driver = fake_driver(cudart)
+    side = read_sidecar(engine_path)
+    trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="input"), nptype=lambda t: t,
+                          Runtime=lambda logger: SimpleNamespace(deserialize_cuda_engine=lambda data: NullEngine(onnx_path, side["io"], cudart)))
+    patch = pytest.MonkeyPatch()
+    patch.setattr(tensorrt_mod, "load_trt", lambda backend="auto": tensorrt_mod.TrtModule(trt, "tensorrt", "8.6.0"))
+    patch.setattr(tensorrt_mod, "runtime_identity", lambda mod: {})
+    patch.setattr(build_mod, "check_engine_compat", lambda path, sidecar, identity: None)
+    patch.setattr(doctor, "_gpu", lambda: {"name": "none (null kernel)", "compute_capability": "9.0"})
+    patch.setattr(rt, "_cudart", lambda: cudart)
+    patch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
+    patch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("onnx", type=Path, help="a cleaned ONNX (MiniLM: out/minilm.clean.onnx from `make demo`)")
+    ap.add_argument("--docs", type=Path, default=ROOT / "calib_data" / "minilm_long")
+    ap.add_argument("--repeat", type=int, default=4, help="the documents, this many times")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per setting (median)")
+    ap.add_argument("--merge-workers", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--plan-workers", type=int, default=None)
+    ap.add_argument("--tokenizer", type=Path, default=None,
+                    help="pre-tokenize the documents with this tokenizer first (a .jsonl input: the loop without tokenizing)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    from trtforge.build import build
+    from trtforge.run import RunOptions, run
+
+    work = Path(tempfile.mkdtemp(prefix="trtforge-host-"))
+    engine = build(args.onnx, work / "m.engine", "fp32", "seq=256", backend="tensorrt_rtx").engine_path
+    docs = work / "docs"
+    docs.mkdir()
+    for k in range(args.repeat):
+        for f in sorted(args.docs.glob("*.txt")):
+            (docs / f"{k}_{f.name}").write_text(f.read_text())
+    if args.tokenizer:
+        import subprocess
+
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "pretokenize.py"), str(docs), str(args.tokenizer),
+                        str(work / "docs.jsonl")], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
+        docs = work / "docs.jsonl"
+    _null_engine(args.onnx, engine)
+    rows = []
+    for direct in (False, True):
+        for workers in args.merge_workers:
+            reports = [run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=16, precision_check=False,
+                                              direct_merge=direct, merge_workers=workers, plan_workers=args.plan_workers,
+                                              warmup=1)) for _ in range(args.runs)]
+            loop = statistics.median(r["runtime"]["host"]["loop_wall_s"] for r in reports)
+            batches = reports[0]["batches"]
+            rows.append({"direct_merge": direct, "merge_workers": workers, "batches": batches, "loop_s": loop,
+                         "host_ms_per_batch": loop / batches * 1e3,
+                         "tokens_per_s": statistics.median(r["throughput"]["tokens_per_s"] for r in reports),
+                         "stages": reports[0]["runtime"]["host"]["stages"], "direct": reports[0]["runtime"]["direct_merge"]})
+    print(f"{args.repeat} x {args.docs}{' (pre-tokenized)' if args.tokenizer else ''}, {os.cpu_count()} CPUs ({platform.node()}); null kernel, median of {args.runs}")
+    print(f"{'merge':<14}{'merge workers':>14}{'batches':>9}{'host ms/batch':>15}{'tokens/s':>12}")
+    for r in rows:
+        print(f"{'direct (GPU)' if r['direct_merge'] else 'host':<14}{r['merge_workers']:>14}{r['batches']:>9}"
+              f"{r['host_ms_per_batch']:>15.3f}{r['tokens_per_s']:>12,.0f}")
+    args.out.write_text(json.dumps({"cpus": os.cpu_count(), "onnx": str(args.onnx), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
