@@ -22,7 +22,6 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -32,14 +31,7 @@ def _null_engine(onnx_path: Path, engine_path: Path) -> None:
     """Patch trtforge so that TrtTarget loads `engine_path` and executes nothing (test fakes, no GPU)."""
     import pytest
 
-    import trtforge.backends.tensorrt as tensorrt_mod
-    import trtforge.backends.tensorrt_runtime as rt
-    import trtforge.build as build_mod
-    import trtforge.doctor as doctor
-    from test_run_engine_emulated import OrtContext, OrtEngine
-    from test_runloop import FakeCudart, FakeLogger, fake_driver
-    from trtforge.artifacts import read_sidecar
-    from trtforge.backends.cuda_async import submit_calls
+    from test_run_engine_emulated import OrtContext, OrtEngine, _emulate
 
     class NullContext(OrtContext):
         def execute_async_v3(self, stream):
@@ -59,20 +51,8 @@ def _null_engine(onnx_path: Path, engine_path: Path) -> None:
             swap = {b0: b, s0: s} if b0 != s0 else {b0: b}
             return {k: tuple(swap.get(d, d) if i < 2 else d for i, d in enumerate(v)) for k, v in first_out.items()}
 
-    cudart = FakeCudart()
-    cudart.cudaMemcpyAsync = lambda dst, src, n, kind, stream: (0,)  # DMA: not the host's time
-    driver = fake_driver(cudart)
-    side = read_sidecar(engine_path)
-    trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="input"), nptype=lambda t: t,
-                          Runtime=lambda logger: SimpleNamespace(deserialize_cuda_engine=lambda data: NullEngine(onnx_path, side["io"], cudart)))
-    patch = pytest.MonkeyPatch()
-    patch.setattr(tensorrt_mod, "load_trt", lambda backend="auto": tensorrt_mod.TrtModule(trt, "tensorrt", "8.6.0"))
-    patch.setattr(tensorrt_mod, "runtime_identity", lambda mod: {})
-    patch.setattr(build_mod, "check_engine_compat", lambda path, sidecar, identity: None)
-    patch.setattr(doctor, "_gpu", lambda: {"name": "none (null kernel)", "compute_capability": "9.0"})
-    patch.setattr(rt, "_cudart", lambda: cudart)
-    patch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
-    patch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
+    emulated = _emulate(pytest.MonkeyPatch(), onnx_path, engine_path, NullEngine)
+    emulated["cudart"].cudaMemcpyAsync = lambda dst, src, n, kind, stream: (0,)  # DMA: not the host's time
 
 
 def main() -> None:

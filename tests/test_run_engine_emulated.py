@@ -106,7 +106,9 @@ def engine(minilm_clean, tmp_path_factory):
     return result.engine_path
 
 
-def _emulate(monkeypatch, onnx_path, engine_path):
+def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
+    """Patch trtforge so that TrtTarget loads `engine_path` and runs it as `engine_cls` (OrtEngine: ORT on
+    `onnx_path`) over the fake CUDA; benchmarks/host_overhead.py passes a null engine."""
     import trtforge.backends.tensorrt as tensorrt_mod
     import trtforge.backends.tensorrt_runtime as rt
     import trtforge.build as build_mod
@@ -120,7 +122,7 @@ def _emulate(monkeypatch, onnx_path, engine_path):
     def runtime(logger):
         def deserialize(data):
             side = read_sidecar(engine_path)
-            engines.append(OrtEngine(onnx_path, side["io"], cudart))
+            engines.append((engine_cls or OrtEngine)(onnx_path, side["io"], cudart))
             return engines[-1]
         return SimpleNamespace(deserialize_cuda_engine=deserialize)
 

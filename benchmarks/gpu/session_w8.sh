@@ -16,12 +16,7 @@ M() { echo "$W/$1/$1"; }
 B=$(M bert-base); N=$(M minilm)
 CAL="--max-samples 64 --max-eval-samples 64 --smooth 0.8 --no-engine-check"
 
-for m in bert-base minilm; do
-  ( mkdir -p "$W/$m"
-    step "export-$m" 600 "$P312 -m trtforge export --config $CFG/$m.yaml -o $W/$m/$m.onnx" &&
-    step "clean-$m" 300 "$P312 -m trtforge clean $W/$m/$m.onnx" ) &
-done
-wait
+export_clean bert-base minilm
 ( step build-fp16-bert-base 900 "$T -m trtforge build $B.clean.onnx --config $CFG/bert-base.yaml $TAC --precision fp16 -o $B.fp16.engine" ) &
 ( step calibrate-bert-base 600 "$T -m trtforge calibrate $B.clean.onnx --data calib_data/minilm --eval-data calib_data/minilm_eval $CAL" &&
   step build-best-bert-base 900 "$T -m trtforge build $B.int8.onnx --config $CFG/bert-base.yaml $TAC --precision best -o $B.best.engine" ) &

@@ -32,3 +32,13 @@ driver_setup() {
   TAC="--tactic-sources -CUBLAS,-CUBLAS_LT,-CUDNN"
   CFG=zoo/configs/full
 }
+
+# Export (the GPU box's torch) and clean each named zoo model in parallel, into $W/MODEL/MODEL.onnx.
+export_clean() {
+  for m in "$@"; do
+    ( mkdir -p "$W/$m"
+      step "export-$m" 600 "$P312 -m trtforge export --config $CFG/$m.yaml -o $W/$m/$m.onnx" &&
+      step "clean-$m" 300 "$P312 -m trtforge clean $W/$m/$m.onnx" ) &
+  done
+  wait
+}
