@@ -726,7 +726,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     finally:
         sys.setswitchinterval(interval)
         if options.direct_merge:
-            target.unpin_all()
+            with host.stage("unpin"):  # inside the clock: page-locking is part of the merge's cost
+                target.unpin_all()
     merged = merger.results()
     wall = time.perf_counter() - start
     p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
