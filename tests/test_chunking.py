@@ -133,16 +133,3 @@ def test_a_preallocated_merge_equals_the_lazy_one_and_refuses_another_shape():
     with pytest.raises(ValueError, match="per position"):
         wrong.add(0, parts[0])
 
-
-def test_a_gil_holding_copy_copies_what_one_memmove_can_and_refuses_the_rest():
-    """hostcopy (run's pinned staging): one memmove for same-dtype, same-shape C-contiguous arrays; anything
-    else is refused (False, nothing written) for the caller's numpy path."""
-    from trtforge.hostcopy import copy_holding_gil
-
-    dst = np.zeros((4, 3), np.float32)
-    assert not copy_holding_gil(dst, np.ones((4, 3), np.float64))
-    assert not copy_holding_gil(dst[:, :2], np.ones((4, 2), np.float32))
-    assert not copy_holding_gil(dst, np.asfortranarray(np.ones((3, 4), np.float32)).T.copy(order="F"))
-    assert (dst == 0).all()
-    src = np.arange(12, dtype=np.float32).reshape(4, 3)
-    assert copy_holding_gil(dst, src) and (dst == src).all()

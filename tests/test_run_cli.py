@@ -220,4 +220,6 @@ def test_direct_merge_says_what_it_needs(minilm_clean):
         _check_direct_merge(engine, RunOptions(inputs=Path("x"), direct_merge=True))
     with pytest.raises(UserError, match="needs --warmup 1 or more"):
         _check_direct_merge(engine, RunOptions(inputs=Path("x"), direct_merge=True, precision_check=False, warmup=0))
+    with pytest.raises(UserError, match="copies 'center' merges only"):
+        _check_direct_merge(engine, RunOptions(inputs=Path("x"), direct_merge=True, precision_check=False, merge="linear"))
     _check_direct_merge(engine, RunOptions(inputs=Path("x"), direct_merge=True, precision_check=False))

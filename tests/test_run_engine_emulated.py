@@ -7,6 +7,8 @@ The merged outputs must equal `run` on ONNX Runtime over the same documents."""
 
 import json
 import shutil
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -95,6 +97,28 @@ class OrtContext:
         return True
 
 
+class NullContext(OrtContext):
+    def execute_async_v3(self, stream):
+        return True  # computes nothing: for the loop's own behaviour and cost (benchmarks/host_overhead.py)
+
+
+class NullEngine(OrtEngine):
+    """An engine that runs nothing: its outputs hold whatever the buffers held."""
+
+    def create_execution_context_without_device_memory(self):
+        return NullContext(self)
+
+    def output_shapes(self, inputs):
+        """TensorRT's shape inference is free; OrtEngine's runs ONNX Runtime. Once, then by substitution: an
+        output dim equal to the first input shape's batch or sequence follows the new one."""
+        if not self.shapes_for:
+            return super().output_shapes(inputs)
+        (first_in, first_out), = list(self.shapes_for.items())[:1]
+        (b0, s0), (b, s) = next(iter(dict(first_in).values()))[:2], next(iter(inputs.values()))[:2]
+        swap = {b0: b, s0: s} if b0 != s0 else {b0: b}
+        return {k: tuple(swap.get(d, d) if i < 2 else d for i, d in enumerate(v)) for k, v in first_out.items()}
+
+
 @pytest.fixture(scope="module")
 def engine(minilm_clean, tmp_path_factory):
     """A real engine file and sidecar (TensorRT-RTX builds without a GPU), one profile of chunks up to 256."""
@@ -146,13 +170,16 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
 
     docs = tmp_path / "docs"
     docs.mkdir()
-    for name in ("logging_inspect.txt",):
+    # two documents where the GPU merges: with every other page-lock refused, batches mix GPU- and host-merged rows
+    for name in ("logging_inspect.txt", "statistics_ast_urllib_request_http_client.txt")[:2 if direct else 1]:
         shutil.copy(f"calib_data/minilm_long/{name}", docs / name)
     common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=2, plan_workers=2)
     want = run(minilm_clean, RunOptions(**common, precision_check=False, save_outputs=tmp_path / "ort.npz"))
     emulated = _emulate(monkeypatch, minilm_clean, engine)
     if direct == "refused":
-        monkeypatch.setattr(emulated["cudart"], "cudaHostRegister", lambda ptr, size, flags: (1,))
+        register, calls = emulated["cudart"].cudaHostRegister, []
+        monkeypatch.setattr(emulated["cudart"], "cudaHostRegister",
+                            lambda ptr, size, flags: calls.append(ptr) or ((1,) if len(calls) % 2 else register(ptr, size, flags)))
     report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check, direct_merge=bool(direct),
                                     save_outputs=tmp_path / "engine.npz", report=tmp_path / "report.json"))
     ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
@@ -174,8 +201,9 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
 
         _render_run(report)
         assert f"direct merge: {merged_by['rows_gpu']} chunk outputs copied into place by the GPU" in capsys.readouterr().out
-    elif direct == "refused":  # the host merged everything instead, and the report says why
-        assert merged_by["rows_gpu"] == 0 and merged_by["rows_host"] > 0 and "cudaHostRegister" in merged_by["refused"]
+    elif direct == "refused":  # the refused input merged on the host, the other by the GPU, and the report says why
+        assert merged_by["rows_gpu"] > 0 and merged_by["rows_host"] > 0 and merged_by["outputs_pinned"] == 1
+        assert "cudaHostRegister: CUDA error 1 (cudaErrorFake)" in merged_by["refused"] and not emulated["cudart"].registered
     else:
         assert merged_by == {"enabled": False} and runtime["direct_copies"]["copies"] == 0
     if precision_check:  # the engine's outputs ARE ORT's: measured, and the gates hold
@@ -184,3 +212,57 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     else:
         assert report["precision_error"] == {"measured": False, "reason": "--no-precision-check"}
     json.loads((tmp_path / "report.json").read_text())
+
+
+def test_a_run_that_fails_mid_loop_leaves_nothing_page_locked(engine, minilm_clean, tmp_path, monkeypatch):
+    """--direct-merge page-locks each input's merged outputs as it is planned; when the loop fails, planning
+    stops and every page-lock is undone (the arrays would otherwise be freed while still registered)."""
+    import trtforge.run as run_mod
+    from trtforge.run import RunOptions, run
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for k in range(6):
+        for f in sorted(Path("calib_data/minilm_long").glob("*.txt")):
+            shutil.copy(f, docs / f"{k}_{f.name}")
+    emulated = _emulate(monkeypatch, minilm_clean, engine, NullEngine)
+    calls, registered = [], []
+    register = emulated["cudart"].cudaHostRegister
+    monkeypatch.setattr(emulated["cudart"], "cudaHostRegister",
+                        lambda ptr, size, flags: registered.append(ptr) or register(ptr, size, flags))
+    add = run_mod._Merger.add
+
+    def failing_add(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("merge failed")
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(run_mod._Merger, "add", failing_add)
+    with pytest.raises(RuntimeError, match="merge failed"):
+        run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, plan_workers=1,
+                               precision_check=False, direct_merge=True))
+    time.sleep(0.3)  # a planning thread still finishing its document
+    assert registered and not emulated["cudart"].registered
+    assert len(registered) < len(list(docs.iterdir()))  # planning stopped with the loop
+
+
+def test_direct_plan_hands_the_host_any_row_it_cannot_copy_exactly():
+    """The copy plan is the single source of truth: a row is left to the host (which checks it and raises on a
+    mismatch) when its output per position differs from the warm-up's or its window does not fit the row."""
+    from trtforge.chunking import plan_windows
+    from trtforge.outputs import OutputKind
+    from trtforge.run import Chunk, RunOptions, _Merger
+
+    windows = plan_windows(40, 16, 4)
+    chunks = [Chunk(0, i, {}, w, w.length, slice(1, 1 + w.length)) for i, w in enumerate(windows)]
+    merger = _Merger([SimpleNamespace(length=40)], [], {"h": OutputKind("h", "token")}, RunOptions(inputs=Path("x")),
+                     templates={"h": ((4,), np.dtype(np.float32))}, pin=lambda array: None)
+    merger.add_plan(chunks)
+    merger.prepare(chunks)
+    copies, whole = merger.direct_plan(chunks[:2], {"h": (2, 18, 4)}, {"h": 4})["h"]
+    assert len(copies) == 2 and not whole and merger.copied == {(0, 0, "h"), (0, 1, "h")}
+    for shape in [(2, 18, 6), (2, 10, 4)]:  # another feature size; a row shorter than its window
+        copies, whole = merger.direct_plan(chunks[2:4], {"h": shape}, {"h": 4})["h"]
+        assert copies == [] and whole
+    assert merger.copied == {(0, 0, "h"), (0, 1, "h")}

@@ -98,6 +98,44 @@ def test_batches_run_while_later_documents_are_still_being_planned():
     assert sorted(seen) == sorted(c for d in range(3) for c in planned[d])
 
 
+def test_closing_the_stream_early_plans_no_further_document():
+    """run closes the stream when its loop fails: documents queued but not started are never planned (their
+    merged outputs would be allocated, and page-locked with --direct-merge, after the run gave up)."""
+    import time
+
+    planned = []
+
+    def plan(d):
+        time.sleep(0.02)
+        planned.append(d)
+        return [(d, 0, 8)]
+
+    stream = stream_batches(40, plan, Batcher(1, lambda c: c[2]), workers=2)
+    next(stream)
+    stream.close()
+    assert len(planned) < 10, planned
+
+
+def test_a_stream_finalized_on_a_planning_thread_does_not_wait_for_itself():
+    """An iterator nobody closed (a loop that raised) is finalized by the garbage collector on whichever thread
+    happens to run it; on a planning thread, joining the planner would wait for itself forever."""
+    import threading
+
+    holder, abandoned, finished = {}, threading.Event(), threading.Event()
+
+    def plan(d):
+        if d == 3:
+            abandoned.wait(5)  # the consumer has its batch and left the iterator suspended
+            holder["stream"].close()  # what the garbage collector does with the abandoned iterator, here
+            finished.set()
+        return [(d, 0, 8)]
+
+    holder["stream"] = stream_batches(6, plan, Batcher(1, lambda c: c[2]), workers=1)
+    next(holder["stream"])
+    abandoned.set()
+    assert finished.wait(5), "the planning thread is stuck joining itself"
+
+
 def test_a_planning_error_reaches_the_consumer():
     def plan(d):
         if d == 1:
@@ -117,6 +155,7 @@ class FakeCudart:
 
     def __init__(self):
         self.buffers, self.capturing, self.streams, self.executables = {}, {}, 0, {}
+        self.registered: dict[int, int] = {}
         self.used = 0
 
     def _alloc(self, n):
@@ -151,6 +190,8 @@ class FakeCudart:
             fn()
 
     def cudaMemcpyAsync(self, dst, src, n, kind, stream):
+        if kind == 2:
+            self._check_host(dst, n)
         self.op(stream, lambda: ctypes.memmove(dst, src, n))
         return (0,)
 
@@ -197,13 +238,21 @@ class FakeCudart:
     def cudaGetErrorString(self, err):
         return 0, b"fake error"
 
-    def cudaHostRegister(self, ptr, size, flags):  # host memory is all the fake has: nothing to lock
-        self.registered = getattr(self, "registered", set()) | {ptr}
+    def cudaGetErrorName(self, err):
+        return 0, b"cudaErrorFake"
+
+    def cudaHostRegister(self, ptr, size, flags):  # host memory is all the fake has: nothing to lock, only recorded
+        self.registered[ptr] = size
         return (0,)
 
     def cudaHostUnregister(self, ptr):
-        self.registered.discard(ptr)
+        self.registered.pop(ptr)
         return (0,)
+
+    def _check_host(self, ptr, n):
+        """A device-to-host copy must land in pinned memory the fake allocated or in a registered range."""
+        ranges = [(a, len(b)) for a, b in self.buffers.items()] + list(self.registered.items())
+        assert any(a <= ptr and ptr + n <= a + size for a, size in ranges), f"D2H copy of {n} B to {ptr:#x}: not pinned"
 
 
 def fake_driver(cudart):

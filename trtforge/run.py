@@ -434,7 +434,8 @@ class _Merger:
         self.docs, self.kinds, self.options = docs, kinds, options
         self.templates = templates or {}  # token output -> (shape per position, dtype), seen in the warm-up
         self.pin = pin  # --direct-merge: page-locks a merged output for the GPU to write into (the reason if refused)
-        self.direct: set[tuple[int, str]] = set()  # (input, output) whose chunks the GPU merges
+        self.direct: set[tuple[int, str]] = set()  # (input, output) page-locked for the GPU to merge into
+        self.copied: set[tuple[int, int, str]] = set()  # (input, chunk, output) whose copy the GPU was given
         self.pin_refusals: list[str] = []
         self.rows = {"direct": 0, "host": 0}
         self.windows: dict[int, list[Window]] = {}
@@ -456,12 +457,15 @@ class _Merger:
             stream = StreamingMerge([c.window for c in chunks], self.docs[d].length, self.options.merge)
             # 'center' slices in the engine's own dtype are plain copies: the GPU can make them (page-locking maps
             # the pages, so they are not written first; 'center' windows cover every position)
-            eligible = (self.pin is not None and stream.weights is None
-                        and np.result_type(np.dtype(dtype), np.float32) == np.dtype(dtype))
+            refused = None
+            if self.pin is not None and np.result_type(np.dtype(dtype), np.float32) != np.dtype(dtype):
+                refused = f"output '{name}' is {np.dtype(dtype)}, merged as float32: the host converts it"
+            eligible = self.pin is not None and refused is None and stream.weights is None
             stream.preallocate(feature, dtype, page_in=not eligible)
-            refused = self.pin(stream.merged) if eligible else None
-            if refused:
-                stream.merged[...] = 0  # the host merges it: paged in here, as without --direct-merge
+            if eligible:
+                refused = self.pin(stream.merged)
+                if refused:
+                    stream.merged[...] = 0  # the host merges it: paged in here, as without --direct-merge
             with self._lock:
                 self.streams[(d, name)] = stream
                 if eligible and refused is None:
@@ -483,18 +487,19 @@ class _Merger:
         plan: dict[str, tuple[list[DirectCopy], bool]] = {}
         for name in self.kinds:
             shape = shapes.get(name)
-            if shape is None or len(shape) < 2:
-                continue
-            position_bytes = math.prod(shape[2:]) * itemsizes[name]
             copies, whole = [], False
             for j, c in enumerate(batch):
-                if (c.doc, name) not in self.direct:
+                stream = self.streams.get((c.doc, name)) if (c.doc, name) in self.direct else None
+                first = (c.content.start or 0) if c.content is not None else 0
+                w = c.window
+                # only a row whose output is exactly what the merged array holds per position, window inside the row
+                if (stream is None or shape is None or len(shape) < 2 or tuple(shape[2:]) != stream.merged.shape[1:]
+                        or first + w.length > shape[1]):
                     whole = True
                     continue
-                w = c.window
-                copies.append(kept_copy(j, shape[1], position_bytes, w.start, w.keep_start, w.keep_end,
-                                        (c.content.start or 0) if c.content is not None else 0,
-                                        self.streams[(c.doc, name)].merged.ctypes.data))
+                copies.append(kept_copy(j, shape[1], math.prod(shape[2:]) * itemsizes[name], w.start, w.keep_start,
+                                        w.keep_end, first, stream.merged.ctypes.data))
+                self.copied.add((c.doc, c.index, name))  # before the batch runs: its collection reads this
             plan[name] = (copies, whole)
         return plan
 
@@ -506,11 +511,11 @@ class _Merger:
             value = out[name]
             for j in (range(len(batch)) if rows is None else rows):
                 c = batch[j]
-                if (c.doc, name) in self.direct:  # the GPU wrote its kept positions (the batch was collected)
+                if (c.doc, c.index, name) in self.copied:  # the GPU wrote its kept positions (the batch was collected)
                     self.streams[(c.doc, name)].written(c.index)
-                    self.rows["direct"] += 1
+                    self._count("direct")
                     continue
-                self.rows["host"] += 1
+                self._count("host")
                 part = chunk_part(kind, c, value[j:j + 1])
                 if kind.kind == "token" and self.counts[c.doc] > 1:
                     key = (c.doc, name)
@@ -524,6 +529,10 @@ class _Merger:
                     stream.add(c.index, part)
                 else:
                     self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
+
+    def _count(self, rows: str) -> None:
+        with self._lock:
+            self.rows[rows] += 1
 
     def results(self) -> list[dict[str, np.ndarray]]:
         merged: list[dict[str, np.ndarray]] = []
@@ -643,6 +652,8 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
 
 def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     p = prepare(target_path, options, plan=False)
+    if options.direct_merge:
+        _check_direct_merge(p, options)
     if p.is_engine:
         target: Any = TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory)
     else:
@@ -650,8 +661,6 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     _check_io(target, p.reference, p.target_path, p.reference_path)
     progress(f"{len(p.docs)} inputs on {target.label}; outputs "
              + ", ".join(f"{k.name} ({k.kind}{f' x{k.scale:g}' if k.scale not in (None, 1.0) else ''})" for k in p.kinds.values()))
-    if options.direct_merge:
-        _check_direct_merge(p, options)
     warm = _warm_up(p, options, target)
 
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
@@ -703,6 +712,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # interval while the loop runs.
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, 0.0005))
+    stream = feeds()
     try:
         with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
             if not options.precision_check:
@@ -714,17 +724,18 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
                 direct = {"direct": lambda tag, shapes: merger.direct_plan(batches[tag], shapes, target.itemsizes)
                           } if options.direct_merge else {}
-                for _ in target.run_many(feeds(), consume=consume, **direct):
+                for _ in target.run_many(stream, consume=consume, **direct):
                     pass
             else:
                 pending = []
-                for tag, out in target.run_many(feeds()):
+                for tag, out in target.run_many(stream):
                     results[tag] = out  # kept for the ONNX Runtime comparison after the loop
                     pending.append(pool.submit(merge, batches[tag], out))
                 for future in pending:
                     future.result()
     finally:
         sys.setswitchinterval(interval)
+        stream.close()  # on an error: no document is planned (nor page-locked) after this
         if options.direct_merge:
             with host.stage("unpin"):  # inside the clock: page-locking is part of the merge's cost
                 target.unpin_all()
@@ -783,6 +794,8 @@ def _check_direct_merge(p: Prepared, options: RunOptions) -> None:
         raise UserError("--direct-merge needs --no-precision-check: the precision check compares every batch's whole outputs with ONNX Runtime.")
     if options.warmup < 1:
         raise UserError("--direct-merge needs --warmup 1 or more: the warm-up gives the merged outputs' shapes before the loop.")
+    if options.merge != "center":
+        raise UserError(f"--direct-merge copies 'center' merges only (--merge {options.merge} blends overlapping windows on the host); drop one of them.")
 
 
 def _direct_report(merger: _Merger, options: RunOptions) -> dict[str, Any]:

@@ -165,22 +165,24 @@ class Batcher:
 
 
 _END = object()
+_PLANNING = "trtforge-plan"  # the planning threads' names
 
 
 def stream_batches(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batcher, workers: int = 2,
                    on_plan: Callable[[int, list[Any]], None] = lambda d, chunks: None) -> Iterator[list[Any]]:
     """Batches as documents are planned on `workers` threads (document order kept): `on_plan(d, chunks)`
     runs before any chunk of document d is handed out, so a consumer may rely on it. A planning error
-    is raised in the consumer."""
+    is raised in the consumer. Closing the iterator early stops planning: documents not yet started are
+    never planned, and it returns once those under way are done."""
     out: queue.Queue = queue.Queue()
     stop = threading.Event()
 
     def produce() -> None:
         try:
-            with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=_PLANNING) as pool:
                 for d, chunks in enumerate(pool.map(plan, range(n_docs))):
                     if stop.is_set():
-                        return
+                        return  # leaving pool.map's iterator cancels the documents not yet started
                     on_plan(d, chunks)
                     for c in chunks:
                         for b in batcher.add(c):
@@ -191,7 +193,7 @@ def stream_batches(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batch
         except BaseException as exc:  # handed to the consumer, raised there
             out.put(exc)
 
-    thread = threading.Thread(target=produce, name="trtforge-plan", daemon=True)
+    thread = threading.Thread(target=produce, name=_PLANNING, daemon=True)
     thread.start()
     try:
         while True:
@@ -203,4 +205,7 @@ def stream_batches(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batch
             yield item
     finally:
         stop.set()
-        thread.join()
+        # An iterator nobody closed is finalized by the garbage collector on whichever thread runs it, maybe a
+        # planning one: joining there would wait for itself (found as a hang after a failed loop).
+        if not threading.current_thread().name.startswith(_PLANNING):
+            thread.join()

@@ -24,8 +24,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trtforge.hostcopy import memmove_holding_gil
-
 _SIGNATURES = {
     "cuMemcpyHtoDAsync_v2": (ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p),
     "cuMemcpyDtoHAsync_v2": (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p),
@@ -39,6 +37,10 @@ _SIGNATURES = {
 }
 CUDA_ERROR_INVALID_CONTEXT = 201
 
+
+
+# memmove that keeps the GIL (ctypes.memmove is a CFUNCTYPE: it releases it).
+memmove_holding_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(ctypes._memmove_addr)
 
 
 def load_driver(lib: Any = None) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
+import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -200,6 +201,8 @@ class TrtRunner:
         cudart.cudaEventDestroy(probe)
         self.timings: list[BatchTiming] = []
         self.pinned: dict[int, int] = {}  # host arrays page-locked for --direct-merge: address -> bytes
+        self._pin_lock = threading.Lock()
+        self._pins_closed = False
         self.direct = {"copies": 0, "bytes": 0, "slot_copies_skipped": 0}
         self.peak_bytes = 0
         self.graphs = GraphCache(enabled=cuda_graphs)
@@ -310,22 +313,37 @@ class TrtRunner:
 
     def pin(self, array: np.ndarray) -> str | None:
         """Page-lock a host array (cudaHostRegister) so that device-to-host copies may land in it directly; the
-        reason when CUDA refuses, None when done. Called from the planning threads; `unpin_all` undoes it."""
-        cudart = _cudart()
+        reason when it cannot be, None when done. Called from the planning threads; `unpin_all` undoes every one
+        and refuses any later call (a planning thread still finishing after the loop ended)."""
         if not array.flags.c_contiguous or array.nbytes == 0:
             return "not one contiguous block"
-        err = cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0)
-        err = err[0] if isinstance(err, tuple) else err
-        if int(err) != 0:
-            return f"cudaHostRegister: CUDA error {int(err)}"
-        self.pinned[array.ctypes.data] = array.nbytes
+        with self._pin_lock:
+            if self._pins_closed:
+                return "the loop had ended"
+            try:
+                cudart = _cudart()
+                err = cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0)
+                err = int(err[0] if isinstance(err, tuple) else err)
+                if err:
+                    name = cudart.cudaGetErrorName(err)[1]
+                    return f"cudaHostRegister: CUDA error {err} ({name.decode() if isinstance(name, bytes) else name})"
+            except Exception as exc:  # a driver without the call, a bad binding: the host merges this one
+                return f"cudaHostRegister: {type(exc).__name__}: {exc}"[:200]
+            self.pinned[array.ctypes.data] = array.nbytes
         return None
 
     def unpin_all(self) -> None:
+        """Undo every `pin` once the copies queued into them are done, and refuse new ones."""
         cudart = _cudart()
-        for address in list(self.pinned):
-            cudart.cudaHostUnregister(address)
-            del self.pinned[address]
+        with self._pin_lock:
+            self._pins_closed = True
+            if self.pinned:
+                cudart.cudaStreamSynchronize(self.d2h_stream)  # copies of a batch never collected (an error mid-loop)
+            for address in list(self.pinned):
+                err = cudart.cudaHostUnregister(address)
+                if int(err[0] if isinstance(err, tuple) else err):
+                    self.direct["unpin_errors"] = self.direct.get("unpin_errors", 0) + 1
+                del self.pinned[address]
 
     # -- execution ---------------------------------------------------------------------------
     def _stage(self, slot: _Slot, feeds: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
