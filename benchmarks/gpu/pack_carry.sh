@@ -10,9 +10,14 @@
 #               while TensorRT 8.6's site has numpy 1.26 (every `import onnx` under $PY310 failed). Carry it with the
 #               last staging part and, after unpack.sh: rm -rf /root/site310/ml_dtypes /root/site310/ml_dtypes-0.7.0.dist-info
 #               && python3 -m zipfile -e .whl3/*.whl /root/site310/
-# Keep the working tree small: a call carries the tree (tracked + untracked-not-ignored) plus its carry, 64 MiB in
-# all, and a staging part is ~57 MB; raw GPU results (benchmarks/results/) count too.
+# .whl4/        py-spy's wheel (a static binary): session_w8.sh samples `run` with it; unzipped into /tmp/pyspy by the
+#               driver's first call (carry [".whl2", ".whl4"])
+# Keep the working tree small: a call carries the tree (tracked + untracked-not-ignored) plus its carry, 64 MiB
+# (67,108,864 bytes) in all, and the first staging part is 59.3 MB with its zstd: the tracked tree must stay under
+# ~7.3 MB (`git ls-files | xargs du -cb | tail -1`; 6.45 MB on 2026-12-01); gzip raw GPU results over 20 KB.
 set -eu
+mkdir -p .whl4
+pip download -q --only-binary=:all: --no-deps -d .whl4 'py-spy==0.4.3'
 mkdir -p .whl3
 pip download -q --only-binary=:all: --python-version 3.10 --implementation cp --no-deps -d .whl3 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 'ml_dtypes==0.5.1'
