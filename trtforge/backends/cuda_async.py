@@ -37,8 +37,6 @@ _SIGNATURES = {
 }
 CUDA_ERROR_INVALID_CONTEXT = 201
 
-
-
 # memmove that keeps the GIL (ctypes.memmove is a CFUNCTYPE: it releases it).
 memmove_holding_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(ctypes._memmove_addr)
 

@@ -59,6 +59,11 @@ def _handle(obj: Any) -> int:
         return int(obj.getPtr())
 
 
+def _code(result: Any) -> int:
+    """The cudaError_t of a cuda-python call's result: the tuple's first item, or the bare code."""
+    return int(result[0] if isinstance(result, tuple) else result)
+
+
 def _ok(result: Any) -> Any:
     err, *rest = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
@@ -322,8 +327,7 @@ class TrtRunner:
                 return "the loop had ended"
             try:
                 cudart = _cudart()
-                err = cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0)
-                err = int(err[0] if isinstance(err, tuple) else err)
+                err = _code(cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0))
                 if err:
                     name = cudart.cudaGetErrorName(err)[1]
                     return f"cudaHostRegister: CUDA error {err} ({name.decode() if isinstance(name, bytes) else name})"
@@ -340,8 +344,7 @@ class TrtRunner:
             if self.pinned:
                 cudart.cudaStreamSynchronize(self.d2h_stream)  # copies of a batch never collected (an error mid-loop)
             for address in list(self.pinned):
-                err = cudart.cudaHostUnregister(address)
-                if int(err[0] if isinstance(err, tuple) else err):
+                if _code(cudart.cudaHostUnregister(address)):
                     self.direct["unpin_errors"] = self.direct.get("unpin_errors", 0) + 1
                 del self.pinned[address]
 
