@@ -14,17 +14,11 @@ ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 CAL="--max-samples 64 --max-eval-samples 64 --smooth 0.8 --no-engine-check"
-M() { echo "$W/$1/$1"; }
 B=$(M bert-base); N=$(M minilm)
 BB="$T -m trtforge build"
 BC="--config $CFG/bert-base.yaml $TAC"
 
-for m in bert-base minilm; do
-  ( mkdir -p "$W/$m"
-    step "export-$m" 600 "$P312 -m trtforge export --config $CFG/$m.yaml -o $W/$m/$m.onnx" &&
-    step "clean-$m" 300 "$P312 -m trtforge clean $W/$m/$m.onnx" ) &
-done
-wait
+export_clean bert-base minilm
 
 step gil-handoff 120 "python3 benchmarks/gil_handoff.py --out $W/gil_handoff.json" &
 ( step build-fp16-bert-base 900 "$BB $B.clean.onnx $BC --precision fp16 -o $B.fp16.engine" ) &
@@ -36,10 +30,8 @@ step gil-handoff 120 "python3 benchmarks/gil_handoff.py --out $W/gil_handoff.jso
 ( step build-fp16-minilm 600 "$T -m trtforge build $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC -o $N.fp16.engine" ) &
 wait
 
-eng() { for l in "$@"; do f=${l#*=}; [ -f "$f" ] && printf ' --engine %s' "$l"; done; }
 step compare-bert-base 600 "$T benchmarks/gpu/implicit_int8.py compare $B.clean.onnx --eval-data calib_data/minilm_eval --max-samples 64 $(eng fp16=$B.fp16.engine fp16_skipln=$B.fp16_skipln.engine int8_best=$B.best.engine int8_best_skipln=$B.best_skipln.engine) --json $W/bert-base/compare.json"
-mkdir -p "$W/docs8"
-for k in 1 2 3 4 5 6 7 8; do for f in calib_data/minilm_long/*.txt; do cp "$f" "$W/docs8/${k}_$(basename "$f")"; done; done
+docs8
 for i in 1 2; do
   step "run-e2e-minilm-$i" 120 "$T -m trtforge run $N.fp16.engine --config $CFG/minilm.yaml --inputs $W/docs8 --no-precision-check --report $W/minilm/run_e2e_$i.json"
   step "run-e2e-bert-base-$i" 300 "$T -m trtforge run $B.fp16.engine --config $CFG/bert-base.yaml --inputs $W/docs8 --no-precision-check --report $W/bert-base/run_e2e_$i.json"

@@ -10,23 +10,15 @@ set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
-PYSPY=$(ls /tmp/pyspy/*/scripts/py-spy 2>/dev/null | head -1); chmod +x "$PYSPY" 2>/dev/null
-M() { echo "$W/$1/$1"; }
 B=$(M bert-base); N=$(M minilm)
 nproc > "$W/nproc.txt"
 
-for m in bert-base minilm; do
-  ( mkdir -p "$W/$m"
-    step "export-$m" 600 "$P312 -m trtforge export --config $CFG/$m.yaml -o $W/$m/$m.onnx" &&
-    step "clean-$m" 300 "$P312 -m trtforge clean $W/$m/$m.onnx" ) &
-done
-wait
+export_clean bert-base minilm
 ( step build-fp16-bert-base 900 "$T -m trtforge build $B.clean.onnx --config $CFG/bert-base.yaml $TAC --precision fp16 -o $B.fp16.engine" ) &
 ( step build-fp16-minilm 600 "$T -m trtforge build $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC -o $N.fp16.engine" ) &
 wait
 step compare-bert-base 600 "$T benchmarks/gpu/implicit_int8.py compare $B.clean.onnx --eval-data calib_data/minilm_eval --max-samples 64 --engine fp16_default=$B.fp16.engine --json $W/bert-base/compare.json"
-mkdir -p "$W/docs8"
-for k in 1 2 3 4 5 6 7 8; do for f in calib_data/minilm_long/*.txt; do cp "$f" "$W/docs8/${k}_$(basename "$f")"; done; done
+docs8
 RUN() { echo "$T -m trtforge run $(M $1).fp16.engine --config $CFG/$1.yaml --inputs $W/docs8 --no-precision-check $2 --report $W/$1/$3.json"; }
 for mw in 4 0 2 1; do for pw in 8 4 2; do
   step "run-minilm-p${pw}-m${mw}" 120 "$(RUN minilm "--plan-workers $pw --merge-workers $mw" "run_p${pw}_m${mw}")"

@@ -11,8 +11,6 @@ set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
-PYSPY=$(ls /tmp/pyspy/*/scripts/py-spy 2>/dev/null | head -1); chmod +x "$PYSPY" 2>/dev/null
-M() { echo "$W/$1/$1"; }
 B=$(M bert-base); N=$(M minilm)
 CAL="--max-samples 64 --max-eval-samples 64 --smooth 0.8 --no-engine-check"
 
@@ -22,10 +20,8 @@ export_clean bert-base minilm
   step build-best-bert-base 900 "$T -m trtforge build $B.int8.onnx --config $CFG/bert-base.yaml $TAC --precision best -o $B.best.engine" ) &
 ( step build-fp16-minilm 600 "$T -m trtforge build $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC -o $N.fp16.engine" ) &
 wait
-eng() { for l in "$@"; do f=${l#*=}; [ -f "$f" ] && printf ' --engine %s' "$l"; done; }
 step compare-bert-base 600 "$T benchmarks/gpu/implicit_int8.py compare $B.clean.onnx --eval-data calib_data/minilm_eval --max-samples 64 $(eng fp16=$B.fp16.engine int8_best=$B.best.engine) --json $W/bert-base/compare.json"
-mkdir -p "$W/docs8"
-for k in 1 2 3 4 5 6 7 8; do for f in calib_data/minilm_long/*.txt; do cp "$f" "$W/docs8/${k}_$(basename "$f")"; done; done
+docs8
 for m in minilm bert-base; do step "pretokenize-$m" 120 "$T benchmarks/gpu/pretokenize.py $W/docs8 $(M $m).tokenizer $W/$m/docs8.jsonl"; done
 RUN() { echo "$T -m trtforge run $(M $1).fp16.engine --config $CFG/$1.yaml --inputs $2 --no-precision-check $3 --report $W/$1/$4.json"; }
 for i in 1 2; do for m in minilm bert-base; do

@@ -23,14 +23,27 @@ PY
 
 # The drivers' common setup (after ROOT, W and DEADLINE are set): offline, unbuffered, W/steps.jsonl fresh;
 # P312 = the GPU box's python3 (torch) with the carried cp312 wheels, T = TensorRT 8.6's Python 3.10, TAC = the
-# tactic sources a staged 8.6 can use, CFG = the full-size zoo configs.
+# tactic sources a staged 8.6 can use, PYSPY = py-spy where carried, CFG = the full-size zoo configs.
 driver_setup() {
   mkdir -p "$W"; : > "$W/steps.jsonl"
   export CI=true PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0
   P312="PYTHONPATH=/tmp/site:$ROOT python3"
   T=". \$HOME/trt86.env && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310"
   TAC="--tactic-sources -CUBLAS,-CUBLAS_LT,-CUDNN"
+  PYSPY=$(ls /tmp/pyspy/*/scripts/py-spy 2>/dev/null | head -1); [ -n "$PYSPY" ] && chmod +x "$PYSPY"  # carried as .whl4
   CFG=zoo/configs/full
+}
+
+# Where a zoo model's files live on the GPU box: $W/MODEL/MODEL(.onnx, .clean.onnx, .fp16.engine, ...).
+M() { echo "$W/$1/$1"; }
+
+# " --engine NAME=FILE" for each NAME=FILE argument whose FILE exists (a failed build drops out of a comparison).
+eng() { for l in "$@"; do f=${l#*=}; [ -f "$f" ] && printf ' --engine %s' "$l"; done; }
+
+# $W/docs8: calib_data/minilm_long eight times over (48 documents, 356,168 tokens), the `run` benchmarks' input.
+docs8() {
+  mkdir -p "$W/docs8"
+  for k in 1 2 3 4 5 6 7 8; do for f in calib_data/minilm_long/*.txt; do cp "$f" "$W/docs8/${k}_$(basename "$f")"; done; done
 }
 
 # Export (the GPU box's torch) and clean each named zoo model in parallel, into $W/MODEL/MODEL.onnx.
