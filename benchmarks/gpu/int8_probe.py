@@ -7,7 +7,7 @@ duration, which says whether the GEMMs ran int8 (i8/imma kernels) and what the Q
     python3 benchmarks/gpu/int8_probe.py variants CLEAN.onnx INT8.onnx OUTDIR     (numpy/onnx/ORT side)
     $PY310  benchmarks/gpu/int8_probe.py build VARIANT.onnx ENGINE [--int8] [--fp16]
     $PY310  benchmarks/gpu/int8_probe.py time ENGINE CLEAN.onnx --json OUT.json
-    ncu --profile-from-start off ... $PY310 benchmarks/gpu/int8_probe.py once ENGINE 16x128
+    ncu --profile-from-start off ... $PY310 benchmarks/gpu/int8_probe.py once ENGINE 16x128   (images: 16x224)
     python3 benchmarks/gpu/int8_probe.py kernels NCU.csv [--json OUT.json]
 
 Variants: fp16 (trtforge's fp16 conversion of the clean ONNX), best (trtforge build --precision best: Q/DQ
@@ -127,11 +127,15 @@ class Engine:
 
     def set(self, b: int, s: int, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
-        feeds = {"input_ids": rng.integers(*VOCAB, size=(b, s)).astype(np.int64), "attention_mask": np.ones((b, s), np.int64)}
         inputs = [n for n in self.names if self.engine.get_tensor_mode(n) == self.trt.TensorIOMode.INPUT]
+        feeds = {"input_ids": rng.integers(*VOCAB, size=(b, s)).astype(np.int64), "attention_mask": np.ones((b, s), np.int64)}
+        for n in inputs:  # an image input [N, C, H, W]: "16x224" means 16 images of 224x224
+            dims = tuple(self.engine.get_tensor_shape(n))
+            if len(dims) == 4:
+                feeds[n] = rng.standard_normal((b, dims[1], s, s)).astype(np.float32)
         for k in range(self.engine.num_optimization_profiles):  # the first profile that admits (b, s)
             ranges = [self.engine.get_tensor_profile_shape(n, k) for n in inputs]
-            if all(lo[0] <= b <= hi[0] and lo[1] <= s <= hi[1] for lo, _opt, hi in ranges):
+            if all(lo[0] <= b <= hi[0] and lo[-1] <= s <= hi[-1] for lo, _opt, hi in ranges):
                 from trtforge.backends.tensorrt_runtime import _handle
 
                 self.context.set_optimization_profile_async(k, _handle(self.stream))
