@@ -208,6 +208,33 @@ def test_residual_add_rule_follows_the_conv():
     assert list(add.input) == ["r", "x1"]
 
 
+def _downsample_block():
+    """ResNet's downsampling block: conv3's output plus the downsample conv's (`out += identity`), then ReLU."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(16, 16, 1, 1)).astype(np.float32), n) for n in ("w3", "wd")]
+    nodes = [helper.make_node("Relu", ["x"], ["x1"], name="pre"), helper.make_node("Conv", ["x1", "w3"], ["c3"], name="conv3"),
+             helper.make_node("Conv", ["x1", "wd"], ["d"], name="down"), helper.make_node("Add", ["c3", "d"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["y"], name="post")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_residual_add_of_two_convolutions_quantizes_the_skip_branch():
+    """Both Add inputs are convolutions: the skip branch (input 1) gets the Q/DQ so TensorRT can fuse the Add into
+    conv3 with int8 in and out, as its implicit INT8 does; the rule still follows conv3's fallback."""
+    model = _downsample_block()
+    plan = plan_quantization(model)
+    assert plan.residual_adds == {"add": "d"} and plan.residual_convs == {"add": "conv3"}
+    assert {"x1", "d"} <= set(plan.activation_tensors())
+    quantized = insert_qdq(model, plan, {"x1": 3.0, "d": 5.0})
+    add = next(n for n in quantized.graph.node if n.name == "add")
+    assert add.input[0] == "c3" and add.input[1].endswith("_dq")
+    fallback = insert_qdq(model, plan, {"x1": 3.0, "d": 5.0}, {"conv3"})
+    add = next(n for n in fallback.graph.node if n.name == "add")
+    assert list(add.input) == ["c3", "d"]
+
+
 def _bmm_model():
     """Attention-like: q = x Wq, k = x Wk, s = q k^T (two activations), y = s x; plus a Conv-free tail."""
     rng = np.random.default_rng(0)

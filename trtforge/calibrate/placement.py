@@ -109,7 +109,7 @@ def plan_quantization(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
 
     `shapes` (tensor -> shape at the calibration/opt sizes) feeds the `gemv` rule; without it that rule
     is skipped. Also the residual input of an Add whose other input comes from a convolution (ModelOpt's
-    rule, which lets TensorRT fuse the Add into the convolution)."""
+    rule, which lets TensorRT fuse the Add into the convolution); where both come from convolutions, input 1."""
     from trtforge.graph import name_all_nodes
 
     name_all_nodes(model)
@@ -145,7 +145,16 @@ def plan_quantization(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
         if node.op_type != "Add" or len(node.input) != 2 or any(t in inits for t in node.input):
             continue
         convs = [_conv_behind(t, producers) for t in node.input]
-        if sum(c is not None for c in convs) == 1:
+        if convs[0] is not None and convs[1] is not None:
+            if convs[0] is convs[1]:
+                continue
+            # Both branches are convolutions (ResNet's downsampling blocks). TensorRT fuses the Add into one of
+            # them only if the other arrives int8; without a Q/DQ both wrote fp16 and a separate kernel quantized
+            # the sum (H200 kernel list, 2026-12-01). The skip branch is input 1 in torch exports
+            # (`out += identity`), the one NVIDIA's QAT ResNet recipe quantizes.
+            residual[node.name] = node.input[1]
+            residual_convs[node.name] = convs[0].name
+        elif convs[0] is not None or convs[1] is not None:
             k = 0 if convs[0] is not None else 1
             residual[node.name] = node.input[1 - k]
             residual_convs[node.name] = convs[k].name
