@@ -2,12 +2,11 @@
 batch <= 1.1x GPU time; on the H200 the loop was host-bound, `wait_gpu` ~0 s).
 
 The real `run` loop (planning threads, pinned staging, CUDA-graph capture and replay, the submitting and
-collecting threads, the merge, --direct-merge's copy plan) drives a real TensorRT-RTX engine file through the fake
-CUDA of tests/test_runloop.py, with a kernel and device copies that do nothing. So the loop's wall time per batch
-is its host overhead: what the GPU must outlast for the loop to keep it busy. Not a GPU figure: the fake driver's
-calls are Python functions (~1 us, the real ones are ~2-5 us), and this machine's core count shapes the thread
-contention. Page-locking (--direct-merge's cudaHostRegister) costs nothing here and real driver time
-there, so this flatters --direct-merge: the H200 decides. Compare settings on one machine; the H200 box has 16 CPUs.
+collecting threads, the merge) drives a real TensorRT-RTX engine file through the fake CUDA of
+tests/test_runloop.py, with a kernel and device copies that do nothing. So the loop's wall time per batch is its
+host overhead: what the GPU must outlast for the loop to keep it busy. Not a GPU figure: the fake driver's calls
+are Python functions (~1 us, the real ones are ~2-5 us), and this machine's core count shapes the thread
+contention. Compare settings on one machine; the H200 box has 16 CPUs.
 
     python benchmarks/host_overhead.py out/minilm.clean.onnx --docs calib_data/minilm_long --repeat 4 --out host.json \
         [--tokenizer out/minilm.tokenizer]   # pre-tokenized input: the loop without the tokenizer
@@ -44,7 +43,7 @@ def main() -> None:
     ap.add_argument("--docs", type=Path, default=ROOT / "calib_data" / "minilm_long")
     ap.add_argument("--repeat", type=int, default=4, help="the documents, this many times")
     ap.add_argument("--runs", type=int, default=3, help="timed runs per setting (median)")
-    ap.add_argument("--merge-workers", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--merge-workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--plan-workers", type=int, default=None)
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="pre-tokenize the documents with this tokenizer first (a .jsonl input: the loop without tokenizing)")
@@ -69,22 +68,19 @@ def main() -> None:
         docs = work / "docs.jsonl"
     _null_engine(args.onnx, engine)
     rows = []
-    for direct in (False, True):
-        for workers in args.merge_workers:
-            reports = [run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=16, precision_check=False,
-                                              direct_merge=direct, merge_workers=workers, plan_workers=args.plan_workers,
-                                              warmup=1)) for _ in range(args.runs)]
-            loop = statistics.median(r["runtime"]["host"]["loop_wall_s"] for r in reports)
-            batches = reports[0]["batches"]
-            rows.append({"direct_merge": direct, "merge_workers": workers, "batches": batches, "loop_s": loop,
-                         "host_ms_per_batch": loop / batches * 1e3,
-                         "tokens_per_s": statistics.median(r["throughput"]["tokens_per_s"] for r in reports),
-                         "stages": reports[0]["runtime"]["host"]["stages"], "direct": reports[0]["runtime"]["direct_merge"]})
+    for workers in args.merge_workers:
+        reports = [run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=16, precision_check=False,
+                                          merge_workers=workers, plan_workers=args.plan_workers, warmup=1))
+                   for _ in range(args.runs)]
+        loop = statistics.median(r["runtime"]["host"]["loop_wall_s"] for r in reports)
+        batches = reports[0]["batches"]
+        rows.append({"merge_workers": workers, "batches": batches, "loop_s": loop, "host_ms_per_batch": loop / batches * 1e3,
+                     "tokens_per_s": statistics.median(r["throughput"]["tokens_per_s"] for r in reports),
+                     "stages": reports[0]["runtime"]["host"]["stages"]})
     print(f"{args.repeat} x {args.docs}{' (pre-tokenized)' if args.tokenizer else ''}, {os.cpu_count()} CPUs ({platform.node()}); null kernel, median of {args.runs}")
-    print(f"{'merge':<14}{'merge workers':>14}{'batches':>9}{'host ms/batch':>15}{'tokens/s':>12}")
+    print(f"{'merge workers':>14}{'batches':>9}{'host ms/batch':>15}{'tokens/s':>12}")
     for r in rows:
-        print(f"{'direct (GPU)' if r['direct_merge'] else 'host':<14}{r['merge_workers']:>14}{r['batches']:>9}"
-              f"{r['host_ms_per_batch']:>15.3f}{r['tokens_per_s']:>12,.0f}")
+        print(f"{r['merge_workers']:>14}{r['batches']:>9}{r['host_ms_per_batch']:>15.3f}{r['tokens_per_s']:>12,.0f}")
     args.out.write_text(json.dumps({"cpus": os.cpu_count(), "onnx": str(args.onnx), "rows": rows}, indent=1))
 
 

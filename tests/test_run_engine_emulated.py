@@ -162,25 +162,18 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check, direct", [(False, None), (False, "on"), (False, "refused"), (True, None)],
-                         ids=["merged-from-the-slot", "merged-by-the-copy-engine", "page-lock-refused", "with-reference"])
-def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, capsys,
-                                                            precision_check, direct):
+@pytest.mark.parametrize("precision_check", [False, True], ids=["merged-from-the-slot", "with-reference"])
+def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check):
     from trtforge.run import RunOptions, run
 
     docs = tmp_path / "docs"
     docs.mkdir()
-    # two documents where the GPU merges: with every other page-lock refused, batches mix GPU- and host-merged rows
-    for name in ("logging_inspect.txt", "statistics_ast_urllib_request_http_client.txt")[:2 if direct else 1]:
+    for name in ("logging_inspect.txt",):
         shutil.copy(f"calib_data/minilm_long/{name}", docs / name)
     common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=2, plan_workers=2)
     want = run(minilm_clean, RunOptions(**common, precision_check=False, save_outputs=tmp_path / "ort.npz"))
     emulated = _emulate(monkeypatch, minilm_clean, engine)
-    if direct == "refused":
-        register, calls = emulated["cudart"].cudaHostRegister, []
-        monkeypatch.setattr(emulated["cudart"], "cudaHostRegister",
-                            lambda ptr, size, flags: calls.append(ptr) or ((1,) if len(calls) % 2 else register(ptr, size, flags)))
-    report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check, direct_merge=bool(direct),
+    report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check,
                                     save_outputs=tmp_path / "engine.npz", report=tmp_path / "report.json"))
     ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
     assert sorted(ort.files) == sorted(got.files) and len(got.files) == len(list(docs.iterdir())) * len(want["outputs"])
@@ -192,20 +185,6 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     assert runtime["cuda_graphs"]["captured"] >= 1 and runtime["cuda_graphs"]["replayed"] >= 1
     assert {"stage_inputs", "submit", "wait_gpu"} <= set(runtime["host"]["stages"])
     assert {"htod", "launch", "dtoh", "elapsed"} <= set(emulated["driver"].calls)
-    merged_by = report["runtime"]["direct_merge"]
-    if direct == "on":  # every multi-chunk input's kept positions were copied by the "GPU" straight into place
-        assert merged_by["rows_gpu"] > 0 and merged_by["outputs_pinned"] >= 1 and "refused" not in merged_by
-        assert runtime["direct_copies"]["copies"] == merged_by["rows_gpu"] and runtime["direct_copies"]["slot_copies_skipped"] > 0
-        assert not emulated["cudart"].registered  # unlocked after the loop
-        from trtforge.cli import _render_run
-
-        _render_run(report)
-        assert f"direct merge: {merged_by['rows_gpu']} chunk outputs copied into place by the GPU" in capsys.readouterr().out
-    elif direct == "refused":  # the refused input merged on the host, the other by the GPU, and the report says why
-        assert merged_by["rows_gpu"] > 0 and merged_by["rows_host"] > 0 and merged_by["outputs_pinned"] == 1
-        assert "cudaHostRegister: CUDA error 1 (cudaErrorFake)" in merged_by["refused"] and not emulated["cudart"].registered
-    else:
-        assert merged_by == {"enabled": False} and runtime["direct_copies"]["copies"] == 0
     if precision_check:  # the engine's outputs ARE ORT's: measured, and the gates hold
         worst = report["precision_error"]["worst"]
         assert report["precision_error"]["measured"] is not False and worst["rel_l2"] < 1e-5 and report["gates"]["passed"]
@@ -214,9 +193,9 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     json.loads((tmp_path / "report.json").read_text())
 
 
-def test_a_run_that_fails_mid_loop_leaves_nothing_page_locked(engine, minilm_clean, tmp_path, monkeypatch):
-    """--direct-merge page-locks each input's merged outputs as it is planned; when the loop fails, planning
-    stops and every page-lock is undone (the arrays would otherwise be freed while still registered)."""
+def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path, monkeypatch):
+    """When the loop fails, run closes the batch stream: documents not yet started are never planned (nor their
+    merged outputs allocated) after the run gave up."""
     import trtforge.run as run_mod
     from trtforge.run import RunOptions, run
 
@@ -225,11 +204,10 @@ def test_a_run_that_fails_mid_loop_leaves_nothing_page_locked(engine, minilm_cle
     for k in range(6):
         for f in sorted(Path("calib_data/minilm_long").glob("*.txt")):
             shutil.copy(f, docs / f"{k}_{f.name}")
-    emulated = _emulate(monkeypatch, minilm_clean, engine, NullEngine)
-    calls, registered = [], []
-    register = emulated["cudart"].cudaHostRegister
-    monkeypatch.setattr(emulated["cudart"], "cudaHostRegister",
-                        lambda ptr, size, flags: registered.append(ptr) or register(ptr, size, flags))
+    _emulate(monkeypatch, minilm_clean, engine, NullEngine)
+    calls, planned = [], []
+    plan_document = run_mod.plan_document
+    monkeypatch.setattr(run_mod, "plan_document", lambda d, *args: planned.append(d) or plan_document(d, *args))
     add = run_mod._Merger.add
 
     def failing_add(self, *args, **kwargs):
@@ -241,28 +219,7 @@ def test_a_run_that_fails_mid_loop_leaves_nothing_page_locked(engine, minilm_cle
     monkeypatch.setattr(run_mod._Merger, "add", failing_add)
     with pytest.raises(RuntimeError, match="merge failed"):
         run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, plan_workers=1,
-                               precision_check=False, direct_merge=True))
-    time.sleep(0.3)  # a planning thread still finishing its document
-    assert registered and not emulated["cudart"].registered
-    assert len(registered) < len(list(docs.iterdir()))  # planning stopped with the loop
-
-
-def test_direct_plan_hands_the_host_any_row_it_cannot_copy_exactly():
-    """The copy plan is the single source of truth: a row is left to the host (which checks it and raises on a
-    mismatch) when its output per position differs from the warm-up's or its window does not fit the row."""
-    from trtforge.chunking import plan_windows
-    from trtforge.outputs import OutputKind
-    from trtforge.run import Chunk, RunOptions, _Merger
-
-    windows = plan_windows(40, 16, 4)
-    chunks = [Chunk(0, i, {}, w, w.length, slice(1, 1 + w.length)) for i, w in enumerate(windows)]
-    merger = _Merger([SimpleNamespace(length=40)], [], {"h": OutputKind("h", "token")}, RunOptions(inputs=Path("x")),
-                     templates={"h": ((4,), np.dtype(np.float32))}, pin=lambda array: None)
-    merger.add_plan(chunks)
-    merger.prepare(chunks)
-    copies, whole = merger.direct_plan(chunks[:2], {"h": (2, 18, 4)}, {"h": 4})["h"]
-    assert len(copies) == 2 and not whole and merger.copied == {(0, 0, "h"), (0, 1, "h")}
-    for shape in [(2, 18, 6), (2, 10, 4)]:  # another feature size; a row shorter than its window
-        copies, whole = merger.direct_plan(chunks[2:4], {"h": shape}, {"h": 4})["h"]
-        assert copies == [] and whole
-    assert merger.copied == {(0, 0, "h"), (0, 1, "h")}
+                               precision_check=False))
+    at_failure = len(planned)
+    time.sleep(0.3)  # a planning thread left running would plan more documents meanwhile (~40 ms each)
+    assert 0 < at_failure == len(planned) < len(list(docs.iterdir()))  # planning stopped with the loop

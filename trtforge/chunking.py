@@ -119,14 +119,12 @@ class StreamingMerge:
         self.dtype = np.dtype(dtype)
         return np.zeros((self.length,) + tuple(feature_shape), dtype=np.result_type(self.dtype, np.float32))
 
-    def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype, page_in: bool = True) -> None:
+    def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Allocate the merged array and write it once, so its pages are in memory before the windows arrive:
         run calls this on the planning threads, where it overlaps the GPU instead of slowing the merge's copies
-        (first-touch page faults were most of the merge's cost on the H200 box; np.zeros alone maps no page).
-        page_in=False leaves it untouched (run --direct-merge: page-locking it maps every page anyway)."""
+        (first-touch page faults were most of the merge's cost on the H200 box; np.zeros alone maps no page)."""
         merged = self._allocate(feature_shape, dtype)
-        if page_in:
-            merged[...] = 0
+        merged[...] = 0
         self.merged = merged
 
     def add(self, index: int, part: np.ndarray) -> None:
@@ -145,11 +143,6 @@ class StreamingMerge:
             wt = self.weights[index].astype(self.merged.dtype).reshape((-1,) + (1,) * (part.ndim - 1))
             with self._lock:
                 self.merged[w.start:w.end] += part * wt
-        self.seen.add(index)
-
-    def written(self, index: int) -> None:
-        """Window `index`'s kept slice was written into `merged` by someone else (run --direct-merge: the GPU's
-        copy engine, finished before the batch is collected)."""
         self.seen.add(index)
 
     def result(self) -> np.ndarray:

@@ -16,7 +16,6 @@ leave no doubt), and the kind decides everything after inference:
 
 from __future__ import annotations
 
-import math
 import os
 import resource
 import sys
@@ -43,7 +42,7 @@ from trtforge.onnxio import load_onnx
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
-from trtforge.runloop import Batcher, DirectCopy, StageClock, kept_copy, stream_batches, wall_over_gpu
+from trtforge.runloop import Batcher, StageClock, stream_batches, wall_over_gpu
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
 
 
@@ -99,11 +98,10 @@ class RunOptions:
     shared_device_memory: bool = True
     slots: int = 3  # staging slots: batches in flight
     plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
-    merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(4, CPUs))
+    merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(2, CPUs))
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
     # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
     precision_check: bool = True
-    direct_merge: bool = False  # TensorRT: the GPU copies kept positions straight into page-locked merged outputs
 
     def gate_values(self) -> dict[str, float | None]:
         return {"max_rel_l2": self.max_rel_l2, "min_cosine": self.min_cosine, "min_chunk_cosine": self.min_chunk_cosine,
@@ -361,14 +359,13 @@ class TrtTarget:
                                 shared_device_memory=shared_device_memory)
         self.warm_batches = len(self.runner.slots) + 1  # a plain enqueue, then one graph capture per slot
         self.input_names, self.output_names = self.runner.input_names, self.runner.output_names
-        self.itemsizes = {name: dtype.itemsize for name, dtype in self.runner.dtypes.items()}
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
         self.timings: list[tuple[str, float, float | None]] = []
 
-    def run_many(self, batches, consume=None, direct=None):
-        """consume, direct: see TrtRunner.run_many (the outputs are views of pinned memory, valid inside the call)."""
+    def run_many(self, batches, consume=None):
+        """consume: see TrtRunner.run_many (the outputs are views of pinned memory, valid inside the call)."""
         start = len(self.runner.timings)
-        for tag, out in self.runner.run_many(batches, consume=consume, direct=direct):
+        for tag, out in self.runner.run_many(batches, consume=consume):
             yield tag, out
         for t in self.runner.timings[start:]:
             self.timings.append((f"profile {t.profile}", t.wall_ms, t.gpu_ms))
@@ -378,12 +375,6 @@ class TrtTarget:
 
     def reset_host_clock(self) -> None:
         self.runner.host = StageClock()
-
-    def pin(self, array: np.ndarray) -> str | None:
-        return self.runner.pin(array)
-
-    def unpin_all(self) -> None:
-        self.runner.unpin_all()
 
     def runtime(self) -> dict[str, Any]:
         return self.runner.runtime_report()
@@ -429,15 +420,9 @@ class _Merger:
     stream into chunking.StreamingMerge, the other kinds are collected and merged per input."""
 
     def __init__(self, docs: list[Document], chunks: list[Chunk], kinds: dict[str, OutputKind], options: RunOptions,
-                 templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None,
-                 pin: Callable[[np.ndarray], str | None] | None = None):
+                 templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None):
         self.docs, self.kinds, self.options = docs, kinds, options
         self.templates = templates or {}  # token output -> (shape per position, dtype), seen in the warm-up
-        self.pin = pin  # --direct-merge: page-locks a merged output for the GPU to write into (the reason if refused)
-        self.direct: set[tuple[int, str]] = set()  # (input, output) page-locked for the GPU to merge into
-        self.copied: set[tuple[int, int, str]] = set()  # (input, chunk, output) whose copy the GPU was given
-        self.pin_refusals: list[str] = []
-        self.rows = {"direct": 0, "host": 0}
         self.windows: dict[int, list[Window]] = {}
         self.counts = [0] * len(docs)
         for c in chunks:
@@ -455,23 +440,9 @@ class _Merger:
         d = chunks[0].doc
         for name, (feature, dtype) in self.templates.items():
             stream = StreamingMerge([c.window for c in chunks], self.docs[d].length, self.options.merge)
-            # 'center' slices in the engine's own dtype are plain copies: the GPU can make them (page-locking maps
-            # the pages, so they are not written first; 'center' windows cover every position)
-            refused = None
-            if self.pin is not None and np.result_type(np.dtype(dtype), np.float32) != np.dtype(dtype):
-                refused = f"output '{name}' is {np.dtype(dtype)}, merged as float32: the host converts it"
-            eligible = self.pin is not None and refused is None and stream.weights is None
-            stream.preallocate(feature, dtype, page_in=not eligible)
-            if eligible:
-                refused = self.pin(stream.merged)
-                if refused:
-                    stream.merged[...] = 0  # the host merges it: paged in here, as without --direct-merge
+            stream.preallocate(feature, dtype)
             with self._lock:
                 self.streams[(d, name)] = stream
-                if eligible and refused is None:
-                    self.direct.add((d, name))
-                elif refused:
-                    self.pin_refusals.append(refused)
 
     def add_plan(self, chunks: list[Chunk]) -> None:
         """One document's chunks, planned after construction (run() plans while batches run): call
@@ -479,29 +450,6 @@ class _Merger:
         for c in chunks:
             self.windows.setdefault(c.doc, []).append(c.window)
             self.counts[c.doc] += 1
-
-    def direct_plan(self, batch: list[Chunk], shapes: dict[str, tuple[int, ...]],
-                    itemsizes: dict[str, int]) -> dict[str, tuple[list[DirectCopy], bool]]:
-        """--direct-merge: per output, the GPU's copies of this batch's kept positions into the page-locked merged
-        outputs, and whether any row is left to the host (then the whole output still goes to the slot)."""
-        plan: dict[str, tuple[list[DirectCopy], bool]] = {}
-        for name in self.kinds:
-            shape = shapes.get(name)
-            copies, whole = [], False
-            for j, c in enumerate(batch):
-                stream = self.streams.get((c.doc, name)) if (c.doc, name) in self.direct else None
-                first = (c.content.start or 0) if c.content is not None else 0
-                w = c.window
-                # only a row whose output is exactly what the merged array holds per position, window inside the row
-                if (stream is None or shape is None or len(shape) < 2 or tuple(shape[2:]) != stream.merged.shape[1:]
-                        or first + w.length > shape[1]):
-                    whole = True
-                    continue
-                copies.append(kept_copy(j, shape[1], math.prod(shape[2:]) * itemsizes[name], w.start, w.keep_start,
-                                        w.keep_end, first, stream.merged.ctypes.data))
-                self.copied.add((c.doc, c.index, name))  # before the batch runs: its collection reads this
-            plan[name] = (copies, whole)
-        return plan
 
     def add(self, batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None,
             copy: bool = False) -> None:
@@ -511,11 +459,6 @@ class _Merger:
             value = out[name]
             for j in (range(len(batch)) if rows is None else rows):
                 c = batch[j]
-                if (c.doc, c.index, name) in self.copied:  # the GPU wrote its kept positions (the batch was collected)
-                    self.streams[(c.doc, name)].written(c.index)
-                    self._count("direct")
-                    continue
-                self._count("host")
                 part = chunk_part(kind, c, value[j:j + 1])
                 if kind.kind == "token" and self.counts[c.doc] > 1:
                     key = (c.doc, name)
@@ -529,10 +472,6 @@ class _Merger:
                     stream.add(c.index, part)
                 else:
                     self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
-
-    def _count(self, rows: str) -> None:
-        with self._lock:
-            self.rows[rows] += 1
 
     def results(self) -> list[dict[str, np.ndarray]]:
         merged: list[dict[str, np.ndarray]] = []
@@ -652,8 +591,6 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
 
 def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     p = prepare(target_path, options, plan=False)
-    if options.direct_merge:
-        _check_direct_merge(p, options)
     if p.is_engine:
         target: Any = TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory)
     else:
@@ -666,7 +603,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
     # running (the target's pipelined loop) and merging (worker threads) all overlap under one clock.
     start = time.perf_counter()
-    merger = _Merger(p.docs, [], p.kinds, options, templates=warm, pin=target.pin if options.direct_merge else None)
+    merger = _Merger(p.docs, [], p.kinds, options, templates=warm)
     planned: dict[int, list[Chunk]] = {}
     host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
 
@@ -678,7 +615,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                 merger.prepare(chunks)
         return chunks
 
-    merge_workers = max(1, options.merge_workers or min(4, os.cpu_count() or 2))
+    # 2 by default: BERT-base and MiniLM ran fastest with 2 on the H200 box (16 CPUs), ahead of 4
+    merge_workers = max(1, options.merge_workers or min(2, os.cpu_count() or 2))
 
     def merge(batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None, copy: bool = False) -> None:
         with host.stage("merge"):  # worker threads: summed over them
@@ -722,9 +660,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                     for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
                         future.result()
 
-                direct = {"direct": lambda tag, shapes: merger.direct_plan(batches[tag], shapes, target.itemsizes)
-                          } if options.direct_merge else {}
-                for _ in target.run_many(stream, consume=consume, **direct):
+                for _ in target.run_many(stream, consume=consume):
                     pass
             else:
                 pending = []
@@ -735,10 +671,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                     future.result()
     finally:
         sys.setswitchinterval(interval)
-        stream.close()  # on an error: no document is planned (nor page-locked) after this
-        if options.direct_merge:
-            with host.stage("unpin"):  # inside the clock: page-locking is part of the merge's cost
-                target.unpin_all()
+        stream.close()  # on an error: no document is planned after this
     merged = merger.results()
     wall = time.perf_counter() - start
     p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
@@ -767,7 +700,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
                        "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
         "memory": target.memory(),
-        "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall), "direct_merge": _direct_report(merger, options)},
+        "runtime": _runtime(workers, merge_workers, target.runtime(), host, wall),
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
@@ -783,32 +716,6 @@ def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], h
     return {"plan_workers": workers, "merge_workers": merge_workers, **target_runtime,
             "host": {"loop_wall_s": round(wall, 6), "stages": stages,
                      "note": "seconds each stage took, summed over the threads that ran it (threads overlap)"}}
-
-
-def _check_direct_merge(p: Prepared, options: RunOptions) -> None:
-    """--direct-merge needs what lets the GPU write the merged outputs: an engine, outputs nobody else reads, and
-    their shapes known before the loop (from the warm-up)."""
-    if not p.is_engine:
-        raise UserError(f"--direct-merge applies to TensorRT engines; {p.target_path.name} runs on ONNX Runtime, drop the flag.")
-    if options.precision_check:
-        raise UserError("--direct-merge needs --no-precision-check: the precision check compares every batch's whole outputs with ONNX Runtime.")
-    if options.warmup < 1:
-        raise UserError("--direct-merge needs --warmup 1 or more: the warm-up gives the merged outputs' shapes before the loop.")
-    if options.merge != "center":
-        raise UserError(f"--direct-merge copies 'center' merges only (--merge {options.merge} blends overlapping windows on the host); drop one of them.")
-
-
-def _direct_report(merger: _Merger, options: RunOptions) -> dict[str, Any]:
-    """What --direct-merge did: outputs page-locked, rows the GPU merged against rows the host merged, and why an
-    output was refused."""
-    if not options.direct_merge:
-        return {"enabled": False}
-    out: dict[str, Any] = {"enabled": True, "outputs_pinned": len(merger.direct), "rows_gpu": merger.rows["direct"],
-                           "rows_host": merger.rows["host"]}
-    if merger.pin_refusals:
-        out["refused"] = merger.pin_refusals[0]
-        out["refusals"] = len(merger.pin_refusals)
-    return out
 
 
 def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[str, Any]:

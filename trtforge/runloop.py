@@ -9,9 +9,6 @@
   they arrive (the same batches `run.make_batches` forms, in the order they fill), so tokenization
   and chunk planning overlap execution.
 - `slot_bytes`, `completion_intervals`, `wall_over_gpu`: staging-buffer sizes and the clock.
-- `DirectCopy` / `kept_copy`: with `run --direct-merge`, where in a batch's device output each chunk's kept
-  positions sit and where in its input's merged output (page-locked host memory) they go, so the GPU's copy
-  engine merges them and the host copies nothing.
 - `StageClock`: seconds per host stage (planning, staging, waiting on the GPU, copying out, merging),
   summed over threads, so a run whose wall time exceeds its GPU time says where the rest went.
 """
@@ -93,24 +90,6 @@ class StageClock:
 
 def _jsonable(shape: Any) -> Any:
     return [list(s) if isinstance(s, tuple) else s for s in shape] if isinstance(shape, tuple) else shape
-
-
-@dataclass(frozen=True)
-class DirectCopy:
-    """One device-to-host copy of a chunk's kept positions: `src_offset` bytes into the batch's output buffer,
-    to host address `dst`, `nbytes` long."""
-    src_offset: int
-    dst: int
-    nbytes: int
-
-
-def kept_copy(row: int, seq_len: int, position_bytes: int, start: int, keep_start: int, keep_end: int,
-              content_start: int, dst_base: int) -> DirectCopy:
-    """The copy of row `row` of a [batch, seq_len, ...] output whose positions (from `content_start` on, past
-    the special tokens) are document positions `start`...; 'center' merging keeps [keep_start, keep_end),
-    which lands at that offset of the input's merged output at `dst_base`."""
-    first = row * seq_len + content_start + (keep_start - start)
-    return DirectCopy(first * position_bytes, dst_base + keep_start * position_bytes, (keep_end - keep_start) * position_bytes)
 
 
 def slot_bytes(profile_bytes: dict[int, dict[str, int]]) -> dict[str, int]:

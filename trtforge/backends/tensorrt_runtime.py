@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
-import threading
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -33,11 +32,7 @@ from trtforge import interrupts
 from trtforge.backends.cuda_async import stack_into, submit_calls
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
-from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, DirectCopy, GraphCache, StageClock, slot_bytes
-
-# run --direct-merge: (tag, output shapes) -> per output, the kept-position copies into page-locked merged outputs
-# and whether the whole output must still reach the slot (rows the host merges)
-DirectPlan = Callable[[Any, dict[str, tuple[int, ...]]], dict[str, tuple[list[DirectCopy], bool]]]
+from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, slot_bytes
 
 
 def _cudart() -> Any:
@@ -57,11 +52,6 @@ def _handle(obj: Any) -> int:
         return int(obj)
     except TypeError:
         return int(obj.getPtr())
-
-
-def _code(result: Any) -> int:
-    """The cudaError_t of a cuda-python call's result: the tuple's first item, or the bare code."""
-    return int(result[0] if isinstance(result, tuple) else result)
 
 
 def _ok(result: Any) -> Any:
@@ -205,10 +195,6 @@ class TrtRunner:
         self.cuda, self.submit_calls = submit_calls(cudart, _ok, _handle(probe), self._streams["compute_stream"])
         cudart.cudaEventDestroy(probe)
         self.timings: list[BatchTiming] = []
-        self.pinned: dict[int, int] = {}  # host arrays page-locked for --direct-merge: address -> bytes
-        self._pin_lock = threading.Lock()
-        self._pins_closed = False
-        self.direct = {"copies": 0, "bytes": 0, "slot_copies_skipped": 0}
         self.peak_bytes = 0
         self.graphs = GraphCache(enabled=cuda_graphs)
         self.host = StageClock()  # where the host's time goes: runtime_report()["host_seconds"]
@@ -313,40 +299,7 @@ class TrtRunner:
 
     def runtime_report(self) -> dict[str, Any]:
         return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory),
-                "staging_slots": len(self.slots), "submit_calls": self.submit_calls, "host_seconds": self.host.report(),
-                "direct_copies": dict(self.direct)}
-
-    def pin(self, array: np.ndarray) -> str | None:
-        """Page-lock a host array (cudaHostRegister) so that device-to-host copies may land in it directly; the
-        reason when it cannot be, None when done. Called from the planning threads; `unpin_all` undoes every one
-        and refuses any later call (a planning thread still finishing after the loop ended)."""
-        if not array.flags.c_contiguous or array.nbytes == 0:
-            return "not one contiguous block"
-        with self._pin_lock:
-            if self._pins_closed:
-                return "the loop had ended"
-            try:
-                cudart = _cudart()
-                err = _code(cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0))
-                if err:
-                    name = cudart.cudaGetErrorName(err)[1]
-                    return f"cudaHostRegister: CUDA error {err} ({name.decode() if isinstance(name, bytes) else name})"
-            except Exception as exc:  # a driver without the call, a bad binding: the host merges this one
-                return f"cudaHostRegister: {type(exc).__name__}: {exc}"[:200]
-            self.pinned[array.ctypes.data] = array.nbytes
-        return None
-
-    def unpin_all(self) -> None:
-        """Undo every `pin` once the copies queued into them are done, and refuse new ones."""
-        cudart = _cudart()
-        with self._pin_lock:
-            self._pins_closed = True
-            if self.pinned:
-                cudart.cudaStreamSynchronize(self.d2h_stream)  # copies of a batch never collected (an error mid-loop)
-            for address in list(self.pinned):
-                if _code(cudart.cudaHostUnregister(address)):
-                    self.direct["unpin_errors"] = self.direct.get("unpin_errors", 0) + 1
-                del self.pinned[address]
+                "staging_slots": len(self.slots), "submit_calls": self.submit_calls, "host_seconds": self.host.report()}
 
     # -- execution ---------------------------------------------------------------------------
     def _stage(self, slot: _Slot, feeds: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
@@ -407,7 +360,7 @@ class TrtRunner:
             return None, f"cudaGraphInstantiate: {exc}"
         return (graph, exe), None
 
-    def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any, direct: DirectPlan | None = None) -> None:
+    def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any) -> None:
         cuda, streams, slot = self.cuda, self._streams, self.slots[s]
         events = slot.event_handles
         ctx = self._context(profile)
@@ -432,18 +385,9 @@ class TrtRunner:
         self.graphs.done(profile, shape, s, action, graph, error)
         cuda.record(events["end"], streams["compute_stream"])
         cuda.wait(streams["d2h_stream"], events["end"])
-        plan = direct(tag, shapes) if direct is not None else {}
         for name, out_shape in shapes.items():
-            copies, whole = plan.get(name, ((), True))
-            for c in copies:  # --direct-merge: kept positions straight into the page-locked merged output
-                cuda.copy_to_host(c.dst, slot.device[name].ptr + c.src_offset, c.nbytes, streams["d2h_stream"])
-                self.direct["copies"] += 1
-                self.direct["bytes"] += c.nbytes
-            if whole:
-                nbytes = math.prod(out_shape) * self.dtypes[name].itemsize
-                cuda.copy_to_host(slot.host[name].ptr, slot.device[name].ptr, nbytes, streams["d2h_stream"])
-            else:
-                self.direct["slot_copies_skipped"] += 1
+            nbytes = math.prod(out_shape) * self.dtypes[name].itemsize
+            cuda.copy_to_host(slot.host[name].ptr, slot.device[name].ptr, nbytes, streams["d2h_stream"])
         cuda.record(events["d2h"], streams["d2h_stream"])
         slot.pending = (tag, profile, shapes, action != LAUNCH)
 
@@ -473,17 +417,14 @@ class TrtRunner:
         return list(self.run_many([(None, feeds)], profile))[0][1]
 
     def run_many(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None = None,
-                 consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None,
-                 direct: DirectPlan | None = None) -> Iterator[tuple[Any, Any]]:
+                 consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None) -> Iterator[tuple[Any, Any]]:
         """Pipelined: yields (tag, outputs) in submission order. A feed may be an array or the list of its
         chunks' arrays (stacked in pinned memory). This thread only stages and submits; a collector
         thread waits for each batch and copies its outputs out of pinned memory, so up to `slots - 1`
         batches stay queued on the GPU meanwhile. A slot is restaged only once its batch was collected.
         With `consume`, the collector hands consume(tag, views of the pinned outputs) the batch instead of
         copying it (no copy, no fresh allocation per batch) and yields (tag, what consume returned); the
-        views are only valid inside that call. With `direct`, each batch's plan of copies into page-locked
-        host memory is queued behind its compute (an output every row of which is copied so skips the slot:
-        its view then holds stale data, which consume must not read)."""
+        views are only valid inside that call."""
         n = len(self.slots)
         order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
@@ -496,7 +437,7 @@ class TrtRunner:
                 if i == 0:
                     self._last_done = time.perf_counter()  # the first batch's wall: from its submission
                 with self.host.stage("submit"):
-                    self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag, direct)
+                    self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag)
                 order.append((s, collector.submit(self._collect, s, consume)))
                 while order and order[0][1].done():
                     yield order.popleft()[1].result()
@@ -507,7 +448,6 @@ class TrtRunner:
 
     def close(self) -> None:
         cudart = _cudart()
-        self.unpin_all()
         for graph, exe in self.graphs.graphs.values():
             cudart.cudaGraphExecDestroy(exe)
             cudart.cudaGraphDestroy(graph)
