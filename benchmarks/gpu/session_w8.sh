@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran at 3fed105 (RESULTS, seventh session); `run --direct-merge` was removed afterwards (slower), so rerunning this needs that commit.
 # The next H200 window (staging as in session_w4.sh; the real MiniLM as .whl2/gtpkg, py-spy's wheel as .whl4 unzipped
 # into /tmp/pyspy). Run from the project root:   bash benchmarks/gpu/session_w8.sh W DEADLINE_EPOCH   then  poll.sh W 540
 # A: BERT-base fp16 and INT8 best with the defaults (skip-LayerNorm fused by `auto` in both since the sixth session),
