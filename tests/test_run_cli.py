@@ -34,6 +34,9 @@ def test_minilm_long_documents_report(minilm_clean, tmp_path):
     host = report["runtime"]["host"]  # where the loop's wall time went, stage by stage
     assert {"plan", "wait_plan", "merge"} <= set(host["stages"]) and host["loop_wall_s"] > 0
     assert host["stages"]["plan"]["count"] == 6 and "host seconds" in proc.stdout
+    timeline = report["runtime"]["timeline"]  # each batch's wall ms in order: where the loop stalled
+    assert timeline["batches"] == timeline["shown"] == report["batches"] == report["latency"]["all"]["wall"]["count"]
+    assert min(timeline["wall_ms"]) > 0 and len(timeline["gpu_ms"]) == report["batches"]
 
 
 def test_fp16_onnx_passes_the_default_gates(minilm_clean, tmp_path):

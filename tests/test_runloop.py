@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from trtforge.backends.cuda_async import submit_calls
-from trtforge.runloop import (CAPTURE, ENQUEUE, LAUNCH, Batcher, GraphCache, completion_intervals, slot_bytes, stream_batches,
-                              wall_over_gpu)
+from trtforge.runloop import (CAPTURE, ENQUEUE, LAUNCH, Batcher, GraphCache, batch_timeline, completion_intervals, slot_bytes,
+                              stream_batches, wall_over_gpu)
 
 
 # -- GraphCache ------------------------------------------------------------------------------------
@@ -545,3 +545,12 @@ def test_consume_reads_each_batch_from_the_pinned_slot_without_copying(monkeypat
     assert np.shares_memory(views[0], views[3]) and not np.shares_memory(views[0], views[1])
     assert "copy_out" not in runner.runtime_report()["host_seconds"]
     runner.close()
+
+
+def test_batch_timeline_keeps_order_and_caps():
+    """The timeline lists batches in collection order, rounded, up to its limit, and says how many it left out."""
+    t = batch_timeline([5.12345, 1.0, 7.5], [1.23456, None, 1.3])
+    assert t == {"batches": 3, "shown": 3, "wall_ms": [5.123, 1.0, 7.5], "gpu_ms": [1.235, None, 1.3]}
+    capped = batch_timeline([1.0] * 10, [0.5] * 10, limit=4)
+    assert capped["batches"] == 10 and capped["shown"] == 4 and len(capped["wall_ms"]) == len(capped["gpu_ms"]) == 4
+    assert batch_timeline([], []) == {"batches": 0, "shown": 0, "wall_ms": [], "gpu_ms": []}

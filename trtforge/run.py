@@ -42,7 +42,7 @@ from trtforge.onnxio import load_onnx
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
-from trtforge.runloop import Batcher, StageClock, stream_batches, wall_over_gpu
+from trtforge.runloop import Batcher, StageClock, batch_timeline, stream_batches, wall_over_gpu
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
 
 
@@ -700,7 +700,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
                        "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
         "memory": target.memory(),
-        "runtime": _runtime(workers, merge_workers, target.runtime(), host, wall),
+        "runtime": _runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
@@ -708,14 +708,17 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     return report
 
 
-def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], host: StageClock, wall: float) -> dict[str, Any]:
+def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], host: StageClock, wall: float,
+             timings: list[tuple[str, float, float | None]]) -> dict[str, Any]:
     """The target's runtime figures plus where the host's time went: seconds per stage of the loop (plan,
-    wait_plan, merge) and of the target (submit incl. stage_inputs, wait_slot, wait_gpu, copy_out)."""
+    wait_plan, merge) and of the target (submit incl. stage_inputs, wait_slot, wait_gpu, copy_out), and each
+    batch's wall and GPU ms in order (the timeline)."""
     target_runtime = dict(target_runtime)
     stages = {**host.report(), **target_runtime.pop("host_seconds", {})}
     return {"plan_workers": workers, "merge_workers": merge_workers, **target_runtime,
             "host": {"loop_wall_s": round(wall, 6), "stages": stages,
-                     "note": "seconds each stage took, summed over the threads that ran it (threads overlap)"}}
+                     "note": "seconds each stage took, summed over the threads that ran it (threads overlap)"},
+            "timeline": batch_timeline([w for _, w, _ in timings], [g for _, _, g in timings])}
 
 
 def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[str, Any]:

@@ -119,6 +119,17 @@ def wall_over_gpu(wall_ms: Sequence[float], gpu_ms: Sequence[float | None]) -> f
     return float(sum(wall_ms) / sum(gpu))
 
 
+TIMELINE_LIMIT = 20_000  # batches listed in a report's timeline (~0.3 MB of JSON)
+
+
+def batch_timeline(wall_ms: Sequence[float], gpu_ms: Sequence[float | None], limit: int = TIMELINE_LIMIT) -> dict[str, Any]:
+    """Each batch's wall and GPU ms in collection order (the first `limit`): shows when the loop stalled
+    (start-up, drain, periodic), which the percentiles cannot."""
+    shown = min(len(wall_ms), max(0, int(limit)))
+    return {"batches": len(wall_ms), "shown": shown, "wall_ms": [round(float(w), 3) for w in wall_ms[:shown]],
+            "gpu_ms": [None if g is None else round(float(g), 3) for g in gpu_ms[:shown]]}
+
+
 class Batcher:
     """Chunks grouped by shape key into batches of at most `size`: a batch is emitted when its group
     fills, the rest by `flush` in group order. Same batches as run.make_batches, in the order they fill."""
