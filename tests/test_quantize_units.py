@@ -233,6 +233,49 @@ def test_residual_add_of_two_convolutions_quantizes_the_skip_branch():
     fallback = insert_qdq(model, plan, {"x1": 3.0, "d": 5.0}, {"conv3"})
     add = next(n for n in fallback.graph.node if n.name == "add")
     assert list(add.input) == ["c3", "d"]
+    # The downsample conv kept float must not have its output rounded to int8 for the Add either.
+    assert plan.residual_skip_convs == {"add": "down"}
+    skip_float = insert_qdq(model, plan, {"x1": 3.0, "d": 5.0}, {"down"})
+    add = next(n for n in skip_float.graph.node if n.name == "add")
+    assert list(add.input) == ["c3", "d"]
+
+
+def test_a_cache_from_an_older_placement_says_so(tmp_path):
+    """qdq_from_cache on a cache made before the two-conv rule (no scale for the skip branch): one sentence naming
+    the placement versions, not "made for another model"."""
+    from trtforge.artifacts import write_sidecar
+    from trtforge.calibrate.step import qdq_from_cache
+
+    model = _downsample_block()
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    cache = tmp_path / "m.calib.cache"
+    write_cache(cache, {"x1": 3.0}, "entropy")  # no "d": the old rule gave this Add no Q/DQ
+    write_sidecar(cache, {"params": {"quantize_attention": False}, "float_nodes": []})
+    with pytest.raises(UserError, match="placement 1, this trtforge places by 2.*recalibrate"):
+        qdq_from_cache(tmp_path / "m.onnx", cache)
+    write_cache(cache, {"x1": 3.0, "d": 5.0}, "entropy")  # an old cache that happens to hold every scale still works
+    assert any(n.op_type == "QuantizeLinear" for n in qdq_from_cache(tmp_path / "m.onnx", cache).graph.node)
+
+
+def test_two_conv_residual_quantizes_the_branch_read_elsewhere():
+    """MobileNetV2-like: x (a projection conv's output, also read by the next expand conv) + p (this block's
+    projection). x is quantized for the expand conv already, so it takes the Add's Q/DQ (no new rounding) and
+    TensorRT can fuse the Add into p's conv; input 1 would round p and fuse nothing."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(16, 16, 1, 1)).astype(np.float32), n) for n in ("wp0", "we", "wp")]
+    nodes = [helper.make_node("Conv", ["x0", "wp0"], ["x"], name="proj_prev"),
+             helper.make_node("Conv", ["x", "we"], ["e"], name="expand"), helper.make_node("Relu", ["e"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "wp"], ["p"], name="proj"), helper.make_node("Add", ["p", "x"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = plan_quantization(model)
+    assert plan.residual_adds == {"add": "x"} and plan.residual_convs == {"add": "proj"}
+    assert plan.residual_skip_convs == {"add": "proj_prev"}
+    flipped = plan_quantization(helper.make_model(helper.make_graph(
+        nodes[:4] + [helper.make_node("Add", ["x", "p"], ["y"], name="add")], "g", list(graph.input), list(graph.output),
+        inits), opset_imports=[helper.make_opsetid("", 17)]))
+    assert flipped.residual_adds == {"add": "x"}  # whatever the operand order
 
 
 def _bmm_model():
@@ -325,6 +368,12 @@ def test_cache_decision(tmp_path):
     assert reuse is None and "another model graph" in why and "another method" in why and "recalibrating" in why
     with pytest.raises(UserError, match="another model graph.*--strict-cache"):
         cache_decision(cache, other, True)
+    # A cache made under an older Q/DQ placement (no "placement" in its parameters) is recalibrated, not reused.
+    old_placement = json.loads(json.dumps(fp))
+    del old_placement["params"]["placement"]
+    (tmp_path / "m.calib.cache.json").write_text(json.dumps(old_placement))
+    reuse, why = cache_decision(cache, fp, False)
+    assert reuse is None and "other parameters" in why and fp["params"]["placement"] >= 2
 
 
 def _tied_model():

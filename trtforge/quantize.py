@@ -37,10 +37,15 @@ def quantized_nodes(plan: QuantPlan, float_nodes: set[str] | None = None) -> set
 
 
 def residual_adds(plan: QuantPlan, float_nodes: set[str] | None = None) -> dict[str, str]:
-    """Residual Adds that keep their Q/DQ: those whose convolution stays quantized."""
+    """Residual Adds that keep their Q/DQ: those whose convolution stays quantized, and, where a convolution
+    also produces the residual input, that one too (kept float, it must not be rounded to int8 after all)."""
     live = quantized_nodes(plan, float_nodes)
-    return {add: t for add, t in plan.residual_adds.items()
-            if add not in (float_nodes or set()) and plan.residual_convs.get(add) in live}
+
+    def kept(add: str) -> bool:
+        skip = plan.residual_skip_convs.get(add)
+        return add not in (float_nodes or set()) and plan.residual_convs.get(add) in live and (skip is None or skip in live)
+
+    return {add: t for add, t in plan.residual_adds.items() if kept(add)}
 
 
 def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], float_nodes: set[str] | None = None) -> onnx.ModelProto:

@@ -55,11 +55,17 @@ class QuantTarget:
     axis: int | None = None  # the weight's per-channel (output-channel) axis, non-negative
 
 
+# Bumped whenever plan_quantization's rules change which tensors get scales: a calibration cache made under
+# another placement lacks some, so calibrate recalibrates instead of failing on it (2: residual Adds of two convs).
+PLACEMENT_VERSION = 2
+
+
 @dataclass
 class QuantPlan:
     targets: list[QuantTarget]
     residual_adds: dict[str, str] = field(default_factory=dict)  # Add node -> its residual input tensor
     residual_convs: dict[str, str] = field(default_factory=dict)  # Add node -> the Conv feeding its other input
+    residual_skip_convs: dict[str, str] = field(default_factory=dict)  # Add node -> the Conv behind the residual input
     excluded: dict[str, str] = field(default_factory=dict)  # GEMM node kept float by a rule -> the rule
 
     def activation_tensors(self, nodes: set[str] | None = None) -> list[str]:
@@ -109,7 +115,8 @@ def plan_quantization(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
 
     `shapes` (tensor -> shape at the calibration/opt sizes) feeds the `gemv` rule; without it that rule
     is skipped. Also the residual input of an Add whose other input comes from a convolution (ModelOpt's
-    rule, which lets TensorRT fuse the Add into the convolution); where both come from convolutions, input 1."""
+    rule, which lets TensorRT fuse the Add into the convolution); where both come from convolutions, the one
+    read elsewhere too, else input 1."""
     from trtforge.graph import name_all_nodes
 
     name_all_nodes(model)
@@ -140,25 +147,29 @@ def plan_quantization(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
             excluded[node.name] = rule
             continue
         targets.append(QuantTarget(node.name, node.op_type, activations, weight, axis))
-    residual, residual_convs = {}, {}
+    residual, residual_convs, skip_convs = {}, {}, {}
     for node in model.graph.node:
-        if node.op_type != "Add" or len(node.input) != 2 or any(t in inits for t in node.input):
+        if node.op_type != "Add" or len(node.input) != 2 or any(t in constants for t in node.input):
             continue
         convs = [_conv_behind(t, producers) for t in node.input]
         if convs[0] is not None and convs[1] is not None:
             if convs[0] is convs[1]:
                 continue
-            # Both branches are convolutions (ResNet's downsampling blocks). TensorRT fuses the Add into one of
-            # them only if the other arrives int8; without a Q/DQ both wrote fp16 and a separate kernel quantized
-            # the sum (H200 kernel list, 2026-12-01). The skip branch is input 1 in torch exports
-            # (`out += identity`), the one NVIDIA's QAT ResNet recipe quantizes.
-            residual[node.name] = node.input[1]
-            residual_convs[node.name] = convs[0].name
+            # Both branches are convolutions (ResNet's downsampling blocks, MobileNetV2's blocks after a stride).
+            # TensorRT fuses the Add into one of them only if the other arrives int8; without a Q/DQ both wrote
+            # fp16 and a separate kernel quantized the sum (H200 kernel list, 2026-12-01). The Q/DQ goes on the
+            # branch read elsewhere too (already quantized for that reader: no new rounding, and the other conv
+            # can fuse), else on input 1, the skip branch of torch exports (`out += identity`), which NVIDIA's
+            # QAT ResNet recipe quantizes.
+            k = 1 if len(consumers.get(node.input[0], [])) > 1 >= len(consumers.get(node.input[1], [])) else 0
+            residual[node.name] = node.input[1 - k]
+            residual_convs[node.name] = convs[k].name
+            skip_convs[node.name] = convs[1 - k].name
         elif convs[0] is not None or convs[1] is not None:
             k = 0 if convs[0] is not None else 1
             residual[node.name] = node.input[1 - k]
             residual_convs[node.name] = convs[k].name
-    return QuantPlan(targets, residual, residual_convs, excluded)
+    return QuantPlan(targets, residual, residual_convs, skip_convs, excluded)
 
 
 def _exclusion(node: onnx.NodeProto, weight: str | None, values: list, shapes: dict | None, graph_inputs: set[str],

@@ -30,6 +30,7 @@ from trtforge.calibrate.collect import QuantPlan, collect, gemm_flops, gemm_shap
 from trtforge.calibrate.sensitivity import layer_errors
 from trtforge.calibrate.evaluate import Accuracy, evaluate, reference_outputs
 from trtforge.calibrate.methods import compute_amax
+from trtforge.calibrate.placement import PLACEMENT_VERSION
 from trtforge.calibrate.smooth import apply_smoothing, smoothing_groups, smoothing_scales
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
@@ -117,7 +118,8 @@ def _tokenizer_factory(onnx_path: Path) -> Callable[[], Any] | None:
 def expected_fingerprint(graph_hash: str, manifest: str, options: CalibrateOptions) -> dict[str, Any]:
     params: dict[str, Any] = {"num_bins": options.num_bins, "max_samples": options.max_samples, "smooth": options.smooth,
                               "fallback": options.fallback, "min_cosine": options.min_cosine,
-                              "min_int8_flops": options.min_int8_flops, "quantize_attention": options.quantize_attention}
+                              "min_int8_flops": options.min_int8_flops, "quantize_attention": options.quantize_attention,
+                              "placement": PLACEMENT_VERSION}
     if options.method == "percentile":
         params["percentile"] = options.percentile
     return {"graph_hash": graph_hash, "data_manifest_hash": manifest, "method": options.method, "params": params,
@@ -390,6 +392,10 @@ def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
     shapes = gemm_shapes(model, random_feeds(specs, {name: rng.opt for name, rng in axes.items()}))
     plan = plan_quantization(working, shapes, bool((sidecar.get("params") or {}).get("quantize_attention")))
     float_nodes = set(sidecar.get("float_nodes", []))
+    made_under = (sidecar.get("params") or {}).get("placement", 1)
+    if made_under != PLACEMENT_VERSION and any(t not in amax for t in _needed_tensors(plan, float_nodes)):
+        raise UserError(f"calibration cache {cache_path} was made under Q/DQ placement {made_under}, this trtforge places "
+                        f"by {PLACEMENT_VERSION} and needs scales it lacks; recalibrate with `trtforge calibrate`.")
     _coverage(amax, _needed_tensors(plan, float_nodes), cache_path)
     return insert_qdq(working, plan, amax, float_nodes)
 
