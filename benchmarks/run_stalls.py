@@ -15,8 +15,10 @@ from pathlib import Path
 
 
 def stall_profile(wall_ms: list[float], gpu_ms: list[float | None], edge: float = 0.1) -> dict:
-    """Wall minus GPU ms per phase (start-up / steady / drain, by batch position) and the stalls (wall > 2x GPU)."""
-    pairs = [(w, g) for w, g in zip(wall_ms, gpu_ms) if g is not None]
+    """Wall minus GPU ms per phase (start-up / steady / drain, by batch position) and the stalls (wall > 2x GPU,
+    at their positions in the timeline). Batches without a GPU time are left out."""
+    indexed = [(i, w, g) for i, (w, g) in enumerate(zip(wall_ms, gpu_ms)) if g is not None]
+    pairs = [(w, g) for _, w, g in indexed]
     n = len(pairs)
     if not n:
         return {"batches": 0}
@@ -29,9 +31,9 @@ def stall_profile(wall_ms: list[float], gpu_ms: list[float | None], edge: float 
         gpu = sum(g for _, g in part)
         out[name] = {"batches": len(part), "excess_ms": round(excess, 3),
                      "wall_over_gpu": round(sum(w for w, _ in part) / gpu, 3) if gpu > 0 else None}
-    stalls = [i for i, (w, g) in enumerate(pairs) if w > 2 * g]
-    out["stalls"] = {"count": len(stalls), "excess_ms": round(sum(pairs[i][0] - pairs[i][1] for i in stalls), 3),
-                     "first_positions": stalls[:20]}
+    stalls = [(i, w - g) for i, w, g in indexed if w > 2 * g]
+    out["stalls"] = {"count": len(stalls), "excess_ms": round(sum(e for _, e in stalls), 3),
+                     "first_positions": [i for i, _ in stalls[:20]]}
     return out
 
 
@@ -49,12 +51,14 @@ def main() -> None:
             print(f"| {path} | no runtime.timeline in this report (older trtforge) | | | | | |")
             continue
         prof = stall_profile(timeline["wall_ms"], timeline["gpu_ms"])
+        prof["capped"] = timeline["shown"] < timeline["batches"]  # then "drain" is the last listed batches, not the run's
         rows[str(path)] = prof
         if not prof["batches"]:
             print(f"| {path} | 0 (no GPU times: not a TensorRT run) | | | | | |")
             continue
         cell = lambda ph: f"{prof[ph]['excess_ms']:.1f} ({prof[ph]['wall_over_gpu']})"  # noqa: E731
-        print(f"| {path} | {prof['batches']} | {prof['wall_over_gpu']} | {cell('startup')} | {cell('steady')} | {cell('drain')} | "
+        shown = f"{prof['batches']} of {timeline['batches']}" if prof["capped"] else prof["batches"]
+        print(f"| {path} | {shown} | {prof['wall_over_gpu']} | {cell('startup')} | {cell('steady')} | {cell('drain')} | "
               f"{prof['stalls']['count']} ({prof['stalls']['excess_ms']:.1f}) |")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))

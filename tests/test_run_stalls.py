@@ -22,5 +22,7 @@ def test_excess_is_split_into_startup_steady_and_drain():
 
 def test_batches_without_gpu_time_are_left_out():
     assert run_stalls.stall_profile([1.0, 2.0], [None, None]) == {"batches": 0}
+    # stall positions are the timeline's, not shifted by the batches left out
+    assert run_stalls.stall_profile([9.0, 5.0, 1.0, 1.0], [None, 1.0, 1.0, 1.0])["stalls"]["first_positions"] == [1]
     prof = run_stalls.stall_profile([2.0, 1.0], [1.0, 1.0])  # too few batches for phases: all steady
     assert prof["steady"]["excess_ms"] == 1.0 and prof["startup"]["batches"] == 0 and prof["drain"]["batches"] == 0

@@ -15,10 +15,11 @@ B=$(M bert-base); N=$(M minilm); R=$(M resnet50)
 export_clean bert-base minilm resnet50
 ( step build-fp16-bert-base 900 "$T -m trtforge build $B.clean.onnx --config $CFG/bert-base.yaml $TAC --precision fp16 -o $B.fp16.engine" ) &
 ( step build-fp16-minilm 600 "$T -m trtforge build $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC -o $N.fp16.engine" ) &
-( step calibrate-resnet50 600 "$T -m trtforge calibrate $R.clean.onnx --data calib_data/images --eval-data calib_data/images_eval --max-samples 64 --max-eval-samples 64 --min-top1-agreement 0.99 --no-engine-check" &&
-  step build-best-resnet50 600 "$T -m trtforge build $R.int8.onnx --config $CFG/resnet50.yaml --precision best $TAC -o $R.best.engine" ) &
-( step build-fp16-resnet50 900 "$T -m trtforge build $R.clean.onnx --config $CFG/resnet50.yaml --precision fp16 $TAC -o $R.fp16.engine" ) &
-( step build-implicit-resnet50 900 "$T benchmarks/gpu/implicit_int8.py build $R.clean.onnx $W/resnet50/implicit.engine --data calib_data/images --max-samples 64" ) &
+( step calibrate-resnet50 600 "$T -m trtforge calibrate $R.clean.onnx --data calib_data/images --eval-data calib_data/images_eval --max-samples 64 --max-eval-samples 64 --min-top1-agreement 0.99 --no-engine-check"
+  # the three ResNet-50 engines one after another: tactic timing under the same load for each
+  step build-best-resnet50 600 "$T -m trtforge build $R.int8.onnx --config $CFG/resnet50.yaml --precision best $TAC -o $R.best.engine"
+  step build-fp16-resnet50 900 "$T -m trtforge build $R.clean.onnx --config $CFG/resnet50.yaml --precision fp16 $TAC -o $R.fp16.engine"
+  step build-implicit-resnet50 900 "$T benchmarks/gpu/implicit_int8.py build $R.clean.onnx $W/resnet50/implicit.engine --data calib_data/images --max-samples 64" ) &
 wait
 step compare-resnet50 300 "$T benchmarks/gpu/implicit_int8.py compare $R.clean.onnx --eval-data calib_data/images_eval $(eng trtforge_int8_best=$R.best.engine fp16=$R.fp16.engine trt_implicit_int8=$W/resnet50/implicit.engine) --json $W/resnet50/compare.json"
 
