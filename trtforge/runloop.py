@@ -8,7 +8,7 @@
 - `Batcher` / `stream_batches`: chunks planned by a worker pool, document by document, batched as
   they arrive (the same batches `run.make_batches` forms, in the order they fill), so tokenization
   and chunk planning overlap execution.
-- `slot_bytes`, `completion_intervals`, `wall_over_gpu`: staging-buffer sizes and the clock.
+- `slot_bytes`, `completion_intervals`, `wall_over_gpu`, `batch_timeline`: staging-buffer sizes and the clock.
 - `StageClock`: seconds per host stage (planning, staging, waiting on the GPU, copying out, merging),
   summed over threads, so a run whose wall time exceeds its GPU time says where the rest went.
 """

@@ -161,7 +161,8 @@ def plan_quantization(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
             # branch read elsewhere too (already quantized for that reader: no new rounding, and the other conv
             # can fuse), else on input 1, the skip branch of torch exports (`out += identity`), which NVIDIA's
             # QAT ResNet recipe quantizes.
-            k = 1 if len(consumers.get(node.input[0], [])) > 1 >= len(consumers.get(node.input[1], [])) else 0
+            read_elsewhere = [len(consumers.get(t, [])) > 1 for t in node.input]
+            k = 1 if read_elsewhere[0] and not read_elsewhere[1] else 0  # the input whose conv the Add fuses into
             residual[node.name] = node.input[1 - k]
             residual_convs[node.name] = convs[k].name
             skip_convs[node.name] = convs[1 - k].name
