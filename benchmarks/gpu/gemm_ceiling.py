@@ -37,6 +37,7 @@ VARIANTS = ("fp16", "int8", "int8_requant", "int8_fp16io")
 KERNEL_NAME = re.compile(rb"sm(\d{2,3})[a-z]?_xmma_[A-Za-z0-9_]{8,240}")
 TACTIC_LINE = re.compile(r"Tactic Name: (\S+) Tactic: (0x[0-9a-fA-F]+)(?: Time: ([0-9.]+))?")
 FASTEST_LINE = re.compile(r"Fastest Tactic: (0x[0-9a-fA-F]+) Time: ([0-9.]+)")
+INT8_KERNEL = re.compile(r"(^|_)i8|imma|int8")  # `sm80_xmma_..._i8i8_...`, `..._imma_...`, `..._int8int8_...`
 
 
 def _name(m: int, k: int, n: int, variant: str) -> str:
@@ -101,7 +102,7 @@ def tactic_summary(log: str) -> dict:
     examples: dict[str, list[str]] = {}
     for name in sorted(set(names.values())):
         arch = name.split("_", 1)[0] if name.startswith("sm") else "other"
-        kind = "int8" if re.search(r"(^|_)i8|imma|int8", name) else "float"
+        kind = "int8" if INT8_KERNEL.search(name) else "float"
         by_arch.setdefault(arch, {}).setdefault(kind, 0)
         by_arch[arch][kind] += 1
         if by_arch[arch][kind] <= 4:
@@ -250,7 +251,7 @@ def scan(out: Path) -> None:
                 names = kernel_names(mm)
             summary = {}
             for arch, found in sorted(names.items()):
-                int8 = sorted(n for n in found if re.search(r"_i8|imma|int8", n))
+                int8 = sorted(n for n in found if INT8_KERNEL.search(n))
                 summary[arch] = {"kernels": len(found), "int8": len(int8), "int8_examples": int8[:12],
                                  "float_examples": sorted(found - set(int8))[:6]}
             result["libraries"][lib.name] = summary

@@ -392,11 +392,12 @@ def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
     shapes = gemm_shapes(model, random_feeds(specs, {name: rng.opt for name, rng in axes.items()}))
     plan = plan_quantization(working, shapes, bool((sidecar.get("params") or {}).get("quantize_attention")))
     float_nodes = set(sidecar.get("float_nodes", []))
+    needed = _needed_tensors(plan, float_nodes)
     made_under = (sidecar.get("params") or {}).get("placement", 1)
-    if made_under != PLACEMENT_VERSION and any(t not in amax for t in _needed_tensors(plan, float_nodes)):
+    if made_under != PLACEMENT_VERSION and any(t not in amax for t in needed):
         raise UserError(f"calibration cache {cache_path} was made under Q/DQ placement {made_under}, this trtforge places "
                         f"by {PLACEMENT_VERSION} and needs scales it lacks; recalibrate with `trtforge calibrate`.")
-    _coverage(amax, _needed_tensors(plan, float_nodes), cache_path)
+    _coverage(amax, needed, cache_path)
     return insert_qdq(working, plan, amax, float_nodes)
 
 
