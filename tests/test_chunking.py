@@ -133,3 +133,46 @@ def test_a_preallocated_merge_equals_the_lazy_one_and_refuses_another_shape():
     with pytest.raises(ValueError, match="per position"):
         wrong.add(0, parts[0])
 
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(20, 400), st.integers(4, 64), st.data())
+def test_take_equals_adding_each_window(length, chunk, data):
+    """StreamingMerge.take (run merges a batch's consecutive windows of one input with one np.take) must give what
+    add gives window by window, for any run of windows placed anywhere in a flattened batch."""
+    from trtforge.chunking import StreamingMerge
+
+    overlap = data.draw(st.integers(0, chunk - 1))
+    windows = plan_windows(length, chunk, overlap)
+    rng = np.random.default_rng(length * 1000 + chunk)
+    parts = [rng.standard_normal((w.length, 2)).astype(np.float32) for w in windows]
+    by_add, by_take = StreamingMerge(windows, length), StreamingMerge(windows, length)
+    for i, p in enumerate(parts):
+        by_add.add(i, p)
+    i = 0
+    while i < len(windows):  # runs of 1-4 windows, each laid out in a batch of rows `chunk + 3` long at offset 2
+        n = data.draw(st.integers(1, 4))
+        run = parts[i:i + n]
+        source = np.full((len(run) * (chunk + 3), 2), np.nan, np.float32)
+        for k, p in enumerate(run):
+            source[k * (chunk + 3) + 2:k * (chunk + 3) + 2 + len(p)] = p
+        by_take.take(i, source, [k * (chunk + 3) + 2 for k in range(len(run))])
+        i += len(run)
+    np.testing.assert_array_equal(by_take.result(), by_add.result())
+
+
+def test_take_refuses_what_it_cannot_merge():
+    from trtforge.chunking import StreamingMerge
+
+    windows = plan_windows(50, 16, 4)
+    source = np.zeros((40, 3), np.float32)
+    with pytest.raises(ValueError, match="run past"):
+        StreamingMerge(windows, 50).take(0, source, [0, 30])  # the second window would need rows 30..45
+    with pytest.raises(ValueError, match="not all in this merge"):
+        StreamingMerge(windows, 50).take(len(windows) - 1, source, [0, 16])
+    with pytest.raises(ValueError, match="'center' windows only"):
+        StreamingMerge(windows, 50, "linear").take(0, source, [0])
+    with pytest.raises(ValueError, match="per position"):
+        early = StreamingMerge(windows, 50)
+        early.preallocate((4,), np.float32)
+        early.take(0, source, [0])

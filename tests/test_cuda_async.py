@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trtforge.backends.cuda_async import AsyncCuda, load_driver, stack_into
+from trtforge.backends.cuda_async import AsyncCuda, adjacent_runs, load_driver, stack_into
 
 
 def _lib(codes=None):
@@ -90,6 +90,24 @@ def test_stack_into_equals_numpy(case, monkeypatch):
     assert np.array_equal(view, expected)
     # the GIL-holding memmove for C-contiguous parts of the view's type, numpy's copy (cast, strides) otherwise
     assert sum(moves) == (view.nbytes if case in ("parts", "array") else 0)
+
+
+def test_adjacent_parts_are_joined_into_one_copy(monkeypatch):
+    """Rows of one block (a document's consecutive windows) are staged with one memmove; a gap or a part out of
+    order starts a new one, and the result still equals numpy's concatenation."""
+    import trtforge.backends.cuda_async as cuda_async
+
+    assert adjacent_runs([(100, 8), (108, 8), (116, 4), (200, 8), (208, 8), (100, 8)]) == [(100, 20), (200, 16), (100, 8)]
+    assert adjacent_runs([]) == []
+    moves = []
+    real = cuda_async.memmove_holding_gil
+    monkeypatch.setattr(cuda_async, "memmove_holding_gil", lambda dst, src, n: (moves.append(n), real(dst, src, n))[1])
+    block, other = np.arange(40).reshape(8, 5), np.arange(100, 110).reshape(2, 5)
+    value = [block[0:1], block[1:2], block[2:3], other[0:1], block[5:6], block[6:7], block[3:4]]
+    view = np.zeros((7, 5), np.int64)
+    stack_into(view, value)
+    assert np.array_equal(view, np.concatenate(value))
+    assert moves == [3 * 40, 40, 2 * 40, 40]
 
 
 def test_a_thread_without_a_context_gets_the_runners_one_and_the_call_is_retried():

@@ -85,3 +85,21 @@ def test_one_pass_windows_equal_the_tokenizers_own(which):
             assert (a.content, a.span) == (b.content, b.span)
     short_ids, short = tok.document_windows("a short text.", 64, 16)
     assert len(short) == 1 and short[0].span == (0, short_ids.size)
+
+
+def test_wrap_spans_puts_equal_length_windows_in_one_block():
+    """run builds a document's windows as rows of one block per length, so a batch of consecutive windows is
+    staged with one copy; each row must be the span's ids inside the model's specials."""
+    from trtforge.tokenize import wrap_spans
+
+    ids = np.arange(1000, 1023)
+    spans = [(0, 8), (6, 14), (12, 20), (16, 21), (18, 23)]
+    blocks = wrap_spans(ids, spans, [101], [102, 7])
+    assert [b.shape for b in blocks] == [(3, 11), (2, 8)]
+    rows = [r for b in blocks for r in b]
+    for row, (start, end) in zip(rows, spans):
+        np.testing.assert_array_equal(row, [101, *ids[start:end], 102, 7])
+    assert all(b.flags.c_contiguous and b.dtype == np.int64 for b in blocks)
+    assert wrap_spans(ids, [], [101], [102]) == []
+    no_specials = wrap_spans(ids, [(3, 5)], [], [])
+    np.testing.assert_array_equal(no_specials[0], [[1003, 1004]])

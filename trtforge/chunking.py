@@ -116,8 +116,9 @@ class StreamingMerge:
         self._lock = threading.Lock()
 
     def _allocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        self.dtype = np.dtype(dtype)
-        return np.zeros((self.length,) + tuple(feature_shape), dtype=np.result_type(self.dtype, np.float32))
+        self.dtype = np.dtype(dtype)  # 'center' only copies: kept in the outputs' own type; blends sum in float32+
+        merged = self.dtype if self.weights is None else np.result_type(self.dtype, np.float32)
+        return np.zeros((self.length,) + tuple(feature_shape), dtype=merged)
 
     def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Allocate the merged array and write it once, so its pages are in memory before the windows arrive:
@@ -144,6 +145,35 @@ class StreamingMerge:
             with self._lock:
                 self.merged[w.start:w.end] += part * wt
         self.seen.add(index)
+
+    def take(self, first: int, source: np.ndarray, offsets: list[int]) -> None:
+        """Windows first, first + 1, ... (one per offset) added at once, 'center' only: window first + k starts at
+        position offsets[k] of `source` (positions along axis 0, e.g. a batch's token outputs with batch and
+        sequence flattened). Their kept slices tile one contiguous range of the merged output, so one np.take
+        fills it: one GIL release and no Python per window, where `add` costs both per window."""
+        if self.weights is not None:
+            raise ValueError("take merges 'center' windows only; blends accumulate with add")
+        windows = self.windows[first:first + len(offsets)]
+        if len(windows) != len(offsets) or first < 0:
+            raise ValueError(f"windows {first}..{first + len(offsets) - 1} are not all in this merge of {len(self.windows)}")
+        lengths = np.fromiter((w.keep_end - w.keep_start for w in windows), np.int64, len(windows))
+        starts = np.fromiter((o + w.keep_start - w.start for o, w in zip(offsets, windows)), np.int64, len(windows))
+        if any(o < 0 or o + w.length > source.shape[0] for o, w in zip(offsets, windows)):
+            raise ValueError(f"window outputs run past the {source.shape[0]} positions given")
+        if self.merged is None:
+            with self._lock:
+                if self.merged is None:
+                    self.merged = self._allocate(source.shape[1:], source.dtype)
+        if self.merged.shape[1:] != source.shape[1:]:
+            raise ValueError(f"window output has shape {source.shape[1:]} per position, the merged output {self.merged.shape[1:]}")
+        lo, hi = windows[0].keep_start, windows[-1].keep_end
+        index = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(hi - lo)
+        target = self.merged[lo:hi]
+        if source.dtype == target.dtype:
+            np.take(source, index, axis=0, out=target, mode="clip")  # 'raise' would buffer a copy; bounds checked above
+        else:
+            target[...] = source[index]
+        self.seen.update(range(first, first + len(offsets)))
 
     def result(self) -> np.ndarray:
         if len(self.seen) != len(self.windows):

@@ -43,7 +43,7 @@ from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
 from trtforge.runloop import Batcher, StageClock, batch_timeline, stream_batches, wall_over_gpu
-from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain
+from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain, wrap_spans
 
 
 @dataclass
@@ -177,15 +177,17 @@ def _pretokenized(path: Path, tokenizer: TextTokenizer | None) -> list[Document]
 
 
 def text_feeds(ids: np.ndarray, type_ids: np.ndarray, specs: list[InputSpec]) -> dict[str, np.ndarray]:
-    """One window as model inputs, batch 1: ids (with specials), an all-ones mask, its token types."""
+    """Windows as model inputs: ids (with specials) and token types of one window (1-D: batch 1) or of a block of
+    equal-length windows (2-D, a row each), with an all-ones mask."""
+    ids, type_ids = np.atleast_2d(ids), np.atleast_2d(type_ids)
     feeds = {}
     for spec in specs:
         if spec.name == "input_ids":
-            feeds[spec.name] = ids[None].astype(spec.dtype)
+            feeds[spec.name] = ids.astype(spec.dtype)
         elif spec.name == "attention_mask":
-            feeds[spec.name] = np.ones((1, ids.size), dtype=spec.dtype)
+            feeds[spec.name] = np.ones(ids.shape, dtype=spec.dtype)
         elif spec.name == "token_type_ids":
-            feeds[spec.name] = type_ids[None].astype(spec.dtype)
+            feeds[spec.name] = type_ids.astype(spec.dtype)
         else:
             raise UserError(f"text inputs cannot fill model input '{spec.name}'; give .npz inputs instead.")
     return feeds
@@ -204,12 +206,8 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
                   limits: Limits, tokenizer: TextTokenizer | None, scales: list[float]) -> list[Chunk]:
     if doc.kind == "text":
         assert tokenizer is not None
-        planned = None
-        if doc.ids is None:  # tokenized here (load_documents(tokenize=False)): once, windows included
-            if chunk is None:
-                doc.ids = tokenizer.document(doc.text)
-            else:
-                doc.ids, planned = tokenizer.document_windows(doc.text, chunk, overlap)
+        if doc.ids is None:  # tokenized here (load_documents(tokenize=False)), on a planning thread
+            doc.ids = tokenizer.document(doc.text)
             doc.length = int(doc.ids.size)
         total = doc.length + tokenizer.specials
         if chunk is None:
@@ -217,22 +215,21 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
                 raise UserError(f"input '{doc.name}' has {total} tokens but the model takes at most {limits.seq}; enable chunking with --chunk.")
             w = tokenizer.wrap(doc.ids)
             return [Chunk(d, 0, text_feeds(w.ids, w.type_ids, specs), Window(0, doc.length, 0, doc.length), doc.length, w.content)]
-        if planned is not None:
-            windows = planned
-        elif doc.text is not None:
-            windows = tokenizer.windows(doc.text, chunk, overlap)
-        else:
-            capacity = chunk - tokenizer.specials
-            if capacity <= overlap:
-                raise UserError(f"--chunk {chunk} leaves {capacity} tokens beside the model's {tokenizer.specials} special tokens, "
-                                f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap.")
-            windows = []
-            for w in plan_windows(doc.length, capacity, overlap):
-                wrapped = tokenizer.wrap(doc.ids[w.start:w.end])
-                windows.append(type(wrapped)(wrapped.ids, wrapped.type_ids, wrapped.content, (w.start, w.end)))
-        spans = plan_windows_from([w.span for w in windows])
-        return [Chunk(d, i, text_feeds(w.ids, w.type_ids, specs), span, span.length, w.content)
-                for i, (w, span) in enumerate(zip(windows, spans))]
+        # the windows the tokenizer's truncation with stride cuts (tests/test_tokenize.py), from the ids alone
+        capacity = chunk - tokenizer.specials
+        if capacity <= overlap:
+            raise UserError(f"--chunk {chunk} leaves {capacity} tokens beside the model's {tokenizer.specials} special tokens, "
+                            f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap.")
+        windows = plan_windows(doc.length, capacity, overlap)
+        p = len(tokenizer.prefix)
+        chunks, i = [], 0
+        for block in wrap_spans(doc.ids, [(w.start, w.end) for w in windows], tokenizer.prefix, tokenizer.suffix):
+            feeds = text_feeds(block, np.zeros_like(block), specs)  # one array per input per block: rows are views
+            for r in range(block.shape[0]):
+                w = windows[i]
+                chunks.append(Chunk(d, i, {k: v[r:r + 1] for k, v in feeds.items()}, w, w.length, slice(p, p + w.length)))
+                i += 1
+        return chunks
     if doc.kind == "seq":
         seq = layout.seq_axis
         if seq is None:
@@ -260,12 +257,6 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
     ha, wa = layout.chunk_axes
     return [Chunk(d, i, layout.sliced(doc.feeds, {ha: (t.rows.start, t.rows.end), wa: (t.cols.start, t.cols.end)}), t,
                   t.rows.length * t.cols.length) for i, t in enumerate(tiles)]
-
-
-def plan_windows_from(spans: list[tuple[int, int]]) -> list[Window]:
-    from trtforge.chunking import windows_from_spans
-
-    return windows_from_spans(spans)
 
 
 def _no_chunk_axis(layout: Layout) -> UserError:
@@ -454,24 +445,53 @@ class _Merger:
     def add(self, batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None,
             copy: bool = False) -> None:
         """Merge a batch's rows (all of them, or `rows`) from its outputs. copy: the outputs are views that are
-        reused after this call (TensorRT's pinned slots), so the parts kept for merging per input are copied."""
+        reused after this call (TensorRT's pinned slots), so the parts kept for merging per input are copied.
+        Token outputs under 'center' go in runs of consecutive windows of one input, one copy each
+        (StreamingMerge.take); blends and single-window inputs row by row."""
+        rows = list(range(len(batch)) if rows is None else rows)
         for name, kind in self.kinds.items():
             value = out[name]
-            for j in (range(len(batch)) if rows is None else rows):
+            left = rows
+            if kind.kind == "token" and self.options.merge == "center":
+                left = self._take_runs(batch, rows, name, value)
+            for j in left:
                 c = batch[j]
                 part = chunk_part(kind, c, value[j:j + 1])
                 if kind.kind == "token" and self.counts[c.doc] > 1:
-                    key = (c.doc, name)
-                    stream = self.streams.get(key)
-                    if stream is None:
-                        with self._lock:
-                            stream = self.streams.get(key)
-                            if stream is None:
-                                stream = StreamingMerge(self.windows[c.doc], self.docs[c.doc].length, self.options.merge)
-                                self.streams[key] = stream
-                    stream.add(c.index, part)
+                    self._stream(c.doc, name).add(c.index, part)
                 else:
                     self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
+
+    def _take_runs(self, batch: list[Chunk], rows: list[int], name: str, value: np.ndarray) -> list[int]:
+        """Rows of multi-window inputs merged a run at a time; returns the rows left (single-window inputs)."""
+        length = value.shape[1]  # token outputs are [batch, positions, ...]: row j's positions start at j * length
+        flat = value.reshape((-1,) + value.shape[2:])
+        left: list[int] = []
+        run: list[int] = []
+        for j in rows + [-1]:
+            c = batch[j] if j >= 0 else None
+            if run and (c is None or c.doc != batch[run[-1]].doc or c.index != batch[run[-1]].index + 1):
+                first = batch[run[0]]
+                offsets = [k * length + (batch[k].content.start if batch[k].content is not None else 0) for k in run]
+                self._stream(first.doc, name).take(first.index, flat, offsets)
+                run = []
+            if c is None:
+                break
+            if self.counts[c.doc] > 1:
+                run.append(j)
+            else:
+                left.append(j)
+        return left
+
+    def _stream(self, doc: int, name: str) -> StreamingMerge:
+        stream = self.streams.get((doc, name))
+        if stream is None:
+            with self._lock:
+                stream = self.streams.get((doc, name))
+                if stream is None:
+                    stream = StreamingMerge(self.windows[doc], self.docs[doc].length, self.options.merge)
+                    self.streams[(doc, name)] = stream
+        return stream
 
     def results(self) -> list[dict[str, np.ndarray]]:
         merged: list[dict[str, np.ndarray]] = []

@@ -105,11 +105,11 @@ class TextTokenizer:
 
         capacity = self._capacity(chunk, overlap)
         ids = self.document(text)
-        windows = []
-        for w in plan_windows(int(ids.size), capacity, overlap):
-            wrapped = self.wrap(ids[w.start:w.end])
-            windows.append(TextWindow(wrapped.ids, wrapped.type_ids, wrapped.content, (w.start, w.end)))
-        return ids, windows
+        spans = [(w.start, w.end) for w in plan_windows(int(ids.size), capacity, overlap)]
+        rows = [row for block in wrap_spans(ids, spans, self.prefix, self.suffix) for row in block]
+        p = len(self.prefix)
+        return ids, [TextWindow(row, np.zeros_like(row), slice(p, p + end - start), (start, end))
+                     for row, (start, end) in zip(rows, spans)]
 
     def _capacity(self, chunk: int, overlap: int) -> int:
         capacity = chunk - self.specials
@@ -127,6 +127,30 @@ class TextTokenizer:
             self.tok.no_truncation()
         ids = np.asarray(enc.ids, np.int64)[None]
         return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.asarray(enc.type_ids, np.int64)[None]}
+
+
+def wrap_spans(ids: np.ndarray, spans: list[tuple[int, int]], prefix: list[int], suffix: list[int]) -> list[np.ndarray]:
+    """Each (start, end) span of a document's ids (no specials) wrapped in the model's special tokens, as rows of
+    2-D int64 blocks: one block per run of consecutive spans of one length, in span order. Consecutive windows
+    are then adjacent in memory, so `run` stages a batch of them with one copy instead of one per window, and
+    builds a document's windows with a few numpy calls instead of several per window (the Python work the
+    loop's threads contend for the GIL with). Pure."""
+    ids = np.asarray(ids, np.int64)
+    p, s = len(prefix), len(suffix)
+    blocks, i = [], 0
+    while i < len(spans):
+        n = spans[i][1] - spans[i][0]
+        j = i + 1
+        while j < len(spans) and spans[j][1] - spans[j][0] == n:
+            j += 1
+        starts = np.fromiter((spans[k][0] for k in range(i, j)), np.int64, j - i)
+        block = np.empty((j - i, p + n + s), np.int64)
+        block[:, :p] = prefix
+        block[:, p:p + n] = ids[starts[:, None] + np.arange(n)]
+        block[:, p + n:] = suffix
+        blocks.append(block)
+        i = j
+    return blocks
 
 
 def map_windows(doc_ids: list[int], doc_offsets: list[tuple[int, int]],

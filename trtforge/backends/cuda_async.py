@@ -153,18 +153,30 @@ def submit_calls(cudart: Any, check: Any, event: int, stream: int, lib: Any = No
         return CudaPythonCalls(cudart, check), f"cuda-python (GIL released per call): the GIL-holding path failed its probe ({why})"
 
 
+def adjacent_runs(parts: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(address, nbytes) parts, in order, with each part that starts where the previous one ends joined to it:
+    a batch of consecutive windows of one document (rows of one block, tokenize.wrap_spans) is one copy. Pure."""
+    runs: list[tuple[int, int]] = []
+    for address, nbytes in parts:
+        if runs and runs[-1][0] + runs[-1][1] == address:
+            runs[-1] = (runs[-1][0], runs[-1][1] + nbytes)
+        else:
+            runs.append((address, nbytes))
+    return runs
+
+
 def stack_into(view: np.ndarray, value: Any) -> None:
     """Write a feed (an array, or its chunks' arrays stacked along axis 0) into `view` (pinned memory),
-    holding the GIL: one memmove per C-contiguous part of view's dtype, numpy for anything else."""
+    holding the GIL: one memmove per run of adjacent C-contiguous parts of view's dtype, numpy for anything else."""
     parts: Sequence[Any] = value if isinstance(value, (list, tuple)) else [value]
     rows = view.shape[1:] if isinstance(value, (list, tuple)) else view.shape
     if view.flags.c_contiguous and all(isinstance(p, np.ndarray) and p.dtype == view.dtype and p.flags.c_contiguous
                                        and (p.shape[1:] if isinstance(value, (list, tuple)) else p.shape) == rows
                                        for p in parts) and sum(p.nbytes for p in parts) == view.nbytes:
         address = view.ctypes.data
-        for part in parts:
-            memmove_holding_gil(address, part.ctypes.data, part.nbytes)
-            address += part.nbytes
+        for source, nbytes in adjacent_runs([(part.__array_interface__["data"][0], part.nbytes) for part in parts]):
+            memmove_holding_gil(address, source, nbytes)
+            address += nbytes
         return
     if isinstance(value, (list, tuple)):
         np.concatenate(value, axis=0, out=view, casting="same_kind")

@@ -1,0 +1,74 @@
+"""run's merger (_Merger): every output of every input put back from batches of chunks, however the batches mix
+inputs, split rows over threads, or order the windows. Checked against merging each input's windows on its own."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from trtforge.chunking import merge_pooled, merge_windows, plan_windows
+from trtforge.outputs import OutputKind
+from trtforge.run import Chunk, Document, _Merger
+
+
+def _plan(lengths, chunk=12, overlap=4, specials=(1, 1)):
+    docs, chunks = [], []
+    for d, n in enumerate(lengths):
+        docs.append(Document(f"d{d}", "text", {}, n))
+        for i, w in enumerate(plan_windows(n, chunk - sum(specials), overlap)):
+            chunks.append(Chunk(d, i, {}, w, w.length, slice(specials[0], specials[0] + w.length)))
+    return docs, chunks
+
+
+def _outputs(batch, rng, width=12):
+    """Token outputs [B, width, 3] (positions past a window's content hold NaN) and a pooled [B, 3]."""
+    tokens = np.full((len(batch), width, 3), np.nan, np.float32)
+    for j, c in enumerate(batch):
+        tokens[j, c.content] = rng.standard_normal((c.tokens, 3))
+    return {"last_hidden_state": tokens, "pooler_output": rng.standard_normal((len(batch), 3)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("merge", ["center", "linear"])
+@pytest.mark.parametrize("order", ["in_order", "shuffled"])
+def test_batches_mixing_inputs_merge_like_each_input_alone(merge, order):
+    docs, chunks = _plan([40, 9, 23, 30])  # the 9-token input is one window
+    rng = np.random.default_rng(1)
+    kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token"), "pooler_output": OutputKind("pooler_output", "pooled")}
+    merger = _Merger(docs, chunks, kinds, SimpleNamespace(merge=merge, chunk=12, overlap=4))
+    if merge == "center":
+        for d in range(len(docs)):
+            merger.prepare([c for c in chunks if c.doc == d])  # run's planning threads page the outputs in
+    index = np.arange(len(chunks)) if order == "in_order" else rng.permutation(len(chunks))
+    parts: dict[tuple[int, str], list] = {}
+    for start in range(0, len(chunks), 5):  # batches of 5 straddle inputs; rows merged in two groups, like 2 threads
+        batch = [chunks[k] for k in index[start:start + 5]]
+        out = _outputs(batch, rng)
+        for j, c in enumerate(batch):
+            parts.setdefault((c.doc, "t"), []).append((c, out["last_hidden_state"][j, c.content]))
+            parts.setdefault((c.doc, "p"), []).append((c, out["pooler_output"][j]))
+        for rows in ([0, 1, 2], [3, 4]):
+            merger.add(batch, {k: v.copy() for k, v in out.items()}, [r for r in rows if r < len(batch)], copy=True)
+    merged = merger.results()
+    for d, doc in enumerate(docs):
+        t = sorted(parts[(d, "t")], key=lambda p: p[0].index)
+        expected = merge_windows([v for _, v in t], [c.window for c, _ in t], doc.length, merge)
+        np.testing.assert_allclose(merged[d]["last_hidden_state"], expected, rtol=1e-6, atol=1e-6)
+        assert not np.isnan(merged[d]["last_hidden_state"]).any()
+        p = sorted(parts[(d, "p")], key=lambda p: p[0].index)
+        np.testing.assert_allclose(merged[d]["pooler_output"], merge_pooled([v for _, v in p], [c.tokens for c, _ in p]), rtol=1e-6)
+
+
+def test_center_merge_copies_a_run_of_windows_at_once(monkeypatch):
+    """Under 'center', a batch's consecutive windows of one input are merged by one StreamingMerge.take."""
+    import trtforge.chunking as chunking
+
+    docs, chunks = _plan([60, 30])
+    calls = []
+    take = chunking.StreamingMerge.take
+    monkeypatch.setattr(chunking.StreamingMerge, "take", lambda self, first, source, offsets: (calls.append((first, len(offsets))), take(self, first, source, offsets))[1])
+    kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token")}
+    merger = _Merger(docs, chunks, kinds, SimpleNamespace(merge="center", chunk=12, overlap=4))
+    first_doc = [c for c in chunks if c.doc == 0]
+    batch = first_doc[2:6] + [c for c in chunks if c.doc == 1][:2] + [first_doc[7]]
+    merger.add(batch, _outputs(batch, np.random.default_rng(0)))
+    assert calls == [(2, 4), (0, 2), (7, 1)]
