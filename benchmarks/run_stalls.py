@@ -43,22 +43,25 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     rows = {}
-    print("| report | batches | wall / GPU | start-up excess ms (wall/GPU) | steady excess ms (wall/GPU) | drain excess ms (wall/GPU) | stalls > 2x GPU (excess ms) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| report | tokens/s | batches | wall / GPU | start-up excess ms (wall/GPU) | steady excess ms (wall/GPU) | drain excess ms (wall/GPU) | stalls > 2x GPU (excess ms) |")
+    print("|---|---|---|---|---|---|---|---|")
     for path in a.reports:
-        timeline = (json.loads(path.read_text()).get("runtime") or {}).get("timeline")
+        report = json.loads(path.read_text())
+        timeline = (report.get("runtime") or {}).get("timeline")
+        tokens = (report.get("throughput") or {}).get("tokens_per_s")
+        tokens = "-" if tokens is None else f"{tokens:,.0f}"
         if not timeline:
-            print(f"| {path} | no runtime.timeline in this report (older trtforge) | | | | | |")
+            print(f"| {path} | {tokens} | no runtime.timeline in this report (older trtforge) | | | | | |")
             continue
         prof = stall_profile(timeline["wall_ms"], timeline["gpu_ms"])
         prof["capped"] = timeline["shown"] < timeline["batches"]  # then "drain" is the last listed batches, not the run's
         rows[str(path)] = prof
         if not prof["batches"]:
-            print(f"| {path} | 0 (no GPU times: not a TensorRT run) | | | | | |")
+            print(f"| {path} | {tokens} | 0 (no GPU times: not a TensorRT run) | | | | | |")
             continue
         cell = lambda ph: f"{prof[ph]['excess_ms']:.1f} ({prof[ph]['wall_over_gpu']})"  # noqa: E731
         shown = f"{prof['batches']} of {timeline['batches']}" if prof["capped"] else prof["batches"]
-        print(f"| {path} | {shown} | {prof['wall_over_gpu']} | {cell('startup')} | {cell('steady')} | {cell('drain')} | "
+        print(f"| {path} | {tokens} | {shown} | {prof['wall_over_gpu']} | {cell('startup')} | {cell('steady')} | {cell('drain')} | "
               f"{prof['stalls']['count']} ({prof['stalls']['excess_ms']:.1f}) |")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))

@@ -30,6 +30,29 @@ def test_windows_cover_every_position_once_kept(length, chunk, data):
     assert (covered == 1).all()
 
 
+@settings(max_examples=200, deadline=None)
+@given(lengths, chunks, st.data())
+def test_a_full_last_window_ends_the_sequence_at_full_length(length, chunk, data):
+    """run's default plan: every window as long as the chunk (one shape, one batch group), the last one ending at
+    the sequence's end; the others as planned without it, and the kept parts still tile the sequence."""
+    overlap = data.draw(st.integers(0, chunk - 1))
+    short, full = plan_windows(length, chunk, overlap), plan_windows(length, chunk, overlap, full_last=True)
+    assert len(full) == len(short) and full[-1].end == length
+    assert all(w.length == min(chunk, length) for w in full)
+    assert [(w.start, w.end) for w in full[:-1]] == [(w.start, w.end) for w in short[:-1]]
+    covered = np.zeros(length, int)
+    for a, b in zip(full, full[1:]):
+        assert a.start < b.start <= a.end and a.keep_end == b.keep_start
+    for w in full:
+        assert w.start <= w.keep_start <= w.keep_end <= w.end
+        covered[w.keep_start:w.keep_end] += 1
+    assert (covered == 1).all()
+    for merge in ("center", "linear"):  # a position-wise signal survives the merge
+        signal = np.arange(length, dtype=np.float64)[:, None]
+        merged = merge_windows([signal[w.start:w.end] for w in full], full, length, merge)
+        np.testing.assert_allclose(merged, signal)
+
+
 @settings(max_examples=100, deadline=None)
 @given(lengths, chunks, st.sampled_from(["center", "linear", "cosine", "gaussian"]), st.data())
 def test_blend_weights_sum_to_one(length, chunk, merge, data):

@@ -20,6 +20,9 @@ def test_minilm_long_documents_report(minilm_clean, tmp_path):
     # export declares MiniLM's output kind in its sidecar; run reads it from there.
     assert report["outputs"] == {"last_hidden_state": {"kind": "token", "scale": None, "source": "declared"}}
     assert len(report["inputs"]) == 6 and all(i["length"] > 4000 and i["chunks"] >= 16 for i in report["inputs"])
+    # every last window at full length: all chunks of one shape, so batches are only ever cut by the batch size
+    assert report["chunking"]["last_window"] == "full"
+    assert report["batches"] == -(-sum(i["chunks"] for i in report["inputs"]) // report["chunking"]["batch_size"])
     # Same model on both sides: not a measured 0 that passes, but "not measured" (issue 9).
     assert report["precision_error"] == {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
     chunking = report["chunking_error"]
@@ -113,6 +116,8 @@ def test_bad_run_inputs(minilm_clean, tiny_fcn_clean, tmp_path):
                       "overlap (128) must be >= 0 and smaller than the chunk size (128)")
     assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "1024"),
                       "--chunk 1024 is larger than the model's axis 'seq' (512)")
+    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--last-window", "sideways"),
+                      "unknown --last-window 'sideways'; use full or short.")
     data = tmp_path / "nan"
     data.mkdir()
     bad = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
@@ -193,18 +198,25 @@ def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(min
     """Without the precision check, run merges each batch straight out of the target's outputs (TensorRT: its
     pinned slots) on several threads, into outputs the planning threads allocated ahead (shapes from the
     warm-up); the merged outputs equal the single-threaded loop's, bit for bit, for the disjoint 'center'
-    copies and for the overlapping 'linear' blend (locked)."""
+    copies and for the overlapping 'linear' blend (locked). With --tokenize-processes, worker processes tokenize
+    the texts: same outputs again."""
     from trtforge.run import RunOptions, run
 
     saved = {}
-    for name, check, workers, warmup in (("serial", True, 1, 0), ("parallel", False, 3, 1)):
+    for name, check, workers, warmup, processes in (("serial", True, 1, 0, 0), ("parallel", False, 3, 1, 0),
+                                                     ("processes", False, 2, 1, 2)):
         saved[name] = tmp_path / f"{name}.npz"
         report = run(minilm_clean, RunOptions(inputs=Path("calib_data/minilm_long"), chunk=48, overlap=16, batch_size=5,
                                               merge=merge, warmup=warmup, precision_check=check, merge_workers=workers,
-                                              save_outputs=saved[name]))
-        prepared = report["runtime"]["host"]["stages"].get("prepare_outputs", {}).get("count", 0)
-        assert report["runtime"]["merge_workers"] == workers and (prepared > 0) == (warmup > 0)
-    serial, parallel = np.load(saved["serial"]), np.load(saved["parallel"])
-    assert sorted(serial.files) == sorted(parallel.files) and len(serial.files) >= 4
-    for key in serial.files:
-        np.testing.assert_array_equal(serial[key], parallel[key], err_msg=key)
+                                              tokenize_processes=processes, save_outputs=saved[name]))
+        stages = report["runtime"]["host"]["stages"]
+        assert report["runtime"]["merge_workers"] == workers and (stages.get("prepare_outputs", {}).get("count", 0) > 0) == (warmup > 0)
+        assert report["runtime"]["tokenize_processes"] == processes
+        assert stages.get("wait_tokens", {}).get("count", 0) == (len(report["inputs"]) if processes else 0)
+    serial = np.load(saved["serial"])
+    assert len(serial.files) >= 4
+    for other in ("parallel", "processes"):
+        loaded = np.load(saved[other])
+        assert sorted(serial.files) == sorted(loaded.files)
+        for key in serial.files:
+            np.testing.assert_array_equal(serial[key], loaded[key], err_msg=f"{other}: {key}")

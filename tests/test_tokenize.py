@@ -2,6 +2,7 @@
 windows planned by the tokenizer (truncation with stride), mapped back to document positions."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -69,22 +70,32 @@ def test_a_dangling_tokenizer_pointer_falls_back_up_the_sidecar_chain(tmp_path):
 
 
 @pytest.mark.parametrize("which", ["minilm", "roberta-bpe", "gpt2-bpe"])
-def test_one_pass_windows_equal_the_tokenizers_own(which):
-    """run plans windows from one encode (document_windows, no tokenizer state touched, so planning threads
-    run in parallel); they must be the very windows the tokenizer's truncation with stride cuts."""
+def test_run_plans_the_tokenizers_own_windows(which):
+    """run plans a text's windows from its ids alone (one encode, no tokenizer state touched, so planning threads
+    run in parallel); they must be the very windows the tokenizer's truncation with stride cuts. With
+    full_last (run's default) the same, except that the last one is extended back to full length."""
+    from trtforge.run import Document, Limits, plan_document
+
     tok = TextTokenizer(_minilm_dir() if which == "minilm" else ROOT / "zoo/tokenizers" / which)
     text = (ROOT / "calib_data/minilm_long/pdb_difflib_ssl.txt").read_text()
     np.testing.assert_array_equal(tok.document(text), tok.tok.encode(text, add_special_tokens=False).ids)
+    specs = [SimpleNamespace(name="input_ids", dtype=np.int64)]
     for chunk, overlap in [(256, 32), (64, 16), (512, 0), (37, 5)]:
-        ids, fast = tok.document_windows(text, chunk, overlap)
         reference = tok.windows(text, chunk, overlap)
-        assert len(fast) == len(reference) > 1
-        for a, b in zip(fast, reference):
-            np.testing.assert_array_equal(a.ids, b.ids)
-            np.testing.assert_array_equal(a.type_ids, b.type_ids)
-            assert (a.content, a.span) == (b.content, b.span)
-    short_ids, short = tok.document_windows("a short text.", 64, 16)
-    assert len(short) == 1 and short[0].span == (0, short_ids.size)
+        planned = {full: plan_document(0, Document("t", "text", text=text), specs, None, chunk, overlap, Limits(), tok, [], full)
+                   for full in (False, True)}
+        assert len(planned[False]) == len(planned[True]) == len(reference) > 1
+        for c, r in zip(planned[False], reference):
+            np.testing.assert_array_equal(c.feeds["input_ids"][0], r.ids)
+            assert (c.content, (c.window.start, c.window.end)) == (r.content, r.span)
+        ids = tok.document(text)
+        for c, short in zip(planned[True][:-1], planned[False]):
+            np.testing.assert_array_equal(c.feeds["input_ids"], short.feeds["input_ids"])
+        last = planned[True][-1]
+        assert last.window.end == ids.size and last.window.length == chunk - tok.specials
+        np.testing.assert_array_equal(last.feeds["input_ids"][0], [*tok.prefix, *ids[ids.size - last.window.length:], *tok.suffix])
+    short = plan_document(0, Document("t", "text", text="a short text."), specs, None, 64, 16, Limits(), tok, [], True)
+    assert len(short) == 1 and short[0].window.length == tok.document("a short text.").size
 
 
 def test_wrap_spans_puts_equal_length_windows_in_one_block():

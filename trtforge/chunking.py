@@ -37,8 +37,11 @@ def check_overlap(chunk: int, overlap: int) -> None:
         raise UserError(f"overlap ({overlap}) must be >= 0 and smaller than the chunk size ({chunk}); lower --overlap.")
 
 
-def plan_windows(length: int, chunk: int, overlap: int) -> list[Window]:
-    """Windows of `chunk` positions advancing by chunk - overlap; the last one is shorter, not padded."""
+def plan_windows(length: int, chunk: int, overlap: int, full_last: bool = False) -> list[Window]:
+    """Windows of `chunk` positions advancing by chunk - overlap; the last one is shorter, not padded. full_last:
+    the last one ends at `length` with `chunk` positions all the same (it overlaps its neighbour by more), so a
+    sequence longer than a chunk is cut into windows of one shape: they batch with every other such window
+    instead of running as a batch of their own, of a shape of their own."""
     check_overlap(chunk, overlap)
     if length < 1:
         return []
@@ -46,6 +49,8 @@ def plan_windows(length: int, chunk: int, overlap: int) -> list[Window]:
     starts = [0]
     while starts[-1] + chunk < length:
         starts.append(starts[-1] + stride)
+    if full_last and len(starts) > 1:
+        starts[-1] = length - chunk  # > starts[-2], since starts[-2] + chunk < length
     return windows_from_spans([(s, min(s + chunk, length)) for s in starts])
 
 

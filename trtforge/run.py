@@ -43,7 +43,7 @@ from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
 from trtforge.runloop import Batcher, StageClock, batch_timeline, stream_batches, wall_over_gpu
-from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain, wrap_spans
+from trtforge.tokenize import TextTokenizer, TokenizingProcesses, find_tokenizer_dir, sidecar_chain, wrap_spans
 
 
 @dataclass
@@ -99,9 +99,15 @@ class RunOptions:
     slots: int = 3  # staging slots: batches in flight
     plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
     merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(2, CPUs))
+    tokenize_processes: int = 0  # worker processes tokenizing text inputs (0: the planning threads do it)
+    last_window: str = "full"  # a sequence's last window: "full" (ends at the input's end, as long as the others) or "short"
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
     # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
     precision_check: bool = True
+
+    @property
+    def full_last(self) -> bool:
+        return self.last_window == "full"
 
     def gate_values(self) -> dict[str, float | None]:
         return {"max_rel_l2": self.max_rel_l2, "min_cosine": self.min_cosine, "min_chunk_cosine": self.min_chunk_cosine,
@@ -203,7 +209,8 @@ class Limits:
 
 
 def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout, chunk: int | None, overlap: int,
-                  limits: Limits, tokenizer: TextTokenizer | None, scales: list[float]) -> list[Chunk]:
+                  limits: Limits, tokenizer: TextTokenizer | None, scales: list[float], full_last: bool = False) -> list[Chunk]:
+    """Document d's chunks. full_last: a sequence's last window is as long as the others (chunking.plan_windows)."""
     if doc.kind == "text":
         assert tokenizer is not None
         if doc.ids is None:  # tokenized here (load_documents(tokenize=False)), on a planning thread
@@ -215,12 +222,9 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
                 raise UserError(f"input '{doc.name}' has {total} tokens but the model takes at most {limits.seq}; enable chunking with --chunk.")
             w = tokenizer.wrap(doc.ids)
             return [Chunk(d, 0, text_feeds(w.ids, w.type_ids, specs), Window(0, doc.length, 0, doc.length), doc.length, w.content)]
-        # the windows the tokenizer's truncation with stride cuts (tests/test_tokenize.py), from the ids alone
-        capacity = chunk - tokenizer.specials
-        if capacity <= overlap:
-            raise UserError(f"--chunk {chunk} leaves {capacity} tokens beside the model's {tokenizer.specials} special tokens, "
-                            f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap.")
-        windows = plan_windows(doc.length, capacity, overlap)
+        # from the ids alone: the windows the tokenizer's truncation with stride cuts (tests/test_tokenize.py), the
+        # last one extended back to full length with full_last
+        windows = plan_windows(doc.length, tokenizer.capacity(chunk, overlap), overlap, full_last)
         p = len(tokenizer.prefix)
         chunks, i = [], 0
         for block in wrap_spans(doc.ids, [(w.start, w.end) for w in windows], tokenizer.prefix, tokenizer.suffix):
@@ -239,7 +243,7 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
         if chunk is None and limits.seq is not None and doc.length > limits.seq:
             raise UserError(f"input '{doc.name}' has {doc.length} positions but the model takes at most {limits.seq}; enable chunking with --chunk.")
         return [Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length)
-                for i, w in enumerate(plan_windows(doc.length, chunk or doc.length, overlap if chunk else 0))]
+                for i, w in enumerate(plan_windows(doc.length, chunk or doc.length, overlap if chunk else 0, full_last))]
     h, w_ = doc.hw
     if not layout.chunk_axes:
         if chunk is not None:
@@ -267,10 +271,10 @@ def _no_chunk_axis(layout: Layout) -> UserError:
 
 
 def make_chunks(docs: list[Document], specs: list[InputSpec], layout: Layout, chunk: int | None, overlap: int, limits: Limits,
-                tokenizer: TextTokenizer | None, scales: list[float]) -> list[Chunk]:
+                tokenizer: TextTokenizer | None, scales: list[float], full_last: bool = False) -> list[Chunk]:
     chunks: list[Chunk] = []
     for d, doc in enumerate(docs):
-        chunks += plan_document(d, doc, specs, layout, chunk, overlap, limits, tokenizer, scales)
+        chunks += plan_document(d, doc, specs, layout, chunk, overlap, limits, tokenizer, scales, full_last)
     return chunks
 
 
@@ -597,7 +601,7 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
         for doc in docs:
             refuse_padding(engine_sidecar, doc.name, doc.feeds, target_path.name)
     scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
-    chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales) if plan else []
+    chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales, options.full_last) if plan else []
     batch_cap = options.batch_size
     if layout.batch_axis:
         b = layout.batch_axis
@@ -619,6 +623,11 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     progress(f"{len(p.docs)} inputs on {target.label}; outputs "
              + ", ".join(f"{k.name} ({k.kind}{f' x{k.scale:g}' if k.scale not in (None, 1.0) else ''})" for k in p.kinds.values()))
     warm = _warm_up(p, options, target)
+    untokenized = {d: doc.text for d, doc in enumerate(p.docs) if doc.kind == "text" and doc.ids is None}
+    tokenizing = None
+    if options.tokenize_processes and untokenized and p.tokenizer is not None:
+        tokenizing = TokenizingProcesses(p.tokenizer.directory, options.tokenize_processes)
+        tokenizing.start()  # spawned and loaded before the clock, like the engine
 
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
     # running (the target's pipelined loop) and merging (worker threads) all overlap under one clock.
@@ -628,8 +637,13 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
 
     def plan(d: int) -> list[Chunk]:
+        if tokenizing is not None and d in untokenized:
+            with host.stage("wait_tokens"):  # a planning thread waiting for a worker process's ids
+                p.docs[d].ids = tokenizing.document(d)
+                p.docs[d].length = int(p.docs[d].ids.size)
         with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
-            chunks = plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+            chunks = plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales,
+                                   options.full_last)
         if merger.templates:
             with host.stage("prepare_outputs"):  # its merged outputs allocated and paged in, off the merge's path
                 merger.prepare(chunks)
@@ -670,6 +684,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # interval while the loop runs.
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, 0.0005))
+    if tokenizing is not None:
+        tokenizing.submit(untokenized)
     stream = feeds()
     try:
         with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
@@ -692,6 +708,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     finally:
         sys.setswitchinterval(interval)
         stream.close()  # on an error: no document is planned after this
+        if tokenizing is not None:
+            tokenizing.close()
     merged = merger.results()
     wall = time.perf_counter() - start
     p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
@@ -709,7 +727,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "outputs": {name: k.to_json() for name, k in p.kinds.items()},
         "tokenizer": str(p.tokenizer.directory) if p.tokenizer else None,
         "chunking": {"chunk": options.chunk, "overlap": options.overlap, "merge": options.merge, "batch_size": p.batch_cap,
-                     "max_length": p.limits.seq, "max_tile": p.limits.tile, "naive": options.naive},
+                     "max_length": p.limits.seq, "max_tile": p.limits.tile, "naive": options.naive,
+                     "last_window": options.last_window},
         "inputs": [{"name": d.name, "kind": d.kind, "length": d.length,
                     "chunks": sum(1 for c in p.chunks if c.doc == i)} for i, d in enumerate(p.docs)],
         "batches": len(batches),
@@ -720,7 +739,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
                        "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
         "memory": target.memory(),
-        "runtime": _runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
+        "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
+                    "tokenize_processes": tokenizing.processes if tokenizing is not None else 0},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
@@ -758,7 +778,7 @@ def _warm_up(p: Prepared, options: RunOptions, target: Any) -> dict[str, tuple[t
     if options.warmup <= 0 or not p.docs:
         return None
     doc = replace(p.docs[0], feeds=dict(p.docs[0].feeds))
-    chunks = plan_document(0, doc, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+    chunks = plan_document(0, doc, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last)
     first = [c for c in chunks if shape_key(c) == shape_key(chunks[0])]
     size = 1 if options.naive else p.batch_cap
     batch = stack([first[i % len(first)] for i in range(size)])
@@ -859,7 +879,7 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
     if count == 1:
         return {"name": doc.name, "scope": "not chunked (fits one chunk)", "measured": False}, None
     sub, scope = _measurement_input(doc, p)
-    sub_chunks = plan_document(0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales)
+    sub_chunks = plan_document(0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last)
     if len(sub_chunks) < 2:
         longest = p.limits.seq if doc.kind != "image" else p.limits.tile
         return {"name": doc.name, "scope": f"not measurable: chunk ({options.chunk}) is not smaller than the longest "

@@ -46,6 +46,14 @@ docs8() {
   for k in 1 2 3 4 5 6 7 8; do for f in calib_data/minilm_long/*.txt; do cp "$f" "$W/docs8/${k}_$(basename "$f")"; done; done
 }
 
+# $W/DIR: each calib_data/minilm_long text N times, copy k cut to (100 - N + k)% of its bytes: documents of distinct
+# lengths, so their last windows differ in length as real inputs' do (docs8's copies share 6 lengths).
+docs_varied() {
+  local n=$1 dir=$2; mkdir -p "$W/$dir"
+  for k in $(seq 1 "$n"); do for f in calib_data/minilm_long/*.txt; do
+    head -c $(( $(wc -c < "$f") * (100 - n + k) / 100 )) "$f" > "$W/$dir/${k}_$(basename "$f")"; done; done
+}
+
 # Export (the GPU box's torch) and clean each named zoo model in parallel, into $W/MODEL/MODEL.onnx.
 export_clean() {
   for m in "$@"; do
