@@ -15,7 +15,10 @@ ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 B=$(M bert-base); N=$(M minilm); R=$(M resnet50)
-T_OLD=". \$HOME/trt86.env && PYTHONPATH=$ROOT/.gpu/old:\$PYTHONPATH \$PY310"
+# the previous code runs from a root of its own: `python -m` puts the working directory first on sys.path
+OLDROOT=$HOME/oldroot; rm -rf "$OLDROOT"; mkdir -p "$OLDROOT"
+ln -s "$ROOT/zoo" "$ROOT/calib_data" "$ROOT/configs" "$OLDROOT/"; ln -s "$ROOT/.gpu/old/trtforge" "$OLDROOT/trtforge"
+T_OLD="cd $OLDROOT && . \$HOME/trt86.env && PYTHONPATH=$OLDROOT:\$PYTHONPATH \$PY310"
 
 ( export_clean resnet50 ) &
 export_clean bert-base minilm
@@ -26,7 +29,7 @@ wait
 docs8; docs_varied 8 docs8v; docs_varied 32 docs32v
 # RUN CODE MODEL DOCS NAME [FLAGS]: one `trtforge run` of the fp16 engine, report in W/MODEL/NAME.json
 RUN() { local code=$T; [ "$1" = old ] && code=$T_OLD
-  echo "$code -m trtforge run $(M $2).fp16.engine --config $CFG/$2.yaml --inputs $W/$3 --no-precision-check ${5:-} --report $W/$2/$4.json"; }
+  echo "$code -m trtforge run $(M $2).fp16.engine --config $ROOT/$CFG/$2.yaml --inputs $W/$3 --no-precision-check ${5:-} --report $W/$2/$4.json"; }
 for i in 1 2; do
   for m in minilm bert-base; do
     step "run-$m-old-docs8v-$i" 240 "$(RUN old $m docs8v old_docs8v_$i)"
