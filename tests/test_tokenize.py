@@ -114,3 +114,28 @@ def test_wrap_spans_puts_equal_length_windows_in_one_block():
     assert wrap_spans(ids, [], [101], [102]) == []
     no_specials = wrap_spans(ids, [(3, 5)], [], [])
     np.testing.assert_array_equal(no_specials[0], [[1003, 1004]])
+
+
+def test_tokenizing_processes_are_all_up_after_start_and_give_the_same_ids():
+    """run starts the workers before its clock: after start every worker has loaded the tokenizer (the H200 box
+    showed a run whose first batches waited on workers still starting), and the ids equal the in-process ones."""
+    import os
+    import time
+
+    from trtforge.tokenize import TokenizingProcesses, _worker_ready
+
+    tok = TextTokenizer(_minilm_dir())
+    texts = {d: p.read_text()[:3000 + 500 * d] for d, p in enumerate(sorted((ROOT / "calib_data/minilm_long").glob("*.txt")))}
+    procs = TokenizingProcesses(tok.directory, 3)
+    try:
+        procs.start()
+        assert len(procs.ready) == 3 and os.getpid() not in procs.ready
+        t0 = time.perf_counter()
+        pids = {f.result() for f in [procs.pool.submit(_worker_ready, 0.5) for _ in range(3)]}
+        assert pids == procs.ready and time.perf_counter() - t0 < 1.0  # three idle workers, one task each
+        procs.submit(texts)
+        for d, text in texts.items():
+            np.testing.assert_array_equal(procs.document(d), tok.document(text))
+        assert procs.futures == {}
+    finally:
+        procs.close()

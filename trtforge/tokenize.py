@@ -122,8 +122,9 @@ class TokenizingProcesses:
     ~0.7 ms per 7,400-token document here, as much as planning its windows), and in `run` every millisecond a
     thread holds the GIL is one the thread feeding the GPU may wait for. A worker returns the ids as an array
     (one pickled buffer). Workers are spawned (tokenizers' own threads do not survive a fork), load the
-    tokenizer once and ignore Ctrl-C, which the parent handles; `start` launches them all, so that a caller can
-    do it before its clock starts."""
+    tokenizer once, tokenize on their own thread (one document per call: a tokenizers thread pool per process
+    would only add threads) and ignore Ctrl-C, which the parent handles; `start` returns once every worker is up,
+    so that a caller can do it before its clock starts."""
 
     def __init__(self, directory: str | Path, processes: int):
         import multiprocessing
@@ -133,11 +134,15 @@ class TokenizingProcesses:
         self.pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=_worker_init, initargs=(str(directory),))
         self.futures: dict[int, Any] = {}
+        self.ready: set[int] = set()  # process ids of the workers seen up
 
     def start(self) -> None:
-        """Every worker up, its tokenizer loaded (a pool spawns a worker per task while none is idle)."""
-        for future in [self.pool.submit(_worker_ready, 0.05) for _ in range(self.processes)]:
-            future.result()
+        """Every worker up, its tokenizer loaded. A pool spawns a worker per task while none is idle, so one round
+        of tasks spawns them all; but a worker up early may run several of them while another is still importing
+        (~0.5 s), so rounds go on until every worker has answered. On the H200 box, returning after one round
+        left workers starting while the clock ran: the first ~35 batches of a run waited on them (~0.3 s)."""
+        while len(self.ready) < self.processes:
+            self.ready.update(f.result() for f in [self.pool.submit(_worker_ready, 0.05) for _ in range(self.processes)])
 
     def submit(self, texts: dict[int, str]) -> None:
         for d, text in texts.items():
@@ -155,18 +160,22 @@ _WORKER_TOKENIZER: TextTokenizer | None = None
 
 
 def _worker_init(directory: str) -> None:
+    import os
     import signal
 
     global _WORKER_TOKENIZER
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one document per call: no use for a thread pool
     _WORKER_TOKENIZER = TextTokenizer(directory)
 
 
-def _worker_ready(seconds: float) -> bool:
+def _worker_ready(seconds: float) -> int:
+    import os
     import time
 
+    assert _WORKER_TOKENIZER is not None
     time.sleep(seconds)  # held long enough that the other start-up tasks find no idle worker
-    return _WORKER_TOKENIZER is not None
+    return os.getpid()
 
 
 def _worker_document(text: str) -> np.ndarray:
