@@ -133,16 +133,21 @@ class StreamingMerge:
         merged[...] = 0
         self.merged = merged
 
-    def add(self, index: int, part: np.ndarray) -> None:
-        w = self.windows[index]
-        if part.shape[0] != w.length:
-            raise ValueError(f"window output has {part.shape[0]} positions, the window {w.length}")
+    def _merged_for(self, part: np.ndarray) -> np.ndarray:
+        """The merged output, allocated for the first part's feature shape and dtype; another shape is an error."""
         if self.merged is None:
             with self._lock:
                 if self.merged is None:
                     self.merged = self._allocate(part.shape[1:], part.dtype)
         if self.merged.shape[1:] != part.shape[1:]:
             raise ValueError(f"window output has shape {part.shape[1:]} per position, the merged output {self.merged.shape[1:]}")
+        return self.merged
+
+    def add(self, index: int, part: np.ndarray) -> None:
+        w = self.windows[index]
+        if part.shape[0] != w.length:
+            raise ValueError(f"window output has {part.shape[0]} positions, the window {w.length}")
+        self._merged_for(part)
         if self.weights is None:
             self.merged[w.keep_start:w.keep_end] = part[w.keep_start - w.start:w.keep_end - w.start]
         else:
@@ -158,6 +163,8 @@ class StreamingMerge:
         fills it: one GIL release and no Python per window, where `add` costs both per window."""
         if self.weights is not None:
             raise ValueError("take merges 'center' windows only; blends accumulate with add")
+        if not offsets:
+            return
         windows = self.windows[first:first + len(offsets)]
         if len(windows) != len(offsets) or first < 0:
             raise ValueError(f"windows {first}..{first + len(offsets) - 1} are not all in this merge of {len(self.windows)}")
@@ -165,12 +172,7 @@ class StreamingMerge:
         starts = np.fromiter((o + w.keep_start - w.start for o, w in zip(offsets, windows)), np.int64, len(windows))
         if any(o < 0 or o + w.length > source.shape[0] for o, w in zip(offsets, windows)):
             raise ValueError(f"window outputs run past the {source.shape[0]} positions given")
-        if self.merged is None:
-            with self._lock:
-                if self.merged is None:
-                    self.merged = self._allocate(source.shape[1:], source.dtype)
-        if self.merged.shape[1:] != source.shape[1:]:
-            raise ValueError(f"window output has shape {source.shape[1:]} per position, the merged output {self.merged.shape[1:]}")
+        self._merged_for(source)
         lo, hi = windows[0].keep_start, windows[-1].keep_end
         index = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(hi - lo)
         target = self.merged[lo:hi]
