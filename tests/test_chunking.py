@@ -158,28 +158,35 @@ def test_a_preallocated_merge_equals_the_lazy_one_and_refuses_another_shape():
 
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.integers(20, 400), st.integers(4, 64), st.data())
 def test_take_equals_adding_each_window(length, chunk, data):
     """StreamingMerge.take (run merges a batch's consecutive windows of one input with one np.take) must give what
-    add gives window by window, for any run of windows placed anywhere in a flattened batch."""
+    add gives window by window, for any run of windows placed anywhere in a flattened batch, with short or
+    full-length last windows, and into a merged output of another dtype (the copying path)."""
     from trtforge.chunking import StreamingMerge
 
     overlap = data.draw(st.integers(0, chunk - 1))
-    windows = plan_windows(length, chunk, overlap)
+    windows = plan_windows(length, chunk, overlap, full_last=data.draw(st.booleans()))
     rng = np.random.default_rng(length * 1000 + chunk)
+    source_dtype = data.draw(st.sampled_from([np.float32, np.float64]))
     parts = [rng.standard_normal((w.length, 2)).astype(np.float32) for w in windows]
     by_add, by_take = StreamingMerge(windows, length), StreamingMerge(windows, length)
+    by_take.preallocate((2,), np.float32)  # float64 sources then go through the copying path
     for i, p in enumerate(parts):
         by_add.add(i, p)
     i = 0
-    while i < len(windows):  # runs of 1-4 windows, each laid out in a batch of rows `chunk + 3` long at offset 2
+    while i < len(windows):  # runs of 1-4 windows, each in a row of `chunk + 3` positions at a drawn offset
         n = data.draw(st.integers(1, 4))
         run = parts[i:i + n]
-        source = np.full((len(run) * (chunk + 3), 2), np.nan, np.float32)
+        row = chunk + 3
+        source = np.full((len(run) * row, 2), np.nan, source_dtype)
+        offsets = []
         for k, p in enumerate(run):
-            source[k * (chunk + 3) + 2:k * (chunk + 3) + 2 + len(p)] = p
-        by_take.take(i, source, [k * (chunk + 3) + 2 for k in range(len(run))])
+            at = k * row + data.draw(st.integers(0, row - len(p)))
+            source[at:at + len(p)] = p
+            offsets.append(at)
+        by_take.take(i, source, offsets)
         i += len(run)
     np.testing.assert_array_equal(by_take.result(), by_add.result())
 

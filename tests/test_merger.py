@@ -8,14 +8,14 @@ import pytest
 
 from trtforge.chunking import merge_pooled, merge_windows, plan_windows
 from trtforge.outputs import OutputKind
-from trtforge.run import Chunk, Document, _Merger
+from trtforge.run import Chunk, Document, _Merger, kept_size, merge_document
 
 
-def _plan(lengths, chunk=12, overlap=4, specials=(1, 1)):
+def _plan(lengths, chunk=12, overlap=4, specials=(1, 1), full_last=False):
     docs, chunks = [], []
     for d, n in enumerate(lengths):
         docs.append(Document(f"d{d}", "text", {}, n))
-        for i, w in enumerate(plan_windows(n, chunk - sum(specials), overlap)):
+        for i, w in enumerate(plan_windows(n, chunk - sum(specials), overlap, full_last)):
             chunks.append(Chunk(d, i, {}, w, w.length, slice(specials[0], specials[0] + w.length)))
     return docs, chunks
 
@@ -28,10 +28,11 @@ def _outputs(batch, rng, width=12):
     return {"last_hidden_state": tokens, "pooler_output": rng.standard_normal((len(batch), 3)).astype(np.float32)}
 
 
+@pytest.mark.parametrize("full_last", [True, False])
 @pytest.mark.parametrize("merge", ["center", "linear"])
 @pytest.mark.parametrize("order", ["in_order", "shuffled"])
-def test_batches_mixing_inputs_merge_like_each_input_alone(merge, order):
-    docs, chunks = _plan([40, 9, 23, 30])  # the 9-token input is one window
+def test_batches_mixing_inputs_merge_like_each_input_alone(merge, order, full_last):
+    docs, chunks = _plan([40, 9, 23, 30], full_last=full_last)  # the 9-token input is one window
     rng = np.random.default_rng(1)
     kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token"), "pooler_output": OutputKind("pooler_output", "pooled")}
     merger = _Merger(docs, chunks, kinds, SimpleNamespace(merge=merge, chunk=12, overlap=4))
@@ -55,7 +56,8 @@ def test_batches_mixing_inputs_merge_like_each_input_alone(merge, order):
         np.testing.assert_allclose(merged[d]["last_hidden_state"], expected, rtol=1e-6, atol=1e-6)
         assert not np.isnan(merged[d]["last_hidden_state"]).any()
         p = sorted(parts[(d, "p")], key=lambda p: p[0].index)
-        np.testing.assert_allclose(merged[d]["pooler_output"], merge_pooled([v for _, v in p], [c.tokens for c, _ in p]), rtol=1e-6)
+        np.testing.assert_allclose(merged[d]["pooler_output"], merge_pooled([v for _, v in p], [kept_size(c.window) for c, _ in p]),
+                                   rtol=1e-6)
 
 
 def test_center_merge_copies_a_run_of_windows_at_once(monkeypatch):
@@ -72,3 +74,29 @@ def test_center_merge_copies_a_run_of_windows_at_once(monkeypatch):
     batch = first_doc[2:6] + [c for c in chunks if c.doc == 1][:2] + [first_doc[7]]
     merger.add(batch, _outputs(batch, np.random.default_rng(0)))
     assert calls == [(2, 4), (0, 2), (7, 1)]
+
+
+@pytest.mark.parametrize("full_last", [True, False])
+@pytest.mark.parametrize("length", [477, 1000, 4000])
+def test_a_pooled_output_weighs_each_window_by_what_it_keeps(length, full_last):
+    """A mean-pooled output over MiniLM's windows (254 tokens, overlap 32): chunks weighted by the positions they
+    keep give the document's mean; weighted by their length, a full-length last window (mostly a repeat of its
+    neighbour) counted the document's end twice (0.077 of the ramp's range at 477 tokens, 0.043 at 1,000)."""
+    docs, chunks = _plan([length], chunk=256, overlap=32, full_last=full_last)
+    signal = np.arange(length, dtype=np.float64)[:, None] * np.ones((1, 3))
+    parts = [(c, signal[c.window.start:c.window.end].mean(axis=0)) for c in chunks]
+    merged = merge_document(docs[0], OutputKind("pooler_output", "pooled"), parts, SimpleNamespace(merge="center"))
+    truth = signal.mean(axis=0)
+    assert np.abs(merged - truth).max() / length < 0.01  # errors relative to the ramp's range
+
+
+def test_a_token_output_shorter_than_its_windows_is_refused():
+    """One np.take per run checks only the batch's bounds; a row shorter than its window would be filled from the
+    next row, so each row is checked (as add checks each window)."""
+    docs, chunks = _plan([60])
+    kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token")}
+    merger = _Merger(docs, chunks, kinds, SimpleNamespace(merge="center", chunk=12, overlap=4))
+    batch = chunks[:3]
+    short = {"last_hidden_state": np.zeros((3, 10, 3), np.float32)}  # the windows need positions 1..11
+    with pytest.raises(ValueError, match="has 10 positions per row"):
+        merger.add(batch, short, [0, 1])

@@ -69,17 +69,28 @@ def test_a_dangling_tokenizer_pointer_falls_back_up_the_sidecar_chain(tmp_path):
         find_tokenizer_dir(copy_dir / "m.clean.onnx")
 
 
-@pytest.mark.parametrize("which", ["minilm", "roberta-bpe", "gpt2-bpe"])
-def test_run_plans_the_tokenizers_own_windows(which):
+def _typed_specials_dir(tmp_path):
+    """MiniLM's tokenizer with token types 1 and 2 on its specials (as XLNet types its own): run must carry them."""
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(_minilm_dir() / "tokenizer.json"))
+    tok.post_processor = processors.TemplateProcessing(single="[CLS]:1 $A:0 [SEP]:2", special_tokens=[("[CLS]", 101), ("[SEP]", 102)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("which", ["minilm", "roberta-bpe", "gpt2-bpe", "typed-specials"])
+def test_run_plans_the_tokenizers_own_windows(which, tmp_path):
     """run plans a text's windows from its ids alone (one encode, no tokenizer state touched, so planning threads
     run in parallel); they must be the very windows the tokenizer's truncation with stride cuts. With
     full_last (run's default) the same, except that the last one is extended back to full length."""
     from trtforge.run import Document, Limits, plan_document
 
-    tok = TextTokenizer(_minilm_dir() if which == "minilm" else ROOT / "zoo/tokenizers" / which)
+    directory = {"minilm": _minilm_dir(), "typed-specials": _typed_specials_dir(tmp_path)}.get(which, ROOT / "zoo/tokenizers" / which)
+    tok = TextTokenizer(directory)
     text = (ROOT / "calib_data/minilm_long/pdb_difflib_ssl.txt").read_text()
     np.testing.assert_array_equal(tok.document(text), tok.tok.encode(text, add_special_tokens=False).ids)
-    specs = [SimpleNamespace(name="input_ids", dtype=np.int64)]
+    specs = [SimpleNamespace(name="input_ids", dtype=np.int64), SimpleNamespace(name="token_type_ids", dtype=np.int64)]
     for chunk, overlap in [(256, 32), (64, 16), (512, 0), (37, 5)]:
         reference = tok.windows(text, chunk, overlap)
         planned = {full: plan_document(0, Document("t", "text", text=text), specs, None, chunk, overlap, Limits(), tok, [], full)
@@ -87,10 +98,12 @@ def test_run_plans_the_tokenizers_own_windows(which):
         assert len(planned[False]) == len(planned[True]) == len(reference) > 1
         for c, r in zip(planned[False], reference):
             np.testing.assert_array_equal(c.feeds["input_ids"][0], r.ids)
+            np.testing.assert_array_equal(c.feeds["token_type_ids"][0], r.type_ids)
             assert (c.content, (c.window.start, c.window.end)) == (r.content, r.span)
         ids = tok.document(text)
         for c, short in zip(planned[True][:-1], planned[False]):
             np.testing.assert_array_equal(c.feeds["input_ids"], short.feeds["input_ids"])
+            np.testing.assert_array_equal(c.feeds["token_type_ids"], short.feeds["token_type_ids"])
         last = planned[True][-1]
         assert last.window.end == ids.size and last.window.length == chunk - tok.specials
         np.testing.assert_array_equal(last.feeds["input_ids"][0], [*tok.prefix, *ids[ids.size - last.window.length:], *tok.suffix])
@@ -132,10 +145,31 @@ def test_tokenizing_processes_are_all_up_after_start_and_give_the_same_ids():
         assert len(procs.ready) == 3 and os.getpid() not in procs.ready
         t0 = time.perf_counter()
         pids = {f.result() for f in [procs.pool.submit(_worker_ready, 0.5) for _ in range(3)]}
-        assert pids == procs.ready and time.perf_counter() - t0 < 1.0  # three idle workers, one task each
+        assert pids == procs.ready and time.perf_counter() - t0 < 1.4  # three idle workers, one task each (not 2 x 0.5 s)
         procs.submit(texts)
         for d, text in texts.items():
             np.testing.assert_array_equal(procs.document(d), tok.document(text))
         assert procs.futures == {}
     finally:
         procs.close()
+
+
+def test_tokenizing_processes_that_cannot_start_say_so(tmp_path):
+    """A worker that fails to load its tokenizer breaks the pool: start() says so in one sentence (exit 2 from the
+    CLI) and leaves no pool behind, instead of a BrokenProcessPool traceback."""
+    from trtforge.errors import UserError
+    from trtforge.tokenize import TokenizingProcesses
+
+    procs = TokenizingProcesses(tmp_path, 2)  # no tokenizer.json there
+    with pytest.raises(UserError, match="the 2 tokenizing processes could not start .*run without --tokenize-processes"):
+        procs.start()
+    assert procs.pool._shutdown_thread
+
+
+def test_run_options_refuse_an_unknown_last_window():
+    from trtforge.errors import UserError
+    from trtforge.run import RunOptions
+
+    with pytest.raises(UserError, match="unknown --last-window 'Full'; use full or short"):
+        RunOptions(inputs=Path("x"), last_window="Full")
+    assert RunOptions(inputs=Path("x")).full_last and not RunOptions(inputs=Path("x"), last_window="short").full_last

@@ -403,7 +403,7 @@ def run_cmd(
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
     plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs))."),
     tokenize_processes: int = typer.Option(0, "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs, started before the clock (0: the planning threads tokenize)."),
-    last_window: str = typer.Option("full", "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them) or short (the remainder)."),
+    last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=1, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200)."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     precision_check: bool = typer.Option(True, "--precision-check/--no-precision-check", help="Check every chunk against ONNX Runtime fp32 after the run (off: speed runs; precision gates you set then fail)."),
@@ -447,14 +447,14 @@ def run_cmd(
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
         cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots, precision_check=precision_check,
-        plan_workers=plan_workers, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window,
+        plan_workers=plan_workers, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")
-    if options.last_window not in ("full", "short"):
-        raise UserError(f"unknown --last-window '{options.last_window}'; use full or short.")
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
     if ray:
+        if options.tokenize_processes:
+            raise UserError("--tokenize-processes applies to one process's loop; with --ray each actor tokenizes its own inputs, drop it.")
         from trtforge.scaleout.ray_run import RayOptions, run_ray
 
         result = run_ray(target, options, RayOptions(ray, _positive(ray_actors, "--ray-actors")), progress=log)

@@ -136,6 +136,7 @@ class RunSection(Strict):
     overlap: int = Field(0, ge=0)
     batch_size: int = Field(8, ge=1)
     merge: Literal["center", "linear", "cosine", "gaussian"] = "center"
+    last_window: Literal["full", "short"] = "full"  # a sequence's last window: full length, ending at its end, or the remainder
     warmup: int = Field(2, ge=0)
     max_rel_l2: float = Field(1e-2, gt=0)
     min_cosine: float = Field(0.99, ge=-1, le=1)

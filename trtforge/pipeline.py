@@ -184,6 +184,7 @@ class Pipeline:
         gates = {key: getattr(r, key) if key in r.model_fields_set else None
                  for key in ("max_rel_l2", "min_cosine", "min_chunk_cosine", "min_top1_agreement", "min_pixel_agreement")}
         options = RunOptions(inputs=Path(r.inputs), chunk=r.chunk, overlap=r.overlap, batch_size=r.batch_size, merge=r.merge,
+                             last_window=r.last_window,
                              warmup=r.warmup, reference=self.paths["clean"], report=self.paths["run"],
                              tokenizer=Path(self.cfg.model.tokenizer) if self.cfg.model.tokenizer else None, **gates)
         report = run(target, options, progress=self.log)

@@ -99,11 +99,17 @@ class RunOptions:
     slots: int = 3  # staging slots: batches in flight
     plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
     merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(2, CPUs))
-    tokenize_processes: int = 0  # worker processes tokenizing text inputs (0: the planning threads do it)
+    # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
+    # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
+    tokenize_processes: int = 0
     last_window: str = "full"  # a sequence's last window: "full" (ends at the input's end, as long as the others) or "short"
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
     # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
     precision_check: bool = True
+
+    def __post_init__(self) -> None:
+        if self.last_window not in ("full", "short"):
+            raise UserError(f"unknown --last-window '{self.last_window}'; use full or short.")
 
     @property
     def full_last(self) -> bool:
@@ -228,7 +234,7 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
         p = len(tokenizer.prefix)
         chunks, i = [], 0
         for block in wrap_spans(doc.ids, [(w.start, w.end) for w in windows], tokenizer.prefix, tokenizer.suffix):
-            feeds = text_feeds(block, np.zeros_like(block), specs)  # one array per input per block: rows are views
+            feeds = text_feeds(block, tokenizer.type_ids(block), specs)  # one array per input per block: rows are views
             for r in range(block.shape[0]):
                 w = windows[i]
                 chunks.append(Chunk(d, i, {k: v[r:r + 1] for k, v in feeds.items()}, w, w.length, slice(p, p + w.length)))
@@ -388,11 +394,20 @@ def chunk_part(kind: OutputKind, chunk: Chunk, value: np.ndarray) -> np.ndarray:
     return part
 
 
+def kept_size(window: Any) -> int:
+    """Positions (pixels) a window (tile) keeps under 'center': its weight in a pooled or logits merge. Its full
+    length would count overlaps twice, and a full-length last window (mostly a repeat of its neighbour) as a
+    whole window of the input's end."""
+    if isinstance(window, Tile):
+        return kept_size(window.rows) * kept_size(window.cols)
+    return window.keep_end - window.keep_start
+
+
 def merge_document(doc: Document, kind: OutputKind, parts: list[tuple[Chunk, np.ndarray]], options: RunOptions) -> np.ndarray:
     """One input's output from its chunks' parts (chunk_part), by the output's kind."""
     parts = sorted(parts, key=lambda p: p[0].index)
     chunks, values = [c for c, _ in parts], [v for _, v in parts]
-    tokens = [c.tokens for c in chunks]
+    tokens = [kept_size(c.window) for c in chunks]  # positions each chunk alone speaks for: overlaps count once
     if kind.kind == "logits":  # a probability vector per input, however many chunks
         return merge_logits(values, tokens, "mean_softmax")
     if len(values) == 1:
@@ -482,6 +497,10 @@ class _Merger:
             if c is None:
                 break
             if self.counts[c.doc] > 1:
+                end = c.content.stop if c.content is not None else c.window.length
+                if end > length:  # take checks the batch's bounds only: a short row would read the next one
+                    raise ValueError(f"output '{name}' has {length} positions per row, window {c.index} of input {c.doc} needs "
+                                     f"{c.window.length} from position {end - c.window.length}")
                 run.append(j)
             else:
                 left.append(j)
@@ -627,7 +646,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     tokenizing = None
     if options.tokenize_processes and untokenized and p.tokenizer is not None:
         tokenizing = TokenizingProcesses(p.tokenizer.directory, options.tokenize_processes)
-        tokenizing.start()  # spawned and loaded before the clock, like the engine
+        tokenizing.start()  # spawned and loaded before the clock, like the engine (closes itself if it fails)
 
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
     # running (the target's pipelined loop) and merging (worker threads) all overlap under one clock.
@@ -684,10 +703,10 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # interval while the loop runs.
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, 0.0005))
-    if tokenizing is not None:
-        tokenizing.submit(untokenized)
     stream = feeds()
     try:
+        if tokenizing is not None:
+            tokenizing.submit(untokenized)
         with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
             if not options.precision_check:
                 def consume(tag: int, views: dict[str, np.ndarray]) -> None:

@@ -2,10 +2,11 @@
 
 Only `tokenizer.json` (+ `tokenizer_config.json` / `special_tokens_map.json` for the pad token) is
 read, so this works where transformers is not installed (the GPU machine). Nothing is hard-coded:
-the special tokens come from the tokenizer's own post-processor (BERT [CLS] x [SEP] = 101 x 102,
-RoBERTa <s> x </s> = 0 x 2, GPT-2 none), and long texts are cut into windows by the tokenizer itself
-(truncation with stride: `encoding.overflowing`). Each window's content tokens are mapped back to
-document positions through its special-tokens mask and offsets, so merged outputs stay exact.
+the special tokens and their token types come from the tokenizer's own post-processor (BERT [CLS] x [SEP]
+= 101 x 102, RoBERTa <s> x </s> = 0 x 2, GPT-2 none). `run` tokenizes a text once and cuts its ids into
+windows itself (`wrap_spans`), the very windows the tokenizer's truncation with stride cuts (`windows`, kept
+as the reference: tests/test_tokenize.py proves both equal on every shipped tokenizer), so planning threads
+touch no tokenizer state and merged outputs stay exact.
 
 Where the tokenizer is found: `--tokenizer DIR` / config `model.tokenizer`, else the `tokenizer`
 directory the export sidecar names (relative to that ONNX's folder), following the sidecar chain
@@ -15,9 +16,12 @@ directory the export sidecar names (relative to that ONNX's folder), following t
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -57,6 +61,9 @@ class TextTokenizer:
         first, last = (content[0], content[-1] + 1) if content else (len(mask), len(mask))
         self.prefix = list(probe.ids[:first])
         self.suffix = list(probe.ids[last:])
+        types = list(probe.type_ids)  # token types by position: the specials' may differ from the text's (XLNet: 2)
+        self.prefix_types, self.suffix_types = types[:first], types[last:]
+        self.content_type = types[first] if content else 0
 
     @property
     def specials(self) -> int:
@@ -80,7 +87,14 @@ class TextTokenizer:
     def wrap(self, ids: np.ndarray) -> TextWindow:
         """Document ids (no specials) with the model's special tokens around them."""
         full = np.concatenate([np.asarray(self.prefix, np.int64), np.asarray(ids, np.int64), np.asarray(self.suffix, np.int64)])
-        return TextWindow(full, np.zeros_like(full), slice(len(self.prefix), len(self.prefix) + len(ids)), (0, len(ids)))
+        return TextWindow(full, self.type_ids(full[None])[0], slice(len(self.prefix), len(self.prefix) + len(ids)), (0, len(ids)))
+
+    def type_ids(self, block: np.ndarray) -> np.ndarray:
+        """Token types for windows wrapped in the specials (rows of `block`): as the tokenizer's own encoding gives them."""
+        types = np.full(block.shape, self.content_type, np.int64)
+        types[:, :len(self.prefix_types)] = self.prefix_types
+        types[:, block.shape[1] - len(self.suffix_types):] = self.suffix_types
+        return types
 
     def windows(self, text: str, chunk: int, overlap: int) -> list[TextWindow]:
         """Windows of at most `chunk` tokens (specials included) sharing `overlap` document tokens,
@@ -141,8 +155,18 @@ class TokenizingProcesses:
         of tasks spawns them all; but a worker up early may run several of them while another is still importing
         (~0.5 s), so rounds go on until every worker has answered. On the H200 box, returning after one round
         left workers starting while the clock ran: the first ~35 batches of a run waited on them (~0.3 s)."""
-        while len(self.ready) < self.processes:
-            self.ready.update(f.result() for f in [self.pool.submit(_worker_ready, 0.05) for _ in range(self.processes)])
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            with _sigint_ignored():  # the first round spawns the workers: they start with Ctrl-C ignored
+                first = [self.pool.submit(_worker_ready, 0.05) for _ in range(self.processes)]
+            self.ready.update(f.result() for f in first)
+            while len(self.ready) < self.processes:
+                self.ready.update(f.result() for f in [self.pool.submit(_worker_ready, 0.05) for _ in range(self.processes)])
+        except BrokenProcessPool as exc:
+            self.close()
+            raise UserError(f"the {self.processes} tokenizing processes could not start ({exc}; their error is printed above); "
+                            "run without --tokenize-processes.") from None
 
     def submit(self, texts: dict[int, str]) -> None:
         for d, text in texts.items():
@@ -159,9 +183,23 @@ class TokenizingProcesses:
 _WORKER_TOKENIZER: TextTokenizer | None = None
 
 
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ctrl-C ignored while worker processes are spawned: an ignored signal stays ignored across exec, so they
+    start that way (their own handler comes only after they import), and Ctrl-C stays the parent's to handle.
+    Only the main thread may set handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _worker_init(directory: str) -> None:
     import os
-    import signal
 
     global _WORKER_TOKENIZER
     signal.signal(signal.SIGINT, signal.SIG_IGN)
