@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu/session_w11.sh W DEADLINE_EPOCH   then  poll.sh W 540
 # A (issue 11, `run` wall <= 1.1x GPU): worker processes tokenizing with the fixed start-up (bccb9d8: start() waits
 #    for every worker) against the threads-only default, on inputs of distinct lengths (steps.sh docs_varied), two
-#    runs each, 4 and 8 processes; decides whether --tokenize-processes becomes the default. run_stalls table.
+#    runs each, 4 and 8 processes; decides whether --tokenize-processes becomes the default. run_stalls table. Then
+#    the processes' remaining start-up cost with and without the warm-up's page-in of merged outputs.
 # B: where the MiniLM engine's fixed ~1.31 ms per execution comes from (2026-12-02 window: no batch took less,
 #    whatever its size): its GPU ms at 1x64, 16x128, 16x256 with the default fusions and with the GELU,
 #    skip-LayerNorm and attention passes off one at a time (`vs_torch.py engine`), BERT-base's default for scale.
@@ -28,6 +29,12 @@ for i in 1 2; do
       step "run-$m-tp4-$d-$i" 300 "$(RUN $m $d tp4_${d}_$i "--tokenize-processes 4")"
     done
   done
+done
+# Where the processes' remaining start-up cost (w10b: ~0.18 s, the first ~40 batches) goes: without the warm-up there is
+# no page-in of merged outputs on the planning threads (prepare_outputs), so if the cost follows it, this shows it.
+for i in 1 2; do
+  step "run-minilm-tp8-nowarm-$i" 300 "$(RUN minilm docs32v tp8_nowarm_docs32v_$i "--tokenize-processes 8 --warmup 0")"
+  step "run-minilm-nowarm-$i" 300 "$(RUN minilm docs32v threads_nowarm_docs32v_$i "--warmup 0")"
 done
 step stalls 60 "python3 benchmarks/run_stalls.py $W/minilm/*docs*.json $W/bert-base/*docs*.json --json $W/stalls.json > $W/stalls.md"
 rm -rf "$W/docs8v" "$W/docs32v"
