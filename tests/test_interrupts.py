@@ -144,3 +144,22 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and time.monotonic() - start < 20, err
     assert interrupts.FIRST in err and interrupts.SECOND in err
+
+
+def test_children_started_while_spawning_ignore_ctrl_c_and_the_parent_gets_its_handler_back():
+    """--tokenize-processes spawns its workers inside ignored_while_spawning: an ignored SIGINT survives exec, so a
+    Ctrl-C during their import is the parent's alone (no traceback per worker)."""
+    import signal
+    import subprocess
+    import sys
+
+    from trtforge.interrupts import ignored_while_spawning
+
+    before = signal.getsignal(signal.SIGINT)
+    probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"]
+    with ignored_while_spawning():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        inside = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+    assert signal.getsignal(signal.SIGINT) is before
+    outside = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+    assert (inside, outside) == ("True", "False")

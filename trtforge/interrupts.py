@@ -56,6 +56,21 @@ def _on_sigint(_signum: int, _frame: object) -> None:
 
 
 @contextlib.contextmanager
+def ignored_while_spawning() -> Iterator[None]:
+    """SIGINT ignored while the block starts child processes: an ignored signal stays ignored across exec, so they
+    start that way (their own handler comes only after they import) and Ctrl-C stays the parent's to handle. A
+    Ctrl-C inside the block (a few submits) is lost. Outside the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """SIGINT sets a flag instead of raising while the block runs; the interrupt is raised when it ends.
 

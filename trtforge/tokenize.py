@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -157,12 +155,13 @@ class TokenizingProcesses:
         left workers starting while the clock ran: the first ~35 batches of a run waited on them (~0.3 s)."""
         from concurrent.futures.process import BrokenProcessPool
 
+        from trtforge.interrupts import ignored_while_spawning
+
         try:
-            with _sigint_ignored():  # the first round spawns the workers: they start with Ctrl-C ignored
-                first = [self.pool.submit(_worker_ready, 0.05) for _ in range(self.processes)]
-            self.ready.update(f.result() for f in first)
             while len(self.ready) < self.processes:
-                self.ready.update(f.result() for f in [self.pool.submit(_worker_ready, 0.05) for _ in range(self.processes)])
+                with ignored_while_spawning():  # submitting spawns the workers: they start with Ctrl-C ignored
+                    answers = [self.pool.submit(_worker_ready, 0.05) for _ in range(self.processes)]
+                self.ready.update(f.result() for f in answers)
         except BrokenProcessPool as exc:
             self.close()
             raise UserError(f"the {self.processes} tokenizing processes could not start ({exc}; their error is printed above); "
@@ -181,21 +180,6 @@ class TokenizingProcesses:
 
 
 _WORKER_TOKENIZER: TextTokenizer | None = None
-
-
-@contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ctrl-C ignored while worker processes are spawned: an ignored signal stays ignored across exec, so they
-    start that way (their own handler comes only after they import), and Ctrl-C stays the parent's to handle.
-    Only the main thread may set handlers; elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _worker_init(directory: str) -> None:
