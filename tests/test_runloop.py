@@ -136,6 +136,34 @@ def test_a_stream_finalized_on_a_planning_thread_does_not_wait_for_itself():
     assert finished.wait(5), "the planning thread is stuck joining itself"
 
 
+def test_planning_stays_a_bounded_lead_ahead_of_the_consumer():
+    """With `ahead`, a consumer that stops taking batches stops planning after `ahead` queued batches plus the
+    documents the threads hold (2 x workers) and the one batch the producer is putting: 1 + 2 + 1 + 4 = 8 of 40
+    here. Unbounded, every document is planned at once (the start-up stall on the H200 box). Every batch
+    still arrives, in order, once consumed."""
+    import time
+
+    def run(ahead):
+        planned = []
+
+        def plan(d):
+            planned.append(d)
+            return [(d, 0, 8)]
+
+        stream = stream_batches(40, plan, Batcher(1, lambda c: c[2]), workers=2, ahead=ahead)
+        first = next(stream)
+        time.sleep(0.3)  # the consumer is busy: planning may only fill its lead
+        held = len(planned)
+        return held, [first, *stream]
+
+    held, batches = run(ahead=2)
+    assert held <= 8, held
+    assert batches == [[(d, 0, 8)] for d in range(40)]
+    held, batches = run(ahead=0)
+    assert held == 40
+    assert batches == [[(d, 0, 8)] for d in range(40)]
+
+
 def test_a_planning_error_reaches_the_consumer():
     def plan(d):
         if d == 1:

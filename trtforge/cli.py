@@ -401,12 +401,14 @@ def run_cmd(
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="TensorRT: capture each batch shape as a CUDA graph and replay it."),
     shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
-    plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs))."),
+    plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs); 2 with --tokenize-processes)."),
+    plan_ahead: int = typer.Option(8, "--plan-ahead", min=0, help="Batches planning may run ahead of the GPU loop (0: no bound)."),
     tokenize_processes: int = typer.Option(0, "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs, started before the clock (0: the planning threads tokenize)."),
     last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=1, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200)."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     precision_check: bool = typer.Option(True, "--precision-check/--no-precision-check", help="Check every chunk against ONNX Runtime fp32 after the run (off: speed runs; precision gates you set then fail)."),
+    chunking_check: bool = typer.Option(True, "--chunking-check/--no-chunking-check", help="Measure chunked+merged vs one whole pass on ONNX Runtime fp32 for every chunked input after the run (off: speed runs; a min_chunk_cosine gate you set then fails)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Shard the inputs over Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address."),
     ray_actors: Optional[int] = typer.Option(None, "--ray-actors", help="With --ray: actors to start (default: one per GPU for an engine, one per CPU for an ONNX)."),
@@ -446,8 +448,8 @@ def run_cmd(
         min_pixel_agreement=gate(min_pixel_agreement, "min_pixel_agreement"),
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
-        cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots, precision_check=precision_check,
-        plan_workers=plan_workers, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
+        cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots, precision_check=precision_check, chunking_check=chunking_check,
+        plan_workers=plan_workers, plan_ahead=plan_ahead, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")

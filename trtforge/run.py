@@ -97,7 +97,8 @@ class RunOptions:
     cuda_graphs: bool = True
     shared_device_memory: bool = True
     slots: int = 3  # staging slots: batches in flight
-    plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
+    plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs), 2 with tokenize_processes)
+    plan_ahead: int = 8  # batches planning may run ahead of the GPU loop (0: unbounded; runloop.stream_batches)
     merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(2, CPUs))
     # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
     # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
@@ -106,6 +107,9 @@ class RunOptions:
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
     # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
     precision_check: bool = True
+    # False: no chunked-vs-whole ONNX Runtime fp32 pass per input after the loop (it took ~80 s of CPU after a ~1 s
+    # BERT-base run over 192 inputs on the H200 box); the chunking error is reported not measured.
+    chunking_check: bool = True
 
     def __post_init__(self) -> None:
         if self.last_window not in ("full", "short"):
@@ -681,10 +685,13 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     batches: list[list[Chunk]] = []
     parts = getattr(target, "accepts_parts", False)
-    workers = options.plan_workers or min(8, os.cpu_count() or 2)  # tokenizing releases the GIL: documents in parallel
+    # Tokenizing releases the GIL: documents in parallel. With the ids from worker processes, a thread plans a
+    # document in ~1 ms (MiniLM's docs32v on the H200 box) while the GPU takes ~2.6 ms to run it: 2 keep up.
+    workers = options.plan_workers or (2 if tokenizing is not None else min(8, os.cpu_count() or 2))
 
     def feeds() -> Any:
-        stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), workers, on_plan)
+        stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), workers, on_plan,
+                                options.plan_ahead)
         while True:
             with host.stage("wait_plan"):  # the submitting thread waiting for planned chunks
                 b = next(stream, None)
@@ -759,7 +766,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                        "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
-                    "tokenize_processes": tokenizing.processes if tokenizing is not None else 0},
+                    "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
@@ -897,6 +904,8 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
     (which process, which Ray actor) each input was measured."""
     if count == 1:
         return {"name": doc.name, "scope": "not chunked (fits one chunk)", "measured": False}, None
+    if not options.chunking_check:
+        return {"name": doc.name, "scope": "--no-chunking-check", "measured": False}, None
     sub, scope = _measurement_input(doc, p)
     sub_chunks = plan_document(0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last)
     if len(sub_chunks) < 2:
