@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The next H200 window (staging as in session_w4.sh; the real MiniLM as .whl2/gtpkg). Run from the project root:
 #   bash benchmarks/gpu/session_w11.sh W DEADLINE_EPOCH   then  poll.sh W 540
-# A (issue 11, `run` wall <= 1.1x GPU): worker processes tokenizing with the fixed start-up (bccb9d8: start() waits
-#    for every worker) against the threads-only default, on inputs of distinct lengths (steps.sh docs_varied), two
-#    runs each, 4 and 8 processes; decides whether --tokenize-processes becomes the default. run_stalls table. Then
-#    the processes' remaining start-up cost with and without the warm-up's page-in of merged outputs.
+# A (issue 11, `run` wall <= 1.1x GPU): planning's bounded lead (5b1c800, --plan-ahead; w10b's start-up excess with
+#    processes was every document planned at once, 8 threads contending for the GIL) against the unbounded one, with
+#    threads and with 4 / 8 tokenizing processes, on inputs of distinct lengths (steps.sh docs_varied), two runs each;
+#    decides whether --tokenize-processes becomes the default. run_stalls table. Then the processes' start-up cost
+#    with and without the warm-up's page-in of merged outputs.
 # B: where the MiniLM engine's fixed ~1.31 ms per execution comes from (2026-12-02 window: no batch took less,
 #    whatever its size): its GPU ms at 1x64, 16x128, 16x256 with the default fusions and with the GELU,
 #    skip-LayerNorm and attention passes off one at a time (`vs_torch.py engine`), BERT-base's default for scale.
@@ -20,13 +21,17 @@ export_clean bert-base minilm
 wait
 
 docs_varied 8 docs8v; docs_varied 32 docs32v
-RUN() { echo "$T -m trtforge run $(M $1).fp16.engine --config $CFG/$1.yaml --inputs $W/$2 --no-precision-check ${4:-} --report $W/$1/$3.json"; }
+RUN() { echo "$T -m trtforge run $(M $1).fp16.engine --config $CFG/$1.yaml --inputs $W/$2 --no-precision-check --no-chunking-check ${4:-} --report $W/$1/$3.json"; }
+# planning's bounded lead (5b1c800: --plan-ahead 8, 2 planning threads with processes) against the unbounded one
 for i in 1 2; do
   for m in minilm bert-base; do
     for d in docs8v docs32v; do
       step "run-$m-$d-$i" 300 "$(RUN $m $d threads_${d}_$i)"
+      step "run-$m-ahead0-$d-$i" 300 "$(RUN $m $d ahead0_${d}_$i "--plan-ahead 0")"
       step "run-$m-tp8-$d-$i" 300 "$(RUN $m $d tp8_${d}_$i "--tokenize-processes 8")"
+      step "run-$m-tp8-ahead0-$d-$i" 300 "$(RUN $m $d tp8ahead0_${d}_$i "--tokenize-processes 8 --plan-ahead 0 --plan-workers 8")"
       step "run-$m-tp4-$d-$i" 300 "$(RUN $m $d tp4_${d}_$i "--tokenize-processes 4")"
+      step "run-$m-tp4-slots6-$d-$i" 300 "$(RUN $m $d tp4s6_${d}_$i "--tokenize-processes 4 --slots 6")"
     done
   done
 done
