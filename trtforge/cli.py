@@ -401,7 +401,7 @@ def run_cmd(
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="TensorRT: capture each batch shape as a CUDA graph and replay it."),
     shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
-    plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs); 2 with --tokenize-processes)."),
+    plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs))."),
     plan_ahead: int = typer.Option(8, "--plan-ahead", min=0, help="Batches planning may run ahead of the GPU loop (0: no bound)."),
     tokenize_processes: int = typer.Option(0, "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs, started before the clock (0: the planning threads tokenize)."),
     last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),

@@ -97,7 +97,7 @@ class RunOptions:
     cuda_graphs: bool = True
     shared_device_memory: bool = True
     slots: int = 3  # staging slots: batches in flight
-    plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs), 2 with tokenize_processes)
+    plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
     plan_ahead: int = 8  # batches planning may run ahead of the GPU loop (0: unbounded; runloop.stream_batches)
     merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(2, CPUs))
     # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
@@ -685,9 +685,9 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     batches: list[list[Chunk]] = []
     parts = getattr(target, "accepts_parts", False)
-    # Tokenizing releases the GIL: documents in parallel. With the ids from worker processes, a thread plans a
-    # document in ~1 ms (MiniLM's docs32v on the H200 box) while the GPU takes ~2.6 ms to run it: 2 keep up.
-    workers = options.plan_workers or (2 if tokenizing is not None else min(8, os.cpu_count() or 2))
+    # Tokenizing releases the GIL: documents in parallel. With ids from worker processes as well: 2 planning threads
+    # starved the loop on the H200 box (their page-in of merged outputs under GIL contention; 2026-12-02 w11).
+    workers = options.plan_workers or min(8, os.cpu_count() or 2)
 
     def feeds() -> Any:
         stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), workers, on_plan,
