@@ -162,8 +162,9 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check", [False, True], ids=["merged-from-the-slot", "with-reference"])
-def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check):
+@pytest.mark.parametrize("precision_check,overlap_merges", [(False, True), (False, False), (True, True)],
+                         ids=["merged-from-the-slot", "merged-from-the-slot-waiting", "with-reference"])
+def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges):
     from trtforge.run import RunOptions, run
 
     docs = tmp_path / "docs"
@@ -173,7 +174,7 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=2, plan_workers=2)
     want = run(minilm_clean, RunOptions(**common, precision_check=False, save_outputs=tmp_path / "ort.npz"))
     emulated = _emulate(monkeypatch, minilm_clean, engine)
-    report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check,
+    report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check, overlap_merges=overlap_merges,
                                     save_outputs=tmp_path / "engine.npz", report=tmp_path / "report.json"))
     ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
     assert sorted(ort.files) == sorted(got.files) and len(got.files) == len(list(docs.iterdir())) * len(want["outputs"])
@@ -190,6 +191,7 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
         assert report["precision_error"]["measured"] is not False and worst["rel_l2"] < 1e-5 and report["gates"]["passed"]
     else:
         assert report["precision_error"] == {"measured": False, "reason": "--no-precision-check"}
+    assert runtime["overlap_merges"] is (overlap_merges and not precision_check)
     json.loads((tmp_path / "report.json").read_text())
 
 

@@ -575,6 +575,30 @@ def test_consume_reads_each_batch_from_the_pinned_slot_without_copying(monkeypat
     runner.close()
 
 
+def test_a_slot_waits_for_the_work_consume_handed_on(monkeypatch, tmp_path):
+    """consume may hand its work to other threads and return a Future (run's overlapped merges): the collector goes
+    on, but the slot is restaged only once that work is done, so a late reader still sees its own batch, not the
+    next one staged into the same slot; what is yielded is the future's result, in order."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    runner, _ = _runner(monkeypatch, tmp_path, slots=2)
+    batches = _batches()
+    seen = {}
+
+    def late_read(tag, view):
+        time.sleep(0.05)  # long after the next batches were staged, were the slot not held
+        seen[tag] = view.copy()
+        return -tag
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(runner.run_many(batches, consume=lambda tag, out: pool.submit(late_read, tag, out["y"])))
+    assert got == [(i, -i) for i in range(len(batches))]
+    for tag, feeds in batches:
+        np.testing.assert_array_equal(seen[tag], _expected(feeds))
+    runner.close()
+
+
 def test_batch_timeline_keeps_order_and_caps():
     """The timeline lists batches in collection order, rounded, up to its limit, and says how many it left out."""
     t = batch_timeline([5.12345, 1.0, 7.5], [1.23456, None, 1.3])

@@ -403,6 +403,7 @@ def run_cmd(
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
     plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs))."),
     plan_ahead: int = typer.Option(8, "--plan-ahead", min=0, help="Batches planning may run ahead of the GPU loop (0: no bound)."),
+    overlap_merges: bool = typer.Option(True, "--overlap-merges/--no-overlap-merges", help="With --no-precision-check: merge each batch on one merge thread while the next is collected (off: split a batch's rows over the merge threads and wait)."),
     tokenize_processes: int = typer.Option(0, "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs, started before the clock (0: the planning threads tokenize)."),
     last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=1, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200)."),
@@ -449,7 +450,7 @@ def run_cmd(
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
         cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots, precision_check=precision_check, chunking_check=chunking_check,
-        plan_workers=plan_workers, plan_ahead=plan_ahead, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
+        plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")

@@ -21,7 +21,7 @@ import resource
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -100,6 +100,10 @@ class RunOptions:
     plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
     plan_ahead: int = 8  # batches planning may run ahead of the GPU loop (0: unbounded; runloop.stream_batches)
     merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(2, CPUs))
+    # without the precision check: each batch merged on one merge thread while the collector goes on to the next
+    # batch (its slot is reused once the merge is done); False: a batch's rows split over the merge threads and the
+    # collector waits for them
+    overlap_merges: bool = True
     # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
     # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
     tokenize_processes: int = 0
@@ -329,7 +333,11 @@ class OrtTarget:
             start = time.perf_counter()
             out = self.runner.run(feeds)
             self.timings.append(("onnxruntime", (time.perf_counter() - start) * 1e3, None))
-            yield tag, (out if consume is None else consume(tag, out))
+            if consume is not None:
+                out = consume(tag, out)
+                if isinstance(out, Future):  # work consume handed to other threads: done before the next batch
+                    out = out.result()
+            yield tag, out
 
     def memory(self) -> dict[str, Any]:
         return {"device": "cpu", "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -716,11 +724,14 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             tokenizing.submit(untokenized)
         with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
             if not options.precision_check:
-                def consume(tag: int, views: dict[str, np.ndarray]) -> None:
+                def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
                     b = batches[tag]
+                    if options.overlap_merges:  # one merge thread per batch; the slot waits for it, the collector does not
+                        return pool.submit(merge, b, views, None, True)
                     groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
                     for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
                         future.result()
+                    return None
 
                 for _ in target.run_many(stream, consume=consume):
                     pass
@@ -766,7 +777,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                        "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
-                    "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead},
+                    "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
+                    "overlap_merges": options.overlap_merges and not options.precision_check},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:

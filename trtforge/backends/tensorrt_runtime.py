@@ -424,7 +424,9 @@ class TrtRunner:
         batches stay queued on the GPU meanwhile. A slot is restaged only once its batch was collected.
         With `consume`, the collector hands consume(tag, views of the pinned outputs) the batch instead of
         copying it (no copy, no fresh allocation per batch) and yields (tag, what consume returned); the
-        views are only valid inside that call."""
+        views are valid until consume returns, or, where it returns a Future (work it handed to other threads),
+        until that future is done: the slot is restaged only then, and its result is what is yielded. The
+        collector then goes on to the next batch at once instead of waiting for that work."""
         n = len(self.slots)
         order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
@@ -432,18 +434,18 @@ class TrtRunner:
                 s = i % n
                 while any(slot == s for slot, _ in order):  # round robin: slot s holds the oldest batch
                     with self.host.stage("wait_slot"):  # the submitting thread blocked on the oldest batch
-                        result = order.popleft()[1].result()
+                        result = _released(order.popleft()[1])
                     yield result
                 if i == 0:
                     self._last_done = time.perf_counter()  # the first batch's wall: from its submission
                 with self.host.stage("submit"):
                     self._submit(s, feeds, self.profile_for(feeds) if profile is None else profile, tag)
                 order.append((s, collector.submit(self._collect, s, consume)))
-                while order and order[0][1].done():
-                    yield order.popleft()[1].result()
+                while order and _settled(order[0][1]):
+                    yield _released(order.popleft()[1])
             while order:
                 with self.host.stage("wait_slot"):  # the drain: the last batches, collected in order
-                    result = order.popleft()[1].result()
+                    result = _released(order.popleft()[1])
                 yield result
 
     def close(self) -> None:
@@ -459,6 +461,22 @@ class TrtRunner:
         if self._memory is not None:
             self._memory.free()
             self._memory = None
+
+
+def _settled(collection: Future) -> bool:
+    """A batch collected and, where consume handed its work on (a Future), that work done: its slot is free."""
+    if not collection.done():
+        return False
+    if collection.exception() is not None:
+        return True
+    out = collection.result()[1]
+    return not isinstance(out, Future) or out.done()
+
+
+def _released(collection: Future) -> tuple[Any, Any]:
+    """(tag, outputs) of a collected batch once its slot is free (consume's deferred work raised here)."""
+    tag, out = collection.result()
+    return tag, out.result() if isinstance(out, Future) else out
 
 
 def _shape_of(value: Any) -> tuple[int, ...]:
