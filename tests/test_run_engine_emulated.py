@@ -174,6 +174,15 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=2, plan_workers=2)
     want = run(minilm_clean, RunOptions(**common, precision_check=False, save_outputs=tmp_path / "ort.npz"))
     emulated = _emulate(monkeypatch, minilm_clean, engine)
+    import trtforge.run as run_mod
+
+    merged_rows, add = [], run_mod._Merger.add
+
+    def recording_add(self, batch, out, rows=None, copy=False):  # how each batch reached the merge
+        merged_rows.append(None if rows is None else list(rows))
+        return add(self, batch, out, rows, copy)
+
+    monkeypatch.setattr(run_mod._Merger, "add", recording_add)
     report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check, overlap_merges=overlap_merges,
                                     save_outputs=tmp_path / "engine.npz", report=tmp_path / "report.json"))
     ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
@@ -192,6 +201,8 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     else:
         assert report["precision_error"] == {"measured": False, "reason": "--no-precision-check"}
     assert runtime["overlap_merges"] is (overlap_merges and not precision_check)
+    if not precision_check:  # overlapped: each batch whole on one merge thread; waiting: its rows split over the 2
+        assert all(rows is None for rows in merged_rows) if overlap_merges else all(rows is not None for rows in merged_rows)
     json.loads((tmp_path / "report.json").read_text())
 
 

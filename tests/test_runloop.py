@@ -98,7 +98,8 @@ def test_batches_run_while_later_documents_are_still_being_planned():
     assert sorted(seen) == sorted(c for d in range(3) for c in planned[d])
 
 
-def test_closing_the_stream_early_plans_no_further_document():
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_closing_the_stream_early_plans_no_further_document(ahead):
     """run closes the stream when its loop fails: documents queued but not started are never planned (their
     merged outputs would be allocated after the run gave up)."""
     import time
@@ -110,13 +111,14 @@ def test_closing_the_stream_early_plans_no_further_document():
         planned.append(d)
         return [(d, 0, 8)]
 
-    stream = stream_batches(40, plan, Batcher(1, lambda c: c[2]), workers=2)
+    stream = stream_batches(40, plan, Batcher(1, lambda c: c[2]), workers=2, ahead=ahead)
     next(stream)
     stream.close()
     assert len(planned) < 10, planned
 
 
-def test_a_stream_finalized_on_a_planning_thread_does_not_wait_for_itself():
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_a_stream_finalized_on_a_planning_thread_does_not_wait_for_itself(ahead):
     """An iterator nobody closed (a loop that raised) is finalized by the garbage collector on whichever thread
     happens to run it; on a planning thread, joining the planner would wait for itself forever."""
     import threading
@@ -130,20 +132,20 @@ def test_a_stream_finalized_on_a_planning_thread_does_not_wait_for_itself():
             finished.set()
         return [(d, 0, 8)]
 
-    holder["stream"] = stream_batches(6, plan, Batcher(1, lambda c: c[2]), workers=1)
+    holder["stream"] = stream_batches(6, plan, Batcher(1, lambda c: c[2]), workers=1, ahead=ahead)
     next(holder["stream"])
     abandoned.set()
     assert finished.wait(5), "the planning thread is stuck joining itself"
 
 
 def test_planning_stays_a_bounded_lead_ahead_of_the_consumer():
-    """With `ahead`, a consumer that stops taking batches stops planning after `ahead` queued batches plus the
-    documents the threads hold (2 x workers) and the one batch the producer is putting: 1 + 2 + 1 + 4 = 8 of 40
-    here. Unbounded, every document is planned at once (the start-up stall on the H200 box). Every batch
+    """With `ahead`, a consumer that stops taking batches stops planning: the batch it holds, `ahead` queued, the one
+    the producer is putting and the documents the threads were handed after it (2 x workers - 1): 1 + 2 + 1 + 3 = 7
+    of 40 here. Unbounded, every document is planned at once (the start-up stall on the H200 box). Every batch
     still arrives, in order, once consumed."""
     import time
 
-    def run(ahead):
+    def run(ahead, settle):
         planned = []
 
         def plan(d):
@@ -152,26 +154,57 @@ def test_planning_stays_a_bounded_lead_ahead_of_the_consumer():
 
         stream = stream_batches(40, plan, Batcher(1, lambda c: c[2]), workers=2, ahead=ahead)
         first = next(stream)
-        time.sleep(0.3)  # the consumer is busy: planning may only fill its lead
+        deadline = time.monotonic() + 5
+        while not settle(planned) and time.monotonic() < deadline:  # the consumer is busy: planning fills its lead
+            time.sleep(0.01)
+        time.sleep(0.2)  # and would go on here, were it unbounded
         held = len(planned)
         return held, [first, *stream]
 
-    held, batches = run(ahead=2)
-    assert held <= 8, held
+    held, batches = run(ahead=2, settle=lambda planned: len(planned) >= 7)
+    assert held == 7, held
     assert batches == [[(d, 0, 8)] for d in range(40)]
-    held, batches = run(ahead=0)
+    held, batches = run(ahead=0, settle=lambda planned: len(planned) == 40)
     assert held == 40
     assert batches == [[(d, 0, 8)] for d in range(40)]
 
 
-def test_a_planning_error_reaches_the_consumer():
+@pytest.mark.parametrize("how", ["close", "raise"])
+def test_a_consumer_that_leaves_while_planning_waits_on_a_full_queue_returns_at_once(how):
+    """run closes the stream when its loop fails; with a bounded lead the producer is then blocked putting a batch
+    into a full queue, and must notice that nobody will take it (else `run` hangs in its cleanup)."""
+    import time
+
+    stream = stream_batches(40, lambda d: [(d, 0, 8)], Batcher(1, lambda c: c[2]), workers=2, ahead=1)
+    next(stream)
+    time.sleep(0.2)  # planning has filled the queue and blocks
+    raised = []
+
+    def leave():
+        if how == "close":
+            stream.close()
+        else:
+            try:
+                stream.throw(RuntimeError("the loop failed"))
+            except RuntimeError as exc:
+                raised.append(exc)
+
+    leaving = threading.Thread(target=leave, daemon=True)  # a hang fails the test instead of stalling the suite
+    leaving.start()
+    leaving.join(5)
+    assert not leaving.is_alive(), "the stream did not return: its producer is stuck on the full queue"
+    assert how == "close" or raised
+
+
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_a_planning_error_reaches_the_consumer(ahead):
     def plan(d):
         if d == 1:
             raise ValueError("bad document")
         return [(d, 0, 8)]
 
     with pytest.raises(ValueError, match="bad document"):
-        list(stream_batches(3, plan, Batcher(2, lambda c: c[2])))
+        list(stream_batches(3, plan, Batcher(2, lambda c: c[2]), ahead=ahead))
 
 
 # -- TrtRunner through a fake CUDA + TensorRT ----------------------------------------------------------
@@ -584,11 +617,17 @@ def test_a_slot_waits_for_the_work_consume_handed_on(monkeypatch, tmp_path):
 
     runner, _ = _runner(monkeypatch, tmp_path, slots=2)
     batches = _batches()
-    seen = {}
+    seen, running, peak = {}, [0], [0]
+    lock = threading.Lock()
 
     def late_read(tag, view):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
         time.sleep(0.05)  # long after the next batches were staged, were the slot not held
         seen[tag] = view.copy()
+        with lock:
+            running[0] -= 1
         return -tag
 
     with ThreadPoolExecutor(4) as pool:
@@ -596,6 +635,7 @@ def test_a_slot_waits_for_the_work_consume_handed_on(monkeypatch, tmp_path):
     assert got == [(i, -i) for i in range(len(batches))]
     for tag, feeds in batches:
         np.testing.assert_array_equal(seen[tag], _expected(feeds))
+    assert peak[0] >= 2  # the collector went on while a batch's work ran: two batches' work overlapped
     runner.close()
 
 
@@ -606,3 +646,13 @@ def test_batch_timeline_keeps_order_and_caps():
     capped = batch_timeline([1.0] * 10, [0.5] * 10, limit=4)
     assert capped["batches"] == 10 and capped["shown"] == 4 and len(capped["wall_ms"]) == len(capped["gpu_ms"]) == 4
     assert batch_timeline([], []) == {"batches": 0, "shown": 0, "wall_ms": [], "gpu_ms": []}
+
+
+def test_run_options_refuse_a_negative_plan_ahead():
+    """The API's way in (the CLI's --plan-ahead has min=0): a negative lead would silently mean unbounded."""
+    from trtforge.errors import UserError
+    from trtforge.run import RunOptions
+
+    with pytest.raises(UserError, match=r"--plan-ahead -1 is negative; use 0 \(no bound\)"):
+        RunOptions(inputs="docs", plan_ahead=-1)
+    assert RunOptions(inputs="docs", plan_ahead=0).plan_ahead == 0

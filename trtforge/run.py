@@ -118,6 +118,8 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.last_window not in ("full", "short"):
             raise UserError(f"unknown --last-window '{self.last_window}'; use full or short.")
+        if self.plan_ahead < 0:
+            raise UserError(f"--plan-ahead {self.plan_ahead} is negative; use 0 (no bound) or a number of batches.")
 
     @property
     def full_last(self) -> bool:
@@ -724,9 +726,13 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             tokenizing.submit(untokenized)
         with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
             if not options.precision_check:
+                # overlapping pays only where a batch's outputs are a pinned slot the next batches wait for (an
+                # engine); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads
+                overlap = options.overlap_merges and p.is_engine
+
                 def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
                     b = batches[tag]
-                    if options.overlap_merges:  # one merge thread per batch; the slot waits for it, the collector does not
+                    if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
                         return pool.submit(merge, b, views, None, True)
                     groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
                     for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
@@ -778,7 +784,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
                     "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
-                    "overlap_merges": options.overlap_merges and not options.precision_check},
+                    "overlap_merges": options.overlap_merges and not options.precision_check and p.is_engine},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:

@@ -433,7 +433,7 @@ class TrtRunner:
             for i, (tag, feeds) in enumerate(batches):
                 s = i % n
                 while any(slot == s for slot, _ in order):  # round robin: slot s holds the oldest batch
-                    with self.host.stage("wait_slot"):  # the submitting thread blocked on the oldest batch
+                    with self.host.stage("wait_slot"):  # the submitting thread blocked on the oldest batch (and its merge)
                         result = _released(order.popleft()[1])
                     yield result
                 if i == 0:
