@@ -76,6 +76,7 @@ def test_int8_onnx_is_gated_by_cosine_by_default(minilm_int8, minilm_clean, tmp_
     assert_user_error(gated, "min_cosine 0.99 could not be evaluated: precision error not measured: --no-precision-check", code=1)
     # and no chunked-vs-whole pass either: measured by default, reported not measured when off, a set gate fails
     assert json.loads(fast.stdout)["chunking_error"]["measured"] is True
+    assert json.loads(fast.stdout)["runtime"]["overlap_merges"] is False  # ONNX Runtime's outputs are its own: nothing to overlap
     no_chunking = run_cli(*args, "--no-precision-check", "--no-chunking-check", "--report", str(tmp_path / "fast.json"))
     # the built-in config's chunk gate (0.85) is set, so it fails saying why
     assert_user_error(no_chunking, "min_chunk_cosine 0.85 could not be evaluated: chunking error not measured: --no-chunking-check", code=1)

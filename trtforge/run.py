@@ -718,6 +718,9 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # outputs on one thread took 3.6x the GPU time). With planning, merging and collecting threads about,
     # the thread feeding the GPU must not wait Python's default 5 ms for the GIL: a shorter switch
     # interval while the loop runs.
+    # Overlapping pays only where a batch's outputs are a pinned slot the next batches wait for (an engine without
+    # the precision check); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads.
+    overlap = options.overlap_merges and not options.precision_check and p.is_engine
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, 0.0005))
     stream = feeds()
@@ -726,10 +729,6 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             tokenizing.submit(untokenized)
         with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
             if not options.precision_check:
-                # overlapping pays only where a batch's outputs are a pinned slot the next batches wait for (an
-                # engine); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads
-                overlap = options.overlap_merges and p.is_engine
-
                 def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
                     b = batches[tag]
                     if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
@@ -784,7 +783,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
                     "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
-                    "overlap_merges": options.overlap_merges and not options.precision_check and p.is_engine},
+                    "overlap_merges": overlap},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:

@@ -7,7 +7,7 @@
   also bakes its buffer addresses in, so graphs are kept per staging slot.
 - `Batcher` / `stream_batches`: chunks planned by a worker pool, document by document, batched as
   they arrive (the same batches `run.make_batches` forms, in the order they fill), so tokenization
-  and chunk planning overlap execution.
+  and chunk planning overlap execution, a bounded lead ahead of it.
 - `slot_bytes`, `completion_intervals`, `wall_over_gpu`, `batch_timeline`: staging-buffer sizes and the clock.
 - `StageClock`: seconds per host stage (planning, staging, waiting on the GPU, copying out, merging),
   summed over threads, so a run whose wall time exceeds its GPU time says where the rest went.
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
 import time
+from collections import deque
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
