@@ -21,7 +21,7 @@ import resource
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -100,9 +100,9 @@ class RunOptions:
     plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: min(8, CPUs))
     plan_ahead: int = 8  # batches planning may run ahead of the GPU loop (0: unbounded; runloop.stream_batches)
     merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(2, CPUs))
-    # without the precision check: each batch merged on one merge thread while the collector goes on to the next
-    # batch (its slot is reused once the merge is done); False: a batch's rows split over the merge threads and the
-    # collector waits for them
+    # on an engine without the precision check: each batch merged on one merge thread while the collector goes on to
+    # the next batch (its slot is reused once the merge is done); False: a batch's rows split over the merge threads
+    # and the collector waits for them
     overlap_merges: bool = True
     # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
     # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
@@ -330,16 +330,13 @@ class OrtTarget:
         self.timings: list[tuple[str, float, float | None]] = []
 
     def run_many(self, batches: list[tuple[Any, dict[str, np.ndarray]]], consume=None):
-        """As TrtTarget.run_many; with `consume` the outputs (ORT's own arrays) go to consume(tag, outputs)."""
+        """As TrtTarget.run_many; with `consume` the outputs (ORT's own arrays) go to consume(tag, outputs), which
+        finishes its work before returning (run overlaps merges only on an engine, whose outputs are a reused slot)."""
         for tag, feeds in batches:
             start = time.perf_counter()
             out = self.runner.run(feeds)
             self.timings.append(("onnxruntime", (time.perf_counter() - start) * 1e3, None))
-            if consume is not None:
-                out = consume(tag, out)
-                if isinstance(out, Future):  # work consume handed to other threads: done before the next batch
-                    out = out.result()
-            yield tag, out
+            yield tag, (out if consume is None else consume(tag, out))
 
     def memory(self) -> dict[str, Any]:
         return {"device": "cpu", "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

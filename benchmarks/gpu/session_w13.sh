@@ -11,22 +11,20 @@ ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 B=$(M bert-base); N=$(M minilm)
-
 export_clean bert-base minilm
-( step build-fp16-bert-base 900 "$T -m trtforge build $B.clean.onnx --config $CFG/bert-base.yaml $TAC --precision fp16 -o $B.fp16.engine" ) &
-( step build-fp16-minilm 600 "$T -m trtforge build $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC -o $N.fp16.engine" ) &
+( build_fp16 bert-base ) &
+( build_fp16 minilm ) &
 wait
 
 docs_varied 32 docs32v; docs8
-RUN() { echo "$T -m trtforge run $(M $1).fp16.engine --config $CFG/$1.yaml --inputs $W/$2 --no-precision-check --no-chunking-check ${4:-} --report $W/$1/$3.json"; }
 for i in 1 2 3; do
   for m in minilm bert-base; do
-    step "run-$m-overlap-$i" 300 "$(RUN $m docs32v overlap_docs32v_$i)"
-    step "run-$m-waiting-$i" 300 "$(RUN $m docs32v waiting_docs32v_$i --no-overlap-merges)"
-    step "run-$m-tp8-$i" 300 "$(RUN $m docs32v tp8_docs32v_$i "--tokenize-processes 8 --plan-workers 8")"
+    step "run-$m-overlap-$i" 300 "$(run_fp16 $m docs32v overlap_docs32v_$i)"
+    step "run-$m-waiting-$i" 300 "$(run_fp16 $m docs32v waiting_docs32v_$i --no-overlap-merges)"
+    step "run-$m-tp8-$i" 300 "$(run_fp16 $m docs32v tp8_docs32v_$i "--tokenize-processes 8 --plan-workers 8")"
   done
 done
-for m in minilm bert-base; do step "run-$m-docs8" 300 "$(RUN $m docs8 run_docs8)"; done
+for m in minilm bert-base; do step "run-$m-docs8" 300 "$(run_fp16 $m docs8 run_docs8)"; done
 step stalls 60 "python3 benchmarks/run_stalls.py $W/minilm/*docs*.json $W/bert-base/*docs*.json --json $W/stalls.json > $W/stalls.md"
 rm -rf "$W/docs32v"
 

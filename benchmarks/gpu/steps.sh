@@ -40,6 +40,18 @@ M() { echo "$W/$1/$1"; }
 # " --engine NAME=FILE" for each NAME=FILE argument whose FILE exists (a failed build drops out of a comparison).
 eng() { for l in "$@"; do f=${l#*=}; [ -f "$f" ] && printf ' --engine %s' "$l"; done; }
 
+# The fp16 engine of BERT-base or MiniLM (MiniLM: one profile up to seq 256), $W/MODEL/MODEL.fp16.engine.
+build_fp16() {
+  local m=$1 tiers=""; [ "$m" = minilm ] && tiers="--tiers seq=256"
+  step "build-fp16-$m" 900 "$T -m trtforge build $(M $m).clean.onnx --config $CFG/$m.yaml --precision fp16 $tiers $TAC -o $(M $m).fp16.engine"
+}
+
+# `trtforge run` of MODEL's fp16 engine over $W/INPUT without the after-loop checks, report $W/MODEL/NAME.json.
+run_fp16() {
+  local m=$1 input=$2 name=$3; shift 3
+  echo "$T -m trtforge run $(M $m).fp16.engine --config $CFG/$m.yaml --inputs $W/$input --no-precision-check --no-chunking-check $* --report $W/$m/$name.json"
+}
+
 # $W/docs8: calib_data/minilm_long eight times over (48 documents, 356,168 tokens), the `run` benchmarks' input.
 docs8() {
   mkdir -p "$W/docs8"
