@@ -206,3 +206,43 @@ def test_take_refuses_what_it_cannot_merge():
         early = StreamingMerge(windows, 50)
         early.preallocate((4,), np.float32)
         early.take(0, source, [0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(20, 300), st.integers(4, 48), st.sampled_from(["center", "linear", "cosine"]), st.booleans(), st.data())
+def test_a_merge_into_reused_pool_memory_equals_a_fresh_one(length, chunk, merge, early, data):
+    """run merges into pooled buffers that held an earlier input's output (outpool.py) and are not cleared for
+    'center': every position must be written, and blends must start from zero, whatever the buffer held."""
+    from trtforge.chunking import StreamingMerge
+    from trtforge.outpool import OutputPool
+
+    windows = plan_windows(length, chunk, data.draw(st.integers(0, chunk - 1)), full_last=data.draw(st.booleans()))
+    rng = np.random.default_rng(length + 7 * chunk)
+    parts = [rng.standard_normal((w.length, 2)).astype(np.float32) for w in windows]
+    pool = OutputPool()
+    dirty, _ = pool.take(length + data.draw(st.integers(0, 30)), (2,), np.float32)
+    dirty[...] = np.nan  # what an earlier input left behind
+    pool.give(dirty)
+    fresh, pooled = StreamingMerge(windows, length, merge), StreamingMerge(windows, length, merge, pool)
+    if early:
+        pooled.preallocate((2,), np.float32)
+    for i in data.draw(st.permutations(range(len(windows)))):
+        fresh.add(i, parts[i])
+        pooled.add(i, parts[i])
+    assert np.shares_memory(pooled.merged, dirty)  # it did reuse the dirty buffer
+    np.testing.assert_array_equal(pooled.result(), fresh.result())
+    pooled.release()
+    assert pool.report()["reused"] == 1 and pooled.merged is None
+
+
+def test_center_merges_into_pool_memory_refuse_windows_that_leave_a_gap():
+    from trtforge.chunking import StreamingMerge, Window, check_center_cover
+    from trtforge.outpool import OutputPool
+
+    check_center_cover(plan_windows(50, 16, 4), 50)
+    gap = [Window(0, 10, 0, 10), Window(12, 20, 12, 20)]
+    with pytest.raises(ValueError, match="do not tile"):
+        StreamingMerge(gap, 20, "center", OutputPool())
+    with pytest.raises(ValueError, match="end at 20, not at the 25"):
+        check_center_cover([Window(0, 10, 0, 10), Window(10, 20, 10, 20)], 25)
+    StreamingMerge(gap, 20, "center")  # without a pool the output is zeroed: no check needed

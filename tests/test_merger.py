@@ -100,3 +100,45 @@ def test_a_token_output_shorter_than_its_windows_is_refused():
     short = {"last_hidden_state": np.zeros((3, 10, 3), np.float32)}  # the windows need positions 1..11
     with pytest.raises(ValueError, match="has 10 positions per row"):
         merger.add(batch, short, [0, 1])
+
+
+@pytest.mark.parametrize("merge", ["center", "linear"])
+def test_each_input_is_handed_on_once_when_finished_and_its_memory_serves_later_inputs(merge):
+    """With on_done (run's path), an input goes to on_done as soon as its last chunk is merged, exactly once, with
+    what results() gives, and once released its pooled memory holds later inputs' outputs: batches straddle inputs,
+    rows are split over "threads", and the first inputs' memory is dirty when the later ones reuse it."""
+    from trtforge.outpool import OutputPool
+
+    lengths = [40, 9, 23, 30, 55, 41, 26, 33]
+    docs, chunks = _plan(lengths)
+    kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token"), "pooler_output": OutputKind("pooler_output", "pooled")}
+    options = SimpleNamespace(merge=merge, chunk=12, overlap=4)
+    rng = np.random.default_rng(3)
+    batches = [chunks[k:k + 5] for k in range(0, len(chunks), 5)]
+    outs = [_outputs(b, rng) for b in batches]
+    reference = _Merger(docs, chunks, kinds, options)  # no pool, no on_done: every input kept to the end
+    for b, o in zip(batches, outs):
+        reference.add(b, o)
+    expected = reference.results()
+
+    pool, got, finished_after = OutputPool(), {}, {}
+    def on_done(d, outputs, release):
+        assert d not in got, f"input {d} handed on twice"
+        got[d] = {k: v.copy() for k, v in outputs.items()}
+        finished_after[d] = batch_no
+        for v in outputs.values():  # what an earlier input leaves behind in memory a later one reuses
+            if np.issubdtype(v.dtype, np.floating) and v.ndim == 2 and v.base is not None:
+                v[...] = np.nan
+        release()
+
+    merger = _Merger(docs, chunks, kinds, options, pool=pool, on_done=on_done)
+    for batch_no, (b, o) in enumerate(zip(batches, outs)):
+        for rows in ([0, 1, 2], [3, 4]):
+            merger.add(b, {k: v.copy() for k, v in o.items()}, [r for r in rows if r < len(b)], copy=True)
+    assert sorted(got) == list(range(len(docs))) and merger.finished == len(docs)
+    for d in range(len(docs)):
+        last = max(i for i, b in enumerate(batches) if any(c.doc == d for c in b))
+        assert finished_after[d] == last  # handed on with its last batch, not at the end
+        for name in kinds:
+            np.testing.assert_array_equal(got[d][name], expected[d][name], err_msg=f"input {d} {name}")
+    assert pool.report()["reused"] > 0

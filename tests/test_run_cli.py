@@ -233,3 +233,50 @@ def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(min
                 np.testing.assert_array_equal(serial[key], loaded[key], err_msg=f"{other}: {key}")
             else:
                 np.testing.assert_allclose(serial[key], loaded[key], rtol=1e-6, atol=1e-6, err_msg=f"{other}: {key}")
+
+
+def test_saved_outputs_are_written_as_inputs_finish_and_their_memory_serves_later_ones(minilm_clean, tmp_path, monkeypatch):
+    """run hands each input's merged outputs to the --save-outputs writer as it finishes and reuses their memory
+    for later inputs once written (outpool.py, outwriter.py). With a lead of one batch and one planning thread,
+    later inputs reuse earlier ones' memory, also while the writer is stuck on input 10 for 0.5 s (its memory must
+    stay untouched until written); the file must equal the unbounded run's, where every input is planned (its
+    memory taken) before any is finished, so none is reused."""
+    import json as json_mod
+    import time
+
+    from trtforge.artifacts import NpzStream
+    from trtforge.run import RunOptions, run
+
+    rng = np.random.default_rng(0)
+    docs = tmp_path / "docs.jsonl"  # 24 inputs of 160 distinct random tokens: 5 windows of 48 each, equal sizes
+    docs.write_text("".join(json_mod.dumps({"name": f"doc{k:02d}", "input_ids": rng.integers(2000, 20000, 160).tolist()}) + "\n"
+                            for k in range(24)))
+    common = dict(inputs=docs, chunk=48, overlap=16, batch_size=4, warmup=1, precision_check=False, chunking_check=False)
+    unbounded = run(minilm_clean, RunOptions(**common, plan_ahead=0, save_outputs=tmp_path / "unbounded.npz"))
+    assert unbounded["runtime"]["output_pool"]["reused"] == 0
+    write = NpzStream.write
+
+    def stuck_on_input_10(self, key, array):
+        time.sleep(0.5 if key.startswith("doc10/") else 0)
+        write(self, key, array)
+
+    monkeypatch.setattr(NpzStream, "write", stuck_on_input_10)
+    bounded = run(minilm_clean, RunOptions(**common, plan_ahead=1, plan_workers=1, save_outputs=tmp_path / "bounded.npz"))
+    pool = bounded["runtime"]["output_pool"]
+    assert pool["reused"] > 0 and pool["fresh"] < 24, pool
+    saved = bounded["runtime"]["saved_outputs"]
+    assert saved["path"] == str(tmp_path / "bounded.npz") and saved["write_s"] >= 0.5
+    want, got = np.load(tmp_path / "unbounded.npz"), np.load(tmp_path / "bounded.npz")
+    assert sorted(want.files) == sorted(got.files) == [f"doc{k:02d}/last_hidden_state" for k in range(24)]
+    for key in want.files:
+        np.testing.assert_array_equal(want[key], got[key], err_msg=key)
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_saving_outputs_of_inputs_that_share_a_name_is_refused(minilm_clean, tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"name": "a", "input_ids": [2000, 2001, 2002]}\n{"name": "a", "input_ids": [2003, 2004]}\n')
+    out = tmp_path / "o.npz"
+    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", str(docs), "--save-outputs", str(out)),
+                      "inputs 0 and 1 are both named 'a'", "give the inputs distinct names")
+    assert not out.exists()

@@ -170,3 +170,46 @@ def onnx_graph_hash(model: Any) -> str:
         stripped.doc_string = ""
         digest.update(stripped.SerializeToString(deterministic=True))
     return digest.hexdigest()
+
+
+class NpzStream:
+    """An .npz written one array at a time, in np.savez's format (a stored zip of .npy files, zip64), under a temp
+    name beside `final` that `close()` renames onto it; `abort()` removes it. np.savez needs every array at once."""
+
+    def __init__(self, final: str | os.PathLike):
+        import zipfile
+
+        self.final = Path(final)
+        ensure_writable_dir(self.final)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=".tmp", dir=self.final.parent)
+        os.close(fd)
+        self.tmp = Path(tmp)
+        self.keys: set[str] = set()
+        self._zip = zipfile.ZipFile(self.tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
+
+    def write(self, key: str, array: Any) -> None:
+        import numpy as np
+
+        if key in self.keys:
+            raise ValueError(f"{self.final.name} already holds '{key}'")
+        self.keys.add(key)
+        try:
+            with self._zip.open(key + ".npy", "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, np.asanyarray(array), allow_pickle=False)
+        except OSError as exc:
+            raise UserError(f"could not write {self.final}: {exc.strerror or exc}; free space or choose another path.") from None
+
+    def close(self) -> None:
+        try:
+            self._zip.close()
+            publish(self.tmp, self.final)
+        except OSError as exc:
+            self.tmp.unlink(missing_ok=True)
+            raise UserError(f"could not write {self.final}: {exc.strerror or exc}; free space or choose another path.") from None
+
+    def abort(self) -> None:
+        try:
+            self._zip.close()
+        except (OSError, ValueError):
+            pass
+        self.tmp.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,17 @@ def windows_from_spans(spans: list[tuple[int, int]]) -> list[Window]:
     return windows
 
 
+def check_center_cover(windows: list[Window], length: int) -> None:
+    """'center' keep ranges must tile [0, length): each position kept by exactly one window (pure)."""
+    at = 0
+    for w in sorted(windows, key=lambda w: (w.keep_start, w.keep_end)):
+        if w.keep_start != at or w.keep_end < w.keep_start:
+            raise ValueError(f"windows' kept ranges do not tile the {length} positions (gap or overlap at {at})")
+        at = w.keep_end
+    if at != length:
+        raise ValueError(f"windows' kept ranges end at {at}, not at the {length} positions")
+
+
 def _ramp(n: int, kind: str) -> np.ndarray:
     """Weights rising over n positions, strictly inside (0, 1]."""
     t = (np.arange(n, dtype=np.float64) + 1.0) / (n + 1.0)
@@ -112,26 +124,44 @@ class StreamingMerge:
     their accumulation takes the lock.
     """
 
-    def __init__(self, windows: list[Window], length: int, merge: str = "center"):
+    def __init__(self, windows: list[Window], length: int, merge: str = "center", pool: Any = None):
         self.windows, self.length, self.merge = windows, length, merge
         self.weights = None if merge == "center" else window_weights(windows, length, merge)
+        self.pool = pool  # an outpool.OutputPool: the merged array is taken from it and given back by release()
+        if pool is not None and self.weights is None:
+            check_center_cover(windows, length)  # pooled memory is not zeroed: every position must be written
         self.merged: np.ndarray | None = None
         self.dtype: np.dtype | None = None
         self.seen: set[int] = set()
         self._lock = threading.Lock()
 
-    def _allocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def _allocate(self, feature_shape: tuple[int, ...], dtype: np.dtype, page_in: bool = False) -> np.ndarray:
+        """The merged array, zeroed where it must be (blends accumulate) and, with page_in, written once so that its
+        pages are mapped before the windows arrive."""
         self.dtype = np.dtype(dtype)  # 'center' only copies: kept in the outputs' own type; blends sum in float32+
-        merged = self.dtype if self.weights is None else np.result_type(self.dtype, np.float32)
-        return np.zeros((self.length,) + tuple(feature_shape), dtype=merged)
+        merged_type = self.dtype if self.weights is None else np.result_type(self.dtype, np.float32)
+        shape = (self.length,) + tuple(feature_shape)
+        if self.pool is None:
+            merged = np.zeros(shape, dtype=merged_type)  # maps no page until written
+            mapped = False
+        else:
+            merged, mapped = self.pool.take(self.length, tuple(feature_shape), merged_type)
+        if self.weights is not None or (page_in and not mapped):
+            merged[...] = 0
+        return merged
 
     def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> None:
-        """Allocate the merged array and write it once, so its pages are in memory before the windows arrive:
-        run calls this on the planning threads, where it overlaps the GPU instead of slowing the merge's copies
-        (first-touch page faults were most of the merge's cost on the H200 box; np.zeros alone maps no page)."""
-        merged = self._allocate(feature_shape, dtype)
-        merged[...] = 0
-        self.merged = merged
+        """Allocate the merged array with its pages in memory before the windows arrive: run calls this on the
+        planning threads, where it overlaps the GPU instead of slowing the merge's copies (first-touch page faults
+        were most of the merge's cost on the H200 box; np.zeros alone maps no page; a pooled buffer that served an
+        earlier input is mapped already)."""
+        self.merged = self._allocate(feature_shape, dtype, page_in=True)
+
+    def release(self) -> None:
+        """Give the merged array back to the pool (its contents then change): call once its consumer is done."""
+        if self.pool is not None and self.merged is not None:
+            self.pool.give(self.merged)
+        self.merged = None
 
     def _merged_for(self, part: np.ndarray) -> np.ndarray:
         """The merged output, allocated for the first part's feature shape and dtype; another shape is an error."""

@@ -39,6 +39,8 @@ from trtforge.errors import UserError
 from trtforge.graph import io_specs
 from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
+from trtforge.outpool import OutputPool
+from trtforge.outwriter import OutputWriter
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
@@ -438,20 +440,30 @@ def merge_document(doc: Document, kind: OutputKind, parts: list[tuple[Chunk, np.
 
 class _Merger:
     """Every output of every input merged back from its chunks as batches arrive: token outputs
-    stream into chunking.StreamingMerge, the other kinds are collected and merged per input."""
+    stream into chunking.StreamingMerge, the other kinds are collected and merged per input.
+
+    With `on_done`, each input is finished as soon as its last chunk is merged: on_done(d, outputs, release) gets its
+    merged outputs (views of pooled memory for streamed token outputs) and must call release() once it is done with
+    them, which gives their memory back to `pool` for later inputs. Without it, `results()` returns every input at
+    the end (the memory of all of them held until then)."""
 
     def __init__(self, docs: list[Document], chunks: list[Chunk], kinds: dict[str, OutputKind], options: RunOptions,
-                 templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None):
+                 templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None, pool: OutputPool | None = None,
+                 on_done: Callable[[int, dict[str, np.ndarray], Callable[[], None]], None] | None = None):
         self.docs, self.kinds, self.options = docs, kinds, options
         self.templates = templates or {}  # token output -> (shape per position, dtype), seen in the warm-up
+        self.pool, self.on_done = pool, on_done
         self.windows: dict[int, list[Window]] = {}
         self.counts = [0] * len(docs)
+        self.remaining = [0] * len(docs)  # chunks of each input not merged yet (on_done fires at 0)
+        self.finished = 0
         for c in chunks:
             self.windows.setdefault(c.doc, []).append(c.window)
             self.counts[c.doc] += 1
+            self.remaining[c.doc] += 1
         self.streams: dict[tuple[int, str], StreamingMerge] = {}
         self.parts: dict[tuple[int, str], list[tuple[Chunk, np.ndarray]]] = {}
-        self._lock = threading.Lock()  # add() runs on several threads: creating a stream is guarded
+        self._lock = threading.Lock()  # add() runs on several threads: creating a stream and counting are guarded
 
     def prepare(self, chunks: list[Chunk]) -> None:
         """Allocate and page in one document's merged token outputs (StreamingMerge.preallocate), on the
@@ -460,7 +472,7 @@ class _Merger:
             return
         d = chunks[0].doc
         for name, (feature, dtype) in self.templates.items():
-            stream = StreamingMerge([c.window for c in chunks], self.docs[d].length, self.options.merge)
+            stream = StreamingMerge([c.window for c in chunks], self.docs[d].length, self.options.merge, self.pool)
             stream.preallocate(feature, dtype)
             with self._lock:
                 self.streams[(d, name)] = stream
@@ -471,6 +483,9 @@ class _Merger:
         for c in chunks:
             self.windows.setdefault(c.doc, []).append(c.window)
             self.counts[c.doc] += 1
+        with self._lock:
+            for c in chunks:
+                self.remaining[c.doc] += 1
 
     def add(self, batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None,
             copy: bool = False) -> None:
@@ -491,6 +506,44 @@ class _Merger:
                     self._stream(c.doc, name).add(c.index, part)
                 else:
                     self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
+        if self.on_done is None:
+            return
+        done = []
+        with self._lock:  # after this thread's writes: the thread that merges an input's last chunk finishes it
+            for j in rows:
+                d = batch[j].doc
+                self.remaining[d] -= 1
+                if self.remaining[d] == 0:
+                    done.append(d)
+        for d in done:
+            self._finish(d)
+
+    def _finish(self, d: int) -> None:
+        """Input d's merged outputs to on_done; their pooled memory is given back when it calls release()."""
+        outputs = self._merged(d)
+        streams = [self.streams.pop((d, name)) for name in self.kinds if (d, name) in self.streams]
+        for name in self.kinds:
+            self.parts.pop((d, name), None)
+        released = []
+
+        def release() -> None:
+            if not released:
+                released.append(True)
+                for stream in streams:
+                    stream.release()
+
+        with self._lock:
+            self.finished += 1
+        self.on_done(d, outputs, release)  # type: ignore[misc]
+
+    def _merged(self, d: int) -> dict[str, np.ndarray]:
+        outs = {}
+        for name, kind in self.kinds.items():
+            if (d, name) in self.streams:
+                outs[name] = self.streams[(d, name)].result()
+            else:
+                outs[name] = merge_document(self.docs[d], kind, self.parts[(d, name)], self.options)
+        return outs
 
     def _take_runs(self, batch: list[Chunk], rows: list[int], name: str, value: np.ndarray) -> list[int]:
         """Rows of multi-window inputs merged a run at a time; returns the rows left (single-window inputs)."""
@@ -523,21 +576,13 @@ class _Merger:
             with self._lock:
                 stream = self.streams.get((doc, name))
                 if stream is None:
-                    stream = StreamingMerge(self.windows[doc], self.docs[doc].length, self.options.merge)
+                    stream = StreamingMerge(self.windows[doc], self.docs[doc].length, self.options.merge, self.pool)
                     self.streams[(doc, name)] = stream
         return stream
 
     def results(self) -> list[dict[str, np.ndarray]]:
-        merged: list[dict[str, np.ndarray]] = []
-        for d, doc in enumerate(self.docs):
-            outs = {}
-            for name, kind in self.kinds.items():
-                if (d, name) in self.streams:
-                    outs[name] = self.streams[(d, name)].result()
-                else:
-                    outs[name] = merge_document(doc, kind, self.parts[(d, name)], self.options)
-            merged.append(outs)
-        return merged
+        """Every input's merged outputs (without on_done: with it, each went to on_done as it finished)."""
+        return [self._merged(d) for d in range(len(self.docs))]
 
 
 # -- the step ------------------------------------------------------------------------------------
@@ -645,6 +690,7 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
 
 def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     p = prepare(target_path, options, plan=False)
+    _check_save_outputs(p.docs, options.save_outputs)
     if p.is_engine:
         target: Any = TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory)
     else:
@@ -659,10 +705,26 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         tokenizing = TokenizingProcesses(p.tokenizer.directory, options.tokenize_processes)
         tokenizing.start()  # spawned and loaded before the clock, like the engine (closes itself if it fails)
 
+    # Each input's merged outputs are handed on as soon as it is finished (written by --save-outputs, else dropped),
+    # and their memory serves later inputs (outpool.py: fresh pages cost more than the merge's copies).
+    output_pool = OutputPool()
+    try:
+        writer = OutputWriter(Path(options.save_outputs)) if options.save_outputs else None
+    except BaseException:
+        if tokenizing is not None:
+            tokenizing.close()
+        raise
+
+    def on_done(d: int, outputs: dict[str, np.ndarray], release: Callable[[], None]) -> None:
+        if writer is None:
+            release()
+        else:
+            writer.put(p.docs[d].name, outputs, release)
+
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
     # running (the target's pipelined loop) and merging (worker threads) all overlap under one clock.
     start = time.perf_counter()
-    merger = _Merger(p.docs, [], p.kinds, options, templates=warm)
+    merger = _Merger(p.docs, [], p.kinds, options, templates=warm, pool=output_pool, on_done=on_done)
     planned: dict[int, list[Chunk]] = {}
     host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
 
@@ -744,21 +806,26 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                     pending.append(pool.submit(merge, batches[tag], out))
                 for future in pending:
                     future.result()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
     finally:
         sys.setswitchinterval(interval)
         stream.close()  # on an error: no document is planned after this
         if tokenizing is not None:
             tokenizing.close()
-    merged = merger.results()
+    if merger.finished != len(p.docs):
+        raise RuntimeError(f"{len(p.docs) - merger.finished} of {len(p.docs)} inputs were never finished by the merge")
     wall = time.perf_counter() - start
+    saving = {"path": None}
+    if writer is not None:
+        close_start = time.perf_counter()
+        writer.close()
+        saving = {"path": str(options.save_outputs), "write_s": round(writer.seconds, 6),
+                  "after_loop_s": round(time.perf_counter() - close_start, 6)}
     p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
     progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(batches)} batches")
-    if options.save_outputs:
-        from trtforge.artifacts import atomic_path
-
-        with atomic_path(options.save_outputs) as tmp:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **{f"{d.name}/{name}": value for d, outs in zip(p.docs, merged) for name, value in outs.items()})
 
     report = {
         "schema": SCHEMA, "trtforge_version": __version__,
@@ -776,16 +843,31 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "chunking_error": _chunking_error(p, options),
         "latency": _latency(target.timings),
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
-                       "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded)"},
+                       "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded; --save-outputs writes overlap it, the rest after the loop is runtime.saved_outputs.after_loop_s)"},
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
                     "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
-                    "overlap_merges": overlap},
+                    "overlap_merges": overlap, "output_pool": output_pool.report(), "saved_outputs": saving},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
         write_json_atomic(options.report, report)
     return report
+
+
+def _check_save_outputs(docs: list[Document], path: Path | None) -> None:
+    """Before any work: --save-outputs keys are INPUT/OUTPUT, so inputs sharing a name would overwrite each other."""
+    if path is None:
+        return
+    from trtforge.artifacts import ensure_writable_dir
+
+    ensure_writable_dir(Path(path))
+    seen: dict[str, int] = {}
+    for d, doc in enumerate(docs):
+        if doc.name in seen:
+            raise UserError(f"inputs {seen[doc.name]} and {d} are both named '{doc.name}', so --save-outputs {path} would keep "
+                            "only one of them; give the inputs distinct names.")
+        seen[doc.name] = d
 
 
 def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], host: StageClock, wall: float,

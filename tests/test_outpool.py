@@ -1,0 +1,94 @@
+"""outpool.OutputPool: merged outputs' host memory reused from one input to the next (pure numpy, no runtime)."""
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from trtforge.outpool import OutputPool, capacity_for
+
+
+@given(st.integers(1, 10_000_000))
+def test_a_buffer_holds_its_length_with_at_most_an_eighth_more(length):
+    cap = capacity_for(length)
+    assert length <= cap <= length + length // 8
+    assert capacity_for(cap) == cap  # the grid is closed: a buffer of that size is reused as is
+
+
+def test_a_given_back_buffer_serves_the_next_input_that_fits_and_says_it_is_mapped():
+    pool = OutputPool()
+    first, mapped = pool.take(1000, (4,), np.float32)
+    assert first.shape == (1000, 4) and first.dtype == np.float32 and not mapped
+    first[...] = 7
+    pool.give(first)
+    again, mapped = pool.take(990, (4,), np.float32)  # smaller: the same memory, its pages mapped already
+    assert mapped and again.shape == (990, 4) and np.shares_memory(again, first)
+    other, mapped = pool.take(990, (4,), np.float16)  # another dtype (or feature shape) never shares a buffer
+    assert not mapped and not np.shares_memory(other, first)
+    bigger, mapped = pool.take(2000, (4,), np.float32)  # larger than any idle buffer: fresh
+    assert not mapped
+    assert pool.report()["reused"] == 1 and pool.report()["fresh"] == 3
+
+
+def test_the_smallest_idle_buffer_that_holds_the_request_is_taken():
+    pool = OutputPool()
+    arrays = [pool.take(n, (2,), np.float32)[0] for n in (100, 5000, 800)]
+    for a in arrays:
+        pool.give(a)
+    got, mapped = pool.take(700, (2,), np.float32)
+    assert mapped and np.shares_memory(got, arrays[2])  # 800 serves 700; 5000 is kept for larger inputs
+
+
+def test_giving_back_what_the_pool_did_not_hand_out_is_refused():
+    pool = OutputPool()
+    with pytest.raises(ValueError, match="not taken from the pool"):
+        pool.give(np.zeros((10, 2), np.float32))
+    a, _ = pool.take(10, (2,), np.float32)
+    pool.give(a)
+    with pytest.raises(ValueError, match="given back already"):
+        pool.give(a)
+
+
+def test_idle_memory_beyond_the_limit_is_let_go_smallest_first():
+    one = capacity_for(1000) * 4 * 4
+    pool = OutputPool(idle_limit=2 * one + 10)
+    small, _ = pool.take(100, (4,), np.float32)
+    big = [pool.take(1000, (4,), np.float32)[0] for _ in range(2)]
+    for a in [small] + big:
+        pool.give(a)
+    assert pool.idle_bytes <= pool.idle_limit and pool.report()["dropped"] == 1
+    got, mapped = pool.take(50, (4,), np.float32)  # the small buffer went: a big one serves
+    assert mapped and got.base.shape[0] == capacity_for(1000)
+
+
+def test_buffers_taken_at_once_from_several_threads_never_overlap():
+    pool = OutputPool()
+    live, errors = [], []
+    lock = threading.Lock()
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(200):
+                a, _ = pool.take(int(rng.integers(1, 3000)), (3,), np.float32)
+                a[...] = seed
+                with lock:
+                    if any(np.shares_memory(a, b) for b in live):
+                        errors.append("a buffer was handed out while another holder had it")
+                    live.append(a)
+                    mine = live.pop(int(rng.integers(len(live))))
+                if not np.all(mine == mine.flat[0]):  # written by one thread only while it was live
+                    errors.append("a live buffer was written by two holders")
+                pool.give(mine)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    report = pool.report()
+    assert report["taken"] == 800 and report["reused"] > 0
