@@ -7,7 +7,7 @@
 # memory serves later inputs (trtforge/outpool.py): on the dev VM fresh pages were most of the loop's host time.
 # A: this session's loop against the code before it (ccbee27, run from its own root), interleaved, three pairs per
 #    model on docs32v (192 documents of distinct lengths, 1.21M tokens), with --tokenize-processes 8 beside them;
-#    one pair on docs128v (768 documents, ~4.8M tokens: start-up and drain weigh less).
+#    one pair on docs128v (docs32v four times: 768 documents, ~4.8M tokens; start-up and drain weigh less).
 # B: --save-outputs, old (all outputs kept, one np.savez after the loop) vs new (written as inputs finish).
 # C: py-spy --gil on the new loop (docs128v, MiniLM): what still holds the GIL.
 # D: the vs-torch table again (engine GPU ms, torch fp16 eager without compile, `run` over docs8).
@@ -23,7 +23,8 @@ T_OLD="cd $OLDROOT && . \$HOME/trt86.env && PYTHONPATH=$OLDROOT:\$PYTHONPATH \$P
 export_clean bert-base minilm
 ( build_fp16 bert-base ) &
 ( build_fp16 minilm ) &
-docs_varied 32 docs32v; docs_varied 128 docs128v; docs8
+docs_varied 32 docs32v; docs8
+mkdir -p "$W/docs128v"; for j in 1 2 3 4; do for f in "$W"/docs32v/*; do cp "$f" "$W/docs128v/${j}_$(basename "$f")"; done; done
 wait
 
 # RUN CODE MODEL DOCS NAME [FLAGS]: one `trtforge run` of the fp16 engine without the after-loop checks
@@ -45,7 +46,7 @@ for m in minilm bert-base; do
   step "save-$m-new" 240 "$(RUN new $m docs32v new_save_docs32v "--save-outputs $W/$m/new.npz")"; rm -f "$W/$m/new.npz"
 done
 step stalls 60 "python3 benchmarks/run_stalls.py $W/minilm/*docs*.json $W/bert-base/*docs*.json --json $W/stalls.json > $W/stalls.md"
-[ -n "$PYSPY" ] && step pyspy-minilm 120 "$PYSPY record --gil --rate 1000 --format raw -o $W/minilm/pyspy_gil.txt -- bash -c '$(RUN new minilm docs128v spy_docs128v)'"
+[ -n "$PYSPY" ] && step pyspy-minilm 120 "$PYSPY record --gil --subprocesses --rate 1000 --format raw -o $W/minilm/pyspy_gil.txt -- bash -c '$(RUN new minilm docs128v spy_docs128v)'"
 rm -rf "$W/docs32v" "$W/docs128v"
 
 step vs-torch-engine 240 "$T benchmarks/vs_torch.py engine $(eng bert-base=$B.fp16.engine minilm=$N.fp16.engine) --out $W/engine.json"
