@@ -9,6 +9,7 @@ replays (as TensorRT's shape host-to-device copies do), with its buffer addresse
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 import threading
 from types import SimpleNamespace
 
@@ -656,3 +657,32 @@ def test_run_options_refuse_a_negative_plan_ahead():
     with pytest.raises(UserError, match=r"--plan-ahead -1 is negative; use 0 \(no bound\)"):
         RunOptions(inputs="docs", plan_ahead=-1)
     assert RunOptions(inputs="docs", plan_ahead=0).plan_ahead == 0
+
+
+def test_the_loops_switch_interval_is_set_while_it_runs_and_restored(minilm_clean, tmp_path):
+    """--switch-interval-us: Python's GIL switch interval during the timed loop (what a thread back from a GIL-free
+    copy may wait for the GIL), reported, and the caller's interval back afterwards; below 1 us is refused."""
+    import sys
+
+    import trtforge.run as run_mod
+    from trtforge.errors import UserError
+    from trtforge.run import RunOptions, run
+
+    with pytest.raises(UserError, match="--switch-interval-us 0 must be at least 1"):
+        RunOptions(inputs="docs", switch_interval_us=0)
+    seen = []
+    merge_add = run_mod._Merger.add
+
+    def recording_add(self, *args, **kwargs):
+        seen.append(sys.getswitchinterval())
+        return merge_add(self, *args, **kwargs)
+
+    before = sys.getswitchinterval()
+    run_mod._Merger.add = recording_add
+    try:
+        report = run(minilm_clean, RunOptions(inputs=Path("calib_data/minilm_long"), chunk=256, overlap=32, batch_size=16, warmup=0,
+                                              precision_check=False, chunking_check=False, switch_interval_us=50))
+    finally:
+        run_mod._Merger.add = merge_add
+    assert seen and all(abs(s - 50e-6) < 2e-6 for s in seen)  # Python keeps it in whole microseconds
+    assert report["runtime"]["switch_interval_us"] == 50 and sys.getswitchinterval() == before

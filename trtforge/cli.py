@@ -406,6 +406,7 @@ def run_cmd(
     overlap_merges: bool = typer.Option(True, "--overlap-merges/--no-overlap-merges", help="With --no-precision-check on an engine: merge each batch on one merge thread while the next is collected (off: split a batch's rows over the merge threads and wait)."),
     tokenize_processes: int = typer.Option(0, "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs, started before the clock (0: the planning threads tokenize)."),
     last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
+    switch_interval_us: int = typer.Option(500, "--switch-interval-us", min=1, help="Python's GIL switch interval while the loop runs, in microseconds: how long a thread coming back from a copy or a CUDA wait may wait for the GIL."),
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=1, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200)."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     precision_check: bool = typer.Option(True, "--precision-check/--no-precision-check", help="Check every chunk against ONNX Runtime fp32 after the run (off: speed runs; precision gates you set then fail)."),
@@ -451,6 +452,7 @@ def run_cmd(
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
         cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots, precision_check=precision_check, chunking_check=chunking_check,
         plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
+        switch_interval_us=switch_interval_us,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")

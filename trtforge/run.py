@@ -109,6 +109,9 @@ class RunOptions:
     # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
     # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
     tokenize_processes: int = 0
+    # Python's GIL switch interval while the loop runs: a thread back from a GIL-free numpy copy or CUDA wait waits up to
+    # this long for the GIL while another thread runs Python (benchmarks/gil_handoff.py); Python's default is 5000
+    switch_interval_us: int = 500
     last_window: str = "full"  # a sequence's last window: "full" (ends at the input's end, as long as the others) or "short"
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
     # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
@@ -122,6 +125,8 @@ class RunOptions:
             raise UserError(f"unknown --last-window '{self.last_window}'; use full or short.")
         if self.plan_ahead < 0:
             raise UserError(f"--plan-ahead {self.plan_ahead} is negative; use 0 (no bound) or a number of batches.")
+        if self.switch_interval_us < 1:
+            raise UserError(f"--switch-interval-us {self.switch_interval_us} must be at least 1 (microseconds).")
 
     @property
     def full_last(self) -> bool:
@@ -499,13 +504,18 @@ class _Merger:
             left = rows
             if kind.kind == "token" and self.options.merge == "center":
                 left = self._take_runs(batch, rows, name, value)
-            for j in left:
+            if copy and left and kind.kind != "token":  # the kept rows copied out of the reused slot at once
+                value = value[left]  # fancy indexing copies
+                left_rows = list(range(len(left)))
+            else:
+                left_rows = left
+            for j, at in zip(left, left_rows):
                 c = batch[j]
-                part = chunk_part(kind, c, value[j:j + 1])
+                part = chunk_part(kind, c, value[at:at + 1])
                 if kind.kind == "token" and self.counts[c.doc] > 1:
                     self._stream(c.doc, name).add(c.index, part)
                 else:
-                    self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
+                    self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy and kind.kind == "token" else part))
         if self.on_done is None:
             return
         done = []
@@ -781,7 +791,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # the precision check); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads.
     overlap = options.overlap_merges and not options.precision_check and p.is_engine
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(interval, 0.0005))
+    sys.setswitchinterval(options.switch_interval_us * 1e-6)
     stream = feeds()
     try:
         if tokenizing is not None:
@@ -835,8 +845,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "chunking": {"chunk": options.chunk, "overlap": options.overlap, "merge": options.merge, "batch_size": p.batch_cap,
                      "max_length": p.limits.seq, "max_tile": p.limits.tile, "naive": options.naive,
                      "last_window": options.last_window},
-        "inputs": [{"name": d.name, "kind": d.kind, "length": d.length,
-                    "chunks": sum(1 for c in p.chunks if c.doc == i)} for i, d in enumerate(p.docs)],
+        "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": len(planned[i])} for i, d in enumerate(p.docs)],
         "batches": len(batches),
         "precision_error": _precision_error(p, batches, results) if options.precision_check else
         {"measured": False, "reason": "--no-precision-check"},
@@ -847,7 +856,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
                     "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
-                    "overlap_merges": overlap, "output_pool": output_pool.report(), "saved_outputs": saving},
+                    "overlap_merges": overlap, "switch_interval_us": options.switch_interval_us,
+                    "output_pool": output_pool.report(), "saved_outputs": saving},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:

@@ -12,12 +12,17 @@
 #               && python3 -m zipfile -e .whl3/*.whl /root/site310/
 # .whl4/        py-spy's wheel (a static binary): session_w8.sh samples `run` with it; unzipped into /tmp/pyspy by the
 #               driver's first call (carry [".whl2", ".whl4"])
+# .whl5/        tokenizers for Python 3.10 (pack-trt86.sh does not stage it; `run` on text needs it): start.sh unzips it,
+#               with .whl's annotated_doc (typer needs it), into /root/site310
 # Keep the working tree small: a call carries the tree (tracked + untracked-not-ignored) plus its carry, 64 MiB
 # (67,108,864 bytes) in all, and the first staging part is 59.3 MB with its zstd: the tracked tree must stay under
 # ~7.3 MB (`git ls-files | xargs du -cb | tail -1`; 6.45 MB on 2026-12-01); gzip raw GPU results over 20 KB.
 set -eu
 mkdir -p .whl4
 pip download -q --only-binary=:all: --no-deps -d .whl4 'py-spy==0.4.3'
+mkdir -p .whl5
+pip download -q --only-binary=:all: --python-version 3.10 --implementation cp --no-deps -d .whl5 \
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 'tokenizers==0.22.1'
 mkdir -p .whl3
 pip download -q --only-binary=:all: --python-version 3.10 --implementation cp --no-deps -d .whl3 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 'ml_dtypes==0.5.1'
