@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A short H200 window at the end of the third session of 2026-12-02 (staging as in session_w4.sh, then
 # benchmarks/gpu/start.sh; .gpu/old = ccbee27 as in session_w14.sh). Run from the project root:
-#   bash benchmarks/gpu/session_w15.sh W DEADLINE_EPOCH   then  poll.sh W 540
+#   [MODELS=minilm] bash benchmarks/gpu/session_w15.sh W DEADLINE_EPOCH   then  poll.sh W 540
 # Issue 11 (`run` wall <= 1.1x GPU). w14 found the merge threads taking 3-4 ms per batch whatever the output's size
 # (MiniLM's 6 MB as long as BERT-base's 11 MB) while py-spy --gil showed them almost never holding the GIL: they wait
 # to get it back after each GIL-free copy, up to one switch interval each (0.5 ms) while the submitting thread runs
@@ -17,9 +17,9 @@ OLDROOT=$HOME/oldroot; rm -rf "$OLDROOT"; mkdir -p "$OLDROOT"
 ln -s "$ROOT/zoo" "$ROOT/calib_data" "$ROOT/configs" "$OLDROOT/"; ln -s "$ROOT/.gpu/old/trtforge" "$OLDROOT/trtforge"
 T_OLD="cd $OLDROOT && . \$HOME/trt86.env && PYTHONPATH=$OLDROOT:\$PYTHONPATH \$PY310"
 
-export_clean bert-base minilm
-( build_fp16 bert-base ) &
-( build_fp16 minilm ) &
+MODELS=${MODELS:-minilm bert-base}
+export_clean $MODELS
+for m in $MODELS; do ( build_fp16 $m ) & done
 docs_varied 32 docs32v
 mkdir -p "$W/docs128v"; for j in 1 2 3 4; do for f in "$W"/docs32v/*; do cp "$f" "$W/docs128v/${j}_$(basename "$f")"; done; done
 wait
@@ -27,17 +27,17 @@ wait
 RUN() { local code=$T; [ "$1" = old ] && code=$T_OLD
   echo "$code -m trtforge run $(M $2).fp16.engine --config $ROOT/$CFG/$2.yaml --inputs $W/$3 --no-precision-check --no-chunking-check ${5:-} --report $W/$2/$4.json"; }
 for i in 1 2; do
-  for m in minilm bert-base; do
+  for m in $MODELS; do
     step "run-$m-old-docs32v-$i" 120 "$(RUN old $m docs32v old_docs32v_$i)"
     for us in 500 100 50 20; do
       step "run-$m-si$us-docs32v-$i" 120 "$(RUN new $m docs32v si${us}_docs32v_$i "--switch-interval-us $us")"
     done
   done
 done
-for m in minilm bert-base; do
+for m in $MODELS; do
   step "run-$m-old-docs128v" 180 "$(RUN old $m docs128v old_docs128v_1)"
   for us in 100 50; do step "run-$m-si$us-docs128v" 180 "$(RUN new $m docs128v si${us}_docs128v_1 "--switch-interval-us $us")"; done
   step "run-$m-si50-tp8-docs32v" 120 "$(RUN new $m docs32v si50_tp8_docs32v_1 "--switch-interval-us 50 --tokenize-processes 8")"
 done
-step stalls 60 "python3 benchmarks/run_stalls.py $W/minilm/*docs*.json $W/bert-base/*docs*.json --json $W/stalls.json > $W/stalls.md"
+step stalls 60 "python3 benchmarks/run_stalls.py $(for m in $MODELS; do echo $W/$m/*docs*.json; done) --json $W/stalls.json > $W/stalls.md"
 touch "$W/DONE"
