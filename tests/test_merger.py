@@ -142,3 +142,54 @@ def test_each_input_is_handed_on_once_when_finished_and_its_memory_serves_later_
         for name in kinds:
             np.testing.assert_array_equal(got[d][name], expected[d][name], err_msg=f"input {d} {name}")
     assert pool.report()["reused"] > 0
+
+
+def test_two_threads_finishing_one_input_at_once_hand_it_on_exactly_once():
+    """run's merge threads take halves of a batch (or consecutive batches) at the same moment; the input whose last
+    chunks they merge must be handed on once, by whichever finishes last, with both halves in it."""
+    import threading
+
+    from trtforge.outpool import OutputPool
+
+    kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token")}
+    options = SimpleNamespace(merge="center", chunk=12, overlap=4)
+    for trial in range(20):
+        docs, chunks = _plan([40, 41, 43, 38])
+        rng = np.random.default_rng(trial)
+        batches = [chunks[k:k + 6] for k in range(0, len(chunks), 6)]
+        outs = [_outputs(b, rng) for b in batches]
+        reference = _Merger(docs, chunks, kinds, options)
+        for b, o in zip(batches, outs):
+            reference.add(b, o)
+        expected = reference.results()
+        done, lock = [], threading.Lock()
+
+        def on_done(d, outputs, release):
+            with lock:
+                done.append((d, outputs["last_hidden_state"].copy()))
+            release()
+
+        merger = _Merger(docs, chunks, kinds, options, pool=OutputPool(), on_done=on_done)
+        barrier = threading.Barrier(2, timeout=10)  # a thread that failed breaks it: the other fails too, no hang
+
+        errors = []
+
+        def half(rows_of):
+            try:
+                for b, o in zip(batches, outs):
+                    barrier.wait()
+                    merger.add(b, o, [r for r in rows_of(len(b))], copy=True)
+            except Exception as exc:  # reported below; the barrier breaks for the other thread
+                errors.append(exc)
+                barrier.abort()
+
+        threads = [threading.Thread(target=half, args=(lambda n: range(0, n // 2),)),
+                   threading.Thread(target=half, args=(lambda n: range(n // 2, n),))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not [e for e in errors if not isinstance(e, threading.BrokenBarrierError)], errors
+        assert sorted(d for d, _ in done) == list(range(len(docs))), f"trial {trial}: {sorted(d for d, _ in done)}"
+        for d, value in done:
+            np.testing.assert_array_equal(value, expected[d]["last_hidden_state"])

@@ -58,8 +58,18 @@ def test_idle_memory_beyond_the_limit_is_let_go_smallest_first():
     for a in [small] + big:
         pool.give(a)
     assert pool.idle_bytes <= pool.idle_limit and pool.report()["dropped"] == 1
-    got, mapped = pool.take(50, (4,), np.float32)  # the small buffer went: a big one serves
+    got, mapped = pool.take(600, (4,), np.float32)  # the small buffer went: a big one serves
     assert mapped and got.base.shape[0] == capacity_for(1000)
+
+
+def test_a_far_larger_idle_buffer_is_kept_for_a_larger_input():
+    pool = OutputPool()
+    big, _ = pool.take(100_000, (4,), np.float32)
+    pool.give(big)
+    small, mapped = pool.take(100, (4,), np.float32)  # would leave 99.9% of it unused: fresh instead
+    assert not mapped and not np.shares_memory(small, big)
+    again, mapped = pool.take(60_000, (4,), np.float32)  # within twice its size: reused
+    assert mapped and np.shares_memory(again, big)
 
 
 def test_buffers_taken_at_once_from_several_threads_never_overlap():

@@ -76,3 +76,63 @@ def test_a_failed_write_stops_the_loop_and_leaves_no_file(tmp_path, monkeypatch)
     with pytest.raises(UserError, match="No space left"):
         writer.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def _held_writer(tmp_path, monkeypatch, queued=1):
+    """A writer whose writes wait for `go`; returns (writer, go, written keys)."""
+    go, written = threading.Event(), []
+    write = NpzStream.write
+
+    def held(self, key, array):
+        assert go.wait(10)
+        written.append(key)
+        write(self, key, array)
+
+    monkeypatch.setattr(NpzStream, "write", held)
+    return OutputWriter(tmp_path / "o.npz", queued=queued), go, written
+
+
+def test_a_merge_thread_waits_while_the_writer_is_behind(tmp_path, monkeypatch):
+    """At most `queued` inputs wait for the writer: the next put blocks (holding its batch's slot, so the GPU loop
+    slows to the disk's pace) instead of memory growing with the corpus."""
+    writer, go, written = _held_writer(tmp_path, monkeypatch, queued=1)
+    writer.put("d0", {"x": np.ones(2)}, lambda: None)  # taken by the writing thread, which waits in write
+    deadline = time.time() + 5
+    while writer._queue.qsize() and time.time() < deadline:
+        time.sleep(0.01)
+    writer.put("d1", {"x": np.ones(2)}, lambda: None)  # queued
+    third = threading.Thread(target=writer.put, args=("d2", {"x": np.ones(2)}, lambda: None))
+    third.start()
+    third.join(0.3)
+    assert third.is_alive()  # blocked: one input already waits
+    go.set()
+    third.join(5)
+    assert not third.is_alive()
+    writer.close()
+    assert written == ["d0/x", "d1/x", "d2/x"]
+
+
+def test_an_aborted_writer_releases_what_is_queued_without_writing_it(tmp_path, monkeypatch):
+    writer, go, written = _held_writer(tmp_path, monkeypatch, queued=4)
+    released = []
+    for d in range(3):
+        writer.put(f"d{d}", {"x": np.ones(2)}, lambda d=d: released.append(d))
+    aborting = threading.Thread(target=writer.abort)
+    aborting.start()
+    time.sleep(0.05)
+    go.set()  # the write under way finishes; the queued ones are only released
+    aborting.join(5)
+    assert not aborting.is_alive() and sorted(released) == [0, 1, 2] and len(written) <= 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_release_that_fails_is_raised_by_close(tmp_path):
+    writer = OutputWriter(tmp_path / "o.npz")
+
+    def broken():
+        raise RuntimeError("release failed")
+
+    writer.put("d0", {"x": np.ones(2)}, broken)
+    with pytest.raises(RuntimeError, match="release failed"):
+        writer.close()
+    assert list(tmp_path.iterdir()) == []

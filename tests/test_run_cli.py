@@ -239,8 +239,8 @@ def test_saved_outputs_are_written_as_inputs_finish_and_their_memory_serves_late
     """run hands each input's merged outputs to the --save-outputs writer as it finishes and reuses their memory
     for later inputs once written (outpool.py, outwriter.py). With a lead of one batch and one planning thread,
     later inputs reuse earlier ones' memory, also while the writer is stuck on input 10 for 0.5 s (its memory must
-    stay untouched until written); the file must equal the unbounded run's, where every input is planned (its
-    memory taken) before any is finished, so none is reused."""
+    stay untouched until written); the file must equal the unbounded run's, where planning runs ahead of every
+    merge (little or no reuse). Releasing an input's memory before it is written fails it (checked)."""
     import json as json_mod
     import time
 
@@ -252,8 +252,7 @@ def test_saved_outputs_are_written_as_inputs_finish_and_their_memory_serves_late
     docs.write_text("".join(json_mod.dumps({"name": f"doc{k:02d}", "input_ids": rng.integers(2000, 20000, 160).tolist()}) + "\n"
                             for k in range(24)))
     common = dict(inputs=docs, chunk=48, overlap=16, batch_size=4, warmup=1, precision_check=False, chunking_check=False)
-    unbounded = run(minilm_clean, RunOptions(**common, plan_ahead=0, save_outputs=tmp_path / "unbounded.npz"))
-    assert unbounded["runtime"]["output_pool"]["reused"] == 0
+    run(minilm_clean, RunOptions(**common, plan_ahead=0, save_outputs=tmp_path / "unbounded.npz"))
     write = NpzStream.write
 
     def stuck_on_input_10(self, key, array):
@@ -280,3 +279,32 @@ def test_saving_outputs_of_inputs_that_share_a_name_is_refused(minilm_clean, tmp
     assert_user_error(run_cli("run", str(minilm_clean), "--inputs", str(docs), "--save-outputs", str(out)),
                       "inputs 0 and 1 are both named 'a'", "give the inputs distinct names")
     assert not out.exists()
+
+
+def test_a_failed_save_stops_the_run_and_leaves_no_file(minilm_clean, tmp_path, monkeypatch):
+    """A write that fails mid-run (disk full) ends the run with its one sentence; no temp file and no writing
+    thread are left behind."""
+    import threading
+
+    from trtforge.artifacts import NpzStream
+    from trtforge.errors import UserError
+    from trtforge.run import RunOptions, run
+
+    def full_disk(self, key, array):
+        raise UserError(f"could not write {self.final}: No space left on device; free space or choose another path.")
+
+    monkeypatch.setattr(NpzStream, "write", full_disk)
+    with pytest.raises(UserError, match="No space left on device"):
+        run(minilm_clean, RunOptions(inputs=Path("calib_data/minilm_long"), chunk=128, overlap=16, batch_size=8, warmup=1,
+                                     precision_check=False, chunking_check=False, save_outputs=tmp_path / "o.npz"))
+    assert list(tmp_path.iterdir()) == []
+    assert not [t for t in threading.enumerate() if t.name == "trtforge-save"]
+
+
+def test_an_empty_input_is_refused(minilm_clean, tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"name": "full", "input_ids": [2000, 2001, 2002]}\n{"name": "hollow", "input_ids": []}\n')
+    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", str(docs), "--chunk", "48", "--overlap", "8",
+                              "--save-outputs", str(tmp_path / "o.npz")),
+                      "input 'hollow' is empty (no tokens or positions)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]

@@ -8,8 +8,9 @@ after the first few inputs, merges write into memory that is already mapped. num
 blocks go back to the OS when freed), and no maintained library offers a size-classed host pool for numpy arrays
 outside a GPU framework, hence this small one.
 
-Buffers are kept per (feature shape, dtype), sized up to a grid of 1/8-octave steps (at most 12.5% unused), and a
-request takes the smallest idle buffer that holds it (of equal ones, the one given back last). Idle memory beyond `idle_limit` bytes is let go (smallest
+Buffers are kept per (feature shape, dtype), sized up to a grid of 1/8-octave steps (at most 12.5% unused when fresh),
+and a request takes the smallest idle buffer that holds it (of equal ones, the one given back last) if that is at most
+twice its own size: a far larger buffer stays for a larger input. Idle memory beyond `idle_limit` bytes is let go (smallest
 buffers first), so a run's host memory is bounded by the inputs in flight plus that limit, not by the whole corpus.
 """
 
@@ -52,7 +53,7 @@ class OutputPool:
             self.counts["taken"] += 1
             idle = self._idle.get(key, [])
             at = bisect.bisect_left(idle, (int(length), -(1 << 62)))  # the smallest that fits, the latest given of those
-            if at < len(idle):
+            if at < len(idle) and idle[at][0] <= 2 * capacity_for(length):  # a far larger one is kept for a larger input
                 _, _, buffer = idle.pop(at)
                 self.idle_bytes -= buffer.nbytes
                 self.counts["reused"] += 1

@@ -2,13 +2,17 @@
 
 Written on a thread of its own, so that the merge threads hand an input over and go back to the batches; its
 memory goes back to the output pool (outpool.py) once it is on disk, so a run holds the inputs in flight, not the
-whole corpus. Before, every output stayed in memory until the loop ended and was written after it.
+whole corpus. Before, every output stayed in memory until the loop ended and was written after it. At most `queued`
+inputs wait for the writer: a merge thread that would exceed that waits, which holds its staging slot and so slows
+the GPU loop to the disk's pace instead of letting memory grow with the corpus. Keys are written in the order
+inputs finish (np.load gives them by name).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -21,32 +25,38 @@ _END = object()
 
 class OutputWriter:
     """put(prefix, outputs, release): arrays written as PREFIX/NAME, then release() called; close() publishes the
-    file, abort() removes it. An error on the writing thread is raised by the next put() and by close()."""
+    file, abort() removes it without writing what is still queued. An error on the writing thread (or in a release)
+    is raised by the next put() and by close()."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, queued: int = 8):
         self.stream = NpzStream(path)
         self.error: BaseException | None = None
         self.seconds = 0.0
-        self._queue: queue.Queue = queue.Queue()
+        self._aborted = threading.Event()
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, int(queued)))
         self._thread = threading.Thread(target=self._work, name="trtforge-save", daemon=True)
         self._thread.start()
 
     def put(self, prefix: str, outputs: dict[str, np.ndarray], release: Callable[[], None]) -> None:
-        if self.error is not None:
-            release()
-            raise self.error
-        self._queue.put((prefix, outputs, release))
+        item = (prefix, outputs, release)
+        while True:  # waits while `queued` inputs are ahead, re-checking for a writer that failed meanwhile
+            if self.error is not None or self._aborted.is_set():
+                release()
+                raise self.error or RuntimeError("the output writer was stopped")
+            try:
+                self._queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
 
     def _work(self) -> None:
-        import time
-
         while True:
             item = self._queue.get()
             if item is _END:
                 return
             prefix, outputs, release = item
             try:
-                if self.error is None:
+                if self.error is None and not self._aborted.is_set():
                     start = time.perf_counter()
                     for name, value in outputs.items():
                         self.stream.write(f"{prefix}/{name}", value)
@@ -54,10 +64,19 @@ class OutputWriter:
             except BaseException as exc:  # raised in the loop by the next put, and by close
                 self.error = exc
             finally:
-                release()
+                try:
+                    release()
+                except BaseException as exc:  # a failed release must not end the thread silently
+                    self.error = self.error or exc
 
     def _join(self) -> None:
-        self._queue.put(_END)
+        while True:  # the end marker after whatever is queued (abort: those are only released, not written)
+            try:
+                self._queue.put(_END, timeout=0.05)
+                break
+            except queue.Full:
+                if not self._thread.is_alive():
+                    break
         self._thread.join()
 
     def close(self) -> None:
@@ -68,5 +87,8 @@ class OutputWriter:
         self.stream.close()
 
     def abort(self) -> None:
-        self._join()
-        self.stream.abort()
+        self._aborted.set()
+        try:
+            self._join()
+        finally:
+            self.stream.abort()

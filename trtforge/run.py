@@ -746,6 +746,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
             chunks = plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales,
                                    options.full_last)
+        if not chunks:  # it would never be finished (nor merged)
+            raise UserError(f"input '{p.docs[d].name}' is empty (no tokens or positions); remove it or give it content.")
         if merger.templates:
             with host.stage("prepare_outputs"):  # its merged outputs allocated and paged in, off the merge's path
                 merger.prepare(chunks)
@@ -794,46 +796,48 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     sys.setswitchinterval(options.switch_interval_us * 1e-6)
     stream = feeds()
     try:
-        if tokenizing is not None:
-            tokenizing.submit(untokenized)
-        with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
-            if not options.precision_check:
-                def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
-                    b = batches[tag]
-                    if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
-                        return pool.submit(merge, b, views, None, True)
-                    groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
-                    for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
-                        future.result()
-                    return None
+        try:
+            if tokenizing is not None:
+                tokenizing.submit(untokenized)
+            with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
+                if not options.precision_check:
+                    def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
+                        b = batches[tag]
+                        if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
+                            return pool.submit(merge, b, views, None, True)
+                        groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
+                        for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
+                            future.result()
+                        return None
 
-                for _ in target.run_many(stream, consume=consume):
-                    pass
-            else:
-                pending = []
-                for tag, out in target.run_many(stream):
-                    results[tag] = out  # kept for the ONNX Runtime comparison after the loop
-                    pending.append(pool.submit(merge, batches[tag], out))
-                for future in pending:
-                    future.result()
+                    for _ in target.run_many(stream, consume=consume):
+                        pass
+                else:
+                    pending = []
+                    for tag, out in target.run_many(stream):
+                        results[tag] = out  # kept for the ONNX Runtime comparison after the loop
+                        pending.append(pool.submit(merge, batches[tag], out))
+                    for future in pending:
+                        future.result()
+        finally:
+            sys.setswitchinterval(interval)
+            stream.close()  # on an error: no document is planned after this
+            if tokenizing is not None:
+                tokenizing.close()
+        if merger.finished != len(p.docs):
+            raise RuntimeError(f"{len(p.docs) - merger.finished} of {len(p.docs)} inputs were never finished by the merge")
+        wall = time.perf_counter() - start
+        saving: dict[str, Any] = {"path": None}
+        if writer is not None:
+            close_start = time.perf_counter()
+            closing, writer = writer, None  # close() removes the file itself if it fails
+            closing.close()
+            saving = {"path": str(options.save_outputs), "write_s": round(closing.seconds, 6),
+                      "after_loop_s": round(time.perf_counter() - close_start, 6)}
     except BaseException:
         if writer is not None:
-            writer.abort()
+            writer.abort()  # the temp file removed; what was queued is released, not written
         raise
-    finally:
-        sys.setswitchinterval(interval)
-        stream.close()  # on an error: no document is planned after this
-        if tokenizing is not None:
-            tokenizing.close()
-    if merger.finished != len(p.docs):
-        raise RuntimeError(f"{len(p.docs) - merger.finished} of {len(p.docs)} inputs were never finished by the merge")
-    wall = time.perf_counter() - start
-    saving = {"path": None}
-    if writer is not None:
-        close_start = time.perf_counter()
-        writer.close()
-        saving = {"path": str(options.save_outputs), "write_s": round(writer.seconds, 6),
-                  "after_loop_s": round(time.perf_counter() - close_start, 6)}
     p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
     progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(batches)} batches")
 

@@ -33,7 +33,7 @@ from trtforge import __version__
 from trtforge.artifacts import write_json_atomic
 from trtforge.comparator import Comparator
 from trtforge.report import SCHEMA
-from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _latency, _Merger, add_precision, chunking_error_of, gates_for,
+from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _check_save_outputs, _latency, _Merger, add_precision, chunking_error_of, gates_for,
                           chunking_summary, make_batches, precision_summary, prepare, self_referenced, stack)
 from trtforge.errors import UserError
 from trtforge.scaleout.pool import Pool, connect, require_ray
@@ -151,6 +151,7 @@ def run_ray(target_path: Path, options: RunOptions, ray_options: RayOptions,
             progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     ray = require_ray()
     p = prepare(target_path, options)
+    _check_save_outputs(p.docs, options.save_outputs)  # inputs sharing a name would overwrite each other's keys
     joined = connect(ray_options.address)
     try:
         return _run(ray, p, options, ray_options, progress)
