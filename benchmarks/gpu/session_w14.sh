@@ -16,9 +16,7 @@ ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 B=$(M bert-base); N=$(M minilm)
-OLDROOT=$HOME/oldroot; rm -rf "$OLDROOT"; mkdir -p "$OLDROOT"
-ln -s "$ROOT/zoo" "$ROOT/calib_data" "$ROOT/configs" "$OLDROOT/"; ln -s "$ROOT/.gpu/old/trtforge" "$OLDROOT/trtforge"
-T_OLD="cd $OLDROOT && . \$HOME/trt86.env && PYTHONPATH=$OLDROOT:\$PYTHONPATH \$PY310"
+old_code_root  # T_OLD: the code in .gpu/old, run from a root of its own
 
 [ -f "$B.fp16.engine" ] && [ -f "$N.fp16.engine" ] || {  # a restarted driver keeps the engines it built
   export_clean bert-base minilm
@@ -30,8 +28,6 @@ mkdir -p "$W/docs128v"; for j in 1 2 3 4; do for f in "$W"/docs32v/*; do cp "$f"
 wait
 
 # RUN CODE MODEL DOCS NAME [FLAGS]: one `trtforge run` of the fp16 engine without the after-loop checks
-RUN() { local code=$T; [ "$1" = old ] && code=$T_OLD
-  echo "$code -m trtforge run $(M $2).fp16.engine --config $ROOT/$CFG/$2.yaml --inputs $W/$3 --no-precision-check --no-chunking-check ${5:-} --report $W/$2/$4.json"; }
 for i in 1 2 3; do
   for m in minilm bert-base; do
     step "run-$m-old-docs32v-$i" 180 "$(RUN old $m docs32v old_docs32v_$i)"

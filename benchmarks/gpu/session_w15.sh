@@ -13,9 +13,7 @@ ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 B=$(M bert-base); N=$(M minilm)
-OLDROOT=$HOME/oldroot; rm -rf "$OLDROOT"; mkdir -p "$OLDROOT"
-ln -s "$ROOT/zoo" "$ROOT/calib_data" "$ROOT/configs" "$OLDROOT/"; ln -s "$ROOT/.gpu/old/trtforge" "$OLDROOT/trtforge"
-T_OLD="cd $OLDROOT && . \$HOME/trt86.env && PYTHONPATH=$OLDROOT:\$PYTHONPATH \$PY310"
+old_code_root  # T_OLD: the code in .gpu/old, run from a root of its own
 
 MODELS=${MODELS:-minilm bert-base}
 export_clean $MODELS
@@ -24,8 +22,6 @@ docs_varied 32 docs32v
 mkdir -p "$W/docs128v"; for j in 1 2 3 4; do for f in "$W"/docs32v/*; do cp "$f" "$W/docs128v/${j}_$(basename "$f")"; done; done
 wait
 
-RUN() { local code=$T; [ "$1" = old ] && code=$T_OLD
-  echo "$code -m trtforge run $(M $2).fp16.engine --config $ROOT/$CFG/$2.yaml --inputs $W/$3 --no-precision-check --no-chunking-check ${5:-} --report $W/$2/$4.json"; }
 for i in 1 2; do
   for m in $MODELS; do
     step "run-$m-old-docs32v-$i" 120 "$(RUN old $m docs32v old_docs32v_$i)"

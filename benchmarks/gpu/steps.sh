@@ -75,3 +75,16 @@ export_clean() {
   done
   wait
 }
+
+# T_OLD: like T, for the previous code in .gpu/old (`git archive REV trtforge | tar -x -C .gpu/old`), run from a root of
+# its own ($HOME/oldroot): `python -m` puts the working directory first on sys.path.
+old_code_root() {
+  OLDROOT=$HOME/oldroot; rm -rf "$OLDROOT"; mkdir -p "$OLDROOT"
+  ln -s "$ROOT/zoo" "$ROOT/calib_data" "$ROOT/configs" "$OLDROOT/"; ln -s "$ROOT/.gpu/old/trtforge" "$OLDROOT/trtforge"
+  T_OLD="cd $OLDROOT && . \$HOME/trt86.env && PYTHONPATH=$OLDROOT:\$PYTHONPATH \$PY310"
+}
+
+# RUN old|new MODEL DOCS NAME [FLAGS]: one `trtforge run` of MODEL's fp16 engine over $W/DOCS without the after-loop checks,
+# by the previous code (old, after old_code_root) or this checkout's, report $W/MODEL/NAME.json.
+RUN() { local code=$T; [ "$1" = old ] && code=$T_OLD
+  echo "$code -m trtforge run $(M $2).fp16.engine --config $ROOT/$CFG/$2.yaml --inputs $W/$3 --no-precision-check --no-chunking-check ${5:-} --report $W/$2/$4.json"; }
