@@ -6,6 +6,9 @@ session of 2026-12-02); the same np.take takes 0.41 ms on the 2-core dev VM. Thi
 one batch of 16 consecutive windows into a mapped merged output, as run does it, with the source in
 - `numpy`: ordinary memory, written by the CPU just before (warm);
 - `pinned`: page-locked memory (cudaMallocHost) just written by a device-to-host copy (--gpu only), as run's slots are;
+- `direct` (--gpu only): no host copy at all, the copy engine writing the kept rows into a registered merged output (one
+  cudaMemcpy2D per run of windows; the registration's one-off cost printed beside it): what a pooled, page-locked merged
+  output would cost per batch;
 beside 0 or N busy threads (`--tokenizer`: threads tokenizing the documents in a loop, the planning threads' load; else
 threads running Python loops, GIL contention), on 1 or 2 merge threads at once. Each case checks the merged rows first.
 Prints a table (median ms per batch and GB/s of kept rows) and writes JSON.
@@ -76,6 +79,40 @@ class _NumpySource:
 
     def refill(self) -> None:
         np.copyto(self.array, self.expected)
+
+
+def time_direct(repeat: int, batch: int, chunk: int, overlap: int, feature: int) -> dict[str, float]:
+    """The copy engine instead of the host (--gpu): the batch's kept rows copied device -> host straight into a
+    page-locked merged output, one cudaMemcpy2D for the run (interior windows keep equal, equally placed slices), after
+    registering the merged output once (cudaHostRegister: its cost is what a pool would pay once per buffer)."""
+    from cuda.bindings import runtime as cudart
+
+    windows, length = batch_windows(batch, chunk, overlap)
+    source = _PinnedSource((batch, chunk, feature))
+    row = feature * 4
+    skip = 1 + windows[0].keep_start - windows[0].start  # special token, then the part the neighbour keeps
+    width = (windows[0].keep_end - windows[0].keep_start) * row
+    assert all((w.keep_end - w.keep_start) * row == width and w.keep_start - w.start == skip - 1 for w in windows)
+    merged = np.zeros((length, feature), np.float32)
+    start = time.perf_counter()
+    assert int(cudart.cudaHostRegister(merged.ctypes.data, merged.nbytes, 0)[0]) == 0
+    register_ms = (time.perf_counter() - start) * 1e3
+    lo = windows[0].keep_start
+    times = []
+    kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+    for _ in range(repeat):
+        start = time.perf_counter()
+        err = cudart.cudaMemcpy2D(merged.ctypes.data + lo * row, width, int(source.device) + skip * row, chunk * row, width,
+                                  batch, kind)[0]
+        times.append((time.perf_counter() - start) * 1e3)
+        assert int(err) == 0, err
+    want = np.concatenate([source.expected[k, skip:skip + width // row] for k in range(batch)])
+    np.testing.assert_array_equal(merged[lo:lo + len(want)], want)
+    cudart.cudaHostUnregister(merged.ctypes.data)
+    ms = statistics.median(times[1:])
+    return {"median_ms": round(ms, 4), "p90_ms": round(sorted(times[1:])[int(0.9 * (len(times) - 2))], 4),
+            "gb_per_s": round(width * batch / ms / 1e6, 3), "kept_mb": round(width * batch / 2**20, 3),
+            "register_ms": round(register_ms, 3), "register_mb": round(merged.nbytes / 2**20, 3)}
 
 
 def _busy_threads(n: int, tokenizer: Path | None, texts: list[str], stop: threading.Event) -> list[threading.Thread]:
@@ -179,11 +216,15 @@ def main() -> None:
                 stop.set()
                 for t in load:
                     t.join()
+    if args.gpu:  # the copy engine writing the kept rows into a registered merged output, no busy threads
+        rows.append({"source": "direct", "busy": 0, "busy_kind": "-", "merge_threads": 1,
+                     **time_direct(args.repeat, args.batch, args.chunk, args.overlap, args.feature)})
     print(f"{args.batch}x{args.chunk}x{args.feature} fp32 batch, 'center' take of {rows[0]['kept_mb']} MB; "
           f"{os.cpu_count()} CPUs ({platform.node()}), switch interval {args.switch_interval_us} us, median of {args.repeat - 1} per thread")
     print(f"{'source':>8}{'busy':>6}{'threads':>9}{'ms/batch':>10}{'p90 ms':>9}{'GB/s':>8}")
     for r in rows:
-        print(f"{r['source']:>8}{r['busy']:>6}{r['merge_threads']:>9}{r['median_ms']:>10.3f}{r['p90_ms']:>9.3f}{r['gb_per_s']:>8.2f}")
+        print(f"{r['source']:>8}{r['busy']:>6}{r['merge_threads']:>9}{r['median_ms']:>10.3f}{r['p90_ms']:>9.3f}{r['gb_per_s']:>8.2f}"
+              + (f"  (cudaHostRegister of {r['register_mb']} MB: {r['register_ms']} ms)" if "register_ms" in r else ""))
     args.out.write_text(json.dumps({"cpus": os.cpu_count(), "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
 
 
