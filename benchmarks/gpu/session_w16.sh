@@ -6,8 +6,8 @@
 # MiniLM rows, 11 MB of BERT-base's; 0.41 ms for the same np.take on the dev VM), since neither the GIL switch interval
 # nor the output pool moved it.
 # A: benchmarks/merge_probe.py on the box: the take alone from ordinary and from pinned memory just written by a D2H
-#    copy, and the copy engine writing the kept rows straight into a registered merged output (no host copy),
-#    copy, alone and beside 8 tokenizing threads, on 1 and 2 merge threads, MiniLM's and BERT-base's widths.
+#    copy, alone and beside 8 tokenizing threads, on 1 and 2 merge threads, MiniLM's and BERT-base's widths; and the
+#    copy engine writing the kept rows straight into a registered merged output (no host copy).
 # B: `run` over docs32v from text and pre-tokenized (no tokenizing load), and py-spy --native --idle --threads over
 #    the text run: where each merge thread's time goes, GIL waits (take_gil) included.
 set -u
