@@ -110,7 +110,8 @@ class RunOptions:
     # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
     tokenize_processes: int = 0
     # Python's GIL switch interval while the loop runs: a thread back from a GIL-free numpy copy or CUDA wait waits up to
-    # this long for the GIL while another thread runs Python (benchmarks/gil_handoff.py); Python's default is 5000
+    # this long for the GIL while another thread runs Python (benchmarks/gil_handoff.py); Python's default is 5000.
+    # 20-500 ran alike on MiniLM on the H200 box (benchmarks/RESULTS.md, 2026-12-02 w15)
     switch_interval_us: int = 500
     last_window: str = "full"  # a sequence's last window: "full" (ends at the input's end, as long as the others) or "short"
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
@@ -716,7 +717,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         tokenizing.start()  # spawned and loaded before the clock, like the engine (closes itself if it fails)
 
     # Each input's merged outputs are handed on as soon as it is finished (written by --save-outputs, else dropped),
-    # and their memory serves later inputs (outpool.py: fresh pages cost more than the merge's copies).
+    # and their memory serves later inputs (outpool.py): a run holds the inputs in flight, not the corpus.
     output_pool = OutputPool()
     try:
         writer = OutputWriter(Path(options.save_outputs)) if options.save_outputs else None
