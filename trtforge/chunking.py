@@ -143,10 +143,11 @@ class StreamingMerge:
         shape = (self.length,) + tuple(feature_shape)
         if self.pool is None:
             merged = np.zeros(shape, dtype=merged_type)  # maps no page until written
-            mapped = False
+            mapped = dirty = False
         else:
             merged, mapped = self.pool.take(self.length, tuple(feature_shape), merged_type)
-        if self.weights is not None or (page_in and not mapped):
+            dirty = self.weights is not None  # blends add into it: pooled memory holds an earlier input's values
+        if dirty or (page_in and not mapped):
             merged[...] = 0
         return merged
 
