@@ -48,20 +48,29 @@ def ensure_writable_dir(path: Path) -> None:
         raise UserError(f"output folder {parent} is not writable; choose another output path.")
 
 
+def _temp_beside(final: Path) -> Path:
+    """An empty temp file in `final`'s folder (created if need be), named after it: renamed onto it when complete."""
+    ensure_writable_dir(final)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _cannot_write(final: Path, exc: OSError) -> UserError:
+    return UserError(f"could not write {final}: {exc.strerror or exc}; free space or choose another path.")
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside `final`; rename it onto `final` only if the block succeeds."""
     final = Path(final)
-    ensure_writable_dir(final)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = _temp_beside(final)
     try:
         yield tmp_path
         publish(tmp_path, final)
     except OSError as exc:
         tmp_path.unlink(missing_ok=True)
-        raise UserError(f"could not write {final}: {exc.strerror or exc}; free space or choose another path.") from None
+        raise _cannot_write(final, exc) from None
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
@@ -180,10 +189,7 @@ class NpzStream:
         import zipfile
 
         self.final = Path(final)
-        ensure_writable_dir(self.final)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.final.name}.", suffix=".tmp", dir=self.final.parent)
-        os.close(fd)
-        self.tmp = Path(tmp)
+        self.tmp = _temp_beside(self.final)
         self.keys: set[str] = set()
         self._zip = zipfile.ZipFile(self.tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
 
@@ -197,7 +203,7 @@ class NpzStream:
             with self._zip.open(key + ".npy", "w", force_zip64=True) as fh:
                 np.lib.format.write_array(fh, np.asanyarray(array), allow_pickle=False)
         except OSError as exc:
-            raise UserError(f"could not write {self.final}: {exc.strerror or exc}; free space or choose another path.") from None
+            raise _cannot_write(self.final, exc) from None
 
     def close(self) -> None:
         try:
@@ -205,7 +211,7 @@ class NpzStream:
             publish(self.tmp, self.final)
         except OSError as exc:
             self.tmp.unlink(missing_ok=True)
-            raise UserError(f"could not write {self.final}: {exc.strerror or exc}; free space or choose another path.") from None
+            raise _cannot_write(self.final, exc) from None
 
     def abort(self) -> None:
         try:
