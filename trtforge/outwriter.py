@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from trtforge.artifacts import NpzStream
+from trtforge.runloop import put_while
 
 _END = object()
 
@@ -38,16 +39,10 @@ class OutputWriter:
         self._thread.start()
 
     def put(self, prefix: str, outputs: dict[str, np.ndarray], release: Callable[[], None]) -> None:
-        item = (prefix, outputs, release)
-        while True:  # waits while `queued` inputs are ahead, re-checking for a writer that failed meanwhile
-            if self.error is not None or self._aborted.is_set():
-                release()
-                raise self.error or RuntimeError("the output writer was stopped")
-            try:
-                self._queue.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
+        # waits while `queued` inputs are ahead, re-checking for a writer that failed (or was stopped) meanwhile
+        if not put_while(self._queue, (prefix, outputs, release), lambda: self.error is None and not self._aborted.is_set()):
+            release()
+            raise self.error or RuntimeError("the output writer was stopped")
 
     def _work(self) -> None:
         while True:
@@ -70,13 +65,7 @@ class OutputWriter:
                     self.error = self.error or exc
 
     def _join(self) -> None:
-        while True:  # the end marker after whatever is queued (abort: those are only released, not written)
-            try:
-                self._queue.put(_END, timeout=0.05)
-                break
-            except queue.Full:
-                if not self._thread.is_alive():
-                    break
+        put_while(self._queue, _END, self._thread.is_alive)  # after whatever is queued (abort: released, not written)
         self._thread.join()
 
     def close(self) -> None:

@@ -155,6 +155,18 @@ class Batcher:
         return out
 
 
+def put_while(q: queue.Queue, item: Any, going: Callable[[], bool], poll_s: float = 0.05) -> bool:
+    """Put `item` into the bounded queue `q` once there is room, as long as going() holds (checked before each try,
+    every `poll_s` while full); False if it stopped holding first. A blocking put would hang on a consumer that left."""
+    while going():
+        try:
+            q.put(item, timeout=poll_s)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 _END = object()
 _PLANNING = "trtforge-plan"  # the planning threads' names
 
@@ -176,13 +188,7 @@ def stream_batches(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batch
 
     def put(item: Any) -> bool:
         """Into the queue once there is room; False if the consumer has gone."""
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_while(out, item, lambda: not stop.is_set())
 
     def produce() -> None:
         pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=_PLANNING)
