@@ -47,21 +47,19 @@ def batch_windows(batch: int, chunk: int, overlap: int) -> tuple[list, int]:
 
 
 class _PinnedSource:
-    """A pinned host buffer and a device buffer of one batch's output; refill() copies device -> host and waits."""
+    """run's slot buffers (tensorrt_runtime.PinnedBuffer / DeviceBuffer) of one batch's output; refill() copies
+    device -> host and waits."""
 
     def __init__(self, shape: tuple[int, ...]):
         from cuda.bindings import runtime as cudart
 
+        from trtforge.backends.tensorrt_runtime import DeviceBuffer, PinnedBuffer
+
         self.cudart = cudart
         self.nbytes = int(np.prod(shape)) * 4
-        err, self.host = cudart.cudaMallocHost(self.nbytes)
-        assert int(err) == 0, err
-        err, self.device = cudart.cudaMalloc(self.nbytes)
-        assert int(err) == 0, err
-        import ctypes
-
-        raw = (ctypes.c_byte * self.nbytes).from_address(int(self.host))
-        self.array = np.frombuffer(raw, dtype=np.float32).reshape(shape)
+        self.pinned, self.buffer = PinnedBuffer(self.nbytes), DeviceBuffer(self.nbytes)
+        self.host, self.device = self.pinned.ptr, self.buffer.ptr
+        self.array = self.pinned.view(np.dtype(np.float32), shape)
         data = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
         assert int(cudart.cudaMemcpy(self.device, data.ctypes.data, self.nbytes, kind)[0]) == 0
