@@ -84,7 +84,6 @@ old_code_root() {
   T_OLD="cd $OLDROOT && . \$HOME/trt86.env && PYTHONPATH=$OLDROOT:\$PYTHONPATH \$PY310"
 }
 
-# RUN old|new MODEL DOCS NAME [FLAGS]: one `trtforge run` of MODEL's fp16 engine over $W/DOCS without the after-loop checks,
-# by the previous code (old, after old_code_root) or this checkout's, report $W/MODEL/NAME.json.
-RUN() { local code=$T; [ "$1" = old ] && code=$T_OLD
-  echo "$code -m trtforge run $(M $2).fp16.engine --config $ROOT/$CFG/$2.yaml --inputs $W/$3 --no-precision-check --no-chunking-check ${5:-} --report $W/$2/$4.json"; }
+# RUN old|new MODEL DOCS NAME [FLAGS]: run_fp16 by the previous code (old, after old_code_root: its root links zoo/ too)
+# or by this checkout's.
+RUN() { local which=$1; shift; [ "$which" = old ] && local T=$T_OLD; run_fp16 "$@"; }
