@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="timed runs per setting (median)")
     ap.add_argument("--merge-workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--plan-workers", type=int, default=None)
+    ap.add_argument("--merge", nargs="+", default=["copy-engine", "host"], choices=["copy-engine", "host"],
+                    help="token outputs merged by the GPU's copy engine (--copy-engine-merge) or on the host")
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="pre-tokenize the documents with this tokenizer first (a .jsonl input: the loop without tokenizing)")
     ap.add_argument("--out", type=Path, required=True)
@@ -68,19 +70,20 @@ def main() -> None:
         docs = work / "docs.jsonl"
     _null_engine(args.onnx, engine)
     rows = []
-    for workers in args.merge_workers:
+    for workers, merge in [(w, m) for m in args.merge for w in args.merge_workers]:
         reports = [run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=16, precision_check=False,
-                                          merge_workers=workers, plan_workers=args.plan_workers, warmup=1))
+                                          merge_workers=workers, plan_workers=args.plan_workers, warmup=1,
+                                          copy_engine_merge=merge == "copy-engine"))
                    for _ in range(args.runs)]
         loop = statistics.median(r["runtime"]["host"]["loop_wall_s"] for r in reports)
         batches = reports[0]["batches"]
-        rows.append({"merge_workers": workers, "batches": batches, "loop_s": loop, "host_ms_per_batch": loop / batches * 1e3,
+        rows.append({"merge": merge, "merge_workers": workers, "batches": batches, "loop_s": loop, "host_ms_per_batch": loop / batches * 1e3,
                      "tokens_per_s": statistics.median(r["throughput"]["tokens_per_s"] for r in reports),
                      "stages": reports[0]["runtime"]["host"]["stages"]})
     print(f"{args.repeat} x {args.docs}{' (pre-tokenized)' if args.tokenizer else ''}, {os.cpu_count()} CPUs ({platform.node()}); null kernel, median of {args.runs}")
-    print(f"{'merge workers':>14}{'batches':>9}{'host ms/batch':>15}{'tokens/s':>12}")
+    print(f"{'merge':>12}{'merge workers':>14}{'batches':>9}{'host ms/batch':>15}{'tokens/s':>12}")
     for r in rows:
-        print(f"{r['merge_workers']:>14}{r['batches']:>9}{r['host_ms_per_batch']:>15.3f}{r['tokens_per_s']:>12,.0f}")
+        print(f"{r['merge']:>12}{r['merge_workers']:>14}{r['batches']:>9}{r['host_ms_per_batch']:>15.3f}{r['tokens_per_s']:>12,.0f}")
     args.out.write_text(json.dumps({"cpus": os.cpu_count(), "onnx": str(args.onnx), "rows": rows}, indent=1))
 
 

@@ -191,6 +191,59 @@ def test_take_equals_adding_each_window(length, chunk, data):
     np.testing.assert_array_equal(by_take.result(), by_add.result())
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(20, 400), st.integers(4, 64), st.data())
+def test_strided_copies_of_a_batchs_windows_equal_adding_each_window(length, chunk, data):
+    """The copy-engine merge (run, --copy-engine-merge) writes a batch's kept slices with one strided (2-D) copy per
+    run of like windows: replayed here with numpy, row by row as cuMemcpy2DAsync copies them, the copies from
+    segments() + strided_copies() must give what add gives window by window, and fill every kept position once."""
+    from trtforge.chunking import StreamingMerge, strided_copies
+
+    overlap = data.draw(st.integers(0, chunk - 1))
+    windows = plan_windows(length, chunk, overlap, full_last=data.draw(st.booleans()))
+    rng = np.random.default_rng(length * 1000 + chunk)
+    parts = [rng.standard_normal((w.length, 2)).astype(np.float32) for w in windows]
+    by_add, placed = StreamingMerge(windows, length), StreamingMerge(windows, length)
+    for i, p in enumerate(parts):
+        by_add.add(i, p)
+    merged = np.full((length, 2), np.nan, np.float32)
+    written = np.zeros(length, np.int64)
+    i = 0
+    while i < len(windows):  # a batch's rows: runs of 1-5 windows, each in a row of `chunk` positions
+        n = data.draw(st.integers(1, 5))
+        run = parts[i:i + n]
+        first_row = data.draw(st.integers(0, 3))  # rows of other inputs before this run in the batch
+        source = np.full(((first_row + len(run)) * chunk, 2), np.nan, np.float32)
+        offsets = []
+        for k, p in enumerate(run):
+            at = (first_row + k) * chunk + (chunk - len(p) if data.draw(st.booleans()) else 0)
+            source[at:at + len(p)] = p
+            offsets.append(at)
+        copies = strided_copies(placed.segments(i, offsets, source.shape[0]))
+        for src, dst, width, count, src_step, dst_step in copies:
+            assert count == 1 or (src_step >= width and dst_step >= width)  # 2-D pitches are at least the width
+            for r in range(count):
+                merged[dst + r * dst_step:dst + r * dst_step + width] = source[src + r * src_step:src + r * src_step + width]
+                written[dst + r * dst_step:dst + r * dst_step + width] += 1
+        placed.mark(i, len(run))
+        i += len(run)
+    assert (written == 1).all()
+    np.testing.assert_array_equal(merged, by_add.result())
+    assert len(placed.seen) == len(windows)
+
+
+def test_strided_copies_join_like_copies_only():
+    from trtforge.chunking import strided_copies
+
+    # a batch of 16 windows of 256 keeping 224 from position 16 (interior), after a first window keeping 240 from 0
+    interior = [(k * 256 + 16, 240 + (k - 1) * 224, 224) for k in range(1, 16)]
+    assert strided_copies([(0, 0, 240)] + interior) == [(0, 0, 240, 1, 0, 0), (272, 240, 224, 15, 256, 224)]
+    assert strided_copies([(0, 0, 4), (10, 4, 4), (20, 8, 4), (31, 12, 4)]) == [(0, 0, 4, 3, 10, 4), (31, 12, 4, 1, 0, 0)]
+    assert strided_copies([(0, 0, 4), (10, 4, 4), (20, 9, 4)]) == [(0, 0, 4, 2, 10, 4), (20, 9, 4, 1, 0, 0)]
+    assert strided_copies([(0, 0, 4), (2, 4, 4)]) == [(0, 0, 4, 1, 0, 0), (2, 4, 4, 1, 0, 0)]  # rows would overlap
+    assert strided_copies([]) == []
+
+
 def test_take_refuses_what_it_cannot_merge():
     from trtforge.chunking import StreamingMerge
 

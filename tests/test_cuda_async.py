@@ -19,7 +19,7 @@ def _lib(codes=None):
         return call
 
     lib = SimpleNamespace(seen=seen)
-    for name in ("cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch",
+    for name in ("cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpy2DAsync_v2", "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch",
                  "cuEventElapsedTime"):
         setattr(lib, name, entry(name))
 
@@ -58,6 +58,24 @@ def test_calls_pass_handles_through_and_errors_name_the_call():
     failing = AsyncCuda(_lib({"cuGraphLaunch": 400}))
     with pytest.raises(RuntimeError, match=r"cuGraphLaunch failed: CUDA error 400 \(CUDA_ERROR_INVALID_HANDLE\)"):
         failing.launch(7, 8)
+
+
+def test_a_2d_copy_passes_cuda_h_s_struct():
+    """cuMemcpy2DAsync_v2 reads a CUDA_MEMCPY2D: its x86-64 layout (cuda.h: size_t, size_t, enum, pointers, ...; 128 bytes)
+    and a device-to-host copy of rows `pitch` apart into page-locked rows `host_pitch` apart."""
+    from trtforge.backends.cuda_async import Memcpy2D
+
+    offsets = {name: getattr(Memcpy2D, name).offset for name, _ in Memcpy2D._fields_}
+    assert ctypes.sizeof(Memcpy2D) == 128
+    assert [offsets[n] for n in ("srcMemoryType", "srcHost", "srcDevice", "srcPitch", "dstMemoryType", "dstHost", "dstPitch",
+                                 "WidthInBytes", "Height")] == [16, 24, 32, 48, 72, 80, 104, 112, 120]
+    cuda = AsyncCuda(_lib())
+    cuda.copy_2d_to_host(0x1000, 896, 0x2000, 1024, 896, 15, 9)
+    (name, (pointer, stream)), = cuda.lib.seen
+    copy = pointer._obj
+    assert name == "cuMemcpy2DAsync_v2" and stream == 9
+    assert (copy.srcMemoryType, copy.srcDevice, copy.srcPitch, copy.srcXInBytes, copy.srcY) == (2, 0x2000, 1024, 0, 0)
+    assert (copy.dstMemoryType, copy.dstHost, copy.dstPitch, copy.WidthInBytes, copy.Height) == (1, 0x1000, 896, 896, 15)
 
 
 @pytest.mark.parametrize("case", ["parts", "array", "cast", "strided", "other_rows"])

@@ -102,3 +102,29 @@ def test_buffers_taken_at_once_from_several_threads_never_overlap():
     assert not errors
     report = pool.report()
     assert report["taken"] == 800 and report["reused"] > 0
+
+
+def test_an_allocator_gives_the_buffers_and_frees_the_dropped_and_at_close():
+    """run's copy-engine merge takes page-locked buffers (pool `allocate`): fresh ones come from it, reuse costs no new
+    allocation, a buffer let go past the idle limit is freed at once, and close() frees the rest, in use or idle."""
+    allocated, freed = {}, []
+
+    def allocate(nbytes):
+        raw = np.empty(nbytes, np.uint8)
+        allocated[raw.ctypes.data] = nbytes
+        return raw, lambda address=raw.ctypes.data: freed.append(address)
+
+    pool = OutputPool(idle_limit=6000, allocate=allocate)
+    a, mapped = pool.take(100, (4,), np.float32)  # 1,600 B
+    assert mapped and a.shape == (100, 4) and a.ctypes.data in allocated
+    pool.give(a)
+    again, mapped = pool.take(100, (4,), np.float32)
+    assert mapped and again.ctypes.data == a.ctypes.data and len(allocated) == 1
+    big, _ = pool.take(1000, (4,), np.float32)  # 16,000 B: idle beyond the limit once given back
+    pool.give(big)
+    assert freed == [big.ctypes.data] and pool.report()["dropped"] == 1 and pool.report()["memory"] == "page-locked"
+    small, _ = pool.take(10, (4,), np.float32)
+    pool.give(small)
+    pool.close()
+    assert sorted(freed) == sorted(allocated)  # every allocation freed once: the one in use, the idle one, the dropped one
+    assert OutputPool().report()["memory"] == "numpy"

@@ -162,9 +162,11 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check,overlap_merges", [(False, True), (False, False), (True, True)],
-                         ids=["merged-from-the-slot", "merged-from-the-slot-waiting", "with-reference"])
-def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges):
+@pytest.mark.parametrize("precision_check,overlap_merges,copy_engine", [(False, True, True), (False, True, False), (False, False, True),
+                                                                       (True, True, True)],
+                         ids=["copy-engine-merge", "merged-from-the-slot", "merged-from-the-slot-waiting", "with-reference"])
+def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges,
+                                                            copy_engine):
     from trtforge.run import RunOptions, run
 
     docs = tmp_path / "docs"
@@ -178,13 +180,23 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
 
     merged_rows, add = [], run_mod._Merger.add
 
-    def recording_add(self, batch, out, rows=None, copy=False):  # how each batch reached the merge
+    def recording_add(self, batch, out, rows=None, copy=False, placed=None):  # how each batch reached the merge
         merged_rows.append(None if rows is None else list(rows))
-        return add(self, batch, out, rows, copy)
+        return add(self, batch, out, rows, copy, placed)
 
     monkeypatch.setattr(run_mod._Merger, "add", recording_add)
+    import trtforge.backends.tensorrt_runtime as rt
+
+    pinned, freed, allocate = [], [], rt.allocate_pinned
+
+    def recording_allocate(nbytes):  # the merged outputs' page-locked memory: every allocation freed by the end
+        raw, free = allocate(nbytes)
+        pinned.append(raw.ctypes.data)
+        return raw, lambda: (freed.append(raw.ctypes.data), free())
+
+    monkeypatch.setattr(rt, "allocate_pinned", recording_allocate)
     report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check, overlap_merges=overlap_merges,
-                                    save_outputs=tmp_path / "engine.npz", report=tmp_path / "report.json"))
+                                    copy_engine_merge=copy_engine, save_outputs=tmp_path / "engine.npz", report=tmp_path / "report.json"))
     ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
     assert sorted(ort.files) == sorted(got.files) and len(got.files) == len(list(docs.iterdir())) * len(want["outputs"])
     for key in ort.files:
@@ -201,6 +213,14 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     else:
         assert report["precision_error"] == {"measured": False, "reason": "--no-precision-check"}
     assert runtime["overlap_merges"] is (overlap_merges and not precision_check)
+    copied = runtime["copy_engine_merge"]
+    if copy_engine and overlap_merges and not precision_check:  # every multi-window row written by the copy engine
+        assert copied["enabled"] and copied["outputs"] == ["last_hidden_state"] and copied["host_rows"] == 0
+        assert copied["rows"] == sum(i["chunks"] for i in report["inputs"]) and "dtoh_2d" in emulated["driver"].calls
+        assert runtime["output_pool"]["memory"] == "page-locked" and pinned and sorted(pinned) == sorted(freed)  # all freed
+    else:
+        assert not copied["enabled"] and copied["reason"] and "dtoh_2d" not in emulated["driver"].calls
+        assert runtime["output_pool"]["memory"] == "numpy"
     if not precision_check:  # overlapped: each batch whole on one merge thread; waiting: its rows split over the 2
         assert all(rows is None for rows in merged_rows) if overlap_merges else all(rows is not None for rows in merged_rows)
     json.loads((tmp_path / "report.json").read_text())

@@ -256,6 +256,12 @@ class FakeCudart:
         self.op(stream, lambda: ctypes.memmove(dst, src, n))
         return (0,)
 
+    def cudaMemcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
+        assert width <= dpitch and width <= spitch or height == 1, "a 2-D copy's pitches are at least its width"
+        for row in range(height):
+            self.cudaMemcpyAsync(dst + row * dpitch, src + row * spitch, width, kind, stream)
+        return (0,)
+
     def cudaEventRecord(self, event, stream):
         return (0,)
 
@@ -317,6 +323,13 @@ def fake_driver(cudart):
     lib = SimpleNamespace(calls=calls)
     lib.cuMemcpyHtoDAsync_v2 = entry("htod", lambda dst, src, n, stream: cudart.cudaMemcpyAsync(dst, src, n, 1, stream)[0])
     lib.cuMemcpyDtoHAsync_v2 = entry("dtoh", lambda dst, src, n, stream: cudart.cudaMemcpyAsync(dst, src, n, 2, stream)[0])
+
+    def copy_2d(pointer, stream):
+        c = pointer._obj
+        assert (c.srcMemoryType, c.dstMemoryType) == (2, 1), "device to host"
+        return cudart.cudaMemcpy2DAsync(c.dstHost, c.dstPitch, c.srcDevice, c.srcPitch, c.WidthInBytes, c.Height, 2, stream)[0]
+
+    lib.cuMemcpy2DAsync_v2 = entry("dtoh_2d", copy_2d)
     lib.cuEventRecord = entry("record", lambda event, stream: 0)
     lib.cuStreamWaitEvent = entry("wait", lambda stream, event, flags: 0)
     lib.cuGraphLaunch = entry("launch", lambda exe, stream: cudart.cudaGraphLaunch(exe, stream)[0])

@@ -187,6 +187,26 @@ class StreamingMerge:
                 self.merged[w.start:w.end] += part * wt
         self.seen.add(index)
 
+    def segments(self, first: int, offsets: list[int], source_positions: int) -> list[tuple[int, int, int]]:
+        """Where windows first, first + 1, ... (window first + k at position offsets[k] of a source of
+        `source_positions` positions) put their kept slices, 'center' only: (source position, merged position,
+        positions) per window. Their kept slices tile one contiguous range of the merged output (pure)."""
+        if self.weights is not None:
+            raise ValueError("only 'center' windows are placed by copies; blends accumulate with add")
+        windows = self.windows[first:first + len(offsets)]
+        if len(windows) != len(offsets) or first < 0:
+            raise ValueError(f"windows {first}..{first + len(offsets) - 1} are not all in this merge of {len(self.windows)}")
+        if any(o < 0 or o + w.length > source_positions for o, w in zip(offsets, windows)):
+            raise ValueError(f"window outputs run past the {source_positions} positions given")
+        return [(o + w.keep_start - w.start, w.keep_start, w.keep_end - w.keep_start) for o, w in zip(offsets, windows)]
+
+    def mark(self, first: int, count: int) -> None:
+        """Windows first .. first + count - 1 were written into the merged output by someone else (the GPU's copy
+        engine, from `segments`): counted as added."""
+        if first < 0 or first + count > len(self.windows):
+            raise ValueError(f"windows {first}..{first + count - 1} are not all in this merge of {len(self.windows)}")
+        self.seen.update(range(first, first + count))
+
     def take(self, first: int, source: np.ndarray, offsets: list[int]) -> None:
         """Windows first, first + 1, ... (one per offset) added at once, 'center' only: window first + k starts at
         position offsets[k] of `source` (positions along axis 0, e.g. a batch's token outputs with batch and
@@ -196,15 +216,11 @@ class StreamingMerge:
             raise ValueError("take merges 'center' windows only; blends accumulate with add")
         if not offsets:
             return
-        windows = self.windows[first:first + len(offsets)]
-        if len(windows) != len(offsets) or first < 0:
-            raise ValueError(f"windows {first}..{first + len(offsets) - 1} are not all in this merge of {len(self.windows)}")
-        lengths = np.fromiter((w.keep_end - w.keep_start for w in windows), np.int64, len(windows))
-        starts = np.fromiter((o + w.keep_start - w.start for o, w in zip(offsets, windows)), np.int64, len(windows))
-        if any(o < 0 or o + w.length > source.shape[0] for o, w in zip(offsets, windows)):
-            raise ValueError(f"window outputs run past the {source.shape[0]} positions given")
+        placed = self.segments(first, offsets, source.shape[0])
+        starts = np.fromiter((src for src, _, _ in placed), np.int64, len(placed))
+        lengths = np.fromiter((n for _, _, n in placed), np.int64, len(placed))
         self._merged_for(source)
-        lo, hi = windows[0].keep_start, windows[-1].keep_end
+        lo, hi = placed[0][1], placed[-1][1] + placed[-1][2]
         index = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(hi - lo)
         target = self.merged[lo:hi]
         if source.dtype == target.dtype:
@@ -218,6 +234,26 @@ class StreamingMerge:
             raise ValueError(f"{len(self.windows) - len(self.seen)} windows were never added")
         assert self.merged is not None and self.dtype is not None
         return self.merged.astype(self.dtype, copy=False)
+
+
+def strided_copies(segments: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int, int, int]]:
+    """(source, destination, length) copies, in order, grouped into strided ones: (source, destination, length,
+    count, source step, destination step), each run of copies of one length whose sources and destinations advance
+    by constant steps joined into one (a 2-D copy: one call for the interior windows of a batch, where every window
+    keeps the same slice of its row). Steps are at least the length (a 2-D copy's pitches are at least its width:
+    rows never overlap). Units are the caller's (positions here). Pure."""
+    out: list[list[int]] = []
+    for src, dst, n in segments:
+        if out:
+            last = out[-1]
+            if last[3] == 1 and last[2] == n and src - last[0] >= n and dst - last[1] >= n:
+                last[3], last[4], last[5] = 2, src - last[0], dst - last[1]  # a second copy of the same length sets the steps
+                continue
+            if last[3] > 1 and last[2] == n and src == last[0] + last[3] * last[4] and dst == last[1] + last[3] * last[5]:
+                last[3] += 1
+                continue
+        out.append([src, dst, n, 1, 0, 0])
+    return [tuple(c) for c in out]  # type: ignore[misc]
 
 
 def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int, merge: str = "center", axis: int = 0) -> np.ndarray:

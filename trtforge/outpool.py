@@ -12,15 +12,21 @@ Buffers are kept per (feature shape, dtype), sized up to a grid of 1/8-octave st
 and a request takes the smallest idle buffer that holds it (of equal ones, the one given back last) if that is at most
 twice its own size: a far larger buffer stays for a larger input. Idle memory beyond `idle_limit` bytes is let go (smallest
 buffers first), so a run's host memory is bounded by the inputs in flight plus that limit, not by the whole corpus.
+
+With `allocate`, buffers come from it instead of numpy: `run` passes page-locked memory, which the GPU's copy engine
+writes merged outputs into (--copy-engine-merge); pinning is paid once per buffer, not per input.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+# allocate(nbytes) -> (a uint8 array of nbytes, a callable that frees it)
+Allocator = Callable[[int], "tuple[np.ndarray, Callable[[], None]]"]
 
 
 def capacity_for(length: int) -> int:
@@ -33,10 +39,12 @@ def capacity_for(length: int) -> int:
 class OutputPool:
     """Arrays of [positions, *feature] handed out by `take` and returned by `give`; thread-safe."""
 
-    def __init__(self, idle_limit: int = 1 << 30):
+    def __init__(self, idle_limit: int = 1 << 30, allocate: Allocator | None = None):
         self.idle_limit = int(idle_limit)
+        self.allocate = allocate
         self._idle: dict[tuple, list[tuple[int, int, np.ndarray]]] = {}  # key -> sorted (capacity, serial, buffer)
-        self._live: dict[int, tuple[tuple, np.ndarray]] = {}  # id(buffer) -> (key, buffer) of buffers handed out
+        self._live: dict[int, tuple[tuple, np.ndarray]] = {}  # address -> (key, buffer) of buffers handed out
+        self._free: dict[int, Callable[[], None]] = {}  # address -> what frees it (buffers from `allocate`)
         self._serial = 0
         self._lock = threading.Lock()
         self.idle_bytes = 0
@@ -46,7 +54,7 @@ class OutputPool:
 
     def take(self, length: int, feature: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, bool]:
         """An array of `length` positions x `feature` (uninitialised), and whether its pages are already mapped
-        (a reused buffer: a first write pays no page faults)."""
+        (a reused buffer, or one from `allocate`: a first write pays no page faults)."""
         dtype = np.dtype(dtype)
         key = (tuple(int(f) for f in feature), dtype.str)
         with self._lock:
@@ -57,21 +65,27 @@ class OutputPool:
                 _, _, buffer = idle.pop(at)
                 self.idle_bytes -= buffer.nbytes
                 self.counts["reused"] += 1
-                self._live[id(buffer)] = (key, buffer)
+                self._live[_address(buffer)] = (key, buffer)
                 return buffer[:length], True
-        buffer = np.empty((capacity_for(length),) + key[0], dtype=dtype)  # outside the lock: other takes go on
+        shape = (capacity_for(length),) + key[0]
+        if self.allocate is None:  # outside the lock: other takes go on
+            buffer = np.empty(shape, dtype=dtype)
+        else:
+            raw, free = self.allocate(int(np.prod(shape)) * dtype.itemsize)
+            buffer = raw.view(dtype).reshape(shape)
         with self._lock:
+            if self.allocate is not None:
+                self._free[_address(buffer)] = free
             self.counts["fresh"] += 1
             self.fresh_bytes += buffer.nbytes
-            self._live[id(buffer)] = (key, buffer)
+            self._live[_address(buffer)] = (key, buffer)
             self._note_peak()
-        return buffer[:length], False
+        return buffer[:length], self.allocate is not None
 
     def give(self, array: np.ndarray) -> None:
         """Return an array `take` handed out (or a view of it) for reuse; its contents may change at once."""
-        buffer = array if array.base is None else array.base
         with self._lock:
-            entry = self._live.pop(id(buffer), None)
+            entry = self._live.pop(_address(array), None)
             if entry is None:
                 raise ValueError("OutputPool.give: this array was not taken from the pool, or was given back already")
             key, buffer = entry
@@ -86,6 +100,18 @@ class OutputPool:
         _, _, buffer = self._idle[key].pop(0)
         self.idle_bytes -= buffer.nbytes
         self.counts["dropped"] += 1
+        free = self._free.pop(_address(buffer), None)
+        if free is not None:
+            free()
+
+    def close(self) -> None:
+        """Free what `allocate` gave, idle or handed out (call once nothing reads the arrays any more); numpy's
+        buffers are left to the garbage collector."""
+        with self._lock:
+            frees, self._free = list(self._free.values()), {}
+            self._idle, self._live, self.idle_bytes = {}, {}, 0
+        for free in frees:
+            free()
 
     def _note_peak(self) -> None:
         live = sum(b.nbytes for _, b in self._live.values())
@@ -94,4 +120,9 @@ class OutputPool:
     def report(self) -> dict[str, Any]:
         with self._lock:
             return {**self.counts, "fresh_mb": round(self.fresh_bytes / 2**20, 3), "peak_mb": round(self.peak_bytes / 2**20, 3),
-                    "idle_limit_mb": round(self.idle_limit / 2**20, 3)}
+                    "idle_limit_mb": round(self.idle_limit / 2**20, 3), "memory": "numpy" if self.allocate is None else "page-locked"}
+
+
+def _address(array: np.ndarray) -> int:
+    """Where an array's data starts: a buffer and the [:length] views `take` hands out share it."""
+    return int(array.__array_interface__["data"][0])

@@ -35,6 +35,7 @@ from trtforge.chunking import (StreamingMerge, Tile, Window, check_overlap, chec
                                merge_tiles, plan_tiles, plan_windows, scaled_size)
 from trtforge.comparator import Comparator, worst
 from trtforge.config import AxisRange, InputSpec
+from trtforge.copymerge import CopyEngineMerge, Placed
 from trtforge.errors import UserError
 from trtforge.graph import io_specs
 from trtforge.layout import Layout, model_layout
@@ -106,6 +107,10 @@ class RunOptions:
     # the next batch (its slot is reused once the merge is done); False: a batch's rows split over the merge threads
     # and the collector waits for them
     overlap_merges: bool = True
+    # with overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into their inputs'
+    # merged outputs (page-locked pooled memory), so the host copies none of those bytes (copymerge.py); False: the
+    # whole output through the staging slot and a host merge, as before
+    copy_engine_merge: bool = True
     # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
     # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
     tokenize_processes: int = 0
@@ -382,10 +387,10 @@ class TrtTarget:
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
         self.timings: list[tuple[str, float, float | None]] = []
 
-    def run_many(self, batches, consume=None):
-        """consume: see TrtRunner.run_many (the outputs are views of pinned memory, valid inside the call)."""
+    def run_many(self, batches, consume=None, place=None):
+        """consume, place: see TrtRunner.run_many (the outputs are views of pinned memory, valid inside the call)."""
         start = len(self.runner.timings)
-        for tag, out in self.runner.run_many(batches, consume=consume):
+        for tag, out in self.runner.run_many(batches, consume=consume, place=place):
             yield tag, out
         for t in self.runner.timings[start:]:
             self.timings.append((f"profile {t.profile}", t.wall_ms, t.gpu_ms))
@@ -494,17 +499,22 @@ class _Merger:
                 self.remaining[c.doc] += 1
 
     def add(self, batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None,
-            copy: bool = False) -> None:
+            copy: bool = False, placed: dict[str, Placed] | None = None) -> None:
         """Merge a batch's rows (all of them, or `rows`) from its outputs. copy: the outputs are views that are
         reused after this call (TensorRT's pinned slots), so the parts kept for merging per input are copied.
         Token outputs under 'center' go in runs of consecutive windows of one input, one copy each
-        (StreamingMerge.take); blends and single-window inputs row by row."""
+        (StreamingMerge.take); blends and single-window inputs row by row. `placed`: per output, the rows the GPU's
+        copy engine already wrote into their merged outputs (copymerge.py): counted as added, not copied."""
         rows = list(range(len(batch)) if rows is None else rows)
         for name, kind in self.kinds.items():
             value = out[name]
             left = rows
+            if placed and name in placed:
+                for d, first, count in placed[name].runs:
+                    self._stream(d, name).mark(first, count)
+                left = [j for j in rows if j not in placed[name].rows]
             if kind.kind == "token" and self.options.merge == "center":
-                left = self._take_runs(batch, rows, name, value)
+                left = self._take_runs(batch, left, name, value)
             if copy and left and kind.kind != "token":  # the kept rows copied out of the reused slot at once
                 value = value[left]  # fancy indexing copies
                 left_rows = list(range(len(left)))
@@ -716,9 +726,18 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         tokenizing = TokenizingProcesses(p.tokenizer.directory, options.tokenize_processes)
         tokenizing.start()  # spawned and loaded before the clock, like the engine (closes itself if it fails)
 
+    # Overlapping pays only where a batch's outputs are a pinned slot the next batches wait for (an engine without
+    # the precision check); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads.
+    overlap = options.overlap_merges and not options.precision_check and p.is_engine
+    copy_names, copy_off = _copy_merge_outputs(p, options, warm, overlap)
     # Each input's merged outputs are handed on as soon as it is finished (written by --save-outputs, else dropped),
-    # and their memory serves later inputs (outpool.py): a run holds the inputs in flight, not the corpus.
-    output_pool = OutputPool()
+    # and their memory serves later inputs (outpool.py): a run holds the inputs in flight, not the corpus. With the
+    # copy-engine merge that memory is page-locked (the GPU writes into it).
+    if copy_names:
+        from trtforge.backends.tensorrt_runtime import allocate_pinned
+        output_pool = OutputPool(allocate=allocate_pinned)
+    else:
+        output_pool = OutputPool()
     try:
         writer = OutputWriter(Path(options.save_outputs)) if options.save_outputs else None
     except BaseException:
@@ -757,9 +776,20 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # 2 by default: BERT-base and MiniLM ran fastest with 2 on the H200 box (16 CPUs), ahead of 4
     merge_workers = max(1, options.merge_workers or min(2, os.cpu_count() or 2))
 
-    def merge(batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None, copy: bool = False) -> None:
+    def merge(batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None, copy: bool = False,
+              placed: dict[str, Placed] | None = None) -> None:
         with host.stage("merge"):  # worker threads: summed over them
-            merger.add(batch, out, rows, copy)
+            merger.add(batch, out, rows, copy, placed)
+
+    copy_merge = (CopyEngineMerge(copy_names, {n: warm[n][1] for n in copy_names}, lambda d, n: merger.streams.get((d, n)),
+                                  lambda d: merger.counts[d]) if copy_names and warm else None)
+    placements: dict[int, dict[str, Placed]] = {}
+
+    def place(tag: int, shapes: dict[str, tuple[int, ...]]) -> Any:
+        """On the submitting thread, before the batch's copies are queued: which rows the copy engine writes."""
+        assert copy_merge is not None
+        copies, placements[tag] = copy_merge.place(batches[tag], shapes)
+        return copies
 
     def on_plan(d: int, chunks: list[Chunk]) -> None:
         planned[d] = chunks
@@ -790,9 +820,6 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # outputs on one thread took 3.6x the GPU time). With planning, merging and collecting threads about,
     # the thread feeding the GPU must not wait Python's default 5 ms for the GIL: a shorter switch
     # interval while the loop runs.
-    # Overlapping pays only where a batch's outputs are a pinned slot the next batches wait for (an engine without
-    # the precision check); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads.
-    overlap = options.overlap_merges and not options.precision_check and p.is_engine
     interval = sys.getswitchinterval()
     sys.setswitchinterval(options.switch_interval_us * 1e-6)
     stream = feeds()
@@ -805,13 +832,14 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                     def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
                         b = batches[tag]
                         if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
-                            return pool.submit(merge, b, views, None, True)
+                            return pool.submit(merge, b, views, None, True, placements.pop(tag, None))
                         groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
                         for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
                             future.result()
                         return None
 
-                    for _ in target.run_many(stream, consume=consume):
+                    for _ in (target.run_many(stream, consume=consume, place=place) if copy_merge is not None else
+                              target.run_many(stream, consume=consume)):
                         pass
                 else:
                     pending = []
@@ -839,6 +867,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         if writer is not None:
             writer.abort()  # the temp file removed; what was queued is released, not written
         raise
+    finally:
+        output_pool.close()  # page-locked memory freed (nothing reads the merged outputs any more); numpy's: left to GC
     p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
     progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(batches)} batches")
 
@@ -862,12 +892,28 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
                     "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
                     "overlap_merges": overlap, "switch_interval_us": options.switch_interval_us,
+                    "copy_engine_merge": copy_merge.report() if copy_merge is not None else {"enabled": False, "reason": copy_off},
                     "output_pool": output_pool.report(), "saved_outputs": saving},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
         write_json_atomic(options.report, report)
     return report
+
+
+def _copy_merge_outputs(p: Prepared, options: RunOptions, warm: dict[str, tuple[tuple[int, ...], np.dtype]] | None,
+                        overlap: bool) -> tuple[list[str], str | None]:
+    """The token outputs the copy engine merges (copymerge.py), or none and why."""
+    if not options.copy_engine_merge:
+        return [], "--no-copy-engine-merge"
+    if not overlap:
+        return [], "needs an engine, --no-precision-check and overlapped merges"
+    if options.merge != "center":
+        return [], f"--merge {options.merge} blends windows; only 'center' windows are copied"
+    if not warm:
+        return [], "no warm-up (--warmup 0): the merged outputs' layout is not known ahead"
+    names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and n in warm]
+    return (names, None) if names else ([], "no token output laid out [batch, positions, ...]")
 
 
 def _check_save_outputs(docs: list[Document], path: Path | None) -> None:

@@ -32,6 +32,7 @@ from trtforge import interrupts
 from trtforge.backends.cuda_async import stack_into, submit_calls
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
+from trtforge.copymerge import OutputCopies
 from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, slot_bytes
 
 
@@ -152,6 +153,13 @@ class _Slot:
     events: dict[str, Any] = field(default_factory=dict)  # h2d, start, end, d2h
     event_handles: dict[str, int] = field(default_factory=dict)  # the same events as driver handles
     pending: Any = None  # (tag, profile, output shapes, not a graph replay) of the batch in flight
+
+
+def allocate_pinned(nbytes: int) -> tuple[np.ndarray, Callable[[], None]]:
+    """Page-locked host memory as a uint8 array, and what frees it (an outpool.OutputPool allocator): memory the GPU's
+    copy engine may write into asynchronously."""
+    buffer = PinnedBuffer(nbytes)
+    return buffer.view(np.uint8, (buffer.nbytes,)), buffer.free
 
 
 @dataclass
@@ -376,7 +384,28 @@ class TrtRunner:
             shapes[name] = _shape_of(feeds[name])
         return shapes
 
-    def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any, shapes: dict[str, tuple[int, ...]]) -> None:
+    def _copy_out(self, slot: _Slot, shapes: dict[str, tuple[int, ...]], placed: dict[str, OutputCopies]) -> None:
+        """Each output to the slot's pinned buffer, or where `placed` puts it (its strided copies, and only its
+        slot_rows to the slot), on the D2H stream behind the batch's compute."""
+        cuda, stream = self.cuda, self._streams["d2h_stream"]
+        for name, out_shape in shapes.items():
+            nbytes = math.prod(out_shape) * self.dtypes[name].itemsize
+            copies = placed.get(name)
+            host, device = slot.host[name].ptr, slot.device[name].ptr
+            if copies is None:
+                cuda.copy_to_host(host, device, nbytes, stream)
+                continue
+            row = nbytes // max(1, out_shape[0])
+            for first, rows in copies.slot_rows:
+                cuda.copy_to_host(host + first * row, device + first * row, rows * row, stream)
+            for address, pitch, offset, device_pitch, width, height in copies.strided:
+                if height == 1:
+                    cuda.copy_to_host(address, device + offset, width, stream)
+                else:
+                    cuda.copy_2d_to_host(address, pitch, device + offset, device_pitch, width, height, stream)
+
+    def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any, shapes: dict[str, tuple[int, ...]],
+                place: Callable[[Any, dict[str, tuple[int, ...]]], dict[str, OutputCopies]] | None = None) -> None:
         cuda, streams, slot = self.cuda, self._streams, self.slots[s]
         events = slot.event_handles
         ctx = self._context(profile)
@@ -401,9 +430,7 @@ class TrtRunner:
         self.graphs.done(profile, shape, s, action, graph, error)
         cuda.record(events["end"], streams["compute_stream"])
         cuda.wait(streams["d2h_stream"], events["end"])
-        for name, out_shape in shapes.items():
-            nbytes = math.prod(out_shape) * self.dtypes[name].itemsize
-            cuda.copy_to_host(slot.host[name].ptr, slot.device[name].ptr, nbytes, streams["d2h_stream"])
+        self._copy_out(slot, shapes, place(tag, shapes) if place is not None else {})
         cuda.record(events["d2h"], streams["d2h_stream"])
         slot.pending = (tag, profile, shapes, action != LAUNCH)
 
@@ -433,7 +460,8 @@ class TrtRunner:
         return list(self.run_many([(None, feeds)], profile))[0][1]
 
     def run_many(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None = None,
-                 consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None) -> Iterator[tuple[Any, Any]]:
+                 consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None,
+                 place: Callable[[Any, dict[str, tuple[int, ...]]], dict[str, OutputCopies]] | None = None) -> Iterator[tuple[Any, Any]]:
         """Pipelined: yields (tag, outputs) in submission order. A feed may be an array or the list of its
         chunks' arrays (stacked in pinned memory). This thread only stages and submits; a collector
         thread waits for each batch and copies its outputs out of pinned memory, so up to `slots - 1`
@@ -442,7 +470,9 @@ class TrtRunner:
         copying it (no copy, no fresh allocation per batch) and yields (tag, what consume returned); the
         views are valid until consume returns, or, where it returns a Future (work it handed to other threads),
         until that future is done: the slot is restaged only then, and its result is what is yielded. The
-        collector then goes on to the next batch at once instead of waiting for that work."""
+        collector then goes on to the next batch at once instead of waiting for that work.
+        With `place`, place(tag, output shapes) says, on this thread before the batch's copies are queued, which
+        outputs go elsewhere than the slot (OutputCopies); the views consume gets then hold only their slot_rows."""
         n = len(self.slots)
         order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
@@ -456,7 +486,7 @@ class TrtRunner:
                     self._last_done = time.perf_counter()  # the first batch's wall: from its submission
                 with self.host.stage("submit"):
                     shapes = self.feed_shapes(feeds)
-                    self._submit(s, feeds, self.profile_for(feeds, shapes) if profile is None else profile, tag, shapes)
+                    self._submit(s, feeds, self.profile_for(feeds, shapes) if profile is None else profile, tag, shapes, place)
                 order.append((s, collector.submit(self._collect, s, consume)))
                 while order and _settled(order[0][1]):
                     yield _released(order.popleft()[1])
