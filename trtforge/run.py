@@ -108,9 +108,10 @@ class RunOptions:
     # and the collector waits for them
     overlap_merges: bool = True
     # with overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into their inputs'
-    # merged outputs (page-locked pooled memory), so the host copies none of those bytes (copymerge.py); False: the
-    # whole output through the staging slot and a host merge, as before
-    copy_engine_merge: bool = True
+    # merged outputs (page-locked pooled memory), so the host copies none of those bytes (copymerge.py). Off by
+    # default: bit-equal to the host merge on the H200 but slower there at batch 16, 32 and 64 on MiniLM and BERT-base
+    # (benchmarks/RESULTS.md, 2026-12-02 w17/w18): the loop is bound by Python per batch, not by the bytes copied
+    copy_engine_merge: bool = False
     # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
     # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
     tokenize_processes: int = 0
@@ -905,7 +906,7 @@ def _copy_merge_outputs(p: Prepared, options: RunOptions, warm: dict[str, tuple[
                         overlap: bool) -> tuple[list[str], str | None]:
     """The token outputs the copy engine merges (copymerge.py), or none and why."""
     if not options.copy_engine_merge:
-        return [], "--no-copy-engine-merge"
+        return [], "off (--copy-engine-merge turns it on)"
     if not overlap:
         return [], "needs an engine, --no-precision-check and overlapped merges"
     if options.merge != "center":

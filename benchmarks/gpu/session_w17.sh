@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # H200 window of 2026-12-02 (fourth session): the copy-engine merge (copymerge.py, `run --copy-engine-merge`, the
-# default) against the host merge (--no-copy-engine-merge) in one window, interleaved. Staging as in session_w4.sh,
+# default when this ran at d9ddd05; off by default since w18) against the host merge (--no-copy-engine-merge) in one window, interleaved. Staging as in session_w4.sh,
 # started with benchmarks/gpu/start.sh carrying .whl, .whl2 and .whl3. Run from the project root:
 #   bash benchmarks/gpu/start.sh benchmarks/gpu/session_w17.sh $HOME/w SECONDS 540   then  poll.sh $HOME/w 540
 # A: both fp16 engines (the real MiniLM, transformers BertModel BERT-base random init) built here.
@@ -19,21 +19,21 @@ docs_varied 32 docs32v
 mkdir -p "$W/docs128v"; for k in 1 2 3 4; do for f in "$W"/docs32v/*.txt; do cp "$f" "$W/docs128v/${k}_$(basename "$f")"; done; done
 wait
 for m in minilm bert-base; do
-  step "save-$m-copy" 120 "$(run_fp16 $m docs32v save_copy --save-outputs $W/$m/copy.npz)"
+  step "save-$m-copy" 120 "$(run_fp16 $m docs32v save_copy --copy-engine-merge --save-outputs $W/$m/copy.npz)"
   step "save-$m-host" 120 "$(run_fp16 $m docs32v save_host --no-copy-engine-merge --save-outputs $W/$m/host.npz)"
   step "equal-$m" 120 "python3 benchmarks/compare_outputs.py $W/$m/copy.npz $W/$m/host.npz --atol 0 --json $W/$m/equal.json"
   rm -f "$W/$m/copy.npz" "$W/$m/host.npz"
 done
 for i in 1 2 3; do
   for m in minilm bert-base; do
-    step "run-$m-copy-$i" 120 "$(run_fp16 $m docs32v copy_docs32v_$i)"
+    step "run-$m-copy-$i" 120 "$(run_fp16 $m docs32v copy_docs32v_$i --copy-engine-merge)"
     step "run-$m-host-$i" 120 "$(run_fp16 $m docs32v host_docs32v_$i --no-copy-engine-merge)"
-    step "run-$m-copytp8-$i" 120 "$(run_fp16 $m docs32v copytp8_docs32v_$i --tokenize-processes 8)"
-    step "run-$m-copym1-$i" 120 "$(run_fp16 $m docs32v copym1_docs32v_$i --merge-workers 1)"
+    step "run-$m-copytp8-$i" 120 "$(run_fp16 $m docs32v copytp8_docs32v_$i --copy-engine-merge --tokenize-processes 8)"
+    step "run-$m-copym1-$i" 120 "$(run_fp16 $m docs32v copym1_docs32v_$i --copy-engine-merge --merge-workers 1)"
   done
 done
 for m in minilm bert-base; do
-  step "run-$m-copy-docs128v" 180 "$(run_fp16 $m docs128v copy_docs128v)"
+  step "run-$m-copy-docs128v" 180 "$(run_fp16 $m docs128v copy_docs128v --copy-engine-merge)"
   step "run-$m-host-docs128v" 180 "$(run_fp16 $m docs128v host_docs128v --no-copy-engine-merge)"
 done
 step stalls 60 "python3 benchmarks/run_stalls.py $W/*/*docs*.json --json $W/stalls.json > $W/stalls.md"
