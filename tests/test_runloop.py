@@ -560,9 +560,15 @@ def test_stage_clock_sums_each_stage_over_threads():
         t.join()
     with clock.stage("merge"):
         pass
+    with clock.stage("plan"):  # work: its CPU time is most of its wall time
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
     report = clock.report()
     assert report["copy_out"]["count"] == 3 and report["copy_out"]["seconds"] >= 0.06
-    assert report["merge"]["count"] == 1 and set(report) == {"copy_out", "merge"}
+    assert report["copy_out"]["cpu_seconds"] < 0.5 * report["copy_out"]["seconds"]  # sleeping: waiting, not work
+    assert report["plan"]["cpu_seconds"] >= 0.05 and report["plan"]["cpu_seconds"] <= report["plan"]["seconds"] + 1e-3
+    assert report["merge"]["count"] == 1 and set(report) == {"copy_out", "merge", "plan"}
 
 
 def test_trt_runner_reports_where_the_host_time_went(monkeypatch, tmp_path):

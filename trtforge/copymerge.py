@@ -12,7 +12,7 @@ pinning is paid once per pooled buffer. The earlier `--direct-merge` (removed 20
 output and copied row by row: 1,632 copies and a cudaHostRegister per input cost more than the merge it removed.
 
 Measured on the H200 (benchmarks/RESULTS.md, 2026-12-02 w17/w18): outputs bit-equal to the host merge, but the loop
-ran 10-45% slower than with it at batch 16, 32 and 64, and the merge stage, with no bytes left to copy, still took 2-3 ms
+ran 8-45% slower than with it at batch 16, 32 and 64, and the merge stage, with no bytes left to copy, still took 2-3 ms
 per batch: the loop is bound by Python per batch, not by copies. So it is off by default; kept for measuring once
 that bound moves.
 

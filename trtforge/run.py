@@ -941,7 +941,8 @@ def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], h
     stages = {**host.report(), **target_runtime.pop("host_seconds", {})}
     return {"plan_workers": workers, "merge_workers": merge_workers, **target_runtime,
             "host": {"loop_wall_s": round(wall, 6), "stages": stages,
-                     "note": "seconds each stage took, summed over the threads that ran it (threads overlap)"},
+                     "note": "seconds each stage took, summed over the threads that ran it (threads overlap); cpu_seconds: "
+                             "the CPU time those threads used meanwhile (the rest is waiting: for the GPU, the GIL, a core)"},
             "timeline": batch_timeline([w for _, w, _ in timings], [g for _, _, g in timings])}
 
 
