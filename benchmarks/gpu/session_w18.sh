@@ -9,12 +9,7 @@ set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
-export_clean minilm bert-base
-( build_fp16 minilm ) &
-( build_fp16 bert-base ) &
-docs_varied 32 docs32v
-mkdir -p "$W/docs128v"; for k in 1 2 3 4; do for f in "$W"/docs32v/*.txt; do cp "$f" "$W/docs128v/${k}_$(basename "$f")"; done; done
-wait
+fp16_engines_and_docs
 for i in 1 2; do
   for m in minilm bert-base; do
     for b in 16 32 64; do

@@ -87,3 +87,14 @@ old_code_root() {
 # RUN old|new MODEL DOCS NAME [FLAGS]: run_fp16 by the previous code (old, after old_code_root: its root links zoo/ too)
 # or by this checkout's.
 RUN() { local which=$1; shift; [ "$which" = old ] && local T=$T_OLD; run_fp16 "$@"; }
+
+# The run-loop windows' start: MiniLM and BERT-base exported, cleaned and built fp16 (in parallel), $W/docs32v
+# (docs_varied 32) and $W/docs128v (docs32v four times over).
+fp16_engines_and_docs() {
+  export_clean minilm bert-base
+  ( build_fp16 minilm ) &
+  ( build_fp16 bert-base ) &
+  docs_varied 32 docs32v
+  mkdir -p "$W/docs128v"; for k in 1 2 3 4; do for f in "$W"/docs32v/*.txt; do cp "$f" "$W/docs128v/${k}_$(basename "$f")"; done; done
+  wait
+}
