@@ -27,7 +27,10 @@ def compare(a_path: Path, b_path: Path, atol: float) -> dict:
         diff = np.abs(x.astype(np.float64) - y.astype(np.float64))
         worst = float(np.nanmax(diff)) if diff.size else 0.0
         nan_mismatch = int((np.isnan(x) != np.isnan(y)).sum())
-        rows.append({"key": key, "shape": list(x.shape), "max_abs": worst, "not_bit_equal": int((x != y).sum()),
+        same_bits = x.dtype == y.dtype and x.dtype.kind in "fiub"
+        unequal = (x.view(f"u{x.dtype.itemsize}") != y.view(f"u{y.dtype.itemsize}")) if same_bits else (x != y)
+        rows.append({"key": key, "shape": list(x.shape), "max_abs": worst, "not_bit_equal": int(unequal.sum()),
+                     "compared": "bit patterns" if same_bits else "values",
                      "nan_mismatch": nan_mismatch, "ok": worst <= atol and nan_mismatch == 0})
     return {"a": str(a_path), "b": str(b_path), "atol": atol, "only_in_a": sorted(keys_a - keys_b),
             "only_in_b": sorted(keys_b - keys_a), "keys": len(rows), "elements": int(sum(np.prod(r["shape"]) for r in rows

@@ -78,6 +78,17 @@ def test_a_2d_copy_passes_cuda_h_s_struct():
     assert (copy.dstMemoryType, copy.dstHost, copy.dstPitch, copy.WidthInBytes, copy.Height) == (1, 0x1000, 896, 896, 15)
 
 
+def test_the_cuda_python_fallback_passes_a_2d_copys_pitches_in_cudas_order():
+    """cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream): host first (its pitch), device second."""
+    from trtforge.backends.cuda_async import CudaPythonCalls
+
+    seen = []
+    cudart = SimpleNamespace(cudaMemcpyKind=SimpleNamespace(cudaMemcpyDeviceToHost=2),
+                             cudaMemcpy2DAsync=lambda *args: (seen.append(args), (0,))[1])
+    CudaPythonCalls(cudart, lambda result: None).copy_2d_to_host(0x1000, 896, 0x2000, 1024, 896, 15, 9)
+    assert seen == [(0x1000, 896, 0x2000, 1024, 896, 15, 2, 9)]
+
+
 @pytest.mark.parametrize("case", ["parts", "array", "cast", "strided", "other_rows"])
 def test_stack_into_equals_numpy(case, monkeypatch):
     import trtforge.backends.cuda_async as cuda_async

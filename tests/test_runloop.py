@@ -705,3 +705,39 @@ def test_the_loops_switch_interval_is_set_while_it_runs_and_restored(minilm_clea
         run_mod._Merger.add = merge_add
     assert seen and all(abs(s - 50e-6) < 2e-6 for s in seen)  # Python keeps it in whole microseconds
     assert report["runtime"]["switch_interval_us"] == 50 and sys.getswitchinterval() == before
+
+
+def test_placed_outputs_go_where_place_says_and_the_slot_gets_only_its_rows(monkeypatch, tmp_path):
+    """run_many(place=...) (the copy-engine merge): each batch's strided copies land in the caller's page-locked memory
+    (every other row, positions 1..s-1, one 2-D copy) and the slot gets exactly the slot_rows ranges, at their offsets."""
+    from trtforge.backends import tensorrt_runtime as rt
+    from trtforge.copymerge import OutputCopies
+
+    runner, _ = _runner(monkeypatch, tmp_path, slots=3)
+    batches = [(tag, feeds) for tag, feeds in _batches() if feeds["x"].shape[0] >= 2]
+    pinned = {tag: rt.PinnedBuffer(4 * 16 * 2 * 4) for tag, _ in batches}
+    for buf in pinned.values():
+        buf.view(np.float32, (buf.nbytes // 4,))[...] = np.nan
+
+    def place(tag, shapes):
+        b, s, f = shapes["y"]
+        row = s * f * 4
+        width = (s - 2) * f * 4
+        return {"y": OutputCopies([(pinned[tag].ptr, width, f * 4, 2 * row, width, (b + 1) // 2)], [(1, b - 1)])}
+
+    seen = {}
+
+    def consume(tag, views):
+        seen[tag] = views["y"][1:].copy()
+        return tag
+
+    assert [t for t, _ in runner.run_many(batches, consume=consume, place=place)] == [t for t, _ in batches]
+    for tag, feeds in batches:
+        want = _expected(feeds)
+        b, s = feeds["x"].shape
+        np.testing.assert_array_equal(seen[tag], want[1:])  # the slot's rows 1.. at their own offsets
+        rows = (b + 1) // 2
+        got = pinned[tag].view(np.float32, (rows, s - 2, 2))
+        np.testing.assert_array_equal(got, want[0::2, 1:s - 1])  # every other row's positions 1..s-1, packed
+    with pytest.raises(ValueError, match="place needs consume"):
+        list(runner.run_many(batches[:1], place=place))

@@ -11,10 +11,10 @@ pooled memory (outpool.OutputPool with tensorrt_runtime.allocate_pinned), so the
 pinning is paid once per pooled buffer. The earlier `--direct-merge` (removed 2026-12-01) page-locked every input's
 output and copied row by row: 1,632 copies and a cudaHostRegister per input cost more than the merge it removed.
 
-Measured on the H200 (benchmarks/RESULTS.md, 2026-12-02 w17/w18): outputs bit-equal to the host merge, but the loop
-ran 8-45% slower than with it at batch 16, 32 and 64, and the merge stage, with no bytes left to copy, still took 2-3 ms
-per batch: the loop is bound by Python per batch, not by copies. So it is off by default; kept for measuring once
-that bound moves.
+Measured on the H200 (benchmarks/RESULTS.md, 2026-12-02 w17/w18): outputs equal to the host merge's at every element,
+but in w18 the loop ran 7-46% slower than with the host merge in every pair at batch 16, 32 and 64, so it is off by
+default. Suspected, not measured: page-locking the pooled buffers inside the timed loop (page-locked allocation
+synchronises the device) and freeing them there. Kept for measuring, e.g. with the pool page-locked before the clock.
 
 Pure: plans addresses and byte counts from the merger's state; the runtime issues the copies.
 """

@@ -51,6 +51,7 @@ class OutputPool:
         self.counts = {"taken": 0, "reused": 0, "fresh": 0, "dropped": 0}
         self.fresh_bytes = 0
         self.peak_bytes = 0  # live + idle
+        self.closed = False
 
     def take(self, length: int, feature: tuple[int, ...], dtype: Any) -> tuple[np.ndarray, bool]:
         """An array of `length` positions x `feature` (uninitialised), and whether its pages are already mapped
@@ -58,6 +59,8 @@ class OutputPool:
         dtype = np.dtype(dtype)
         key = (tuple(int(f) for f in feature), dtype.str)
         with self._lock:
+            if self.closed:
+                raise RuntimeError("OutputPool.take after close(): the pool's memory was freed")
             self.counts["taken"] += 1
             idle = self._idle.get(key, [])
             at = bisect.bisect_left(idle, (int(length), -(1 << 62)))  # the smallest that fits, the latest given of those
@@ -83,11 +86,14 @@ class OutputPool:
         return buffer[:length], self.allocate is not None
 
     def give(self, array: np.ndarray) -> None:
-        """Return an array `take` handed out (or a view of it) for reuse; its contents may change at once."""
+        """Return an array `take` handed out (or a view of it starting at its first element, as [:length]) for reuse; its
+        contents may change at once. After close() it is a no-op: the memory was freed."""
         with self._lock:
+            if self.closed:  # after close() every buffer was freed: nothing to keep
+                return
             entry = self._live.pop(_address(array), None)
             if entry is None:
-                raise ValueError("OutputPool.give: this array was not taken from the pool, or was given back already")
+                raise ValueError("OutputPool.give: this array was not taken from the pool (or does not start where the taken one does), or was given back already")
             key, buffer = entry
             self._serial += 1  # negated: of equal sizes the one given back last is taken first (its pages are warmest)
             bisect.insort(self._idle.setdefault(key, []), (buffer.shape[0], -self._serial, buffer))
@@ -108,6 +114,7 @@ class OutputPool:
         """Free what `allocate` gave, idle or handed out (call once nothing reads the arrays any more); numpy's
         buffers are left to the garbage collector."""
         with self._lock:
+            self.closed = True
             frees, self._free = list(self._free.values()), {}
             self._idle, self._live, self.idle_bytes = {}, {}, 0
         for free in frees:

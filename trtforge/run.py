@@ -109,8 +109,8 @@ class RunOptions:
     overlap_merges: bool = True
     # with overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into their inputs'
     # merged outputs (page-locked pooled memory), so the host copies none of those bytes (copymerge.py). Off by
-    # default: bit-equal to the host merge on the H200 but slower there at batch 16, 32 and 64 on MiniLM and BERT-base
-    # (benchmarks/RESULTS.md, 2026-12-02 w17/w18): the loop is bound by Python per batch, not by the bytes copied
+    # default: equal to the host merge's outputs on the H200 but 7-46% slower there at batch 16, 32 and 64 on MiniLM and
+    # BERT-base (benchmarks/RESULTS.md, 2026-12-02 w18; the cause is not measured)
     copy_engine_merge: bool = False
     # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
     # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
@@ -511,8 +511,8 @@ class _Merger:
             value = out[name]
             left = rows
             if placed and name in placed:
-                for d, first, count in placed[name].runs:
-                    self._stream(d, name).mark(first, count)
+                for d, first, count in placed[name].runs:  # the stream the copies wrote into: never a fresh one
+                    self.streams[(d, name)].mark(first, count)
                 left = [j for j in rows if j not in placed[name].rows]
             if kind.kind == "token" and self.options.merge == "center":
                 left = self._take_runs(batch, left, name, value)
@@ -942,7 +942,8 @@ def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], h
     return {"plan_workers": workers, "merge_workers": merge_workers, **target_runtime,
             "host": {"loop_wall_s": round(wall, 6), "stages": stages,
                      "note": "seconds each stage took, summed over the threads that ran it (threads overlap); cpu_seconds: "
-                             "the CPU time those threads used meanwhile (the rest is waiting: for the GPU, the GIL, a core)"},
+                             "the CPU time those threads used meanwhile (the rest is waiting: for the GIL, a core, or the GPU where "
+                             "its synchronisation blocks; a spinning wait for the GPU counts as CPU time)"},
             "timeline": batch_timeline([w for _, w, _ in timings], [g for _, _, g in timings])}
 
 

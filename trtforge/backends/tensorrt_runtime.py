@@ -473,8 +473,19 @@ class TrtRunner:
         collector then goes on to the next batch at once instead of waiting for that work.
         With `place`, place(tag, output shapes) says, on this thread before the batch's copies are queued, which
         outputs go elsewhere than the slot (OutputCopies); the views consume gets then hold only their slot_rows."""
+        if place is not None and consume is None:
+            raise ValueError("run_many: place needs consume (the yielded outputs would hold stale rows where copies went elsewhere)")
         n = len(self.slots)
         order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
+        try:
+            yield from self._pipelined(batches, profile, consume, place, n, order)
+        finally:  # a failed or abandoned loop: no copy may still be writing into memory the caller frees next
+            cudart = _cudart()
+            for name in ("compute_stream", "h2d_stream", "d2h_stream"):
+                cudart.cudaStreamSynchronize(getattr(self, name))
+
+    def _pipelined(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None, consume: Any, place: Any, n: int,
+                   order: deque) -> Iterator[tuple[Any, Any]]:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
             for i, (tag, feeds) in enumerate(batches):
                 s = i % n
