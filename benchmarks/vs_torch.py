@@ -288,7 +288,10 @@ def table(args) -> None:
             continue
         tps = report["throughput"]["tokens_per_s"]
         lat = report["latency"]["all"]
-        e2e.append({"model": name, "trtforge_tokens_per_s": tps, "torch_loop_tokens_per_s": torch_tps,
+        batches = (report.get("chunking", {}).get("batch_size"),
+                   torch_r["models"].get(name, {}).get("end_to_end", {}).get("batch"))  # a fair pair runs equal batches
+        e2e.append({"model": name, "trtforge_batch": batches[0], "torch_loop_batch": batches[1],
+                    "trtforge_tokens_per_s": tps, "torch_loop_tokens_per_s": torch_tps,
                     "trtforge_over_torch": tps / torch_tps if torch_tps else None,
                     "wall_over_gpu": lat.get("wall_over_gpu"), "wall_over_gpu_p50": lat.get("wall_over_gpu_p50"),
                     "runtime": report.get("runtime"), "peak_gpu_mb": report["memory"].get("peak_gpu_mb")})
@@ -301,14 +304,15 @@ def table(args) -> None:
         print(f"| {r['model']} | {r['shape']} | {f(r['engine_ms'])} | {f(r['eager_sdpa_ms'])} | {f(r['compile_ms'])} | "
               f"{x(r['eager_over_engine'])} | {x(r['compile_over_engine'])} |")
     print()
-    print("| model | trtforge run tokens/s | torch loop tokens/s | trtforge / torch | run wall / GPU (sum, p50) |")
-    print("|---|---|---|---|---|")
+    print("| model | batch (run / torch loop) | trtforge run tokens/s | torch loop tokens/s | trtforge / torch | run wall / GPU (sum, p50) |")
+    print("|---|---|---|---|---|---|")
     for r in e2e:
         if "error" in r:
-            print(f"| {r['model']} | {r['error']} | | | |")
+            print(f"| {r['model']} | | {r['error']} | | | |")
             continue
-        print(f"| {r['model']} | {f(r['trtforge_tokens_per_s'], ',.0f')} | {f(r['torch_loop_tokens_per_s'], ',.0f')} | "
-              f"{x(r['trtforge_over_torch'])} | {f(r['wall_over_gpu'])}, {f(r['wall_over_gpu_p50'])} |")
+        unequal = " (unequal!)" if r["trtforge_batch"] != r["torch_loop_batch"] else ""
+        print(f"| {r['model']} | {r['trtforge_batch']} / {r['torch_loop_batch']}{unequal} | {f(r['trtforge_tokens_per_s'], ',.0f')} | "
+              f"{f(r['torch_loop_tokens_per_s'], ',.0f')} | {x(r['trtforge_over_torch'])} | {f(r['wall_over_gpu'])}, {f(r['wall_over_gpu_p50'])} |")
     _write(Path(args.out), {"kernels": rows, "end_to_end": e2e, "torch": {k: torch_r.get(k) for k in ("torch", "gpu")},
                             "weights": {n: m.get("weights") for n, m in torch_r["models"].items()}})
 
