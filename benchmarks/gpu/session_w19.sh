@@ -8,6 +8,7 @@
 #    docs128v, and one round at batch 16: which stages wait (seconds >> cpu_seconds) and which work.
 # B: the copy-engine merge once per model at batch 64 with the same split, to test the suspicion that page-locking
 #    (prepare_outputs) stalls the submitting thread's CUDA calls.
+# A2: 3 and 4 merge workers at batch 64 (w20 found the host merge's copying to be the bound there).
 # C: the vs-torch table with `run` and the torch sliding-window loop both at 64 windows a batch over docs8.
 set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
@@ -19,6 +20,11 @@ fp16_engines_and_docs
 for i in 1 2 3; do
   for m in minilm bert-base; do
     step "run-$m-b64-$i" 120 "$(run_fp16 $m docs32v b64_docs32v_$i)"
+  done
+done
+for i in 1 2; do  # w20: at batch 64 the host merge's copying is the bound (2 threads ~ the GPU's pace): more merge threads
+  for m in minilm bert-base; do
+    for k in 3 4; do step "run-$m-b64-m$k-$i" 120 "$(run_fp16 $m docs32v b64_m${k}_docs32v_$i --merge-workers $k)"; done
   done
 done
 for m in minilm bert-base; do
