@@ -299,3 +299,16 @@ def test_center_merges_into_pool_memory_refuse_windows_that_leave_a_gap():
     with pytest.raises(ValueError, match="end at 20, not at the 25"):
         check_center_cover([Window(0, 10, 0, 10), Window(10, 20, 10, 20)], 25)
     StreamingMerge(gap, 20, "center")  # without a pool the output is zeroed: no check needed
+
+
+def test_window_runs_group_consecutive_windows_of_one_merged_input():
+    """The grouping the host merge (one np.take a run) and the copy-engine merge (strided copies a run) share: a row of
+    another input between two consecutive windows does not split their run (its offsets say where each window is)."""
+    from types import SimpleNamespace
+
+    from trtforge.chunking import window_runs
+
+    batch = [SimpleNamespace(doc=d, index=i) for d, i in [(0, 0), (0, 1), (1, 0), (0, 2), (2, 0), (2, 1), (0, 4)]]
+    assert window_runs(batch, list(range(7)), lambda d: d != 1) == ([[0, 1, 3], [4, 5], [6]], [2])
+    assert window_runs(batch, [1, 3, 4], lambda d: True) == ([[1, 3], [4]], [])
+    assert window_runs(batch, [], lambda d: True) == ([], [])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -234,6 +234,23 @@ class StreamingMerge:
             raise ValueError(f"{len(self.windows) - len(self.seen)} windows were never added")
         assert self.merged is not None and self.dtype is not None
         return self.merged.astype(self.dtype, copy=False)
+
+
+def window_runs(batch: list[Any], rows: list[int], multi: Callable[[int], bool]) -> tuple[list[list[int]], list[int]]:
+    """A batch's `rows` (chunks with .doc and .index) as runs of consecutive windows of one input whose windows are merged
+    a run at a time (`multi(doc)`), in order, and the rows left (the other inputs'): a 'center' merge copies each run with
+    one np.take (run's host merge) or a few strided copies (the copy-engine merge). Pure."""
+    runs: list[list[int]] = []
+    left: list[int] = []
+    for j in rows:
+        c = batch[j]
+        if not multi(c.doc):
+            left.append(j)
+        elif runs and batch[runs[-1][-1]].doc == c.doc and batch[runs[-1][-1]].index + 1 == c.index:
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+    return runs, left
 
 
 def strided_copies(segments: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int, int, int]]:

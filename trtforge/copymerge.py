@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trtforge.chunking import StreamingMerge, strided_copies
+from trtforge.chunking import StreamingMerge, strided_copies, window_runs
 
 
 @dataclass
@@ -81,7 +81,8 @@ class CopyEngineMerge:
             row_bytes = math.prod(shape[2:]) * np.dtype(self.dtypes[name]).itemsize
             strided: list[tuple[int, int, int, int, int, int]] = []
             done = Placed(set(), [])
-            for run in self._runs(batch):
+            runs, _ = window_runs(batch, list(range(len(batch))), lambda d: self.windows_of(d) > 1)
+            for run in runs:
                 if self._place_run(batch, run, name, shape, row_bytes, strided):
                     done.rows.update(run)
                     done.runs.append((batch[run[0]].doc, batch[run[0]].index, len(run)))
@@ -94,18 +95,6 @@ class CopyEngineMerge:
             self.counts["bytes"] += sum(c[4] * c[5] for c in strided)
         self.counts["batches"] += 1
         return copies, placed
-
-    def _runs(self, batch: list[Any]) -> list[list[int]]:
-        """Rows of multi-window inputs as runs of consecutive windows of one input (as _Merger._take_runs groups them)."""
-        runs: list[list[int]] = []
-        for j, c in enumerate(batch):
-            if self.windows_of(c.doc) < 2:
-                continue
-            if runs and batch[runs[-1][-1]].doc == c.doc and batch[runs[-1][-1]].index + 1 == c.index and runs[-1][-1] == j - 1:
-                runs[-1].append(j)
-            else:
-                runs.append([j])
-        return runs
 
     def _place_run(self, batch: list[Any], run: list[int], name: str, shape: tuple[int, ...], row_bytes: int,
                    strided: list[tuple[int, int, int, int, int, int]]) -> bool:

@@ -32,7 +32,7 @@ from trtforge import __version__
 from trtforge.artifacts import read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.chunking import (StreamingMerge, Tile, Window, check_overlap, check_tile_scale, merge_logits, merge_pooled,
-                               merge_tiles, plan_tiles, plan_windows, scaled_size)
+                               merge_tiles, plan_tiles, plan_windows, scaled_size, window_runs)
 from trtforge.comparator import Comparator, worst
 from trtforge.config import AxisRange, InputSpec
 from trtforge.copymerge import CopyEngineMerge, Placed
@@ -571,25 +571,17 @@ class _Merger:
         """Rows of multi-window inputs merged a run at a time; returns the rows left (single-window inputs)."""
         length = value.shape[1]  # token outputs are [batch, positions, ...]: row j's positions start at j * length
         flat = value.reshape((-1,) + value.shape[2:])
-        left: list[int] = []
-        run: list[int] = []
-        for j in rows + [-1]:
-            c = batch[j] if j >= 0 else None
-            if run and (c is None or c.doc != batch[run[-1]].doc or c.index != batch[run[-1]].index + 1):
-                first = batch[run[0]]
-                offsets = [k * length + (batch[k].content.start if batch[k].content is not None else 0) for k in run]
-                self._stream(first.doc, name).take(first.index, flat, offsets)
-                run = []
-            if c is None:
-                break
-            if self.counts[c.doc] > 1:
+        runs, left = window_runs(batch, rows, lambda d: self.counts[d] > 1)
+        for run in runs:
+            for j in run:
+                c = batch[j]
                 end = c.content.stop if c.content is not None else c.window.length
                 if end > length:  # take checks the batch's bounds only: a short row would read the next one
                     raise ValueError(f"output '{name}' has {length} positions per row, window {c.index} of input {c.doc} needs "
                                      f"{c.window.length} from position {end - c.window.length}")
-                run.append(j)
-            else:
-                left.append(j)
+            first = batch[run[0]]
+            offsets = [k * length + (batch[k].content.start if batch[k].content is not None else 0) for k in run]
+            self._stream(first.doc, name).take(first.index, flat, offsets)
         return left
 
     def _stream(self, doc: int, name: str) -> StreamingMerge:
@@ -783,7 +775,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             merger.add(batch, out, rows, copy, placed)
 
     copy_merge = (CopyEngineMerge(copy_names, {n: warm[n][1] for n in copy_names}, lambda d, n: merger.streams.get((d, n)),
-                                  lambda d: merger.counts[d]) if copy_names and warm else None)
+                                  lambda d: merger.counts[d]) if copy_names else None)
     placements: dict[int, dict[str, Placed]] = {}
 
     def place(tag: int, shapes: dict[str, tuple[int, ...]]) -> Any:

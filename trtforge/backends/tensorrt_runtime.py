@@ -30,9 +30,9 @@ import numpy as np
 
 from trtforge import interrupts
 from trtforge.backends.cuda_async import stack_into, submit_calls
+from trtforge.copymerge import OutputCopies
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
-from trtforge.copymerge import OutputCopies
 from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, slot_bytes
 
 
@@ -475,17 +475,17 @@ class TrtRunner:
         outputs go elsewhere than the slot (OutputCopies); the views consume gets then hold only their slot_rows."""
         if place is not None and consume is None:
             raise ValueError("run_many: place needs consume (the yielded outputs would hold stale rows where copies went elsewhere)")
-        n = len(self.slots)
-        order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
         try:
-            yield from self._pipelined(batches, profile, consume, place, n, order)
+            yield from self._pipelined(batches, profile, consume, place)
         finally:  # a failed or abandoned loop: no copy may still be writing into memory the caller frees next
             cudart = _cudart()
             for name in ("compute_stream", "h2d_stream", "d2h_stream"):
                 cudart.cudaStreamSynchronize(getattr(self, name))
 
-    def _pipelined(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None, consume: Any, place: Any, n: int,
-                   order: deque) -> Iterator[tuple[Any, Any]]:
+    def _pipelined(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None, consume: Any,
+                   place: Any) -> Iterator[tuple[Any, Any]]:
+        n = len(self.slots)
+        order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
             for i, (tag, feeds) in enumerate(batches):
                 s = i % n
