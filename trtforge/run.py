@@ -45,7 +45,7 @@ from trtforge.outwriter import OutputWriter
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
-from trtforge.runloop import Batcher, StageClock, batch_timeline, stream_batches, wall_over_gpu
+from trtforge.runloop import Batcher, StageClock, all_done, batch_timeline, stream_batches, wall_over_gpu
 from trtforge.tokenize import TextTokenizer, TokenizingProcesses, find_tokenizer_dir, sidecar_chain, wrap_spans
 
 
@@ -107,6 +107,10 @@ class RunOptions:
     # the next batch (its slot is reused once the merge is done); False: a batch's rows split over the merge threads
     # and the collector waits for them
     overlap_merges: bool = True
+    # with overlapped host merges: each batch's rows split into this many groups of consecutive rows, merged on as many
+    # merge threads at once (the slot waits for all): a batch's copying takes 1/k of the time on one thread. 1: one
+    # thread per batch. Not with the copy-engine merge (its host share is a few rows).
+    merge_split: int = 1
     # with overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into their inputs'
     # merged outputs (page-locked pooled memory), so the host copies none of those bytes (copymerge.py). Off by
     # default: equal to the host merge's outputs on the H200 but 7-46% slower there at batch 16, 32 and 64 on MiniLM and
@@ -132,6 +136,8 @@ class RunOptions:
             raise UserError(f"unknown --last-window '{self.last_window}'; use full or short.")
         if self.plan_ahead < 0:
             raise UserError(f"--plan-ahead {self.plan_ahead} is negative; use 0 (no bound) or a number of batches.")
+        if self.merge_split < 1:
+            raise UserError(f"--merge-split {self.merge_split} must be at least 1 (groups of rows per batch).")
         if self.switch_interval_us < 1:
             raise UserError(f"--switch-interval-us {self.switch_interval_us} must be at least 1 (microseconds).")
 
@@ -768,6 +774,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     # 2 by default: BERT-base and MiniLM ran fastest with 2 on the H200 box (16 CPUs), ahead of 4
     merge_workers = max(1, options.merge_workers or min(2, os.cpu_count() or 2))
+    # a split batch's copy-engine placements would be marked by one group while another finishes the input: not split
+    split = options.merge_split if overlap and not copy_names else 1
 
     def merge(batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None, copy: bool = False,
               placed: dict[str, Placed] | None = None) -> None:
@@ -824,6 +832,9 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                 if not options.precision_check:
                     def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
                         b = batches[tag]
+                        if overlap and split > 1:  # the batch's rows on `split` threads at once; the slot waits for all
+                            return all_done([pool.submit(merge, b, views, g.tolist(), True)
+                                             for g in np.array_split(np.arange(len(b)), min(split, len(b)))])
                         if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
                             return pool.submit(merge, b, views, None, True, placements.pop(tag, None))
                         groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
@@ -884,7 +895,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
                     "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
-                    "overlap_merges": overlap, "switch_interval_us": options.switch_interval_us,
+                    "overlap_merges": overlap, "merge_split": split, "switch_interval_us": options.switch_interval_us,
                     "copy_engine_merge": copy_merge.report() if copy_merge is not None else {"enabled": False, "reason": copy_off},
                     "output_pool": output_pool.report(), "saved_outputs": saving},
     }
