@@ -94,3 +94,15 @@ def test_a_window_past_its_row_or_another_layout_goes_through_the_host():
 
 def test_row_ranges():
     assert row_ranges([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 1), (7, 2)] and row_ranges([]) == []
+
+
+def test_reserve_bytes_covers_the_windows_in_flight_at_most_every_inputs_whole_output():
+    from trtforge.copymerge import reserve_bytes
+    from trtforge.outpool import capacity_for
+
+    # 2.5 x 10 windows x 256 positions x 8 bytes, under the whole bound
+    assert reserve_bytes([100_000, 50_000], 8, 10, 256) == int(2.5 * 10 * 256 * 8)
+    whole = (capacity_for(1000) + capacity_for(300)) * 8
+    assert reserve_bytes([1000, 300, 0], 8, 10, 256) == whole  # small inputs: no more than all of them can take
+    assert reserve_bytes([100_000, 50_000], 8, None, 256) == (capacity_for(100_000) + capacity_for(50_000)) * 8  # unbounded
+    assert reserve_bytes([], 8, 10, 256) == 0

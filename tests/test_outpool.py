@@ -128,3 +128,45 @@ def test_an_allocator_gives_the_buffers_and_frees_the_dropped_and_at_close():
     pool.close()
     assert sorted(freed) == sorted(allocated)  # every allocation freed once: the one in use, the idle one, the dropped one
     assert OutputPool().report()["memory"] == "numpy"
+
+
+def test_reserved_memory_carves_page_aligned_pieces_then_allocates_beyond_and_frees_the_block_once():
+    from trtforge.outpool import ReservedMemory
+
+    given, freed = [], []
+
+    def allocate(nbytes):
+        raw = np.zeros(nbytes, np.uint8)
+        given.append(nbytes)
+        return raw, lambda: freed.append(nbytes)
+
+    reserved = ReservedMemory(3 * 4096, allocate)
+    a, free_a = reserved(100)
+    b, free_b = reserved(4097)  # two pages: the block has one left
+    assert a.nbytes == 100 and b.nbytes == 4097 and given == [3 * 4096]
+    assert a.ctypes.data == reserved.block.ctypes.data and b.ctypes.data == a.ctypes.data + 4096  # page-aligned, in order
+    c, free_c = reserved(4096)  # past the block: from the allocator itself
+    assert given == [3 * 4096, 4096] and not np.shares_memory(c, reserved.block)
+    free_a(), free_b()
+    assert freed == []  # a carved piece goes back with the block, not on its own
+    free_c()
+    assert freed == [4096]
+    assert reserved.report() == {"carved": 2, "beyond": 1, "reserved_mb": round(3 * 4096 / 2**20, 3), "used_mb": round(3 * 4096 / 2**20, 3),
+                                 "beyond_mb": round(4096 / 2**20, 3)}
+    reserved.close(), reserved.close()
+    assert freed == [4096, 3 * 4096]  # the block freed once
+    nothing = ReservedMemory(0, allocate)  # no reserve: every buffer from the allocator
+    nothing(10)
+    assert given[-1] == 10 and nothing.report()["beyond"] == 1
+
+
+def test_a_pool_on_reserved_memory_hands_out_pieces_of_the_block_that_never_overlap():
+    from trtforge.outpool import ReservedMemory
+
+    reserved = ReservedMemory(1 << 20, lambda n: (np.zeros(n, np.uint8), lambda: None))
+    pool = OutputPool(allocate=reserved)
+    taken = [pool.take(n, (3,), np.float32) for n in (100, 257, 1000, 20)]
+    assert all(mapped and np.shares_memory(array, reserved.block) for array, mapped in taken)
+    for i, (x, _) in enumerate(taken):
+        x[...] = i
+    assert all((x == i).all() for i, (x, _) in enumerate(taken))  # no piece overlaps another

@@ -162,13 +162,13 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check,overlap_merges,copy_engine,split", [(False, True, True, 1), (False, True, False, 1),
-                                                                             (False, True, False, 3), (False, False, True, 1),
-                                                                             (True, True, True, 1)],
-                         ids=["copy-engine-merge", "merged-from-the-slot", "merged-from-the-slot-split", "merged-from-the-slot-waiting",
-                              "with-reference"])
+@pytest.mark.parametrize("precision_check,overlap_merges,copy_engine,split,reserve",
+                         [(False, True, True, 1, None), (False, True, True, 1, 0), (False, True, False, 1, None),
+                          (False, True, False, 3, None), (False, False, True, 1, None), (True, True, True, 1, None)],
+                         ids=["copy-engine-merge", "copy-engine-merge-nothing-reserved", "merged-from-the-slot",
+                              "merged-from-the-slot-split", "merged-from-the-slot-waiting", "with-reference"])
 def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges,
-                                                            copy_engine, split):
+                                                            copy_engine, split, reserve):
     from trtforge.run import RunOptions, run
 
     docs = tmp_path / "docs"
@@ -204,7 +204,8 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
 
     monkeypatch.setattr(rt, "allocate_pinned", recording_allocate)
     report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check, overlap_merges=overlap_merges,
-                                    copy_engine_merge=copy_engine, merge_split=split, save_outputs=tmp_path / "engine.npz",
+                                    copy_engine_merge=copy_engine, merge_split=split, pinned_reserve_mb=reserve,
+                                    save_outputs=tmp_path / "engine.npz",
                                     report=tmp_path / "report.json"))
     ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
     assert sorted(ort.files) == sorted(got.files) and len(got.files) == len(list(docs.iterdir())) * len(want["outputs"])
@@ -229,9 +230,15 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
         assert copied["host_rows"] == 1 and copied["rows"] == sum(i["chunks"] for i in report["inputs"]) - 1
         assert "dtoh_2d" in emulated["driver"].calls
         assert runtime["output_pool"]["memory"] == "page-locked" and pinned and sorted(pinned) == sorted(freed)  # all freed
+        held = runtime["output_pool"]["reserved"]  # page-locked before the clock, the pool's buffers carved out of it
+        if reserve is None:
+            assert held["reserved_mb"] > 0 and held["carved"] == runtime["output_pool"]["fresh"] > 0 and held["beyond"] == 0
+            assert len(pinned) == 1  # the one block, page-locked before the loop
+        else:  # nothing reserved: each pooled buffer page-locked when first needed
+            assert held["reserved_mb"] == 0 and held["carved"] == 0 and held["beyond"] == runtime["output_pool"]["fresh"] == len(pinned)
     else:
         assert not copied["enabled"] and copied["reason"] and "dtoh_2d" not in emulated["driver"].calls
-        assert runtime["output_pool"]["memory"] == "numpy"
+        assert runtime["output_pool"]["memory"] == "numpy" and "reserved" not in runtime["output_pool"]
     assert runtime["merge_split"] == (split if overlap_merges and not precision_check and not copy_engine else 1)
     if not precision_check and overlap_merges and split > 1:  # each batch's rows in `split` groups of consecutive rows, all merged
         groups: dict[int, list[list[int]]] = {}

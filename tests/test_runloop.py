@@ -676,6 +676,10 @@ def test_run_options_refuse_a_negative_plan_ahead():
     with pytest.raises(UserError, match=r"--plan-ahead -1 is negative; use 0 \(no bound\)"):
         RunOptions(inputs="docs", plan_ahead=-1)
     assert RunOptions(inputs="docs", plan_ahead=0).plan_ahead == 0
+    with pytest.raises(UserError, match=r"--merge-split 0 must be at least 1"):
+        RunOptions(inputs="docs", merge_split=0)
+    with pytest.raises(UserError, match=r"--pinned-reserve-mb -1 is negative"):
+        RunOptions(inputs="docs", pinned_reserve_mb=-1)
 
 
 def test_the_loops_switch_interval_is_set_while_it_runs_and_restored(minilm_clean, tmp_path):

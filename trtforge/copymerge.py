@@ -13,8 +13,10 @@ output and copied row by row: 1,632 copies and a cudaHostRegister per input cost
 
 Measured on the H200 (benchmarks/RESULTS.md, 2026-12-02 w17/w18): outputs equal to the host merge's at every element,
 but in w18 the loop ran 7-46% slower than with the host merge in every pair at batch 16, 32 and 64, so it is off by
-default. Suspected, not measured: page-locking the pooled buffers inside the timed loop (page-locked allocation
-synchronises the device) and freeing them there. Kept for measuring, e.g. with the pool page-locked before the clock.
+default. w20's timeline pointed at page-locking the pooled buffers inside the timed loop: the first six batch-64
+MiniLM batches took ~190 ms, the loop after its 40th batch 1.09-1.12x the GPU (the host merge: 1.19-1.24x). So `run`
+now page-locks one block before the clock (outpool.ReservedMemory, sized by `reserve_bytes`) and carves the pool's
+buffers out of it.
 
 Pure: plans addresses and byte counts from the merger's state; the runtime issues the copies.
 """
@@ -28,6 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from trtforge.chunking import StreamingMerge, strided_copies, window_runs
+from trtforge.outpool import capacity_for
 
 
 @dataclass
@@ -45,6 +48,20 @@ class Placed:
     which the merge then counts as added (StreamingMerge.mark) instead of copying them from the slot."""
     rows: set[int]
     runs: list[tuple[int, int, int]]
+
+
+def reserve_bytes(position_bounds: list[int], bytes_per_position: int, windows_in_flight: int | None, chunk: int,
+                  factor: float = 2.5) -> int:
+    """Page-locked bytes to reserve before the loop for the merged token outputs (pure): `factor` x the positions of the
+    windows in flight (queued, on the GPU, merging) x their bytes per position, at most what every input's merged
+    output could take (each input's upper bound of positions, rounded up as the pool rounds it). factor 2.5: the pool's
+    fresh memory on the H200 was 2.1x those bytes on MiniLM and BERT-base at batch 64 (w18: 0.62 and 1.3 GB), since
+    inputs planned ahead hold their buffers and idle ones of other sizes stay pooled. windows_in_flight None: planning
+    is unbounded (every input may be in flight)."""
+    whole = sum(capacity_for(n) for n in position_bounds if n > 0) * bytes_per_position
+    if windows_in_flight is None:
+        return whole
+    return max(0, min(whole, int(factor * windows_in_flight * chunk * bytes_per_position)))
 
 
 def row_ranges(rows: list[int]) -> list[tuple[int, int]]:

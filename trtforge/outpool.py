@@ -15,6 +15,10 @@ buffers first), so a run's host memory is bounded by the inputs in flight plus t
 
 With `allocate`, buffers come from it instead of numpy: `run` passes page-locked memory, which the GPU's copy engine
 writes merged outputs into (--copy-engine-merge); pinning is paid once per buffer, not per input.
+
+`ReservedMemory` is such an allocator that page-locks one block before the timed loop and carves buffers out of it:
+page-locking inside the loop (cudaHostAlloc, which CUDA synchronises with other threads' calls) cost the first six
+batch-64 MiniLM batches ~190 ms on the H200 box (2026-12-02 w20), where the loop after them ran at 1.09-1.12x the GPU.
 """
 
 from __future__ import annotations
@@ -133,3 +137,46 @@ class OutputPool:
 def _address(array: np.ndarray) -> int:
     """Where an array's data starts: a buffer and the [:length] views `take` hands out share it."""
     return int(array.__array_interface__["data"][0])
+
+
+class ReservedMemory:
+    """An OutputPool allocator: buffers carved in order out of one block that `allocate` gave up front (page-aligned
+    pieces; freeing one is a no-op, the block is freed by close()), and from `allocate` itself once the block is used
+    up. Thread-safe."""
+
+    def __init__(self, nbytes: int, allocate: Allocator, align: int = 4096):
+        self.allocate, self.align = allocate, int(align)
+        self.block, self._free_block = allocate(int(nbytes)) if nbytes > 0 else (None, None)
+        self.reserved = self.block.nbytes if self.block is not None else 0
+        self.used = 0
+        self.counts = {"carved": 0, "beyond": 0}
+        self.beyond_bytes = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, nbytes: int) -> tuple[np.ndarray, Callable[[], None]]:
+        size = -(-int(nbytes) // self.align) * self.align
+        with self._lock:
+            if self.block is not None and self.used + size <= self.block.nbytes:
+                piece = self.block[self.used:self.used + int(nbytes)]
+                self.used += size
+                self.counts["carved"] += 1
+                return piece, _keep
+            self.counts["beyond"] += 1
+            self.beyond_bytes += int(nbytes)
+        return self.allocate(int(nbytes))  # outside the lock: page-locking takes long
+
+    def close(self) -> None:
+        """Free the block (call after the pool's close(): its carved buffers are then unused)."""
+        with self._lock:
+            free, self._free_block, self.block = self._free_block, None, None
+        if free is not None:
+            free()
+
+    def report(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self.counts, "reserved_mb": round(self.reserved / 2**20, 3), "used_mb": round(self.used / 2**20, 3),
+                    "beyond_mb": round(self.beyond_bytes / 2**20, 3)}
+
+
+def _keep() -> None:
+    """A carved buffer's free: its memory goes back with the whole block."""

@@ -16,6 +16,7 @@ leave no doubt), and the kind decides everything after inference:
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import sys
@@ -35,12 +36,12 @@ from trtforge.chunking import (StreamingMerge, Tile, Window, check_overlap, chec
                                merge_tiles, plan_tiles, plan_windows, scaled_size, window_runs)
 from trtforge.comparator import Comparator, worst
 from trtforge.config import AxisRange, InputSpec
-from trtforge.copymerge import CopyEngineMerge, Placed
+from trtforge.copymerge import CopyEngineMerge, Placed, reserve_bytes
 from trtforge.errors import UserError
 from trtforge.graph import io_specs
 from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
-from trtforge.outpool import OutputPool
+from trtforge.outpool import OutputPool, ReservedMemory
 from trtforge.outwriter import OutputWriter
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
@@ -116,6 +117,9 @@ class RunOptions:
     # default: equal to the host merge's outputs on the H200 but 7-46% slower there at batch 16, 32 and 64 on MiniLM and
     # BERT-base (benchmarks/RESULTS.md, 2026-12-02 w18; the cause is not measured)
     copy_engine_merge: bool = False
+    # with the copy-engine merge: MB of page-locked memory reserved before the clock for the merged outputs (None: sized
+    # by copymerge.reserve_bytes; 0: none, every pooled buffer page-locked when first needed, inside the loop)
+    pinned_reserve_mb: float | None = None
     # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
     # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
     tokenize_processes: int = 0
@@ -136,6 +140,8 @@ class RunOptions:
             raise UserError(f"unknown --last-window '{self.last_window}'; use full or short.")
         if self.plan_ahead < 0:
             raise UserError(f"--plan-ahead {self.plan_ahead} is negative; use 0 (no bound) or a number of batches.")
+        if self.pinned_reserve_mb is not None and self.pinned_reserve_mb < 0:
+            raise UserError(f"--pinned-reserve-mb {self.pinned_reserve_mb:g} is negative; use 0 (reserve nothing) or a size in MB.")
         if self.merge_split < 1:
             raise UserError(f"--merge-split {self.merge_split} must be at least 1 (groups of rows per batch).")
         if self.switch_interval_us < 1:
@@ -732,16 +738,23 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # Each input's merged outputs are handed on as soon as it is finished (written by --save-outputs, else dropped),
     # and their memory serves later inputs (outpool.py): a run holds the inputs in flight, not the corpus. With the
     # copy-engine merge that memory is page-locked (the GPU writes into it).
-    if copy_names:
-        from trtforge.backends.tensorrt_runtime import allocate_pinned
-        output_pool = OutputPool(allocate=allocate_pinned)
-    else:
-        output_pool = OutputPool()
+    reserved: ReservedMemory | None = None
+    reserve_s = 0.0
     try:
+        if copy_names:  # page-locked once here, before the clock: page-locking inside the loop stalled it (copymerge.py)
+            from trtforge.backends.tensorrt_runtime import allocate_pinned
+            reserve_start = time.perf_counter()
+            reserved = ReservedMemory(_pinned_reserve(p, options, warm, copy_names), allocate_pinned)
+            reserve_s = time.perf_counter() - reserve_start
+            output_pool = OutputPool(allocate=reserved)
+        else:
+            output_pool = OutputPool()
         writer = OutputWriter(Path(options.save_outputs)) if options.save_outputs else None
     except BaseException:
         if tokenizing is not None:
             tokenizing.close()
+        if reserved is not None:
+            reserved.close()
         raise
 
     def on_done(d: int, outputs: dict[str, np.ndarray], release: Callable[[], None]) -> None:
@@ -873,6 +886,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         raise
     finally:
         output_pool.close()  # page-locked memory freed (nothing reads the merged outputs any more); numpy's: left to GC
+        if reserved is not None:
+            reserved.close()
     p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
     progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(batches)} batches")
 
@@ -897,7 +912,10 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                     "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
                     "overlap_merges": overlap, "merge_split": split, "switch_interval_us": options.switch_interval_us,
                     "copy_engine_merge": copy_merge.report() if copy_merge is not None else {"enabled": False, "reason": copy_off},
-                    "output_pool": output_pool.report(), "saved_outputs": saving},
+                    "output_pool": {**output_pool.report(), **({"reserved": {**reserved.report(), "seconds": round(reserve_s, 6),
+                                                                              "note": "page-locked before the clock"}}
+                                                                if reserved is not None else {})},
+                    "saved_outputs": saving},
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
@@ -918,6 +936,19 @@ def _copy_merge_outputs(p: Prepared, options: RunOptions, warm: dict[str, tuple[
         return [], "no warm-up (--warmup 0): the merged outputs' layout is not known ahead"
     names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and n in warm]
     return (names, None) if names else ([], "no token output laid out [batch, positions, ...]")
+
+
+def _pinned_reserve(p: Prepared, options: RunOptions, warm: dict[str, tuple[tuple[int, ...], np.dtype]] | None,
+                    names: list[str]) -> int:
+    """Bytes of page-locked memory to reserve for the copy-engine merge's outputs: --pinned-reserve-mb, else
+    copymerge.reserve_bytes over the batches in flight (queued ahead, in the slots, one merging)."""
+    if options.pinned_reserve_mb is not None:
+        return int(options.pinned_reserve_mb * 2**20)
+    assert warm is not None
+    per_position = sum(math.prod(warm[n][0]) * np.dtype(warm[n][1]).itemsize for n in names)
+    bounds = [doc.length if doc.ids is not None or doc.text is None else len(doc.text.encode("utf-8")) for doc in p.docs]
+    in_flight = (options.plan_ahead + options.slots + 1) * p.batch_cap if options.plan_ahead > 0 else None  # 0: unbounded
+    return reserve_bytes(bounds, per_position, in_flight, options.chunk or p.limits.seq or max(bounds, default=1))
 
 
 def _check_save_outputs(docs: list[Document], path: Path | None) -> None:
