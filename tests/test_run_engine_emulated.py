@@ -162,13 +162,13 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check,overlap_merges,copy_engine,split,reserve",
-                         [(False, True, True, 1, None), (False, True, True, 1, 0), (False, True, False, 1, None),
-                          (False, True, False, 3, None), (False, False, True, 1, None), (True, True, True, 1, None)],
+@pytest.mark.parametrize("precision_check,overlap_merges,copy_engine,reserve",
+                         [(False, True, True, None), (False, True, True, 0), (False, True, False, None), (False, False, True, None),
+                          (True, True, True, None)],
                          ids=["copy-engine-merge", "copy-engine-merge-nothing-reserved", "merged-from-the-slot",
-                              "merged-from-the-slot-split", "merged-from-the-slot-waiting", "with-reference"])
+                              "merged-from-the-slot-waiting", "with-reference"])
 def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges,
-                                                            copy_engine, split, reserve):
+                                                            copy_engine, reserve):
     from trtforge.run import RunOptions, run
 
     docs = tmp_path / "docs"
@@ -185,11 +185,10 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     emulated = _emulate(monkeypatch, minilm_clean, engine)
     import trtforge.run as run_mod
 
-    merged_rows, batch_ids, add = [], [], run_mod._Merger.add
+    merged_rows, add = [], run_mod._Merger.add
 
     def recording_add(self, batch, out, rows=None, copy=False, placed=None):  # how each batch reached the merge
         merged_rows.append(None if rows is None else list(rows))
-        batch_ids.append(id(batch))
         return add(self, batch, out, rows, copy, placed)
 
     monkeypatch.setattr(run_mod._Merger, "add", recording_add)
@@ -204,7 +203,7 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
 
     monkeypatch.setattr(rt, "allocate_pinned", recording_allocate)
     report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check, overlap_merges=overlap_merges,
-                                    copy_engine_merge=copy_engine, merge_split=split, pinned_reserve_mb=reserve,
+                                    copy_engine_merge=copy_engine, pinned_reserve_mb=reserve,
                                     save_outputs=tmp_path / "engine.npz",
                                     report=tmp_path / "report.json"))
     ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
@@ -239,18 +238,7 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     else:
         assert not copied["enabled"] and copied["reason"] and "dtoh_2d" not in emulated["driver"].calls
         assert runtime["output_pool"]["memory"] == "numpy" and "reserved" not in runtime["output_pool"]
-    assert runtime["merge_split"] == (split if overlap_merges and not precision_check and not copy_engine else 1)
-    if not precision_check and overlap_merges and split > 1:  # each batch's rows in `split` groups of consecutive rows, all merged
-        groups: dict[int, list[list[int]]] = {}
-        for b, rows in zip(batch_ids, merged_rows):
-            groups.setdefault(b, []).append(rows)
-        assert len(groups) == report["batches"]
-        for parts in groups.values():  # each batch: min(split, its rows) non-empty runs of consecutive rows, together all of them
-            rows = sorted(r for part in parts for r in part)
-            assert rows == list(range(len(rows))) and len(parts) == min(split, len(rows)) and all(part for part in parts)
-            assert all(part == list(range(part[0], part[-1] + 1)) for part in parts)
-        assert any(len(parts) > 1 for parts in groups.values())
-    elif not precision_check:  # overlapped: each batch whole on one merge thread; waiting: its rows split over the 2
+    if not precision_check:  # overlapped: each batch whole on one merge thread; waiting: its rows split over the 2
         assert all(rows is None for rows in merged_rows) if overlap_merges else all(rows is not None for rows in merged_rows)
     json.loads((tmp_path / "report.json").read_text())
 

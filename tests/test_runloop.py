@@ -676,8 +676,6 @@ def test_run_options_refuse_a_negative_plan_ahead():
     with pytest.raises(UserError, match=r"--plan-ahead -1 is negative; use 0 \(no bound\)"):
         RunOptions(inputs="docs", plan_ahead=-1)
     assert RunOptions(inputs="docs", plan_ahead=0).plan_ahead == 0
-    with pytest.raises(UserError, match=r"--merge-split 0 must be at least 1"):
-        RunOptions(inputs="docs", merge_split=0)
     with pytest.raises(UserError, match=r"--pinned-reserve-mb -1 is negative"):
         RunOptions(inputs="docs", pinned_reserve_mb=-1)
 
@@ -746,29 +744,3 @@ def test_placed_outputs_go_where_place_says_and_the_slot_gets_only_its_rows(monk
     with pytest.raises(ValueError, match="place needs consume"):
         list(runner.run_many(batches[:1], place=place))
 
-
-def test_all_done_waits_for_every_future_and_raises_the_first_failure_in_order():
-    from concurrent.futures import CancelledError, Future
-
-    from trtforge.runloop import all_done
-
-    parts = [Future() for _ in range(3)]
-    combined = all_done(parts)
-    parts[0].set_result(1)
-    parts[2].set_exception(ValueError("third"))
-    assert not combined.done()  # the middle one is still running
-    parts[1].set_exception(KeyError("second"))
-    assert combined.done()
-    with pytest.raises(KeyError):  # the first in order, not the first to fail
-        combined.result()
-    ok = [Future() for _ in range(2)]
-    combined = all_done(ok)
-    for f in ok:
-        f.set_result("ignored")
-    assert combined.result() is None
-    assert all_done([]).result() is None
-    cancelled = Future()
-    combined = all_done([cancelled])
-    cancelled.cancel()
-    with pytest.raises(CancelledError):
-        combined.result(timeout=1)

@@ -404,9 +404,8 @@ def run_cmd(
     plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs))."),
     plan_ahead: int = typer.Option(8, "--plan-ahead", min=0, help="Batches planned ahead of the GPU loop, queued (0: no bound); besides them at most 2 x plan-workers documents are planned ahead."),
     overlap_merges: bool = typer.Option(True, "--overlap-merges/--no-overlap-merges", help="With --no-precision-check on an engine: merge each batch on one merge thread while the next is collected (off: split a batch's rows over the merge threads and wait)."),
-    merge_split: int = typer.Option(1, "--merge-split", min=1, help="With overlapped merges on the host: each batch's rows in this many groups, merged on as many merge threads at once (1: one thread per batch)."),
-    copy_engine_merge: bool = typer.Option(False, "--copy-engine-merge/--no-copy-engine-merge", help="With overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into each input's merged output (page-locked, pooled), so the host copies none of those bytes. Off by default: measured slower than the host merge on the H200 (benchmarks/RESULTS.md)."),
-    pinned_reserve_mb: Optional[float] = typer.Option(None, "--pinned-reserve-mb", min=0, help="With --copy-engine-merge: MB of page-locked memory reserved before the clock for the merged outputs (default: sized by the batches in flight; 0: page-lock each pooled buffer when first needed)."),
+    copy_engine_merge: bool = typer.Option(True, "--copy-engine-merge/--no-copy-engine-merge", help="With overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into each input's merged output (page-locked, pooled, reserved before the clock), so the host copies none of those bytes (off: the merge threads copy them)."),
+    pinned_reserve_mb: Optional[float] = typer.Option(None, "--pinned-reserve-mb", min=0, help="With the copy-engine merge: MB of page-locked memory reserved before the clock for the merged outputs (default: sized by the batches in flight; 0: page-lock each pooled buffer when first needed)."),
     tokenize_processes: int = typer.Option(0, "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs, started before the clock (0: the planning threads tokenize)."),
     last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
     switch_interval_us: int = typer.Option(500, "--switch-interval-us", min=1, help="Python's GIL switch interval while the loop runs, in microseconds: how long a thread coming back from a copy or a CUDA wait may wait for the GIL."),
@@ -454,7 +453,7 @@ def run_cmd(
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
         cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots, precision_check=precision_check, chunking_check=chunking_check,
-        plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, merge_split=merge_split, copy_engine_merge=copy_engine_merge, pinned_reserve_mb=pinned_reserve_mb, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
+        plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, copy_engine_merge=copy_engine_merge, pinned_reserve_mb=pinned_reserve_mb, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
         switch_interval_us=switch_interval_us,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):

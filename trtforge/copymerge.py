@@ -1,5 +1,6 @@
 """The copy-engine merge: the GPU's copy engine writes each window's kept slice of a token output straight into its
-input's merged output, so the host never copies those bytes (`run --copy-engine-merge`, on an engine).
+input's merged output, so the host never copies those bytes (`run` on an engine with --no-precision-check;
+--no-copy-engine-merge turns it off).
 
 Why: `run`'s host merge copied every batch's token output twice (the D2H copy into a staging slot, then np.take
 into the merged output): 5.5 MB per MiniLM batch, 11 MB per BERT-base one. On the H200 box that merge took ~3 ms of
@@ -11,12 +12,13 @@ pooled memory (outpool.OutputPool with tensorrt_runtime.allocate_pinned), so the
 pinning is paid once per pooled buffer. The earlier `--direct-merge` (removed 2026-12-01) page-locked every input's
 output and copied row by row: 1,632 copies and a cudaHostRegister per input cost more than the merge it removed.
 
-Measured on the H200 (benchmarks/RESULTS.md, 2026-12-02 w17/w18): outputs equal to the host merge's at every element,
-but in w18 the loop ran 7-46% slower than with the host merge in every pair at batch 16, 32 and 64, so it is off by
-default. w20's timeline pointed at page-locking the pooled buffers inside the timed loop: the first six batch-64
-MiniLM batches took ~190 ms, the loop after its 40th batch 1.09-1.12x the GPU (the host merge: 1.19-1.24x). So `run`
-now page-locks one block before the clock (outpool.ReservedMemory, sized by `reserve_bytes`) and carves the pool's
-buffers out of it.
+Measured on the H200 (benchmarks/RESULTS.md, 2026-12-02 w17/w18/w20/w21): outputs bit-equal to the host merge's. With
+each pooled buffer page-locked when first needed, inside the timed loop, it ran 7-46% slower than the host merge (w18);
+w20's timeline put that in the page-locking (the first six batch-64 MiniLM batches ~190 ms). So `run` page-locks one
+block before the clock (outpool.ReservedMemory, sized by `reserve_bytes`) and carves the pool's buffers out of it: in
+w21, three rounds at batch 64, MiniLM ran at 1.06-1.12x the GPU's time (host merge 1.12-1.38x, page-locking in the
+loop 1.48-1.58x) and BERT-base at 1.01-1.02x (host 1.03-1.08x). On by default; reserving costs 0.24-0.75 s before the
+clock (~3 GB/s), reported as runtime.output_pool.reserved.
 
 Pure: plans addresses and byte counts from the merger's state; the runtime issues the copies.
 """

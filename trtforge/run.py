@@ -46,7 +46,7 @@ from trtforge.outwriter import OutputWriter
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
-from trtforge.runloop import Batcher, StageClock, all_done, batch_timeline, stream_batches, wall_over_gpu
+from trtforge.runloop import Batcher, StageClock, batch_timeline, stream_batches, wall_over_gpu
 from trtforge.tokenize import TextTokenizer, TokenizingProcesses, find_tokenizer_dir, sidecar_chain, wrap_spans
 
 
@@ -108,15 +108,11 @@ class RunOptions:
     # the next batch (its slot is reused once the merge is done); False: a batch's rows split over the merge threads
     # and the collector waits for them
     overlap_merges: bool = True
-    # with overlapped host merges: each batch's rows split into this many groups of consecutive rows, merged on as many
-    # merge threads at once (the slot waits for all): a batch's copying takes 1/k of the time on one thread. 1: one
-    # thread per batch. Not with the copy-engine merge (its host share is a few rows).
-    merge_split: int = 1
     # with overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into their inputs'
-    # merged outputs (page-locked pooled memory), so the host copies none of those bytes (copymerge.py). Off by
-    # default: equal to the host merge's outputs on the H200 but 7-46% slower there at batch 16, 32 and 64 on MiniLM and
-    # BERT-base (benchmarks/RESULTS.md, 2026-12-02 w18; the cause is not measured)
-    copy_engine_merge: bool = False
+    # merged outputs (page-locked pooled memory, reserved before the clock), so the host copies none of those bytes
+    # (copymerge.py). On by default: on the H200 at batch 64 it ran MiniLM at 1.06-1.12x the GPU's time where the host
+    # merge ran 1.12-1.38x, BERT-base at 1.01-1.02x against 1.03-1.08x, with bit-equal outputs (RESULTS.md, 2026-12-02 w21)
+    copy_engine_merge: bool = True
     # with the copy-engine merge: MB of page-locked memory reserved before the clock for the merged outputs (None: sized
     # by copymerge.reserve_bytes; 0: none, every pooled buffer page-locked when first needed, inside the loop)
     pinned_reserve_mb: float | None = None
@@ -142,8 +138,6 @@ class RunOptions:
             raise UserError(f"--plan-ahead {self.plan_ahead} is negative; use 0 (no bound) or a number of batches.")
         if self.pinned_reserve_mb is not None and self.pinned_reserve_mb < 0:
             raise UserError(f"--pinned-reserve-mb {self.pinned_reserve_mb:g} is negative; use 0 (reserve nothing) or a size in MB.")
-        if self.merge_split < 1:
-            raise UserError(f"--merge-split {self.merge_split} must be at least 1 (groups of rows per batch).")
         if self.switch_interval_us < 1:
             raise UserError(f"--switch-interval-us {self.switch_interval_us} must be at least 1 (microseconds).")
 
@@ -787,8 +781,6 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     # 2 by default: BERT-base and MiniLM ran fastest with 2 on the H200 box (16 CPUs), ahead of 4
     merge_workers = max(1, options.merge_workers or min(2, os.cpu_count() or 2))
-    # a split batch's copy-engine placements would be marked by one group while another finishes the input: not split
-    split = options.merge_split if overlap and not copy_names else 1
 
     def merge(batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None, copy: bool = False,
               placed: dict[str, Placed] | None = None) -> None:
@@ -845,9 +837,6 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                 if not options.precision_check:
                     def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
                         b = batches[tag]
-                        if overlap and split > 1:  # the batch's rows on `split` threads at once; the slot waits for all
-                            return all_done([pool.submit(merge, b, views, g.tolist(), True)
-                                             for g in np.array_split(np.arange(len(b)), min(split, len(b)))])
                         if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
                             return pool.submit(merge, b, views, None, True, placements.pop(tag, None))
                         groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
@@ -910,7 +899,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
                     "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
-                    "overlap_merges": overlap, "merge_split": split, "switch_interval_us": options.switch_interval_us,
+                    "overlap_merges": overlap, "switch_interval_us": options.switch_interval_us,
                     "copy_engine_merge": copy_merge.report() if copy_merge is not None else {"enabled": False, "reason": copy_off},
                     "output_pool": {**output_pool.report(), **({"reserved": {**reserved.report(), "seconds": round(reserve_s, 6),
                                                                               "note": "page-locked before the clock"}}
@@ -927,7 +916,7 @@ def _copy_merge_outputs(p: Prepared, options: RunOptions, warm: dict[str, tuple[
                         overlap: bool) -> tuple[list[str], str | None]:
     """The token outputs the copy engine merges (copymerge.py), or none and why."""
     if not options.copy_engine_merge:
-        return [], "off (--copy-engine-merge turns it on)"
+        return [], "off (--no-copy-engine-merge)"
     if not overlap:
         return [], "needs an engine, --no-precision-check and overlapped merges"
     if options.merge != "center":

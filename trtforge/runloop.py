@@ -9,7 +9,6 @@
   they arrive (the same batches `run.make_batches` forms, in the order they fill), so tokenization
   and chunk planning overlap execution, a bounded lead ahead of it.
 - `slot_bytes`, `completion_intervals`, `wall_over_gpu`, `batch_timeline`: staging-buffer sizes and the clock.
-- `all_done`: one Future for a batch's merge split over several threads (the slot waits for all of them).
 - `StageClock`: seconds per host stage (planning, staging, waiting on the GPU, copying out, merging),
   summed over threads, so a run whose wall time exceeds its GPU time says where the rest went.
 """
@@ -21,7 +20,7 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
@@ -159,38 +158,6 @@ class Batcher:
         out = [g for g in self.groups.values() if g]
         self.groups = {}
         return out
-
-
-def all_done(futures: Sequence[Future]) -> Future:
-    """A Future done once every one of `futures` is: its result None, or the exception of the first of them (in the
-    given order) that raised. `run` hands the TensorRT loop one such Future per batch whose merge it split over the
-    merge threads, so the batch's slot is restaged only after all of its rows are merged."""
-    combined: Future = Future()
-    left = [len(futures)]
-    lock = threading.Lock()
-
-    def settle() -> None:
-        for f in futures:
-            if f.cancelled():  # the combined one then raises CancelledError from result(), as the cancelled one would
-                combined.cancel()
-                return
-            if f.exception() is not None:
-                combined.set_exception(f.exception())
-                return
-        combined.set_result(None)
-
-    def one_done(_: Future) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            settle()
-
-    if not futures:
-        combined.set_result(None)
-    for f in futures:
-        f.add_done_callback(one_done)
-    return combined
 
 
 def put_while(q: queue.Queue, item: Any, going: Callable[[], bool], poll_s: float = 0.05) -> bool:
