@@ -60,6 +60,49 @@ def emulate_plugins(model: onnx.ModelProto, padded_head: int, dtype: int = onnx.
     return _expand(model, PLUGIN, expand)
 
 
+def emulate_flash_plugins(model: onnx.ModelProto, dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    """TrtforgeFlashAttention (trtforge/native/sdpa_plugin.cpp) as the ops its contract says cuDNN computes: input 0
+    [tokens, 3E, 1, 1] with each head's q, k, v adjacent, input 1 [S] (its length is the sequence), the node's own
+    `scale`, and with causal=1 a mask that hides every key after the query."""
+    from trtforge.fusion.plugins import FLASH_PLUGIN
+
+    def expand(node, a, p, c):
+        e, n = a["hidden_size"], a["num_heads"]
+        h = e // n
+        qkv, seq = node.input[0], node.input[1]
+        assert len(node.input) == 2 and set(a) >= {"scale", "causal"}, node.name
+        nodes = [
+            helper.make_node("Shape", [seq], [p + "S"]),
+            helper.make_node("Concat", [c("m1", np.array([-1], np.int64)), p + "S", c("n3h", np.array([n, 3, h], np.int64))], [p + "shape"], axis=0),
+            helper.make_node("Cast", [qkv], [p + "qkv32"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Reshape", [p + "qkv32", p + "shape"], [p + "bsn3h"]),
+            helper.make_node("Transpose", [p + "bsn3h"], [p + "3bnsh"], perm=[3, 0, 2, 1, 4]),
+            helper.make_node("Gather", [p + "3bnsh", c("i0", np.array(0, np.int64))], [p + "q"], axis=0),
+            helper.make_node("Gather", [p + "3bnsh", c("i1", np.array(1, np.int64))], [p + "k"], axis=0),
+            helper.make_node("Gather", [p + "3bnsh", c("i2", np.array(2, np.int64))], [p + "v"], axis=0),
+            helper.make_node("Transpose", [p + "k"], [p + "kt"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", [p + "q", p + "kt"], [p + "qk"]),
+            helper.make_node("Mul", [p + "qk", c("scale", np.array(a["scale"], np.float32))], [p + "scaled"]),
+        ]
+        scores = p + "scaled"
+        if a["causal"]:
+            nodes += [helper.make_node("Concat", [p + "S", p + "S"], [p + "SS"], axis=0),
+                      helper.make_node("ConstantOfShape", [p + "SS"], [p + "neg"],
+                                       value=numpy_helper.from_array(np.array([-np.inf], np.float32))),
+                      helper.make_node("Trilu", [p + "neg", c("k1", np.array(1, np.int64))], [p + "mask"], upper=1),
+                      helper.make_node("Add", [scores, p + "mask"], [p + "masked"])]
+            scores = p + "masked"
+        return nodes + [
+            helper.make_node("Softmax", [scores], [p + "probs"], axis=-1),
+            helper.make_node("MatMul", [p + "probs", p + "v"], [p + "bnsh"]),
+            helper.make_node("Transpose", [p + "bnsh"], [p + "bsnh"], perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", [p + "bsnh", c("outshape", np.array([-1, e, 1, 1], np.int64))], [p + "out32"]),
+            helper.make_node("Cast", [p + "out32"], [node.output[0]], to=dtype),
+        ]
+
+    return _expand(model, FLASH_PLUGIN, expand)
+
+
 def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each CustomGeluPluginDynamic node as the ops it computes: (x + bias), then 0.5x(1 + tanh(sqrt(2/pi)(x +
     0.044715x^3))) (TensorRT's geluKernel.cu), in fp32, cast back to the plugin's type."""

@@ -42,7 +42,7 @@ def _load(zoo, key, seq=16):
 
 def _fuse(model, sizes, specs, sm, qkv_projection="matmul"):
     feeds = random_feeds(specs, sizes)
-    return fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", sm, c.head_size, c.seq, False), "8.6 plugin",
+    return fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", sm, c.head_size, c.seq, c.causal), "8.6 plugin",
                           qkv_projection=qkv_projection)
 
 
@@ -179,7 +179,7 @@ def test_head_size_without_sm90_kernel_is_refused(zoo):
 def test_sequence_beyond_the_plugin_limit_is_refused(zoo):
     model, specs, _, sizes = _load(zoo, ("bert", "legacy"))
     feeds = random_feeds(specs, sizes)
-    _, report = fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, 1024, False), "x")
+    _, report = fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, 1024, c.causal), "x")
     assert not report.replaced and all("512" in r["reason"] for r in report.refused)
 
 
@@ -215,7 +215,7 @@ def _attention_model(heads=2, head=4, hidden_order="NH", seed=0):
 
 
 def _route_any(c):
-    return attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, False)
+    return attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, c.causal)
 
 
 def test_hand_written_attention_is_fused():

@@ -153,7 +153,7 @@ def test_build_step_modes_and_all_three_passes_together(zoo):
                            (("maybe", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_skip_layernorm")]:
         with pytest.raises(UserError, match=fragment):
             run(model, *args)
-    attn, _ = fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, False), "x")
+    attn, _ = fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, c.causal), "x")
     gelu, _ = fuse_gelu(attn, feeds, observe_model=model)
     both, record = run(gelu, "on", "fp32", "tensorrt", "8.6.0", True)
     assert len(record["replaced"]) == 4 and record["route"] == "plugin"

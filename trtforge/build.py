@@ -142,6 +142,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
     mod = load_trt(backend)
+    from trtforge.backends.tensorrt import load_plugin_libraries
+
+    plugin_libraries = load_plugin_libraries(mod, options.plugin_libraries)  # before the fusion pass asks the registry
     model = load_onnx(onnx_path)
     specs, axes, parent = io_specs(onnx_path, model)
     lengths = read_lengths(lengths_file) if lengths_file else None
@@ -211,6 +214,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         sidecar = _engine_sidecar(mod, identity, precision, profiles, phases, out, specs, axes, onnx_path, parent, built_onnx,
                                   source, precision_report, fusion, elementwise, options, start)
+        sidecar["plugin_libraries"] = plugin_libraries  # run loads them again before deserializing the engine
         with interrupts.deferred():  # the built ONNX, the engine and their sidecars appear together or not at all
             if converted is not None:
                 with output_lock(built_onnx):
@@ -291,15 +295,17 @@ def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelP
                     onnx_path: Path) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """Run trtforge.fusion's attention pass for this TensorRT and GPU: (fused model or None, sidecar record)."""
     from trtforge.backends.tensorrt import plugin_registered
-    from trtforge.fusion.plugins import PLUGIN, PLUGIN_VERSION, backend_route
+    from trtforge.fusion.plugins import FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, backend_route
     from trtforge.fusion.step import attention_fusion, observation_sizes
 
     route = backend_route(mod.flavour, mod.version)
     wants = options.fuse_attention != "off" and route.kind == "plugin" and precision in ("fp16", "best")
     registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
-    feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and registered else None
+    flash = plugin_registered(mod, FLASH_PLUGIN, FLASH_VERSION) if wants else False
+    feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and (registered or flash) else None
     return attention_fusion(model, options.fuse_attention, precision, mod.flavour, mod.version,
-                            identity.get("compute_capability"), registered, feeds, onnx_path.name, options.qkv_projection)
+                            identity.get("compute_capability"), registered, feeds, onnx_path.name, options.qkv_projection,
+                            flash_registered=flash)
 
 
 def _fuse_elementwise(mod: TrtModule, model: onnx.ModelProto, observe_model: onnx.ModelProto, precision: str,

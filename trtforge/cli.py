@@ -229,6 +229,7 @@ def build(
     fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="auto|on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; auto: fp16 builds, where it was measured faster)."),
     fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: fp16 and INT8 best builds, where it was measured faster)."),
     qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="conv|matmul: how the attention pass writes the packed QKV projection (conv, the default: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin)."),
+    plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="A shared library of TensorRT plugin creators to load first (repeatable), e.g. libtrtforge_plugins.so from trtforge/native/build.sh: cuDNN flash attention for the attention pass."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
@@ -253,6 +254,7 @@ def build(
         fuse_gelu=fuse_gelu or section.fuse_gelu,
         fuse_skip_layernorm=fuse_skip_layernorm or section.fuse_skip_layernorm,
         qkv_projection=qkv_projection or section.qkv_projection,
+        plugin_libraries=list(plugin_library or section.plugin_libraries),
     )
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
         raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")
@@ -412,6 +414,7 @@ def run_cmd(
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=1, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200)."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     precision_check: bool = typer.Option(True, "--precision-check/--no-precision-check", help="Check every chunk against ONNX Runtime fp32 after the run (off: speed runs; precision gates you set then fail)."),
+    plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="Where the plugin libraries the engine was built with are on this machine (repeatable; default: the paths its sidecar records)."),
     chunking_check: bool = typer.Option(True, "--chunking-check/--no-chunking-check", help="Measure chunked+merged vs one whole pass on ONNX Runtime fp32 for every chunked input after the run (off: speed runs; a min_chunk_cosine gate you set then fails)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Shard the inputs over Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address."),
@@ -452,7 +455,7 @@ def run_cmd(
         min_pixel_agreement=gate(min_pixel_agreement, "min_pixel_agreement"),
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
-        cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots, precision_check=precision_check, chunking_check=chunking_check,
+        cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, slots=slots, precision_check=precision_check, chunking_check=chunking_check, plugin_libraries=list(plugin_library or []),
         plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, copy_engine_merge=copy_engine_merge, pinned_reserve_mb=pinned_reserve_mb, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
         switch_interval_us=switch_interval_us,
     )

@@ -128,6 +128,8 @@ class BuildSection(Strict):
     fuse_skip_layernorm: Literal["auto", "on", "off"] = "auto"
     # How the attention pass writes each packed QKV projection: MatMul + Reshape, or a 1x1 Conv on [tokens, E, 1, 1].
     qkv_projection: Literal["matmul", "conv"] = "conv"
+    # Shared libraries of TensorRT plugin creators to load first (libtrtforge_plugins.so: cuDNN flash attention).
+    plugin_libraries: list[str] = Field(default_factory=list)
 
 
 class RunSection(Strict):

@@ -157,7 +157,7 @@ class Pipeline:
                                hardware_compatibility=b.hardware_compatibility, version_compatible=b.version_compatible,
                                compute_capabilities=list(b.compute_capabilities), fuse_attention=b.fuse_attention,
                                fuse_gelu=b.fuse_gelu, fuse_skip_layernorm=b.fuse_skip_layernorm,
-                               qkv_projection=b.qkv_projection)
+                               qkv_projection=b.qkv_projection, plugin_libraries=list(b.plugin_libraries))
         from trtforge import ui
 
         with ui.build_progress(f"building {src.name}") as tick:

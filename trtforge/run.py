@@ -130,6 +130,7 @@ class RunOptions:
     # False: no chunked-vs-whole ONNX Runtime fp32 pass per input after the loop (it took ~80 s of CPU after a ~1 s
     # BERT-base run over 192 inputs on the H200 box); the chunking error is reported not measured.
     chunking_check: bool = True
+    plugin_libraries: list[str] = field(default_factory=list)  # override the engine sidecar's plugin libraries' paths
 
     def __post_init__(self) -> None:
         if self.last_window not in ("full", "short"):
@@ -372,13 +373,16 @@ class TrtTarget:
     backend = "tensorrt"
     accepts_parts = True  # a batch's feeds may be its chunks' arrays: stacked straight into pinned memory
 
-    def __init__(self, engine: Path, backend: str, slots: int = 3, cuda_graphs: bool = True, shared_device_memory: bool = True):
+    def __init__(self, engine: Path, backend: str, slots: int = 3, cuda_graphs: bool = True, shared_device_memory: bool = True,
+                 plugin_libraries: list[str] | None = None):
         from trtforge.backends.tensorrt import load_trt, runtime_identity
         from trtforge.backends.tensorrt_runtime import TrtRunner
         from trtforge.build import check_engine_compat, read_engine_sidecar
         from trtforge.doctor import _gpu
 
         self.sidecar = read_engine_sidecar(engine, verify=True)
+        if plugin_libraries:  # --plugin-library: where the build's plugin libraries are on this machine
+            self.sidecar = {**self.sidecar, "plugin_libraries": [{"path": str(p)} for p in plugin_libraries]}
         built = f"{self.sidecar.get('backend')} {self.sidecar.get('tensorrt_version')}"
         try:
             mod = load_trt(backend if backend != "auto" else self.sidecar.get("backend", "auto"))
@@ -712,7 +716,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     p = prepare(target_path, options, plan=False)
     _check_save_outputs(p.docs, options.save_outputs)
     if p.is_engine:
-        target: Any = TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory)
+        target: Any = TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory,
+                                options.plugin_libraries)
     else:
         target = OrtTarget(p.target_path, options.providers)
     _check_io(target, p.reference, p.target_path, p.reference_path)

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from trtforge import interrupts
+from trtforge.artifacts import sha256_file
 from trtforge.errors import UserError
 from trtforge.profiles import Profile
 
@@ -112,6 +113,7 @@ class BuildOptions:
     fuse_gelu: str = "auto"  # auto|on|off: trtforge.fusion's bias+GELU pass (auto: TensorRT 8.x fp16 builds, measured faster)
     fuse_skip_layernorm: str = "auto"  # auto|on|off: residual add + LayerNorm as one plugin (auto: where measured faster)
     qkv_projection: str = "conv"  # matmul|conv: how the attention pass writes the packed QKV projection (conv measured faster)
+    plugin_libraries: list[str] = field(default_factory=list)  # shared libraries of plugin creators (libtrtforge_plugins.so)
 
 
 @dataclass
@@ -131,6 +133,76 @@ def init_plugins(mod: TrtModule) -> None:
     init = getattr(mod.trt, "init_libnvinfer_plugins", None)
     if init is not None:
         init(mod.trt.Logger(mod.trt.Logger.ERROR), "")
+
+
+CUDNN_LIB_ENV = "TRTFORGE_CUDNN_LIB"  # a directory holding libcudnn*.so.9, for plugin libraries that link cuDNN
+_LOADED_LIBRARIES: dict[str, Any] = {}
+
+
+def cudnn_lib_dirs(env: dict[str, str], search_path: list[str]) -> list[Path]:
+    """Where cuDNN 9's libraries may be, in order: $TRTFORGE_CUDNN_LIB, then each nvidia/cudnn/lib under the search
+    path (the nvidia-cudnn-cu12/cu13 wheels' layout). Pure, so the order is tested without any library."""
+    dirs = [Path(env[CUDNN_LIB_ENV])] if env.get(CUDNN_LIB_ENV) else []
+    dirs += [Path(p) / "nvidia" / "cudnn" / "lib" for p in search_path if p]
+    return [d for d in dirs if (d / "libcudnn.so.9").is_file()]
+
+
+def _preload_cudnn() -> Path | None:
+    """Load cuDNN 9's parts (graph first) by full path, globally, so a plugin library's `libcudnn.so.9` and cuDNN's
+    own dlopen of its sub-libraries resolve to them; None when no directory holds them (the loader's own search
+    path, e.g. LD_LIBRARY_PATH, may still find them)."""
+    import ctypes
+    import os
+    import sys
+
+    found = cudnn_lib_dirs(dict(os.environ), sys.path)
+    if not found:
+        return None
+    order = ["libcudnn_graph.so.9", "libcudnn.so.9"]
+    for lib in order + sorted(p.name for p in found[0].glob("libcudnn_*.so.9") if p.name not in order):
+        path = str(found[0] / lib)
+        if path not in _LOADED_LIBRARIES:
+            _LOADED_LIBRARIES[path] = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    return found[0]
+
+
+def load_plugin_libraries(mod: TrtModule, paths: list[str] | None) -> list[dict[str, Any]]:
+    """Load each plugin library (its creators register themselves with TensorRT's registry when loaded), once per
+    process; [{path, sha256}] for the sidecar. A missing or unloadable file is the user's to fix: one sentence."""
+    import ctypes
+
+    records = []
+    for raw in paths or []:
+        path = Path(raw).expanduser().resolve()
+        if not path.is_file():
+            raise UserError(f"plugin library {raw} does not exist; build it with trtforge/native/build.sh or fix "
+                            "--plugin-library (config key build.plugin_libraries).")
+        if mod.flavour != "tensorrt":
+            raise UserError(f"plugin library {path.name} is a TensorRT plugin; {mod.label} does not load plugins "
+                            "(drop --plugin-library).")
+        key = str(path)
+        if key not in _LOADED_LIBRARIES:
+            init_plugins(mod)  # TensorRT's own creators first; the library's register beside them
+            cudnn = _preload_cudnn()
+            try:
+                _LOADED_LIBRARIES[key] = ctypes.CDLL(key, mode=ctypes.RTLD_GLOBAL)
+            except OSError as exc:
+                hint = (f"cuDNN was taken from {cudnn}" if cudnn else
+                        f"no cuDNN 9 found: set {CUDNN_LIB_ENV} to the directory of libcudnn.so.9 or put it on LD_LIBRARY_PATH")
+                raise UserError(f"cannot load plugin library {path}: {exc} ({hint}).") from exc
+        records.append({"path": key, "sha256": sha256_file(path)})
+    return records
+
+
+def engine_plugin_libraries(sidecar: dict[str, Any], engine_path: Path | str) -> list[str]:
+    """The plugin libraries an engine's sidecar says its build loaded, which must be loaded again to deserialize it.
+    A library that is gone is named with the engine, so the fix (rebuild, or --plugin-library) is clear."""
+    paths = [r["path"] for r in sidecar.get("plugin_libraries") or []]
+    for p in paths:
+        if not Path(p).is_file():
+            raise UserError(f"engine {Path(engine_path).name} holds plugin layers from {p}, which does not exist; "
+                            "give its new place with --plugin-library or rebuild the engine.")
+    return paths
 
 
 def plugin_registered(mod: TrtModule, name: str, version: str) -> bool:

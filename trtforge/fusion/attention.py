@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from trtforge.fusion.plugins import PLUGIN, PLUGIN_DOMAIN, PLUGIN_VERSION, Route
+from trtforge.fusion.plugins import FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_DOMAIN, PLUGIN_VERSION, Route
 
 PASS_THROUGH = ("Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity")
 
@@ -45,6 +45,8 @@ class Candidate:
     probs: str = ""  # softmax output
     ctx: str = ""  # merged-heads context [B, S, E]
     masked: bool = False  # an additive or Where mask term between the scores and the softmax
+    causal: bool = False  # the probabilities are zero above the diagonal on an unpadded input (a decoder)
+    ctx_rank: int = 3  # the context tensor's rank: [B, S, E], or [B*S, E] where the exporter merged the tokens
     scale: float = 1.0  # scalar factors between the scores MatMul and the softmax
     q: Projection | None = None
     k: Projection | None = None
@@ -190,15 +192,70 @@ def _broadcast(scale: np.ndarray, axis: int, ndim: int) -> np.ndarray:
     return scale.reshape(shape)
 
 
+def _column_slice(g: _Graph, node: onnx.NodeProto, t: str) -> tuple[int, int] | None:
+    """The columns [lo, hi) of its input that output t of a Split or Slice along the last axis keeps (GPT-2's
+    packed c_attn: Q, K, V split from one projection), or None when the bounds are not constants on that axis."""
+    if node.op_type == "Split":
+        axis = _attr(node, "axis", 0)
+        sizes = g.const(node.input[1]) if len(node.input) > 1 and node.input[1] else _attr(node, "split")
+        if axis not in (-1, 2):
+            return None
+        if sizes is None:  # no sizes (or opset 18's num_outputs): equal parts, resolved against the weight in _sliced
+            return -1 - list(node.output).index(t), len(node.output)
+        bounds = np.concatenate([[0], np.cumsum(np.asarray(sizes, np.int64).reshape(-1))])
+        k = list(node.output).index(t)
+        return int(bounds[k]), int(bounds[k + 1])
+    if node.op_type == "Slice" and len(node.input) >= 4:
+        starts, ends, axes = (g.const(i) for i in node.input[1:4])
+        steps = g.const(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(1, np.int64)
+        if any(v is None or v.size != 1 for v in (starts, ends, axes, steps)) or int(axes.reshape(-1)[0]) not in (-1, 2) \
+                or int(steps.reshape(-1)[0]) != 1 or int(starts.reshape(-1)[0]) < 0 or int(ends.reshape(-1)[0]) < 0:
+            return None
+        return int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0])
+    return None
+
+
+def _sliced(p: Projection, cols: tuple[int, int] | None) -> Projection | None:
+    """The projection restricted to output columns [lo, hi) (a bias met above the slice is cut the same way)."""
+    if cols is None:
+        return p
+    lo, hi = cols
+    if lo < 0:  # (-1 - k, n): the k-th of n equal parts
+        k, n = -1 - lo, hi
+        if p.weight.shape[1] % n:
+            return None
+        lo, hi = k * p.weight.shape[1] // n, (k + 1) * p.weight.shape[1] // n
+    if not 0 <= lo < hi <= p.weight.shape[1]:
+        return None
+    bias = p.bias
+    if bias is not None and bias.shape[0] == p.weight.shape[1]:
+        bias = bias[lo:hi]
+    elif bias is not None and bias.shape[0] != hi - lo:
+        return None
+    return Projection(p.x, p.weight[:, lo:hi], bias, p.scale, None if p.wscale is None else p.wscale[lo:hi])
+
+
+def _gemm_input(g: _Graph, x: str) -> str:
+    """A GEMM's input seen through the Reshape [B, S, E] -> [B*S, E] the legacy exporter writes before a Gemm (the
+    weight acts on the last axis either way; verify's recomputation refuses any other reading)."""
+    node = g.producer.get(x)
+    return node.input[0] if node is not None and node.op_type == "Reshape" else x
+
+
 def _projection(g: _Graph, start: str) -> Projection | None:
-    """Walk up from a Q/K/V operand to X @ W (+ b), through layout ops and scalar scales."""
-    t, scale, bias = start, 1.0, None
-    for _ in range(16):
+    """Walk up from a Q/K/V operand to X @ W (+ b), through layout ops, scalar scales and one column split."""
+    t, scale, bias, cols = start, 1.0, None, None
+    for _ in range(20):
         node = g.producer.get(t)
         if node is None:
             return None
         op = node.op_type
-        if op in PASS_THROUGH:
+        if op in ("Split", "Slice") and cols is None:
+            cols = _column_slice(g, node, t)
+            if cols is None:
+                return None
+            t = node.input[0]
+        elif op in PASS_THROUGH:
             t = node.input[0]
         elif op in ("Mul", "Div") and g.scalar(node.input[1]) is not None:
             c = g.scalar(node.input[1])
@@ -219,7 +276,7 @@ def _projection(g: _Graph, start: str) -> Projection | None:
                 w, wscale = _quantized_weight(g, node.input[1], 1) or (None, None)
             if w is None or w.ndim != 2:
                 return None
-            return Projection(node.input[0], w, bias, scale, wscale)
+            return _sliced(Projection(node.input[0], w, bias, scale, wscale), cols)
         elif op == "Gemm":
             trans_b = _attr(node, "transB", 0)
             w, wscale = g.const(node.input[1]), None
@@ -233,7 +290,7 @@ def _projection(g: _Graph, start: str) -> Projection | None:
                 if c is None or bias is not None:
                     return None
                 bias = c * _attr(node, "beta", 1.0)
-            return Projection(node.input[0], w, bias, scale, wscale)
+            return _sliced(Projection(_gemm_input(g, node.input[0]), w, bias, scale, wscale), cols)
         else:
             return None
     return None
@@ -375,9 +432,8 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
             c.reason = f"scores are {list(scores.shape)}, not [batch, heads, seq, seq]"
             continue
         s = probs.shape[-1]
-        if s > 1 and probs.shape[-2] == s and not np.any(np.abs(probs[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]]) > 0):
-            c.reason = "causal attention (probabilities above the diagonal are zero on an unpadded input)"
-            continue
+        c.causal = bool(s > 1 and probs.shape[-2] == s
+                        and not np.any(np.abs(probs[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]]) > 0))
         if None in (c.q, c.k, c.v):
             c.reason = "Q, K or V is not a projection X·W (+ b) by constant weights"
             continue
@@ -402,16 +458,20 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
             continue
         c.head_size = e // c.heads
         c.seq = int(x.shape[1])
-        ctx = [t for t in c.ctx.split(",") if values[t].ndim == 3 and values[t].shape[-1] == e]
+        tokens = x.shape[0] * x.shape[1]
+        # [B, S, E], or [B*S, E] where the exporter merged the tokens for the output projection's Gemm (GPT-2 dynamo)
+        ctx = [t for t in c.ctx.split(",") if values[t].shape[-1] == e
+               and (values[t].ndim == 3 or (values[t].ndim == 2 and values[t].shape[0] == tokens))]
         if not ctx:
             c.reason = "no [batch, seq, hidden] context tensor below probs @ V"
             continue
         c.ctx = ctx[0]
         c.io_dtype = values[c.ctx].dtype
-        ref = reference_attention(x, c.q, c.k, c.v, c.heads, c.scale)
+        ref = reference_attention(x, c.q, c.k, c.v, c.heads, c.scale, c.causal)
         fp16 = c.io_dtype == np.float16 or any(a is not None and a.dtype == np.float16 for p in (c.q, c.k, c.v) for a in (p.weight, p.bias))
         tol = 2e-2 if fp16 else 1e-4  # a misread layout is off by O(1)
-        err = _rel(values[c.ctx], ref)
+        c.ctx_rank = values[c.ctx].ndim
+        err = _rel(values[c.ctx], ref.reshape(values[c.ctx].shape))
         if not err <= tol:
             c.reason = f"recomputed attention differs from the graph's (rel-L2 {err:.1e} > {tol:g}): a layout this pass does not model"
 
@@ -457,9 +517,12 @@ def activation_qdq(g: _Graph, x: str) -> tuple[str, str, str] | None:
     return q.input[0], dq.input[1], dq.input[2]
 
 
-def _plugin_nodes(c: Candidate, padded_head: int, prefix: str, qkv_projection: str = "conv",
+def _plugin_nodes(c: Candidate, route: Route, prefix: str, qkv_projection: str = "conv",
                   x_qdq: tuple[str, str, str] | None = None) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """X -> packed QKV projection -> plugin (var_seqlen: cu_seqlens = S·[0..B], every row full) -> [B, S, E] named c.ctx.
+    """X -> packed QKV projection -> plugin -> [B, S, E] named c.ctx. The plugin is route.plugin: PLUGIN v2
+    (var_seqlen: cu_seqlens = S·[0..B], every row full; it scales by 1/sqrt(padded head), so the model's own scale
+    s is restored by folding s·sqrt(padded) into Q), or FLASH_PLUGIN (the packed QKV and a [S] tensor for the
+    sequence length; it applies the model's scale itself, so Q's weights keep only their own path's factors).
 
     qkv_projection "matmul": MatMul [B, S, E_in] x [E_in, 3E], bias Add, Reshape to the plugin's [tokens, 3E, 1, 1].
     "conv": X reshaped to [tokens, E_in, 1, 1] first, then a 1x1 Conv (bias inside) writes [tokens, 3E, 1, 1] itself,
@@ -467,8 +530,8 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str, qkv_projection: s
     (52 us per layer on BERT-base at 16x512, H200), a reshape before a convolution costs nothing. With INT8
     projections, x_qdq (activation_qdq of X) lets the reshape go before X's own Q/DQ, so that DequantizeLinear
     feeds the Conv directly, the pattern TensorRT fuses into an int8 convolution."""
-    # The plugin scales by 1/sqrt(padded head); the model's own scale s is restored by folding s·sqrt(padded) into Q.
-    q_factor = c.scale * float(np.sqrt(padded_head))
+    flash = route.plugin == FLASH_PLUGIN
+    q_factor = 1.0 if flash else c.scale * float(np.sqrt(route.padded_head or 64))
     w, b = pack_qkv(c.q, c.k, c.v, c.heads, q_factor)
     b = b.astype(c.io_dtype)  # the bias Add and the plugin run in the graph's type there (fp16 after conversion)
     e_in, e = w.shape[0], c.heads * c.head_size
@@ -528,20 +591,29 @@ def _plugin_nodes(c: Candidate, padded_head: int, prefix: str, qkv_projection: s
     nodes += [
         helper.make_node("Shape", [x], [n("x_shape")], name=n("x_shape")),
         helper.make_node("Gather", [n("x_shape"), n("bs_index")], [n("bs")], name=n("batch_seq"), axis=0),
-        helper.make_node("Gather", [n("x_shape"), n("zero")], [n("b")], name=n("batch"), axis=0),
         helper.make_node("Gather", [n("x_shape"), n("one")], [n("s")], name=n("seq"), axis=0),
-        helper.make_node("Mul", [n("b"), n("s")], [n("tokens")], name=n("tokens")),
-        helper.make_node("Add", [n("tokens"), n("one")], [n("limit")], name=n("limit")),
-        helper.make_node("Range", [n("zero"), n("limit"), n("s")], [n("cu64")], name=n("cu_seqlens64")),
-        helper.make_node("Cast", [n("cu64")], [n("cu_seqlens")], name=n("cu_seqlens"), to=onnx.TensorProto.INT32),
         helper.make_node("Range", [n("zero"), n("s"), n("one")], [n("seq64")], name=n("max_seqlen64")),
         helper.make_node("Cast", [n("seq64")], [n("max_seqlen")], name=n("max_seqlen"), to=onnx.TensorProto.INT32),
-        helper.make_node(PLUGIN, [qkv_tokens, n("max_seqlen"), n("cu_seqlens"), n("max_seqlen")], [n("ctx_tokens")],
-                         name=n("qkv_to_context"), domain=PLUGIN_DOMAIN, plugin_version=PLUGIN_VERSION, plugin_namespace="",
-                         type_id=1, hidden_size=e, num_heads=c.heads, has_mask=1, var_seqlen=1),
-        helper.make_node("Concat", [n("bs"), n("hidden")], [n("ctx_shape")], name=n("ctx_shape"), axis=0),
-        helper.make_node("Reshape", [n("ctx_tokens"), n("ctx_shape")], [c.ctx], name=n("ctx")),
     ]
+    if flash:
+        nodes.append(helper.make_node(FLASH_PLUGIN, [qkv_tokens, n("max_seqlen")], [n("ctx_tokens")], name=n("qkv_to_context"),
+                                      domain=PLUGIN_DOMAIN, plugin_version=FLASH_VERSION, plugin_namespace="",
+                                      hidden_size=e, num_heads=c.heads, scale=float(c.scale), causal=int(c.causal)))
+    else:
+        nodes += [
+            helper.make_node("Gather", [n("x_shape"), n("zero")], [n("b")], name=n("batch"), axis=0),
+            helper.make_node("Mul", [n("b"), n("s")], [n("tokens")], name=n("tokens")),
+            helper.make_node("Add", [n("tokens"), n("one")], [n("limit")], name=n("limit")),
+            helper.make_node("Range", [n("zero"), n("limit"), n("s")], [n("cu64")], name=n("cu_seqlens64")),
+            helper.make_node("Cast", [n("cu64")], [n("cu_seqlens")], name=n("cu_seqlens"), to=onnx.TensorProto.INT32),
+            helper.make_node(PLUGIN, [qkv_tokens, n("max_seqlen"), n("cu_seqlens"), n("max_seqlen")], [n("ctx_tokens")],
+                             name=n("qkv_to_context"), domain=PLUGIN_DOMAIN, plugin_version=PLUGIN_VERSION, plugin_namespace="",
+                             type_id=1, hidden_size=e, num_heads=c.heads, has_mask=1, var_seqlen=1)]
+    if c.ctx_rank == 2:  # the graph merged the tokens itself: [B*S, E]
+        inits.append(numpy_helper.from_array(np.array([-1, e], np.int64), n("ctx_shape")))
+    else:
+        nodes.append(helper.make_node("Concat", [n("bs"), n("hidden")], [n("ctx_shape")], name=n("ctx_shape"), axis=0))
+    nodes.append(helper.make_node("Reshape", [n("ctx_tokens"), n("ctx_shape")], [c.ctx], name=n("ctx")))
     return nodes, inits
 
 
@@ -643,11 +715,14 @@ def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_f
     graph = _Graph(model)
     for i, c in enumerate(accepted):
         x_qdq = activation_qdq(graph, c.q.x) if qkv_projection == "conv" and c.q.wscale is not None else None
-        nodes, inits = _plugin_nodes(c, routes[c.softmax].padded_head or 64, f"fused_attention_{i}", qkv_projection, x_qdq)
+        route = routes[c.softmax]
+        nodes, inits = _plugin_nodes(c, route, f"fused_attention_{i}", qkv_projection, x_qdq)
         out.graph.node.extend(nodes)
         out.graph.initializer.extend(inits)
-        report.replaced.append({"softmax": c.softmax, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "heads": c.heads,
+        version = FLASH_VERSION if route.plugin == FLASH_PLUGIN else PLUGIN_VERSION
+        report.replaced.append({"softmax": c.softmax, "plugin": f"{route.plugin} v{version}", "heads": c.heads,
                                 "head_size": c.head_size, "scale": c.scale * c.q.scale * c.k.scale, "masked": c.masked,
+                                "causal": c.causal,
                                 "node": f"fused_attention_{i}/qkv_to_context",
                                 "qkv_projection": qkv_projection})
     out = finish_plugin_graph(out)

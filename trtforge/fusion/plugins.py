@@ -10,8 +10,12 @@ Read from TensorRT 8.6.1's plugin sources (plugin/bertQKVToContextPlugin, qkvToC
   [tokens, 3E, 1, 1] with each head's q, k, v adjacent, a dummy mask, cu_seqlens [B+1] (int32) and a
   dummy whose length is the max sequence. Sequences are contiguous, so a batch row cannot carry
   padding: the engine is unmasked and `run` refuses a padded attention_mask for it.
-- No 8.6 plugin applies a causal mask (fMHA_V2 and fMHCA are unmasked, bidirectional): decoders keep
-  TensorRT's own layers.
+- No plugin of TensorRT 8.6's library applies a causal mask (fMHA_V2 and fMHCA are unmasked, bidirectional):
+  without TrtforgeFlashAttention, decoders keep TensorRT's own layers.
+- trtforge's own `TrtforgeFlashAttention` v1 (trtforge/native/sdpa_plugin.cpp, built into libtrtforge_plugins.so and
+  loaded with `build --plugin-library`): cuDNN 9's flash attention (SDPA) behind the same packed-QKV input, for
+  sm_80 and newer, head sizes that are multiples of 8 up to 128, any sequence length, bidirectional or causal.
+  Where it is registered it is preferred: on the H200 v2's sm_90 kernel runs at ~117 TFLOP/s.
 - TensorRT 10+ (and TensorRT-RTX) fuse multi-head attention themselves (Myelin MHA fusion, later
   IAttention): the pass leaves those graphs as they are.
 """
@@ -22,6 +26,10 @@ from dataclasses import dataclass
 
 PLUGIN = "CustomQKVToContextPluginDynamic"
 PLUGIN_VERSION = "2"
+FLASH_PLUGIN = "TrtforgeFlashAttention"
+FLASH_VERSION = "1"
+FLASH_MIN_SM = 80  # cuDNN's fused flash attention: Ampere and newer
+FLASH_MAX_HEAD = 128
 PLUGIN_DOMAIN = "trt.plugins"
 MAX_SEQ = 512
 V2_SMS = (72, 75, 80, 86, 87, 89, 90)
@@ -34,6 +42,7 @@ class Route:
     kind: str  # "plugin" | "native" | "none"
     reason: str
     padded_head: int | None = None  # the head size the plugin's kernel runs (and scales by)
+    plugin: str = PLUGIN  # which plugin node the pass writes (PLUGIN or FLASH_PLUGIN)
 
 
 def _major(version: str | None) -> int | None:
@@ -53,14 +62,30 @@ def backend_route(flavour: str | None, version: str | None) -> Route:
     return Route("none", f"no fused-attention route is known for TensorRT {version}")
 
 
+def flash_refusal(sm: int | None, head_size: int) -> str | None:
+    """Why TrtforgeFlashAttention cannot take an attention on this GPU, or None when it can."""
+    if sm is None:
+        return "the GPU's compute capability is unknown (no GPU here); cuDNN's flash attention needs sm_80 or newer"
+    if sm < FLASH_MIN_SM:
+        return f"{FLASH_PLUGIN} (cuDNN flash attention) needs sm_{FLASH_MIN_SM} or newer, not sm_{sm}"
+    if head_size % 8 or head_size > FLASH_MAX_HEAD:
+        return f"head size {head_size}: {FLASH_PLUGIN} takes multiples of 8 up to {FLASH_MAX_HEAD}"
+    return None
+
+
 def attention_route(flavour: str | None, version: str | None, sm: int | None, head_size: int, max_seq: int | None,
-                    causal: bool) -> Route:
-    """Which route one attention takes, or why none: pure, so every refusal is testable without TensorRT."""
+                    causal: bool, flash: bool = False) -> Route:
+    """Which route one attention takes, or why none: pure, so every refusal is testable without TensorRT.
+    flash: TrtforgeFlashAttention is registered (libtrtforge_plugins loaded); it is preferred where it applies."""
     base = backend_route(flavour, version)
     if base.kind != "plugin":
         return base
+    if flash and flash_refusal(sm, head_size) is None:
+        return Route("plugin", f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash attention, "
+                               "libtrtforge_plugins)", head_size, FLASH_PLUGIN)
     if causal:
-        return Route("none", f"causal attention: TensorRT {version}'s plugins have no causal fused-attention kernel")
+        return Route("none", f"causal attention: TensorRT {version}'s plugin library has no causal fused-attention kernel "
+                             f"(load libtrtforge_plugins for {FLASH_PLUGIN})")
     if sm is None:
         return Route("none", "the GPU's compute capability is unknown (no GPU here); the plugin's kernels depend on it")
     if sm not in V2_SMS:

@@ -14,7 +14,8 @@ import onnx
 from trtforge.errors import UserError
 from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, fuse_attention
 from trtforge.fusion.gelu import PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
-from trtforge.fusion.plugins import PLUGIN, PLUGIN_VERSION, attention_route, backend_route
+from trtforge.fusion.plugins import (FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, Route, attention_route,
+                                     backend_route, flash_refusal)
 from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN_PLUGIN, PLUGIN_VERSION as SKIP_LN_VERSION, fuse_skip_layernorm
 
 MODES = ("auto", "on", "off")
@@ -41,8 +42,11 @@ def observation_sizes(axes: dict[str, Any], profiles: list[Any]) -> dict[str, in
 
 def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour: str, version: str,
                      compute_capability: str | None, plugin_registered: bool, feeds: dict | None,
-                     onnx_name: str, qkv_projection: str = "conv") -> tuple[onnx.ModelProto | None, dict[str, Any]]:
-    """(the fused model, or None when the graph stays as it is; the sidecar's `attention_fusion`)."""
+                     onnx_name: str, qkv_projection: str = "conv",
+                     flash_registered: bool = False) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+    """(the fused model, or None when the graph stays as it is; the sidecar's `attention_fusion`).
+    plugin_registered: TensorRT's CustomQKVToContextPluginDynamic v2; flash_registered: trtforge's
+    TrtforgeFlashAttention (libtrtforge_plugins loaded), preferred per attention where it applies."""
     if mode not in MODES:
         raise UserError(f"--fuse-attention '{mode}' is not one of {', '.join(MODES)} (config key build.fuse_attention).")
     if qkv_projection not in QKV_PROJECTIONS:
@@ -61,8 +65,9 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     why_not = None
     if precision not in ("fp16", "best"):
         why_not = f"precision {precision}: the plugin's kernels are fp16 (build with --precision fp16 or best)"
-    elif not plugin_registered:
-        why_not = f"{PLUGIN} v{PLUGIN_VERSION} is not in this TensorRT's plugin registry"
+    elif not plugin_registered and not flash_registered:
+        why_not = (f"neither {PLUGIN} v{PLUGIN_VERSION} nor {FLASH_PLUGIN} v{FLASH_VERSION} is in this TensorRT's "
+                   "plugin registry")
     if why_not:
         if mode == "on":
             raise UserError(f"--fuse-attention on cannot fuse {onnx_name}: {why_not}.")
@@ -71,10 +76,19 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     sm = sm_of(compute_capability)
     # The pass verifies each attention on unpadded rows (what the fused engine will be allowed to see).
     feeds = {k: (np.ones_like(v) if "mask" in k.lower() else v) for k, v in (feeds or {}).items()}
-    fused, report = fuse_attention(model, feeds,
-                                   lambda c: attention_route(flavour, version, sm, c.head_size, c.seq, False), base.reason,
-                                   qkv_projection=qkv_projection)
-    record.update(report.to_json(), route=base.kind, why=base.reason, qkv_projection=qkv_projection)
+
+    def route_for(c: Any) -> Any:
+        route = attention_route(flavour, version, sm, c.head_size, c.seq, c.causal, flash_registered)
+        if route.plugin == PLUGIN and route.kind == "plugin" and not plugin_registered:
+            return Route("none", f"{PLUGIN} v{PLUGIN_VERSION} is not in this TensorRT's plugin registry and "
+                                 f"{FLASH_PLUGIN} cannot take it: {flash_refusal(sm, c.head_size)}")
+        return route
+
+    why = base.reason if not flash_registered else (f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash "
+                                                     f"attention) where it applies, else {PLUGIN} v{PLUGIN_VERSION}")
+    fused, report = fuse_attention(model, feeds, route_for, why, qkv_projection=qkv_projection)
+    record.update(report.to_json(), route=base.kind, why=why, qkv_projection=qkv_projection,
+                  plugins=sorted({r["plugin"] for r in report.replaced}))
     if mode == "on" and not report.replaced and report.refused:
         raise UserError(f"--fuse-attention on found no attention in {onnx_name} it can fuse: {report.refused[0]['reason']}.")
     return (fused if report.replaced else None), record

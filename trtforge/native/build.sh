@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Build libtrtforge_plugins.so (sdpa_plugin.cpp: the TrtforgeFlashAttention TensorRT plugin over cuDNN's SDPA).
+#   bash trtforge/native/build.sh OUT.so
+# Needs a C++17 compiler, the CUDA toolkit (its headers and static runtime; CUDA_HOME or the nvcc on PATH) and:
+#   TRT_INCLUDE             TensorRT 8.6's include/ (NvInfer.h ...: the TensorRT tarball's, or NVIDIA/TensorRT v8.6.0)
+#   CUDNN_INCLUDE, CUDNN_LIB  cuDNN 9 (the nvidia-cudnn-cu12/cu13 wheel's nvidia/cudnn/include and lib)
+#   CUDNN_FRONTEND_INCLUDE  cudnn-frontend's include/ (header-only; the nvidia-cudnn-frontend wheel carries it)
+# The library links libcudnn.so.9 (found at run time beside libcudnn's other parts: put CUDNN_LIB on
+# LD_LIBRARY_PATH or preload it) and libnvinfer.so.8 (already loaded by TensorRT's Python module when trtforge
+# loads the plugin). At link time a stand-in for libnvinfer.so.8 is enough: the plugin calls only getPluginRegistry.
+set -euo pipefail
+OUT=${1:?output .so}
+: "${TRT_INCLUDE:?TensorRT 8.6 include dir}" "${CUDNN_INCLUDE:?cuDNN include dir}" "${CUDNN_LIB:?cuDNN lib dir}"
+: "${CUDNN_FRONTEND_INCLUDE:?cudnn-frontend include dir}"
+HERE=$(cd "$(dirname "$0")" && pwd)
+if [ -z "${CUDA_HOME:-}" ]; then  # the toolkit whose include/ has cuda_runtime_api.h: beside nvcc, or a usual place
+  for c in "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc 2>/dev/null || echo /x/x/x)")")")" /usr/local/cuda /usr/local/cuda-*; do
+    [ -f "$c/include/cuda_runtime_api.h" ] && { CUDA_HOME=$c; break; }
+  done
+fi
+: "${CUDA_HOME:?no CUDA toolkit found: set CUDA_HOME}"
+CXX=${CXX:-g++}
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+# Stand-in for libnvinfer.so.8 at link time only (the real one is in the process when the plugin is loaded).
+echo 'extern "C" void* getPluginRegistry() noexcept { return nullptr; }' > "$TMP/nvinfer_stub.cpp"
+$CXX -shared -fPIC -o "$TMP/libnvinfer.so" "$TMP/nvinfer_stub.cpp" -Wl,-soname,libnvinfer.so.8
+[ -e "$CUDNN_LIB/libcudnn.so" ] || ln -sf "$CUDNN_LIB/libcudnn.so.9" "$TMP/libcudnn.so"
+$CXX -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -o "$OUT.tmp" "$HERE/sdpa_plugin.cpp" \
+  -I"$TRT_INCLUDE" -I"$CUDNN_INCLUDE" -I"$CUDNN_FRONTEND_INCLUDE" -I"$CUDA_HOME/include" \
+  -L"$TMP" -L"$CUDNN_LIB" -L"$CUDA_HOME/lib64" -lnvinfer -lcudnn -l:libcudart_static.a -ldl -lrt -lpthread \
+  -Wl,--no-undefined -Wl,-rpath,'$ORIGIN'
+mv "$OUT.tmp" "$OUT"
+echo "built $OUT"
