@@ -132,6 +132,33 @@ def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     return _expand(model, GELU, expand)
 
 
+def emulate_gemm_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each TrtforgeGemmGelu node (trtforge/native/gemm_gelu_plugin.cpp) as what cuBLASLt's GELU_BIAS epilogue
+    computes: x @ W + bias, then the tanh GELU, in fp32, written as fp16 (the plugin's type)."""
+    from trtforge.fusion.gelu import GEMM_PLUGIN
+
+    def expand(node, a, p, c):
+        f = lambda v: np.asarray(v, np.float32)  # noqa: E731
+        w = numpy_helper.to_array(a["weight"]).astype(np.float32).reshape(a["k"], a["n"])
+        b = numpy_helper.to_array(a["bias"]).astype(np.float32)
+        assert a["weight"].data_type == a["bias"].data_type == onnx.TensorProto.FLOAT16, node.name
+        return [
+            helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("MatMul", [p + "x32", c("w", w)], [p + "xw"]),
+            helper.make_node("Add", [p + "xw", c("b", b)], [p + "t"]),
+            helper.make_node("Mul", [p + "t", p + "t"], [p + "t2"]), helper.make_node("Mul", [p + "t2", p + "t"], [p + "t3"]),
+            helper.make_node("Mul", [p + "t3", c("k", f(0.044715))], [p + "kt3"]),
+            helper.make_node("Add", [p + "t", p + "kt3"], [p + "in"]),
+            helper.make_node("Mul", [p + "in", c("s", f(np.sqrt(2.0 / np.pi)))], [p + "arg"]),
+            helper.make_node("Tanh", [p + "arg"], [p + "th"]),
+            helper.make_node("Add", [p + "th", c("one", f(1.0))], [p + "cdf2"]),
+            helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
+            helper.make_node("Mul", [p + "t", p + "cdf"], [p + "y32"]),
+            helper.make_node("Cast", [p + "y32"], [node.output[0]], to=onnx.TensorProto.FLOAT16)]
+
+    return _expand(model, GEMM_PLUGIN, expand)
+
+
 def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each CustomSkipLayerNormPluginDynamic node as the ops it computes: x = a + b (+ bias), then
     (x - mean) / sqrt(E[x^2] - mean^2 + eps) * gamma + beta (TensorRT's skipLayerNormKernel.cu; eps = the type's

@@ -179,3 +179,46 @@ def test_int8_best_graph_gelus_are_fused(zoo):
     ref, unfused, got = (OrtRunner(m.SerializeToString()).run(feeds) for m in (model, best, emulate_gelu_plugins(fused)))
     for name, value in ref.items():
         assert rel_l2(got[name], value) <= 1.5 * rel_l2(unfused[name], value) + 0.01, name
+
+
+@pytest.mark.parametrize("key", [("bert", "legacy"), ("bert", "dynamo"), ("vit", "legacy")], ids=lambda k: ".".join(k))
+def test_fp16_gelu_takes_its_gemm_into_trtforge_gemm_gelu(zoo, key):
+    """With libtrtforge_plugins loaded, FC1's MatMul + bias + GELU of an fp16 graph become one TrtforgeGemmGelu node
+    (cuBLASLt GELU_BIAS); emulated, the graph stays within the fp16 gate of the fp32 original."""
+    from attention_emulation import emulate_gemm_gelu_plugins
+    from trtforge.fusion.gelu import GEMM_PLUGIN
+    from trtforge.precision import prepare_for_build
+
+    model = with_random_vectors(onnx.load(zoo[key]))
+    specs, axes, _ = io_specs(zoo[key], model)
+    converted, _ = prepare_for_build(model, zoo[key], specs, axes)
+    fused, report = fuse_gelu(converted, random_feeds(specs, zoo_sizes(axes, 16)), gemm_plugin=True)
+    assert len(report.replaced) == 2 and all(r["gemm_folded"] for r in report.replaced), report.to_json()
+    nodes = [n for n in fused.graph.node if n.op_type == GEMM_PLUGIN]
+    assert len(nodes) == 2 and not any(n.op_type == PLUGIN for n in fused.graph.node)
+    matmuls = lambda m: sum(n.op_type == "MatMul" for n in m.graph.node)  # noqa: E731
+    assert matmuls(fused) == matmuls(converted) - 2  # each FC1 MatMul went into its plugin
+    attrs = {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute}
+    assert attrs["weight"].data_type == attrs["bias"].data_type == TensorProto.FLOAT16
+    assert len(attrs["weight"].dims) == 1 and attrs["weight"].dims[0] == attrs["k"] * attrs["n"]
+    feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=5)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulate_gemm_gelu_plugins(fused).SerializeToString()).run(feeds)
+    assert all(rel_l2(got[k], v) < 1e-2 for k, v in want.items()), {k: rel_l2(got[k], v) for k, v in want.items()}
+    # A plugin that read the weight transposed would be wrong: the emulation of such a node differs.
+    for n in nodes:
+        for a in n.attribute:
+            if a.name == "weight":
+                w = numpy_helper.to_array(a.t).reshape(attrs["k"], attrs["n"])
+                a.t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w[::-1]).reshape(-1), a.t.name))
+    bad = OrtRunner(emulate_gemm_gelu_plugins(fused).SerializeToString()).run(feeds)
+    assert any(rel_l2(bad[k], v) > 1e-2 for k, v in want.items())
+
+
+def test_fp32_and_gemm_less_gelus_keep_the_gelu_plugin(zoo):
+    """fp32 graphs (the plugin is fp16) and GPT-2 (its Conv1D bias feeds a Reshape) keep CustomGeluPluginDynamic."""
+    for key in (("bert", "legacy"), ("gpt2", "legacy")):
+        model = onnx.load(zoo[key])
+        specs, axes, _ = io_specs(zoo[key], model)
+        _, report = fuse_gelu(model, random_feeds(specs, zoo_sizes(axes, 16)), gemm_plugin=True)
+        assert report.replaced and not any(r["gemm_folded"] for r in report.replaced)

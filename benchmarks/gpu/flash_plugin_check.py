@@ -50,6 +50,22 @@ def attention_model(op: str, e: int, heads: int, scale: float, causal: int) -> o
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(PLUGIN_DOMAIN, 1)])
 
 
+GEMM_CASES = [(2048, 768, 3072), (8192, 768, 3072), (32768, 768, 3072), (1000, 384, 1536)]  # (tokens, K, N)
+
+
+def gemm_gelu_model(k: int, n: int, w: np.ndarray, b: np.ndarray) -> onnx.ModelProto:
+    from onnx import numpy_helper
+
+    from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["T", k])
+    y = helper.make_tensor_value_info("ctx", TensorProto.FLOAT16, ["T", n])
+    node = helper.make_node(GEMM_PLUGIN, ["x"], ["ctx"], domain=PLUGIN_DOMAIN, plugin_version=GEMM_VERSION, plugin_namespace="",
+                            weight=numpy_helper.from_array(w.reshape(-1), "w"), bias=numpy_helper.from_array(b, "b"), k=k, n=n)
+    graph = helper.make_graph([node], "gemm_gelu", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(PLUGIN_DOMAIN, 1)])
+
+
 def reference(qkv: np.ndarray, b: int, s: int, heads: int, d: int, scale: float, causal: int) -> np.ndarray:
     x = qkv.astype(np.float64).reshape(b, s, heads, 3, d)
     q, k, v = (x[:, :, :, i].transpose(0, 2, 1, 3) for i in range(3))
@@ -64,7 +80,8 @@ def reference(qkv: np.ndarray, b: int, s: int, heads: int, d: int, scale: float,
 class OneNode:
     """An engine of one attention node, built for exactly the case's shapes."""
 
-    def __init__(self, trt, op: str, b: int, s: int, heads: int, d: int, scale: float, causal: int):
+    def __init__(self, trt, op: str, b: int, s: int, heads: int, d: int, scale: float, causal: int,
+                 model: onnx.ModelProto | None = None, shapes: dict | None = None):
         self.trt, self.cudart = trt, _cudart()
         e = heads * d
         logger = trt.Logger(trt.Logger.ERROR)
@@ -73,14 +90,14 @@ class OneNode:
         parser = trt.OnnxParser(network, logger)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "a.onnx"
-            onnx.save(attention_model(op, e, heads, scale, causal), path)
+            onnx.save(model if model is not None else attention_model(op, e, heads, scale, causal), path)
             if not parser.parse_from_file(str(path)):
                 raise RuntimeError("; ".join(parser.get_error(i).desc() for i in range(parser.num_errors)))
         config = builder.create_builder_config()
         config.set_flag(trt.BuilderFlag.FP16)
         config.set_tactic_sources(0)  # the staged 8.6 has no cuBLAS/cuDNN of its own (gpu/README.md)
         profile = builder.create_optimization_profile()
-        self.shapes = {"qkv": (b * s, 3 * e, 1, 1), "seq": (s,), "cu_seqlens": (b + 1,)}
+        self.shapes = shapes or {"qkv": (b * s, 3 * e, 1, 1), "seq": (s,), "cu_seqlens": (b + 1,)}
         for i in range(network.num_inputs):
             name = network.get_input(i).name
             profile.set_shape(name, self.shapes[name], self.shapes[name], self.shapes[name])
@@ -137,6 +154,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("library", type=Path)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--skip-attention", action="store_true", help="only the TrtforgeGemmGelu cases")
     args = ap.parse_args()
     import tensorrt as trt
 
@@ -145,7 +163,7 @@ def main() -> None:
     mod = load_trt("tensorrt")
     load_plugin_libraries(mod, [str(args.library)])
     rows = []
-    for b, s, heads, d, causal in CASES:
+    for b, s, heads, d, causal in ([] if args.skip_attention else CASES):
         row = {"batch": b, "seq": s, "heads": heads, "head": d, "causal": causal}
         scale = float(1 / np.sqrt(d))
         rng = np.random.default_rng(b * 1000 + s)
@@ -175,7 +193,33 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
         args.out.write_text(json.dumps({"tensorrt": trt.__version__, "cases": rows}, indent=1))
+    gemms = []
+    for t, k, n in GEMM_CASES:
+        row = {"tokens": t, "k": k, "n": n}
+        rng = np.random.default_rng(t)
+        x = (rng.standard_normal((t, k)) * 0.5).astype(np.float16)
+        w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+        bias = rng.standard_normal(n).astype(np.float16)
+        try:
+            eng = OneNode(trt, "gemm", 1, 1, 1, 8, 1.0, 0, model=gemm_gelu_model(k, n, w, bias), shapes={"x": (t, k)})
+            got = eng.run({"x": x}).astype(np.float64)
+            z = x.astype(np.float64) @ w.astype(np.float64) + bias.astype(np.float64)
+            want = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
+            row["nan"] = int(np.isnan(got).sum())
+            row["rel_l2"] = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+            row["ms"] = eng.time_ms()
+            row["tflops"] = 2.0 * t * k * n / row["ms"] / 1e9
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        gemms.append(row)
+        print(json.dumps(row), flush=True)
+        args.out.write_text(json.dumps({"tensorrt": trt.__version__, "cases": rows, "gemm_gelu": gemms}, indent=1))
     f = lambda r, k, spec: format(r[k], spec) if k in r else "-"  # noqa: E731
+    print("| TrtforgeGemmGelu tokens x K x N | rel-L2 vs fp64 | ms | TFLOP/s |")
+    print("|---|---|---|---|")
+    for r in gemms:
+        print(f"| {r['tokens']}x{r['k']}x{r['n']} | {f(r, 'rel_l2', '.2e')} | {f(r, 'ms', '.4f')} | {f(r, 'tflops', '.0f')} |"
+              + (f" {r['error']}" if "error" in r else ""))
     print("| BxS | heads x head | causal | rel-L2 vs fp64 | ms | TFLOP/s | v2 ms | v2 TFLOP/s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

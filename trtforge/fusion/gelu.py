@@ -27,6 +27,10 @@ from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish
 
 PLUGIN = "CustomGeluPluginDynamic"
 PLUGIN_VERSION = "1"
+# trtforge's own (trtforge/native/gemm_gelu_plugin.cpp, in libtrtforge_plugins.so): the GEMM in front of the GELU with
+# it, as one cuBLASLt matmul with the GELU_BIAS epilogue (the same tanh formula), so FC1's output is written once.
+GEMM_PLUGIN = "TrtforgeGemmGelu"
+GEMM_VERSION = "1"
 _CHAIN = ("Add", "Mul", "Cast")
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 
@@ -189,11 +193,26 @@ def _foldable_bias(g: _Graph, x: str, region: set[str], width: int) -> tuple[np.
     return g.const(consts[0]), next(i for i in add.input if i != consts[0])
 
 
-def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-              observe_model: onnx.ModelProto | None = None) -> tuple[onnx.ModelProto, PassReport]:
+def gemm_in_front(g: _Graph, c: GeluCandidate) -> tuple[str, np.ndarray] | None:
+    """(x, W) when the GELU's folded bias is added to MatMul(x, W) with W a constant [K, N] fp16 matrix that only this
+    GELU reads, in an fp16 GELU: what TrtforgeGemmGelu takes whole. None otherwise (the GELU plugin alone then)."""
+    if c.bias is None or c.pre_bias is None or c.dtypes[0] != np.float16:
+        return None
+    mm = g.producer.get(c.pre_bias)
+    if mm is None or mm.op_type != "MatMul" or len(g.consumers.get(c.pre_bias, [])) != 1 or c.pre_bias in g.outputs:
+        return None
+    w = g.const(mm.input[1])
+    if w is None or w.ndim != 2 or w.dtype != np.float16 or w.shape[1] != c.bias.shape[0]:
+        return None
+    return mm.input[0], w
+
+
+def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], observe_model: onnx.ModelProto | None = None,
+              gemm_plugin: bool = False) -> tuple[onnx.ModelProto, PassReport]:
     """Replace every verified GELU (with its bias Add where it can) by one plugin node. `observe_model`: the
     ONNX Runtime-runnable graph the numbers come from when `model` already holds plugin nodes (attention fused
-    first); the GELUs' tensors keep their names across that pass."""
+    first); the GELUs' tensors keep their names across that pass. gemm_plugin: TrtforgeGemmGelu is registered; a GELU
+    whose bias follows an fp16 MatMul by a constant weight then takes the MatMul into the plugin too."""
     cands = find_gelus(model)
     verify(observe_model if observe_model is not None else model, cands, feeds)
     report = PassReport([], [{"node": c.node, "reason": c.reason} for c in cands if c.reason is not None])
@@ -201,17 +220,26 @@ def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     if not accepted:
         return model, report
     out = drop_producers(model, {c.y for c in accepted})
+    g = _Graph(model)
     for i, c in enumerate(accepted):
         source = c.pre_bias if c.bias is not None else c.x
         x_dtype, y_dtype = c.dtypes  # an Add's inputs share a type: pre_bias has x's
-        attrs: dict[str, Any] = {"type_id": 1 if x_dtype == np.float16 else 0}
-        if c.bias is not None:  # the plugin copies count x sizeof(type) bytes: the bias in the plugin's type
-            attrs["bias"] = numpy_helper.from_array(c.bias.astype(x_dtype), f"fused_gelu_{i}/bias")
+        gemm = gemm_in_front(g, c) if gemm_plugin else None
         name = f"fused_gelu_{i}/gelu"
-        out.graph.node.extend(plugin_with_cast(PLUGIN, PLUGIN_VERSION, [source], c.y, x_dtype, y_dtype, name,
-                                               f"fused_gelu_{i}", **attrs))
-        report.replaced.append({"node": c.node, "form": c.form, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
-                                "bias_folded": c.bias is not None, "approximation_max_abs": c.approximation,
-                                "plugin_node": name})
+        if gemm is not None:  # MatMul + bias + GELU as one cuBLASLt matmul (its weight and bias in the plugin's fp16)
+            x, w = gemm
+            attrs: dict[str, Any] = {"weight": numpy_helper.from_array(w.astype(np.float16).reshape(-1), f"fused_gelu_{i}/weight"),
+                                     "bias": numpy_helper.from_array(c.bias.astype(np.float16), f"fused_gelu_{i}/bias"),
+                                     "k": int(w.shape[0]), "n": int(w.shape[1])}
+            plugin, version, inputs = GEMM_PLUGIN, GEMM_VERSION, [x]
+        else:
+            attrs = {"type_id": 1 if x_dtype == np.float16 else 0}
+            if c.bias is not None:  # the plugin copies count x sizeof(type) bytes: the bias in the plugin's type
+                attrs["bias"] = numpy_helper.from_array(c.bias.astype(x_dtype), f"fused_gelu_{i}/bias")
+            plugin, version, inputs = PLUGIN, PLUGIN_VERSION, [source]
+        out.graph.node.extend(plugin_with_cast(plugin, version, inputs, c.y, x_dtype, y_dtype, name, f"fused_gelu_{i}", **attrs))
+        report.replaced.append({"node": c.node, "form": c.form, "plugin": f"{plugin} v{version}",
+                                "bias_folded": c.bias is not None, "gemm_folded": gemm is not None,
+                                "approximation_max_abs": c.approximation, "plugin_node": name})
     out = finish_plugin_graph(out)
     return out, report

@@ -13,7 +13,7 @@ import onnx
 
 from trtforge.errors import UserError
 from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, fuse_attention
-from trtforge.fusion.gelu import PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
+from trtforge.fusion.gelu import GEMM_PLUGIN, PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
 from trtforge.fusion.plugins import (FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, Route, attention_route,
                                      backend_route, flash_refusal)
 from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN_PLUGIN, PLUGIN_VERSION as SKIP_LN_VERSION, fuse_skip_layernorm
@@ -133,7 +133,7 @@ ELEMENTWISE_PASSES = (GELU_PASS, SKIP_LN_PASS)  # applied in this order, each on
 
 def elementwise_fusion(spec: ElementwisePass, model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: str,
                        precision: str, flavour: str, version: str, plugin_registered: bool, feeds: dict | None,
-                       onnx_name: str) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+                       onnx_name: str, fuse_options: dict[str, Any] | None = None) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """(the model with the pass applied, or None; the sidecar's `{key}_fusion`). `auto` (the default) fuses where the
     H200 measured the plugin faster (TensorRT 8.x, spec.auto_precisions); `on` asks for it anywhere the plugin exists
     and fails loudly where it cannot; `off` never."""
@@ -148,14 +148,16 @@ def elementwise_fusion(spec: ElementwisePass, model: onnx.ModelProto, observe_mo
             raise UserError(f"--fuse-{spec.flag} on cannot fuse {onnx_name}: {why_not}.")
         record.update(route="none", why=why_not)
         return None, record
-    fused, report = spec.fuse(model, feeds or {}, observe_model=observe_model)
+    fused, report = spec.fuse(model, feeds or {}, observe_model=observe_model, **(fuse_options or {}))
     if not report.replaced:
         reason = report.refused[0]["reason"] if report.refused else f"the graph has no {spec.what} this pass knows"
         if mode == "on":
             raise UserError(f"--fuse-{spec.flag} on found no {spec.what} in {onnx_name} it can fuse: {reason}.")
         record.update(report.to_json(), route="none", why=f"no {spec.what} this pass can fuse")
         return None, record
-    record.update(report.to_json(), route="plugin", why=f"TensorRT {version}: {spec.plugin} v{spec.version} ({spec.route_note})")
+    plugins = sorted({r["plugin"] for r in report.replaced if "plugin" in r})
+    record.update(report.to_json(), route="plugin", plugins=plugins,
+                  why=f"TensorRT {version}: {' and '.join(plugins) or spec.plugin} ({spec.route_note})")
     return fused, record
 
 
@@ -188,9 +190,11 @@ def describe_gelu(record: dict[str, Any]) -> list[str]:
     if not replaced:
         return []
     worst = max((r["approximation_max_abs"] or 0.0 for r in replaced), default=0.0)
+    gemm = sum(bool(r.get("gemm_folded")) for r in replaced)
     lines = [f"GELU fusion: replaced {len(replaced)} GELU(s) by {GELU_PLUGIN} "
-             f"({sum(r['bias_folded'] for r in replaced)} with their bias); tanh form, max |difference| on the "
-             f"observed activations {worst:.2g}"]
+             f"({sum(r['bias_folded'] for r in replaced)} with their bias)"
+             + (f", {gemm} of them with their GEMM by {GEMM_PLUGIN} (cuBLASLt GELU_BIAS epilogue)" if gemm else "")
+             + f"; tanh form, max |difference| on the observed activations {worst:.2g}"]
     for r in record.get("refused") or []:
         lines.append(f"  not fused: {r['node']}: {r['reason']}")
     return lines

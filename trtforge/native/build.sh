@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Build libtrtforge_plugins.so (sdpa_plugin.cpp: the TrtforgeFlashAttention TensorRT plugin over cuDNN's SDPA).
+# Build libtrtforge_plugins.so: sdpa_plugin.cpp (TrtforgeFlashAttention, over cuDNN's SDPA) and gemm_gelu_plugin.cpp
+# (TrtforgeGemmGelu, over cuBLASLt's GELU_BIAS epilogue).
 #   bash trtforge/native/build.sh OUT.so
 # Needs a C++17 compiler, the CUDA toolkit (its headers and static runtime; CUDA_HOME or the nvcc on PATH) and:
 #   TRT_INCLUDE             TensorRT 8.6's include/ (NvInfer.h ...: the TensorRT tarball's, or NVIDIA/TensorRT v8.6.0)
 #   CUDNN_INCLUDE, CUDNN_LIB  cuDNN 9 (the nvidia-cudnn-cu12/cu13 wheel's nvidia/cudnn/include and lib)
-#   CUDNN_FRONTEND_INCLUDE  cudnn-frontend's include/ (header-only; the nvidia-cudnn-frontend wheel carries it)
+#   CUDNN_FRONTEND_INCLUDE  cudnn-frontend's include/ (header-only; the nvidia-cudnn-frontend 1.14 wheel carries it; the
+#                           directory must keep the name include/: the headers include "../include/...")
+#   CUBLAS_INCLUDE          where cublasLt.h is (default: the CUDA toolkit's include/; the nvidia-cublas wheel has it);
+#                           libcublasLt.so.13 (or .12) is opened at run time with dlopen, not linked
 # The library links libcudnn.so.9 (found at run time beside libcudnn's other parts: put CUDNN_LIB on
 # LD_LIBRARY_PATH or preload it) and libnvinfer.so.8 (already loaded by TensorRT's Python module when trtforge
 # loads the plugin). At link time a stand-in for libnvinfer.so.8 is enough: the plugin calls only getPluginRegistry.
@@ -24,10 +28,14 @@ TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 # Stand-in for libnvinfer.so.8 at link time only (the real one is in the process when the plugin is loaded).
 echo 'extern "C" void* getPluginRegistry() noexcept { return nullptr; }' > "$TMP/nvinfer_stub.cpp"
 $CXX -shared -fPIC -o "$TMP/libnvinfer.so" "$TMP/nvinfer_stub.cpp" -Wl,-soname,libnvinfer.so.8
+# Export nothing (-fvisibility=hidden and this map): the library is loaded RTLD_GLOBAL, so its C++ template instances must not stand
+# in for other libraries' (creators register through a static initializer, which needs no exported symbol).
+echo '{ global: trtforge_plugin_names; local: *; };' > "$TMP/exports.map"
 [ -e "$CUDNN_LIB/libcudnn.so" ] || ln -sf "$CUDNN_LIB/libcudnn.so.9" "$TMP/libcudnn.so"
-$CXX -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -o "$OUT.tmp" "$HERE/sdpa_plugin.cpp" \
-  -I"$TRT_INCLUDE" -I"$CUDNN_INCLUDE" -I"$CUDNN_FRONTEND_INCLUDE" -I"$CUDA_HOME/include" \
+CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$CUDA_HOME/include}
+$CXX -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -o "$OUT.tmp" "$HERE/sdpa_plugin.cpp" "$HERE/gemm_gelu_plugin.cpp" \
+  -I"$TRT_INCLUDE" -I"$CUDNN_INCLUDE" -I"$CUDNN_FRONTEND_INCLUDE" -I"$CUDA_HOME/include" -I"$CUBLAS_INCLUDE" \
   -L"$TMP" -L"$CUDNN_LIB" -L"$CUDA_HOME/lib64" -lnvinfer -lcudnn -l:libcudart_static.a -ldl -lrt -lpthread \
-  -Wl,--no-undefined -Wl,-rpath,'$ORIGIN'
+  -Wl,--no-undefined -Wl,--version-script="$TMP/exports.map" -Wl,-rpath,'$ORIGIN'
 mv "$OUT.tmp" "$OUT"
 echo "built $OUT"

@@ -305,4 +305,4 @@ class SdpaPluginCreator final : public IPluginCreator {
 REGISTER_TENSORRT_PLUGIN(SdpaPluginCreator);
 
 // For a loader that wants to know the library is the one it expects (trtforge.backends.tensorrt reads it).
-extern "C" char const* trtforge_plugin_names() { return "TrtforgeFlashAttention/1"; }
+extern "C" char const* trtforge_plugin_names() { return "TrtforgeFlashAttention/1 TrtforgeGemmGelu/1"; }
