@@ -31,31 +31,46 @@ def _expand(model: onnx.ModelProto, op_type: str, expand) -> onnx.ModelProto:
     return out
 
 
+def _packed_attention(qkv, seq, out, e, n, scale, causal, dtype, p, c):
+    """The attention both plugins compute: [tokens, 3E, 1, 1] with each head's q, k, v adjacent, the sequence length
+    from `seq`'s length, softmax(scale q kᵀ [+ causal mask]) v in fp32, heads merged to [tokens, E, 1, 1] in `dtype`."""
+    h = e // n
+    nodes = [
+        helper.make_node("Shape", [seq], [p + "S"]),
+        helper.make_node("Concat", [c("m1", np.array([-1], np.int64)), p + "S", c("n3h", np.array([n, 3, h], np.int64))], [p + "shape"], axis=0),
+        helper.make_node("Cast", [qkv], [p + "qkv32"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Reshape", [p + "qkv32", p + "shape"], [p + "bsn3h"]),
+        helper.make_node("Transpose", [p + "bsn3h"], [p + "3bnsh"], perm=[3, 0, 2, 1, 4]),
+        helper.make_node("Gather", [p + "3bnsh", c("i0", np.array(0, np.int64))], [p + "q"], axis=0),
+        helper.make_node("Gather", [p + "3bnsh", c("i1", np.array(1, np.int64))], [p + "k"], axis=0),
+        helper.make_node("Gather", [p + "3bnsh", c("i2", np.array(2, np.int64))], [p + "v"], axis=0),
+        helper.make_node("Transpose", [p + "k"], [p + "kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", [p + "q", p + "kt"], [p + "qk"]),
+        helper.make_node("Mul", [p + "qk", c("scale", np.array(scale, np.float32))], [p + "scores"]),
+    ]
+    scores = p + "scores"
+    if causal:
+        nodes += [helper.make_node("Concat", [p + "S", p + "S"], [p + "SS"], axis=0),
+                  helper.make_node("ConstantOfShape", [p + "SS"], [p + "neg"],
+                                   value=numpy_helper.from_array(np.array([-np.inf], np.float32))),
+                  helper.make_node("Trilu", [p + "neg", c("k1", np.array(1, np.int64))], [p + "mask"], upper=1),
+                  helper.make_node("Add", [scores, p + "mask"], [p + "masked"])]
+        scores = p + "masked"
+    return nodes + [
+        helper.make_node("Softmax", [scores], [p + "probs"], axis=-1),
+        helper.make_node("MatMul", [p + "probs", p + "v"], [p + "bnsh"]),
+        helper.make_node("Transpose", [p + "bnsh"], [p + "bsnh"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", [p + "bsnh", c("outshape", np.array([-1, e, 1, 1], np.int64))], [p + "out32"]),
+        helper.make_node("Cast", [p + "out32"], [out], to=dtype),
+    ]
+
+
 def emulate_plugins(model: onnx.ModelProto, padded_head: int, dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
     """dtype: the plugin's I/O type in the graph (fp16 after trtforge's fp16 conversion); the math runs fp32."""
 
     def expand(node, a, p, c):
-        e, n = a["hidden_size"], a["num_heads"]
-        h = e // n
-        qkv, seq = node.input[0], node.input[3]
-        return [
-            helper.make_node("Shape", [seq], [p + "S"]),
-            helper.make_node("Concat", [c("m1", np.array([-1], np.int64)), p + "S", c("n3h", np.array([n, 3, h], np.int64))], [p + "shape"], axis=0),
-            helper.make_node("Cast", [qkv], [p + "qkv32"], to=onnx.TensorProto.FLOAT),
-            helper.make_node("Reshape", [p + "qkv32", p + "shape"], [p + "bsn3h"]),
-            helper.make_node("Transpose", [p + "bsn3h"], [p + "3bnsh"], perm=[3, 0, 2, 1, 4]),
-            helper.make_node("Gather", [p + "3bnsh", c("i0", np.array(0, np.int64))], [p + "q"], axis=0),
-            helper.make_node("Gather", [p + "3bnsh", c("i1", np.array(1, np.int64))], [p + "k"], axis=0),
-            helper.make_node("Gather", [p + "3bnsh", c("i2", np.array(2, np.int64))], [p + "v"], axis=0),
-            helper.make_node("Transpose", [p + "k"], [p + "kt"], perm=[0, 1, 3, 2]),
-            helper.make_node("MatMul", [p + "q", p + "kt"], [p + "qk"]),
-            helper.make_node("Mul", [p + "qk", c("scale", np.array(1 / np.sqrt(padded_head), np.float32))], [p + "scores"]),
-            helper.make_node("Softmax", [p + "scores"], [p + "probs"], axis=-1),
-            helper.make_node("MatMul", [p + "probs", p + "v"], [p + "bnsh"]),
-            helper.make_node("Transpose", [p + "bnsh"], [p + "bsnh"], perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [p + "bsnh", c("outshape", np.array([-1, e, 1, 1], np.int64))], [p + "out32"]),
-            helper.make_node("Cast", [p + "out32"], [node.output[0]], to=dtype),
-        ]
+        return _packed_attention(node.input[0], node.input[3], node.output[0], a["hidden_size"], a["num_heads"],
+                                 1 / np.sqrt(padded_head), False, dtype, p, c)
 
     return _expand(model, PLUGIN, expand)
 
@@ -67,38 +82,9 @@ def emulate_flash_plugins(model: onnx.ModelProto, dtype: int = onnx.TensorProto.
     from trtforge.fusion.plugins import FLASH_PLUGIN
 
     def expand(node, a, p, c):
-        e, n = a["hidden_size"], a["num_heads"]
-        h = e // n
-        qkv, seq = node.input[0], node.input[1]
         assert len(node.input) == 2 and set(a) >= {"scale", "causal"}, node.name
-        nodes = [
-            helper.make_node("Shape", [seq], [p + "S"]),
-            helper.make_node("Concat", [c("m1", np.array([-1], np.int64)), p + "S", c("n3h", np.array([n, 3, h], np.int64))], [p + "shape"], axis=0),
-            helper.make_node("Cast", [qkv], [p + "qkv32"], to=onnx.TensorProto.FLOAT),
-            helper.make_node("Reshape", [p + "qkv32", p + "shape"], [p + "bsn3h"]),
-            helper.make_node("Transpose", [p + "bsn3h"], [p + "3bnsh"], perm=[3, 0, 2, 1, 4]),
-            helper.make_node("Gather", [p + "3bnsh", c("i0", np.array(0, np.int64))], [p + "q"], axis=0),
-            helper.make_node("Gather", [p + "3bnsh", c("i1", np.array(1, np.int64))], [p + "k"], axis=0),
-            helper.make_node("Gather", [p + "3bnsh", c("i2", np.array(2, np.int64))], [p + "v"], axis=0),
-            helper.make_node("Transpose", [p + "k"], [p + "kt"], perm=[0, 1, 3, 2]),
-            helper.make_node("MatMul", [p + "q", p + "kt"], [p + "qk"]),
-            helper.make_node("Mul", [p + "qk", c("scale", np.array(a["scale"], np.float32))], [p + "scaled"]),
-        ]
-        scores = p + "scaled"
-        if a["causal"]:
-            nodes += [helper.make_node("Concat", [p + "S", p + "S"], [p + "SS"], axis=0),
-                      helper.make_node("ConstantOfShape", [p + "SS"], [p + "neg"],
-                                       value=numpy_helper.from_array(np.array([-np.inf], np.float32))),
-                      helper.make_node("Trilu", [p + "neg", c("k1", np.array(1, np.int64))], [p + "mask"], upper=1),
-                      helper.make_node("Add", [scores, p + "mask"], [p + "masked"])]
-            scores = p + "masked"
-        return nodes + [
-            helper.make_node("Softmax", [scores], [p + "probs"], axis=-1),
-            helper.make_node("MatMul", [p + "probs", p + "v"], [p + "bnsh"]),
-            helper.make_node("Transpose", [p + "bnsh"], [p + "bsnh"], perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [p + "bsnh", c("outshape", np.array([-1, e, 1, 1], np.int64))], [p + "out32"]),
-            helper.make_node("Cast", [p + "out32"], [node.output[0]], to=dtype),
-        ]
+        return _packed_attention(node.input[0], node.input[1], node.output[0], a["hidden_size"], a["num_heads"],
+                                 a["scale"], a["causal"], dtype, p, c)
 
     return _expand(model, FLASH_PLUGIN, expand)
 
@@ -200,6 +186,16 @@ def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 # -- helpers the fusion-pass tests share ---------------------------------------------------------------------------
+
+def load_zoo(zoo, key, seq=16):
+    """(model, specs, axes, observation sizes) of one zoo export, as `trtforge build` would receive it."""
+    from trtforge.graph import io_specs
+
+    path = zoo[key]
+    model = onnx.load(path)
+    specs, axes, _ = io_specs(path, model)
+    return model, specs, axes, zoo_sizes(axes, seq)
+
 
 def zoo_sizes(axes, seq):
     """Observation sizes for a zoo export: batch 2, `seq` clamped to the axis, every other axis at its opt."""

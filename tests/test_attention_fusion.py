@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from attention_emulation import emulate_plugins
+from attention_emulation import emulate_plugins, load_zoo
 from conftest import assert_user_error, export_zoo, require, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
@@ -20,7 +20,6 @@ from trtforge.feeds import random_feeds
 from trtforge.fusion.attention import Projection, fuse_attention, pack_qkv, reference_attention, refuse_padding
 from trtforge.fusion.plugins import PLUGIN, attention_route, backend_route
 from trtforge.fusion.step import attention_fusion, describe, sm_of
-from trtforge.graph import io_specs
 
 EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "legacy"), ("vit", "dynamo"),
            ("gpt2", "legacy"), ("gpt2", "dynamo")]
@@ -33,11 +32,7 @@ def zoo(tmp_path_factory):
 
 
 def _load(zoo, key, seq=16):
-    path = zoo[key]
-    model = onnx.load(path)
-    specs, axes, _ = io_specs(path, model)
-    sizes = {a: (2 if a == "batch" else min(max(r.min, seq), r.max) if a == "seq" else r.opt) for a, r in axes.items()}
-    return model, specs, axes, sizes
+    return load_zoo(zoo, key, seq)
 
 
 def _fuse(model, sizes, specs, sm, qkv_projection="matmul"):

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from attention_emulation import emulate_flash_plugins, emulate_plugins
+from attention_emulation import emulate_flash_plugins, emulate_plugins, load_zoo
 from conftest import export_zoo
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
@@ -19,7 +19,6 @@ from trtforge.feeds import random_feeds
 from trtforge.fusion.attention import fuse_attention
 from trtforge.fusion.plugins import FLASH_PLUGIN, PLUGIN, attention_route
 from trtforge.fusion.step import attention_fusion, describe
-from trtforge.graph import io_specs
 
 EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "dynamo"), ("gpt2", "legacy"),
            ("gpt2", "dynamo")]
@@ -31,11 +30,7 @@ def zoo(tmp_path_factory):
 
 
 def _load(zoo, key, seq=16):
-    path = zoo[key]
-    model = onnx.load(path)
-    specs, axes, _ = io_specs(path, model)
-    sizes = {a: (2 if a == "batch" else min(max(r.min, seq), r.max) if a == "seq" else r.opt) for a, r in axes.items()}
-    return model, specs, axes, sizes
+    return load_zoo(zoo, key, seq)
 
 
 def _flash_route(sm=90):

@@ -5,7 +5,6 @@ import ctypes
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 

@@ -5,7 +5,9 @@
 #   bash benchmarks/gpu/start.sh benchmarks/gpu/session_w22.sh $HOME/w 1000 540     (carry .whl2 .native .trtinc)
 # .native holds cudnn-frontend's headers (PyPI nvidia-cudnn-frontend 1.14.0) and a plugin built on the dev machine
 # against cuDNN 9.17's headers; .trtinc TensorRT 8.6's headers (NVIDIA/TensorRT v8.6.0 include/). The driver builds the
-# plugin again against the box's own cuDNN and falls back to the carried one.
+# plugin again against the box's own cuDNN and falls back to the carried one. (The window ran with the frontend headers
+# at .native/cudnn_frontend_include, a name their own "../include/" includes cannot use: that build failed and the
+# carried library ran; steps.sh's plugin_build now takes them from .native/cudnn_frontend/include.)
 # A: env, plugin build, plugin alone vs float64 and vs v2 (flash_plugin_check.py), exports, builds in lanes.
 # B: one job at a time on the GPU: engines at 16x128/16x512/64x512, torch eager SDPA, accuracy vs ORT fp32 (held-out),
 #    `run` end to end with the defaults (wall/GPU), the zoo's `run --reference`, the kernel list, torch.compile.
@@ -13,19 +15,13 @@ set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
-SITE=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))')
-CUDNN=$SITE/nvidia/cudnn
-EXTRA=$(find "$SITE/nvidia" \( -name 'libnvrtc*.so*' -o -name 'libcudnn.so.9' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
-export TRTFORGE_CUDNN_LIB=$CUDNN/lib
-T=". \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310"
-PLUG=$W/libtrtforge_plugins.so
+plugin_env
 B=$(M bert-base); N=$(M minilm)
 BB="$T -m trtforge build"
 FL="--plugin-library $PLUG"
 
 step env 60 "python3 -c 'import torch; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version())'; echo EXTRA=$EXTRA; ls $CUDNN/lib; ls $CUDNN/include | head -3; which g++ nvcc; nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv"
-step plugin-build 300 "TRT_INCLUDE=.trtinc/include CUDNN_INCLUDE=$CUDNN/include CUDNN_LIB=$CUDNN/lib CUDNN_FRONTEND_INCLUDE=.native/cudnn_frontend_include bash trtforge/native/build.sh $PLUG" \
-  || cp .native/libtrtforge_plugins.so "$PLUG"
+plugin_build
 ( step plugin-check 300 "$T benchmarks/gpu/flash_plugin_check.py $PLUG --out $W/plugin_check.json" ) &
 export_clean minilm bert-base roberta-base vit-b16 gpt2
 wait

@@ -8,18 +8,11 @@ set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
-SITE=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))')
-CUDNN=$SITE/nvidia/cudnn
-EXTRA=$(find "$SITE/nvidia" \( -name 'libnvrtc*.so*' -o -name 'libcudnn.so.9' -o -name 'libcublasLt.so.*' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
-export TRTFORGE_CUDNN_LIB=$CUDNN/lib
-T=". \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310"
-PLUG=$W/libtrtforge_plugins.so
+plugin_env
 B=$(M bert-base); N=$(M minilm)
 BB="$T -m trtforge build"
 FL="--plugin-library $PLUG"
-CUBLAS_INC=$(find "$SITE/nvidia" -name cublasLt.h -printf '%h\n' 2>/dev/null | head -1)
-step plugin-build 300 "TRT_INCLUDE=.trtinc/include CUDNN_INCLUDE=$CUDNN/include CUDNN_LIB=$CUDNN/lib CUDNN_FRONTEND_INCLUDE=.native/cudnn_frontend/include CUBLAS_INCLUDE=${CUBLAS_INC:-.native/cublas/include} bash trtforge/native/build.sh $PLUG" \
-  || cp .native/libtrtforge_plugins.so "$PLUG"
+plugin_build
 ( step gemm-check 200 "$T benchmarks/gpu/flash_plugin_check.py $PLUG --skip-attention --out $W/gemm_check.json" ) &
 export_clean minilm bert-base
 wait

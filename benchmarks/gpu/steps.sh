@@ -98,3 +98,22 @@ fp16_engines_and_docs() {
   mkdir -p "$W/docs128v"; for k in 1 2 3 4; do for f in "$W"/docs32v/*.txt; do cp "$f" "$W/docs128v/${k}_$(basename "$f")"; done; done
   wait
 }
+
+# The drivers that use libtrtforge_plugins (session_w22.sh on): after driver_setup, SITE = the box's site-packages,
+# CUDNN = its cuDNN 9, EXTRA = the directories of its nvrtc, cuDNN and cuBLASLt libraries; T puts them on the loader's
+# path (cuDNN's runtime-compiled engines dlopen nvrtc, the GEMM plugin dlopens cuBLASLt); PLUG = the library in $W,
+# built against the box's headers by `plugin_build` (falling back to the one carried in .native/).
+plugin_env() {
+  SITE=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))')
+  CUDNN=$SITE/nvidia/cudnn
+  EXTRA=$(find "$SITE/nvidia" \( -name 'libnvrtc*.so*' -o -name 'libcudnn.so.9' -o -name 'libcublasLt.so.*' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+  export TRTFORGE_CUDNN_LIB=$CUDNN/lib
+  T=". \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA && PYTHONPATH=$ROOT:\$PYTHONPATH \$PY310"
+  PLUG=$W/libtrtforge_plugins.so
+}
+
+plugin_build() {
+  local inc; inc=$(find "$SITE/nvidia" -name cublasLt.h -printf '%h\n' 2>/dev/null | head -1)
+  step plugin-build 300 "TRT_INCLUDE=.trtinc/include CUDNN_INCLUDE=$CUDNN/include CUDNN_LIB=$CUDNN/lib CUDNN_FRONTEND_INCLUDE=.native/cudnn_frontend/include CUBLAS_INCLUDE=${inc:-.native/cublas/include} bash trtforge/native/build.sh $PLUG" \
+    || cp .native/libtrtforge_plugins.so "$PLUG"
+}

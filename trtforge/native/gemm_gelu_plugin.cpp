@@ -16,6 +16,7 @@
 #include <NvInfer.h>
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
+#include "plugin_common.h"
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -33,7 +34,7 @@ constexpr char const* kPluginName = "TrtforgeGemmGelu";
 constexpr char const* kPluginVersion = "1";
 constexpr size_t kWorkspaceBytes = 32u << 20;
 
-void log_error(std::string const& what) { std::fprintf(stderr, "[%s] %s\n", kPluginName, what.c_str()); }
+void log_error(std::string const& what) { trtforge::log_plugin_error(kPluginName, what); }
 
 // cuBLASLt's entry points, from one dlopen handle.
 struct Lt {
@@ -263,19 +264,14 @@ class GemmGeluPlugin final : public IPluginV2DynamicExt {
     std::string namespace_;
 };
 
-class GemmGeluPluginCreator final : public IPluginCreator {
+class GemmGeluPluginCreator final : public trtforge::CreatorBase {
    public:
-    GemmGeluPluginCreator() {
-        fields_ = {PluginField("weight", nullptr, PluginFieldType::kFLOAT16, 0),
-                   PluginField("bias", nullptr, PluginFieldType::kFLOAT16, 0),
-                   PluginField("k", nullptr, PluginFieldType::kINT32, 1), PluginField("n", nullptr, PluginFieldType::kINT32, 1)};
-        collection_.nbFields = static_cast<int32_t>(fields_.size());
-        collection_.fields = fields_.data();
-    }
-
-    char const* getPluginName() const noexcept override { return kPluginName; }
-    char const* getPluginVersion() const noexcept override { return kPluginVersion; }
-    PluginFieldCollection const* getFieldNames() noexcept override { return &collection_; }
+    GemmGeluPluginCreator()
+        : CreatorBase(kPluginName, kPluginVersion,
+                      {PluginField("weight", nullptr, PluginFieldType::kFLOAT16, 0),
+                       PluginField("bias", nullptr, PluginFieldType::kFLOAT16, 0),
+                       PluginField("k", nullptr, PluginFieldType::kINT32, 1),
+                       PluginField("n", nullptr, PluginFieldType::kINT32, 1)}) {}
 
     IPluginV2* createPlugin(char const*, PluginFieldCollection const* fc) noexcept override {
         int32_t k = 0, n = 0;
@@ -294,9 +290,7 @@ class GemmGeluPluginCreator final : public IPluginCreator {
                       " and bias " + std::to_string(bias.size()) + " (fp16 values) do not agree");
             return nullptr;
         }
-        auto* plugin = new GemmGeluPlugin(k, n, std::move(weight), std::move(bias));
-        plugin->setPluginNamespace(namespace_.c_str());
-        return plugin;
+        return named(new GemmGeluPlugin(k, n, std::move(weight), std::move(bias)));
     }
 
     IPluginV2* deserializePlugin(char const*, void const* data, size_t length) noexcept override {
@@ -313,18 +307,9 @@ class GemmGeluPluginCreator final : public IPluginCreator {
         p += 2 * sizeof(int32_t);
         auto const* w = reinterpret_cast<uint16_t const*>(p);
         std::vector<uint16_t> weight(w, w + static_cast<size_t>(k) * n), bias(w + static_cast<size_t>(k) * n, w + static_cast<size_t>(k) * n + n);
-        auto* plugin = new GemmGeluPlugin(k, n, std::move(weight), std::move(bias));
-        plugin->setPluginNamespace(namespace_.c_str());
-        return plugin;
+        return named(new GemmGeluPlugin(k, n, std::move(weight), std::move(bias)));
     }
 
-    void setPluginNamespace(char const* ns) noexcept override { namespace_ = ns ? ns : ""; }
-    char const* getPluginNamespace() const noexcept override { return namespace_.c_str(); }
-
-   private:
-    std::vector<PluginField> fields_;
-    PluginFieldCollection collection_{};
-    std::string namespace_;
 };
 
 }  // namespace

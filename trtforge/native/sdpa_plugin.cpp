@@ -21,6 +21,7 @@
 
 #include <NvInfer.h>
 #include <cuda_runtime_api.h>
+#include "plugin_common.h"
 #include <cudnn_frontend.h>
 
 #include <cstdio>
@@ -47,7 +48,7 @@ struct Params {
     int32_t causal;
 };
 
-void log_error(std::string const& what) { std::fprintf(stderr, "[%s] %s\n", kPluginName, what.c_str()); }
+void log_error(std::string const& what) { trtforge::log_plugin_error(kPluginName, what); }
 
 // Process-wide cuDNN state: one handle and one built graph per attention shape, behind one lock.
 class SdpaGraphs {
@@ -239,20 +240,14 @@ class SdpaPlugin final : public IPluginV2DynamicExt {
     std::string namespace_;
 };
 
-class SdpaPluginCreator final : public IPluginCreator {
+class SdpaPluginCreator final : public trtforge::CreatorBase {
    public:
-    SdpaPluginCreator() {
-        fields_ = {PluginField("hidden_size", nullptr, PluginFieldType::kINT32, 1),
-                   PluginField("num_heads", nullptr, PluginFieldType::kINT32, 1),
-                   PluginField("scale", nullptr, PluginFieldType::kFLOAT32, 1),
-                   PluginField("causal", nullptr, PluginFieldType::kINT32, 1)};
-        collection_.nbFields = static_cast<int32_t>(fields_.size());
-        collection_.fields = fields_.data();
-    }
-
-    char const* getPluginName() const noexcept override { return kPluginName; }
-    char const* getPluginVersion() const noexcept override { return kPluginVersion; }
-    PluginFieldCollection const* getFieldNames() noexcept override { return &collection_; }
+    SdpaPluginCreator()
+        : CreatorBase(kPluginName, kPluginVersion,
+                      {PluginField("hidden_size", nullptr, PluginFieldType::kINT32, 1),
+                       PluginField("num_heads", nullptr, PluginFieldType::kINT32, 1),
+                       PluginField("scale", nullptr, PluginFieldType::kFLOAT32, 1),
+                       PluginField("causal", nullptr, PluginFieldType::kINT32, 1)}) {}
 
     IPluginV2* createPlugin(char const*, PluginFieldCollection const* fc) noexcept override {
         Params p{0, 0, 0.f, 0};
@@ -274,9 +269,7 @@ class SdpaPluginCreator final : public IPluginCreator {
             return nullptr;
         }
         if (!have_scale) p.scale = 1.0f / std::sqrt(static_cast<float>(p.hidden / p.heads));
-        auto* plugin = new SdpaPlugin(p);
-        plugin->setPluginNamespace(namespace_.c_str());
-        return plugin;
+        return named(new SdpaPlugin(p));
     }
 
     IPluginV2* deserializePlugin(char const*, void const* data, size_t length) noexcept override {
@@ -286,18 +279,9 @@ class SdpaPluginCreator final : public IPluginCreator {
         }
         Params p;
         std::memcpy(&p, data, sizeof(Params));
-        auto* plugin = new SdpaPlugin(p);
-        plugin->setPluginNamespace(namespace_.c_str());
-        return plugin;
+        return named(new SdpaPlugin(p));
     }
 
-    void setPluginNamespace(char const* ns) noexcept override { namespace_ = ns ? ns : ""; }
-    char const* getPluginNamespace() const noexcept override { return namespace_.c_str(); }
-
-   private:
-    std::vector<PluginField> fields_;
-    PluginFieldCollection collection_{};
-    std::string namespace_;
 };
 
 }  // namespace
