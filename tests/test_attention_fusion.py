@@ -360,7 +360,8 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
         monkeypatch.setattr(step, "elementwise_skip", lambda s, mode, precision, flavour, version, registered:
                             real_skip(s, mode, precision, "tensorrt", "8.6.1", registered))
         monkeypatch.setattr(step, "elementwise_fusion", lambda s, model, observe, mode, precision, flavour, version, registered,
-                            f, name: real_fusion(s, model, observe, mode, precision, "tensorrt", "8.6.1", True, f, name))
+                            f, name, options=None: real_fusion(s, model, observe, mode, precision, "tensorrt", "8.6.1", True,
+                                                               f, name, options))
     key, word, plugin, original = {
         "attention": ("attention_fusion", "attention", PLUGIN, "Softmax"),
         "gelu": ("gelu_fusion", "GELU", GELU, "Erf"),

@@ -149,7 +149,7 @@ def test_flash_route_table():
     assert flash(75, 64).plugin == PLUGIN and flash(75, 64).kind == "plugin"  # Turing: v2's kernel
     assert flash(90, 12).kind == "none" and "head size 12" in flash(90, 12).reason
     assert flash(90, 160).kind == "none"
-    assert flash(75, 64, causal=True).kind == "none"
+    assert flash(75, 64, causal=True).kind == "none" and "sm_80" in flash(75, 64, causal=True).reason
     assert attention_route("tensorrt_rtx", "1.7.0", 90, 64, 512, False, flash=True).kind == "native"
 
 

@@ -75,6 +75,7 @@ def test_a_loaded_library_is_recorded_with_its_hash_and_loaded_once(tmp_path, mo
     again = load_plugin_libraries(mod, [str(lib)])
     assert first == again and first[0]["path"] == str(lib.resolve()) and len(first[0]["sha256"]) == 64
     assert len(calls) == 1  # the second call found it loaded
+    assert first[0] in trt_backend.loaded_plugin_libraries()  # what the next build's sidecar records, whoever loaded it
     assert ctypes.CDLL(None).trtforge_test_symbol() == 42  # RTLD_GLOBAL: its symbols are visible process-wide
 
 
@@ -103,3 +104,15 @@ def test_the_plugin_source_and_its_build_script_agree_with_the_pass():
     for field in ("hidden_size", "num_heads", "scale", "causal"):
         assert f'PluginField("{field}"' in src
     assert "sdpa_plugin.cpp" in (ROOT / "trtforge" / "native" / "build.sh").read_text()
+    from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION
+
+    src = (ROOT / "trtforge" / "native" / "gemm_gelu_plugin.cpp").read_text()
+    assert f'kPluginName = "{GEMM_PLUGIN}"' in src and f'kPluginVersion = "{GEMM_VERSION}"' in src
+    for field in ("weight", "bias", "k", "n"):  # the attributes fusion.gelu writes on the node
+        assert f'PluginField("{field}"' in src
+    assert "gemm_gelu_plugin.cpp" in (ROOT / "trtforge" / "native" / "build.sh").read_text()
+
+
+def test_stateful_run_refuses_a_plugin_library_override(tmp_path):
+    proc = run_cli("run", str(tmp_path / "m.engine"), "--stateful", "--plugin-library", str(tmp_path / "x.so"))
+    assert_user_error(proc, "--plugin-library does not combine with --stateful")

@@ -142,9 +142,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
     mod = load_trt(backend)
-    from trtforge.backends.tensorrt import load_plugin_libraries
+    from trtforge.backends.tensorrt import load_plugin_libraries, loaded_plugin_libraries
 
-    plugin_libraries = load_plugin_libraries(mod, options.plugin_libraries)  # before the fusion pass asks the registry
+    load_plugin_libraries(mod, options.plugin_libraries)  # before the fusion passes ask the registry
     model = load_onnx(onnx_path)
     specs, axes, parent = io_specs(onnx_path, model)
     lengths = read_lengths(lengths_file) if lengths_file else None
@@ -214,7 +214,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         sidecar = _engine_sidecar(mod, identity, precision, profiles, phases, out, specs, axes, onnx_path, parent, built_onnx,
                                   source, precision_report, fusion, elementwise, options, start)
-        sidecar["plugin_libraries"] = plugin_libraries  # run loads them again before deserializing the engine
+        # Every plugin library in the process (the registry is shared: an earlier build's serves this one too); run
+        # loads them again before deserializing the engine.
+        sidecar["plugin_libraries"] = loaded_plugin_libraries()
         with interrupts.deferred():  # the built ONNX, the engine and their sidecars appear together or not at all
             if converted is not None:
                 with output_lock(built_onnx):

@@ -427,6 +427,9 @@ def run_cmd(
     if stateful or generate:
         if ray:
             raise UserError("--ray does not combine with --stateful/--generate (a KV cache lives on one device); drop one.")
+        if plugin_library:
+            raise UserError("--plugin-library does not combine with --stateful/--generate yet: the stateful runner loads "
+                            "the libraries its engine's sidecar records; rebuild the engine where the library now is.")
         from trtforge.stateful import run_command
 
         return run_command(target, inputs, chunk, generate, reference, report, backend, provider, max_rel_l2, json_out)

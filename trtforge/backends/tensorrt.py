@@ -166,9 +166,18 @@ def _preload_cudnn() -> Path | None:
     return found[0]
 
 
+_PLUGIN_LIBRARIES: dict[str, dict[str, Any]] = {}  # every plugin library loaded in this process: {path, sha256}
+
+
+def loaded_plugin_libraries() -> list[dict[str, Any]]:
+    """What an engine built now may depend on: TensorRT's plugin registry is process-wide, so a library that an earlier
+    build (or a pipeline step) of this process loaded serves this build's passes too, and its sidecar must name it."""
+    return [dict(r) for r in _PLUGIN_LIBRARIES.values()]
+
+
 def load_plugin_libraries(mod: TrtModule, paths: list[str] | None) -> list[dict[str, Any]]:
     """Load each plugin library (its creators register themselves with TensorRT's registry when loaded), once per
-    process; [{path, sha256}] for the sidecar. A missing or unloadable file is the user's to fix: one sentence."""
+    process; [{path, sha256}] of these. A missing or unloadable file is the user's to fix: one sentence."""
     import ctypes
 
     records = []
@@ -183,14 +192,19 @@ def load_plugin_libraries(mod: TrtModule, paths: list[str] | None) -> list[dict[
         key = str(path)
         if key not in _LOADED_LIBRARIES:
             init_plugins(mod)  # TensorRT's own creators first; the library's register beside them
-            cudnn = _preload_cudnn()
+            try:
+                cudnn = _preload_cudnn()
+            except OSError as exc:
+                raise UserError(f"cannot load cuDNN for plugin library {path.name}: {exc}; point {CUDNN_LIB_ENV} at a "
+                                "cuDNN 9 lib directory built for this CUDA.") from exc
             try:
                 _LOADED_LIBRARIES[key] = ctypes.CDLL(key, mode=ctypes.RTLD_GLOBAL)
             except OSError as exc:
                 hint = (f"cuDNN was taken from {cudnn}" if cudnn else
                         f"no cuDNN 9 found: set {CUDNN_LIB_ENV} to the directory of libcudnn.so.9 or put it on LD_LIBRARY_PATH")
                 raise UserError(f"cannot load plugin library {path}: {exc} ({hint}).") from exc
-        records.append({"path": key, "sha256": sha256_file(path)})
+            _PLUGIN_LIBRARIES[key] = {"path": key, "sha256": sha256_file(path)}
+        records.append(dict(_PLUGIN_LIBRARIES[key]))
     return records
 
 

@@ -434,6 +434,9 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
         s = probs.shape[-1]
         c.causal = bool(s > 1 and probs.shape[-2] == s
                         and not np.any(np.abs(probs[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]]) > 0))
+        if c.causal and not c.masked:  # zeros without a mask term are underflow, not a mask the plugin may apply
+            c.reason = "probabilities above the diagonal are zero but no mask term precedes the softmax"
+            continue
         if None in (c.q, c.k, c.v):
             c.reason = "Q, K or V is not a projection X·W (+ b) by constant weights"
             continue

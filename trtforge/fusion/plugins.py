@@ -84,8 +84,9 @@ def attention_route(flavour: str | None, version: str | None, sm: int | None, he
         return Route("plugin", f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash attention, "
                                "libtrtforge_plugins)", head_size, FLASH_PLUGIN)
     if causal:
+        why = flash_refusal(sm, head_size) if flash else f"load libtrtforge_plugins for {FLASH_PLUGIN}"
         return Route("none", f"causal attention: TensorRT {version}'s plugin library has no causal fused-attention kernel "
-                             f"(load libtrtforge_plugins for {FLASH_PLUGIN})")
+                             f"({why})")
     if sm is None:
         return Route("none", "the GPU's compute capability is unknown (no GPU here); the plugin's kernels depend on it")
     if sm not in V2_SMS:

@@ -189,14 +189,23 @@ class GemmGeluPlugin final : public IPluginV2DynamicExt {
             return false;
         }
         size_t const wbytes = weight_.size() * sizeof(uint16_t), bbytes = bias_.size() * sizeof(uint16_t);
-        if (cudaMalloc(&device_weight_, wbytes + bbytes) != cudaSuccess) {
+        size_t const offset = (wbytes + 255) / 256 * 256;  // the bias 256-byte aligned, whatever K x N is
+        if (cudaMalloc(&device_weight_, offset + bbytes) != cudaSuccess) {
             log_error("cudaMalloc of the weight failed");
             device_weight_ = nullptr;
             return false;
         }
-        device_bias_ = static_cast<char*>(device_weight_) + wbytes;
-        cudaMemcpy(device_weight_, weight_.data(), wbytes, cudaMemcpyHostToDevice);
-        cudaMemcpy(device_bias_, bias_.data(), bbytes, cudaMemcpyHostToDevice);
+        device_bias_ = static_cast<char*>(device_weight_) + offset;
+        // On the enqueue's stream, so the matmul after it waits for the copies; synchronized, as the host
+        // vectors are pageable and the copies must be done before this returns.
+        bool ok = cudaMemcpyAsync(device_weight_, weight_.data(), wbytes, cudaMemcpyHostToDevice, stream) == cudaSuccess &&
+                  cudaMemcpyAsync(device_bias_, bias_.data(), bbytes, cudaMemcpyHostToDevice, stream) == cudaSuccess &&
+                  cudaStreamSynchronize(stream) == cudaSuccess;
+        if (!ok) {
+            log_error("copying the weight to the GPU failed");
+            release();
+            return false;
+        }
         return true;
     }
 
@@ -296,7 +305,10 @@ class GemmGeluPluginCreator final : public trtforge::CreatorBase {
     IPluginV2* deserializePlugin(char const*, void const* data, size_t length) noexcept override {
         auto const* p = static_cast<char const*>(data);
         int32_t k = 0, n = 0;
-        if (length < 2 * sizeof(int32_t)) return nullptr;
+        if (length < 2 * sizeof(int32_t)) {
+            log_error("serialized plugin data has " + std::to_string(length) + " bytes, too few for its header");
+            return nullptr;
+        }
         std::memcpy(&k, p, sizeof(int32_t));
         std::memcpy(&n, p + sizeof(int32_t), sizeof(int32_t));
         size_t const want = 2 * sizeof(int32_t) + (static_cast<size_t>(k) * n + n) * sizeof(uint16_t);

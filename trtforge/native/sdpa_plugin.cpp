@@ -24,6 +24,7 @@
 #include "plugin_common.h"
 #include <cudnn_frontend.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -31,6 +32,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace fe = cudnn_frontend;
@@ -61,22 +63,33 @@ class SdpaGraphs {
     // Enqueue one attention on `stream`; false (with a message on stderr) when cuDNN cannot run it.
     bool run(Params const& p, int64_t b, int64_t s, __half const* qkv, __half* out, cudaStream_t stream) {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (!handle_ && !create_handle()) return false;
         auto key = std::make_tuple(b, s, p.heads, p.hidden, p.scale, p.causal);
         auto it = graphs_.find(key);
         if (it == graphs_.end()) {
             cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
             cudaStreamIsCapturing(stream, &capturing);
-            if (capturing != cudaStreamCaptureStatusNone) {
+            if (capturing != cudaStreamCaptureStatusNone) {  // nothing is created or allocated under capture
                 log_error("attention shape " + std::to_string(b) + "x" + std::to_string(s) +
                           " first seen under CUDA-graph capture; enqueue it once plainly first");
                 return false;
             }
-            auto graph = build(p, b, s);
-            if (!graph) return false;
-            it = graphs_.emplace(key, graph).first;
+            if (!handle_ && !create_handle()) return false;
+            Entry entry{build(p, b, s), nullptr};
+            if (!entry.graph) return false;
+            int64_t const bytes = entry.graph->get_workspace_size();
+            if (bytes > 0) {
+                // Kept for the process: a captured CUDA graph bakes this address in, so it is never freed or moved.
+                // Streams running this shape at once would share it; trtforge's loop enqueues from one thread.
+                if (cudaMalloc(&entry.workspace, bytes) != cudaSuccess) {
+                    log_error("cudaMalloc of " + std::to_string(bytes) + " bytes of cuDNN workspace failed");
+                    return false;
+                }
+                log_error("note: attention " + std::to_string(b) + "x" + std::to_string(s) + " uses " + std::to_string(bytes) +
+                          " bytes of cuDNN workspace");
+            }
+            it = graphs_.emplace(key, entry).first;
         }
-        auto& graph = it->second;
+        Entry const& entry = it->second;
         int64_t const d = p.hidden / p.heads;
         // cuDNN reads the pointers only; the const_cast is its API's, not a write.
         auto* base = const_cast<__half*>(qkv);
@@ -85,9 +98,7 @@ class SdpaGraphs {
             log_error("cudnnSetStream failed");
             return false;
         }
-        void* workspace = nullptr;
-        if (!reserve(graph->get_workspace_size(), stream, &workspace)) return false;
-        auto status = graph->execute(handle_, pack, workspace);
+        auto status = entry.graph->execute(handle_, pack, entry.workspace);
         if (!status.is_good()) {
             log_error("cuDNN execute failed: " + status.get_message());
             return false;
@@ -96,6 +107,11 @@ class SdpaGraphs {
     }
 
    private:
+    struct Entry {
+        std::shared_ptr<fe::graph::Graph> graph;
+        void* workspace;
+    };
+
     bool create_handle() {
         auto st = cudnnCreate(&handle_);
         if (st != CUDNN_STATUS_SUCCESS) {
@@ -103,30 +119,6 @@ class SdpaGraphs {
             handle_ = nullptr;
             return false;
         }
-        return true;
-    }
-
-    // Workspace for the graph (cuDNN's inference SDPA usually needs none); grown only outside capture.
-    bool reserve(int64_t bytes, cudaStream_t stream, void** ptr) {
-        if (bytes <= 0) return true;
-        if (bytes > workspace_bytes_) {
-            cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-            cudaStreamIsCapturing(stream, &capturing);
-            if (capturing != cudaStreamCaptureStatusNone) {
-                log_error("cuDNN workspace must grow under CUDA-graph capture");
-                return false;
-            }
-            cudaStreamSynchronize(stream);
-            if (workspace_) cudaFree(workspace_);
-            workspace_ = nullptr;
-            if (cudaMalloc(&workspace_, bytes) != cudaSuccess) {
-                log_error("cudaMalloc of " + std::to_string(bytes) + " bytes of cuDNN workspace failed");
-                workspace_bytes_ = 0;
-                return false;
-            }
-            workspace_bytes_ = bytes;
-        }
-        *ptr = workspace_;
         return true;
     }
 
@@ -170,9 +162,7 @@ class SdpaGraphs {
 
     std::mutex mutex_;
     cudnnHandle_t handle_ = nullptr;
-    void* workspace_ = nullptr;
-    int64_t workspace_bytes_ = 0;
-    std::map<std::tuple<int64_t, int64_t, int32_t, int32_t, float, int32_t>, std::shared_ptr<fe::graph::Graph>> graphs_;
+    std::map<std::tuple<int64_t, int64_t, int32_t, int32_t, float, int32_t>, Entry> graphs_;
 };
 
 class SdpaPlugin final : public IPluginV2DynamicExt {
@@ -219,13 +209,19 @@ class SdpaPlugin final : public IPluginV2DynamicExt {
     void configurePlugin(DynamicPluginTensorDesc const*, int32_t, DynamicPluginTensorDesc const*, int32_t) noexcept override {}
 
     size_t getWorkspaceSize(PluginTensorDesc const*, int32_t, PluginTensorDesc const*, int32_t) const noexcept override {
-        return 0;  // cuDNN's workspace, if any, is the process-wide one in SdpaGraphs
+        return 0;  // cuDNN's workspace, if any, is the one SdpaGraphs keeps per shape
     }
 
     int32_t enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const*, void const* const* inputs,
                     void* const* outputs, void*, cudaStream_t stream) noexcept override {
         int64_t const tokens = inputDesc[0].dims.d[0];
         int64_t const seq = inputDesc[1].dims.d[0];
+        int64_t width = 1;
+        for (int32_t i = 1; i < inputDesc[0].dims.nbDims; ++i) width *= inputDesc[0].dims.d[i];
+        if (width != 3 * static_cast<int64_t>(p_.hidden)) {
+            log_error("packed QKV has " + std::to_string(width) + " columns per token, expected 3 x " + std::to_string(p_.hidden));
+            return 1;
+        }
         if (seq <= 0 || tokens % seq != 0) {
             log_error("tokens " + std::to_string(tokens) + " are not a whole number of sequences of " + std::to_string(seq));
             return 1;
@@ -279,6 +275,10 @@ class SdpaPluginCreator final : public trtforge::CreatorBase {
         }
         Params p;
         std::memcpy(&p, data, sizeof(Params));
+        if (p.heads <= 0 || p.hidden <= 0 || p.hidden % p.heads != 0) {
+            log_error("serialized plugin data is corrupt (hidden " + std::to_string(p.hidden) + ", heads " + std::to_string(p.heads) + ")");
+            return nullptr;
+        }
         return named(new SdpaPlugin(p));
     }
 
@@ -288,5 +288,5 @@ class SdpaPluginCreator final : public trtforge::CreatorBase {
 
 REGISTER_TENSORRT_PLUGIN(SdpaPluginCreator);
 
-// For a loader that wants to know the library is the one it expects (trtforge.backends.tensorrt reads it).
+// What the library registers, for a person inspecting it (e.g. with ctypes); trtforge does not read it.
 extern "C" char const* trtforge_plugin_names() { return "TrtforgeFlashAttention/1 TrtforgeGemmGelu/1"; }
