@@ -273,3 +273,44 @@ def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path
     at_failure = len(planned)
     time.sleep(0.3)  # a planning thread left running would plan more documents meanwhile (~40 ms each)
     assert 0 < at_failure == len(planned) < len(list(docs.iterdir()))  # planning stopped with the loop
+
+
+def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, minilm_clean, tmp_path, monkeypatch):
+    """The sidecar's plugin libraries are loaded before TensorRT deserializes the engine (its plugin layers need their
+    creators); one that is gone is a one-sentence error naming the engine; --plugin-library gives its new place."""
+    import subprocess
+
+    import trtforge.backends.tensorrt as tensorrt_mod
+    from trtforge.artifacts import write_sidecar
+    from trtforge.errors import UserError
+    from trtforge.run import RunOptions, run
+
+    src = tmp_path / "p.c"
+    src.write_text("int trtforge_emulated_plugin(void) { return 7; }\n")
+    lib = tmp_path / "libplugins.so"
+    if subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], capture_output=True).returncode:
+        pytest.skip("no C compiler")
+    copy = tmp_path / "m.engine"
+    shutil.copy(engine, copy)
+    side = read_sidecar(engine)
+    write_sidecar(copy, dict(side, plugin_libraries=[{"path": str(tmp_path / "moved.so"), "sha256": "0" * 64}]))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text(Path("calib_data/minilm_long/pdb_difflib_ssl.txt").read_text()[:2000])
+    options = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, precision_check=False, chunking_check=False)
+    emulated = _emulate(monkeypatch, minilm_clean, copy)
+    with pytest.raises(UserError, match=r"engine m\.engine holds plugin layers from .*moved\.so.*--plugin-library"):
+        run(copy, RunOptions(**options))
+    assert not emulated["engines"]  # refused before deserializing
+    monkeypatch.setattr(tensorrt_mod, "_preload_cudnn", lambda: None)
+    loaded_at_deserialize = []
+    runtime = tensorrt_mod.load_trt().trt.Runtime
+
+    def watching_runtime(logger):
+        real = runtime(logger)
+        return SimpleNamespace(deserialize_cuda_engine=lambda data: loaded_at_deserialize.append(
+            str(lib.resolve()) in tensorrt_mod._PLUGIN_LIBRARIES) or real.deserialize_cuda_engine(data))
+
+    monkeypatch.setattr(tensorrt_mod.load_trt().trt, "Runtime", watching_runtime)
+    report = run(copy, RunOptions(**options, plugin_libraries=[str(lib)]))
+    assert loaded_at_deserialize == [True] and report["throughput"]["tokens_per_s"] > 0

@@ -301,6 +301,8 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
     for line in describe(side.get("attention_fusion") or {}) + describe_gelu(side.get("gelu_fusion") or {}) \
             + describe_skip_layernorm(side.get("skip_layernorm_fusion") or {}):
         con.print(line, markup=False)
+    for lib in side.get("plugin_libraries") or []:
+        con.print(f"plugin library: {lib['path']} (sha256 {lib.get('sha256', '?')[:12]}); run loads it first", markup=False)
     for note in side.get("notes", []):
         con.print(f"note: {note}")
 
