@@ -14,6 +14,7 @@
 #               driver's first call (carry [".whl2", ".whl4"])
 # .whl5/        tokenizers for Python 3.10 (pack-trt86.sh does not stage it; `run` on text needs it): start.sh unzips it,
 #               with .whl's annotated_doc (typer needs it), into /root/site310
+# .native/ and .trtinc/ (libtrtforge_plugins and the headers it is built from): benchmarks/gpu/pack_native.sh.
 # Keep the working tree small: a call carries the tree (tracked + untracked-not-ignored) plus its carry, 64 MiB
 # (67,108,864 bytes) in all, and the first staging part is 59.3 MB with its zstd: the tracked tree must stay under
 # ~7.3 MB (`git ls-files | xargs du -cb | tail -1`; 6.45 MB on 2026-12-01); gzip raw GPU results over 20 KB.
