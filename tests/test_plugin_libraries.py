@@ -10,7 +10,7 @@ import pytest
 
 from conftest import assert_user_error, run_cli
 from trtforge.backends import tensorrt as trt_backend
-from trtforge.backends.tensorrt import (CUDNN_LIB_ENV, TrtModule, cudnn_lib_dirs, engine_plugin_libraries,
+from trtforge.backends.tensorrt import (CUDNN_LIB_ENV, TrtModule, cudnn_lib_dirs, load_engine_plugin_libraries,
                                         load_plugin_libraries)
 from trtforge.errors import UserError
 
@@ -80,11 +80,12 @@ def test_a_loaded_library_is_recorded_with_its_hash_and_loaded_once(tmp_path, mo
 
 
 def test_an_engine_whose_plugin_library_is_gone_says_how_to_fix_it(tmp_path):
+    mod = TrtModule(trt=None, flavour="tensorrt", version="8.6.0")
     side = {"plugin_libraries": [{"path": str(tmp_path / "gone.so"), "sha256": "0" * 64}]}
     with pytest.raises(UserError, match=r"engine m\.engine holds plugin layers from .*gone\.so.*--plugin-library"):
-        engine_plugin_libraries(side, "m.engine")
-    assert engine_plugin_libraries({}, "m.engine") == []
-    assert engine_plugin_libraries({"plugin_libraries": None}, "m.engine") == []
+        load_engine_plugin_libraries(mod, side, "m.engine")
+    assert load_engine_plugin_libraries(mod, {}, "m.engine") == []
+    assert load_engine_plugin_libraries(mod, {"plugin_libraries": None}, "m.engine") == []
 
 
 def test_cli_build_with_a_missing_plugin_library_exits_2(tmp_path):

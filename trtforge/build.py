@@ -329,11 +329,8 @@ def _fuse_elementwise(mod: TrtModule, model: onnx.ModelProto, observe_model: onn
         registered = plugin_registered(mod, spec.plugin, spec.version) if wants else False
         if wants and registered and feeds is None:
             feeds = random_feeds(specs, observation_sizes(axes, profiles))
-        fuse_options = {}
-        if spec.key == "gelu" and wants and registered:  # libtrtforge_plugins' GEMM + GELU, where it is loaded
-            from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION
-
-            fuse_options["gemm_plugin"] = plugin_registered(mod, GEMM_PLUGIN, GEMM_VERSION)
+        fuse_options = {kw: plugin_registered(mod, name, version) for kw, name, version in spec.optional_plugins
+                        } if wants and registered else {}
         fused, records[spec.key] = elementwise_fusion(spec, current if current is not None else model, observe_model, mode,
                                                       precision, mod.flavour, mod.version, registered,
                                                       feeds if wants and registered else None, onnx_path.name, fuse_options)

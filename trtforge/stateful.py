@@ -253,9 +253,9 @@ class TrtStepper:
         cudart = _cudart()
         self._ok, self._cudart = _ok, cudart
         self.free_before = _ok(cudart.cudaMemGetInfo())[0]
-        from trtforge.backends.tensorrt import engine_plugin_libraries, load_plugin_libraries
+        from trtforge.backends.tensorrt import load_engine_plugin_libraries
 
-        load_plugin_libraries(mod, engine_plugin_libraries(sidecar, engine_path))
+        load_engine_plugin_libraries(mod, sidecar, engine_path)
         self.runtime = self.trt.Runtime(self.trt.Logger(self.trt.Logger.ERROR))
         self.engine = self.runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
         if self.engine is None:

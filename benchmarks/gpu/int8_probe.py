@@ -115,12 +115,12 @@ class Engine:
 
         self.trt, self.cudart, self._ok = trt, _cudart(), _ok
         from trtforge.artifacts import read_sidecar
-        from trtforge.backends.tensorrt import engine_plugin_libraries, load_plugin_libraries, load_trt
+        from trtforge.backends.tensorrt import load_engine_plugin_libraries, load_trt
 
         logger = trt.Logger(trt.Logger.WARNING)
         trt.init_libnvinfer_plugins(logger, "")
         side = read_sidecar(Path(path), required=False) or {}
-        load_plugin_libraries(load_trt("tensorrt"), engine_plugin_libraries(side, path))  # trtforge's plugin layers
+        load_engine_plugin_libraries(load_trt("tensorrt"), side, path)  # trtforge's plugin layers
         self.engine = trt.Runtime(logger).deserialize_cuda_engine(Path(path).read_bytes())
         self.context = self.engine.create_execution_context()
         self.stream = _ok(self.cudart.cudaStreamCreate())

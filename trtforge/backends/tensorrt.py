@@ -208,15 +208,16 @@ def load_plugin_libraries(mod: TrtModule, paths: list[str] | None) -> list[dict[
     return records
 
 
-def engine_plugin_libraries(sidecar: dict[str, Any], engine_path: Path | str) -> list[str]:
-    """The plugin libraries an engine's sidecar says its build loaded, which must be loaded again to deserialize it.
-    A library that is gone is named with the engine, so the fix (rebuild, or --plugin-library) is clear."""
+def load_engine_plugin_libraries(mod: TrtModule, sidecar: dict[str, Any], engine_path: Path | str) -> list[dict[str, Any]]:
+    """Load the plugin libraries an engine's sidecar says its build loaded: they must be in the process before the
+    engine is deserialized. A library that is gone is named with the engine, so the fix (rebuild, or --plugin-library)
+    is clear."""
     paths = [r["path"] for r in sidecar.get("plugin_libraries") or []]
     for p in paths:
         if not Path(p).is_file():
             raise UserError(f"engine {Path(engine_path).name} holds plugin layers from {p}, which does not exist; "
                             "give its new place with --plugin-library or rebuild the engine.")
-    return paths
+    return load_plugin_libraries(mod, paths)
 
 
 def plugin_registered(mod: TrtModule, name: str, version: str) -> bool:

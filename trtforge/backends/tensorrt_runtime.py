@@ -187,9 +187,9 @@ class TrtRunner:
         self.logger = RuntimeLogger(self.trt)
         logger = self.logger.impl
         data = Path(engine_path).read_bytes()
-        from trtforge.backends.tensorrt import engine_plugin_libraries, load_plugin_libraries
+        from trtforge.backends.tensorrt import load_engine_plugin_libraries
 
-        load_plugin_libraries(mod, engine_plugin_libraries(sidecar, engine_path))  # their layers' creators, first
+        load_engine_plugin_libraries(mod, sidecar, engine_path)  # their layers' creators, first
         with interrupts.deferred():  # TensorRT swallows a KeyboardInterrupt raised in its logger
             if mod.flavour == "tensorrt" and hasattr(self.trt, "init_libnvinfer_plugins"):
                 self.trt.init_libnvinfer_plugins(logger, "")  # engines with fused-attention plugin layers need the registry

@@ -192,39 +192,34 @@ def _broadcast(scale: np.ndarray, axis: int, ndim: int) -> np.ndarray:
     return scale.reshape(shape)
 
 
-def _column_slice(g: _Graph, node: onnx.NodeProto, t: str) -> tuple[int, int] | None:
-    """The columns [lo, hi) of its input that output t of a Split or Slice along the last axis keeps (GPT-2's
-    packed c_attn: Q, K, V split from one projection), or None when the bounds are not constants on that axis."""
+def _column_slice(g: _Graph, node: onnx.NodeProto, t: str) -> Callable[[int], tuple[int, int]] | None:
+    """For output t of a Split or Slice along the last axis (GPT-2's packed c_attn: Q, K, V split from one projection),
+    the columns [lo, hi) it keeps as a function of the input's width (a Split without sizes cuts equal parts); None when
+    the bounds are not constants on that axis."""
     if node.op_type == "Split":
-        axis = _attr(node, "axis", 0)
         sizes = g.const(node.input[1]) if len(node.input) > 1 and node.input[1] else _attr(node, "split")
-        if axis not in (-1, 2):
+        if _attr(node, "axis", 0) not in (-1, 2):
             return None
-        if sizes is None:  # no sizes (or opset 18's num_outputs): equal parts, resolved against the weight in _sliced
-            return -1 - list(node.output).index(t), len(node.output)
+        k, parts = list(node.output).index(t), len(node.output)
+        if sizes is None:  # no sizes (or opset 18's num_outputs): equal parts
+            return lambda width: (k * width // parts, (k + 1) * width // parts) if width % parts == 0 else (0, 0)
         bounds = np.concatenate([[0], np.cumsum(np.asarray(sizes, np.int64).reshape(-1))])
-        k = list(node.output).index(t)
-        return int(bounds[k]), int(bounds[k + 1])
+        return lambda width: (int(bounds[k]), int(bounds[k + 1]))
     if node.op_type == "Slice" and len(node.input) >= 4:
         starts, ends, axes = (g.const(i) for i in node.input[1:4])
         steps = g.const(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(1, np.int64)
         if any(v is None or v.size != 1 for v in (starts, ends, axes, steps)) or int(axes.reshape(-1)[0]) not in (-1, 2) \
                 or int(steps.reshape(-1)[0]) != 1 or int(starts.reshape(-1)[0]) < 0 or int(ends.reshape(-1)[0]) < 0:
             return None
-        return int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0])
+        return lambda width: (int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0]))
     return None
 
 
-def _sliced(p: Projection, cols: tuple[int, int] | None) -> Projection | None:
-    """The projection restricted to output columns [lo, hi) (a bias met above the slice is cut the same way)."""
+def _sliced(p: Projection, cols: Callable[[int], tuple[int, int]] | None) -> Projection | None:
+    """The projection restricted to the output columns `cols` keeps (a bias met above the slice is cut the same way)."""
     if cols is None:
         return p
-    lo, hi = cols
-    if lo < 0:  # (-1 - k, n): the k-th of n equal parts
-        k, n = -1 - lo, hi
-        if p.weight.shape[1] % n:
-            return None
-        lo, hi = k * p.weight.shape[1] // n, (k + 1) * p.weight.shape[1] // n
+    lo, hi = cols(p.weight.shape[1])
     if not 0 <= lo < hi <= p.weight.shape[1]:
         return None
     bias = p.bias

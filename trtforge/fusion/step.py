@@ -13,7 +13,7 @@ import onnx
 
 from trtforge.errors import UserError
 from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, fuse_attention
-from trtforge.fusion.gelu import GEMM_PLUGIN, PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
+from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION, PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
 from trtforge.fusion.plugins import (FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, Route, attention_route,
                                      backend_route, flash_refusal)
 from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN_PLUGIN, PLUGIN_VERSION as SKIP_LN_VERSION, fuse_skip_layernorm
@@ -110,6 +110,9 @@ class ElementwisePass:
     auto_precisions: tuple[str, ...]
     auto_note: str  # why auto leaves other precisions alone (the measurement)
     route_note: str  # what the replacement computes, for the record
+    # Plugins the fuse function may also use where registered: (its keyword, plugin, version); the build asks the
+    # registry and passes keyword=True/False (GELU: TrtforgeGemmGelu, which takes the GEMM in front too).
+    optional_plugins: tuple[tuple[str, str, str], ...] = ()
 
 
 GELU_PASS = ElementwisePass(
@@ -118,7 +121,7 @@ GELU_PASS = ElementwisePass(
     # with the plugin (Myelin's erf GELU kernel took 89 us per layer, the plugin 41 us); INT8 best 5.67 -> 8.94 (the
     # plugin splits each int8 GEMM's dequantize/quantize epilogue into separate kernels).
     "the plugin was measured faster only in fp16 builds (INT8 best on the H200: 5.67 -> 8.94 ms at 16x512)",
-    "tanh GELU, bias folded")
+    "tanh GELU, bias folded", (("gemm_plugin", GEMM_PLUGIN, GEMM_VERSION),))
 SKIP_LN_PASS = ElementwisePass(
     "skip_layernorm", "skip-layernorm", "skip-LayerNorm", SKIP_LN_PLUGIN, SKIP_LN_VERSION, fuse_skip_layernorm,
     ("fp16", "best"),
