@@ -119,7 +119,7 @@ def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def emulate_gemm_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Each TrtforgeGemmGelu node (trtforge/native/gemm_gelu_plugin.cpp) as what cuBLASLt's GELU_BIAS epilogue
+    """Each TrtforgeGemmGelu node (trtforge/native/gemm_plugin.cpp) as what cuBLASLt's GELU_BIAS epilogue
     computes: x @ W + bias, then the tanh GELU, in fp32, written as fp16 (the plugin's type)."""
     from trtforge.fusion.gelu import GEMM_PLUGIN
 
@@ -143,6 +143,24 @@ def emulate_gemm_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
             helper.make_node("Cast", [p + "y32"], [node.output[0]], to=onnx.TensorProto.FLOAT16)]
 
     return _expand(model, GEMM_PLUGIN, expand)
+
+
+def emulate_gemm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each TrtforgeGemm node (trtforge/native/gemm_plugin.cpp) as what its cuBLASLt matmul computes: x @ W (+ bias,
+    the BIAS epilogue) in fp32, written as fp16 (the plugin's type)."""
+    from trtforge.fusion.gemm import PLUGIN as GEMM
+
+    def expand(node, a, p, c):
+        w = numpy_helper.to_array(a["weight"]).astype(np.float32).reshape(a["k"], a["n"])
+        assert a["weight"].data_type == onnx.TensorProto.FLOAT16, node.name
+        nodes = [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT),
+                 helper.make_node("MatMul", [p + "x32", c("w", w)], [p + "y32"])]
+        if "bias" in a:
+            assert a["bias"].data_type == onnx.TensorProto.FLOAT16, node.name
+            nodes.append(helper.make_node("Add", [p + "y32", c("b", numpy_helper.to_array(a["bias"]).astype(np.float32))], [p + "yb"]))
+        return nodes + [helper.make_node("Cast", [nodes[-1].output[0]], [node.output[0]], to=onnx.TensorProto.FLOAT16)]
+
+    return _expand(model, GEMM, expand)
 
 
 def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -175,3 +175,31 @@ def test_v2_route_kept_when_flash_is_registered_but_v2_is_not_and_flash_cannot_t
                               "m.onnx", flash_registered=True)
     assert not rec["replaced"] and all("not in this TensorRT's plugin registry" in r["reason"] and "sm_80" in r["reason"]
                                        for r in rec["refused"])
+
+
+@pytest.mark.parametrize("key", [("bert", "legacy"), ("bert", "dynamo"), ("vit", "dynamo"), ("gpt2", "dynamo")],
+                         ids=lambda k: ".".join(k))
+def test_flash_nodes_share_one_sequence_tensor(zoo, key):
+    """Every layer's flash node reads the first one's [S] tensor (one fill kernel in the engine, not one per layer):
+    shape inference gives all their inputs one sequence symbol. The graph still equals the original (emulated)."""
+    model, specs, axes, sizes = _load(zoo, key)
+    fused, report = _fuse(model, specs, sizes)
+    nodes = _flash_nodes(fused)
+    assert len(nodes) == 2 and len({n.input[1] for n in nodes}) == 1, [n.input[1] for n in nodes]
+    assert sum(n.op_type == "Range" and n.name.endswith("max_seqlen64") for n in fused.graph.node) == 1
+    assert {r["seq_input"] for r in report.replaced} == {nodes[0].input[1]}
+    _assert_equal_on_ort(model, emulate_flash_plugins(fused), _unseen_feeds(specs, sizes, axes), 2e-3)
+
+
+def test_sequence_dims_are_shared_only_under_one_symbol_or_size():
+    from onnx import TensorProto
+    from trtforge.fusion.attention import shared_seq_dims
+
+    def value(name, dims):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+    g = helper.make_graph([helper.make_node("Identity", [i], [o]) for i, o in (("a", "a2"), ("b", "b2"), ("c", "c2"), ("d", "d2"))],
+                          "g", [value("a", ["B", "S", 8]), value("b", ["B", "T", 8]), value("c", ["B", 5, 8]), value("d", ["B", None, 8])],
+                          [value(o, None) for o in ("a2", "b2", "c2", "d2")])
+    dims = shared_seq_dims(helper.make_model(g), ["a", "a2", "b2", "c2", "d2"])
+    assert dims["a"] == dims["a2"] == ("symbol", "S") and dims["b2"] == ("symbol", "T") and dims["c2"] == ("size", 5)
+    assert "d2" not in dims or dims["d2"] not in (dims["a"], dims["b2"])  # an unnamed length shares with nothing

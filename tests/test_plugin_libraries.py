@@ -107,11 +107,15 @@ def test_the_plugin_source_and_its_build_script_agree_with_the_pass():
     assert "sdpa_plugin.cpp" in (ROOT / "trtforge" / "native" / "build.sh").read_text()
     from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION
 
-    src = (ROOT / "trtforge" / "native" / "gemm_gelu_plugin.cpp").read_text()
+    src = (ROOT / "trtforge" / "native" / "gemm_plugin.cpp").read_text()
     assert f'kPluginName = "{GEMM_PLUGIN}"' in src and f'kPluginVersion = "{GEMM_VERSION}"' in src
     for field in ("weight", "bias", "k", "n"):  # the attributes fusion.gelu writes on the node
         assert f'PluginField("{field}"' in src
-    assert "gemm_gelu_plugin.cpp" in (ROOT / "trtforge" / "native" / "build.sh").read_text()
+    from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY, PLUGIN_VERSION as GEMM_ONLY_VERSION
+
+    assert f'kGemmPluginName = "{GEMM_ONLY}"' in src and GEMM_ONLY_VERSION == GEMM_VERSION  # one kPluginVersion for both
+    assert "REGISTER_TENSORRT_PLUGIN(GemmPluginCreator)" in src and "REGISTER_TENSORRT_PLUGIN(GemmGeluPluginCreator)" in src
+    assert "gemm_plugin.cpp" in (ROOT / "trtforge" / "native" / "build.sh").read_text()
 
 
 def test_stateful_run_refuses_a_plugin_library_override(tmp_path):

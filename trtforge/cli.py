@@ -228,6 +228,7 @@ def build(
     fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
     fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="auto|on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; auto: fp16 builds, where it was measured faster)."),
     fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: fp16 and INT8 best builds, where it was measured faster)."),
+    fuse_gemm: Optional[str] = typer.Option(None, "--fuse-gemm", help="auto|on|off: replace the fp16 MatMuls by a constant weight (+ bias) that other passes left by trtforge's TrtforgeGemm (cuBLASLt, its kernel timed per shape; needs libtrtforge_plugins; auto: off until the H200 measures it faster)."),
     qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="conv|matmul: how the attention pass writes the packed QKV projection (conv, the default: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin)."),
     plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="A shared library of TensorRT plugin creators to load first (repeatable), e.g. libtrtforge_plugins.so from trtforge/native/build.sh: cuDNN flash attention for the attention pass."),
     json_out: bool = JsonOpt,
@@ -253,6 +254,7 @@ def build(
         fuse_attention=fuse_attention or section.fuse_attention,
         fuse_gelu=fuse_gelu or section.fuse_gelu,
         fuse_skip_layernorm=fuse_skip_layernorm or section.fuse_skip_layernorm,
+        fuse_gemm=fuse_gemm or section.fuse_gemm,
         qkv_projection=qkv_projection or section.qkv_projection,
         plugin_libraries=list(plugin_library or section.plugin_libraries),
     )
@@ -296,10 +298,10 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
         con.print(f"layer information: {side['layer_info_unavailable']}")
     if (side.get("inspector") or {}).get("error"):
         con.print(f"engine inspector failed: {side['inspector']['error']}", markup=False)
-    from trtforge.fusion.step import describe, describe_gelu, describe_skip_layernorm
+    from trtforge.fusion.step import describe, describe_gelu, describe_gemm, describe_skip_layernorm
 
     for line in describe(side.get("attention_fusion") or {}) + describe_gelu(side.get("gelu_fusion") or {}) \
-            + describe_skip_layernorm(side.get("skip_layernorm_fusion") or {}):
+            + describe_skip_layernorm(side.get("skip_layernorm_fusion") or {}) + describe_gemm(side.get("gemm_fusion") or {}):
         con.print(line, markup=False)
     for lib in side.get("plugin_libraries") or []:
         con.print(f"plugin library: {lib['path']} (sha256 {lib.get('sha256', '?')[:12]}); run loads it first", markup=False)

@@ -156,7 +156,7 @@ class Pipeline:
                                timing_cache=Path(b.timing_cache) if b.timing_cache else None, tactic_sources=b.tactic_sources,
                                hardware_compatibility=b.hardware_compatibility, version_compatible=b.version_compatible,
                                compute_capabilities=list(b.compute_capabilities), fuse_attention=b.fuse_attention,
-                               fuse_gelu=b.fuse_gelu, fuse_skip_layernorm=b.fuse_skip_layernorm,
+                               fuse_gelu=b.fuse_gelu, fuse_skip_layernorm=b.fuse_skip_layernorm, fuse_gemm=b.fuse_gemm,
                                qkv_projection=b.qkv_projection, plugin_libraries=list(b.plugin_libraries))
         from trtforge import ui
 

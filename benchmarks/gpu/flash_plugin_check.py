@@ -50,18 +50,24 @@ def attention_model(op: str, e: int, heads: int, scale: float, causal: int) -> o
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(PLUGIN_DOMAIN, 1)])
 
 
-GEMM_CASES = [(2048, 768, 3072), (8192, 768, 3072), (32768, 768, 3072), (1000, 384, 1536)]  # (tokens, K, N)
+# (plugin, tokens, K, N, bias): FC1 + GELU at BERT-base's 2x1024 / 16x512 / 64x512 and MiniLM's; TrtforgeGemm at the
+# output projection (with bias) and FC2 (without: the skip-LayerNorm plugin takes FC2's bias).
+GEMM_CASES = [("gelu", 2048, 768, 3072, True), ("gelu", 8192, 768, 3072, True), ("gelu", 32768, 768, 3072, True),
+              ("gelu", 1000, 384, 1536, True), ("gemm", 8192, 768, 768, True), ("gemm", 32768, 768, 768, True),
+              ("gemm", 32768, 3072, 768, False), ("gemm", 32768, 768, 2304, True)]
 
 
-def gemm_gelu_model(k: int, n: int, w: np.ndarray, b: np.ndarray) -> onnx.ModelProto:
+def gemm_gelu_model(k: int, n: int, w: np.ndarray, b: np.ndarray | None, gelu: bool = True) -> onnx.ModelProto:
     from onnx import numpy_helper
 
     from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION
+    from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["T", k])
     y = helper.make_tensor_value_info("ctx", TensorProto.FLOAT16, ["T", n])
-    node = helper.make_node(GEMM_PLUGIN, ["x"], ["ctx"], domain=PLUGIN_DOMAIN, plugin_version=GEMM_VERSION, plugin_namespace="",
-                            weight=numpy_helper.from_array(w.reshape(-1), "w"), bias=numpy_helper.from_array(b, "b"), k=k, n=n)
+    bias = {"bias": numpy_helper.from_array(b, "b")} if b is not None else {}
+    node = helper.make_node(GEMM_PLUGIN if gelu else GEMM_ONLY, ["x"], ["ctx"], domain=PLUGIN_DOMAIN, plugin_version=GEMM_VERSION,
+                            plugin_namespace="", weight=numpy_helper.from_array(w.reshape(-1), "w"), k=k, n=n, **bias)
     graph = helper.make_graph([node], "gemm_gelu", [x], [y])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(PLUGIN_DOMAIN, 1)])
 
@@ -154,7 +160,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("library", type=Path)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--skip-attention", action="store_true", help="only the TrtforgeGemmGelu cases")
+    ap.add_argument("--skip-attention", action="store_true", help="only the TrtforgeGemmGelu / TrtforgeGemm cases")
     args = ap.parse_args()
     import tensorrt as trt
 
@@ -194,17 +200,18 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         args.out.write_text(json.dumps({"tensorrt": trt.__version__, "cases": rows}, indent=1))
     gemms = []
-    for t, k, n in GEMM_CASES:
-        row = {"tokens": t, "k": k, "n": n}
+    for kind, t, k, n, has_bias in GEMM_CASES:
+        row = {"plugin": kind, "tokens": t, "k": k, "n": n, "bias": has_bias}
         rng = np.random.default_rng(t)
         x = (rng.standard_normal((t, k)) * 0.5).astype(np.float16)
         w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
         bias = rng.standard_normal(n).astype(np.float16)
         try:
-            eng = OneNode(trt, "gemm", 1, 1, 1, 8, 1.0, 0, model=gemm_gelu_model(k, n, w, bias), shapes={"x": (t, k)})
+            model = gemm_gelu_model(k, n, w, bias if has_bias else None, gelu=kind == "gelu")
+            eng = OneNode(trt, "gemm", 1, 1, 1, 8, 1.0, 0, model=model, shapes={"x": (t, k)})
             got = eng.run({"x": x}).astype(np.float64)
-            z = x.astype(np.float64) @ w.astype(np.float64) + bias.astype(np.float64)
-            want = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
+            z = x.astype(np.float64) @ w.astype(np.float64) + (bias.astype(np.float64) if has_bias else 0.0)
+            want = 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3))) if kind == "gelu" else z
             row["nan"] = int(np.isnan(got).sum())
             row["rel_l2"] = float(np.linalg.norm(got - want) / np.linalg.norm(want))
             row["ms"] = eng.time_ms()
@@ -215,10 +222,10 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         args.out.write_text(json.dumps({"tensorrt": trt.__version__, "cases": rows, "gemm_gelu": gemms}, indent=1))
     f = lambda r, k, spec: format(r[k], spec) if k in r else "-"  # noqa: E731
-    print("| TrtforgeGemmGelu tokens x K x N | rel-L2 vs fp64 | ms | TFLOP/s |")
-    print("|---|---|---|---|")
+    print("| plugin | tokens x K x N | bias | rel-L2 vs fp64 | ms | TFLOP/s |")
+    print("|---|---|---|---|---|---|")
     for r in gemms:
-        print(f"| {r['tokens']}x{r['k']}x{r['n']} | {f(r, 'rel_l2', '.2e')} | {f(r, 'ms', '.4f')} | {f(r, 'tflops', '.0f')} |"
+        print(f"| {r['plugin']} | {r['tokens']}x{r['k']}x{r['n']} | {r['bias']} | {f(r, 'rel_l2', '.2e')} | {f(r, 'ms', '.4f')} | {f(r, 'tflops', '.0f')} |"
               + (f" {r['error']}" if "error" in r else ""))
     print("| BxS | heads x head | causal | rel-L2 vs fp64 | ms | TFLOP/s | v2 ms | v2 TFLOP/s |")
     print("|---|---|---|---|---|---|---|---|")

@@ -27,7 +27,7 @@ from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish
 
 PLUGIN = "CustomGeluPluginDynamic"
 PLUGIN_VERSION = "1"
-# trtforge's own (trtforge/native/gemm_gelu_plugin.cpp, in libtrtforge_plugins.so): the GEMM in front of the GELU with
+# trtforge's own (trtforge/native/gemm_plugin.cpp, in libtrtforge_plugins.so): the GEMM in front of the GELU with
 # it, as one cuBLASLt matmul with the GELU_BIAS epilogue (the same tanh formula), so FC1's output is written once.
 GEMM_PLUGIN = "TrtforgeGemmGelu"
 GEMM_VERSION = "1"

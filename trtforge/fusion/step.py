@@ -13,6 +13,7 @@ import onnx
 
 from trtforge.errors import UserError
 from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, fuse_attention
+from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY_PLUGIN, PLUGIN_VERSION as GEMM_ONLY_VERSION, fuse_gemm
 from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION, PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
 from trtforge.fusion.plugins import (FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, Route, attention_route,
                                      backend_route, flash_refusal)
@@ -130,8 +131,13 @@ SKIP_LN_PASS = ElementwisePass(
     # 0.9999995 both); INT8 best 1.574/5.647/21.221 -> 1.553/5.407/19.307 (0.99982 both). fp32 and int8 not measured.
     "the plugin was measured faster only in fp16 and INT8 best builds (BERT-base fp16 on the H200: 5.04 -> 4.31 ms at 16x512)",
     "residual add + LayerNorm in one kernel, dense bias folded")
+GEMM_PASS = ElementwisePass(
+    "gemm", "gemm", "GEMM", GEMM_ONLY_PLUGIN, GEMM_ONLY_VERSION, fuse_gemm, (),
+    "TrtforgeGemm has not been measured faster than TensorRT 8.6's own GEMMs yet",
+    "cuBLASLt matmul (+ bias epilogue), its kernel timed per shape")
 GELU_AUTO_PRECISIONS = GELU_PASS.auto_precisions
-ELEMENTWISE_PASSES = (GELU_PASS, SKIP_LN_PASS)  # applied in this order, each on the previous one's graph
+# Applied in this order, each on the previous one's graph: GELU and skip-LayerNorm take their GEMMs and biases first.
+ELEMENTWISE_PASSES = (GELU_PASS, SKIP_LN_PASS, GEMM_PASS)
 
 
 def elementwise_fusion(spec: ElementwisePass, model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: str,
@@ -214,6 +220,15 @@ def describe_skip_layernorm(record: dict[str, Any]) -> list[str]:
     return lines + _refused_by_reason(record, "node")
 
 
+def describe_gemm(record: dict[str, Any]) -> list[str]:
+    replaced = (record or {}).get("replaced")
+    if not replaced:
+        return []
+    lines = [f"GEMM fusion: replaced {len(replaced)} fp16 MatMul(s) by {GEMM_ONLY_PLUGIN} "
+             f"({sum(r['bias_folded'] for r in replaced)} with their bias; cuBLASLt, its kernel timed per shape)"]
+    return lines + _refused_by_reason(record, "node")
+
+
 def _refused_by_reason(record: dict[str, Any], key: str) -> list[str]:
     """'  not fused (N): reason' per distinct reason among the record's refused entries (named by `key`)."""
     reasons: dict[str, list[str]] = {}
@@ -239,5 +254,6 @@ def describe(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["FusionReport", "GELU_PASS", "SKIP_LN_PASS", "attention_fusion", "describe", "describe_gelu", "describe_skip_layernorm",
+__all__ = ["FusionReport", "GELU_PASS", "SKIP_LN_PASS", "attention_fusion", "describe", "describe_gelu", "describe_gemm",
+           "describe_skip_layernorm",
            "elementwise_fusion", "gelu_fusion", "observation_sizes", "sm_of"]

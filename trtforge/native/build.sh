@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build libtrtforge_plugins.so: sdpa_plugin.cpp (TrtforgeFlashAttention, over cuDNN's SDPA) and gemm_gelu_plugin.cpp
+# Build libtrtforge_plugins.so: sdpa_plugin.cpp (TrtforgeFlashAttention, over cuDNN's SDPA) and gemm_plugin.cpp
 # (TrtforgeGemmGelu, over cuBLASLt's GELU_BIAS epilogue).
 #   bash trtforge/native/build.sh OUT.so
 # Needs a C++17 compiler, the CUDA toolkit (its headers and static runtime; CUDA_HOME or the nvcc on PATH) and:
@@ -33,7 +33,7 @@ $CXX -shared -fPIC -o "$TMP/libnvinfer.so" "$TMP/nvinfer_stub.cpp" -Wl,-soname,l
 echo '{ global: trtforge_plugin_names; local: *; };' > "$TMP/exports.map"
 [ -e "$CUDNN_LIB/libcudnn.so" ] || ln -sf "$CUDNN_LIB/libcudnn.so.9" "$TMP/libcudnn.so"
 CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$CUDA_HOME/include}
-$CXX -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -o "$OUT.tmp" "$HERE/sdpa_plugin.cpp" "$HERE/gemm_gelu_plugin.cpp" \
+$CXX -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -o "$OUT.tmp" "$HERE/sdpa_plugin.cpp" "$HERE/gemm_plugin.cpp" \
   -I"$TRT_INCLUDE" -I"$CUDNN_INCLUDE" -I"$CUDNN_FRONTEND_INCLUDE" -I"$CUDA_HOME/include" -I"$CUBLAS_INCLUDE" \
   -L"$TMP" -L"$CUDNN_LIB" -L"$CUDA_HOME/lib64" -lnvinfer -lcudnn -l:libcudart_static.a -ldl -lrt -lpthread \
   -Wl,--no-undefined -Wl,--version-script="$TMP/exports.map" -Wl,-rpath,'$ORIGIN'

@@ -1,0 +1,139 @@
+"""The GEMM pass (trtforge.fusion.gemm, issue 11): the fp16 MatMuls by constant weights that the other passes leave
+become TrtforgeGemm nodes (trtforge/native/gemm_plugin.cpp, cuBLASLt), biases folded where only their Add reads the
+product. ORT cannot run the plugin: each node is emulated by its contract (tests/attention_emulation.py) and the
+graph compared with the fp32 ORIGINAL at a shape the pass never saw."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from attention_emulation import emulate_gemm_plugins, rel_l2, with_random_vectors, zoo_sizes
+from conftest import assert_user_error, export_zoo, run_cli
+from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.feeds import random_feeds
+from trtforge.fusion.gemm import PLUGIN, fuse_gemm, gemm_candidates
+from trtforge.graph import io_specs
+
+EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("vit", "legacy")]
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    return export_zoo(tmp_path_factory.mktemp("gemm"), EXPORTS)
+
+
+def _const_matmuls(model):
+    consts = {i.name for i in model.graph.initializer} | {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    return [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in consts]
+
+
+@pytest.mark.parametrize("key", EXPORTS, ids=lambda k: ".".join(k))
+def test_fp16_projections_become_trtforge_gemm_and_equal_the_original(zoo, key):
+    from trtforge.precision import prepare_for_build
+
+    model = with_random_vectors(onnx.load(zoo[key]))
+    specs, axes, _ = io_specs(zoo[key], model)
+    converted, _ = prepare_for_build(model, zoo[key], specs, axes)
+    before = _const_matmuls(converted)
+    fused, report = fuse_gemm(converted)
+    assert before and len(report.replaced) == len(before), report.to_json()
+    assert not _const_matmuls(fused)
+    nodes = [n for n in fused.graph.node if n.op_type == PLUGIN]
+    assert len(nodes) == len(before)
+    assert sum(r["bias_folded"] for r in report.replaced) >= len(before) // 2  # every Linear's bias, at least
+    adds = lambda m: sum(n.op_type == "Add" for n in m.graph.node)  # noqa: E731
+    assert adds(fused) == adds(converted) - sum(r["bias_folded"] for r in report.replaced)
+    feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=5)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulate_gemm_plugins(fused).SerializeToString()).run(feeds)
+    assert all(rel_l2(got[k], v) < 1e-2 for k, v in want.items()), {k: rel_l2(got[k], v) for k, v in want.items()}
+    # A plugin that read its weight in the other order would be wrong, and the emulation shows it.
+    for n in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        for a in n.attribute:
+            if a.name == "weight":
+                w = numpy_helper.to_array(a.t).reshape(attrs["k"], attrs["n"])
+                a.t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w[::-1]).reshape(-1), a.t.name))
+    bad = OrtRunner(emulate_gemm_plugins(fused).SerializeToString()).run(feeds)
+    assert any(rel_l2(bad[k], v) > 1e-2 for k, v in want.items())
+
+
+def test_after_the_gelu_and_skip_layernorm_passes_it_takes_only_what_they_left(zoo):
+    """In build's order: FC1 went into TrtforgeGemmGelu and the dense biases into skip-LayerNorm; the GEMM pass takes
+    the QKV, output and FC2 projections, now without a bias of their own."""
+    from trtforge.fusion.gelu import GEMM_PLUGIN, fuse_gelu
+    from trtforge.fusion.skip_layernorm import fuse_skip_layernorm
+    from trtforge.precision import prepare_for_build
+
+    path = zoo[("bert", "legacy")]
+    model = with_random_vectors(onnx.load(path))
+    specs, axes, _ = io_specs(path, model)
+    converted, _ = prepare_for_build(model, path, specs, axes)
+    feeds = random_feeds(specs, zoo_sizes(axes, 16))
+    gelu, _ = fuse_gelu(converted, feeds, gemm_plugin=True)
+    skip, skip_report = fuse_skip_layernorm(gelu, feeds, observe_model=converted)
+    assert skip_report.replaced
+    fused, report = fuse_gemm(skip)
+    kinds = [n.op_type for n in fused.graph.node]
+    assert kinds.count(GEMM_PLUGIN) == 2 and kinds.count(PLUGIN) == len(report.replaced) > 0
+    assert not _const_matmuls(fused)
+    folded = {r["node"]: r["bias_folded"] for r in report.replaced}
+    assert not all(folded.values())  # the skip-LayerNorm plugin kept the output and FC2 biases
+
+
+def _tiny(w_dtype=np.float16, reuse_product=False, bias_shape=(4,)):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16 if w_dtype == np.float16 else TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16 if w_dtype == np.float16 else TensorProto.FLOAT, None)
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(3, 4)).astype(w_dtype), "W"),
+             numpy_helper.from_array(rng.normal(size=bias_shape).astype(w_dtype), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"], name="mm"), helper.make_node("Add", ["xw", "b"], ["y0"], name="add")]
+    if reuse_product:  # the product is read twice: its bias cannot go into the plugin
+        nodes.append(helper.make_node("Mul", ["xw", "y0"], ["y"], name="mul"))
+    else:
+        nodes.append(helper.make_node("Identity", ["y0"], ["y"]))
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_bias_is_folded_only_where_the_add_alone_reads_the_product():
+    taken, _ = gemm_candidates(_tiny())
+    assert len(taken) == 1 and taken[0]["bias"] is not None and taken[0]["y"] == "y0"
+    taken, _ = gemm_candidates(_tiny(reuse_product=True))
+    assert len(taken) == 1 and taken[0]["bias"] is None and taken[0]["y"] == "xw"
+    taken, _ = gemm_candidates(_tiny(bias_shape=(1, 4)))  # a broadcast [1, N] bias is not the epilogue's [N]
+    assert taken[0]["bias"] is None
+    x = np.random.default_rng(1).normal(size=(2, 3)).astype(np.float16)
+    for model in (_tiny(), _tiny(reuse_product=True)):
+        fused, _ = fuse_gemm(model)
+        want = OrtRunner(model.SerializeToString()).run({"x": x})["y"]
+        got = OrtRunner(emulate_gemm_plugins(fused).SerializeToString()).run({"x": x})["y"]
+        assert rel_l2(got.astype(np.float32), want.astype(np.float32)) < 2e-3
+
+
+def test_fp32_weights_are_refused_with_the_reason():
+    fused, report = fuse_gemm(_tiny(np.float32))
+    assert not report.replaced and fused.graph.node[0].op_type == "MatMul"
+    assert report.refused == [{"node": "mm", "reason": report.refused[0]["reason"]}]
+    assert "float32; the plugin is fp16" in report.refused[0]["reason"]
+
+
+def test_auto_leaves_the_graph_alone_and_on_needs_the_plugin():
+    from trtforge.errors import UserError
+    from trtforge.fusion.step import GEMM_PASS, elementwise_fusion
+
+    model = _tiny()
+    fused, record = elementwise_fusion(GEMM_PASS, model, model, "auto", "fp16", "tensorrt", "8.6.0", True, {}, "m.onnx")
+    assert fused is None and record["route"] == "none" and "not been measured faster" in record["why"]
+    fused, record = elementwise_fusion(GEMM_PASS, model, model, "on", "fp16", "tensorrt", "8.6.0", True, {}, "m.onnx")
+    assert fused is not None and record["plugins"] == [f"{PLUGIN} v1"]
+    with pytest.raises(UserError, match="TrtforgeGemm v1 is not in this TensorRT's plugin registry"):
+        elementwise_fusion(GEMM_PASS, model, model, "on", "fp16", "tensorrt", "8.6.0", False, {}, "m.onnx")
+    with pytest.raises(UserError, match="found no GEMM in m.onnx it can fuse: the weight is float32"):
+        elementwise_fusion(GEMM_PASS, _tiny(np.float32), model, "on", "fp32", "tensorrt", "8.6.0", True, {}, "m.onnx")
+
+
+def test_cli_fuse_gemm_rejects_an_unknown_mode(zoo, tmp_path):
+    proc = run_cli("build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--fuse-gemm", "maybe",
+                   "-o", str(tmp_path / "g.engine"))
+    assert_user_error(proc, "--fuse-gemm 'maybe' is not one of auto, on, off")

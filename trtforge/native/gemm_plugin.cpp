@@ -1,0 +1,485 @@
+// TrtforgeGemmGelu and TrtforgeGemm: TensorRT 8.6+ plugins (IPluginV2DynamicExt) that run y = gelu(x W + b), and
+// y = x W (+ b), as one cuBLASLt matmul each, with the algorithm timed on the GPU, not guessed.
+//
+// Why they exist: on the H200 the fp16 BERT-base engine (TensorRT 8.6) writes FC1's output and reads it back for the
+// GELU plugin: 12 x geluBiasKernel, 0.49 of its 3.34 ms at 16x512 (benchmarks/RESULTS.md, 2026-12-03). TensorRT 8.6
+// fuses no GELU into a GEMM's epilogue; cuBLASLt does (CUBLASLT_EPILOGUE_GELU_BIAS: the tanh form, the same formula
+// as TensorRT's GELU plugin the pass otherwise uses). TrtforgeGemm is the same matmul without the GELU, for the
+// projections TensorRT 8.6 runs with its own kernels (the attention output projection ran at ~500 TFLOP/s there, the
+// FFN's second GEMM at ~720): whether cuBLASLt's timed pick beats them is measured on the H200, not assumed.
+// The GEMM and the epilogues are cuBLASLt's; this file only maps TensorRT's tensors onto them and times cuBLASLt's
+// own candidate algorithms (its heuristic's top kCandidates) once per problem shape in the process, outside CUDA-graph
+// capture; TRTFORGE_GEMM_AUTOTUNE=0 takes the heuristic's first instead (for measuring what the timing buys).
+// cuBLASLt is opened with dlopen (libcublasLt.so.13, else .so.12) and its entry points taken from that handle, so no
+// same-named symbol elsewhere in the process (TensorRT 8.6's cuBLAS stand-ins on the GPU machine) can capture the calls.
+//
+// Contracts (the ONNX nodes trtforge.fusion.gelu / trtforge.fusion.gemm write, domain "trt.plugins", plugin_version "1"):
+//   input 0  x   fp16 [..., K] (row-major, contiguous);  output 0  y  fp16 [..., N]
+//   TrtforgeGemmGelu fields: weight fp16 [K*N] (row-major [K, N], as MatMul's B), bias fp16 [N], k, n (int32).
+//   TrtforgeGemm     fields: weight fp16 [K*N], k, n, and optionally bias fp16 [N].
+
+#include <NvInfer.h>
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include "plugin_common.h"
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+using namespace nvinfer1;
+
+namespace {
+
+constexpr char const* kPluginName = "TrtforgeGemmGelu";
+constexpr char const* kGemmPluginName = "TrtforgeGemm";
+constexpr char const* kPluginVersion = "1";
+constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kCandidates = 16;  // cuBLASLt heuristic results timed per problem shape
+constexpr int kTimedRuns = 5;    // after one untimed run each
+
+enum class Epilogue : int32_t { kNone = 0, kBias = 1, kGeluBias = 2 };
+
+char const* plugin_name(Epilogue e) { return e == Epilogue::kGeluBias ? kPluginName : kGemmPluginName; }
+
+void log_error(char const* plugin, std::string const& what) { trtforge::log_plugin_error(plugin, what); }
+void log_error(std::string const& what) { trtforge::log_plugin_error(kPluginName, what); }
+
+// cuBLASLt's entry points, from one dlopen handle.
+struct Lt {
+    decltype(&cublasLtCreate) create = nullptr;
+    decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+    decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+    decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+    decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+    decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+    decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+    decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+    decltype(&cublasLtMatmul) matmul = nullptr;
+    cublasLtHandle_t handle = nullptr;
+    bool ok = false;
+
+    static Lt& get() {
+        static Lt* lt = [] {
+            auto* l = new Lt();
+            l->load();
+            return l;
+        }();
+        return *lt;
+    }
+
+    template <typename F>
+    bool sym(void* lib, char const* name, F& f) {
+        f = reinterpret_cast<F>(dlsym(lib, name));
+        if (!f) log_error(std::string("libcublasLt has no ") + name);
+        return f != nullptr;
+    }
+
+    void load() {
+        void* lib = nullptr;
+        for (char const* name : {"libcublasLt.so.13", "libcublasLt.so.12"}) {
+            lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+            if (lib) break;
+        }
+        if (!lib) {
+            log_error(std::string("cannot dlopen libcublasLt.so.13 or .so.12: ") + dlerror());
+            return;
+        }
+        ok = sym(lib, "cublasLtCreate", create) && sym(lib, "cublasLtMatmulDescCreate", desc_create) &&
+             sym(lib, "cublasLtMatmulDescSetAttribute", desc_set) && sym(lib, "cublasLtMatmulDescDestroy", desc_destroy) &&
+             sym(lib, "cublasLtMatrixLayoutCreate", layout_create) &&
+             sym(lib, "cublasLtMatrixLayoutDestroy", layout_destroy) &&
+             sym(lib, "cublasLtMatmulPreferenceCreate", pref_create) &&
+             sym(lib, "cublasLtMatmulPreferenceSetAttribute", pref_set) &&
+             sym(lib, "cublasLtMatmulPreferenceDestroy", pref_destroy) &&
+             sym(lib, "cublasLtMatmulAlgoGetHeuristic", heuristic) && sym(lib, "cublasLtMatmul", matmul);
+        if (ok && create(&handle) != CUBLAS_STATUS_SUCCESS) {
+            log_error("cublasLtCreate failed");
+            ok = false;
+        }
+    }
+};
+
+// The matmul description and algorithm for one token count (the rows of x), built once per plugin instance.
+struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+};
+
+// The algorithm chosen per problem (epilogue, tokens, K, N), shared by every layer and context of the process: the
+// twelve FC1s of BERT-base are timed once, not twelve times.
+class AlgoChoices {
+   public:
+    static AlgoChoices& get() {
+        static AlgoChoices* instance = new AlgoChoices();  // leaked on purpose: plugins may be destroyed at exit
+        return *instance;
+    }
+    using Key = std::tuple<int32_t, int64_t, int32_t, int32_t>;
+    bool find(Key const& key, cublasLtMatmulAlgo_t& algo) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = choices_.find(key);
+        if (it == choices_.end()) return false;
+        algo = it->second;
+        return true;
+    }
+    void put(Key const& key, cublasLtMatmulAlgo_t const& algo) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        choices_.emplace(key, algo);
+    }
+
+   private:
+    std::mutex mutex_;
+    std::map<Key, cublasLtMatmulAlgo_t> choices_;
+};
+
+bool autotune_enabled() {
+    char const* v = std::getenv("TRTFORGE_GEMM_AUTOTUNE");
+    return !(v && std::string(v) == "0");
+}
+
+class GemmPlugin final : public IPluginV2DynamicExt {
+   public:
+    GemmPlugin(Epilogue epilogue, int32_t k, int32_t n, std::vector<uint16_t> weight, std::vector<uint16_t> bias)
+        : epilogue_(epilogue), k_(k), n_(n), weight_(std::move(weight)), bias_(std::move(bias)) {}
+
+    ~GemmPlugin() override { release(); }
+
+    char const* getPluginType() const noexcept override { return plugin_name(epilogue_); }
+    char const* getPluginVersion() const noexcept override { return kPluginVersion; }
+    int32_t getNbOutputs() const noexcept override { return 1; }
+    int32_t initialize() noexcept override { return 0; }  // weights go to the device at the first enqueue
+    void terminate() noexcept override { release(); }
+    // TrtforgeGemmGelu: k, n, weight, bias (its v1 layout). TrtforgeGemm: k, n, has_bias, weight, [bias].
+    size_t header_size() const { return (epilogue_ == Epilogue::kGeluBias ? 2 : 3) * sizeof(int32_t); }
+    size_t getSerializationSize() const noexcept override {
+        return header_size() + (weight_.size() + bias_.size()) * sizeof(uint16_t);
+    }
+    void serialize(void* buffer) const noexcept override {
+        auto* p = static_cast<char*>(buffer);
+        int32_t const has_bias = bias_.empty() ? 0 : 1;
+        std::memcpy(p, &k_, sizeof(int32_t));
+        std::memcpy(p + sizeof(int32_t), &n_, sizeof(int32_t));
+        if (epilogue_ != Epilogue::kGeluBias) std::memcpy(p + 2 * sizeof(int32_t), &has_bias, sizeof(int32_t));
+        p += header_size();
+        std::memcpy(p, weight_.data(), weight_.size() * sizeof(uint16_t));
+        std::memcpy(p + weight_.size() * sizeof(uint16_t), bias_.data(), bias_.size() * sizeof(uint16_t));
+    }
+    void destroy() noexcept override { delete this; }
+    void setPluginNamespace(char const* ns) noexcept override { namespace_ = ns ? ns : ""; }
+    char const* getPluginNamespace() const noexcept override { return namespace_.c_str(); }
+    DataType getOutputDataType(int32_t, DataType const* inputTypes, int32_t) const noexcept override { return inputTypes[0]; }
+
+    IPluginV2DynamicExt* clone() const noexcept override {
+        auto* copy = new GemmPlugin(epilogue_, k_, n_, weight_, bias_);
+        copy->setPluginNamespace(namespace_.c_str());
+        return copy;
+    }
+
+    DimsExprs getOutputDimensions(int32_t, DimsExprs const* inputs, int32_t, IExprBuilder& builder) noexcept override {
+        DimsExprs out = inputs[0];
+        out.d[out.nbDims - 1] = builder.constant(n_);
+        return out;
+    }
+
+    bool supportsFormatCombination(int32_t pos, PluginTensorDesc const* io, int32_t, int32_t) noexcept override {
+        return io[pos].format == TensorFormat::kLINEAR && io[pos].type == DataType::kHALF;
+    }
+
+    void configurePlugin(DynamicPluginTensorDesc const*, int32_t, DynamicPluginTensorDesc const*, int32_t) noexcept override {}
+
+    size_t getWorkspaceSize(PluginTensorDesc const*, int32_t, PluginTensorDesc const*, int32_t) const noexcept override {
+        return kWorkspaceBytes;
+    }
+
+    int32_t enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const*, void const* const* inputs,
+                    void* const* outputs, void* workspace, cudaStream_t stream) noexcept override {
+        Lt& lt = Lt::get();
+        if (!lt.ok) return 1;
+        Dims const& dims = inputDesc[0].dims;
+        if (dims.d[dims.nbDims - 1] != k_) {
+            error("input's last axis is " + std::to_string(dims.d[dims.nbDims - 1]) + ", the weight's K is " + std::to_string(k_));
+            return 1;
+        }
+        int64_t tokens = 1;
+        for (int32_t i = 0; i < dims.nbDims - 1; ++i) tokens *= dims.d[i];
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!device_weight_ && !upload(stream)) return 1;
+        Plan* plan = plan_for(tokens, inputs[0], outputs[0], workspace, stream);
+        if (!plan) return 1;
+        auto st = matmul(*plan, plan->algo, inputs[0], outputs[0], workspace, stream);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            error("cublasLtMatmul failed with status " + std::to_string(static_cast<int>(st)));
+            return 1;
+        }
+        return 0;
+    }
+
+   private:
+    void error(std::string const& what) const { log_error(plugin_name(epilogue_), what); }
+
+    static bool capturing(cudaStream_t stream) {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(stream, &status);
+        return status != cudaStreamCaptureStatusNone;
+    }
+
+    // Column-major view: D[N, T] = W[N, K] (row-major [K, N]) x X[K, T] (row-major [T, K]) (+ bias per row, GELU).
+    cublasStatus_t matmul(Plan const& p, cublasLtMatmulAlgo_t const& algo, void const* x, void* y, void* workspace,
+                          cudaStream_t stream) const {
+        float const alpha = 1.f, beta = 0.f;
+        return Lt::get().matmul(Lt::get().handle, p.desc, &alpha, device_weight_, p.a, x, p.b, &beta, y, p.d, y, p.d, &algo,
+                                workspace, kWorkspaceBytes, stream);
+    }
+
+    bool upload(cudaStream_t stream) {
+        if (capturing(stream)) {
+            error("first enqueue under CUDA-graph capture; enqueue once plainly first");
+            return false;
+        }
+        size_t const wbytes = weight_.size() * sizeof(uint16_t), bbytes = bias_.size() * sizeof(uint16_t);
+        size_t const offset = (wbytes + 255) / 256 * 256;  // the bias 256-byte aligned, whatever K x N is
+        if (cudaMalloc(&device_weight_, offset + bbytes) != cudaSuccess) {
+            error("cudaMalloc of the weight failed");
+            device_weight_ = nullptr;
+            return false;
+        }
+        device_bias_ = bias_.empty() ? nullptr : static_cast<char*>(device_weight_) + offset;
+        // On the enqueue's stream, so the matmul after it waits for the copies; synchronized, as the host
+        // vectors are pageable and the copies must be done before this returns.
+        bool ok = cudaMemcpyAsync(device_weight_, weight_.data(), wbytes, cudaMemcpyHostToDevice, stream) == cudaSuccess &&
+                  (!device_bias_ ||
+                   cudaMemcpyAsync(device_bias_, bias_.data(), bbytes, cudaMemcpyHostToDevice, stream) == cudaSuccess) &&
+                  cudaStreamSynchronize(stream) == cudaSuccess;
+        if (!ok) {
+            error("copying the weight to the GPU failed");
+            release();
+            return false;
+        }
+        return true;
+    }
+
+    std::string problem(int64_t tokens) const {
+        return std::to_string(tokens) + "x" + std::to_string(k_) + " x " + std::to_string(k_) + "x" + std::to_string(n_);
+    }
+
+    Plan* plan_for(int64_t tokens, void const* x, void* y, void* workspace, cudaStream_t stream) {
+        auto it = plans_.find(tokens);
+        if (it != plans_.end()) return &it->second;
+        if (capturing(stream)) {
+            error("token count " + std::to_string(tokens) + " first seen under CUDA-graph capture");
+            return nullptr;
+        }
+        Lt& lt = Lt::get();
+        Plan p;
+        cublasOperation_t const op = CUBLAS_OP_N;
+        cublasLtEpilogue_t const epilogue = epilogue_ == Epilogue::kGeluBias ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                            : device_bias_                 ? CUBLASLT_EPILOGUE_BIAS
+                                                                           : CUBLASLT_EPILOGUE_DEFAULT;
+        bool ok = lt.desc_create(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+                  lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof(op)) == CUBLAS_STATUS_SUCCESS &&
+                  lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op, sizeof(op)) == CUBLAS_STATUS_SUCCESS &&
+                  lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)) == CUBLAS_STATUS_SUCCESS &&
+                  (!device_bias_ || lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &device_bias_,
+                                                sizeof(device_bias_)) == CUBLAS_STATUS_SUCCESS) &&
+                  lt.layout_create(&p.a, CUDA_R_16F, n_, k_, n_) == CUBLAS_STATUS_SUCCESS &&
+                  lt.layout_create(&p.b, CUDA_R_16F, k_, tokens, k_) == CUBLAS_STATUS_SUCCESS &&
+                  lt.layout_create(&p.d, CUDA_R_16F, n_, tokens, n_) == CUBLAS_STATUS_SUCCESS;
+        AlgoChoices::Key const key{static_cast<int32_t>(epilogue), tokens, k_, n_};
+        ok = ok && (AlgoChoices::get().find(key, p.algo) || choose(p, key, tokens, x, y, workspace, stream));
+        if (!ok) {
+            error("no cuBLASLt algorithm for " + problem(tokens));
+            destroy_plan(p);
+            return nullptr;
+        }
+        return &plans_.emplace(tokens, p).first->second;
+    }
+
+    // cuBLASLt's heuristic candidates for this problem, each timed on the enqueue's stream (into y, which the real
+    // matmul overwrites next), the fastest kept for the process; the heuristic's first where timing is off.
+    bool choose(Plan& p, AlgoChoices::Key const& key, int64_t tokens, void const* x, void* y, void* workspace,
+                cudaStream_t stream) {
+        Lt& lt = Lt::get();
+        cublasLtMatmulPreference_t pref = nullptr;
+        cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+        int found = 0;
+        size_t const ws = kWorkspaceBytes;
+        bool ok = lt.pref_create(&pref) == CUBLAS_STATUS_SUCCESS &&
+                  lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)) == CUBLAS_STATUS_SUCCESS &&
+                  lt.heuristic(lt.handle, p.desc, p.a, p.b, p.d, p.d, pref, kCandidates, results, &found) ==
+                      CUBLAS_STATUS_SUCCESS &&
+                  found > 0;
+        if (pref) lt.pref_destroy(pref);
+        if (!ok) return false;
+        int best = 0;
+        if (autotune_enabled() && found > 1) {
+            cudaEvent_t start = nullptr, stop = nullptr;
+            if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+                error("cudaEventCreate failed; taking cuBLASLt's first algorithm untimed");
+            } else {
+                float best_ms = std::numeric_limits<float>::infinity(), first_ms = -1.f;
+                best = -1;
+                for (int i = 0; i < found; ++i) {
+                    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+                    bool ran = matmul(p, results[i].algo, x, y, workspace, stream) == CUBLAS_STATUS_SUCCESS &&
+                               cudaEventRecord(start, stream) == cudaSuccess;
+                    for (int r = 0; ran && r < kTimedRuns; ++r)
+                        ran = matmul(p, results[i].algo, x, y, workspace, stream) == CUBLAS_STATUS_SUCCESS;
+                    float ms = 0.f;
+                    ran = ran && cudaEventRecord(stop, stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
+                          cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+                    if (!ran) {
+                        cudaStreamSynchronize(stream);
+                        continue;
+                    }
+                    ms /= kTimedRuns;
+                    if (i == 0) first_ms = ms;
+                    if (ms < best_ms) best_ms = ms, best = i;
+                }
+                cudaGetLastError();  // a candidate that failed to launch leaves nothing for later calls to trip on
+                if (best >= 0) {
+                    char line[256];
+                    std::snprintf(line, sizeof(line), "note: %s: cuBLASLt algorithm %d of %d timed, %.4f ms (heuristic's first %.4f ms)",
+                                  problem(tokens).c_str(), best + 1, found, best_ms, first_ms);
+                    error(line);
+                } else {
+                    error("no cuBLASLt candidate ran for " + problem(tokens));
+                }
+            }
+            if (start) cudaEventDestroy(start);
+            if (stop) cudaEventDestroy(stop);
+            if (best < 0) return false;
+        }
+        p.algo = results[best].algo;
+        AlgoChoices::get().put(key, p.algo);
+        return true;
+    }
+
+    static void destroy_plan(Plan& p) {
+        Lt& lt = Lt::get();
+        if (!lt.ok) return;
+        if (p.desc) lt.desc_destroy(p.desc);
+        for (auto* l : {p.a, p.b, p.d})
+            if (l) lt.layout_destroy(l);
+        p = Plan{};
+    }
+
+    void release() {
+        for (auto& kv : plans_) destroy_plan(kv.second);
+        plans_.clear();
+        if (device_weight_) cudaFree(device_weight_);
+        device_weight_ = nullptr;
+        device_bias_ = nullptr;
+    }
+
+    Epilogue epilogue_;
+    int32_t k_, n_;
+    std::vector<uint16_t> weight_, bias_;
+    void* device_weight_ = nullptr;
+    void* device_bias_ = nullptr;
+    std::map<int64_t, Plan> plans_;
+    std::mutex mutex_;
+    std::string namespace_;
+};
+
+// The fields both creators read; TrtforgeGemmGelu needs the bias, TrtforgeGemm takes it where given.
+struct GemmFields {
+    int32_t k = 0, n = 0;
+    std::vector<uint16_t> weight, bias;
+    bool has_bias = false;
+
+    static GemmFields read(PluginFieldCollection const* fc) {
+        GemmFields g;
+        for (int32_t i = 0; i < fc->nbFields; ++i) {
+            PluginField const& f = fc->fields[i];
+            std::string const name = f.name;
+            auto const* half = static_cast<uint16_t const*>(f.data);
+            if (name == "k" && f.type == PluginFieldType::kINT32) g.k = *static_cast<int32_t const*>(f.data);
+            else if (name == "n" && f.type == PluginFieldType::kINT32) g.n = *static_cast<int32_t const*>(f.data);
+            else if (name == "weight" && f.type == PluginFieldType::kFLOAT16) g.weight.assign(half, half + f.length);
+            else if (name == "bias" && f.type == PluginFieldType::kFLOAT16) g.bias.assign(half, half + f.length), g.has_bias = true;
+        }
+        return g;
+    }
+
+    bool valid(bool bias_required) const {
+        return k > 0 && n > 0 && weight.size() == static_cast<size_t>(k) * n &&
+               (has_bias ? bias.size() == static_cast<size_t>(n) : !bias_required);
+    }
+};
+
+class GemmCreator : public trtforge::CreatorBase {
+   public:
+    explicit GemmCreator(Epilogue epilogue)
+        : CreatorBase(plugin_name(epilogue), kPluginVersion,
+                      {PluginField("weight", nullptr, PluginFieldType::kFLOAT16, 0),
+                       PluginField("bias", nullptr, PluginFieldType::kFLOAT16, 0),
+                       PluginField("k", nullptr, PluginFieldType::kINT32, 1),
+                       PluginField("n", nullptr, PluginFieldType::kINT32, 1)}),
+          epilogue_(epilogue) {}
+
+    IPluginV2* createPlugin(char const*, PluginFieldCollection const* fc) noexcept override {
+        GemmFields g = GemmFields::read(fc);
+        if (!g.valid(epilogue_ == Epilogue::kGeluBias)) {
+            log_error(plugin_name(epilogue_), "fields k " + std::to_string(g.k) + ", n " + std::to_string(g.n) + ", weight " +
+                                                  std::to_string(g.weight.size()) + " and bias " + std::to_string(g.bias.size()) +
+                                                  " (fp16 values) do not agree");
+            return nullptr;
+        }
+        Epilogue const e = epilogue_ == Epilogue::kGeluBias ? epilogue_ : g.has_bias ? Epilogue::kBias : Epilogue::kNone;
+        return named(new GemmPlugin(e, g.k, g.n, std::move(g.weight), std::move(g.bias)));
+    }
+
+    IPluginV2* deserializePlugin(char const*, void const* data, size_t length) noexcept override {
+        auto const* p = static_cast<char const*>(data);
+        bool const gelu = epilogue_ == Epilogue::kGeluBias;
+        size_t const header = (gelu ? 2 : 3) * sizeof(int32_t);
+        int32_t k = 0, n = 0, has_bias = 1;
+        if (length < header) {
+            log_error(plugin_name(epilogue_), "serialized plugin data has " + std::to_string(length) + " bytes, too few for its header");
+            return nullptr;
+        }
+        std::memcpy(&k, p, sizeof(int32_t));
+        std::memcpy(&n, p + sizeof(int32_t), sizeof(int32_t));
+        if (!gelu) std::memcpy(&has_bias, p + 2 * sizeof(int32_t), sizeof(int32_t));
+        size_t const bias_values = has_bias ? static_cast<size_t>(n) : 0;
+        size_t const want = header + (static_cast<size_t>(k) * n + bias_values) * sizeof(uint16_t);
+        if (k <= 0 || n <= 0 || (has_bias != 0 && has_bias != 1) || length != want) {
+            log_error(plugin_name(epilogue_), "serialized plugin data has " + std::to_string(length) + " bytes, expected " +
+                                                  std::to_string(want));
+            return nullptr;
+        }
+        auto const* w = reinterpret_cast<uint16_t const*>(p + header);
+        size_t const kn = static_cast<size_t>(k) * n;
+        std::vector<uint16_t> weight(w, w + kn), bias(w + kn, w + kn + bias_values);
+        Epilogue const e = gelu ? epilogue_ : has_bias ? Epilogue::kBias : Epilogue::kNone;
+        return named(new GemmPlugin(e, k, n, std::move(weight), std::move(bias)));
+    }
+
+   private:
+    Epilogue epilogue_;
+};
+
+class GemmGeluPluginCreator final : public GemmCreator {
+   public:
+    GemmGeluPluginCreator() : GemmCreator(Epilogue::kGeluBias) {}
+};
+
+class GemmPluginCreator final : public GemmCreator {
+   public:
+    GemmPluginCreator() : GemmCreator(Epilogue::kBias) {}  // kBias or kNone per node, by whether it has a bias
+};
+
+}  // namespace
+
+REGISTER_TENSORRT_PLUGIN(GemmGeluPluginCreator);
+REGISTER_TENSORRT_PLUGIN(GemmPluginCreator);
