@@ -118,15 +118,17 @@ def test_fp32_weights_are_refused_with_the_reason():
     assert "float32; the plugin is fp16" in report.refused[0]["reason"]
 
 
-def test_auto_leaves_the_graph_alone_and_on_needs_the_plugin():
+def test_auto_fuses_fp16_builds_only_and_on_needs_the_plugin():
     from trtforge.errors import UserError
     from trtforge.fusion.step import GEMM_PASS, elementwise_fusion
 
     model = _tiny()
     fused, record = elementwise_fusion(GEMM_PASS, model, model, "auto", "fp16", "tensorrt", "8.6.0", True, {}, "m.onnx")
-    assert fused is None and record["route"] == "none" and "not been measured faster" in record["why"]
-    fused, record = elementwise_fusion(GEMM_PASS, model, model, "on", "fp16", "tensorrt", "8.6.0", True, {}, "m.onnx")
     assert fused is not None and record["plugins"] == [f"{PLUGIN} v1"]
+    fused, record = elementwise_fusion(GEMM_PASS, model, model, "auto", "best", "tensorrt", "8.6.0", True, {}, "m.onnx")
+    assert fused is None and record["route"] == "none" and "measured faster only in fp16" in record["why"]
+    fused, record = elementwise_fusion(GEMM_PASS, model, model, "auto", "fp16", "tensorrt", "8.6.0", False, {}, "m.onnx")
+    assert fused is None and "not in this TensorRT's plugin registry" in record["why"]
     with pytest.raises(UserError, match="TrtforgeGemm v1 is not in this TensorRT's plugin registry"):
         elementwise_fusion(GEMM_PASS, model, model, "on", "fp16", "tensorrt", "8.6.0", False, {}, "m.onnx")
     with pytest.raises(UserError, match="found no GEMM in m.onnx it can fuse: the weight is float32"):
@@ -137,3 +139,18 @@ def test_cli_fuse_gemm_rejects_an_unknown_mode(zoo, tmp_path):
     proc = run_cli("build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--fuse-gemm", "maybe",
                    "-o", str(tmp_path / "g.engine"))
     assert_user_error(proc, "--fuse-gemm 'maybe' is not one of auto, on, off")
+
+
+def test_qkv_projection_auto_is_matmul_only_where_trtforge_gemm_takes_it():
+    from trtforge.config import BuildSection
+    from trtforge.fusion.step import QKV_CHOICES, resolve_qkv_projection
+
+    assert BuildSection().qkv_projection == "auto" and QKV_CHOICES == ("auto", "matmul", "conv")
+    assert resolve_qkv_projection("auto", True) == "matmul" and resolve_qkv_projection("auto", False) == "conv"
+    assert resolve_qkv_projection("conv", True) == "conv" and resolve_qkv_projection("matmul", False) == "matmul"
+
+
+def test_cli_rejects_an_unknown_qkv_projection_naming_auto(zoo, tmp_path):
+    proc = run_cli("build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--qkv-projection", "gemm",
+                   "-o", str(tmp_path / "g.engine"))
+    assert_user_error(proc, "--qkv-projection 'gemm' is not one of auto, matmul, conv")

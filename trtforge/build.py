@@ -305,9 +305,19 @@ def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelP
     registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
     flash = plugin_registered(mod, FLASH_PLUGIN, FLASH_VERSION) if wants else False
     feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and (registered or flash) else None
-    return attention_fusion(model, options.fuse_attention, precision, mod.flavour, mod.version,
-                            identity.get("compute_capability"), registered, feeds, onnx_path.name, options.qkv_projection,
-                            flash_registered=flash)
+    projection = options.qkv_projection
+    if projection == "auto":  # matmul where TrtforgeGemm will take the packed projection, else conv
+        from trtforge.fusion.step import GEMM_PASS, elementwise_skip, resolve_qkv_projection
+
+        gemm = (options.fuse_gemm != "off" and elementwise_skip(GEMM_PASS, options.fuse_gemm, precision, mod.flavour,
+                                                                mod.version, True) is None
+                and plugin_registered(mod, GEMM_PASS.plugin, GEMM_PASS.version))
+        projection = resolve_qkv_projection(projection, gemm)
+    fused, record = attention_fusion(model, options.fuse_attention, precision, mod.flavour, mod.version,
+                                     identity.get("compute_capability"), registered, feeds, onnx_path.name, projection,
+                                     flash_registered=flash)
+    record["qkv_projection_choice"] = options.qkv_projection
+    return fused, record
 
 
 def _fuse_elementwise(mod: TrtModule, model: onnx.ModelProto, observe_model: onnx.ModelProto, precision: str,

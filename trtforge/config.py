@@ -126,10 +126,11 @@ class BuildSection(Strict):
     # bias+GELU pass: auto = TensorRT 8.x fp16 builds, where the H200 measured the plugin faster.
     fuse_gelu: Literal["auto", "on", "off"] = "auto"
     fuse_skip_layernorm: Literal["auto", "on", "off"] = "auto"
-    # fp16 MatMuls by constant weights as TrtforgeGemm (cuBLASLt, timed per shape): auto = off until measured faster.
+    # fp16 MatMuls by constant weights as TrtforgeGemm (cuBLASLt, timed per shape): auto = fp16 builds, measured faster.
     fuse_gemm: Literal["auto", "on", "off"] = "auto"
     # How the attention pass writes each packed QKV projection: MatMul + Reshape, or a 1x1 Conv on [tokens, E, 1, 1].
-    qkv_projection: Literal["matmul", "conv"] = "conv"
+    # auto: matmul where the GEMM pass takes it into TrtforgeGemm (fp16 with libtrtforge_plugins), else conv.
+    qkv_projection: Literal["auto", "matmul", "conv"] = "auto"
     # Shared libraries of TensorRT plugin creators to load first (libtrtforge_plugins.so: cuDNN flash attention).
     plugin_libraries: list[str] = Field(default_factory=list)
 

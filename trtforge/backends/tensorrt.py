@@ -112,8 +112,8 @@ class BuildOptions:
     fuse_attention: str = "auto"  # auto|on|off: trtforge.fusion's attention pass (auto: where this TensorRT runs it)
     fuse_gelu: str = "auto"  # auto|on|off: trtforge.fusion's bias+GELU pass (auto: TensorRT 8.x fp16 builds, measured faster)
     fuse_skip_layernorm: str = "auto"  # auto|on|off: residual add + LayerNorm as one plugin (auto: where measured faster)
-    fuse_gemm: str = "auto"  # auto|on|off: the MatMuls left as TrtforgeGemm (cuBLASLt, timed; auto: not yet measured faster)
-    qkv_projection: str = "conv"  # matmul|conv: how the attention pass writes the packed QKV projection (conv measured faster)
+    fuse_gemm: str = "auto"  # auto|on|off: the MatMuls left as TrtforgeGemm (cuBLASLt, timed; auto: fp16, measured faster)
+    qkv_projection: str = "auto"  # auto|matmul|conv: the packed QKV projection (auto: matmul into TrtforgeGemm where it runs, else conv)
     plugin_libraries: list[str] = field(default_factory=list)  # shared libraries of plugin creators (libtrtforge_plugins.so)
 
 

@@ -41,6 +41,20 @@ def observation_sizes(axes: dict[str, Any], profiles: list[Any]) -> dict[str, in
     return sizes
 
 
+QKV_CHOICES = ("auto", *QKV_PROJECTIONS)
+
+
+def resolve_qkv_projection(choice: str, gemm_takes_it: bool) -> str:
+    """--qkv-projection auto: "matmul" where the GEMM pass will take the packed projection into TrtforgeGemm, else
+    "conv". On the H200 (TensorRT 8.6, BERT-base fp16, GPU ms at 16x128/16x512/64x512, two rounds each; RESULTS.md
+    2026-12-03 w24): conv with TensorRT's GEMM 1.09/2.99/10.64, matmul into TrtforgeGemm 0.94-0.97/2.85-2.87/10.45;
+    without the plugin a MatMul's Reshape before attention cost a copy kernel (conv measured faster, 2026-12-01).
+    conv and matmul pass through; anything else is the attention pass's error."""
+    if choice != "auto":
+        return choice
+    return "matmul" if gemm_takes_it else "conv"
+
+
 def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour: str, version: str,
                      compute_capability: str | None, plugin_registered: bool, feeds: dict | None,
                      onnx_name: str, qkv_projection: str = "conv",
@@ -51,7 +65,7 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     if mode not in MODES:
         raise UserError(f"--fuse-attention '{mode}' is not one of {', '.join(MODES)} (config key build.fuse_attention).")
     if qkv_projection not in QKV_PROJECTIONS:
-        raise UserError(f"--qkv-projection '{qkv_projection}' is not one of {', '.join(QKV_PROJECTIONS)} "
+        raise UserError(f"--qkv-projection '{qkv_projection}' is not one of {', '.join(QKV_CHOICES)} "
                         "(config key build.qkv_projection).")
     base = backend_route(flavour, version)
     record: dict[str, Any] = {"mode": mode, "route": base.kind, "why": base.reason, "replaced": [], "refused": [],
@@ -132,8 +146,12 @@ SKIP_LN_PASS = ElementwisePass(
     "the plugin was measured faster only in fp16 and INT8 best builds (BERT-base fp16 on the H200: 5.04 -> 4.31 ms at 16x512)",
     "residual add + LayerNorm in one kernel, dense bias folded")
 GEMM_PASS = ElementwisePass(
-    "gemm", "gemm", "GEMM", GEMM_ONLY_PLUGIN, GEMM_ONLY_VERSION, fuse_gemm, (),
-    "TrtforgeGemm has not been measured faster than TensorRT 8.6's own GEMMs yet",
+    "gemm", "gemm", "GEMM", GEMM_ONLY_PLUGIN, GEMM_ONLY_VERSION, fuse_gemm, ("fp16",),
+    # From the H200 (TensorRT 8.6, BERT-base fp16 with flash + GemmGelu, GPU ms at 16x128/16x512/64x512, two rounds;
+    # benchmarks/RESULTS.md, 2026-12-03 w24): TensorRT's GEMMs 1.06-1.09/2.98-2.99/10.64; output projection and FC2 as
+    # TrtforgeGemm 0.98-1.01/2.90-2.91/10.53; QKV too (--qkv-projection matmul) 0.94-0.97/2.85-2.87/10.45; engine cosine
+    # vs ORT fp32 0.9999995 -> 0.9999998. INT8 best builds not measured (their GEMMs are Q/DQ'd, not constants).
+    "TrtforgeGemm was measured faster only in fp16 builds (BERT-base on the H200: 10.64 -> 10.45 ms at 64x512)",
     "cuBLASLt matmul (+ bias epilogue), its kernel timed per shape")
 GELU_AUTO_PRECISIONS = GELU_PASS.auto_precisions
 # Applied in this order, each on the previous one's graph: GELU and skip-LayerNorm take their GEMMs and biases first.
@@ -254,6 +272,6 @@ def describe(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["FusionReport", "GELU_PASS", "SKIP_LN_PASS", "attention_fusion", "describe", "describe_gelu", "describe_gemm",
+__all__ = ["FusionReport", "GELU_PASS", "GEMM_PASS", "QKV_CHOICES", "resolve_qkv_projection", "SKIP_LN_PASS", "attention_fusion", "describe", "describe_gelu", "describe_gemm",
            "describe_skip_layernorm",
            "elementwise_fusion", "gelu_fusion", "observation_sizes", "sm_of"]
