@@ -177,29 +177,49 @@ def test_v2_route_kept_when_flash_is_registered_but_v2_is_not_and_flash_cannot_t
                                        for r in rec["refused"])
 
 
-@pytest.mark.parametrize("key", [("bert", "legacy"), ("bert", "dynamo"), ("vit", "dynamo"), ("gpt2", "dynamo")],
+@pytest.mark.parametrize("key", [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "dynamo")],
                          ids=lambda k: ".".join(k))
-def test_flash_nodes_share_one_sequence_tensor(zoo, key):
-    """Every layer's flash node reads the first one's [S] tensor (one fill kernel in the engine, not one per layer):
-    shape inference gives all their inputs one sequence symbol. The graph still equals the original (emulated)."""
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+def test_flash_nodes_share_one_sequence_tensor(zoo, key, fp16):
+    """Every layer's flash node reads the first one's [S] tensor (one fill kernel in the engine, not one per layer),
+    in the graph build hands the pass too (fp16-converted: no value_info left, so shape inference cannot tell; the
+    graph between the layers does). The graph still equals the original (emulated)."""
+    from trtforge.precision import prepare_for_build
+
     model, specs, axes, sizes = _load(zoo, key)
-    fused, report = _fuse(model, specs, sizes)
+    graph = prepare_for_build(model, zoo[key], specs, axes)[0] if fp16 else model
+    fused, report = _fuse(graph, specs, sizes)
     nodes = _flash_nodes(fused)
     assert len(nodes) == 2 and len({n.input[1] for n in nodes}) == 1, [n.input[1] for n in nodes]
     assert sum(n.op_type == "Range" and n.name.endswith("max_seqlen64") for n in fused.graph.node) == 1
     assert {r["seq_input"] for r in report.replaced} == {nodes[0].input[1]}
-    _assert_equal_on_ort(model, emulate_flash_plugins(fused), _unseen_feeds(specs, sizes, axes), 2e-3)
+    emulated = emulate_flash_plugins(fused, dtype=onnx.TensorProto.FLOAT16) if fp16 else emulate_flash_plugins(fused)
+    _assert_equal_on_ort(model, emulated, _unseen_feeds(specs, sizes, axes), 1e-2 if fp16 else 2e-3)
 
 
-def test_sequence_dims_are_shared_only_under_one_symbol_or_size():
-    from onnx import TensorProto
-    from trtforge.fusion.attention import shared_seq_dims
+def test_gpt2_flash_nodes_keep_their_own_sequence_tensor(zoo):
+    """GPT-2's layers meet through its Conv1D's Reshapes (a Gemm on [B*S, E]): nothing proves their lengths equal, so
+    each flash node keeps its own [S] tensor."""
+    model, specs, axes, sizes = _load(zoo, ("gpt2", "legacy"))
+    fused, _ = _fuse(model, specs, sizes)
+    assert len({n.input[1] for n in _flash_nodes(fused)}) == 2
 
-    def value(name, dims):
-        return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
-    g = helper.make_graph([helper.make_node("Identity", [i], [o]) for i, o in (("a", "a2"), ("b", "b2"), ("c", "c2"), ("d", "d2"))],
-                          "g", [value("a", ["B", "S", 8]), value("b", ["B", "T", 8]), value("c", ["B", 5, 8]), value("d", ["B", None, 8])],
-                          [value(o, None) for o in ("a2", "b2", "c2", "d2")])
-    dims = shared_seq_dims(helper.make_model(g), ["a", "a2", "b2", "c2", "d2"])
-    assert dims["a"] == dims["a2"] == ("symbol", "S") and dims["b2"] == ("symbol", "T") and dims["c2"] == ("size", 5)
-    assert "d2" not in dims or dims["d2"] not in (dims["a"], dims["b2"])  # an unnamed length shares with nothing
+
+def test_same_leading_dims_needs_every_path_to_keep_them():
+    from onnx import TensorProto, numpy_helper
+    from trtforge.fusion.attention import _Graph, same_leading_dims
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 4])
+    inits = [numpy_helper.from_array(np.ones((4, 4), np.float32), "W"), numpy_helper.from_array(np.ones(4, np.float32), "b"),
+             numpy_helper.from_array(np.ones((1, 2, 4), np.float32), "b3"), numpy_helper.from_array(np.array([0, -1, 4]), "shape")]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h"]),
+             helper.make_node("Add", ["h", "x"], ["r"]), helper.make_node("LayerNormalization", ["r", "b", "b"], ["ln"]),
+             helper.make_node("Reshape", ["ln", "shape"], ["flat"]), helper.make_node("Add", ["ln", "flat"], ["mixed"]),
+             helper.make_node("Add", ["ln", "b3"], ["wide"]), helper.make_node("LayerNormalization", ["r", "b", "b"], ["ln0"], axis=0)]
+    g = _Graph(helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                                                       for o in ("mixed", "wide", "ln0")], inits)))
+    assert same_leading_dims(g, "ln", {"x"})
+    assert not same_leading_dims(g, "mixed", {"x"})  # one path goes through a Reshape
+    assert not same_leading_dims(g, "wide", {"x"})  # a 3-D constant can broadcast the leading axes
+    assert not same_leading_dims(g, "ln0", {"x"})  # normalized over axis 0
+    assert not same_leading_dims(g, "ln", {"y"})  # paths that never reach the group

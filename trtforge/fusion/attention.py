@@ -530,7 +530,7 @@ def _plugin_nodes(c: Candidate, route: Route, prefix: str, qkv_projection: str =
     projections, x_qdq (activation_qdq of X) lets the reshape go before X's own Q/DQ, so that DequantizeLinear
     feeds the Conv directly, the pattern TensorRT fuses into an int8 convolution.
 
-    seq_tensor: an earlier flash node's [S] tensor, of the same sequence length (shared_seq_dims), which this flash
+    seq_tensor: an earlier flash node's [S] tensor, of the same sequence length (same_leading_dims), which this flash
     node then reads instead of writing its own: each is a fill kernel in the engine (cuFillLayer, ~2 us per layer at
     16x512 on the H200)."""
     flash = route.plugin == FLASH_PLUGIN
@@ -720,16 +720,20 @@ def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_f
         return (out if apply else model), report
     out = drop_producers(out, {c.ctx for c in accepted})
     graph = _Graph(model)
-    seq_dims = shared_seq_dims(model, [c.q.x for c in accepted])
-    seq_tensors: dict[Any, str] = {}  # a sequence dimension -> the first flash node's [S] tensor of it
+    # Flash nodes whose inputs provably share [B, S] read one [S] tensor: the first one's (same_leading_dims; each
+    # rewritten context keeps its attention input's [B, S], so it joins the group too).
+    seq_source, same_s = None, set()
     for i, c in enumerate(accepted):
         x_qdq = activation_qdq(graph, c.q.x) if qkv_projection == "conv" and c.q.wscale is not None else None
         route = routes[c.softmax]
-        dim = seq_dims.get(c.q.x) if route.plugin == FLASH_PLUGIN else None
-        shared = seq_tensors.get(dim) if dim is not None else None
+        shared = None
+        if route.plugin == FLASH_PLUGIN:
+            if seq_source is not None and same_leading_dims(graph, c.q.x, same_s):
+                shared = seq_source
+            else:
+                seq_source, same_s = f"fused_attention_{i}/max_seqlen", set()
+            same_s |= leading_dims_group(graph, c.q.x) | ({c.ctx} if c.ctx_rank == 3 else set())
         nodes, inits = _plugin_nodes(c, route, f"fused_attention_{i}", qkv_projection, x_qdq, seq_tensor=shared)
-        if dim is not None and shared is None:
-            seq_tensors[dim] = f"fused_attention_{i}/max_seqlen"
         out.graph.node.extend(nodes)
         out.graph.initializer.extend(inits)
         version = FLASH_VERSION if route.plugin == FLASH_PLUGIN else PLUGIN_VERSION
@@ -746,27 +750,56 @@ def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_f
     return out, report
 
 
-def shared_seq_dims(model: onnx.ModelProto, xs: list[str]) -> dict[str, Any]:
-    """The sequence dimension (axis 1) of each tensor in xs as ONNX shape inference names it: a symbol it propagated
-    (e.g. 's22', 'unk__10': one symbol, one length) or a fixed size; tensors it cannot name are left out and keep their
-    own [S] tensor. Two attentions' inputs with one symbol have one sequence length, so their flash nodes can share it."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - no inference, no sharing: every node keeps its own
-        return {}
-    infos = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
-    dims: dict[str, Any] = {}
-    for x in xs:
-        info = infos.get(x)
-        shape = info.type.tensor_type.shape if info is not None and info.type.HasField("tensor_type") else None
-        if shape is None or len(shape.dim) < 2:
+# Ops whose output keeps every axis but the last of its data inputs (with constants of at most one axis beside them).
+_KEEPS_LEADING = {"Cast", "Identity", "Erf", "Tanh", "Relu", "Sigmoid", "Sqrt", "Neg", "Gelu", "Add", "Sub", "Mul", "Div",
+                  "Pow", "LayerNormalization", "MatMul"}
+
+
+def _keeping_step(g: _Graph, node: onnx.NodeProto) -> list[str] | None:
+    """The data inputs of `node` whose axes but the last its output keeps (see same_leading_dims), or None."""
+    if node.op_type not in _KEEPS_LEADING:
+        return None
+    inputs = [i for i in node.input if i]
+    if node.op_type == "MatMul":
+        w = g.const(inputs[1]) if len(inputs) == 2 else None
+        return [inputs[0]] if w is not None and w.ndim == 2 and g.const(inputs[0]) is None else None
+    if node.op_type == "LayerNormalization":
+        if _attr(node, "axis", -1) != -1:
+            return None
+        inputs = inputs[:1]  # scale and bias are [E]
+    data = [i for i in inputs if g.const(i) is None]
+    if not data or any(g.const(i).ndim > 1 for i in inputs if i not in data):
+        return None
+    return data
+
+
+def leading_dims_group(g: _Graph, t: str) -> set[str]:
+    """t and the tensors it was computed from through single-input ops that keep every axis but the last (a pre-LN
+    block's LayerNorm input, the residual stream): all share t's leading axes."""
+    group, u = {t}, t
+    while (node := g.producer.get(u)) is not None and (data := _keeping_step(g, node)) is not None and len(data) == 1:
+        u = data[0]
+        group.add(u)
+    return group
+
+
+def same_leading_dims(g: _Graph, t: str, known: set[str]) -> bool:
+    """Whether t's axes before its last are those of the tensors in `known` (which share theirs): every path back
+    from t reaches `known` through ops that keep them, i.e. elementwise ops whose constant operands have at most one
+    axis, MatMul by a constant [K, N], LayerNormalization over the last axis. A Reshape, Transpose, Gather or
+    anything else on the way is a no: then t's sequence length is not proven equal."""
+    stack, seen = [t], set()
+    while stack:
+        u = stack.pop()
+        if u in known or u in seen:
             continue
-        d = shape.dim[1]
-        if d.dim_param:
-            dims[x] = ("symbol", d.dim_param)
-        elif d.dim_value > 0:
-            dims[x] = ("size", d.dim_value)
-    return dims
+        seen.add(u)
+        node = g.producer.get(u)
+        data = _keeping_step(g, node) if node is not None else None
+        if data is None:
+            return False
+        stack.extend(data)
+    return True
 
 
 def refuse_padding(sidecar: dict[str, Any] | None, name: str, arrays: dict[str, np.ndarray], engine: str) -> None:
