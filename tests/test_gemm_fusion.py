@@ -131,8 +131,14 @@ def test_auto_fuses_fp16_builds_only_and_on_needs_the_plugin():
     assert fused is None and "not in this TensorRT's plugin registry" in record["why"]
     with pytest.raises(UserError, match="TrtforgeGemm v1 is not in this TensorRT's plugin registry"):
         elementwise_fusion(GEMM_PASS, model, model, "on", "fp16", "tensorrt", "8.6.0", False, {}, "m.onnx")
+    with pytest.raises(UserError, match="load libtrtforge_plugins.* with --plugin-library \\(config key build.plugin_libraries\\)"):
+        elementwise_fusion(GEMM_PASS, model, model, "on", "fp16", "tensorrt", "8.6.0", False, {}, "m.onnx")
     with pytest.raises(UserError, match="found no GEMM in m.onnx it can fuse: the weight is float32"):
-        elementwise_fusion(GEMM_PASS, _tiny(np.float32), model, "on", "fp32", "tensorrt", "8.6.0", True, {}, "m.onnx")
+        elementwise_fusion(GEMM_PASS, _tiny(np.float32), model, "on", "best", "tensorrt", "8.6.0", True, {}, "m.onnx")
+    with pytest.raises(UserError, match="precision fp32 has no GEMM plugin route; build with fp16 or best"):
+        elementwise_fusion(GEMM_PASS, model, model, "on", "fp32", "tensorrt", "8.6.0", True, {}, "m.onnx")
+    with pytest.raises(UserError, match="TrtforgeGemm is written for TensorRT 8.x .*tensorrt-rtx 1.2 gets no GEMM pass"):
+        elementwise_fusion(GEMM_PASS, model, model, "on", "fp16", "tensorrt-rtx", "1.2", True, {}, "m.onnx")
 
 
 def test_cli_fuse_gemm_rejects_an_unknown_mode(zoo, tmp_path):
@@ -141,11 +147,40 @@ def test_cli_fuse_gemm_rejects_an_unknown_mode(zoo, tmp_path):
     assert_user_error(proc, "--fuse-gemm 'maybe' is not one of auto, on, off")
 
 
+def test_a_shared_weight_and_one_past_the_attribute_budget_are_refused():
+    """The weight is copied into the plugin's fields: never once per node (ALBERT's shared layers), never past what
+    an .onnx file can hold inline (attributes cannot go to external data)."""
+    model = _tiny()
+    model.graph.node.append(helper.make_node("MatMul", ["x", "W"], ["xw2"], name="mm2"))
+    model.graph.output.append(helper.make_tensor_value_info("xw2", TensorProto.FLOAT16, None))
+    taken, refused = gemm_candidates(model)
+    assert not taken and {r["node"] for r in refused} == {"mm", "mm2"}
+    assert "its weight is read by 2 nodes" in refused[0]["reason"]
+    taken, refused = gemm_candidates(_tiny(), budget=10)  # W is 3 x 4 fp16: 24 bytes
+    assert not taken and "2 GB protobuf limit" in refused[0]["reason"]
+    from trtforge.fusion.gemm import attribute_bytes
+
+    fused, _ = fuse_gemm(_tiny())  # holds W and b as plugin fields now: 24 + 8 bytes
+    assert attribute_bytes(fused) == 24 + 8 and attribute_bytes(_tiny()) == 0
+    fused.graph.initializer.append(numpy_helper.from_array(np.ones((3, 4), np.float16), "W2"))
+    fused.graph.node.append(helper.make_node("MatMul", ["x", "W2"], ["xw3"], name="mm3"))
+    fused.graph.output.append(helper.make_tensor_value_info("xw3", TensorProto.FLOAT16, None))
+    assert len(gemm_candidates(fused, budget=32 + 24)[0]) == 1
+    taken, refused = gemm_candidates(fused, budget=32 + 23)  # what the graph already holds counts
+    assert not taken and "2 GB protobuf limit" in refused[0]["reason"]
+
+
 def test_qkv_projection_auto_is_matmul_only_where_trtforge_gemm_takes_it():
     from trtforge.config import BuildSection
-    from trtforge.fusion.step import QKV_CHOICES, resolve_qkv_projection
+    from trtforge.fusion.step import QKV_CHOICES, qkv_gemm_applies, resolve_qkv_projection
 
     assert BuildSection().qkv_projection == "auto" and QKV_CHOICES == ("auto", "matmul", "conv")
+    assert qkv_gemm_applies("auto", "fp16", "tensorrt", "8.6.0", True)
+    assert qkv_gemm_applies("on", "fp16", "tensorrt", "8.6.0", True)
+    assert not qkv_gemm_applies("on", "best", "tensorrt", "8.6.0", True)  # INT8 projections: conv keeps their INT8 conv
+    assert not qkv_gemm_applies("off", "fp16", "tensorrt", "8.6.0", True)
+    assert not qkv_gemm_applies("auto", "fp16", "tensorrt", "8.6.0", False)
+    assert not qkv_gemm_applies("auto", "fp16", "tensorrt-rtx", "1.2", True)
     assert resolve_qkv_projection("auto", True) == "matmul" and resolve_qkv_projection("auto", False) == "conv"
     assert resolve_qkv_projection("conv", True) == "conv" and resolve_qkv_projection("matmul", False) == "matmul"
 

@@ -307,12 +307,11 @@ def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelP
     feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and (registered or flash) else None
     projection = options.qkv_projection
     if projection == "auto":  # matmul where TrtforgeGemm will take the packed projection, else conv
-        from trtforge.fusion.step import GEMM_PASS, elementwise_skip, resolve_qkv_projection
+        from trtforge.fusion.step import GEMM_PASS, qkv_gemm_applies, resolve_qkv_projection
 
-        gemm = (options.fuse_gemm != "off" and elementwise_skip(GEMM_PASS, options.fuse_gemm, precision, mod.flavour,
-                                                                mod.version, True) is None
-                and plugin_registered(mod, GEMM_PASS.plugin, GEMM_PASS.version))
-        projection = resolve_qkv_projection(projection, gemm)
+        registered_gemm = precision == "fp16" and plugin_registered(mod, GEMM_PASS.plugin, GEMM_PASS.version)
+        projection = resolve_qkv_projection(projection, qkv_gemm_applies(options.fuse_gemm, precision, mod.flavour,
+                                                                         mod.version, registered_gemm))
     fused, record = attention_fusion(model, options.fuse_attention, precision, mod.flavour, mod.version,
                                      identity.get("compute_capability"), registered, feeds, onnx_path.name, projection,
                                      flash_registered=flash)

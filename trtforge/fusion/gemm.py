@@ -4,9 +4,13 @@ instead of taking TensorRT 8.6's pick.
 
 Why it exists: on the H200, TensorRT 8.6's own fp16 GEMMs in BERT-base ran at ~500 TFLOP/s for the attention output
 projection and ~670-720 for QKV and FC2 (benchmarks/RESULTS.md, 2026-12-03 kernel list), while cuBLASLt 13 carries
-newer Hopper kernels. Whether the plugin is faster is measured there per build (`--fuse-gemm on`); `auto` leaves the
-graph alone until a measurement says otherwise. Run after the GELU and skip-LayerNorm passes: those take their GEMMs
-and biases first (TrtforgeGemmGelu; the dense bias into skip-LayerNorm), this one takes the MatMuls left.
+newer Hopper kernels: with the plugin's timed pick, BERT-base fp16 ran 10.64 -> 10.45 ms at 64x512 there, so `auto`
+applies it to fp16 builds (trtforge.fusion.step.GEMM_PASS). Run after the GELU and skip-LayerNorm passes: those take
+their GEMMs and biases first (TrtforgeGemmGelu; the dense bias into skip-LayerNorm), this one takes the MatMuls left.
+
+The weights travel as node attributes (the plugin's fields), which ONNX cannot move to external data: a weight shared
+by several MatMuls (ALBERT) is refused rather than copied per node, and the pass stops short of the 2 GB protobuf
+limit (ATTRIBUTE_BUDGET, counting the attributes already in the graph, e.g. TrtforgeGemmGelu's).
 
 Only graph surgery here; the arithmetic is cuBLASLt's. No numbers are needed to decide (the replacement computes the
 same product in the same fp16 type); tests/test_gemm_fusion.py proves the rewrite through an ORT emulation of the
@@ -21,9 +25,17 @@ import onnx
 from onnx import numpy_helper
 
 from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish_plugin_graph, plugin_with_cast
+from trtforge.onnxio import PROTOBUF_LIMIT
 
 PLUGIN = "TrtforgeGemm"
 PLUGIN_VERSION = "1"
+ATTRIBUTE_BUDGET = PROTOBUF_LIMIT * 3 // 4  # bytes of tensor attributes a graph may hold inline (the rest is headroom)
+
+
+def attribute_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the tensors held in node attributes (plugin fields), which stay inside the .onnx file."""
+    return sum(len(a.t.raw_data) or a.t.ByteSize() for n in model.graph.node for a in n.attribute
+               if a.type == onnx.AttributeProto.TENSOR)
 
 
 def _bias_after(g: _Graph, y: str, width: int) -> tuple[np.ndarray, str] | None:
@@ -41,11 +53,12 @@ def _bias_after(g: _Graph, y: str, width: int) -> tuple[np.ndarray, str] | None:
     return bias, add.output[0]
 
 
-def gemm_candidates(model: onnx.ModelProto) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def gemm_candidates(model: onnx.ModelProto, budget: int = ATTRIBUTE_BUDGET) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(what the pass takes: node, x, W, bias or None, the tensor the plugin writes; what it refuses, with why) over
-    the MatMuls whose second input is a constant."""
+    the MatMuls whose second input is a constant. budget: bytes of weights the graph may take into attributes."""
     g = _Graph(model)
     taken, refused = [], []
+    room = budget - attribute_bytes(model)
     for node in model.graph.node:
         if node.op_type != "MatMul" or len(node.input) != 2:
             continue
@@ -59,10 +72,16 @@ def gemm_candidates(model: onnx.ModelProto) -> tuple[list[dict[str, Any]], list[
             reason = f"the weight is {w.ndim}-D; the plugin takes a [K, N] matrix"
         elif w.dtype != np.float16:
             reason = f"the weight is {w.dtype}; the plugin is fp16 (an fp32 island of this build stays TensorRT's)"
+        elif len(g.consumers.get(node.input[1], [])) > 1:
+            reason = (f"its weight is read by {len(g.consumers[node.input[1]])} nodes; the plugin would copy it into each "
+                      "(TensorRT keeps one)")
+        elif w.nbytes > room:
+            reason = "its weight would take the graph's plugin fields past ONNX's 2 GB protobuf limit"
         if reason:
             refused.append({"node": node.name, "reason": reason})
             continue
         bias = _bias_after(g, node.output[0], w.shape[1])
+        room -= w.nbytes + (bias[0].nbytes if bias is not None else 0)
         taken.append({"node": node, "x": node.input[0], "w": w, "bias": None if bias is None else bias[0],
                       "y": node.output[0] if bias is None else bias[1]})
     return taken, refused

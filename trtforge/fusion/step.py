@@ -45,14 +45,21 @@ QKV_CHOICES = ("auto", *QKV_PROJECTIONS)
 
 
 def resolve_qkv_projection(choice: str, gemm_takes_it: bool) -> str:
-    """--qkv-projection auto: "matmul" where the GEMM pass will take the packed projection into TrtforgeGemm, else
-    "conv". On the H200 (TensorRT 8.6, BERT-base fp16, GPU ms at 16x128/16x512/64x512, two rounds each; RESULTS.md
+    """--qkv-projection auto: "matmul" where the GEMM pass will take the packed projection into TrtforgeGemm
+    (gemm_takes_it: qkv_gemm_applies), else "conv". On the H200 (TensorRT 8.6, BERT-base fp16, GPU ms at 16x128/16x512/64x512, two rounds each; RESULTS.md
     2026-12-03 w24): conv with TensorRT's GEMM 1.09/2.99/10.64, matmul into TrtforgeGemm 0.94-0.97/2.85-2.87/10.45;
     without the plugin a MatMul's Reshape before attention cost a copy kernel (conv measured faster, 2026-12-01).
     conv and matmul pass through; anything else is the attention pass's error."""
     if choice != "auto":
         return choice
     return "matmul" if gemm_takes_it else "conv"
+
+
+def qkv_gemm_applies(fuse_gemm: str, precision: str, flavour: str, version: str, gemm_registered: bool) -> bool:
+    """Whether the GEMM pass will take a packed QKV MatMul: fp16 builds only (in INT8 `best` builds the projections'
+    weights come through DequantizeLinear, which the pass leaves, and the conv form keeps TensorRT's INT8 convolution)."""
+    return (precision == "fp16" and fuse_gemm != "off" and gemm_registered
+            and elementwise_skip(GEMM_PASS, fuse_gemm, precision, flavour, version, True) is None)
 
 
 def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour: str, version: str,
@@ -128,6 +135,9 @@ class ElementwisePass:
     # Plugins the fuse function may also use where registered: (its keyword, plugin, version); the build asks the
     # registry and passes keyword=True/False (GELU: TrtforgeGemmGelu, which takes the GEMM in front too).
     optional_plugins: tuple[tuple[str, str, str], ...] = ()
+    precisions: tuple[str, ...] = ("fp16", "best", "fp32")  # where `on` can apply it at all
+    # Where the plugin comes from, for the refusals: TensorRT's own plugins (None) or trtforge's library (its note).
+    library_note: str | None = None
 
 
 GELU_PASS = ElementwisePass(
@@ -152,7 +162,8 @@ GEMM_PASS = ElementwisePass(
     # TrtforgeGemm 0.98-1.01/2.90-2.91/10.53; QKV too (--qkv-projection matmul) 0.94-0.97/2.85-2.87/10.45; engine cosine
     # vs ORT fp32 0.9999995 -> 0.9999998. INT8 best builds not measured (their GEMMs are Q/DQ'd, not constants).
     "TrtforgeGemm was measured faster only in fp16 builds (BERT-base on the H200: 10.64 -> 10.45 ms at 64x512)",
-    "cuBLASLt matmul (+ bias epilogue), its kernel timed per shape")
+    "cuBLASLt matmul (+ bias epilogue), its kernel timed per shape", precisions=("fp16", "best"),
+    library_note="libtrtforge_plugins, trtforge/native/build.sh")
 GELU_AUTO_PRECISIONS = GELU_PASS.auto_precisions
 # Applied in this order, each on the previous one's graph: GELU and skip-LayerNorm take their GEMMs and biases first.
 ELEMENTWISE_PASSES = (GELU_PASS, SKIP_LN_PASS, GEMM_PASS)
@@ -192,11 +203,16 @@ def elementwise_skip(spec: ElementwisePass, mode: str, precision: str, flavour: 
                      plugin_registered: bool) -> str | None:
     """Why the pass in this mode (auto|on) leaves this build's graph alone, or None when it fuses."""
     if backend_route(flavour, version).kind != "plugin":
+        if spec.library_note:
+            return f"{spec.plugin} is written for TensorRT 8.x ({spec.library_note}); {flavour} {version} gets no {spec.what} pass"
         return f"{spec.plugin} is TensorRT 8.x's plugin; {flavour} {version} fuses {spec.what} itself"
     if mode == "auto" and precision not in spec.auto_precisions:
         return f"precision {precision}: {spec.auto_note}; --fuse-{spec.flag} on forces it"
-    if precision not in ("fp16", "best", "fp32"):
-        return f"precision {precision} has no {spec.what} plugin route; build with fp32, fp16 or best"
+    if precision not in spec.precisions:
+        return f"precision {precision} has no {spec.what} plugin route; build with {' or '.join(spec.precisions)}"
+    if not plugin_registered and spec.library_note:
+        return (f"{spec.plugin} v{spec.version} is not in this TensorRT's plugin registry; load {spec.library_note} with "
+                "--plugin-library (config key build.plugin_libraries)")
     if not plugin_registered:
         return f"{spec.plugin} v{spec.version} is not in this TensorRT's plugin registry"
     return None
@@ -272,6 +288,6 @@ def describe(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["FusionReport", "GELU_PASS", "GEMM_PASS", "QKV_CHOICES", "resolve_qkv_projection", "SKIP_LN_PASS", "attention_fusion", "describe", "describe_gelu", "describe_gemm",
+__all__ = ["FusionReport", "GELU_PASS", "GEMM_PASS", "QKV_CHOICES", "qkv_gemm_applies", "resolve_qkv_projection", "SKIP_LN_PASS", "attention_fusion", "describe", "describe_gelu", "describe_gemm",
            "describe_skip_layernorm",
            "elementwise_fusion", "gelu_fusion", "observation_sizes", "sm_of"]

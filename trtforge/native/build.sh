@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build libtrtforge_plugins.so: sdpa_plugin.cpp (TrtforgeFlashAttention, over cuDNN's SDPA) and gemm_plugin.cpp
-# (TrtforgeGemmGelu, over cuBLASLt's GELU_BIAS epilogue).
+# (TrtforgeGemmGelu and TrtforgeGemm, over cuBLASLt's matmul with its GELU_BIAS / BIAS epilogues).
 #   bash trtforge/native/build.sh OUT.so
 # Needs a C++17 compiler, the CUDA toolkit (its headers and static runtime; CUDA_HOME or the nvcc on PATH) and:
 #   TRT_INCLUDE             TensorRT 8.6's include/ (NvInfer.h ...: the TensorRT tarball's, or NVIDIA/TensorRT v8.6.0)

@@ -24,14 +24,17 @@
 #include "plugin_common.h"
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <algorithm>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 using namespace nvinfer1;
@@ -116,15 +119,15 @@ struct Plan {
     cublasLtMatmulAlgo_t algo{};
 };
 
-// The algorithm chosen per problem (epilogue, tokens, K, N), shared by every layer and context of the process: the
-// twelve FC1s of BERT-base are timed once, not twelve times.
+// The algorithm chosen per problem (epilogue, tokens, K, N, the x/y pointers' alignment, device), shared by every
+// layer and context of the process: the twelve FC1s of BERT-base are timed once, not twelve times.
 class AlgoChoices {
    public:
     static AlgoChoices& get() {
         static AlgoChoices* instance = new AlgoChoices();  // leaked on purpose: plugins may be destroyed at exit
         return *instance;
     }
-    using Key = std::tuple<int32_t, int64_t, int32_t, int32_t>;
+    using Key = std::tuple<int32_t, int64_t, int32_t, int32_t, int32_t, int32_t>;
     bool find(Key const& key, cublasLtMatmulAlgo_t& algo) {
         std::lock_guard<std::mutex> lock(mutex_);
         auto it = choices_.find(key);
@@ -141,6 +144,14 @@ class AlgoChoices {
     std::mutex mutex_;
     std::map<Key, cublasLtMatmulAlgo_t> choices_;
 };
+
+// The largest power of two up to 256 that divides the address: what cuBLASLt may assume of it.
+int32_t alignment(void const* p) {
+    auto const a = reinterpret_cast<uintptr_t>(p);
+    int32_t align = 256;
+    while (align > 1 && a % align != 0) align /= 2;
+    return align;
+}
 
 bool autotune_enabled() {
     char const* v = std::getenv("TRTFORGE_GEMM_AUTOTUNE");
@@ -214,7 +225,9 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         for (int32_t i = 0; i < dims.nbDims - 1; ++i) tokens *= dims.d[i];
         std::lock_guard<std::mutex> lock(mutex_);
         if (!device_weight_ && !upload(stream)) return 1;
-        Plan* plan = plan_for(tokens, inputs[0], outputs[0], workspace, stream);
+        // TensorRT's buffers are usually 256-byte aligned; one that is not (a slice of a concatenation) gets its own plan.
+        int32_t const align = std::min(alignment(inputs[0]), alignment(outputs[0]));
+        Plan* plan = plan_for(tokens, align, inputs[0], outputs[0], workspace, stream);
         if (!plan) return 1;
         auto st = matmul(*plan, plan->algo, inputs[0], outputs[0], workspace, stream);
         if (st != CUBLAS_STATUS_SUCCESS) {
@@ -272,8 +285,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         return std::to_string(tokens) + "x" + std::to_string(k_) + " x " + std::to_string(k_) + "x" + std::to_string(n_);
     }
 
-    Plan* plan_for(int64_t tokens, void const* x, void* y, void* workspace, cudaStream_t stream) {
-        auto it = plans_.find(tokens);
+    Plan* plan_for(int64_t tokens, int32_t align, void const* x, void* y, void* workspace, cudaStream_t stream) {
+        auto it = plans_.find({tokens, align});
         if (it != plans_.end()) return &it->second;
         if (capturing(stream)) {
             error("token count " + std::to_string(tokens) + " first seen under CUDA-graph capture");
@@ -294,27 +307,35 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                   lt.layout_create(&p.a, CUDA_R_16F, n_, k_, n_) == CUBLAS_STATUS_SUCCESS &&
                   lt.layout_create(&p.b, CUDA_R_16F, k_, tokens, k_) == CUBLAS_STATUS_SUCCESS &&
                   lt.layout_create(&p.d, CUDA_R_16F, n_, tokens, n_) == CUBLAS_STATUS_SUCCESS;
-        AlgoChoices::Key const key{static_cast<int32_t>(epilogue), tokens, k_, n_};
-        ok = ok && (AlgoChoices::get().find(key, p.algo) || choose(p, key, tokens, x, y, workspace, stream));
+        int device = 0;
+        cudaGetDevice(&device);
+        AlgoChoices::Key const key{static_cast<int32_t>(epilogue), tokens, k_, n_, align, device};
+        ok = ok && (AlgoChoices::get().find(key, p.algo) || choose(p, key, tokens, align, x, y, workspace, stream));
         if (!ok) {
             error("no cuBLASLt algorithm for " + problem(tokens));
             destroy_plan(p);
             return nullptr;
         }
-        return &plans_.emplace(tokens, p).first->second;
+        return &plans_.emplace(std::make_pair(tokens, align), p).first->second;
     }
 
     // cuBLASLt's heuristic candidates for this problem, each timed on the enqueue's stream (into y, which the real
     // matmul overwrites next), the fastest kept for the process; the heuristic's first where timing is off.
-    bool choose(Plan& p, AlgoChoices::Key const& key, int64_t tokens, void const* x, void* y, void* workspace,
+    bool choose(Plan& p, AlgoChoices::Key const& key, int64_t tokens, int32_t align, void const* x, void* y, void* workspace,
                 cudaStream_t stream) {
         Lt& lt = Lt::get();
         cublasLtMatmulPreference_t pref = nullptr;
         cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
         int found = 0;
         size_t const ws = kWorkspaceBytes;
+        uint32_t const weight_align = 256, io_align = static_cast<uint32_t>(align);  // A: the weight; B: x; C, D: y
         bool ok = lt.pref_create(&pref) == CUBLAS_STATUS_SUCCESS &&
                   lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)) == CUBLAS_STATUS_SUCCESS &&
+                  lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &weight_align, sizeof(weight_align)) ==
+                      CUBLAS_STATUS_SUCCESS &&
+                  lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &io_align, sizeof(io_align)) == CUBLAS_STATUS_SUCCESS &&
+                  lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &io_align, sizeof(io_align)) == CUBLAS_STATUS_SUCCESS &&
+                  lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &io_align, sizeof(io_align)) == CUBLAS_STATUS_SUCCESS &&
                   lt.heuristic(lt.handle, p.desc, p.a, p.b, p.d, p.d, pref, kCandidates, results, &found) ==
                       CUBLAS_STATUS_SUCCESS &&
                   found > 0;
@@ -348,8 +369,12 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                 cudaGetLastError();  // a candidate that failed to launch leaves nothing for later calls to trip on
                 if (best >= 0) {
                     char line[256];
-                    std::snprintf(line, sizeof(line), "note: %s: cuBLASLt algorithm %d of %d timed, %.4f ms (heuristic's first %.4f ms)",
-                                  problem(tokens).c_str(), best + 1, found, best_ms, first_ms);
+                    if (first_ms >= 0.f)
+                        std::snprintf(line, sizeof(line), "note: %s: cuBLASLt algorithm %d of %d timed, %.4f ms (heuristic's first %.4f ms)",
+                                      problem(tokens).c_str(), best + 1, found, best_ms, first_ms);
+                    else
+                        std::snprintf(line, sizeof(line), "note: %s: cuBLASLt algorithm %d of %d timed, %.4f ms (the heuristic's first did not run)",
+                                      problem(tokens).c_str(), best + 1, found, best_ms);
                     error(line);
                 } else {
                     error("no cuBLASLt candidate ran for " + problem(tokens));
@@ -386,7 +411,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     std::vector<uint16_t> weight_, bias_;
     void* device_weight_ = nullptr;
     void* device_bias_ = nullptr;
-    std::map<int64_t, Plan> plans_;
+    std::map<std::pair<int64_t, int32_t>, Plan> plans_;  // by (tokens, alignment of x and y)
     std::mutex mutex_;
     std::string namespace_;
 };
