@@ -222,3 +222,22 @@ def test_fp32_and_gemm_less_gelus_keep_the_gelu_plugin(zoo):
         specs, axes, _ = io_specs(zoo[key], model)
         _, report = fuse_gelu(model, random_feeds(specs, zoo_sizes(axes, 16)), gemm_plugin=True)
         assert report.replaced and not any(r["gemm_folded"] for r in report.replaced)
+
+
+def test_gemm_gelu_weights_stop_short_of_the_inline_attribute_budget(zoo, monkeypatch):
+    """TrtforgeGemmGelu's weight is a node attribute, which ONNX keeps inside the .onnx file: past the budget the
+    GELU keeps the plain GELU plugin and its GEMM stays TensorRT's."""
+    import trtforge.fusion.gemm as gemm
+    from trtforge.precision import prepare_for_build
+
+    key = ("bert", "legacy")
+    model = with_random_vectors(onnx.load(zoo[key]))
+    specs, axes, _ = io_specs(zoo[key], model)
+    converted, _ = prepare_for_build(model, zoo[key], specs, axes)
+    feeds = random_feeds(specs, zoo_sizes(axes, 16))
+    fused, report = fuse_gelu(converted, feeds, gemm_plugin=True)
+    assert [r["gemm_folded"] for r in report.replaced] == [True, True]
+    w_bytes = gemm.attribute_bytes(fused) // 2  # each plugin's weight and bias
+    monkeypatch.setattr(gemm, "ATTRIBUTE_BUDGET", w_bytes + w_bytes // 2)
+    _, report = fuse_gelu(converted, feeds, gemm_plugin=True)
+    assert [r["gemm_folded"] for r in report.replaced] == [True, False]

@@ -204,6 +204,8 @@ def gemm_in_front(g: _Graph, c: GeluCandidate) -> tuple[str, np.ndarray] | None:
     w = g.const(mm.input[1])
     if w is None or w.ndim != 2 or w.dtype != np.float16 or w.shape[1] != c.bias.shape[0]:
         return None
+    if len(g.consumers.get(mm.input[1], [])) > 1:  # a shared weight would be copied into each plugin
+        return None
     return mm.input[0], w
 
 
@@ -221,10 +223,16 @@ def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], observe_mode
         return model, report
     out = drop_producers(model, {c.y for c in accepted})
     g = _Graph(model)
+    from trtforge.fusion.gemm import ATTRIBUTE_BUDGET, attribute_bytes
+
+    room = ATTRIBUTE_BUDGET - attribute_bytes(model)  # the plugin's weight is a node attribute: never past 2 GB inline
     for i, c in enumerate(accepted):
         source = c.pre_bias if c.bias is not None else c.x
         x_dtype, y_dtype = c.dtypes  # an Add's inputs share a type: pre_bias has x's
         gemm = gemm_in_front(g, c) if gemm_plugin else None
+        if gemm is not None and gemm[1].nbytes > room:
+            gemm = None  # the GELU plugin alone; the GEMM stays TensorRT's
+        room -= gemm[1].nbytes if gemm is not None else 0
         name = f"fused_gelu_{i}/gelu"
         if gemm is not None:  # MatMul + bias + GELU as one cuBLASLt matmul (its weight and bias in the plugin's fp16)
             x, w = gemm
