@@ -757,7 +757,7 @@ _KEEPS_LEADING = {"Cast", "Identity", "Erf", "Tanh", "Relu", "Sigmoid", "Sqrt", 
 
 def _keeping_step(g: _Graph, node: onnx.NodeProto) -> list[str] | None:
     """The data inputs of `node` whose axes but the last its output keeps (see same_leading_dims), or None."""
-    if node.op_type not in _KEEPS_LEADING:
+    if node.op_type not in _KEEPS_LEADING or node.domain not in ("", "ai.onnx"):  # a custom op of that name: unknown
         return None
     inputs = [i for i in node.input if i]
     if node.op_type == "MatMul":
