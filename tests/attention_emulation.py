@@ -145,6 +145,16 @@ def emulate_gemm_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     return _expand(model, GEMM_PLUGIN, expand)
 
 
+def reverse_weight_rows(node: onnx.NodeProto) -> None:
+    """A GEMM plugin node's [K, N] weight field with its rows reversed, in place: what a plugin reading the weight in
+    the other order would compute with, for tests that show the emulated graph then differs."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    for a in node.attribute:
+        if a.name == "weight":
+            w = numpy_helper.to_array(a.t).reshape(attrs["k"], attrs["n"])
+            a.t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w[::-1]).reshape(-1), a.t.name))
+
+
 def emulate_gemm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each TrtforgeGemm node (trtforge/native/gemm_plugin.cpp) as what its cuBLASLt matmul computes: x @ W (+ bias,
     the BIAS epilogue) in fp32, written as fp16 (the plugin's type)."""

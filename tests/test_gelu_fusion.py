@@ -185,7 +185,7 @@ def test_int8_best_graph_gelus_are_fused(zoo):
 def test_fp16_gelu_takes_its_gemm_into_trtforge_gemm_gelu(zoo, key):
     """With libtrtforge_plugins loaded, FC1's MatMul + bias + GELU of an fp16 graph become one TrtforgeGemmGelu node
     (cuBLASLt GELU_BIAS); emulated, the graph stays within the fp16 gate of the fp32 original."""
-    from attention_emulation import emulate_gemm_gelu_plugins
+    from attention_emulation import emulate_gemm_gelu_plugins, reverse_weight_rows
     from trtforge.fusion.gelu import GEMM_PLUGIN
     from trtforge.precision import prepare_for_build
 
@@ -207,10 +207,7 @@ def test_fp16_gelu_takes_its_gemm_into_trtforge_gemm_gelu(zoo, key):
     assert all(rel_l2(got[k], v) < 1e-2 for k, v in want.items()), {k: rel_l2(got[k], v) for k, v in want.items()}
     # A plugin that read the weight transposed would be wrong: the emulation of such a node differs.
     for n in nodes:
-        for a in n.attribute:
-            if a.name == "weight":
-                w = numpy_helper.to_array(a.t).reshape(attrs["k"], attrs["n"])
-                a.t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w[::-1]).reshape(-1), a.t.name))
+        reverse_weight_rows(n)
     bad = OrtRunner(emulate_gemm_gelu_plugins(fused).SerializeToString()).run(feeds)
     assert any(rel_l2(bad[k], v) > 1e-2 for k, v in want.items())
 

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from attention_emulation import emulate_gemm_plugins, rel_l2, with_random_vectors, zoo_sizes
+from attention_emulation import emulate_gemm_plugins, rel_l2, reverse_weight_rows, with_random_vectors, zoo_sizes
 from conftest import assert_user_error, export_zoo, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.feeds import random_feeds
@@ -50,11 +50,7 @@ def test_fp16_projections_become_trtforge_gemm_and_equal_the_original(zoo, key):
     assert all(rel_l2(got[k], v) < 1e-2 for k, v in want.items()), {k: rel_l2(got[k], v) for k, v in want.items()}
     # A plugin that read its weight in the other order would be wrong, and the emulation shows it.
     for n in nodes:
-        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-        for a in n.attribute:
-            if a.name == "weight":
-                w = numpy_helper.to_array(a.t).reshape(attrs["k"], attrs["n"])
-                a.t.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w[::-1]).reshape(-1), a.t.name))
+        reverse_weight_rows(n)
     bad = OrtRunner(emulate_gemm_plugins(fused).SerializeToString()).run(feeds)
     assert any(rel_l2(bad[k], v) > 1e-2 for k, v in want.items())
 

@@ -24,6 +24,8 @@ import onnx
 from onnx import numpy_helper
 
 from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish_plugin_graph, observe, plugin_with_cast
+from trtforge.fusion import gemm as gemm_pass  # the budget read at call time (one setting for both GEMM plugins)
+from trtforge.fusion.gemm import attribute_bytes, plugin_weight, weight_fields
 
 PLUGIN = "CustomGeluPluginDynamic"
 PLUGIN_VERSION = "1"
@@ -201,10 +203,8 @@ def gemm_in_front(g: _Graph, c: GeluCandidate) -> tuple[str, np.ndarray] | None:
     mm = g.producer.get(c.pre_bias)
     if mm is None or mm.op_type != "MatMul" or len(g.consumers.get(c.pre_bias, [])) != 1 or c.pre_bias in g.outputs:
         return None
-    w = g.const(mm.input[1])
-    if w is None or w.ndim != 2 or w.dtype != np.float16 or w.shape[1] != c.bias.shape[0]:
-        return None
-    if len(g.consumers.get(mm.input[1], [])) > 1:  # a shared weight would be copied into each plugin
+    w, _ = plugin_weight(g, mm)
+    if w is None or w.shape[1] != c.bias.shape[0]:
         return None
     return mm.input[0], w
 
@@ -223,9 +223,7 @@ def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], observe_mode
         return model, report
     out = drop_producers(model, {c.y for c in accepted})
     g = _Graph(model)
-    from trtforge.fusion.gemm import ATTRIBUTE_BUDGET, attribute_bytes
-
-    room = ATTRIBUTE_BUDGET - attribute_bytes(model)  # the plugin's weight is a node attribute: never past 2 GB inline
+    room = gemm_pass.ATTRIBUTE_BUDGET - attribute_bytes(model)  # the plugin's weight is a node attribute: never past 2 GB inline
     for i, c in enumerate(accepted):
         source = c.pre_bias if c.bias is not None else c.x
         x_dtype, y_dtype = c.dtypes  # an Add's inputs share a type: pre_bias has x's
@@ -236,9 +234,7 @@ def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], observe_mode
         name = f"fused_gelu_{i}/gelu"
         if gemm is not None:  # MatMul + bias + GELU as one cuBLASLt matmul (its weight and bias in the plugin's fp16)
             x, w = gemm
-            attrs: dict[str, Any] = {"weight": numpy_helper.from_array(w.astype(np.float16).reshape(-1), f"fused_gelu_{i}/weight"),
-                                     "bias": numpy_helper.from_array(c.bias.astype(np.float16), f"fused_gelu_{i}/bias"),
-                                     "k": int(w.shape[0]), "n": int(w.shape[1])}
+            attrs: dict[str, Any] = weight_fields(w, c.bias, f"fused_gelu_{i}")
             plugin, version, inputs = GEMM_PLUGIN, GEMM_VERSION, [x]
         else:
             attrs = {"type_id": 1 if x_dtype == np.float16 else 0}

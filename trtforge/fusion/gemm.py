@@ -38,6 +38,33 @@ def attribute_bytes(model: onnx.ModelProto) -> int:
                if a.type == onnx.AttributeProto.TENSOR)
 
 
+def plugin_weight(g: _Graph, mm: onnx.NodeProto) -> tuple[np.ndarray | None, str | None]:
+    """(MatMul mm's weight, None) when a GEMM plugin's fields can take it: a constant fp16 [K, N] matrix that mm alone
+    reads, multiplying an activation; else (None, why). Both TrtforgeGemm and TrtforgeGemmGelu hold it as a field."""
+    w = g.const(mm.input[1]) if len(mm.input) == 2 else None
+    if w is None:
+        return None, "the weight is not a constant"
+    if g.const(mm.input[0]) is not None:
+        return None, "both operands are constants (folded by the builder)"
+    if w.ndim != 2:
+        return None, f"the weight is {w.ndim}-D; the plugin takes a [K, N] matrix"
+    if w.dtype != np.float16:
+        return None, f"the weight is {w.dtype}; the plugin is fp16 (an fp32 island of this build stays TensorRT's)"
+    readers = len(g.consumers.get(mm.input[1], []))
+    if readers > 1:
+        return None, f"its weight is read by {readers} nodes; the plugin would copy it into each (TensorRT keeps one)"
+    return w, None
+
+
+def weight_fields(w: np.ndarray, bias: np.ndarray | None, prefix: str) -> dict[str, Any]:
+    """The plugin fields of a [K, N] weight (row-major, flattened) and its optional [N] bias, in fp16."""
+    fields: dict[str, Any] = {"weight": numpy_helper.from_array(np.ascontiguousarray(w, np.float16).reshape(-1), f"{prefix}/weight"),
+                              "k": int(w.shape[0]), "n": int(w.shape[1])}
+    if bias is not None:
+        fields["bias"] = numpy_helper.from_array(bias.astype(np.float16), f"{prefix}/bias")
+    return fields
+
+
 def _bias_after(g: _Graph, y: str, width: int) -> tuple[np.ndarray, str] | None:
     """(bias, the Add's output) when MatMul output y's only reader is Add(y, constant [width]) and y is no graph output."""
     readers = g.consumers.get(y, [])
@@ -60,22 +87,10 @@ def gemm_candidates(model: onnx.ModelProto, budget: int = ATTRIBUTE_BUDGET) -> t
     taken, refused = [], []
     room = budget - attribute_bytes(model)
     for node in model.graph.node:
-        if node.op_type != "MatMul" or len(node.input) != 2:
-            continue
-        w = g.const(node.input[1])
-        if w is None:
+        if node.op_type != "MatMul" or len(node.input) != 2 or g.const(node.input[1]) is None:
             continue  # activation x activation (attention's BMMs): not a projection
-        reason = None
-        if g.const(node.input[0]) is not None:
-            reason = "both operands are constants (folded by the builder)"
-        elif w.ndim != 2:
-            reason = f"the weight is {w.ndim}-D; the plugin takes a [K, N] matrix"
-        elif w.dtype != np.float16:
-            reason = f"the weight is {w.dtype}; the plugin is fp16 (an fp32 island of this build stays TensorRT's)"
-        elif len(g.consumers.get(node.input[1], [])) > 1:
-            reason = (f"its weight is read by {len(g.consumers[node.input[1]])} nodes; the plugin would copy it into each "
-                      "(TensorRT keeps one)")
-        elif w.nbytes > room:
+        w, reason = plugin_weight(g, node)
+        if w is not None and w.nbytes > room:
             reason = "its weight would take the graph's plugin fields past ONNX's 2 GB protobuf limit"
         if reason:
             refused.append({"node": node.name, "reason": reason})
@@ -99,13 +114,9 @@ def fuse_gemm(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None = None
     out = drop_producers(model, {c["y"] for c in taken} | {c["node"].output[0] for c in taken})
     for i, c in enumerate(taken):
         w, bias = c["w"], c["bias"]
-        attrs: dict[str, Any] = {"weight": numpy_helper.from_array(np.ascontiguousarray(w).reshape(-1), f"fused_gemm_{i}/weight"),
-                                 "k": int(w.shape[0]), "n": int(w.shape[1])}
-        if bias is not None:
-            attrs["bias"] = numpy_helper.from_array(bias, f"fused_gemm_{i}/bias")
         name = f"fused_gemm_{i}/gemm"
         out.graph.node.extend(plugin_with_cast(PLUGIN, PLUGIN_VERSION, [c["x"]], c["y"], np.float16, np.float16, name,
-                                               f"fused_gemm_{i}", **attrs))
+                                               f"fused_gemm_{i}", **weight_fields(w, bias, f"fused_gemm_{i}")))
         report.replaced.append({"node": c["node"].name, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "k": int(w.shape[0]),
                                 "n": int(w.shape[1]), "bias_folded": bias is not None, "plugin_node": name})
     return finish_plugin_graph(out), report
