@@ -240,12 +240,6 @@ class GemmPlugin final : public IPluginV2DynamicExt {
    private:
     void error(std::string const& what) const { log_error(plugin_name(epilogue_), what); }
 
-    static bool capturing(cudaStream_t stream) {
-        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-        cudaStreamIsCapturing(stream, &status);
-        return status != cudaStreamCaptureStatusNone;
-    }
-
     // Column-major view: D[N, T] = W[N, K] (row-major [K, N]) x X[K, T] (row-major [T, K]) (+ bias per row, GELU).
     cublasStatus_t matmul(Plan const& p, cublasLtMatmulAlgo_t const& algo, void const* x, void* y, void* workspace,
                           cudaStream_t stream) const {
@@ -255,7 +249,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     }
 
     bool upload(cudaStream_t stream) {
-        if (capturing(stream)) {
+        if (trtforge::capturing(stream)) {
             error("first enqueue under CUDA-graph capture; enqueue once plainly first");
             return false;
         }
@@ -288,7 +282,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     Plan* plan_for(int64_t tokens, int32_t align, void const* x, void* y, void* workspace, cudaStream_t stream) {
         auto it = plans_.find({tokens, align});
         if (it != plans_.end()) return &it->second;
-        if (capturing(stream)) {
+        if (trtforge::capturing(stream)) {
             error("token count " + std::to_string(tokens) + " first seen under CUDA-graph capture");
             return nullptr;
         }

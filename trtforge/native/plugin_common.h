@@ -2,12 +2,20 @@
 #pragma once
 
 #include <NvInfer.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
 namespace trtforge {
+
+// Whether `stream` is being captured into a CUDA graph: nothing may be created or allocated then.
+inline bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(stream, &status);
+    return status != cudaStreamCaptureStatusNone;
+}
 
 inline void log_plugin_error(char const* plugin, std::string const& what) {
     std::fprintf(stderr, "[%s] %s\n", plugin, what.c_str());

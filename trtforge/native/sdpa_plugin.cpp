@@ -66,9 +66,7 @@ class SdpaGraphs {
         auto key = std::make_tuple(b, s, p.heads, p.hidden, p.scale, p.causal);
         auto it = graphs_.find(key);
         if (it == graphs_.end()) {
-            cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-            cudaStreamIsCapturing(stream, &capturing);
-            if (capturing != cudaStreamCaptureStatusNone) {  // nothing is created or allocated under capture
+            if (trtforge::capturing(stream)) {  // nothing is created or allocated under capture
                 log_error("attention shape " + std::to_string(b) + "x" + std::to_string(s) +
                           " first seen under CUDA-graph capture; enqueue it once plainly first");
                 return false;
