@@ -79,6 +79,33 @@ def test_streamed_batches_are_make_batches_batches():
     assert naive == [[c] for d in range(4) for c in planned[d]]
 
 
+def test_add_many_forms_the_batches_add_forms_one_chunk_at_a_time():
+    rng = np.random.default_rng(3)
+    docs = [[(d, i, int(k)) for i, k in enumerate(rng.choice([8, 8, 8, 4], size=int(n)))] for d, n in enumerate(rng.integers(1, 12, 9))]
+    one, many = Batcher(3, lambda c: c[2]), Batcher(3, lambda c: c[2])
+    by_one = [b for doc in docs for c in doc for b in one.add(c)] + one.flush()
+    by_many = [b for doc in docs for b in many.add_many(doc)] + many.flush()
+    assert by_many == by_one and len(by_one) > 5
+    assert Batcher(3, lambda c: c[2], naive=True).add_many(docs[0]) == [[c] for c in docs[0]]
+
+
+def test_batch_parts_are_block_slices_that_stack_to_the_batch():
+    from trtforge.run import Chunk, batch_parts, stack
+
+    def block_chunks(d, rows, base):
+        block = {"input_ids": np.arange(rows * 4).reshape(rows, 4) + base, "attention_mask": np.ones((rows, 4), np.int64)}
+        return [Chunk(d, r, {k: v[r:r + 1] for k, v in block.items()}, None, 4, block=block, row=r) for r in range(rows)]
+
+    a, b = block_chunks(0, 5, 0), block_chunks(1, 3, 100)
+    loose = Chunk(2, 0, {"input_ids": np.full((1, 4), 7), "attention_mask": np.ones((1, 4), np.int64)}, None, 4)
+    batch = a[1:4] + [loose] + b + [a[4]]  # a[4] is not next to a[3] in the batch: a part of its own
+    parts = batch_parts(batch)
+    assert [len(p) for p in parts["input_ids"]] == [3, 1, 3, 1]
+    assert np.shares_memory(parts["input_ids"][0], a[0].block["input_ids"])
+    for name, value in stack(batch).items():
+        np.testing.assert_array_equal(np.concatenate(parts[name]), value)
+
+
 def test_batches_run_while_later_documents_are_still_being_planned():
     """Document 1 cannot finish planning until the consumer holds the first batch: a loop that planned
     every document before running any batch would time out here."""

@@ -242,14 +242,24 @@ def window_runs(batch: list[Any], rows: list[int], multi: Callable[[int], bool])
     one np.take (run's host merge) or a few strided copies (the copy-engine merge). Pure."""
     runs: list[list[int]] = []
     left: list[int] = []
+    known: dict[int, bool] = {}  # multi(doc) once per input (this runs per batch row on the thread feeding the GPU)
+    run: list[int] = []
+    last_doc, last_index = None, 0
     for j in rows:
         c = batch[j]
-        if not multi(c.doc):
+        d = c.doc
+        is_multi = known.get(d)
+        if is_multi is None:
+            is_multi = known[d] = bool(multi(d))
+        if not is_multi:
             left.append(j)
-        elif runs and batch[runs[-1][-1]].doc == c.doc and batch[runs[-1][-1]].index + 1 == c.index:
-            runs[-1].append(j)
+            continue
+        if d == last_doc and c.index == last_index + 1:
+            run.append(j)
         else:
-            runs.append([j])
+            run = [j]
+            runs.append(run)
+        last_doc, last_index = d, c.index
     return runs, left
 
 
@@ -286,8 +296,8 @@ def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int,
 def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.ndarray:
     """A sequence embedding from per-chunk mean embeddings, weighted by each chunk's (kept) token count."""
     counts = np.asarray(token_counts, dtype=np.float64)
-    stacked = np.stack([np.asarray(m, dtype=np.float64) for m in chunk_means])
-    return (stacked * counts[:, None]).sum(axis=0) / counts.sum()
+    stacked = np.array(chunk_means, dtype=np.float64)  # one conversion of the whole list (called per input on the merge path)
+    return np.tensordot(counts, stacked, axes=1) / counts.sum()
 
 
 def merge_pooled(chunk_vectors: list[np.ndarray], token_counts: list[int]) -> np.ndarray:

@@ -73,6 +73,11 @@ class Chunk:
     window: Any  # Window (1-D) or Tile (2-D)
     tokens: int
     content: slice | None = None  # text: where the document's tokens sit in the chunk (None: all of it)
+    # text: the block of equal-length windows `feeds` are row views of, and this chunk's row in it, so a batch of
+    # consecutive windows is staged from a few block slices (batch_parts) instead of one part per window
+    block: dict[str, np.ndarray] | None = None
+    row: int = 0
+    key: tuple | None = None  # shape_key, set once where many chunks share it (a block's)
 
 
 @dataclass
@@ -266,9 +271,11 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
         chunks, i = [], 0
         for block in wrap_spans(doc.ids, [(w.start, w.end) for w in windows], tokenizer.prefix, tokenizer.suffix):
             feeds = text_feeds(block, tokenizer.type_ids(block), specs)  # one array per input per block: rows are views
+            key = tuple((k, (1, *v.shape[1:])) for k, v in sorted(feeds.items()))  # shape_key of every row
             for r in range(block.shape[0]):
                 w = windows[i]
-                chunks.append(Chunk(d, i, {k: v[r:r + 1] for k, v in feeds.items()}, w, w.length, slice(p, p + w.length)))
+                chunks.append(Chunk(d, i, {k: v[r:r + 1] for k, v in feeds.items()}, w, w.length, slice(p, p + w.length),
+                                    feeds, r, key))
                 i += 1
         return chunks
     if doc.kind == "seq":
@@ -330,11 +337,28 @@ def make_batches(chunks: list[Chunk], batch_size: int, naive: bool = False) -> l
 
 def shape_key(chunk: Chunk) -> tuple:
     """Chunks with equal keys batch together."""
-    return tuple((k, v.shape) for k, v in sorted(chunk.feeds.items()))
+    key = getattr(chunk, "key", None)  # set by plan_document for a block's windows
+    return key if key is not None else tuple((k, v.shape) for k, v in sorted(chunk.feeds.items()))
 
 
 def stack(batch: list[Chunk]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([c.feeds[k] for c in batch], axis=0) for k in batch[0].feeds}
+
+
+def batch_parts(batch: list[Chunk]) -> dict[str, list[np.ndarray]]:
+    """A batch's feeds as the parts to stack along axis 0 (equal to stack(batch)): a run of chunks that are consecutive
+    rows of one block is one slice of it, so a batch of windows of a few documents is a few parts, not one per window
+    (the staging's per-part work was a per-window cost on the thread feeding the GPU). Pure."""
+    runs: list[tuple[Chunk, int]] = []  # (first chunk, rows)
+    for c in batch:
+        if runs and c.block is not None:
+            first, n = runs[-1]
+            if first.block is c.block and first.row + n == c.row:
+                runs[-1] = (first, n + 1)
+                continue
+        runs.append((c, 1))
+    return {k: [c.feeds[k] if n == 1 or c.block is None else c.block[k][c.row:c.row + n] for c, n in runs]
+            for k in batch[0].feeds}
 
 
 # -- targets -------------------------------------------------------------------------------------
@@ -821,7 +845,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             if b is None:
                 return
             batches.append(b)
-            yield len(batches) - 1, ({k: [c.feeds[k] for c in b] for k in b[0].feeds} if parts else stack(b))
+            yield len(batches) - 1, (batch_parts(b) if parts else stack(b))
 
     results: dict[int, dict[str, np.ndarray]] = {}
     # Merging runs on `merge_workers` threads (numpy copies release the GIL), overlapping the submission and

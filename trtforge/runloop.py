@@ -154,6 +154,28 @@ class Batcher:
             return [group]
         return []
 
+    def add_many(self, chunks: Sequence[Any]) -> list[list[Any]]:
+        """add() of each chunk in turn (the same batches), a run of equal keys at a time: a document's windows mostly
+        share one key, so they join their group by slices rather than one append and length check each."""
+        if self.naive:
+            return [[c] for c in chunks]
+        out: list[list[Any]] = []
+        keys = [self.key(c) for c in chunks]
+        i = 0
+        while i < len(chunks):
+            j = i + 1
+            while j < len(chunks) and keys[j] == keys[i]:
+                j += 1
+            group = self.groups.setdefault(keys[i], [])
+            while i < j:
+                take = min(j - i, self.size - len(group))
+                group.extend(chunks[i:i + take])
+                i += take
+                if len(group) == self.size:
+                    out.append(group)
+                    group = self.groups[keys[i - 1]] = []
+        return out
+
     def flush(self) -> list[list[Any]]:
         out = [g for g in self.groups.values() if g]
         self.groups = {}
@@ -206,10 +228,9 @@ def stream_batches(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batch
                 if stop.is_set():
                     return
                 on_plan(d, chunks)
-                for c in chunks:
-                    for b in batcher.add(c):
-                        if not put(b):
-                            return
+                for b in batcher.add_many(chunks):
+                    if not put(b):
+                        return
             for b in batcher.flush():
                 if not put(b):
                     return
