@@ -771,3 +771,10 @@ def test_placed_outputs_go_where_place_says_and_the_slot_gets_only_its_rows(monk
     with pytest.raises(ValueError, match="place needs consume"):
         list(runner.run_many(batches[:1], place=place))
 
+
+
+def test_planning_threads_default_to_two_unless_they_tokenize():
+    from trtforge.run import default_plan_workers
+
+    assert default_plan_workers(True, 16) == 8 and default_plan_workers(True, 4) == 4
+    assert default_plan_workers(False, 16) == 2 and default_plan_workers(False, 1) == 1
