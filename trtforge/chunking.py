@@ -296,8 +296,10 @@ def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int,
 def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.ndarray:
     """A sequence embedding from per-chunk mean embeddings, weighted by each chunk's (kept) token count."""
     counts = np.asarray(token_counts, dtype=np.float64)
-    stacked = np.array(chunk_means, dtype=np.float64)  # one conversion of the whole list (called per input on the merge path)
-    return np.tensordot(counts, stacked, axes=1) / counts.sum()
+    # per-part asarray then stack: np.array(chunk_means, dtype=np.float64) in one call made `run` from text 30-45% slower
+    # on the H200 box (w26c: MiniLM 1.50-2.10M against 2.46-3.13M tokens/s; benchmarks/RESULTS.md, 2026-12-03 w26)
+    stacked = np.stack([np.asarray(m, dtype=np.float64) for m in chunk_means])
+    return (stacked * counts[:, None]).sum(axis=0) / counts.sum()
 
 
 def merge_pooled(chunk_vectors: list[np.ndarray], token_counts: list[int]) -> np.ndarray:
