@@ -407,7 +407,7 @@ def run_cmd(
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="TensorRT: capture each batch shape as a CUDA graph and replay it."),
     shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
-    plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs) where they tokenize text, else 2)."),
+    plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs) where inputs are text to tokenize, else 2)."),
     plan_ahead: int = typer.Option(8, "--plan-ahead", min=0, help="Batches planned ahead of the GPU loop, queued (0: no bound); besides them at most 2 x plan-workers documents are planned ahead."),
     overlap_merges: bool = typer.Option(True, "--overlap-merges/--no-overlap-merges", help="With --no-precision-check on an engine: merge each batch on one merge thread while the next is collected (off: split a batch's rows over the merge threads and wait)."),
     copy_engine_merge: bool = typer.Option(True, "--copy-engine-merge/--no-copy-engine-merge", help="With overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into each input's merged output (page-locked, pooled, reserved before the clock), so the host copies none of those bytes (off: the merge threads copy them)."),

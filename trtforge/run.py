@@ -834,7 +834,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     parts = getattr(target, "accepts_parts", False)
     # Tokenizing releases the GIL: documents in parallel. With ids from worker processes as well: 2 planning threads
     # starved the loop on the H200 box (their page-in of merged outputs under GIL contention; 2026-12-02 w11).
-    workers = options.plan_workers or default_plan_workers(bool(untokenized) and tokenizing is None, os.cpu_count() or 2)
+    workers = options.plan_workers or default_plan_workers(bool(untokenized), os.cpu_count() or 2)
 
     def feeds() -> Any:
         stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), workers, on_plan,
@@ -942,9 +942,10 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
 
 def default_plan_workers(tokenizes: bool, cpus: int) -> int:
-    """Planning threads when --plan-workers is not given: min(8, CPUs) where they tokenize text (the tokenizer releases
-    the GIL, so documents tokenize in parallel), else 2: planning pre-tokenized ids is Python the threads contend for the
-    GIL with the one feeding the GPU. MiniLM from ids on the H200 box: 3.35-3.42M tokens/s with 2 against 2.77-2.88M
+    """Planning threads when --plan-workers is not given: min(8, CPUs) where inputs are text to tokenize (the tokenizer
+    releases the GIL, so documents tokenize in parallel; with --tokenize-processes as well: 2 planning threads starved the
+    loop there, 2026-12-02 w11), else 2: planning pre-tokenized ids is Python the threads contend for the GIL with the
+    one feeding the GPU. MiniLM from ids on the H200 box: 3.35-3.42M tokens/s with 2 against 2.77-2.88M
     with 8 and 2.69-3.31M with 1 (benchmarks/RESULTS.md, 2026-12-03 w26)."""
     return min(8 if tokenizes else 2, max(1, cpus))
 
