@@ -240,6 +240,9 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
         assert runtime["output_pool"]["memory"] == "numpy" and "reserved" not in runtime["output_pool"]
     if not precision_check:  # overlapped: each batch whole on one merge thread; waiting: its rows split over the 2
         assert all(rows is None for rows in merged_rows) if overlap_merges else all(rows is not None for rows in merged_rows)
+    # 31 + 3 windows of 256 at batch 4: the last two ran padded to the warm-up's 4 rows, their outputs equal ORT's above
+    # all the same; the one-window text's shape never ran at more rows, so it ran as it is
+    assert [i["chunks"] for i in report["inputs"]] == [31, 3, 1] and runtime["padding"] == {"enabled": True, "batches": 1, "rows": 2}
     json.loads((tmp_path / "report.json").read_text())
 
 

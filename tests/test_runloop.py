@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from trtforge.backends.cuda_async import submit_calls
-from trtforge.runloop import (CAPTURE, ENQUEUE, LAUNCH, Batcher, GraphCache, batch_timeline, completion_intervals, slot_bytes,
-                              stream_batches, wall_over_gpu)
+from trtforge.runloop import (CAPTURE, ENQUEUE, LAUNCH, Batcher, GraphCache, batch_timeline, completion_intervals, padded_batch,
+                              slot_bytes, stream_batches, wall_over_gpu)
 
 
 # -- GraphCache ------------------------------------------------------------------------------------
@@ -507,13 +507,45 @@ def test_trt_runner_outputs_match_with_and_without_cuda_graphs(monkeypatch, tmp_
 def test_replaying_a_graph_after_the_context_ran_another_shape_would_be_wrong(monkeypatch, tmp_path):
     """The fake is strict enough to catch the hazard GraphCache avoids: a cache that replays a graph
     whatever shape the context last ran gives wrong outputs."""
-    runner, _ = _runner(monkeypatch, tmp_path, slots=2)
+    runner, _ = _runner(monkeypatch, tmp_path, slots=2, pad_batches=False)  # padded, the (2, 8) batch would replay (4, 8)
     careless = lambda profile, shape, slot: (LAUNCH if (profile, shape, slot) in runner.graphs.graphs  # noqa: E731
                                               else CAPTURE if runner.graphs.current.get(profile) == shape else ENQUEUE)
     monkeypatch.setattr(runner.graphs, "action", careless)
     batches = [(i, {"x": np.full(shape, i, np.int64)}) for i, shape in enumerate([(4, 8), (4, 8), (4, 8), (2, 8), (4, 8)])]
     outs = dict(runner.run_many(batches))
     assert not np.array_equal(outs[4]["y"], _expected(batches[4][1]))
+
+
+def test_a_partial_batch_is_padded_to_the_fewest_rows_that_ran_at_its_other_dims():
+    assert padded_batch({"ids": (3, 256), "mask": (3, 256)}, {64, 16, 2}) == 16
+    assert padded_batch({"ids": (64, 256)}, {64}) is None  # a size that ran: as it is
+    assert padded_batch({"ids": (70, 256)}, {64}) is None  # none larger ran
+    assert padded_batch({"ids": (3, 256)}, set()) is None
+    assert padded_batch({"ids": (3, 256), "other": (4, 2)}, {8}) is None  # the inputs disagree on the batch axis
+
+
+@pytest.mark.parametrize("parts", [False, True], ids=["array", "chunk-parts"])
+def test_a_partial_last_batch_replays_the_full_batchs_graph_and_hands_on_its_own_rows(monkeypatch, tmp_path, parts):
+    rng = np.random.default_rng(1)
+    shapes = [(4, 8)] * 5 + [(3, 8), (1, 12), (4, 12)]  # (1, 12): nothing ran at seq 12 before it, so it runs as it is
+    batches = [(i, {"x": rng.integers(0, 1000, size=shape).astype(np.int32)}) for i, shape in enumerate(shapes)]
+    fed = [(tag, {"x": [x[j:j + 1] for j in range(len(x))]} if parts else {"x": x}) for tag, x in
+           ((tag, feeds["x"]) for tag, feeds in batches)]
+    results = {}
+    for pad in (True, False):
+        runner, engine = _runner(monkeypatch, tmp_path, slots=2, pad_batches=pad)
+        got = list(runner.run_many(fed))
+        for (tag, out), (_, feeds) in zip(got, batches):
+            assert out["y"].shape[0] == feeds["x"].shape[0]
+            np.testing.assert_array_equal(out["y"], _expected(feeds))
+        results[pad] = runner.runtime_report()
+        runner.close()
+    padded, plain = results[True], results[False]
+    assert padded["padding"] == {"enabled": True, "batches": 1, "rows": 1}
+    assert plain["padding"] == {"enabled": False, "batches": 0, "rows": 0}
+    # padded, the partial batch replayed the (4, 8) graph; as it is, it was a shape of its own, enqueued plainly
+    assert padded["cuda_graphs"]["plain_enqueues"] == plain["cuda_graphs"]["plain_enqueues"] - 1
+    assert padded["cuda_graphs"]["replayed"] == plain["cuda_graphs"]["replayed"] + 1
 
 
 def test_profile_contexts_share_one_device_memory_block(monkeypatch, tmp_path):

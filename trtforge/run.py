@@ -105,6 +105,7 @@ class RunOptions:
     # The TensorRT loop (tensorrt_runtime.TrtRunner); off switches exist to measure what each buys.
     cuda_graphs: bool = True
     shared_device_memory: bool = True
+    pad_batches: bool = True  # a partial batch runs padded to a batch size that ran (runloop.padded_batch)
     slots: int = 3  # staging slots: batches in flight
     plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: run.default_plan_workers)
     plan_ahead: int = 8  # batches planning may run ahead of the GPU loop (0: unbounded; runloop.stream_batches)
@@ -398,7 +399,7 @@ class TrtTarget:
     accepts_parts = True  # a batch's feeds may be its chunks' arrays: stacked straight into pinned memory
 
     def __init__(self, engine: Path, backend: str, slots: int = 3, cuda_graphs: bool = True, shared_device_memory: bool = True,
-                 plugin_libraries: list[str] | None = None):
+                 plugin_libraries: list[str] | None = None, pad_batches: bool = True):
         from trtforge.backends.tensorrt import load_trt, runtime_identity
         from trtforge.backends.tensorrt_runtime import TrtRunner
         from trtforge.build import check_engine_compat, read_engine_sidecar
@@ -416,7 +417,7 @@ class TrtTarget:
         if _gpu() is None:
             raise UserError(f"{engine.name} needs a GPU to run and this machine has none; run its ONNX ({self.sidecar.get('built_onnx')}) on ONNX Runtime instead.")
         self.runner = TrtRunner(mod, engine, self.sidecar, slots=slots, cuda_graphs=cuda_graphs,
-                                shared_device_memory=shared_device_memory)
+                                shared_device_memory=shared_device_memory, pad_batches=pad_batches)
         self.warm_batches = len(self.runner.slots) + 1  # a plain enqueue, then one graph capture per slot
         self.input_names, self.output_names = self.runner.input_names, self.runner.output_names
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
@@ -741,7 +742,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     _check_save_outputs(p.docs, options.save_outputs)
     if p.is_engine:
         target: Any = TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory,
-                                options.plugin_libraries)
+                                options.plugin_libraries, options.pad_batches)
     else:
         target = OrtTarget(p.target_path, options.providers)
     _check_io(target, p.reference, p.target_path, p.reference_path)

@@ -136,6 +136,25 @@ def batch_timeline(wall_ms: Sequence[float], gpu_ms: Sequence[float | None], lim
             "gpu_ms": [None if g is None else round(float(g), 3) for g in gpu_ms[:shown]]}
 
 
+def padded_batch(shapes: dict[str, tuple[int, ...]], ran: set[int]) -> int | None:
+    """The rows to pad a batch to: the fewest of those that already ran (`ran`, at the same dims after the batch axis)
+    above its own, None where it has a size that ran, none is larger, or its inputs disagree on the batch axis. Pure.
+
+    Why: a stream's last batch is partial, and a batch size the engine has not run is a new shape: on the H200 box
+    that batch took 65-121 ms of GPU against 1.5-5.8 ms for a full one (TensorRT's first run of a shape, trtforge's
+    plugins' per-shape cuDNN graphs and GEMM choice, a CUDA-graph capture; benchmarks/RESULTS.md, 2026-12-03 w26). Padded
+    with copies of its last row, it replays a captured graph; rows never mix in these models, and the padding rows
+    are dropped before anything reads the outputs."""
+    sizes = {dims[0] for dims in shapes.values() if dims}
+    if len(sizes) != 1:
+        return None
+    own = sizes.pop()
+    if own in ran:
+        return None
+    larger = [r for r in ran if r > own]
+    return min(larger) if larger else None
+
+
 class Batcher:
     """Chunks grouped by shape key into batches of at most `size`: a batch is emitted when its group
     fills, the rest by `flush` in group order. Same batches as run.make_batches, in the order they fill."""

@@ -33,7 +33,7 @@ from trtforge.backends.cuda_async import stack_into, submit_calls
 from trtforge.copymerge import OutputCopies
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
-from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, slot_bytes
+from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, padded_batch, slot_bytes
 
 
 def _cudart() -> Any:
@@ -176,10 +176,12 @@ class TrtRunner:
     their addresses never change); batches use them round robin, so while the oldest batch's outputs
     are copied out the GPU still holds `slots - 1` batches. All contexts share one device-memory block
     (their activations): they only ever run on the one compute stream, one after the other. With
-    `cuda_graphs`, each (profile, shape, slot) is captured once and replayed (runloop.GraphCache)."""
+    `cuda_graphs`, each (profile, shape, slot) is captured once and replayed (runloop.GraphCache). With
+    `pad_batches`, a batch of fewer rows than one that already ran at the same other dims (a stream's last, partial
+    batch) runs padded to it (runloop.padded_batch says why)."""
 
     def __init__(self, mod: Any, engine_path: Path, sidecar: dict[str, Any], slots: int = 3, cuda_graphs: bool = True,
-                 shared_device_memory: bool = True):
+                 shared_device_memory: bool = True, pad_batches: bool = True):
         self.mod, self.trt = mod, mod.trt
         _check_gpu_supported(mod.flavour, engine_path)
         cudart = _cudart()
@@ -215,6 +217,9 @@ class TrtRunner:
         self.timings: list[BatchTiming] = []
         self.peak_bytes = 0
         self.graphs = GraphCache(enabled=cuda_graphs)
+        self.pad_batches = pad_batches
+        self._batch_rows: dict[tuple, set[int]] = {}  # inputs' dims after the batch axis -> batch sizes that ran
+        self.padding = {"enabled": pad_batches, "batches": 0, "rows": 0}
         self.host = StageClock()  # where the host's time goes: runtime_report()["host_seconds"]
         self.shared_memory: dict[str, Any] = {"enabled": False}
         self._memory: DeviceBuffer | None = None
@@ -318,7 +323,7 @@ class TrtRunner:
         return select_profile(self.profiles, sizes).index
 
     def runtime_report(self) -> dict[str, Any]:
-        return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory),
+        return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory), "padding": dict(self.padding),
                 "staging_slots": len(self.slots), "submit_calls": self.submit_calls, "host_seconds": self.host.report()}
 
     # -- execution ---------------------------------------------------------------------------
@@ -408,7 +413,9 @@ class TrtRunner:
                     cuda.copy_2d_to_host(address, pitch, device + offset, device_pitch, width, height, stream)
 
     def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any, shapes: dict[str, tuple[int, ...]],
-                place: Callable[[Any, dict[str, tuple[int, ...]]], dict[str, OutputCopies]] | None = None) -> None:
+                place: Callable[[Any, dict[str, tuple[int, ...]]], dict[str, OutputCopies]] | None = None,
+                rows: int | None = None) -> None:
+        """rows: the batch's own rows where it runs padded (the outputs handed on are those rows only)."""
         cuda, streams, slot = self.cuda, self._streams, self.slots[s]
         events = slot.event_handles
         ctx = self._context(profile)
@@ -419,6 +426,9 @@ class TrtRunner:
         if action != LAUNCH:
             self._prepare_context(ctx, profile, shape, s)
         shapes = self._out_shapes[(profile, shape)]
+        if rows is not None:  # padded: its own rows only (the first ones) are copied out and handed on
+            padded_rows = shape[0][0]
+            shapes = {name: (rows, *dims[1:]) if dims and dims[0] == padded_rows else dims for name, dims in shapes.items()}
         cuda.wait(streams["compute_stream"], events["h2d"])
         cuda.record(events["start"], streams["compute_stream"])
         graph, error = None, None
@@ -500,7 +510,9 @@ class TrtRunner:
                     self._last_done = time.perf_counter()  # the first batch's wall: from its submission
                 with self.host.stage("submit"):
                     shapes = self.feed_shapes(feeds)
-                    self._submit(s, feeds, self.profile_for(feeds, shapes) if profile is None else profile, tag, shapes, place)
+                    feeds, shapes, rows = self._padded(feeds, shapes, profile)
+                    self._submit(s, feeds, self.profile_for(feeds, shapes) if profile is None else profile, tag, shapes, place, rows)
+                    self._batch_rows.setdefault(_after_batch(shapes), set()).add(next(iter(shapes.values()))[0])
                 order.append((s, collector.submit(self._collect, s, consume)))
                 while order and _settled(order[0][1]):
                     yield _released(order.popleft()[1])
@@ -508,6 +520,26 @@ class TrtRunner:
                 with self.host.stage("wait_slot"):  # the drain: the last batches, collected in order
                     result = _released(order.popleft()[1])
                 yield result
+
+    def _padded(self, feeds: dict[str, Any], shapes: dict[str, tuple[int, ...]], profile: int | None
+                ) -> tuple[dict[str, Any], dict[str, tuple[int, ...]], int | None]:
+        """The batch padded to the fewest rows that already ran at its other dims (and that its profile takes), with its
+        own row count; unchanged (rows None) where none did."""
+        if not self.pad_batches or not shapes:
+            return feeds, shapes, None
+        rows = padded_batch(shapes, self._batch_rows.get(_after_batch(shapes), set()))
+        if rows is None:
+            return feeds, shapes, None
+        own = next(iter(shapes.values()))[0]
+        padded = {name: (rows, *dims[1:]) for name, dims in shapes.items()}
+        if profile is None:
+            try:
+                self.profile_for(feeds, padded)
+            except UserError:
+                return feeds, shapes, None
+        self.padding["batches"] += 1
+        self.padding["rows"] += rows - own
+        return {name: pad_rows(value, rows - own) for name, value in feeds.items()}, padded, own
 
     def close(self) -> None:
         cudart = _cudart()
@@ -538,6 +570,18 @@ def _released(collection: Future) -> tuple[Any, Any]:
     """(tag, outputs) of a collected batch once its slot is free (consume's deferred work raised here)."""
     tag, out = collection.result()
     return tag, out.result() if isinstance(out, Future) else out
+
+
+def _after_batch(shapes: dict[str, tuple[int, ...]]) -> tuple:
+    """The inputs' dims after the batch axis: batches equal in them differ in rows only."""
+    return tuple((name, tuple(dims[1:])) for name, dims in sorted(shapes.items()))
+
+
+def pad_rows(value: Any, extra: int) -> list[Any]:
+    """A feed (an array, or its chunks' parts) with `extra` copies of its last row after it, as parts to stack."""
+    parts = list(value) if isinstance(value, (list, tuple)) else [value]
+    last = np.asarray(parts[-1])[-1:]
+    return parts + [np.broadcast_to(last, (extra, *last.shape[1:]))]
 
 
 def _shape_of(value: Any) -> tuple[int, ...]:
