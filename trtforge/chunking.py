@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -19,8 +19,10 @@ from trtforge.errors import UserError
 MERGES = ("center", "linear", "cosine", "gaussian")
 
 
-@dataclass(frozen=True)
-class Window:
+class Window(NamedTuple):
+    """A window over positions [start, end). A named tuple, not a frozen dataclass: `run` makes one per window of every
+    input on its planning threads, and a frozen dataclass took ~3x as long to construct (their Python contends for the
+    GIL with the thread feeding the GPU)."""
     start: int
     end: int
     keep_start: int  # the part this window contributes under 'center' merging
@@ -58,12 +60,11 @@ def plan_windows(length: int, chunk: int, overlap: int, full_last: bool = False)
 def windows_from_spans(spans: list[tuple[int, int]]) -> list[Window]:
     """Windows over given (start, end) spans (ordered, overlapping or touching), with 'center' keep
     ranges at the middle of each overlap: for windows a tokenizer planned, or tiles at an output scale."""
-    windows = []
-    for i, (start, end) in enumerate(spans):
-        keep_start = start if i == 0 else (start + spans[i - 1][1]) // 2
-        keep_end = end if i == len(spans) - 1 else (spans[i + 1][0] + end) // 2
-        windows.append(Window(start, end, keep_start, keep_end))
-    return windows
+    if not spans:
+        return []
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
+    middles = [(s + e) // 2 for s, e in zip(starts[1:], ends[:-1])]  # of each overlap: where one window hands over
+    return list(map(Window._make, zip(starts, ends, [starts[0]] + middles, middles + [ends[-1]])))
 
 
 def check_center_cover(windows: list[Window], length: int) -> None:
@@ -296,9 +297,10 @@ def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int,
 def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.ndarray:
     """A sequence embedding from per-chunk mean embeddings, weighted by each chunk's (kept) token count."""
     counts = np.asarray(token_counts, dtype=np.float64)
-    # per-part asarray then stack: np.array(chunk_means, dtype=np.float64) in one call made `run` from text 30-45% slower
-    # on the H200 box (w26c: MiniLM 1.50-2.10M against 2.46-3.13M tokens/s; benchmarks/RESULTS.md, 2026-12-03 w26)
-    stacked = np.stack([np.asarray(m, dtype=np.float64) for m in chunk_means])
+    # stack in the parts' own dtype, then one cast (the same values): np.array(chunk_means, dtype=np.float64) in one call
+    # made `run` from text 30-45% slower on the H200 box (w26c: it converts element by element; benchmarks/RESULTS.md,
+    # 2026-12-03 w26), and a cast per part cost ~2.5x this (29 MiniLM rows: 131 against 52 us on the dev machine)
+    stacked = np.stack(chunk_means).astype(np.float64)
     return (stacked * counts[:, None]).sum(axis=0) / counts.sum()
 
 
@@ -309,7 +311,7 @@ def merge_pooled(chunk_vectors: list[np.ndarray], token_counts: list[int]) -> np
 
 def merge_logits(chunk_logits: list[np.ndarray], token_counts: list[int], mode: str = "mean_softmax") -> np.ndarray:
     """Sequence-level logits from chunks: token-weighted mean of the softmax, or a max (majority) vote."""
-    logits = np.stack([np.asarray(l, dtype=np.float64) for l in chunk_logits])
+    logits = np.stack(chunk_logits).astype(np.float64)  # one cast after stacking (pooled_mean says why)
     if mode == "vote":
         votes = np.bincount(logits.argmax(axis=-1), weights=np.asarray(token_counts, float), minlength=logits.shape[-1])
         return votes / votes.sum()

@@ -22,6 +22,7 @@ import resource
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -78,6 +79,21 @@ class Chunk:
     block: dict[str, np.ndarray] | None = None
     row: int = 0
     key: tuple | None = None  # shape_key, set once where many chunks share it (a block's)
+
+
+class BlockChunk(Chunk):
+    """A text window that is row `row` of `block` (its document's equal-length windows, tokenize.wrap_spans): its
+    feeds, that row's views, are made when read. `run` makes one per window on its planning threads, and building each
+    window's dict of views there was ~a third of planning's Python (batches are staged from block slices: batch_parts)."""
+
+    def __init__(self, doc: int, index: int, window: Any, tokens: int, content: slice, block: dict[str, np.ndarray], row: int,
+                 key: tuple):
+        self.doc, self.index, self.window, self.tokens, self.content = doc, index, window, tokens, content
+        self.block, self.row, self.key = block, row, key
+
+    @property  # type: ignore[override]
+    def feeds(self) -> dict[str, np.ndarray]:  # noqa: D102
+        return {k: v[self.row:self.row + 1] for k, v in self.block.items()}
 
 
 @dataclass
@@ -275,8 +291,8 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
             key = tuple((k, (1, *v.shape[1:])) for k, v in sorted(feeds.items()))  # shape_key of every row
             for r in range(block.shape[0]):
                 w = windows[i]
-                chunks.append(Chunk(d, i, {k: v[r:r + 1] for k, v in feeds.items()}, w, w.length, slice(p, p + w.length),
-                                    feeds, r, key))
+                n = w.end - w.start
+                chunks.append(BlockChunk(d, i, w, n, slice(p, p + n), feeds, r, key))
                 i += 1
         return chunks
     if doc.kind == "seq":
@@ -358,8 +374,9 @@ def batch_parts(batch: list[Chunk]) -> dict[str, list[np.ndarray]]:
                 runs[-1] = (first, n + 1)
                 continue
         runs.append((c, 1))
-    return {k: [c.feeds[k] if n == 1 or c.block is None else c.block[k][c.row:c.row + n] for c, n in runs]
-            for k in batch[0].feeds}
+    first = batch[0]
+    return {k: [c.feeds[k] if c.block is None else c.block[k][c.row:c.row + n] for c, n in runs]
+            for k in (first.block if first.block is not None else first.feeds)}
 
 
 # -- targets -------------------------------------------------------------------------------------
@@ -556,6 +573,12 @@ class _Merger:
                 left_rows = list(range(len(left)))
             else:
                 left_rows = left
+            if kind.kind != "token":  # a row each (chunk_part of a row is the row): kept per input, merged when it is done
+                parts = self.parts
+                for j, at in zip(left, left_rows):
+                    c = batch[j]
+                    parts.setdefault((c.doc, name), []).append((c, value[at]))
+                continue
             for j, at in zip(left, left_rows):
                 c = batch[j]
                 part = chunk_part(kind, c, value[at:at + 1])
@@ -566,10 +589,10 @@ class _Merger:
         if self.on_done is None:
             return
         done = []
+        merged = Counter(batch[j].doc for j in rows)
         with self._lock:  # after this thread's writes: the thread that merges an input's last chunk finishes it
-            for j in rows:
-                d = batch[j].doc
-                self.remaining[d] -= 1
+            for d, n in merged.items():
+                self.remaining[d] -= n
                 if self.remaining[d] == 0:
                     done.append(d)
         for d in done:

@@ -222,7 +222,12 @@ def wrap_spans(ids: np.ndarray, spans: list[tuple[int, int]], prefix: list[int],
         starts = np.fromiter((spans[k][0] for k in range(i, j)), np.int64, j - i)
         block = np.empty((j - i, p + n + s), np.int64)
         block[:, :p] = prefix
-        block[:, p:p + n] = ids[starts[:, None] + np.arange(n)]
+        steps = np.diff(starts)
+        if len(starts) > 1 and (steps == steps[0]).all() and steps[0] >= 0:  # evenly spaced: a strided view, one copy
+            block[:, p:p + n] = np.lib.stride_tricks.as_strided(ids[starts[0]:], (j - i, n),
+                                                                (int(steps[0]) * ids.strides[0], ids.strides[0]), writeable=False)
+        else:
+            block[:, p:p + n] = ids[starts[:, None] + np.arange(n)]
         block[:, p + n:] = suffix
         blocks.append(block)
         i = j
