@@ -271,6 +271,12 @@ class FakeCudart:
         self.streams += 1
         return 0, 1000 + self.streams
 
+    cudaEventBlockingSync = 1
+
+    def cudaEventCreateWithFlags(self, flags):
+        self.event_flags = getattr(self, "event_flags", []) + [flags]
+        return self.cudaEventCreate()
+
     def op(self, stream, fn):
         if stream in self.capturing:
             self.capturing[stream].append(fn)
@@ -546,6 +552,21 @@ def test_a_partial_last_batch_replays_the_full_batchs_graph_and_hands_on_its_own
     # padded, the partial batch replayed the (4, 8) graph; as it is, it was a shape of its own, enqueued plainly
     assert padded["cuda_graphs"]["plain_enqueues"] == plain["cuda_graphs"]["plain_enqueues"] - 1
     assert padded["cuda_graphs"]["replayed"] == plain["cuda_graphs"]["replayed"] + 1
+
+
+def test_a_blocking_gpu_wait_syncs_on_blocking_events_with_the_same_outputs(monkeypatch, tmp_path):
+    from trtforge.errors import UserError
+    from trtforge.run import RunOptions
+
+    runner, engine = _runner(monkeypatch, tmp_path, slots=2, gpu_wait="block")
+    for (tag, out), (_, feeds) in zip(runner.run_many(_batches()), _batches()):
+        np.testing.assert_array_equal(out["y"], _expected(feeds))
+    assert engine.cudart.event_flags == [1, 1]  # one blocking-sync event per slot: the one the collector waits on
+    assert runner.runtime_report()["gpu_wait"] == "block"
+    spinning, engine = _runner(monkeypatch, tmp_path, slots=2)
+    assert not hasattr(engine.cudart, "event_flags") and spinning.runtime_report()["gpu_wait"] == "spin"
+    with pytest.raises(UserError, match="--gpu-wait"):
+        RunOptions(inputs=tmp_path, gpu_wait="sleep")
 
 
 def test_profile_contexts_share_one_device_memory_block(monkeypatch, tmp_path):

@@ -406,6 +406,7 @@ def run_cmd(
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="TensorRT: capture each batch shape as a CUDA graph and replay it."),
     shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
+    gpu_wait: str = typer.Option("spin", "--gpu-wait", help="TensorRT: how the collecting thread waits for each batch: spin (CUDA's default: a core polls) or block (it sleeps until the GPU signals)."),
     pad_batches: bool = typer.Option(True, "--pad-batches/--no-pad-batches", help="TensorRT: run a partial batch padded (copies of its last row, dropped after) to a batch size that already ran, instead of as a new shape."),
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
     plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=1, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs) where inputs are text to tokenize, else 2)."),
@@ -463,7 +464,7 @@ def run_cmd(
         min_pixel_agreement=gate(min_pixel_agreement, "min_pixel_agreement"),
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
-        cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, pad_batches=pad_batches, slots=slots, precision_check=precision_check, chunking_check=chunking_check, plugin_libraries=list(plugin_library or []),
+        cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, pad_batches=pad_batches, gpu_wait=gpu_wait, slots=slots, precision_check=precision_check, chunking_check=chunking_check, plugin_libraries=list(plugin_library or []),
         plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, copy_engine_merge=copy_engine_merge, pinned_reserve_mb=pinned_reserve_mb, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
         switch_interval_us=switch_interval_us,
     )

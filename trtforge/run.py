@@ -122,6 +122,7 @@ class RunOptions:
     cuda_graphs: bool = True
     shared_device_memory: bool = True
     pad_batches: bool = True  # a partial batch runs padded to a batch size that ran (runloop.padded_batch)
+    gpu_wait: str = "spin"  # how the collector waits for a batch: spin (CUDA's default here) or block (TrtRunner)
     slots: int = 3  # staging slots: batches in flight
     plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: run.default_plan_workers)
     plan_ahead: int = 8  # batches planning may run ahead of the GPU loop (0: unbounded; runloop.stream_batches)
@@ -157,6 +158,8 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.last_window not in ("full", "short"):
             raise UserError(f"unknown --last-window '{self.last_window}'; use full or short.")
+        if self.gpu_wait not in ("spin", "block"):
+            raise UserError(f"unknown --gpu-wait '{self.gpu_wait}'; use spin or block.")
         if self.plan_ahead < 0:
             raise UserError(f"--plan-ahead {self.plan_ahead} is negative; use 0 (no bound) or a number of batches.")
         if self.pinned_reserve_mb is not None and self.pinned_reserve_mb < 0:
@@ -416,7 +419,7 @@ class TrtTarget:
     accepts_parts = True  # a batch's feeds may be its chunks' arrays: stacked straight into pinned memory
 
     def __init__(self, engine: Path, backend: str, slots: int = 3, cuda_graphs: bool = True, shared_device_memory: bool = True,
-                 plugin_libraries: list[str] | None = None, pad_batches: bool = True):
+                 plugin_libraries: list[str] | None = None, pad_batches: bool = True, gpu_wait: str = "spin"):
         from trtforge.backends.tensorrt import load_trt, runtime_identity
         from trtforge.backends.tensorrt_runtime import TrtRunner
         from trtforge.build import check_engine_compat, read_engine_sidecar
@@ -434,7 +437,7 @@ class TrtTarget:
         if _gpu() is None:
             raise UserError(f"{engine.name} needs a GPU to run and this machine has none; run its ONNX ({self.sidecar.get('built_onnx')}) on ONNX Runtime instead.")
         self.runner = TrtRunner(mod, engine, self.sidecar, slots=slots, cuda_graphs=cuda_graphs,
-                                shared_device_memory=shared_device_memory, pad_batches=pad_batches)
+                                shared_device_memory=shared_device_memory, pad_batches=pad_batches, gpu_wait=gpu_wait)
         self.warm_batches = len(self.runner.slots) + 1  # a plain enqueue, then one graph capture per slot
         self.input_names, self.output_names = self.runner.input_names, self.runner.output_names
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
@@ -765,7 +768,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     _check_save_outputs(p.docs, options.save_outputs)
     if p.is_engine:
         target: Any = TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory,
-                                options.plugin_libraries, options.pad_batches)
+                                options.plugin_libraries, options.pad_batches, options.gpu_wait)
     else:
         target = OrtTarget(p.target_path, options.providers)
     _check_io(target, p.reference, p.target_path, p.reference_path)

@@ -178,10 +178,12 @@ class TrtRunner:
     (their activations): they only ever run on the one compute stream, one after the other. With
     `cuda_graphs`, each (profile, shape, slot) is captured once and replayed (runloop.GraphCache). With
     `pad_batches`, a batch of fewer rows than one that already ran at the same other dims (a stream's last, partial
-    batch) runs padded to it (runloop.padded_batch says why)."""
+    batch) runs padded to it (runloop.padded_batch says why). `gpu_wait`: how the collector waits for a batch, "spin"
+    (CUDA's default on a box with more cores than contexts: a core busy polling) or "block" (a blocking-sync event: the
+    thread sleeps until the GPU signals, leaving the core to the loop's Python threads)."""
 
     def __init__(self, mod: Any, engine_path: Path, sidecar: dict[str, Any], slots: int = 3, cuda_graphs: bool = True,
-                 shared_device_memory: bool = True, pad_batches: bool = True):
+                 shared_device_memory: bool = True, pad_batches: bool = True, gpu_wait: str = "spin"):
         self.mod, self.trt = mod, mod.trt
         _check_gpu_supported(mod.flavour, engine_path)
         cudart = _cudart()
@@ -218,6 +220,9 @@ class TrtRunner:
         self.peak_bytes = 0
         self.graphs = GraphCache(enabled=cuda_graphs)
         self.pad_batches = pad_batches
+        if gpu_wait not in ("spin", "block"):
+            raise UserError(f"unknown --gpu-wait '{gpu_wait}'; use spin or block.")
+        self.gpu_wait = gpu_wait
         self._batch_rows: dict[tuple, set[int]] = {}  # inputs' dims after the batch axis -> batch sizes that ran
         self.padding = {"enabled": pad_batches, "batches": 0, "rows": 0}
         self.host = StageClock()  # where the host's time goes: runtime_report()["host_seconds"]
@@ -298,7 +303,10 @@ class TrtRunner:
         cudart = _cudart()
         slot = _Slot()
         for name in ("h2d", "start", "end", "d2h"):
-            slot.events[name] = _ok(cudart.cudaEventCreate())
+            if name == "d2h" and self.gpu_wait == "block":  # the one the collector synchronizes on
+                slot.events[name] = _ok(cudart.cudaEventCreateWithFlags(getattr(cudart, "cudaEventBlockingSync", 1)))
+            else:
+                slot.events[name] = _ok(cudart.cudaEventCreate())
             slot.event_handles[name] = _handle(slot.events[name])
         for name, nbytes in sizes.items():
             slot.device[name] = DeviceBuffer(nbytes)
@@ -323,7 +331,7 @@ class TrtRunner:
         return select_profile(self.profiles, sizes).index
 
     def runtime_report(self) -> dict[str, Any]:
-        return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory), "padding": dict(self.padding),
+        return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory), "padding": dict(self.padding), "gpu_wait": self.gpu_wait,
                 "staging_slots": len(self.slots), "submit_calls": self.submit_calls, "host_seconds": self.host.report()}
 
     # -- execution ---------------------------------------------------------------------------
