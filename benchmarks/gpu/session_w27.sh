@@ -11,18 +11,8 @@ ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 plugin_env
-B=$(M bert-base); N=$(M minilm)
-BB="$T -m trtforge build"
-FL="--plugin-library $PLUG"
 plugin_build
-export_clean minilm bert-base
-docs8
-docs_varied 32 docs32v
-
-( step build-fp16_def-bert-base 600 "$BB $B.clean.onnx --config $CFG/bert-base.yaml --precision fp16 $TAC $FL -o $B.fp16_def.engine" ) &
-( step build-fp16_def-minilm 600 "$BB $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC $FL -o $N.fp16_def.engine" ) &
-step pretokenize 120 "$T benchmarks/gpu/pretokenize.py $W/docs32v $N.tokenizer $W/docs32v.jsonl"
-wait
+default_engines_and_docs  # steps.sh (the setup these windows ran inline, unchanged)
 
 NR="--no-precision-check --no-chunking-check"
 for i in 1 2; do

@@ -117,3 +117,19 @@ plugin_build() {
   step plugin-build 300 "TRT_INCLUDE=.trtinc/include CUDNN_INCLUDE=$CUDNN/include CUDNN_LIB=$CUDNN/lib CUDNN_FRONTEND_INCLUDE=.native/cudnn_frontend/include CUBLAS_INCLUDE=${inc:-.native/cublas/include} bash trtforge/native/build.sh $PLUG" \
     || cp .native/libtrtforge_plugins.so "$PLUG"
 }
+
+# The default fp16 engines (trtforge's plugins: flash attention, GEMM+GELU) of MiniLM and BERT-base with their inputs
+# (session_w26.sh on): after driver_setup, plugin_env and plugin_build; sets B and N, exports and cleans both, builds
+# $B.fp16_def.engine and $N.fp16_def.engine (MiniLM: one profile up to seq 256) in parallel, writes $W/docs8, $W/docs32v
+# and its pre-tokenized $W/docs32v.jsonl.
+default_engines_and_docs() {
+  B=$(M bert-base); N=$(M minilm)
+  local bb="$T -m trtforge build" fl="--plugin-library $PLUG"
+  export_clean minilm bert-base
+  docs8
+  docs_varied 32 docs32v
+  ( step build-fp16_def-bert-base 600 "$bb $B.clean.onnx --config $CFG/bert-base.yaml --precision fp16 $TAC $fl -o $B.fp16_def.engine" ) &
+  ( step build-fp16_def-minilm 600 "$bb $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC $fl -o $N.fp16_def.engine" ) &
+  step pretokenize 120 "$T benchmarks/gpu/pretokenize.py $W/docs32v $N.tokenizer $W/docs32v.jsonl"
+  wait
+}
