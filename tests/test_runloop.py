@@ -106,6 +106,24 @@ def test_batch_parts_are_block_slices_that_stack_to_the_batch():
         np.testing.assert_array_equal(np.concatenate(parts[name]), value)
 
 
+def test_a_block_chunk_is_its_blocks_row_also_after_replace_and_stages_as_block_slices():
+    from dataclasses import replace
+
+    from trtforge.run import BlockChunk, batch_parts, stack
+
+    block = {"input_ids": np.arange(12).reshape(3, 4), "attention_mask": np.ones((3, 4), np.int64)}
+    chunks = [BlockChunk(0, r, None, None, 4, slice(1, 3), block, r, ("k",)) for r in range(3)]
+    np.testing.assert_array_equal(chunks[1].feeds["input_ids"], [[4, 5, 6, 7]])
+    moved = replace(chunks[2], doc=5)  # scaleout/ray_run.py renumbers documents this way
+    assert isinstance(moved, BlockChunk) and moved.doc == 5 and moved.row == 2 and moved.block is block
+    np.testing.assert_array_equal(moved.feeds["input_ids"], [[8, 9, 10, 11]])
+    parts = batch_parts(chunks[1:])
+    assert [len(p) for p in parts["input_ids"]] == [2]
+    np.testing.assert_array_equal(np.concatenate(parts["input_ids"]), stack(chunks[1:])["input_ids"])
+    with pytest.raises(ValueError, match="give block"):
+        BlockChunk(0, 0, {"input_ids": block["input_ids"][:1]})
+
+
 def test_batches_run_while_later_documents_are_still_being_planned():
     """Document 1 cannot finish planning until the consumer holds the first batch: a loop that planned
     every document before running any batch would time out here."""

@@ -86,8 +86,11 @@ class BlockChunk(Chunk):
     feeds, that row's views, are made when read. `run` makes one per window on its planning threads, and building each
     window's dict of views there was ~a third of planning's Python (batches are staged from block slices: batch_parts)."""
 
-    def __init__(self, doc: int, index: int, window: Any, tokens: int, content: slice, block: dict[str, np.ndarray], row: int,
-                 key: tuple):
+    def __init__(self, doc: int, index: int, feeds: Any = None, window: Any = None, tokens: int = 0, content: slice | None = None,
+                 block: dict[str, np.ndarray] | None = None, row: int = 0, key: tuple | None = None):
+        """Chunk's signature (dataclasses.replace passes every field); `feeds` is ignored: always the block row's views."""
+        if block is None:
+            raise ValueError("a BlockChunk is a row of a block: give block")
         self.doc, self.index, self.window, self.tokens, self.content = doc, index, window, tokens, content
         self.block, self.row, self.key = block, row, key
 
@@ -295,7 +298,7 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
             for r in range(block.shape[0]):
                 w = windows[i]
                 n = w.end - w.start
-                chunks.append(BlockChunk(d, i, w, n, slice(p, p + n), feeds, r, key))
+                chunks.append(BlockChunk(d, i, None, w, n, slice(p, p + n), feeds, r, key))
                 i += 1
         return chunks
     if doc.kind == "seq":
