@@ -308,3 +308,27 @@ def test_an_empty_input_is_refused(minilm_clean, tmp_path):
                               "--save-outputs", str(tmp_path / "o.npz")),
                       "input 'hollow' is empty (no tokens or positions)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
+
+
+def test_the_run_loop_flags_reach_the_run_options(minilm_clean, tmp_path, monkeypatch):
+    """--no-pad-batches and --gpu-wait go from the command line into RunOptions (and a bad --gpu-wait is one sentence)."""
+    from typer.testing import CliRunner
+
+    import trtforge.run as run_mod
+    from trtforge.cli import app
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run(target, options, progress=None):
+        seen.append(options)
+        raise Stop
+
+    monkeypatch.setattr(run_mod, "run", fake_run)
+    args = ["run", str(minilm_clean), "--inputs", "calib_data/minilm_long"]
+    CliRunner().invoke(app, args + ["--no-pad-batches", "--gpu-wait", "block"])
+    CliRunner().invoke(app, args)
+    assert [(o.pad_batches, o.gpu_wait) for o in seen] == [(False, "block"), (True, "spin")]
+    assert_user_error(run_cli(*args, "--gpu-wait", "sleep"), "--gpu-wait")

@@ -289,11 +289,12 @@ class FakeCudart:
         self.streams += 1
         return 0, 1000 + self.streams
 
-    cudaEventBlockingSync = 1
+    cudaEventBlockingSync = 7  # not CUDA's 1: a test can tell the constant was read
 
     def cudaEventCreateWithFlags(self, flags):
-        self.event_flags = getattr(self, "event_flags", []) + [flags]
-        return self.cudaEventCreate()
+        err, event = self.cudaEventCreate()
+        self.event_flags = {**getattr(self, "event_flags", {}), event: flags}
+        return err, event
 
     def op(self, stream, fn):
         if stream in self.capturing:
@@ -494,6 +495,8 @@ def _runner(monkeypatch, tmp_path, **kwargs):
     profiles = [{"index": i, "axes": {"batch": [1, 4, 4], "seq": [lo, hi, hi]},
                  "shapes": {"x": {"min": [1, lo], "opt": [4, hi], "max": [4, hi]}}} for i, (lo, hi) in enumerate([(1, 8), (9, 16)])]
     sidecar = {"profiles": profiles, "inputs": [{"name": "x", "shape": ["batch", "seq"]}]}
+    if "io" in kwargs:  # the engine's I/O shapes as the build's sidecar records them (padding reads them)
+        sidecar["io"] = kwargs.pop("io")
     return rt.TrtRunner(TrtModule(trt, "tensorrt", "8.6.0"), path, sidecar, **kwargs), engine
 
 
@@ -557,7 +560,7 @@ def test_a_partial_last_batch_replays_the_full_batchs_graph_and_hands_on_its_own
            ((tag, feeds["x"]) for tag, feeds in batches)]
     results = {}
     for pad in (True, False):
-        runner, engine = _runner(monkeypatch, tmp_path, slots=2, pad_batches=pad)
+        runner, engine = _runner(monkeypatch, tmp_path, slots=2, pad_batches=pad, io=BATCH_LEADING)
         got = list(runner.run_many(fed))
         for (tag, out), (_, feeds) in zip(got, batches):
             assert out["y"].shape[0] == feeds["x"].shape[0]
@@ -572,6 +575,24 @@ def test_a_partial_last_batch_replays_the_full_batchs_graph_and_hands_on_its_own
     assert padded["cuda_graphs"]["replayed"] == plain["cuda_graphs"]["replayed"] + 1
 
 
+BATCH_LEADING = [{"name": "x", "mode": "in", "shape": [-1, -1]}, {"name": "y", "mode": "output", "shape": [-1, -1, 2]}]
+
+
+@pytest.mark.parametrize("why", ["output-not-batch-leading", "no-io-shapes", "profile-given"])
+def test_a_partial_batch_is_not_padded_where_rows_might_not_stay_rows(monkeypatch, tmp_path, why):
+    """Padding only where every input leads with the one batch axis and every output's axis 0 is dynamic (a static or
+    flattened leading axis would mix the padding rows into what is handed on), and never on a profile the caller chose."""
+    io = {"output-not-batch-leading": [{"name": "y", "mode": "output", "shape": [4, -1, 2]}], "no-io-shapes": None,
+          "profile-given": BATCH_LEADING}[why]
+    runner, _ = _runner(monkeypatch, tmp_path, slots=2, pad_batches=True, **({"io": io} if io is not None else {}))
+    batches = [(i, {"x": np.full(shape, i, np.int32)}) for i, shape in enumerate([(4, 8), (4, 8), (3, 8)])]
+    outs = dict(runner.run_many(batches, profile=0 if why == "profile-given" else None))
+    np.testing.assert_array_equal(outs[2]["y"], _expected(batches[2][1]))
+    report = runner.runtime_report()["padding"]
+    assert report["batches"] == 0
+    assert report["enabled"] is (why == "profile-given") and ("reason" in report) is (why != "profile-given")
+
+
 def test_a_blocking_gpu_wait_syncs_on_blocking_events_with_the_same_outputs(monkeypatch, tmp_path):
     from trtforge.errors import UserError
     from trtforge.run import RunOptions
@@ -579,7 +600,8 @@ def test_a_blocking_gpu_wait_syncs_on_blocking_events_with_the_same_outputs(monk
     runner, engine = _runner(monkeypatch, tmp_path, slots=2, gpu_wait="block")
     for (tag, out), (_, feeds) in zip(runner.run_many(_batches()), _batches()):
         np.testing.assert_array_equal(out["y"], _expected(feeds))
-    assert engine.cudart.event_flags == [1, 1]  # one blocking-sync event per slot: the one the collector waits on
+    # one blocking-sync event per slot: the one the collector waits on
+    assert engine.cudart.event_flags == {slot.events["d2h"]: 7 for slot in runner.slots}
     assert runner.runtime_report()["gpu_wait"] == "block"
     spinning, engine = _runner(monkeypatch, tmp_path, slots=2)
     assert not hasattr(engine.cudart, "event_flags") and spinning.runtime_report()["gpu_wait"] == "spin"

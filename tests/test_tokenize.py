@@ -129,6 +129,26 @@ def test_wrap_spans_puts_equal_length_windows_in_one_block():
     np.testing.assert_array_equal(no_specials[0], [[1003, 1004]])
 
 
+@pytest.mark.parametrize("spans", [[(0, 8), (6, 14), (12, 20)], [(0, 8), (5, 13), (12, 20)], [(4, 8), (4, 8), (4, 8)],
+                                   [(2, 6), (1, 5)]], ids=["even", "uneven", "repeated", "backwards"])
+def test_wrap_spans_rows_are_the_spans_ids_however_the_windows_are_spaced(spans):
+    """Evenly spaced windows are gathered through one strided view, others by indexing: the same rows either way,
+    also from ids that are a strided (non-contiguous) view."""
+    from trtforge.tokenize import wrap_spans
+
+    ids = np.arange(2000, 2046)[::2]  # 23 ids, stride 16 bytes
+    (block,) = wrap_spans(ids, spans, [101], [102])
+    for row, (start, end) in zip(block, spans):
+        np.testing.assert_array_equal(row, [101, *ids[start:end], 102])
+
+
+def test_wrap_spans_refuses_spans_past_the_ids():
+    from trtforge.tokenize import wrap_spans
+
+    with pytest.raises(IndexError):  # the strided view must not read past the document
+        wrap_spans(np.arange(10), [(0, 8), (4, 12)], [101], [102])
+
+
 def test_tokenizing_processes_are_all_up_after_start_and_give_the_same_ids():
     """run starts the workers before its clock: after start every worker has loaded the tokenizer (the H200 box
     showed a run whose first batches waited on workers still starting), and the ids equal the in-process ones."""

@@ -223,7 +223,8 @@ def wrap_spans(ids: np.ndarray, spans: list[tuple[int, int]], prefix: list[int],
         block = np.empty((j - i, p + n + s), np.int64)
         block[:, :p] = prefix
         steps = np.diff(starts)
-        if len(starts) > 1 and (steps == steps[0]).all() and steps[0] >= 0:  # evenly spaced: a strided view, one copy
+        if (len(starts) > 1 and (steps == steps[0]).all() and steps[0] >= 0 and starts[0] >= 0
+                and spans[j - 1][1] <= len(ids)):  # evenly spaced and inside the ids: a strided view, one copy
             block[:, p:p + n] = np.lib.stride_tricks.as_strided(ids[starts[0]:], (j - i, n),
                                                                 (int(steps[0]) * ids.strides[0], ids.strides[0]), writeable=False)
         else:

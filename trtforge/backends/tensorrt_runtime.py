@@ -177,13 +177,13 @@ class TrtRunner:
     are copied out the GPU still holds `slots - 1` batches. All contexts share one device-memory block
     (their activations): they only ever run on the one compute stream, one after the other. With
     `cuda_graphs`, each (profile, shape, slot) is captured once and replayed (runloop.GraphCache). With
-    `pad_batches`, a batch of fewer rows than one that already ran at the same other dims (a stream's last, partial
-    batch) runs padded to it (runloop.padded_batch says why). `gpu_wait`: how the collector waits for a batch, "spin"
+    `pad_batches` (run's loop; off for other callers), a batch of fewer rows than one that already ran at the same other
+    dims (a stream's last, partial batch) runs padded to it (runloop.padded_batch says why). `gpu_wait`: how the collector waits for a batch, "spin"
     (CUDA's default on a box with more cores than contexts: a core busy polling) or "block" (a blocking-sync event: the
     thread sleeps until the GPU signals, leaving the core to the loop's Python threads)."""
 
     def __init__(self, mod: Any, engine_path: Path, sidecar: dict[str, Any], slots: int = 3, cuda_graphs: bool = True,
-                 shared_device_memory: bool = True, pad_batches: bool = True, gpu_wait: str = "spin"):
+                 shared_device_memory: bool = True, pad_batches: bool = False, gpu_wait: str = "spin"):
         self.mod, self.trt = mod, mod.trt
         _check_gpu_supported(mod.flavour, engine_path)
         cudart = _cudart()
@@ -224,7 +224,10 @@ class TrtRunner:
             raise UserError(f"unknown --gpu-wait '{gpu_wait}'; use spin or block.")
         self.gpu_wait = gpu_wait
         self._batch_rows: dict[tuple, set[int]] = {}  # inputs' dims after the batch axis -> batch sizes that ran
-        self.padding = {"enabled": pad_batches, "batches": 0, "rows": 0}
+        self._pads_rows = pad_batches and self._leads_with_batch(sidecar)
+        self.padding = {"enabled": self._pads_rows, "batches": 0, "rows": 0}
+        if pad_batches and not self._pads_rows:
+            self.padding["reason"] = "the engine's inputs or outputs do not all lead with one batch axis"
         self.host = StageClock()  # where the host's time goes: runtime_report()["host_seconds"]
         self.shared_memory: dict[str, Any] = {"enabled": False}
         self._memory: DeviceBuffer | None = None
@@ -531,23 +534,36 @@ class TrtRunner:
 
     def _padded(self, feeds: dict[str, Any], shapes: dict[str, tuple[int, ...]], profile: int | None
                 ) -> tuple[dict[str, Any], dict[str, tuple[int, ...]], int | None]:
-        """The batch padded to the fewest rows that already ran at its other dims (and that its profile takes), with its
-        own row count; unchanged (rows None) where none did."""
-        if not self.pad_batches or not shapes:
+        """The batch padded to the fewest rows that already ran at its other dims, with its own row count; unchanged
+        (rows None) where none did, where the engine's I/O do not all lead with the batch axis (`_pads_rows`), where the
+        caller chose the profile, or where the padded shape's outputs did not lead with those rows when it ran."""
+        if not self._pads_rows or profile is not None or not shapes:
             return feeds, shapes, None
         rows = padded_batch(shapes, self._batch_rows.get(_after_batch(shapes), set()))
         if rows is None:
             return feeds, shapes, None
         own = next(iter(shapes.values()))[0]
         padded = {name: (rows, *dims[1:]) for name, dims in shapes.items()}
-        if profile is None:
-            try:
-                self.profile_for(feeds, padded)
-            except UserError:
-                return feeds, shapes, None
+        try:
+            ran = self._out_shapes.get((self.profile_for(feeds, padded), tuple(padded[n] for n in self.input_names)))
+        except UserError:
+            return feeds, shapes, None
+        if ran is None or any(not dims or dims[0] != rows for dims in ran.values()):
+            return feeds, shapes, None
         self.padding["batches"] += 1
         self.padding["rows"] += rows - own
         return {name: pad_rows(value, rows - own) for name, value in feeds.items()}, padded, own
+
+    @staticmethod
+    def _leads_with_batch(sidecar: dict[str, Any]) -> bool:
+        """Whether every input's axis 0 is one named (batch) axis and every output's axis 0 is dynamic (the build's
+        sidecar: its inputs' named shapes, its engine I/O shapes): only then do padding rows stay rows of their own."""
+        specs = sidecar.get("inputs") or []
+        io = sidecar.get("io") or []
+        leading = {str(spec["shape"][0]) if spec.get("shape") and isinstance(spec["shape"][0], str) else None for spec in specs}
+        outputs = [t for t in io if t.get("mode") == "output"]
+        return (len(leading) == 1 and None not in leading and bool(outputs)
+                and all(t.get("shape") and int(t["shape"][0]) == -1 for t in outputs))
 
     def close(self) -> None:
         cudart = _cudart()
