@@ -47,7 +47,7 @@ from trtforge.outwriter import OutputWriter
 from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
-from trtforge.runloop import Batcher, StageClock, batch_timeline, stream_batches, wall_over_gpu
+from trtforge.runloop import Batcher, StageClock, batch_timeline, check_gpu_wait, stream_batches, wall_over_gpu
 from trtforge.tokenize import TextTokenizer, TokenizingProcesses, find_tokenizer_dir, sidecar_chain, wrap_spans
 
 
@@ -163,8 +163,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.last_window not in ("full", "short"):
             raise UserError(f"unknown --last-window '{self.last_window}'; use full or short.")
-        if self.gpu_wait not in ("spin", "block"):
-            raise UserError(f"unknown --gpu-wait '{self.gpu_wait}'; use spin or block.")
+        check_gpu_wait(self.gpu_wait)
         if self.plan_ahead < 0:
             raise UserError(f"--plan-ahead {self.plan_ahead} is negative; use 0 (no bound) or a number of batches.")
         if self.pinned_reserve_mb is not None and self.pinned_reserve_mb < 0:
@@ -448,6 +447,12 @@ class TrtTarget:
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
         self.timings: list[tuple[str, float, float | None]] = []
 
+    @classmethod
+    def for_options(cls, engine: Path, options: RunOptions) -> "TrtTarget":
+        """The engine as `run`'s options set up its loop (run, scaleout/ray_run.py)."""
+        return cls(engine, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory,
+                   options.plugin_libraries, options.pad_batches, options.gpu_wait)
+
     def run_many(self, batches, consume=None, place=None):
         """consume, place: see TrtRunner.run_many (the outputs are views of pinned memory, valid inside the call)."""
         start = len(self.runner.timings)
@@ -576,24 +581,23 @@ class _Merger:
                 left = [j for j in rows if j not in placed[name].rows]
             if kind.kind == "token" and self.options.merge == "center":
                 left = self._take_runs(batch, left, name, value)
-            if copy and left and kind.kind != "token":  # the kept rows copied out of the reused slot at once
-                value = value[left]  # fancy indexing copies
-                left_rows = list(range(len(left)))
-            else:
-                left_rows = left
             if kind.kind != "token":  # a row each (chunk_part of a row is the row): kept per input, merged when it is done
+                if copy and left:  # the kept rows copied out of the reused slot at once (fancy indexing copies)
+                    value, at_rows = value[left], range(len(left))
+                else:
+                    at_rows = left
                 parts = self.parts
-                for j, at in zip(left, left_rows):
+                for j, at in zip(left, at_rows):
                     c = batch[j]
                     parts.setdefault((c.doc, name), []).append((c, value[at]))
                 continue
-            for j, at in zip(left, left_rows):
+            for j in left:  # token rows left: blends, and inputs of one window
                 c = batch[j]
-                part = chunk_part(kind, c, value[at:at + 1])
-                if kind.kind == "token" and self.counts[c.doc] > 1:
+                part = chunk_part(kind, c, value[j:j + 1])
+                if self.counts[c.doc] > 1:
                     self._stream(c.doc, name).add(c.index, part)
                 else:
-                    self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy and kind.kind == "token" else part))
+                    self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
         if self.on_done is None:
             return
         done = []
@@ -772,8 +776,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     p = prepare(target_path, options, plan=False)
     _check_save_outputs(p.docs, options.save_outputs)
     if p.is_engine:
-        target: Any = TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory,
-                                options.plugin_libraries, options.pad_batches, options.gpu_wait)
+        target: Any = TrtTarget.for_options(p.target_path, options)
     else:
         target = OrtTarget(p.target_path, options.providers)
     _check_io(target, p.reference, p.target_path, p.reference_path)

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
+from trtforge.errors import UserError
+
 ENQUEUE, CAPTURE, LAUNCH = "enqueue", "capture", "launch"
 
 
@@ -134,6 +136,14 @@ def batch_timeline(wall_ms: Sequence[float], gpu_ms: Sequence[float | None], lim
     shown = min(len(wall_ms), max(0, int(limit)))
     return {"batches": len(wall_ms), "shown": shown, "wall_ms": [round(float(w), 3) for w in wall_ms[:shown]],
             "gpu_ms": [None if g is None else round(float(g), 3) for g in gpu_ms[:shown]]}
+
+
+GPU_WAITS = ("spin", "block")  # how the collector waits for a batch (tensorrt_runtime.TrtRunner)
+
+
+def check_gpu_wait(value: str) -> None:
+    if value not in GPU_WAITS:
+        raise UserError(f"unknown --gpu-wait '{value}'; use {' or '.join(GPU_WAITS)}.")
 
 
 def padded_batch(shapes: dict[str, tuple[int, ...]], ran: set[int]) -> int | None:

@@ -33,7 +33,7 @@ from trtforge.backends.cuda_async import stack_into, submit_calls
 from trtforge.copymerge import OutputCopies
 from trtforge.errors import UserError
 from trtforge.profiles import Profile, profiles_from_json, select_profile
-from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, padded_batch, slot_bytes
+from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, check_gpu_wait, padded_batch, slot_bytes
 
 
 def _cudart() -> Any:
@@ -220,8 +220,7 @@ class TrtRunner:
         self.peak_bytes = 0
         self.graphs = GraphCache(enabled=cuda_graphs)
         self.pad_batches = pad_batches
-        if gpu_wait not in ("spin", "block"):
-            raise UserError(f"unknown --gpu-wait '{gpu_wait}'; use spin or block.")
+        check_gpu_wait(gpu_wait)
         self.gpu_wait = gpu_wait
         self._batch_rows: dict[tuple, set[int]] = {}  # inputs' dims after the batch axis -> batch sizes that ran
         self._pads_rows = pad_batches and self._leads_with_batch(sidecar)
@@ -437,9 +436,8 @@ class TrtRunner:
         if action != LAUNCH:
             self._prepare_context(ctx, profile, shape, s)
         shapes = self._out_shapes[(profile, shape)]
-        if rows is not None:  # padded: its own rows only (the first ones) are copied out and handed on
-            padded_rows = shape[0][0]
-            shapes = {name: (rows, *dims[1:]) if dims and dims[0] == padded_rows else dims for name, dims in shapes.items()}
+        if rows is not None:  # padded (every output leads with the rows: _padded): its own, the first, are copied out and handed on
+            shapes = {name: (rows, *dims[1:]) for name, dims in shapes.items()}
         cuda.wait(streams["compute_stream"], events["h2d"])
         cuda.record(events["start"], streams["compute_stream"])
         graph, error = None, None
@@ -523,7 +521,6 @@ class TrtRunner:
                     shapes = self.feed_shapes(feeds)
                     feeds, shapes, rows = self._padded(feeds, shapes, profile)
                     self._submit(s, feeds, self.profile_for(feeds, shapes) if profile is None else profile, tag, shapes, place, rows)
-                    self._batch_rows.setdefault(_after_batch(shapes), set()).add(next(iter(shapes.values()))[0])
                 order.append((s, collector.submit(self._collect, s, consume)))
                 while order and _settled(order[0][1]):
                     yield _released(order.popleft()[1])
@@ -539,16 +536,19 @@ class TrtRunner:
         caller chose the profile, or where the padded shape's outputs did not lead with those rows when it ran."""
         if not self._pads_rows or profile is not None or not shapes:
             return feeds, shapes, None
-        rows = padded_batch(shapes, self._batch_rows.get(_after_batch(shapes), set()))
-        if rows is None:
-            return feeds, shapes, None
         own = next(iter(shapes.values()))[0]
+        ran = self._batch_rows.setdefault(_after_batch(shapes), set())  # this batch's rows run either way: noted
+        rows = padded_batch(shapes, ran)
+        if rows is None:
+            ran.add(own)
+            return feeds, shapes, None
         padded = {name: (rows, *dims[1:]) for name, dims in shapes.items()}
         try:
-            ran = self._out_shapes.get((self.profile_for(feeds, padded), tuple(padded[n] for n in self.input_names)))
+            outputs = self._out_shapes.get((self.profile_for(feeds, padded), tuple(padded[n] for n in self.input_names)))
         except UserError:
-            return feeds, shapes, None
-        if ran is None or any(not dims or dims[0] != rows for dims in ran.values()):
+            outputs = None
+        if outputs is None or any(not dims or dims[0] != rows for dims in outputs.values()):
+            ran.add(own)
             return feeds, shapes, None
         self.padding["batches"] += 1
         self.padding["rows"] += rows - own

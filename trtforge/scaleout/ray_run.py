@@ -63,9 +63,7 @@ class RunWorker:
         from trtforge.tokenize import TextTokenizer
 
         p, options = self.p, self.options
-        self.target = (TrtTarget(p.target_path, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory,
-                                 options.plugin_libraries, options.pad_batches, options.gpu_wait)
-                       if p.is_engine else OrtTarget(p.target_path, options.providers, self.threads))
+        self.target = TrtTarget.for_options(p.target_path, options) if p.is_engine else OrtTarget(p.target_path, options.providers, self.threads)
         reference = OrtRunner(p.reference_path, threads=self.threads)
         _check_io(self.target, reference, p.target_path, p.reference_path)
         self.p = replace(p, reference=reference, tokenizer=TextTokenizer(self.tokenizer_dir) if self.tokenizer_dir else None)
