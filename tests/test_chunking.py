@@ -193,11 +193,11 @@ def test_take_equals_adding_each_window(length, chunk, data):
 
 @settings(max_examples=80, deadline=None)
 @given(st.integers(20, 400), st.integers(4, 64), st.data())
-def test_strided_copies_of_a_batchs_windows_equal_adding_each_window(length, chunk, data):
+def test_run_copies_of_a_batchs_windows_equal_adding_each_window(length, chunk, data):
     """The copy-engine merge (run, --copy-engine-merge) writes a batch's kept slices with one strided (2-D) copy per
-    run of like windows: replayed here with numpy, row by row as cuMemcpy2DAsync copies them, the copies from
-    segments() + strided_copies() must give what add gives window by window, and fill every kept position once."""
-    from trtforge.chunking import StreamingMerge, strided_copies
+    stretch of like windows: replayed here with numpy, row by row as cuMemcpy2DAsync copies them, run_copies' copies
+    must give what add gives window by window, fill every kept position once, and be the copies segments() lists."""
+    from trtforge.chunking import StreamingMerge
 
     overlap = data.draw(st.integers(0, chunk - 1))
     windows = plan_windows(length, chunk, overlap, full_last=data.draw(st.booleans()))
@@ -213,13 +213,14 @@ def test_strided_copies_of_a_batchs_windows_equal_adding_each_window(length, chu
         n = data.draw(st.integers(1, 5))
         run = parts[i:i + n]
         first_row = data.draw(st.integers(0, 3))  # rows of other inputs before this run in the batch
+        shift = chunk - max(len(p) for p in run) if data.draw(st.booleans()) else 0  # where positions start in a row
         source = np.full(((first_row + len(run)) * chunk, 2), np.nan, np.float32)
-        offsets = []
         for k, p in enumerate(run):
-            at = (first_row + k) * chunk + (chunk - len(p) if data.draw(st.booleans()) else 0)
+            at = (first_row + k) * chunk + shift
             source[at:at + len(p)] = p
-            offsets.append(at)
-        copies = strided_copies(placed.segments(i, offsets, source.shape[0]))
+        copies = placed.run_copies(i, len(run), first_row * chunk + shift, chunk)
+        listed = placed.segments(i, [(first_row + k) * chunk + shift for k in range(len(run))], source.shape[0])
+        assert [(s + r * ss, d + r * ds, w) for s, d, w, c, ss, ds in copies for r in range(c)] == [x for x in listed if x[2]]
         for src, dst, width, count, src_step, dst_step in copies:
             assert count == 1 or (src_step >= width and dst_step >= width)  # 2-D pitches are at least the width
             for r in range(count):
@@ -232,16 +233,23 @@ def test_strided_copies_of_a_batchs_windows_equal_adding_each_window(length, chu
     assert len(placed.seen) == len(windows)
 
 
-def test_strided_copies_join_like_copies_only():
-    from trtforge.chunking import strided_copies
+def test_run_copies_join_like_windows_only():
+    from trtforge.chunking import StreamingMerge, kept_stretches
 
-    # a batch of 16 windows of 256 keeping 224 from position 16 (interior), after a first window keeping 240 from 0
-    interior = [(k * 256 + 16, 240 + (k - 1) * 224, 224) for k in range(1, 16)]
-    assert strided_copies([(0, 0, 240)] + interior) == [(0, 0, 240, 1, 0, 0), (272, 240, 224, 15, 256, 224)]
-    assert strided_copies([(0, 0, 4), (10, 4, 4), (20, 8, 4), (31, 12, 4)]) == [(0, 0, 4, 3, 10, 4), (31, 12, 4, 1, 0, 0)]
-    assert strided_copies([(0, 0, 4), (10, 4, 4), (20, 9, 4)]) == [(0, 0, 4, 2, 10, 4), (20, 9, 4, 1, 0, 0)]
-    assert strided_copies([(0, 0, 4), (2, 4, 4)]) == [(0, 0, 4, 1, 0, 0), (2, 4, 4, 1, 0, 0)]  # rows would overlap
-    assert strided_copies([]) == []
+    # 1,000 positions in windows of 256 advancing by 224: the first keeps 240 from 0, three interior ones 224 from 16
+    # (one stretch), the last 88 from 16
+    windows = plan_windows(1000, 256, 32)
+    assert kept_stretches(windows) == [(0, 1, 0, 240, 0, 0), (1, 3, 16, 224, 240, 224), (4, 1, 16, 88, 912, 0)]
+    merge = StreamingMerge(windows, 1000)
+    assert merge.run_copies(0, 5, 0, 256) == [(0, 0, 240, 1, 0, 0), (272, 240, 224, 3, 256, 224), (1040, 912, 88, 1, 0, 0)]
+    assert merge.run_copies(2, 1, 512, 256) == [(528, 464, 224, 1, 0, 0)]  # one window of a stretch: a plain copy
+    assert merge.run_copies(2, 3, 0, 300) == [(16, 464, 224, 2, 300, 224), (616, 912, 88, 1, 0, 0)]
+    assert merge.run_copies(3, 0, 0, 256) == []
+    with pytest.raises(ValueError, match="not all in this merge"):
+        merge.run_copies(4, 2, 0, 256)
+    with pytest.raises(ValueError, match="only 'center'"):
+        StreamingMerge(windows, 1000, "linear").run_copies(0, 1, 0, 256)
+    assert kept_stretches([]) == []
 
 
 def test_take_refuses_what_it_cannot_merge():
@@ -301,14 +309,20 @@ def test_center_merges_into_pool_memory_refuse_windows_that_leave_a_gap():
     StreamingMerge(gap, 20, "center")  # without a pool the output is zeroed: no check needed
 
 
-def test_window_runs_group_consecutive_windows_of_one_merged_input():
-    """The grouping the host merge (one np.take a run) and the copy-engine merge (strided copies a run) share: a row of
-    another input between two consecutive windows does not split their run (its offsets say where each window is)."""
+def test_row_runs_join_consecutive_windows_of_one_input_in_consecutive_rows():
+    """The grouping the host merge (one np.take a run) and the copy-engine merge (strided copies a run) share: a run is
+    consecutive windows of one input in consecutive rows at one content offset; `length` the longest window's."""
     from types import SimpleNamespace
 
-    from trtforge.chunking import window_runs
+    from trtforge.chunking import RowRun, Tile, Window, row_runs
 
-    batch = [SimpleNamespace(doc=d, index=i) for d, i in [(0, 0), (0, 1), (1, 0), (0, 2), (2, 0), (2, 1), (0, 4)]]
-    assert window_runs(batch, list(range(7)), lambda d: d != 1) == ([[0, 1, 3], [4, 5], [6]], [2])
-    assert window_runs(batch, [1, 3, 4], lambda d: True) == ([[1, 3], [4]], [])
-    assert window_runs(batch, [], lambda d: True) == ([], [])
+    def chunk(d, i, start=1, n=5):
+        return SimpleNamespace(doc=d, index=i, content=slice(start, start + n), window=Window(0, n, 0, n))
+
+    batch = [chunk(0, 0), chunk(0, 1, n=3), chunk(1, 0), chunk(0, 2), chunk(2, 0), chunk(2, 1, start=0), chunk(0, 4)]
+    assert row_runs(batch) == [RowRun(0, 0, 0, 2, 1, 5), RowRun(1, 0, 2, 1, 1, 5), RowRun(0, 2, 3, 1, 1, 5),
+                               RowRun(2, 0, 4, 1, 1, 5), RowRun(2, 1, 5, 1, 0, 5), RowRun(0, 4, 6, 1, 1, 5)]
+    assert row_runs(batch, [0, 1, 3]) == [RowRun(0, 0, 0, 2, 1, 5), RowRun(0, 2, 3, 1, 1, 5)]  # rows 1 and 3 are not adjacent
+    assert row_runs(batch, []) == []
+    tiles = [SimpleNamespace(doc=0, index=i, content=None, window=Tile(Window(0, 4, 0, 4), Window(0, 4, 0, 4))) for i in range(2)]
+    assert row_runs(tiles) == [RowRun(0, 0, 0, 2, 0, None)]  # a tile has no length along one axis

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trtforge.chunking import StreamingMerge, plan_windows
-from trtforge.copymerge import CopyEngineMerge, row_ranges
+from trtforge.copymerge import CopyEngineMerge
 from trtforge.outpool import OutputPool
 
 
@@ -90,10 +90,6 @@ def test_a_window_past_its_row_or_another_layout_goes_through_the_host():
     numpy_memory.preallocate((3,), np.float32)  # not page-locked: an asynchronous copy may not write into it
     copies, placed = CopyEngineMerge(["h"], {"h": np.float32}, lambda d, n: numpy_memory, lambda d: len(ws)).place(batch, {"h": (len(batch), 64, 3)})
     assert not placed["h"].rows
-
-
-def test_row_ranges():
-    assert row_ranges([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 1), (7, 2)] and row_ranges([]) == []
 
 
 def test_reserve_bytes_covers_the_windows_in_flight_at_most_every_inputs_whole_output():

@@ -193,3 +193,45 @@ def test_two_threads_finishing_one_input_at_once_hand_it_on_exactly_once():
         assert sorted(d for d, _ in done) == list(range(len(docs))), f"trial {trial}: {sorted(d for d, _ in done)}"
         for d, value in done:
             np.testing.assert_array_equal(value, expected[d]["last_hidden_state"])
+
+
+@pytest.mark.parametrize("merge", ["center", "linear"])
+def test_batches_of_block_runs_merge_like_each_input_alone(merge):
+    """run's loop hands the merger run.Batch objects (a block's rows as runs, no chunk per row): every output, token
+    and pooled and logits, equals merge_document over that input's chunks alone, as do the same batches given as
+    lists of their chunks."""
+    from test_runloop import _text_plans
+
+    from trtforge.run import Batch, shape_key
+    from trtforge.runloop import Batcher
+
+    lengths = [40, 9, 23, 3, 61, 14]
+    plans = _text_plans(lengths)
+    docs = [Document(f"d{d}", "text", {}, n) for d, n in enumerate(lengths)]
+    kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token"), "pooler_output": OutputKind("pooler_output", "pooled"),
+             "logits": OutputKind("logits", "logits")}
+    options = SimpleNamespace(merge=merge, chunk=16, overlap=4)
+    batcher = Batcher(5, shape_key, group=Batch)
+    batches = [b for plan in plans for b in batcher.add_many(plan)] + batcher.flush()
+    rng = np.random.default_rng(4)
+    by_runs, by_rows = (_Merger(docs, [], kinds, options) for _ in range(2))
+    for merger in (by_runs, by_rows):
+        for plan in plans:
+            merger.add_plan(plan)
+    parts: dict[tuple[int, str], list] = {}
+    for batch in batches:
+        chunks = list(batch)
+        out = _outputs(chunks, rng, width=16)
+        out["logits"] = rng.standard_normal((len(batch), 4)).astype(np.float32)
+        for j, c in enumerate(chunks):
+            parts.setdefault((c.doc, "last_hidden_state"), []).append((c, out["last_hidden_state"][j, c.content]))
+            for name in ("pooler_output", "logits"):
+                parts.setdefault((c.doc, name), []).append((c, out[name][j]))
+        by_runs.add(batch, {k: v.copy() for k, v in out.items()}, copy=True)
+        by_rows.add(chunks, {k: v.copy() for k, v in out.items()}, list(range(len(batch))), copy=True)
+    assert by_runs.rows and not any(name == "pooler_output" for _, name in by_runs.parts)  # pooled rows kept a run at a time
+    for d, (got, listed) in enumerate(zip(by_runs.results(), by_rows.results())):
+        for name, kind in kinds.items():
+            expected = merge_document(docs[d], kind, parts[(d, name)], options)
+            np.testing.assert_allclose(got[name], expected, rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(listed[name], got[name])

@@ -871,3 +871,72 @@ def test_planning_threads_default_to_two_unless_they_tokenize():
 
     assert default_plan_workers(True, 16) == 8 and default_plan_workers(True, 4) == 4
     assert default_plan_workers(False, 16) == 2 and default_plan_workers(False, 1) == 1
+
+
+# -- a text input's windows as blocks: batches of runs, never a window at a time ---------------------------------------
+
+def _text_plans(lengths, chunk=16, overlap=4):
+    """Real plans (run.plan_document) of pre-tokenized inputs of `lengths` tokens, with [CLS]/[SEP]-like specials."""
+    from trtforge.config import InputSpec
+    from trtforge.run import Document, Limits, plan_document
+
+    tokenizer = SimpleNamespace(prefix=[101], suffix=[102], specials=2, capacity=lambda c, o: c - 2,
+                                type_ids=lambda block: np.zeros_like(block))
+    specs = [InputSpec(name=n, dtype="int64", shape=["batch", "seq"]) for n in ("input_ids", "attention_mask")]
+    plans = []
+    for d, n in enumerate(lengths):
+        doc = Document(f"d{d}", "text", {}, n, np.arange(n, dtype=np.int64) + 1000 * d)
+        plans.append(plan_document(d, doc, specs, None, chunk, overlap, Limits(seq=chunk), tokenizer, [], full_last=d % 2 == 0))
+    return plans
+
+
+@pytest.mark.parametrize("size", [1, 3, 8])
+def test_block_plans_batch_stage_and_run_like_their_chunks_one_by_one(size):
+    """A DocumentPlan's rows join a Batcher's run.Batch groups as runs; those batches equal, as chunks, the batches
+    the same chunks form one by one (and make_batches), stage to the same arrays, and give the runs the per-row
+    path of chunking.row_runs gives."""
+    from trtforge.chunking import row_runs
+    from trtforge.run import Batch, DocumentPlan, batch_parts, make_batches, shape_key, stack
+
+    plans = _text_plans([40, 9, 23, 3, 61, 14])
+    assert all(isinstance(p, DocumentPlan) for p in plans)
+    for plan in plans:
+        assert [c.index for c in plan] == list(range(len(plan))) and plan.windows == [c.window for c in plan]
+        for c in plan:
+            np.testing.assert_array_equal(c.feeds["input_ids"][0, c.content], np.arange(c.window.start, c.window.end) + 1000 * c.doc)
+        assert plan[-1] == plan[len(plan) - 1] and plan[1:3] == [plan[k] for k in range(1, min(3, len(plan)))]
+        with pytest.raises(IndexError):
+            plan[len(plan)]
+    by_runs, by_chunks = Batcher(size, shape_key, group=Batch), Batcher(size, shape_key)
+    got = [b for plan in plans for b in by_runs.add_many(plan)] + by_runs.flush()
+    expected = [b for plan in plans for b in by_chunks.add_many(list(plan))] + by_chunks.flush()
+    assert all(isinstance(b, Batch) for b in got) and got == expected
+    assert sorted(map(len, got)) == sorted(map(len, make_batches([c for p in plans for c in p], size)))
+    for batch in got:
+        assert len(batch.runs) <= len(batch)  # a block's consecutive rows are one run
+        assert batch.row_runs() == row_runs(list(batch))
+        chunks = list(batch)
+        for name, value in stack(batch).items():
+            np.testing.assert_array_equal(value, np.concatenate([c.feeds[name] for c in chunks]))
+            np.testing.assert_array_equal(np.concatenate(batch_parts(batch)[name]), value)
+        assert batch[-1] == chunks[-1] and batch[0:2] == chunks[0:2]
+        with pytest.raises(IndexError):
+            batch[len(batch)]
+
+
+def test_a_batch_mixes_block_rows_and_plain_chunks_in_order():
+    from trtforge.chunking import RowRun, Window
+    from trtforge.run import Batch, Chunk, batch_parts
+
+    plan = _text_plans([40])[0]
+    block = plan.blocks[0]
+    loose = Chunk(7, 0, {"input_ids": np.full((1, 16), 5), "attention_mask": np.ones((1, 16), np.int64)}, Window(0, 16, 0, 16), 16)
+    batch = Batch()
+    batch.add_rows(block, 0, 2)
+    batch.add_rows(block, 2, 1)  # continues the run
+    batch.append(loose)
+    batch.add_rows(block, 3, 1)
+    assert [(r, n) for _, r, n in batch.runs] == [(0, 3), (0, 1), (3, 1)] and len(batch) == 5
+    assert [c.doc for c in batch] == [0, 0, 0, 7, 0] and batch[3] is loose
+    assert batch.row_runs() == [RowRun(0, 0, 0, 3, 1, 14), RowRun(7, 0, 3, 1, 0, 16), RowRun(0, 3, 4, 1, 1, 14)]
+    assert [len(p) for p in batch_parts(batch)["input_ids"]] == [3, 1, 1]

@@ -8,6 +8,8 @@ across the overlap and sum to 1 at every position.
 
 from __future__ import annotations
 
+import bisect
+import operator
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
@@ -49,9 +51,8 @@ def plan_windows(length: int, chunk: int, overlap: int, full_last: bool = False)
     if length < 1:
         return []
     stride = chunk - overlap
-    starts = [0]
-    while starts[-1] + chunk < length:
-        starts.append(starts[-1] + stride)
+    count = 1 + max(0, -(-(length - chunk) // stride))  # windows until one reaches the end
+    starts = list(range(0, count * stride, stride))  # no Python per window: `run` plans every input's windows
     if full_last and len(starts) > 1:
         starts[-1] = length - chunk  # > starts[-2], since starts[-2] + chunk < length
     return windows_from_spans([(s, min(s + chunk, length)) for s in starts])
@@ -69,6 +70,11 @@ def windows_from_spans(spans: list[tuple[int, int]]) -> list[Window]:
 
 def check_center_cover(windows: list[Window], length: int) -> None:
     """'center' keep ranges must tile [0, length): each position kept by exactly one window (pure)."""
+    if windows:  # windows in order (every plan's): checked column-wise, without Python per window
+        _, _, keep_starts, keep_ends = zip(*windows)
+        if (keep_starts[0] == 0 and keep_ends[-1] == length and keep_starts[1:] == keep_ends[:-1]
+                and all(map(operator.le, keep_starts, keep_ends))):
+            return
     at = 0
     for w in sorted(windows, key=lambda w: (w.keep_start, w.keep_end)):
         if w.keep_start != at or w.keep_end < w.keep_start:
@@ -135,6 +141,8 @@ class StreamingMerge:
         self.dtype: np.dtype | None = None
         self.seen: set[int] = set()
         self._lock = threading.Lock()
+        self._stretches: list[tuple[int, int, int, int, int, int]] | None = None  # run_copies' (kept_stretches), made once
+        self._stretch_firsts: list[int] = []
 
     def _allocate(self, feature_shape: tuple[int, ...], dtype: np.dtype, page_in: bool = False) -> np.ndarray:
         """The merged array, zeroed where it must be (blends accumulate) and, with page_in, written once so that its
@@ -201,6 +209,32 @@ class StreamingMerge:
             raise ValueError(f"window outputs run past the {source_positions} positions given")
         return [(o + w.keep_start - w.start, w.keep_start, w.keep_end - w.keep_start) for o, w in zip(offsets, windows)]
 
+    def run_copies(self, first: int, count: int, source_start: int, source_step: int) -> list[tuple[int, int, int, int, int, int]]:
+        """Windows first .. first + count - 1, window first + k's output at source position source_start + k *
+        source_step (a batch's rows, one window each), as strided copies of their kept slices into the merged output:
+        (source, destination, length, count, source step, destination step), 'center' only. What strided_copies makes of
+        `segments`, from the windows' stretches (kept_stretches, once per merge): no Python per window. Pure."""
+        if self.weights is not None:
+            raise ValueError("only 'center' windows are placed by copies; blends accumulate with add")
+        if first < 0 or count < 0 or first + count > len(self.windows):
+            raise ValueError(f"windows {first}..{first + count - 1} are not all in this merge of {len(self.windows)}")
+        if self._stretches is None:
+            self._stretches = kept_stretches(self.windows)
+            self._stretch_firsts = [st[0] for st in self._stretches]
+        out = []
+        at = bisect.bisect_right(self._stretch_firsts, first) - 1
+        end = first + count
+        while first < end:
+            lo, n, offset, length, destination, step = self._stretches[at]
+            take = min(end, lo + n) - first
+            if length > 0:
+                out.append((source_start + offset, destination + (first - lo) * step, length, take,
+                            source_step if take > 1 else 0, step if take > 1 else 0))
+            source_start += take * source_step
+            first += take
+            at += 1
+        return out
+
     def mark(self, first: int, count: int) -> None:
         """Windows first .. first + count - 1 were written into the merged output by someone else (the GPU's copy
         engine, from `segments`): counted as added."""
@@ -237,51 +271,64 @@ class StreamingMerge:
         return self.merged.astype(self.dtype, copy=False)
 
 
-def window_runs(batch: list[Any], rows: list[int], multi: Callable[[int], bool]) -> tuple[list[list[int]], list[int]]:
-    """A batch's `rows` (chunks with .doc and .index) as runs of consecutive windows of one input whose windows are merged
-    a run at a time (`multi(doc)`), in order, and the rows left (the other inputs'): a 'center' merge copies each run with
-    one np.take (run's host merge) or a few strided copies (the copy-engine merge). Pure."""
-    runs: list[list[int]] = []
-    left: list[int] = []
-    known: dict[int, bool] = {}  # multi(doc) once per input (this runs per batch row on the thread feeding the GPU)
-    run: list[int] = []
-    last_doc, last_index = None, 0
-    for j in rows:
+class RowRun(NamedTuple):
+    """Batch rows row .. row + count - 1: windows first .. first + count - 1 of input `doc`, each window's positions
+    from `content_start` in its row, at most `length` positions each (None: not known here)."""
+    doc: int
+    first: int
+    row: int
+    count: int
+    content_start: int
+    length: int | None
+
+
+def join_run(runs: list[RowRun], run: RowRun) -> None:
+    """Append `run` to `runs`, or extend the last one where `run` continues it (the next windows of one input in the
+    next rows, the same content offset). Pure."""
+    if runs:
+        last = runs[-1]
+        if (last.doc == run.doc and last.first + last.count == run.first and last.row + last.count == run.row
+                and last.content_start == run.content_start):
+            length = None if last.length is None or run.length is None else max(last.length, run.length)
+            runs[-1] = last._replace(count=last.count + run.count, length=length)
+            return
+    runs.append(run)
+
+
+def row_runs(batch: Any, rows: list[int] | None = None) -> list[RowRun]:
+    """A batch's rows (all, or `rows` in order) as runs of consecutive windows of one input in consecutive rows: a
+    'center' merge copies each run with one np.take (run's host merge) or a few strided copies (the copy-engine merge).
+    A batch that keeps its rows as runs (run.Batch: a block's rows) gives them without Python per row; others are
+    chunks with .doc, .index, .content and .window. Pure."""
+    if rows is None and hasattr(batch, "row_runs"):
+        return batch.row_runs()
+    out: list[RowRun] = []
+    for j in (range(len(batch)) if rows is None else rows):
         c = batch[j]
-        d = c.doc
-        is_multi = known.get(d)
-        if is_multi is None:
-            is_multi = known[d] = bool(multi(d))
-        if not is_multi:
-            left.append(j)
-            continue
-        if d == last_doc and c.index == last_index + 1:
-            run.append(j)
-        else:
-            run = [j]
-            runs.append(run)
-        last_doc, last_index = d, c.index
-    return runs, left
+        window = getattr(c, "window", None)
+        join_run(out, RowRun(c.doc, c.index, j, 1, c.content.start if c.content is not None else 0,
+                             window.length if isinstance(window, Window) else None))
+    return out
 
 
-def strided_copies(segments: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int, int, int]]:
-    """(source, destination, length) copies, in order, grouped into strided ones: (source, destination, length,
-    count, source step, destination step), each run of copies of one length whose sources and destinations advance
-    by constant steps joined into one (a 2-D copy: one call for the interior windows of a batch, where every window
-    keeps the same slice of its row). Steps are at least the length (a 2-D copy's pitches are at least its width:
-    rows never overlap). Units are the caller's (positions here). Pure."""
+def kept_stretches(windows: list[Window]) -> list[tuple[int, int, int, int, int, int]]:
+    """Windows in order as stretches of like ones: (first window, windows, kept slice's offset in its window, kept
+    length, first kept position, step between kept slices), each maximal run of windows that keep slices of one length
+    at one offset, advancing by one step of at least that length (a plan's interior windows: one stretch). Pure."""
     out: list[list[int]] = []
-    for src, dst, n in segments:
+    for i, (start, _, keep_start, keep_end) in enumerate(windows):
+        offset, length = keep_start - start, keep_end - keep_start
         if out:
             last = out[-1]
-            if last[3] == 1 and last[2] == n and src - last[0] >= n and dst - last[1] >= n:
-                last[3], last[4], last[5] = 2, src - last[0], dst - last[1]  # a second copy of the same length sets the steps
-                continue
-            if last[3] > 1 and last[2] == n and src == last[0] + last[3] * last[4] and dst == last[1] + last[3] * last[5]:
-                last[3] += 1
-                continue
-        out.append([src, dst, n, 1, 0, 0])
-    return [tuple(c) for c in out]  # type: ignore[misc]
+            if last[2] == offset and last[3] == length:
+                if last[1] == 1 and keep_start - last[4] >= length:
+                    last[1], last[5] = 2, keep_start - last[4]
+                    continue
+                if last[1] > 1 and keep_start == last[4] + last[1] * last[5]:
+                    last[1] += 1
+                    continue
+        out.append([i, 1, offset, length, keep_start, 0])
+    return [tuple(st) for st in out]  # type: ignore[misc]
 
 
 def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int, merge: str = "center", axis: int = 0) -> np.ndarray:
@@ -297,6 +344,8 @@ def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int,
 def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.ndarray:
     """A sequence embedding from per-chunk mean embeddings, weighted by each chunk's (kept) token count."""
     counts = np.asarray(token_counts, dtype=np.float64)
+    if isinstance(chunk_means, np.ndarray):  # the rows stacked already (run's merge keeps a batch's rows as one array)
+        return (chunk_means.astype(np.float64) * counts[:, None]).sum(axis=0) / counts.sum()
     # stack in the parts' own dtype, then one cast (the same values): np.array(chunk_means, dtype=np.float64) in one call
     # made `run` from text 30-45% slower on the H200 box (w26c: it converts element by element; benchmarks/RESULTS.md,
     # 2026-12-03 w26), and a cast per part cost ~2.5x this (29 MiniLM rows: 131 against 52 us on the dev machine)
@@ -311,7 +360,7 @@ def merge_pooled(chunk_vectors: list[np.ndarray], token_counts: list[int]) -> np
 
 def merge_logits(chunk_logits: list[np.ndarray], token_counts: list[int], mode: str = "mean_softmax") -> np.ndarray:
     """Sequence-level logits from chunks: token-weighted mean of the softmax, or a max (majority) vote."""
-    logits = np.stack(chunk_logits).astype(np.float64)  # one cast after stacking (pooled_mean says why)
+    logits = (chunk_logits if isinstance(chunk_logits, np.ndarray) else np.stack(chunk_logits)).astype(np.float64)  # one cast (pooled_mean)
     if mode == "vote":
         votes = np.bincount(logits.argmax(axis=-1), weights=np.asarray(token_counts, float), minlength=logits.shape[-1])
         return votes / votes.sum()

@@ -7,7 +7,7 @@ into the merged output): 5.5 MB per MiniLM batch, 11 MB per BERT-base one. On th
 a merge thread per batch against 1.33 ms of GPU, and the staging slot stayed held until it finished, so the GPU
 waited (benchmarks/RESULTS.md, 2026-12-02). Under 'center' merging, a batch's consecutive windows of one input keep
 slices that tile one range of its merged output, one slice per row at the same offset for the interior windows:
-one strided (2-D) copy per run of like windows (chunking.strided_copies). The merged outputs come from page-locked
+one strided (2-D) copy per run of like windows (StreamingMerge.run_copies). The merged outputs come from page-locked
 pooled memory (outpool.OutputPool with tensorrt_runtime.allocate_pinned), so the copies are asynchronous and
 pinning is paid once per pooled buffer. The earlier `--direct-merge` (removed 2026-12-01) page-locked every input's
 output and copied row by row: 1,632 copies and a cudaHostRegister per input cost more than the merge it removed.
@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trtforge.chunking import StreamingMerge, strided_copies, window_runs
+from trtforge.chunking import RowRun, StreamingMerge, row_runs
 from trtforge.outpool import capacity_for
 
 
@@ -66,76 +66,64 @@ def reserve_bytes(position_bounds: list[int], bytes_per_position: int, windows_i
     return max(0, min(whole, int(factor * windows_in_flight * chunk * bytes_per_position)))
 
 
-def row_ranges(rows: list[int]) -> list[tuple[int, int]]:
-    """Sorted row numbers as (first, count) ranges of consecutive rows (pure)."""
-    out: list[list[int]] = []
-    for r in rows:
-        if out and out[-1][0] + out[-1][1] == r:
-            out[-1][1] += 1
-        else:
-            out.append([r, 1])
-    return [(a, n) for a, n in out]
-
-
 class CopyEngineMerge:
     """Plans, per batch, the copies of each token output `names` into the merged outputs `stream(input, name)` gives
     (None where an input has no prepared merged output: those rows go through the slot and the host merge).
 
-    `batch` is a list of chunks with .doc, .index and .content (run.Chunk); `windows_of(doc)` how many windows the
-    input has (single-window inputs are not streamed: host merge)."""
+    `windows_of(doc)` is how many windows an input has (single-window inputs are not streamed: host merge)."""
 
     def __init__(self, names: list[str], dtypes: dict[str, np.dtype], stream: Callable[[int, str], StreamingMerge | None],
                  windows_of: Callable[[int], int]):
         self.names, self.dtypes, self.stream, self.windows_of = names, dtypes, stream, windows_of
         self.counts = {"batches": 0, "copies": 0, "rows": 0, "host_rows": 0, "bytes": 0}
 
-    def place(self, batch: list[Any], shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, OutputCopies], dict[str, Placed]]:
+    def place(self, batch: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, OutputCopies], dict[str, Placed]]:
+        """`batch`: a run.Batch, or chunks with .doc, .index, .content (chunking.row_runs)."""
         copies: dict[str, OutputCopies] = {}
         placed: dict[str, Placed] = {}
+        runs = row_runs(batch)
+        rows = len(batch)
         for name in self.names:
             shape = shapes.get(name)
-            if shape is None or len(shape) < 2 or shape[0] != len(batch):
+            if shape is None or len(shape) < 2 or shape[0] != rows:
                 continue
-            length = shape[1]
             row_bytes = math.prod(shape[2:]) * np.dtype(self.dtypes[name]).itemsize
             strided: list[tuple[int, int, int, int, int, int]] = []
             done = Placed(set(), [])
-            runs, _ = window_runs(batch, list(range(len(batch))), lambda d: self.windows_of(d) > 1)
+            left: list[tuple[int, int]] = []  # (first row, rows) through the slot
             for run in runs:
-                if self._place_run(batch, run, name, shape, row_bytes, strided):
-                    done.rows.update(run)
-                    done.runs.append((batch[run[0]].doc, batch[run[0]].index, len(run)))
-            left = [j for j in range(len(batch)) if j not in done.rows]
-            copies[name] = OutputCopies(strided, row_ranges(left))
+                if self.windows_of(run.doc) > 1 and self._place_run(run, name, shape, row_bytes, strided):
+                    done.rows.update(range(run.row, run.row + run.count))
+                    done.runs.append((run.doc, run.first, run.count))
+                elif left and left[-1][0] + left[-1][1] == run.row:
+                    left[-1] = (left[-1][0], left[-1][1] + run.count)
+                else:
+                    left.append((run.row, run.count))
+            copies[name] = OutputCopies(strided, left)
             placed[name] = done
             self.counts["copies"] += len(strided)
             self.counts["rows"] += len(done.rows)
-            self.counts["host_rows"] += len(left)
+            self.counts["host_rows"] += rows - len(done.rows)
             self.counts["bytes"] += sum(c[4] * c[5] for c in strided)
         self.counts["batches"] += 1
         return copies, placed
 
-    def _place_run(self, batch: list[Any], run: list[int], name: str, shape: tuple[int, ...], row_bytes: int,
+    def _place_run(self, run: RowRun, name: str, shape: tuple[int, ...], row_bytes: int,
                    strided: list[tuple[int, int, int, int, int, int]]) -> bool:
         """Copies for one run into its input's merged output; False (host merge) where there is none to write into (none
         yet, or not from a page-locked pool), of this output's layout, or a window would need positions past its row
         (the host merge then says so)."""
-        first = batch[run[0]]
-        stream = self.stream(first.doc, name)
+        stream = self.stream(run.doc, name)
         pinned = stream is not None and getattr(stream.pool, "allocate", None) is not None  # async copies need page-locked memory
         merged = stream.merged if pinned else None
         if merged is None or merged.dtype != np.dtype(self.dtypes[name]) or merged.shape[1:] != tuple(shape[2:]):
             return False
         length = shape[1]
-        offsets = []
-        for j in run:
-            c = batch[j]
-            start = c.content.start if c.content is not None else 0
-            if start + stream.windows[c.index].length > length:
-                return False
-            offsets.append(j * length + start)
+        longest = run.length if run.length is not None else max(w.length for w in stream.windows[run.first:run.first + run.count])
+        if run.content_start + longest > length:
+            return False
         base = int(merged.__array_interface__["data"][0])
-        for src, dst, width, rows, src_step, dst_step in strided_copies(stream.segments(first.index, offsets, len(batch) * length)):
+        for src, dst, width, rows, src_step, dst_step in stream.run_copies(run.first, run.count, run.row * length + run.content_start, length):
             strided.append((base + dst * row_bytes, max(dst_step, width) * row_bytes, src * row_bytes,
                             max(src_step, width) * row_bytes, width * row_bytes, rows))
         return True

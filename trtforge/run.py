@@ -16,25 +16,25 @@ leave no doubt), and the kind decides everything after inference:
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import resource
 import sys
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from trtforge import __version__
 from trtforge.artifacts import read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.chunking import (StreamingMerge, Tile, Window, check_overlap, check_tile_scale, merge_logits, merge_pooled,
-                               merge_tiles, plan_tiles, plan_windows, scaled_size, window_runs)
+from trtforge.chunking import (RowRun, StreamingMerge, Tile, Window, check_overlap, check_tile_scale, join_run, merge_logits,
+                               merge_pooled, merge_tiles, plan_tiles, plan_windows, row_runs, scaled_size)
 from trtforge.comparator import Comparator, worst
 from trtforge.config import AxisRange, InputSpec
 from trtforge.copymerge import CopyEngineMerge, Placed, reserve_bytes
@@ -94,11 +94,136 @@ class BlockChunk(Chunk):
         self.doc, self.index, self.window, self.tokens, self.content = doc, index, window, tokens, content
         self.block, self.row, self.key = block, row, key
 
-    __eq__ = object.__eq__  # identity: the dataclass's field comparison would compare fresh views' truth values
+    def __eq__(self, other: object) -> bool:  # the same row of the same block (made afresh each time it is read)
+        return isinstance(other, BlockChunk) and other.block is self.block and other.row == self.row
+
+    def __hash__(self) -> int:
+        return hash((id(self.block), self.row))
 
     @property  # type: ignore[override]
     def feeds(self) -> dict[str, np.ndarray]:  # noqa: D102
         return {k: v[self.row:self.row + 1] for k, v in self.block.items()}
+
+
+@dataclass(eq=False)
+class WindowBlock:
+    """Consecutive text windows of one input, all of one length, planned at once: window first + r is row r of every
+    array in `feeds` (tokenize.wrap_spans). `run`'s loop batches, stages, places and merges a block's rows a run at a
+    time (Batch, batch_parts, chunking.row_runs), never one window at a time: Python per window on the threads that
+    share the GIL with the one feeding the GPU held MiniLM's loop at 2.1-2.9x its GPU time on the H200 box (~3 ms of
+    it per batch of 64 against 1.5 ms of GPU; benchmarks/RESULTS.md, 2026-12-04 w27)."""
+    doc: int
+    first: int
+    windows: list[Window]
+    feeds: dict[str, np.ndarray]
+    content: slice  # where the document's tokens sit in every row
+    key: tuple  # shape_key of every row
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def chunk(self, r: int) -> BlockChunk:
+        w = self.windows[r]
+        return BlockChunk(self.doc, self.first + r, None, w, w.end - w.start, self.content, self.feeds, r, self.key)
+
+
+class DocumentPlan(Sequence):
+    """A text input's chunks, kept as its blocks: a sequence of BlockChunks made when read (the checks, the precision
+    comparison, Ray), while `run`'s loop reads `blocks` (runloop.Batcher through `row_runs`, _Merger through `windows`)."""
+
+    def __init__(self, blocks: list[WindowBlock]):
+        self.blocks = blocks
+        self._firsts = [b.first for b in blocks]
+        self._count = sum(len(b) for b in blocks)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(f"chunk {i} of {self._count}")
+        block = self.blocks[bisect.bisect_right(self._firsts, i) - 1]
+        return block.chunk(i - block.first)
+
+    @property
+    def windows(self) -> list[Window]:
+        return [w for b in self.blocks for w in b.windows]
+
+    def row_runs(self) -> list[tuple[tuple, WindowBlock, int]]:
+        """(shape key, block, rows) per block, for runloop.Batcher.add_many."""
+        return [(b.key, b, len(b)) for b in self.blocks]
+
+
+class Batch(Sequence):
+    """A batch's rows as runs (runloop.Batcher's groups): (block, first row, rows) for consecutive rows of a
+    WindowBlock, (chunk, 0, 1) for any other chunk. A sequence of chunks for the slow paths (made when read); the loop
+    reads `runs` and `row_runs()`."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[Any, int, int]] = []
+        self._starts: list[int] = []  # each run's first batch row
+        self._rows = 0
+        self._row_runs: list[RowRun] | None = None
+
+    def append(self, chunk: Chunk) -> None:
+        self.runs.append((chunk, 0, 1))
+        self._starts.append(self._rows)
+        self._rows += 1
+        self._row_runs = None
+
+    def extend(self, chunks: Iterable[Chunk]) -> None:
+        for c in chunks:
+            self.append(c)
+
+    def add_rows(self, block: WindowBlock, row: int, count: int) -> None:
+        """Rows row .. row + count - 1 of `block` after the batch's rows."""
+        self._row_runs = None
+        if self.runs:
+            last, first, n = self.runs[-1]
+            if last is block and first + n == row:
+                self.runs[-1] = (block, first, n + count)
+                self._rows += count
+                return
+        self.runs.append((block, row, count))
+        self._starts.append(self._rows)
+        self._rows += count
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, j: Any) -> Any:
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(self._rows))]
+        if j < 0:
+            j += self._rows
+        if not 0 <= j < self._rows:
+            raise IndexError(f"row {j} of a batch of {self._rows}")
+        k = bisect.bisect_right(self._starts, j) - 1
+        item, first, _ = self.runs[k]
+        return item.chunk(first + j - self._starts[k]) if isinstance(item, WindowBlock) else item
+
+    def __eq__(self, other: object) -> bool:  # as a list of its chunks (runloop's tests compare with make_batches)
+        return isinstance(other, Sequence) and len(other) == self._rows and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def row_runs(self) -> list[RowRun]:
+        """chunking.row_runs of every row, from the runs (no Python per row), made once."""
+        if self._row_runs is None:
+            out: list[RowRun] = []
+            for (item, first, n), row in zip(self.runs, self._starts):
+                if isinstance(item, WindowBlock):
+                    join_run(out, RowRun(item.doc, item.first + first, row, n, item.content.start, item.windows[first].length))
+                else:
+                    window = item.window
+                    join_run(out, RowRun(item.doc, item.index, row, 1, item.content.start if item.content is not None else 0,
+                                         window.length if isinstance(window, Window) else None))
+            self._row_runs = out
+        return self._row_runs
 
 
 @dataclass
@@ -292,16 +417,15 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
         # last one extended back to full length with full_last
         windows = plan_windows(doc.length, tokenizer.capacity(chunk, overlap), overlap, full_last)
         p = len(tokenizer.prefix)
-        chunks, i = [], 0
+        blocks, i = [], 0
         for block in wrap_spans(doc.ids, [(w.start, w.end) for w in windows], tokenizer.prefix, tokenizer.suffix):
             feeds = text_feeds(block, tokenizer.type_ids(block), specs)  # one array per input per block: rows are views
             key = tuple((k, (1, *v.shape[1:])) for k, v in sorted(feeds.items()))  # shape_key of every row
-            for r in range(block.shape[0]):
-                w = windows[i]
-                n = w.end - w.start
-                chunks.append(BlockChunk(d, i, None, w, n, slice(p, p + n), feeds, r, key))
-                i += 1
-        return chunks
+            rows = block.shape[0]
+            n = block.shape[1] - len(tokenizer.prefix) - len(tokenizer.suffix)
+            blocks.append(WindowBlock(d, i, windows[i:i + rows], feeds, slice(p, p + n), key))
+            i += rows
+        return DocumentPlan(blocks)
     if doc.kind == "seq":
         seq = layout.seq_axis
         if seq is None:
@@ -365,14 +489,18 @@ def shape_key(chunk: Chunk) -> tuple:
     return key if key is not None else tuple((k, v.shape) for k, v in sorted(chunk.feeds.items()))
 
 
-def stack(batch: list[Chunk]) -> dict[str, np.ndarray]:
-    return {k: np.concatenate([c.feeds[k] for c in batch], axis=0) for k in batch[0].feeds}
+def stack(batch: Sequence[Chunk]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate(parts, axis=0) for k, parts in batch_parts(batch).items()}
 
 
-def batch_parts(batch: list[Chunk]) -> dict[str, list[np.ndarray]]:
+def batch_parts(batch: Sequence[Chunk]) -> dict[str, list[np.ndarray]]:
     """A batch's feeds as the parts to stack along axis 0 (equal to stack(batch)): a run of chunks that are consecutive
     rows of one block is one slice of it, so a batch of windows of a few documents is a few parts, not one per window
     (the staging's per-part work was a per-window cost on the thread feeding the GPU). Pure."""
+    if isinstance(batch, Batch):
+        first = batch.runs[0][0]
+        return {k: [item.feeds[k][r:r + n] if isinstance(item, WindowBlock) else item.feeds[k] for item, r, n in batch.runs]
+                for k in first.feeds}
     runs: list[tuple[Chunk, int]] = []  # (first chunk, rows)
     for c in batch:
         if runs and c.block is not None:
@@ -515,22 +643,36 @@ def merge_document(doc: Document, kind: OutputKind, parts: list[tuple[Chunk, np.
     return merge_tiles(values, h, w, options.chunk or max(h, w), options.overlap if options.chunk else 0, options.merge, kind.scale or 1.0)
 
 
+def plan_windows_of(chunks: Sequence[Chunk]) -> list[Any]:
+    """One input's windows (tiles), in chunk order: a DocumentPlan's from its blocks, without making its chunks."""
+    return chunks.windows if isinstance(chunks, DocumentPlan) else [c.window for c in chunks]
+
+
+def kept_sizes(windows: list[Any]) -> list[int]:
+    """kept_size of each window, without a call per 1-D window."""
+    if windows and isinstance(windows[0], Window):
+        return [keep_end - keep_start for _, _, keep_start, keep_end in windows]
+    return [kept_size(w) for w in windows]
+
+
 class _Merger:
     """Every output of every input merged back from its chunks as batches arrive: token outputs
-    stream into chunking.StreamingMerge, the other kinds are collected and merged per input.
+    stream into chunking.StreamingMerge, pooled and logits rows are kept a run at a time and merged per input, dense
+    tiles are kept per tile and merged per input.
 
     With `on_done`, each input is finished as soon as its last chunk is merged: on_done(d, outputs, release) gets its
     merged outputs (views of pooled memory for streamed token outputs) and must call release() once it is done with
     them, which gives their memory back to `pool` for later inputs. Without it, `results()` returns every input at
-    the end (the memory of all of them held until then)."""
+    the end (the memory of all of them held until then). A batch is read as runs of consecutive windows of one input
+    (chunking.row_runs), so a batch of a few inputs' windows costs a few steps, not one per window."""
 
-    def __init__(self, docs: list[Document], chunks: list[Chunk], kinds: dict[str, OutputKind], options: RunOptions,
+    def __init__(self, docs: list[Document], chunks: Sequence[Chunk], kinds: dict[str, OutputKind], options: RunOptions,
                  templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None, pool: OutputPool | None = None,
                  on_done: Callable[[int, dict[str, np.ndarray], Callable[[], None]], None] | None = None):
         self.docs, self.kinds, self.options = docs, kinds, options
         self.templates = templates or {}  # token output -> (shape per position, dtype), seen in the warm-up
         self.pool, self.on_done = pool, on_done
-        self.windows: dict[int, list[Window]] = {}
+        self.windows: dict[int, list[Any]] = {}
         self.counts = [0] * len(docs)
         self.remaining = [0] * len(docs)  # chunks of each input not merged yet (on_done fires at 0)
         self.finished = 0
@@ -539,74 +681,78 @@ class _Merger:
             self.counts[c.doc] += 1
             self.remaining[c.doc] += 1
         self.streams: dict[tuple[int, str], StreamingMerge] = {}
-        self.parts: dict[tuple[int, str], list[tuple[Chunk, np.ndarray]]] = {}
+        self.parts: dict[tuple[int, str], list[tuple[Chunk, np.ndarray]]] = {}  # dense tiles, single-window token rows
+        self.rows: dict[tuple[int, str], list[tuple[int, np.ndarray]]] = {}  # pooled / logits: (first window, its run's rows)
         self._lock = threading.Lock()  # add() runs on several threads: creating a stream and counting are guarded
 
-    def prepare(self, chunks: list[Chunk]) -> None:
+    def prepare(self, chunks: Sequence[Chunk]) -> None:
         """Allocate and page in one document's merged token outputs (StreamingMerge.preallocate), on the
         planning thread that just planned it, before any of its batches runs."""
         if len(chunks) < 2:
             return
-        d = chunks[0].doc
+        d = chunks[0].doc if not isinstance(chunks, DocumentPlan) else chunks.blocks[0].doc
+        windows = plan_windows_of(chunks)
         for name, (feature, dtype) in self.templates.items():
-            stream = StreamingMerge([c.window for c in chunks], self.docs[d].length, self.options.merge, self.pool)
+            stream = StreamingMerge(windows, self.docs[d].length, self.options.merge, self.pool)
             stream.preallocate(feature, dtype)
             with self._lock:
                 self.streams[(d, name)] = stream
 
-    def add_plan(self, chunks: list[Chunk]) -> None:
+    def add_plan(self, chunks: Sequence[Chunk]) -> None:
         """One document's chunks, planned after construction (run() plans while batches run): call
         before any of its batches reaches `add`."""
-        for c in chunks:
-            self.windows.setdefault(c.doc, []).append(c.window)
-            self.counts[c.doc] += 1
+        if not len(chunks):
+            return
+        d = chunks[0].doc if not isinstance(chunks, DocumentPlan) else chunks.blocks[0].doc
+        self.windows.setdefault(d, []).extend(plan_windows_of(chunks))
+        self.counts[d] += len(chunks)
         with self._lock:
-            for c in chunks:
-                self.remaining[c.doc] += 1
+            self.remaining[d] += len(chunks)
 
-    def add(self, batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None,
+    def add(self, batch: Sequence[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None,
             copy: bool = False, placed: dict[str, Placed] | None = None) -> None:
         """Merge a batch's rows (all of them, or `rows`) from its outputs. copy: the outputs are views that are
         reused after this call (TensorRT's pinned slots), so the parts kept for merging per input are copied.
         Token outputs under 'center' go in runs of consecutive windows of one input, one copy each
-        (StreamingMerge.take); blends and single-window inputs row by row. `placed`: per output, the rows the GPU's
-        copy engine already wrote into their merged outputs (copymerge.py): counted as added, not copied."""
-        rows = list(range(len(batch)) if rows is None else rows)
+        (StreamingMerge.take); pooled and logits rows a run at a time; blends, single-window inputs and dense tiles
+        row by row. `placed`: per output, the rows the GPU's copy engine already wrote into their merged outputs
+        (copymerge.py, from the same runs): counted as added, not copied."""
+        runs = row_runs(batch, None if rows is None else list(rows))
         for name, kind in self.kinds.items():
             value = out[name]
-            left = rows
+            left = runs
             if placed and name in placed:
                 for d, first, count in placed[name].runs:  # the stream the copies wrote into: never a fresh one
                     self.streams[(d, name)].mark(first, count)
-                left = [j for j in rows if j not in placed[name].rows]
+                done_rows = placed[name].rows
+                left = [r for r in runs if r.row not in done_rows]
             if kind.kind == "token" and self.options.merge == "center":
-                left = self._take_runs(batch, left, name, value)
-            if kind.kind != "token":  # a row each (chunk_part of a row is the row): kept per input, merged when it is done
-                if copy and left:  # the kept rows copied out of the reused slot at once (fancy indexing copies)
-                    value, at_rows = value[left], range(len(left))
-                else:
-                    at_rows = left
-                parts = self.parts
-                for j, at in zip(left, at_rows):
-                    c = batch[j]
-                    parts.setdefault((c.doc, name), []).append((c, value[at]))
+                left = self._take_runs(left, name, value)
+            if kind.kind in ("pooled", "logits"):  # a row per window: a run's rows kept as one array, merged when done
+                kept = self.rows
+                for r in left:
+                    part = value[r.row:r.row + r.count]
+                    kept.setdefault((r.doc, name), []).append((r.first, part.copy() if copy else part))
                 continue
-            for j in left:  # token rows left: blends, and inputs of one window
-                c = batch[j]
-                part = chunk_part(kind, c, value[j:j + 1])
-                if self.counts[c.doc] > 1:
-                    self._stream(c.doc, name).add(c.index, part)
-                else:
-                    self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
+            for r in left:  # row by row: dense tiles, and token rows of blends and of single-window inputs
+                for j in range(r.row, r.row + r.count):
+                    c = batch[j]
+                    if kind.kind != "token":
+                        self.parts.setdefault((c.doc, name), []).append((c, value[j].copy() if copy else value[j]))
+                        continue
+                    part = chunk_part(kind, c, value[j:j + 1])
+                    if self.counts[c.doc] > 1:
+                        self._stream(c.doc, name).add(c.index, part)
+                    else:
+                        self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
         if self.on_done is None:
             return
         done = []
-        merged = Counter(batch[j].doc for j in rows)
         with self._lock:  # after this thread's writes: the thread that merges an input's last chunk finishes it
-            for d, n in merged.items():
-                self.remaining[d] -= n
-                if self.remaining[d] == 0:
-                    done.append(d)
+            for r in runs:
+                self.remaining[r.doc] -= r.count
+                if self.remaining[r.doc] == 0:
+                    done.append(r.doc)
         for d in done:
             self._finish(d)
 
@@ -616,6 +762,7 @@ class _Merger:
         streams = [self.streams.pop((d, name)) for name in self.kinds if (d, name) in self.streams]
         for name in self.kinds:
             self.parts.pop((d, name), None)
+            self.rows.pop((d, name), None)
         released = []
 
         def release() -> None:
@@ -633,25 +780,38 @@ class _Merger:
         for name, kind in self.kinds.items():
             if (d, name) in self.streams:
                 outs[name] = self.streams[(d, name)].result()
+            elif (d, name) in self.rows:
+                outs[name] = self._merged_rows(d, kind, self.rows[(d, name)])
             else:
                 outs[name] = merge_document(self.docs[d], kind, self.parts[(d, name)], self.options)
         return outs
 
-    def _take_runs(self, batch: list[Chunk], rows: list[int], name: str, value: np.ndarray) -> list[int]:
-        """Rows of multi-window inputs merged a run at a time; returns the rows left (single-window inputs)."""
+    def _merged_rows(self, d: int, kind: OutputKind, parts: list[tuple[int, np.ndarray]]) -> np.ndarray:
+        """A pooled or logits output from its runs' rows (what merge_document gives from one part per window)."""
+        parts = sorted(parts, key=lambda part: part[0])
+        values = parts[0][1] if len(parts) == 1 else np.concatenate([v for _, v in parts])
+        windows = self.windows[d]
+        if values.shape[0] != len(windows):
+            raise ValueError(f"output '{kind.name}' of input {d} has {values.shape[0]} rows for {len(windows)} windows")
+        if kind.kind == "logits":  # a probability vector per input, however many chunks
+            return merge_logits(values, kept_sizes(windows), "mean_softmax")
+        return values[0] if len(windows) == 1 else merge_pooled(values, kept_sizes(windows))
+
+    def _take_runs(self, runs: list[RowRun], name: str, value: np.ndarray) -> list[RowRun]:
+        """Runs of multi-window inputs merged a run at a time; returns the runs left (single-window inputs)."""
         length = value.shape[1]  # token outputs are [batch, positions, ...]: row j's positions start at j * length
         flat = value.reshape((-1,) + value.shape[2:])
-        runs, left = window_runs(batch, rows, lambda d: self.counts[d] > 1)
-        for run in runs:
-            for j in run:
-                c = batch[j]
-                end = c.content.stop if c.content is not None else c.window.length
-                if end > length:  # take checks the batch's bounds only: a short row would read the next one
-                    raise ValueError(f"output '{name}' has {length} positions per row, window {c.index} of input {c.doc} needs "
-                                     f"{c.window.length} from position {end - c.window.length}")
-            first = batch[run[0]]
-            offsets = [k * length + (batch[k].content.start if batch[k].content is not None else 0) for k in run]
-            self._stream(first.doc, name).take(first.index, flat, offsets)
+        left = []
+        for r in runs:
+            if self.counts[r.doc] <= 1:
+                left.append(r)
+                continue
+            longest = r.length if r.length is not None else max(w.length for w in self.windows[r.doc][r.first:r.first + r.count])
+            if r.content_start + longest > length:  # take checks the batch's bounds only: a short row would read the next one
+                raise ValueError(f"output '{name}' has {length} positions per row, windows {r.first}..{r.first + r.count - 1} of "
+                                 f"input {r.doc} need {longest} from position {r.content_start}")
+            offsets = [(r.row + k) * length + r.content_start for k in range(r.count)]
+            self._stream(r.doc, name).take(r.first, flat, offsets)
         return left
 
     def _stream(self, doc: int, name: str) -> StreamingMerge:
@@ -872,7 +1032,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     workers = options.plan_workers or default_plan_workers(bool(untokenized), os.cpu_count() or 2)
 
     def feeds() -> Any:
-        stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive), workers, on_plan,
+        stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive, Batch), workers, on_plan,
                                 options.plan_ahead)
         while True:
             with host.stage("wait_plan"):  # the submitting thread waiting for planned chunks
@@ -941,8 +1101,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         output_pool.close()  # page-locked memory freed (nothing reads the merged outputs any more); numpy's: left to GC
         if reserved is not None:
             reserved.close()
-    p.chunks = [c for d in range(len(p.docs)) for c in planned[d]]
-    progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(batches)} batches")
+    chunk_counts = [len(planned[d]) for d in range(len(p.docs))]  # (not p.chunks: a text input's chunks stay its blocks)
+    progress(f"{len(p.docs)} inputs -> {sum(chunk_counts)} chunks -> {len(batches)} batches")
 
     report = {
         "schema": SCHEMA, "trtforge_version": __version__,
@@ -956,10 +1116,10 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "batches": len(batches),
         "precision_error": _precision_error(p, batches, results) if options.precision_check else
         {"measured": False, "reason": "--no-precision-check"},
-        "chunking_error": _chunking_error(p, options),
+        "chunking_error": _chunking_error(p, options, chunk_counts),
         "latency": _latency(target.timings),
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
-                       "chunks_per_s": len(p.chunks) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded; --save-outputs writes overlap it, the rest after the loop is runtime.saved_outputs.after_loop_s)"},
+                       "chunks_per_s": sum(chunk_counts) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded; --save-outputs writes overlap it, the rest after the loop is runtime.saved_outputs.after_loop_s)"},
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
                     "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
@@ -1144,12 +1304,10 @@ def _measurement_input(doc: Document, p: Prepared) -> tuple[Document, str]:
     return sub, "whole" if (hh, ww) == (h, w) else f"top-left {hh}x{ww} crop"
 
 
-def _chunking_error(p: Prepared, options: RunOptions) -> dict[str, Any]:
+def _chunking_error(p: Prepared, options: RunOptions, counts: list[int]) -> dict[str, Any]:
     """Chunked+merged vs one whole pass, both ONNX Runtime fp32, where chunking happens: on the longest
-    prefix of each chunked input that the model takes whole, with that prefix itself chunked."""
-    counts = [0] * len(p.docs)
-    for c in p.chunks:
-        counts[c.doc] += 1
+    prefix of each chunked input that the model takes whole, with that prefix itself chunked. counts: each input's
+    chunks in the run."""
     return chunking_summary([chunking_error_of(doc, counts[d], p, options) for d, doc in enumerate(p.docs)], p.kinds)
 
 

@@ -167,46 +167,65 @@ def padded_batch(shapes: dict[str, tuple[int, ...]], ran: set[int]) -> int | Non
 
 class Batcher:
     """Chunks grouped by shape key into batches of at most `size`: a batch is emitted when its group
-    fills, the rest by `flush` in group order. Same batches as run.make_batches, in the order they fill."""
+    fills, the rest by `flush` in group order. Same batches as run.make_batches, in the order they fill.
+    `group()` makes an empty batch (a list, or run.Batch, which keeps a block's rows as runs)."""
 
-    def __init__(self, size: int, key: Callable[[Any], Hashable], naive: bool = False):
-        self.size, self.key, self.naive = max(int(size), 1), key, naive
-        self.groups: dict[Hashable, list[Any]] = {}
+    def __init__(self, size: int, key: Callable[[Any], Hashable], naive: bool = False, group: Callable[[], Any] = list):
+        self.size, self.key, self.naive, self.group = max(int(size), 1), key, naive, group
+        self.groups: dict[Hashable, Any] = {}
 
-    def add(self, chunk: Any) -> list[list[Any]]:
+    def _group(self, key: Hashable) -> Any:
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = self.group()
+        return group  # kept where it filled (a fresh one in its place): flush keeps the groups' first-seen order
+
+    def add(self, chunk: Any) -> list[Any]:
         if self.naive:
             return [[chunk]]
-        group = self.groups.setdefault(self.key(chunk), [])
+        key = self.key(chunk)
+        group = self._group(key)
         group.append(chunk)
         if len(group) == self.size:
-            self.groups[self.key(chunk)] = []
+            self.groups[key] = self.group()  # replaced, not removed: flush keeps the groups' first-seen order
             return [group]
         return []
 
-    def add_many(self, chunks: Sequence[Any]) -> list[list[Any]]:
+    def add_many(self, chunks: Sequence[Any]) -> list[Any]:
         """add() of each chunk in turn (the same batches), a run of equal keys at a time: a document's windows mostly
-        share one key, so they join their group by slices rather than one append and length check each."""
+        share one key, so they join their group by slices rather than one append and length check each. Chunks that
+        come as runs of rows (`chunks.row_runs()`: (key, block, rows) each, run.DocumentPlan) join as runs, never
+        one chunk at a time (their groups need `add_rows(block, first row, rows)`: run.Batch)."""
         if self.naive:
             return [[c] for c in chunks]
-        out: list[list[Any]] = []
-        keys = [self.key(c) for c in chunks]
-        i = 0
-        while i < len(chunks):
-            j = i + 1
-            while j < len(chunks) and keys[j] == keys[i]:
-                j += 1
-            group = self.groups.setdefault(keys[i], [])
-            while i < j:
-                take = min(j - i, self.size - len(group))
-                group.extend(chunks[i:i + take])
-                i += take
+        runs = chunks.row_runs() if hasattr(chunks, "row_runs") else None
+        if runs is None:
+            keys = [self.key(c) for c in chunks]
+            runs, i = [], 0
+            while i < len(chunks):
+                j = i + 1
+                while j < len(chunks) and keys[j] == keys[i]:
+                    j += 1
+                runs.append((keys[i], (i, j), j - i))
+                i = j
+        out: list[Any] = []
+        for key, item, rows in runs:
+            done = 0
+            while done < rows:
+                group = self._group(key)
+                take = min(rows - done, self.size - len(group))
+                if isinstance(item, tuple):  # a slice of the plain chunks
+                    group.extend(chunks[item[0] + done:item[0] + done + take])
+                else:
+                    group.add_rows(item, done, take)
+                done += take
                 if len(group) == self.size:
                     out.append(group)
-                    group = self.groups[keys[i - 1]] = []
+                    self.groups[key] = self.group()
         return out
 
-    def flush(self) -> list[list[Any]]:
-        out = [g for g in self.groups.values() if g]
+    def flush(self) -> list[Any]:
+        out = [g for g in self.groups.values() if len(g)]
         self.groups = {}
         return out
 
