@@ -126,7 +126,7 @@ def test_bad_run_inputs(minilm_clean, tiny_fcn_clean, tmp_path):
     assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--last-window", "sideways"),
                       "unknown --last-window 'sideways'; use full or short.")
     assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--ray", "auto", "--tokenize-processes", "2"),
-                      "--tokenize-processes applies to one process's loop")
+                      "--plan-processes applies to one process's loop")
     data = tmp_path / "nan"
     data.mkdir()
     bad = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
@@ -209,7 +209,7 @@ def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(min
     warm-up); the merged outputs equal the single-threaded loop's: bit for bit for the disjoint 'center' copies,
     to float32 rounding for the overlapping 'linear' blend (locked, summed in the order windows arrive: where a
     full-length last window overlaps two others, three terms meet and their order shows in the last bit). With
-    --tokenize-processes, worker processes tokenize the texts: same outputs again."""
+    --plan-processes, worker processes tokenize and plan the texts: same outputs again."""
     from trtforge.run import RunOptions, run
 
     saved = {}
@@ -218,11 +218,12 @@ def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(min
         saved[name] = tmp_path / f"{name}.npz"
         report = run(minilm_clean, RunOptions(inputs=Path("calib_data/minilm_long"), chunk=48, overlap=16, batch_size=5,
                                               merge=merge, warmup=warmup, precision_check=check, merge_workers=workers,
-                                              tokenize_processes=processes, save_outputs=saved[name]))
+                                              plan_processes=processes, save_outputs=saved[name]))
         stages = report["runtime"]["host"]["stages"]
         assert report["runtime"]["merge_workers"] == workers and (stages.get("prepare_outputs", {}).get("count", 0) > 0) == (warmup > 0)
-        assert report["runtime"]["tokenize_processes"] == processes
-        assert stages.get("wait_tokens", {}).get("count", 0) == (len(report["inputs"]) if processes else 0)
+        assert report["runtime"]["plan_processes"] == processes
+        assert stages.get("wait_plans", {}).get("count", 0) == (len(report["inputs"]) if processes else 0)
+        assert stages.get("plan", {}).get("count", 0) == (0 if processes else len(report["inputs"]))
     serial = np.load(saved["serial"])
     assert len(serial.files) >= 4
     for other in ("parallel", "processes"):
@@ -270,6 +271,34 @@ def test_saved_outputs_are_written_as_inputs_finish_and_their_memory_serves_late
     for key in want.files:
         np.testing.assert_array_equal(want[key], got[key], err_msg=key)
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_plan_processes_from_ids_equal_the_planning_threads(minilm_clean, tmp_path):
+    """Pre-tokenized inputs planned in worker processes (--plan-processes): the same merged outputs, bit for bit, as
+    the planning threads give, for inputs of one window and of many; an empty input is refused as without them."""
+    import json as json_mod
+
+    from trtforge.errors import UserError
+    from trtforge.run import RunOptions, run
+
+    rng = np.random.default_rng(1)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json_mod.dumps({"name": f"doc{k}", "input_ids": rng.integers(2000, 20000, n).tolist()}) + "\n"
+                            for k, n in enumerate((20, 160, 333, 47, 96, 1000))))
+    common = dict(inputs=docs, chunk=48, overlap=16, batch_size=7, warmup=1, precision_check=False, chunking_check=False)
+    reports = {}
+    for processes in (0, 2):
+        reports[processes] = run(minilm_clean, RunOptions(**common, plan_processes=processes, save_outputs=tmp_path / f"p{processes}.npz"))
+    assert reports[2]["runtime"]["plan_processes"] == 2
+    assert reports[2]["runtime"]["host"]["stages"]["wait_plans"]["count"] == 6
+    assert reports[0]["inputs"] == reports[2]["inputs"] and reports[2]["inputs"][0]["chunks"] == 1
+    want, got = np.load(tmp_path / "p0.npz"), np.load(tmp_path / "p2.npz")
+    assert sorted(want.files) == sorted(got.files) == [f"doc{k}/last_hidden_state" for k in range(6)]
+    for key in want.files:
+        np.testing.assert_array_equal(want[key], got[key], err_msg=key)
+    docs.write_text('{"name": "a", "input_ids": [2000, 2001]}\n{"name": "nothing", "input_ids": []}\n')
+    with pytest.raises(UserError, match="input 'nothing' is empty"):
+        run(minilm_clean, RunOptions(**{**common, "save_outputs": None}, plan_processes=2))
 
 
 def test_saving_outputs_of_inputs_that_share_a_name_is_refused(minilm_clean, tmp_path):

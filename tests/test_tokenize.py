@@ -149,43 +149,6 @@ def test_wrap_spans_refuses_spans_past_the_ids():
         wrap_spans(np.arange(10), [(0, 8), (4, 12)], [101], [102])
 
 
-def test_tokenizing_processes_are_all_up_after_start_and_give_the_same_ids():
-    """run starts the workers before its clock: after start every worker has loaded the tokenizer (the H200 box
-    showed a run whose first batches waited on workers still starting), and the ids equal the in-process ones."""
-    import os
-    import time
-
-    from trtforge.tokenize import TokenizingProcesses, _worker_ready
-
-    tok = TextTokenizer(_minilm_dir())
-    texts = {d: p.read_text()[:3000 + 500 * d] for d, p in enumerate(sorted((ROOT / "calib_data/minilm_long").glob("*.txt")))}
-    procs = TokenizingProcesses(tok.directory, 3)
-    try:
-        procs.start()
-        assert len(procs.ready) == 3 and os.getpid() not in procs.ready
-        t0 = time.perf_counter()
-        pids = {f.result() for f in [procs.pool.submit(_worker_ready, 0.5) for _ in range(3)]}
-        assert pids == procs.ready and time.perf_counter() - t0 < 1.4  # three idle workers, one task each (not 2 x 0.5 s)
-        procs.submit(texts)
-        for d, text in texts.items():
-            np.testing.assert_array_equal(procs.document(d), tok.document(text))
-        assert procs.futures == {}
-    finally:
-        procs.close()
-
-
-def test_tokenizing_processes_that_cannot_start_say_so(tmp_path):
-    """A worker that fails to load its tokenizer breaks the pool: start() says so in one sentence (exit 2 from the
-    CLI) and leaves no pool behind, instead of a BrokenProcessPool traceback."""
-    from trtforge.errors import UserError
-    from trtforge.tokenize import TokenizingProcesses
-
-    procs = TokenizingProcesses(tmp_path, 2)  # no tokenizer.json there
-    with pytest.raises(UserError, match="the 2 tokenizing processes could not start .*run without --tokenize-processes"):
-        procs.start()
-    assert procs.pool._shutdown_thread
-
-
 def test_run_options_refuse_an_unknown_last_window():
     from trtforge.errors import UserError
     from trtforge.run import RunOptions

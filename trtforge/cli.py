@@ -414,7 +414,7 @@ def run_cmd(
     overlap_merges: bool = typer.Option(True, "--overlap-merges/--no-overlap-merges", help="With --no-precision-check on an engine: merge each batch on one merge thread while the next is collected (off: split a batch's rows over the merge threads and wait)."),
     copy_engine_merge: bool = typer.Option(True, "--copy-engine-merge/--no-copy-engine-merge", help="With overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into each input's merged output (page-locked, pooled, reserved before the clock), so the host copies none of those bytes (off: the merge threads copy them)."),
     pinned_reserve_mb: Optional[float] = typer.Option(None, "--pinned-reserve-mb", min=0, help="With the copy-engine merge: MB of page-locked memory reserved before the clock for the merged outputs (default: sized by the batches in flight; 0: page-lock each pooled buffer when first needed)."),
-    tokenize_processes: int = typer.Option(0, "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs, started before the clock (0: the planning threads tokenize)."),
+    plan_processes: int = typer.Option(0, "--plan-processes", "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs and cutting them into windows, started before the clock, so the loop's process only unpickles each input's windows (0: the planning threads do it; --tokenize-processes: its former name)."),
     last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
     switch_interval_us: int = typer.Option(500, "--switch-interval-us", min=1, help="Python's GIL switch interval while the loop runs, in microseconds: how long a thread coming back from a copy or a CUDA wait may wait for the GIL."),
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=1, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200)."),
@@ -465,15 +465,15 @@ def run_cmd(
         providers=list(provider or []), report=report or (Path(section.report) if section.report else None), naive=naive,
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
         cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, pad_batches=pad_batches, gpu_wait=gpu_wait, slots=slots, precision_check=precision_check, chunking_check=chunking_check, plugin_libraries=list(plugin_library or []),
-        plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, copy_engine_merge=copy_engine_merge, pinned_reserve_mb=pinned_reserve_mb, merge_workers=merge_workers, tokenize_processes=tokenize_processes, last_window=last_window or section.last_window,
+        plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, copy_engine_merge=copy_engine_merge, pinned_reserve_mb=pinned_reserve_mb, merge_workers=merge_workers, plan_processes=plan_processes, last_window=last_window or section.last_window,
         switch_interval_us=switch_interval_us,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
     if ray:
-        if options.tokenize_processes:
-            raise UserError("--tokenize-processes applies to one process's loop; with --ray each actor tokenizes its own inputs, drop it.")
+        if options.plan_processes:
+            raise UserError("--plan-processes applies to one process's loop; with --ray each actor plans its own inputs, drop it.")
         from trtforge.scaleout.ray_run import RayOptions, run_ray
 
         result = run_ray(target, options, RayOptions(ray, _positive(ray_actors, "--ray-actors")), progress=log)

@@ -48,7 +48,7 @@ from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
 from trtforge.runloop import Batcher, StageClock, batch_timeline, check_gpu_wait, stream_batches, wall_over_gpu
-from trtforge.tokenize import TextTokenizer, TokenizingProcesses, find_tokenizer_dir, sidecar_chain, wrap_spans
+from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain, wrap_spans
 
 
 @dataclass
@@ -269,9 +269,9 @@ class RunOptions:
     # with the copy-engine merge: MB of page-locked memory reserved before the clock for the merged outputs (None: sized
     # by copymerge.reserve_bytes; 0: none, every pooled buffer page-locked when first needed, inside the loop)
     pinned_reserve_mb: float | None = None
-    # worker processes tokenizing text inputs (0: the planning threads do it); they are spawned, so a script calling
-    # run() with it must guard its top level with `if __name__ == "__main__":`, as for any spawned pool
-    tokenize_processes: int = 0
+    # worker processes tokenizing and planning text inputs (planning_processes.py; 0: the planning threads do it); they
+    # are spawned, so a script calling run() with it must guard its top level with `if __name__ == "__main__":`
+    plan_processes: int = 0
     # Python's GIL switch interval while the loop runs: a thread back from a GIL-free numpy copy or CUDA wait waits up to
     # this long for the GIL while another thread runs Python (benchmarks/gil_handoff.py); Python's default is 5000.
     # 20-500 ran alike on MiniLM on the H200 box (benchmarks/RESULTS.md, 2026-12-02 w15)
@@ -943,11 +943,15 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     progress(f"{len(p.docs)} inputs on {target.label}; outputs "
              + ", ".join(f"{k.name} ({k.kind}{f' x{k.scale:g}' if k.scale not in (None, 1.0) else ''})" for k in p.kinds.values()))
     warm = _warm_up(p, options, target)
-    untokenized = {d: doc.text for d, doc in enumerate(p.docs) if doc.kind == "text" and doc.ids is None}
-    tokenizing = None
-    if options.tokenize_processes and untokenized and p.tokenizer is not None:
-        tokenizing = TokenizingProcesses(p.tokenizer.directory, options.tokenize_processes)
-        tokenizing.start()  # spawned and loaded before the clock, like the engine (closes itself if it fails)
+    untokenized = {d for d, doc in enumerate(p.docs) if doc.kind == "text" and doc.ids is None}
+    texts = {d: doc for d, doc in enumerate(p.docs) if doc.kind == "text"}
+    planning = None
+    if options.plan_processes and texts and p.tokenizer is not None:
+        from trtforge.planning_processes import PlanningProcesses, PlanSettings
+
+        planning = PlanningProcesses(p.tokenizer.directory, options.plan_processes,
+                                     PlanSettings(p.specs, p.layout, options.chunk, options.overlap, p.limits, options.full_last))
+        planning.start()  # spawned and loaded before the clock, like the engine (closes itself if it fails)
 
     # Overlapping pays only where a batch's outputs are a pinned slot the next batches wait for (an engine without
     # the precision check); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads.
@@ -969,8 +973,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             output_pool = OutputPool()
         writer = OutputWriter(Path(options.save_outputs)) if options.save_outputs else None
     except BaseException:
-        if tokenizing is not None:
-            tokenizing.close()
+        if planning is not None:
+            planning.close()
         if reserved is not None:
             reserved.close()
         raise
@@ -989,13 +993,15 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
 
     def plan(d: int) -> list[Chunk]:
-        if tokenizing is not None and d in untokenized:
-            with host.stage("wait_tokens"):  # a planning thread waiting for a worker process's ids
-                p.docs[d].ids = tokenizing.document(d)
-                p.docs[d].length = int(p.docs[d].ids.size)
-        with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
-            chunks = plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales,
-                                   options.full_last)
+        if planning is not None and d in texts:
+            with host.stage("wait_plans"):  # a planning thread waiting for a worker process's plan
+                chunks, ids = planning.plan(d)
+            if ids is not None:  # tokenized there
+                p.docs[d].ids, p.docs[d].length = ids, int(ids.size)
+        else:
+            with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
+                chunks = plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer,
+                                       p.scales, options.full_last)
         if not chunks:  # it would never be finished (nor merged)
             raise UserError(f"input '{p.docs[d].name}' is empty (no tokens or positions); remove it or give it content.")
         if merger.templates:
@@ -1027,9 +1033,10 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     batches: list[list[Chunk]] = []
     parts = getattr(target, "accepts_parts", False)
-    # Tokenizing releases the GIL: documents in parallel. With ids from worker processes as well: 2 planning threads
-    # starved the loop on the H200 box (their page-in of merged outputs under GIL contention; 2026-12-02 w11).
-    workers = options.plan_workers or default_plan_workers(bool(untokenized), os.cpu_count() or 2)
+    # Tokenizing releases the GIL: documents in parallel. With plans from worker processes as well (the threads wait
+    # for them): 2 planning threads starved the loop on the H200 box (their page-in of merged outputs under GIL
+    # contention, with ids from tokenizing processes; 2026-12-02 w11).
+    workers = options.plan_workers or default_plan_workers(bool(untokenized) or planning is not None, os.cpu_count() or 2)
 
     def feeds() -> Any:
         stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive, Batch), workers, on_plan,
@@ -1055,8 +1062,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     stream = feeds()
     try:
         try:
-            if tokenizing is not None:
-                tokenizing.submit(untokenized)
+            if planning is not None:
+                planning.submit(texts)
             with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
                 if not options.precision_check:
                     def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
@@ -1081,8 +1088,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         finally:
             sys.setswitchinterval(interval)
             stream.close()  # on an error: no document is planned after this
-            if tokenizing is not None:
-                tokenizing.close()
+            if planning is not None:
+                planning.close()
         if merger.finished != len(p.docs):
             raise RuntimeError(f"{len(p.docs) - merger.finished} of {len(p.docs)} inputs were never finished by the merge")
         wall = time.perf_counter() - start
@@ -1122,7 +1129,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                        "chunks_per_s": sum(chunk_counts) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded; --save-outputs writes overlap it, the rest after the loop is runtime.saved_outputs.after_loop_s)"},
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, target.timings),
-                    "tokenize_processes": tokenizing.processes if tokenizing is not None else 0, "plan_ahead": options.plan_ahead,
+                    "plan_processes": planning.processes if planning is not None else 0, "plan_ahead": options.plan_ahead,
                     "overlap_merges": overlap, "switch_interval_us": options.switch_interval_us,
                     "copy_engine_merge": copy_merge.report() if copy_merge is not None else {"enabled": False, "reason": copy_off},
                     "output_pool": {**output_pool.report(), **({"reserved": {**reserved.report(), "seconds": round(reserve_s, 6),
@@ -1138,7 +1145,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
 def default_plan_workers(tokenizes: bool, cpus: int) -> int:
     """Planning threads when --plan-workers is not given: min(8, CPUs) where inputs are text to tokenize (the tokenizer
-    releases the GIL, so documents tokenize in parallel; with --tokenize-processes as well: 2 planning threads starved the
+    releases the GIL, so documents tokenize in parallel; with --plan-processes as well: 2 planning threads starved the
     loop there, 2026-12-02 w11), else 2: planning pre-tokenized ids is Python the threads contend for the GIL with the
     one feeding the GPU. MiniLM from ids on the H200 box: 3.35-3.42M tokens/s with 2 against 2.77-2.88M
     with 8 and 2.69-3.31M with 1 (benchmarks/RESULTS.md, 2026-12-03 w26)."""

@@ -16,7 +16,6 @@ directory the export sidecar names (relative to that ONNX's folder), following t
 from __future__ import annotations
 
 import json
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,84 +124,6 @@ class TextTokenizer:
             self.tok.no_truncation()
         ids = np.asarray(enc.ids, np.int64)[None]
         return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.asarray(enc.type_ids, np.int64)[None]}
-
-
-class TokenizingProcesses:
-    """Documents tokenized in worker processes, for `run`: a planning thread then only picks up each document's ids.
-
-    Tokenizing itself releases the GIL, but turning its ids into an array does not (a Python list of ints first:
-    ~0.7 ms per 7,400-token document here, as much as planning its windows), and in `run` every millisecond a
-    thread holds the GIL is one the thread feeding the GPU may wait for. A worker returns the ids as an array
-    (one pickled buffer). Workers are spawned (tokenizers' own threads do not survive a fork), load the
-    tokenizer once, tokenize on their own thread (one document per call: a tokenizers thread pool per process
-    would only add threads) and ignore Ctrl-C, which the parent handles; `start` returns once every worker is up,
-    so that a caller can do it before its clock starts."""
-
-    def __init__(self, directory: str | Path, processes: int):
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        self.processes = max(1, int(processes))
-        self.pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_worker_init, initargs=(str(directory),))
-        self.futures: dict[int, Any] = {}
-        self.ready: set[int] = set()  # process ids of the workers seen up
-
-    def start(self) -> None:
-        """Every worker up, its tokenizer loaded. A pool spawns a worker per task while none is idle, so one round
-        of tasks spawns them all; but a worker up early may run several of them while another is still importing
-        (~0.5 s), so rounds go on until every worker has answered. On the H200 box, returning after one round
-        left workers starting while the clock ran: the first ~35 batches of a run waited on them (~0.3 s)."""
-        from concurrent.futures.process import BrokenProcessPool
-
-        from trtforge.interrupts import ignored_while_spawning
-
-        try:
-            while len(self.ready) < self.processes:
-                with ignored_while_spawning():  # submitting spawns the workers: they start with Ctrl-C ignored
-                    answers = [self.pool.submit(_worker_ready, 0.05) for _ in range(self.processes)]
-                self.ready.update(f.result() for f in answers)
-        except BrokenProcessPool as exc:
-            self.close()
-            raise UserError(f"the {self.processes} tokenizing processes could not start ({exc}; their error is printed above); "
-                            "run without --tokenize-processes.") from None
-
-    def submit(self, texts: dict[int, str]) -> None:
-        for d, text in texts.items():
-            self.futures[d] = self.pool.submit(_worker_document, text)
-
-    def document(self, d: int) -> np.ndarray:
-        """Document d's ids (as TextTokenizer.document); a worker's error is raised here."""
-        return self.futures.pop(d).result()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-_WORKER_TOKENIZER: TextTokenizer | None = None
-
-
-def _worker_init(directory: str) -> None:
-    import os
-
-    global _WORKER_TOKENIZER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one document per call: no use for a thread pool
-    _WORKER_TOKENIZER = TextTokenizer(directory)
-
-
-def _worker_ready(seconds: float) -> int:
-    import os
-    import time
-
-    assert _WORKER_TOKENIZER is not None
-    time.sleep(seconds)  # held long enough that the other start-up tasks find no idle worker
-    return os.getpid()
-
-
-def _worker_document(text: str) -> np.ndarray:
-    assert _WORKER_TOKENIZER is not None
-    return _WORKER_TOKENIZER.document(text)
 
 
 def wrap_spans(ids: np.ndarray, spans: list[tuple[int, int]], prefix: list[int], suffix: list[int]) -> list[np.ndarray]:
