@@ -65,7 +65,8 @@ def test_planning_processes_are_all_up_after_start_and_plan_as_the_planning_thre
         procs.submit(as_text)
         procs.submit(as_ids)
         for d, doc in {**as_text, **as_ids}.items():
-            chunks, ids = procs.plan(d)
+            chunks, ids, seconds, cpu_seconds = procs.plan(d)
+            assert seconds > 0 and cpu_seconds >= 0
             mine = copy.deepcopy(doc)
             want = plan_document(d, mine, p.specs, p.layout, 48, 16, p.limits, tok, [], True)
             assert len(want) > 3

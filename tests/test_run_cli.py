@@ -224,6 +224,8 @@ def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(min
         assert report["runtime"]["plan_processes"] == processes
         assert stages.get("wait_plans", {}).get("count", 0) == (len(report["inputs"]) if processes else 0)
         assert stages.get("plan", {}).get("count", 0) == (0 if processes else len(report["inputs"]))
+        assert stages.get("plan_in_workers", {}).get("count", 0) == (len(report["inputs"]) if processes else 0)
+        assert 0 < report["runtime"]["host"]["loop_cpu_s"]
     serial = np.load(saved["serial"])
     assert len(serial.files) >= 4
     for other in ("parallel", "processes"):
@@ -299,6 +301,47 @@ def test_plan_processes_from_ids_equal_the_planning_threads(minilm_clean, tmp_pa
     docs.write_text('{"name": "a", "input_ids": [2000, 2001]}\n{"name": "nothing", "input_ids": []}\n')
     with pytest.raises(UserError, match="input 'nothing' is empty"):
         run(minilm_clean, RunOptions(**{**common, "save_outputs": None}, plan_processes=2))
+
+
+@pytest.mark.parametrize("precision_check", [False, True])
+def test_a_merged_batchs_windows_are_let_go_without_the_precision_check(minilm_clean, tmp_path, monkeypatch, precision_check):
+    """Without the precision check nothing reads a batch's chunks once it is merged, so run lets go of them: when the
+    last input finishes, the window blocks of inputs finished long before are freed (kept, every input's planned
+    arrays were fresh memory the planning threads page-faulted in). With the check, every batch is kept for the
+    ONNX Runtime comparison after the loop."""
+    import gc
+    import json as json_mod
+    import weakref
+
+    from trtforge import run as run_module
+
+    rng = np.random.default_rng(2)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json_mod.dumps({"name": f"doc{k}", "input_ids": rng.integers(2000, 20000, 200).tolist()}) + "\n"
+                            for k in range(12)))
+    blocks: dict[int, list] = {}
+    plan_document = run_module.plan_document
+
+    def watched(d, *args, **kwargs):
+        chunks = plan_document(d, *args, **kwargs)
+        blocks[d] = [weakref.ref(b) for b in chunks.blocks]
+        return chunks
+
+    alive_at_end = []
+    finish = run_module._Merger._finish
+
+    def counted(self, d):
+        finish(self, d)
+        if self.finished == len(self.docs):
+            gc.collect()
+            alive_at_end.append(sum(r() is not None for k in range(len(self.docs) - 4) for r in blocks[k]))
+
+    monkeypatch.setattr(run_module, "plan_document", watched)
+    monkeypatch.setattr(run_module._Merger, "_finish", counted)
+    report = run_module.run(minilm_clean, run_module.RunOptions(inputs=docs, chunk=48, overlap=16, batch_size=4, warmup=1,
+                                                                precision_check=precision_check, chunking_check=False))
+    assert report["batches"] > 12 and len(alive_at_end) == 1
+    assert (alive_at_end[0] > 0) == precision_check, alive_at_end
 
 
 def test_saving_outputs_of_inputs_that_share_a_name_is_refused(minilm_clean, tmp_path):

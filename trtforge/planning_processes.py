@@ -39,8 +39,9 @@ class PlanSettings:
 
 class PlanningProcesses:
     """Text inputs (from text or pre-tokenized ids) planned in `processes` worker processes: `submit` them, then
-    `plan(d)` gives input d's chunks (a run.DocumentPlan, or one Chunk where it needs no chunking) and the ids the
-    worker tokenized (None where the input came as ids), or raises the worker's error (a UserError stays one)."""
+    `plan(d)` gives input d's chunks (a run.DocumentPlan, or one Chunk where it needs no chunking), the ids the
+    worker tokenized (None where the input came as ids) and the worker's wall and CPU seconds on it, or raises the
+    worker's error (a UserError stays one)."""
 
     def __init__(self, directory: str | Path, processes: int, settings: PlanSettings):
         import multiprocessing
@@ -76,8 +77,9 @@ class PlanningProcesses:
         for d, doc in docs.items():
             self.futures[d] = self.pool.submit(_worker_plan, d, doc)
 
-    def plan(self, d: int) -> tuple[Sequence[Any], np.ndarray | None]:
-        """Input d's chunks and the ids its worker tokenized (None: it came as ids); a worker's error is raised here."""
+    def plan(self, d: int) -> tuple[Sequence[Any], np.ndarray | None, float, float]:
+        """Input d's chunks, the ids its worker tokenized (None: it came as ids), and the worker's wall and CPU
+        seconds planning it; a worker's error is raised here."""
         return self.futures.pop(d).result()
 
     def close(self) -> None:
@@ -106,10 +108,13 @@ def _worker_ready(seconds: float) -> int:
     return os.getpid()
 
 
-def _worker_plan(d: int, doc: Any) -> tuple[Sequence[Any], np.ndarray | None]:
+def _worker_plan(d: int, doc: Any) -> tuple[Sequence[Any], np.ndarray | None, float, float]:
+    import time
+
     from trtforge.run import plan_document
 
+    start, cpu = time.perf_counter(), time.thread_time()
     s: PlanSettings = _WORKER["settings"]
     tokenized_here = doc.ids is None
     chunks = plan_document(d, doc, s.specs, s.layout, s.chunk, s.overlap, s.limits, _WORKER["tokenizer"], [], s.full_last)
-    return chunks, (doc.ids if tokenized_here else None)
+    return chunks, (doc.ids if tokenized_here else None), time.perf_counter() - start, time.thread_time() - cpu

@@ -133,3 +133,16 @@ default_engines_and_docs() {
   step pretokenize 120 "$T benchmarks/gpu/pretokenize.py $W/docs32v $N.tokenizer $W/docs32v.jsonl"
   wait
 }
+
+# vs_torch.py on the default engines (after default_engines_and_docs): engine GPU ms, torch eager in the same window, a
+# `trtforge run` over docs8 per model (report $W/MODEL/run_docs8NAME.json, FLAGS added), and the table in
+# $W/table_def.md. vs_torch_default [NAME [FLAGS]]
+vs_torch_default() {
+  local name=${1:-} flags=${2:-}
+  step engine-def 300 "$T benchmarks/vs_torch.py engine $(eng bert-base=$B.fp16_def.engine minilm=$N.fp16_def.engine) --out $W/engine_def.json"
+  step torch 300 "$P312 benchmarks/vs_torch.py torch --models bert-base minilm --repeat 8 --batch 64 --out $W/torch.json"
+  for m in bert-base minilm; do
+    step "run-$m-docs8$name" 120 "$T -m trtforge run $(M $m).fp16_def.engine --config $CFG/$m.yaml --inputs $W/docs8 --no-precision-check --no-chunking-check $flags --report $W/$m/run_docs8$name.json"
+  done
+  step table-def 60 "python3 benchmarks/vs_torch.py table --torch $W/torch.json --engine $W/engine_def.json --run bert-base=$W/bert-base/run_docs8$name.json --run minilm=$W/minilm/run_docs8$name.json --out $W/vs_torch_def.json > $W/table_def.md"
+}
