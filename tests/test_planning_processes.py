@@ -104,3 +104,21 @@ def test_planning_processes_that_cannot_start_say_so(tmp_path, minilm_clean):
     with pytest.raises(UserError, match="the 2 planning processes could not start .*run without --plan-processes"):
         procs.start()
     assert procs.pool._shutdown_thread
+
+
+def test_a_planning_process_that_dies_mid_run_is_one_sentence(minilm_clean):
+    """A worker killed while the loop runs (out of memory, say) breaks the pool: plan(d) says which input and what to
+    do, instead of a BrokenProcessPool traceback."""
+    import signal
+
+    p = _prepared(minilm_clean)
+    procs = PlanningProcesses(p.tokenizer.directory, 2, _settings(p))
+    try:
+        procs.start()
+        for pid in procs.ready:
+            os.kill(pid, signal.SIGKILL)
+        procs.submit({0: p.docs[0]})
+        with pytest.raises(UserError, match="a planning process died while planning input 0 .*run without --plan-processes"):
+            procs.plan(0)
+    finally:
+        procs.close()

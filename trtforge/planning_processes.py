@@ -80,7 +80,13 @@ class PlanningProcesses:
     def plan(self, d: int) -> tuple[Sequence[Any], np.ndarray | None, float, float]:
         """Input d's chunks, the ids its worker tokenized (None: it came as ids), and the worker's wall and CPU
         seconds planning it; a worker's error is raised here."""
-        return self.futures.pop(d).result()
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return self.futures.pop(d).result()
+        except BrokenProcessPool as exc:
+            raise UserError(f"a planning process died while planning input {d} ({exc}); run without --plan-processes, "
+                            "or with fewer if memory ran out.") from None
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
