@@ -64,7 +64,12 @@ def test_planning_processes_are_all_up_after_start_and_plan_as_the_planning_thre
         assert pids == procs.ready and time.perf_counter() - t0 < 1.4  # three idle workers, one task each (not 2 x 0.5 s)
         procs.submit(as_text)
         procs.submit(as_ids)
-        for d, doc in {**as_text, **as_ids}.items():
+        time.sleep(1.0)  # the workers do not run ahead of the loop: 2 per process with them, the rest queued
+        assert procs.ahead == 6 and len(procs.futures) == 6 and len(procs.queued) == 2 * n - 6
+        order = [0, 1, 2, 2 * n - 1] + list(range(3, 2 * n - 1))  # then one asked out of order: handed over up to it
+        everything = {**as_text, **as_ids}
+        for taken, d in enumerate(order, 1):
+            doc = everything[d]
             chunks, ids, seconds, cpu_seconds = procs.plan(d)
             assert seconds > 0 and cpu_seconds >= 0
             mine = copy.deepcopy(doc)
@@ -76,7 +81,9 @@ def test_planning_processes_are_all_up_after_start_and_plan_as_the_planning_thre
                 assert doc.ids is None  # the caller's document is left as it was
             else:
                 assert ids is None
-        assert procs.futures == {}
+            left = 2 * n - taken  # topped up to `ahead` as plans are taken, until the last input's ask hands all over
+            assert len(procs.futures) == (left if taken >= 4 else min(procs.ahead, left)), (taken, d)
+        assert procs.futures == {} and not procs.queued
     finally:
         procs.close()
 
@@ -106,19 +113,32 @@ def test_planning_processes_that_cannot_start_say_so(tmp_path, minilm_clean):
     assert procs.pool._shutdown_thread
 
 
-def test_a_planning_process_that_dies_mid_run_is_one_sentence(minilm_clean):
-    """A worker killed while the loop runs (out of memory, say) breaks the pool: plan(d) says which input and what to
-    do, instead of a BrokenProcessPool traceback."""
+def test_a_planning_process_that_dies_is_one_sentence(minilm_clean):
+    """A worker killed (out of memory, say) breaks the pool, before inputs are handed to the workers or while one
+    waits for its plan: either way one sentence saying what to do, instead of a BrokenProcessPool traceback."""
     import signal
 
     p = _prepared(minilm_clean)
-    procs = PlanningProcesses(p.tokenizer.directory, 2, _settings(p))
-    try:
-        procs.start()
-        for pid in procs.ready:
-            os.kill(pid, signal.SIGKILL)
-        procs.submit({0: p.docs[0]})
-        with pytest.raises(UserError, match="a planning process died while planning input 0 .*run without --plan-processes"):
-            procs.plan(0)
-    finally:
-        procs.close()
+    died = "a planning process died .* run without --plan-processes, or with fewer"
+    for when in ("before", "waiting"):
+        procs = PlanningProcesses(p.tokenizer.directory, 2, _settings(p))
+        try:
+            procs.start()
+            if when == "before":
+                for pid in procs.ready:
+                    os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 20
+                while not procs.pool._broken and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                with pytest.raises(UserError, match=died):
+                    procs.submit({0: p.docs[0]})
+            else:
+                busy = [procs.pool.submit(_worker_ready, 2.0) for _ in range(2)]  # input 0 queues behind these
+                procs.submit({0: p.docs[0]})
+                for pid in procs.ready:
+                    os.kill(pid, signal.SIGKILL)
+                with pytest.raises(UserError, match=died):
+                    procs.plan(0)
+                del busy
+        finally:
+            procs.close()

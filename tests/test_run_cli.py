@@ -292,6 +292,8 @@ def test_plan_processes_from_ids_equal_the_planning_threads(minilm_clean, tmp_pa
     for processes in (0, 2):
         reports[processes] = run(minilm_clean, RunOptions(**common, plan_processes=processes, save_outputs=tmp_path / f"p{processes}.npz"))
     assert reports[2]["runtime"]["plan_processes"] == 2
+    cpus = os.cpu_count() or 2  # threads that only wait for the processes: as many as where they tokenize
+    assert (reports[0]["runtime"]["plan_workers"], reports[2]["runtime"]["plan_workers"]) == (min(2, cpus), min(8, cpus))
     assert reports[2]["runtime"]["host"]["stages"]["wait_plans"]["count"] == 6
     assert reports[0]["inputs"] == reports[2]["inputs"] and reports[2]["inputs"][0]["chunks"] == 1
     want, got = np.load(tmp_path / "p0.npz"), np.load(tmp_path / "p2.npz")

@@ -913,7 +913,8 @@ def test_block_plans_batch_stage_and_run_like_their_chunks_one_by_one(size):
     assert all(isinstance(b, Batch) for b in got) and got == expected
     assert sorted(map(len, got)) == sorted(map(len, make_batches([c for p in plans for c in p], size)))
     for batch in got:
-        assert len(batch.runs) <= len(batch)  # a block's consecutive rows are one run
+        for (item, first, n), (next_item, next_first, _) in zip(batch.runs, batch.runs[1:]):
+            assert not (next_item is item and next_first == first + n)  # a block's consecutive rows are one run
         assert batch.row_runs() == row_runs(list(batch))
         chunks = list(batch)
         for name, value in stack(batch).items():

@@ -17,6 +17,8 @@ its clock starts.
 from __future__ import annotations
 
 import signal
+import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -41,17 +43,20 @@ class PlanningProcesses:
     """Text inputs (from text or pre-tokenized ids) planned in `processes` worker processes: `submit` them, then
     `plan(d)` gives input d's chunks (a run.DocumentPlan, or one Chunk where it needs no chunking), the ids the
     worker tokenized (None where the input came as ids) and the worker's wall and CPU seconds on it, or raises the
-    worker's error (a UserError stays one)."""
+    worker's error (a UserError stays one). `ahead` inputs are with the workers at a time (default 2 per process)."""
 
-    def __init__(self, directory: str | Path, processes: int, settings: PlanSettings):
+    def __init__(self, directory: str | Path, processes: int, settings: PlanSettings, ahead: int | None = None):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         self.processes = max(1, int(processes))
         self.pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=_worker_init, initargs=(str(directory), settings))
-        self.futures: dict[int, Any] = {}
+        self.ahead = max(1, int(ahead or 2 * self.processes))
+        self.futures: dict[int, Any] = {}  # handed to the workers, not yet taken by plan()
+        self.queued: deque[tuple[int, Any]] = deque()  # submitted, not yet handed to the workers
         self.ready: set[int] = set()  # process ids of the workers seen up
+        self._lock = threading.Lock()  # plan() runs on several planning threads
 
     def start(self) -> None:
         """Every worker up, its tokenizer loaded. A pool spawns a worker per task while none is idle, so one round
@@ -73,23 +78,46 @@ class PlanningProcesses:
                             "run without --plan-processes.") from None
 
     def submit(self, docs: dict[int, Any]) -> None:
-        """Inputs by index (run.Document of kind text: its text, or its ids), planned in that order."""
-        for d, doc in docs.items():
-            self.futures[d] = self.pool.submit(_worker_plan, d, doc)
+        """Inputs by index (run.Document of kind text: its text, or its ids), planned in that order, `ahead` at a
+        time: more go to the workers as plan() takes plans, so the finished plans held in this process stay bounded
+        (handed over all at once, every input's windows would sit here: ~33 bytes per token of the corpus)."""
+        with self._lock:
+            self.queued.extend(docs.items())
+            self._hand_over(None)
 
     def plan(self, d: int) -> tuple[Sequence[Any], np.ndarray | None, float, float]:
         """Input d's chunks, the ids its worker tokenized (None: it came as ids), and the worker's wall and CPU
         seconds planning it; a worker's error is raised here."""
         from concurrent.futures.process import BrokenProcessPool
 
+        with self._lock:
+            self._hand_over(d)
+            future = self.futures.pop(d)
+            self._hand_over(None)  # the next one to the workers in its place
         try:
-            return self.futures.pop(d).result()
-        except BrokenProcessPool as exc:
-            raise UserError(f"a planning process died while planning input {d} ({exc}); run without --plan-processes, "
-                            "or with fewer if memory ran out.") from None
+            return future.result()
+        except BrokenProcessPool:
+            raise _died() from None
+
+    def _hand_over(self, d: int | None) -> None:
+        """Queued inputs to the workers, in order, until `ahead` are with them and (d given) d is among them."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        while self.queued and (len(self.futures) < self.ahead or (d is not None and d not in self.futures)):
+            k, doc = self.queued.popleft()
+            try:
+                self.futures[k] = self.pool.submit(_worker_plan, k, doc)
+            except BrokenProcessPool:
+                raise _died() from None
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _died() -> UserError:
+    # the input named would be a guess: a dead worker fails every input the pool holds
+    return UserError("a planning process died (out of memory?) while inputs were being planned; run without "
+                     "--plan-processes, or with fewer.")
 
 
 _WORKER: dict[str, Any] = {}

@@ -140,7 +140,7 @@ def _sequence_index(i: Any, count: int, what: str) -> Any:
 
 class DocumentPlan(Sequence):
     """A text input's chunks, kept as its blocks: a sequence of BlockChunks made when read (the checks, the precision
-    comparison, Ray), while `run`'s loop reads `blocks` (runloop.Batcher through `row_runs`, _Merger through `windows`)."""
+    comparison, Ray), while `run`'s loop reads `blocks` (runloop.Batcher through `block_runs`, _Merger through `windows`)."""
 
     def __init__(self, blocks: list[WindowBlock]):
         self.blocks = blocks
@@ -161,7 +161,7 @@ class DocumentPlan(Sequence):
     def windows(self) -> list[Window]:
         return [w for b in self.blocks for w in b.windows]
 
-    def row_runs(self) -> list[tuple[tuple, WindowBlock, int]]:
+    def block_runs(self) -> list[tuple[tuple, WindowBlock, int]]:
         """(shape key, block, rows) per block, for runloop.Batcher.add_many."""
         return [(b.key, b, len(b)) for b in self.blocks]
 
@@ -1153,13 +1153,13 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     return report
 
 
-def default_plan_workers(tokenizes: bool, cpus: int) -> int:
-    """Planning threads when --plan-workers is not given: min(8, CPUs) where inputs are text to tokenize (the tokenizer
-    releases the GIL, so documents tokenize in parallel; with --plan-processes as well: 2 planning threads starved the
-    loop there, 2026-12-02 w11), else 2: planning pre-tokenized ids is Python the threads contend for the GIL with the
-    one feeding the GPU. MiniLM from ids on the H200 box: 3.35-3.42M tokens/s with 2 against 2.77-2.88M
+def default_plan_workers(mostly_waiting: bool, cpus: int) -> int:
+    """Planning threads when --plan-workers is not given: min(8, CPUs) where they mostly wait without the GIL, on the
+    tokenizer (it releases the GIL, so documents tokenize in parallel) or on planning processes (which plan even
+    pre-tokenized ids; with tokenizing processes 2 planning threads starved the loop, 2026-12-02 w11), else 2:
+    planning pre-tokenized ids in the threads is Python they contend for the GIL with the one feeding the GPU. MiniLM from ids on the H200 box: 3.35-3.42M tokens/s with 2 against 2.77-2.88M
     with 8 and 2.69-3.31M with 1 (benchmarks/RESULTS.md, 2026-12-03 w26)."""
-    return min(8 if tokenizes else 2, max(1, cpus))
+    return min(8 if mostly_waiting else 2, max(1, cpus))
 
 
 def _copy_merge_outputs(p: Prepared, options: RunOptions, warm: dict[str, tuple[tuple[int, ...], np.dtype]] | None,

@@ -194,11 +194,11 @@ class Batcher:
     def add_many(self, chunks: Sequence[Any]) -> list[Any]:
         """add() of each chunk in turn (the same batches), a run of equal keys at a time: a document's windows mostly
         share one key, so they join their group by slices rather than one append and length check each. Chunks that
-        come as runs of rows (`chunks.row_runs()`: (key, block, rows) each, run.DocumentPlan) join as runs, never
+        come as runs of rows (`chunks.block_runs()`: (key, block, rows) each, run.DocumentPlan) join as runs, never
         one chunk at a time (their groups need `add_rows(block, first row, rows)`: run.Batch)."""
         if self.naive:
             return [[c] for c in chunks]
-        runs = chunks.row_runs() if hasattr(chunks, "row_runs") else None
+        runs = chunks.block_runs() if hasattr(chunks, "block_runs") else None
         if runs is None:
             keys = [self.key(c) for c in chunks]
             runs, i = [], 0
