@@ -994,7 +994,6 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # running (the target's pipelined loop) and merging (worker threads) all overlap under one clock.
     start, cpu_start = time.perf_counter(), time.process_time()
     merger = _Merger(p.docs, [], p.kinds, options, templates=warm, pool=output_pool, on_done=on_done)
-    chunk_counts_of: dict[int, int] = {}  # the chunks themselves are not kept: see `release` below
     host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
 
     def plan(d: int) -> list[Chunk]:
@@ -1034,8 +1033,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         return copies
 
     def on_plan(d: int, chunks: list[Chunk]) -> None:
-        chunk_counts_of[d] = len(chunks)
-        merger.add_plan(chunks)
+        merger.add_plan(chunks)  # counts them (merger.counts); the chunks themselves are not kept (see `release` below)
 
     batches: list[list[Chunk] | None] = []  # by tag; without the precision check each is dropped once merged (consume)
     parts = getattr(target, "accepts_parts", False)
@@ -1118,7 +1116,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         output_pool.close()  # page-locked memory freed (nothing reads the merged outputs any more); numpy's: left to GC
         if reserved is not None:
             reserved.close()
-    chunk_counts = [chunk_counts_of[d] for d in range(len(p.docs))]
+    chunk_counts = list(merger.counts)
     progress(f"{len(p.docs)} inputs -> {sum(chunk_counts)} chunks -> {len(batches)} batches")
 
     report = {
@@ -1157,8 +1155,9 @@ def default_plan_workers(mostly_waiting: bool, cpus: int) -> int:
     """Planning threads when --plan-workers is not given: min(8, CPUs) where they mostly wait without the GIL, on the
     tokenizer (it releases the GIL, so documents tokenize in parallel) or on planning processes (which plan even
     pre-tokenized ids; with tokenizing processes 2 planning threads starved the loop, 2026-12-02 w11), else 2:
-    planning pre-tokenized ids in the threads is Python they contend for the GIL with the one feeding the GPU. MiniLM from ids on the H200 box: 3.35-3.42M tokens/s with 2 against 2.77-2.88M
-    with 8 and 2.69-3.31M with 1 (benchmarks/RESULTS.md, 2026-12-03 w26)."""
+    planning pre-tokenized ids in the threads is Python they contend for the GIL with the one feeding the GPU. MiniLM
+    from ids on the H200 box: 3.35-3.42M tokens/s with 2 against 2.77-2.88M with 8 and 2.69-3.31M with 1
+    (benchmarks/RESULTS.md, 2026-12-03 w26)."""
     return min(8 if mostly_waiting else 2, max(1, cpus))
 
 
