@@ -2,6 +2,7 @@
 
 import json
 import os
+import resource
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,8 @@ def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(min
         assert stages.get("plan", {}).get("count", 0) == (0 if processes else len(report["inputs"]))
         assert stages.get("plan_in_workers", {}).get("count", 0) == (len(report["inputs"]) if processes else 0)
         assert 0 < report["runtime"]["host"]["loop_cpu_s"]
+        faults = report["runtime"]["host"]["loop_minor_faults"]  # counted over the loop, not the process's life
+        assert isinstance(faults, int) and 0 <= faults < resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     serial = np.load(saved["serial"])
     assert len(serial.files) >= 4
     for other in ("parallel", "processes"):

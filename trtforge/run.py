@@ -992,7 +992,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
     # running (the target's pipelined loop) and merging (worker threads) all overlap under one clock.
-    start, cpu_start = time.perf_counter(), time.process_time()
+    start, cpu_start, faults_start = time.perf_counter(), time.process_time(), _minor_faults()
     merger = _Merger(p.docs, [], p.kinds, options, templates=warm, pool=output_pool, on_done=on_done)
     host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
 
@@ -1100,7 +1100,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                 planning.close()
         if merger.finished != len(p.docs):
             raise RuntimeError(f"{len(p.docs) - merger.finished} of {len(p.docs)} inputs were never finished by the merge")
-        wall, loop_cpu = time.perf_counter() - start, time.process_time() - cpu_start
+        wall, loop_cpu, loop_faults = time.perf_counter() - start, time.process_time() - cpu_start, _minor_faults() - faults_start
         saving: dict[str, Any] = {"path": None}
         if writer is not None:
             close_start = time.perf_counter()
@@ -1136,7 +1136,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
                        "chunks_per_s": sum(chunk_counts) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded; --save-outputs writes overlap it, the rest after the loop is runtime.saved_outputs.after_loop_s)"},
         "memory": target.memory(),
-        "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, loop_cpu, target.timings),
+        "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, loop_cpu, target.timings, loop_faults),
                     "plan_processes": planning.processes if planning is not None else 0, "plan_ahead": options.plan_ahead,
                     "overlap_merges": overlap, "switch_interval_us": options.switch_interval_us,
                     "copy_engine_merge": copy_merge.report() if copy_merge is not None else {"enabled": False, "reason": copy_off},
@@ -1204,15 +1204,21 @@ def _check_save_outputs(docs: list[Document], path: Path | None) -> None:
         seen[doc.name] = d
 
 
+def _minor_faults() -> int:
+    """This process's minor page faults so far: memory the loop touched for the first time (fresh allocations) costs one
+    per page, on every thread that holds the GIL meanwhile."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], host: StageClock, wall: float, cpu: float,
-             timings: list[tuple[str, float, float | None]]) -> dict[str, Any]:
+             timings: list[tuple[str, float, float | None]], faults: int | None = None) -> dict[str, Any]:
     """The target's runtime figures plus where the host's time went: the loop's wall and this process's CPU seconds
     (every thread's; planning processes' not), seconds per stage of the loop (plan, wait_plan, merge) and of the target
     (submit incl. stage_inputs, wait_slot, wait_gpu, copy_out), and each batch's wall and GPU ms in order (the timeline)."""
     target_runtime = dict(target_runtime)
     stages = {**host.report(), **target_runtime.pop("host_seconds", {})}
     return {"plan_workers": workers, "merge_workers": merge_workers, **target_runtime,
-            "host": {"loop_wall_s": round(wall, 6), "loop_cpu_s": round(cpu, 6), "stages": stages,
+            "host": {"loop_wall_s": round(wall, 6), "loop_cpu_s": round(cpu, 6), "loop_minor_faults": faults, "stages": stages,
                      "note": "seconds each stage took, summed over the threads that ran it (threads overlap); cpu_seconds: "
                              "the CPU time those threads used meanwhile (the rest is waiting: for the GIL, a core, or the GPU where "
                              "its synchronisation blocks; a spinning wait for the GPU counts as CPU time)"},
