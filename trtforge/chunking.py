@@ -55,9 +55,7 @@ def plan_windows(length: int, chunk: int, overlap: int, full_last: bool = False)
     starts = list(range(0, count * stride, stride))  # no Python per window: `run` plans every input's windows
     if full_last and len(starts) > 1:
         starts[-1] = length - chunk  # > starts[-2], since starts[-2] + chunk < length
-    ends = list(range(chunk, count * stride + chunk, stride))  # starts[k] + chunk; the last window ends at `length`
-    ends[-1] = length
-    return _windows(starts, ends)
+    return windows_from_spans([(s, min(s + chunk, length)) for s in starts])
 
 
 def windows_from_spans(spans: list[tuple[int, int]]) -> list[Window]:
@@ -65,10 +63,7 @@ def windows_from_spans(spans: list[tuple[int, int]]) -> list[Window]:
     ranges at the middle of each overlap: for windows a tokenizer planned, or tiles at an output scale."""
     if not spans:
         return []
-    return _windows([s for s, _ in spans], [e for _, e in spans])
-
-
-def _windows(starts: list[int], ends: list[int]) -> list[Window]:
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
     middles = [(s + e) // 2 for s, e in zip(starts[1:], ends[:-1])]  # of each overlap: where one window hands over
     return list(map(Window._make, zip(starts, ends, [starts[0]] + middles, middles + [ends[-1]])))
 

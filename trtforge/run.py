@@ -378,21 +378,18 @@ def _pretokenized(path: Path, tokenizer: TextTokenizer | None) -> list[Document]
     return docs
 
 
-def text_feeds(ids: np.ndarray, type_ids: np.ndarray | Callable[[np.ndarray], np.ndarray], specs: list[InputSpec]
-               ) -> dict[str, np.ndarray]:
+def text_feeds(ids: np.ndarray, type_ids: np.ndarray, specs: list[InputSpec]) -> dict[str, np.ndarray]:
     """Windows as model inputs: ids (with specials) and token types of one window (1-D: batch 1) or of a block of
-    equal-length windows (2-D, a row each), with an all-ones mask. `type_ids` may be a function of the 2-D ids, called
-    only where the model takes token types. `ids` of the input's dtype is used as it is, not copied."""
-    ids = np.atleast_2d(ids)
+    equal-length windows (2-D, a row each), with an all-ones mask."""
+    ids, type_ids = np.atleast_2d(ids), np.atleast_2d(type_ids)
     feeds = {}
     for spec in specs:
         if spec.name == "input_ids":
-            feeds[spec.name] = ids.astype(spec.dtype, copy=False)
+            feeds[spec.name] = ids.astype(spec.dtype)
         elif spec.name == "attention_mask":
             feeds[spec.name] = np.ones(ids.shape, dtype=spec.dtype)
         elif spec.name == "token_type_ids":
-            types = type_ids(ids) if callable(type_ids) else type_ids
-            feeds[spec.name] = np.atleast_2d(types).astype(spec.dtype, copy=False)
+            feeds[spec.name] = type_ids.astype(spec.dtype)
         else:
             raise UserError(f"text inputs cannot fill model input '{spec.name}'; give .npz inputs instead.")
     return feeds
@@ -427,7 +424,7 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
         p = len(tokenizer.prefix)
         blocks, i = [], 0
         for block in wrap_spans(doc.ids, [(w.start, w.end) for w in windows], tokenizer.prefix, tokenizer.suffix):
-            feeds = text_feeds(block, tokenizer.type_ids, specs)  # one array per input per block: rows are views
+            feeds = text_feeds(block, tokenizer.type_ids(block), specs)  # one array per input per block: rows are views
             key = tuple((k, (1, *v.shape[1:])) for k, v in sorted(feeds.items()))  # shape_key of every row
             rows = block.shape[0]
             n = block.shape[1] - len(tokenizer.prefix) - len(tokenizer.suffix)

@@ -134,27 +134,22 @@ def wrap_spans(ids: np.ndarray, spans: list[tuple[int, int]], prefix: list[int],
     loop's threads contend for the GIL with). Pure."""
     ids = np.asarray(ids, np.int64)
     p, s = len(prefix), len(suffix)
-    starts = [a for a, _ in spans]
-    lengths = [b - a for a, b in spans]
     blocks, i = [], 0
     while i < len(spans):
-        n = lengths[i]
+        n = spans[i][1] - spans[i][0]
         j = i + 1
-        while j < len(spans) and lengths[j] == n:
+        while j < len(spans) and spans[j][1] - spans[j][0] == n:
             j += 1
-        rows = j - i
-        block = np.empty((rows, p + n + s), np.int64)
+        starts = np.fromiter((spans[k][0] for k in range(i, j)), np.int64, j - i)
+        block = np.empty((j - i, p + n + s), np.int64)
         block[:, :p] = prefix
-        step = starts[i + 1] - starts[i] if rows > 1 else 0
-        if (rows > 1 and step >= 0 and starts[i] >= 0 and spans[j - 1][1] <= len(ids)
-                and starts[i:j] == (list(range(starts[i], starts[i] + step * rows, step)) if step else [starts[i]] * rows)):
-            # evenly spaced and inside the ids: the windows are a strided view of them, copied once
-            block[:, p:p + n] = (np.ndarray((rows, n), np.int64, ids, starts[i] * ids.itemsize, (step * ids.itemsize, ids.itemsize))
-                                 if ids.flags.c_contiguous else
-                                 np.lib.stride_tricks.as_strided(ids[starts[i]:], (rows, n), (step * ids.strides[0], ids.strides[0]),
-                                                                 writeable=False))
+        steps = np.diff(starts)
+        if (len(starts) > 1 and (steps == steps[0]).all() and steps[0] >= 0 and starts[0] >= 0
+                and spans[j - 1][1] <= len(ids)):  # evenly spaced and inside the ids: a strided view, one copy
+            block[:, p:p + n] = np.lib.stride_tricks.as_strided(ids[starts[0]:], (j - i, n),
+                                                                (int(steps[0]) * ids.strides[0], ids.strides[0]), writeable=False)
         else:
-            block[:, p:p + n] = ids[np.asarray(starts[i:j], np.int64)[:, None] + np.arange(n)]
+            block[:, p:p + n] = ids[starts[:, None] + np.arange(n)]
         block[:, p + n:] = suffix
         blocks.append(block)
         i = j
