@@ -1205,13 +1205,13 @@ def _check_save_outputs(docs: list[Document], path: Path | None) -> None:
 
 
 def _minor_faults() -> int:
-    """This process's minor page faults so far: memory the loop touched for the first time (fresh allocations) costs one
-    per page, on every thread that holds the GIL meanwhile."""
+    """This process's minor page faults so far: memory touched for the first time (fresh allocations) costs one per page,
+    charged to the thread that touches it."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], host: StageClock, wall: float, cpu: float,
-             timings: list[tuple[str, float, float | None]], faults: int | None = None) -> dict[str, Any]:
+             timings: list[tuple[str, float, float | None]], faults: int) -> dict[str, Any]:
     """The target's runtime figures plus where the host's time went: the loop's wall and this process's CPU seconds
     (every thread's; planning processes' not), seconds per stage of the loop (plan, wait_plan, merge) and of the target
     (submit incl. stage_inputs, wait_slot, wait_gpu, copy_out), and each batch's wall and GPU ms in order (the timeline)."""

@@ -20,8 +20,7 @@ def _s(value: float | None) -> str:
 
 
 def _cpu(stages: dict, name: str) -> str:
-    s = stages.get(name)
-    return "-" if s is None else f"{s['cpu_seconds']:.3f}"
+    return _s((stages.get(name) or {}).get("cpu_seconds"))
 
 
 def row(path: Path) -> str | None:
@@ -38,7 +37,7 @@ def row(path: Path) -> str | None:
     gates = r.get("gates") or {}
     faults = host.get("loop_minor_faults")
     return (f"| {path.parent.name}/{path.stem} | {r['chunking']['chunk']} | {r['batches']} | {r['throughput']['tokens_per_s'] / 1e3:,.0f}k | "
-            f"{'-' if ratio is None else f'{ratio:.3f}'} | {_s(host.get('loop_wall_s'))} | {_s(host.get('loop_cpu_s'))} | "
+            f"{_s(ratio)} | {_s(host.get('loop_wall_s'))} | {_s(host.get('loop_cpu_s'))} | "
             f"{'-' if faults is None else faults} | {_cpu(stages, 'plan')} | {_cpu(stages, 'prepare_outputs')} | {_cpu(stages, 'merge')} | "
             f"{_cpu(stages, 'submit')} | {'passed' if gates.get('passed') else ('FAILED' if gates else '-')} |")
 
