@@ -7,6 +7,7 @@ The merged outputs must equal `run` on ONNX Runtime over the same documents."""
 
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -162,13 +163,16 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check,overlap_merges,copy_engine,reserve",
-                         [(False, True, True, None), (False, True, True, 0), (False, True, False, None), (False, False, True, None),
-                          (True, True, True, None)],
+@pytest.mark.parametrize("precision_check,overlap_merges,copy_engine,reserve,threads",
+                         [(False, True, True, None, 2), (False, True, True, 0, 2), (False, True, False, None, 2),
+                          (False, False, True, None, 2), (True, True, True, None, 2), (False, True, True, None, 0),
+                          (False, True, False, None, 0)],
                          ids=["copy-engine-merge", "copy-engine-merge-nothing-reserved", "merged-from-the-slot",
-                              "merged-from-the-slot-waiting", "with-reference"])
+                              "merged-from-the-slot-waiting", "with-reference", "copy-engine-merge-no-threads",
+                              "merged-from-the-slot-no-threads"])
 def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges,
-                                                            copy_engine, reserve):
+                                                            copy_engine, reserve, threads):
+    """threads: planning and merging threads each (0: planned on the submitting thread, merged on the collecting one)."""
     from trtforge.run import RunOptions, run
 
     docs = tmp_path / "docs"
@@ -180,15 +184,17 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     text = Path("calib_data/minilm_long/pdb_difflib_ssl.txt").read_text()
     (docs / "short.txt").write_text(text[:300])
     (docs / "middle.txt").write_text(text[:2500])
-    common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, merge_workers=2, plan_workers=2)
-    want = run(minilm_clean, RunOptions(**common, precision_check=False, save_outputs=tmp_path / "ort.npz"))
+    common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1)
+    want = run(minilm_clean, RunOptions(**common, merge_workers=2, plan_workers=2, precision_check=False, save_outputs=tmp_path / "ort.npz"))
+    common.update(merge_workers=threads, plan_workers=threads)
     emulated = _emulate(monkeypatch, minilm_clean, engine)
     import trtforge.run as run_mod
 
-    merged_rows, add = [], run_mod._Merger.add
+    merged_rows, merging_threads, add = [], set(), run_mod._Merger.add
 
     def recording_add(self, batch, out, rows=None, copy=False, placed=None):  # how each batch reached the merge
         merged_rows.append(None if rows is None else list(rows))
+        merging_threads.add(threading.current_thread().name.split("_")[0])
         return add(self, batch, out, rows, copy, placed)
 
     monkeypatch.setattr(run_mod._Merger, "add", recording_add)
@@ -212,6 +218,8 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
         np.testing.assert_allclose(got[key], ort[key], rtol=1e-5, atol=1e-5, err_msg=key)
     assert report["batches"] == want["batches"] and report["backend"].startswith("tensorrt 8.6.0")
     runtime = report["runtime"]
+    assert (runtime["plan_workers"], runtime["merge_workers"]) == (threads, threads)
+    assert merging_threads == ({"trtforge-collect"} if threads == 0 else {"trtforge-merge"})
     assert runtime["submit_calls"] == "libcuda through ctypes, GIL held"
     assert runtime["cuda_graphs"]["captured"] >= 1 and runtime["cuda_graphs"]["replayed"] >= 1
     assert {"stage_inputs", "submit", "wait_gpu"} <= set(runtime["host"]["stages"])

@@ -79,6 +79,29 @@ def test_streamed_batches_are_make_batches_batches():
     assert naive == [[c] for d in range(4) for c in planned[d]]
 
 
+def test_with_no_planning_threads_each_document_is_planned_on_the_consumers_thread_when_needed():
+    """workers=0: the same batches as with threads, every document planned on the thread that takes the batches, and
+    only once the batches before it are taken (no thread contends with it for the GIL, nothing is planned ahead)."""
+    planned = _chunks([5, 1, 7, 3])
+    key = lambda c: c[2]  # noqa: E731
+    threads, order = set(), []
+
+    def plan(d):
+        threads.add(threading.get_ident())
+        order.append(("plan", d))
+        return planned[d]
+
+    registered = []
+    got = []
+    for batch in stream_batches(4, plan, Batcher(3, key), workers=0, ahead=8, on_plan=lambda d, cs: registered.append(d)):
+        assert all(c[0] in registered for c in batch)
+        order.append(("batch", len(got)))
+        got.append(batch)
+    assert threads == {threading.get_ident()}
+    assert got == list(stream_batches(4, lambda d: planned[d], Batcher(3, key), workers=2))
+    assert order[:3] == [("plan", 0), ("batch", 0), ("plan", 1)]  # document 1 planned after document 0's full batch was taken
+
+
 def test_add_many_forms_the_batches_add_forms_one_chunk_at_a_time():
     rng = np.random.default_rng(3)
     docs = [[(d, i, int(k)) for i, k in enumerate(rng.choice([8, 8, 8, 4], size=int(n)))] for d, n in enumerate(rng.integers(1, 12, 9))]

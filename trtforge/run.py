@@ -961,6 +961,11 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # Overlapping pays only where a batch's outputs are a pinned slot the next batches wait for (an engine without
     # the precision check); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads.
     overlap = options.overlap_merges and not options.precision_check and p.is_engine
+    if options.merge_workers == 0 and not overlap:
+        if planning is not None:
+            planning.close()
+        raise UserError("--merge-workers 0 (merging on the collecting thread) needs an engine run without the precision "
+                        "check and with --overlap-merges; give 1 or more merge workers.")
     copy_names, copy_off = _copy_merge_outputs(p, options, warm, overlap)
     # Each input's merged outputs are handed on as soon as it is finished (written by --save-outputs, else dropped),
     # and their memory serves later inputs (outpool.py): a run holds the inputs in flight, not the corpus. With the
@@ -1015,7 +1020,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         return chunks
 
     # 2 by default: BERT-base and MiniLM ran fastest with 2 on the H200 box (16 CPUs), ahead of 4
-    merge_workers = max(1, options.merge_workers or min(2, os.cpu_count() or 2))
+    # 0: on the thread that collects each batch (no merging threads); valid only where merging overlaps (below)
+    merge_workers = options.merge_workers if options.merge_workers is not None else min(2, os.cpu_count() or 2)
 
     def merge(batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None, copy: bool = False,
               placed: dict[str, Placed] | None = None) -> None:
@@ -1040,7 +1046,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # Tokenizing releases the GIL: documents in parallel. With plans from worker processes as well (the threads wait
     # for them): 2 planning threads starved the loop on the H200 box (their page-in of merged outputs under GIL
     # contention, with ids from tokenizing processes; 2026-12-02 w11).
-    workers = options.plan_workers or default_plan_workers(bool(untokenized) or planning is not None, os.cpu_count() or 2)
+    workers = options.plan_workers if options.plan_workers is not None else default_plan_workers(bool(untokenized) or planning is not None, os.cpu_count() or 2)
 
     def feeds() -> Any:
         stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive, Batch), workers, on_plan,
@@ -1068,7 +1074,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         try:
             if planning is not None:
                 planning.submit(texts)
-            with ThreadPoolExecutor(max_workers=merge_workers, thread_name_prefix="trtforge-merge") as pool:
+            with ThreadPoolExecutor(max_workers=max(1, merge_workers), thread_name_prefix="trtforge-merge") as pool:
                 if not options.precision_check:
                     def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
                         # release: nothing reads a batch's chunks after its merge here, so the list lets go of them
@@ -1076,6 +1082,9 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                         # planned arrays were fresh memory, page-faulted in by the planning threads: 1.2-1.6 faults
                         # and ~2-3 us of planning CPU per window on the dev machine (4.9-5.8 against 2.8-3.2 us).
                         b, batches[tag] = batches[tag], None
+                        if overlap and merge_workers == 0:  # here, on the collecting thread, before the slot is restaged
+                            merge(b, views, None, True, placements.pop(tag, None))
+                            return None
                         if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
                             return pool.submit(merge, b, views, None, True, placements.pop(tag, None))
                         groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
