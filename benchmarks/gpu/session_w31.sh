@@ -5,7 +5,8 @@
 # run drifted slower than the one before it of its kind):
 # - D: the default threads (2 planning, 2 merging);
 # - P0: --plan-workers 0 (each input planned on the thread feeding the GPU, when its batches are needed);
-# - P0M1: P0 with 1 merging thread; P0M0: P0 with --merge-workers 0 (merged on the collecting thread);
+# - P0M1: P0 with 1 merging thread; P0M0: P0 with --merge-workers 0 (merged on the collecting thread); P0M0B: P0M0 with
+#   --gpu-wait block (no core spinning on the GPU); P0M0T3: P0M0 with the process pinned to 3 cores (taskset);
 # over docs128v.jsonl (768 inputs, ~4.8M tokens: a ~1 s loop, less start-up than docs32v's 0.2 s); then D and P0M0 on a
 # MiniLM engine of batch <= 256 (per-batch host work over 4x the windows), BERT-base from ids D vs P0M0, run --reference
 # with P0M0, and host_profile.py (thread CPU per function) with D and with P0M0.
@@ -29,15 +30,21 @@ mkdir -p "$W/docs128v"; for k in 1 2 3 4; do for f in "$W"/docs32v/*.txt; do cp 
 step pretokenize-128 180 "$T benchmarks/gpu/pretokenize.py $W/docs128v $N.tokenizer $W/docs128v.jsonl"
 wait
 NR="--no-precision-check --no-chunking-check"
-declare -A FLAGS=([D]="" [P0]="--plan-workers 0" [P0M1]="--plan-workers 0 --merge-workers 1" [P0M0]="--plan-workers 0 --merge-workers 0")
+declare -A FLAGS=([D]="" [P0]="--plan-workers 0" [P0M1]="--plan-workers 0 --merge-workers 1" [P0M0]="--plan-workers 0 --merge-workers 0"
+                  [P0M0B]="--plan-workers 0 --merge-workers 0 --gpu-wait block" [P0M0T3]="--plan-workers 0 --merge-workers 0")
+declare -A PIN=([P0M0T3]="taskset -c 0-2")  # the process on 3 cores: fewer cross-core GIL handoffs
 R() {  # R MODEL ENGINE CONFIG INPUT NAME [FLAGS]: report $W/MODEL/NAME.json
   local m=$1 e=$2 c=$3 input=$4 name=$5; shift 5
   echo "$T -m trtforge run $e --config $c --inputs $input $NR $* --report $W/$m/$name.json"
 }
-ORDERS=("D P0 P0M1 P0M0" "P0M0 P0M1 P0 D" "P0 D P0M0 P0M1")
+RV() {  # RV VARIANT MODEL ENGINE CONFIG INPUT NAME: R with the variant's flags, pinned where it says
+  local v=$1; shift
+  echo "${PIN[$v]:-} $(R "$@" ${FLAGS[$v]})" | sed "s|\$PY310|${PIN[$v]:-} \$PY310|; s|^ *taskset -c [0-9-]* ||"
+}
+ORDERS=("D P0 P0M1 P0M0 P0M0B P0M0T3" "P0M0T3 P0M0B P0M0 P0M1 P0 D" "P0M0 P0M0T3 D P0M1 P0M0B P0")
 for i in 1 2 3; do
   for v in ${ORDERS[$((i - 1))]}; do
-    step "run-minilm-ids128-$v-$i" 120 "$(R minilm $N.fp16_def.engine $CFG/minilm.yaml $W/docs128v.jsonl ids128_${v}_$i ${FLAGS[$v]})"
+    step "run-minilm-ids128-$v-$i" 120 "$(RV $v minilm $N.fp16_def.engine $CFG/minilm.yaml $W/docs128v.jsonl ids128_${v}_$i)"
   done
 done
 for i in 1 2; do
