@@ -889,11 +889,13 @@ def test_placed_outputs_go_where_place_says_and_the_slot_gets_only_its_rows(monk
 
 
 
-def test_planning_threads_default_to_two_unless_they_tokenize():
+def test_planning_threads_default_to_none_on_an_engine_and_two_on_onnx_runtime_unless_they_tokenize():
     from trtforge.run import default_plan_workers
 
     assert default_plan_workers(True, 16) == 8 and default_plan_workers(True, 4) == 4
+    assert default_plan_workers(True, 16, engine=True) == 8  # tokenizing releases the GIL: threads on an engine too
     assert default_plan_workers(False, 16) == 2 and default_plan_workers(False, 1) == 1
+    assert default_plan_workers(False, 16, engine=True) == 0
 
 
 # -- a text input's windows as blocks: batches of runs, never a window at a time ---------------------------------------

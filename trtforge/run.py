@@ -259,7 +259,8 @@ class RunOptions:
     pad_batches: bool = True  # a partial batch runs padded to a batch size that ran (runloop.padded_batch)
     gpu_wait: str = "spin"  # how the collector waits for a batch: spin (CUDA's default here) or block (TrtRunner)
     slots: int = 3  # staging slots: batches in flight
-    plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: run.default_plan_workers)
+    plan_workers: int | None = None  # threads tokenizing and planning documents while batches run (None: run.default_plan_workers;
+    # 0: each input planned on the thread feeding the GPU)
     plan_ahead: int = 8  # batches planning may run ahead of the GPU loop (0: unbounded; runloop.stream_batches)
     merge_workers: int | None = None  # threads merging outputs back per input while batches run (None: min(2, CPUs))
     # on an engine without the precision check: each batch merged on one merge thread while the collector goes on to
@@ -1046,7 +1047,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # Tokenizing releases the GIL: documents in parallel. With plans from worker processes as well (the threads wait
     # for them): 2 planning threads starved the loop on the H200 box (their page-in of merged outputs under GIL
     # contention, with ids from tokenizing processes; 2026-12-02 w11).
-    workers = options.plan_workers if options.plan_workers is not None else default_plan_workers(bool(untokenized) or planning is not None, os.cpu_count() or 2)
+    workers = (options.plan_workers if options.plan_workers is not None else
+               default_plan_workers(bool(untokenized) or planning is not None, os.cpu_count() or 2, p.is_engine))
 
     def feeds() -> Any:
         stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive, Batch), workers, on_plan,
@@ -1160,14 +1162,18 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     return report
 
 
-def default_plan_workers(mostly_waiting: bool, cpus: int) -> int:
+def default_plan_workers(mostly_waiting: bool, cpus: int, engine: bool = False) -> int:
     """Planning threads when --plan-workers is not given: min(8, CPUs) where they mostly wait without the GIL, on the
     tokenizer (it releases the GIL, so documents tokenize in parallel) or on planning processes (which plan even
-    pre-tokenized ids; with tokenizing processes 2 planning threads starved the loop, 2026-12-02 w11), else 2:
-    planning pre-tokenized ids in the threads is Python they contend for the GIL with the one feeding the GPU. MiniLM
-    from ids on the H200 box: 3.35-3.42M tokens/s with 2 against 2.77-2.88M with 8 and 2.69-3.31M with 1
-    (benchmarks/RESULTS.md, 2026-12-03 w26)."""
-    return min(8 if mostly_waiting else 2, max(1, cpus))
+    pre-tokenized ids; with tokenizing processes 2 planning threads starved the loop, 2026-12-02 w11). Else planning is
+    Python that contends for the GIL with the thread feeding the GPU: on an engine none (0: each input planned on that
+    thread when its batches are needed), for ONNX Runtime 2 (its run releases the GIL, and the threads plan meanwhile).
+    MiniLM from ids on the H100 box (w31, 3 rotated rounds over 768 inputs): 5.8-7.7M tokens/s, wall/GPU 1.17-1.58,
+    planned on the thread feeding the GPU against 3.8-4.9M, 1.85-2.38 with 2 threads; BERT-base 1.002 against
+    1.004-1.009 (benchmarks/RESULTS.md, 2026-12-05 w31). Earlier, with threads only, 2 beat 8 and 1 (2026-12-03 w26)."""
+    if mostly_waiting:
+        return min(8, max(1, cpus))
+    return 0 if engine else min(2, max(1, cpus))
 
 
 def _copy_merge_outputs(p: Prepared, options: RunOptions, warm: dict[str, tuple[tuple[int, ...], np.dtype]] | None,
