@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtforge.chunking import (merge_logits, merge_tiles, merge_windows, plan_tiles, plan_windows, pooled_mean,
-                               tile_weight_maps, window_weights)
+from trtforge.chunking import (Window, merge_logits, merge_tiles, merge_windows, plan_tiles, plan_windows, pooled_mean,
+                               tile_weight_maps, window_weights, windows_from_spans)
 from trtforge.errors import UserError
 
 lengths = st.integers(1, 3000)
@@ -22,12 +22,30 @@ def test_windows_cover_every_position_once_kept(length, chunk, data):
     for a, b in zip(windows, windows[1:]):
         assert b.start == a.start + chunk - overlap and b.start <= a.end  # no gap
         assert a.end - b.start == overlap  # overlap as planned
-        assert a.keep_end == b.keep_start  # kept parts tile the sequence
+        assert a.keep_end == b.keep_start == (b.start + a.end) // 2  # kept parts tile the sequence, handing over mid-overlap
+    assert all(type(w) is Window and len(w) == 4 for w in windows)  # real Windows (built without _make's frame)
     covered = np.zeros(length, int)
     for w in windows:
         covered[w.keep_start:w.keep_end] += 1
         assert w.start <= w.keep_start <= w.keep_end <= w.end
     assert (covered == 1).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 60)), min_size=1, max_size=12))
+def test_windows_from_spans_keep_from_the_middle_of_each_overlap(steps):
+    """Ordered, overlapping or touching spans (a tokenizer's windows, scaled tiles): each keeps from the middle of its
+    overlap with the one before to the middle of its overlap with the one after."""
+    spans, start = [], 0
+    for advance, size in steps:
+        start += advance if spans else 0
+        end = max(start + size, spans[-1][1] if spans else 0)
+        spans.append((start, end))
+        start = min(start, end)
+    windows = windows_from_spans(spans)
+    middles = [(b[0] + a[1]) // 2 for a, b in zip(spans, spans[1:])]
+    assert windows == [Window(s, e, k0, k1) for (s, e), k0, k1 in zip(spans, [spans[0][0], *middles], [*middles, spans[-1][1]])]
+    assert all(type(w) is Window for w in windows) and windows_from_spans([]) == []
 
 
 @settings(max_examples=200, deadline=None)

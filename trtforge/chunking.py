@@ -9,6 +9,7 @@ across the overlap and sum to 1 at every position.
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 import threading
 from dataclasses import dataclass
@@ -55,7 +56,9 @@ def plan_windows(length: int, chunk: int, overlap: int, full_last: bool = False)
     starts = list(range(0, count * stride, stride))  # no Python per window: `run` plans every input's windows
     if full_last and len(starts) > 1:
         starts[-1] = length - chunk  # > starts[-2], since starts[-2] + chunk < length
-    return windows_from_spans([(s, min(s + chunk, length)) for s in starts])
+    ends = list(range(chunk, count * stride + chunk, stride))  # every window but the last ends before `length`
+    ends[-1] = min(starts[-1] + chunk, length)
+    return _windows(starts, ends)
 
 
 def windows_from_spans(spans: list[tuple[int, int]]) -> list[Window]:
@@ -63,9 +66,15 @@ def windows_from_spans(spans: list[tuple[int, int]]) -> list[Window]:
     ranges at the middle of each overlap: for windows a tokenizer planned, or tiles at an output scale."""
     if not spans:
         return []
-    starts, ends = [s for s, _ in spans], [e for _, e in spans]
-    middles = [(s + e) // 2 for s, e in zip(starts[1:], ends[:-1])]  # of each overlap: where one window hands over
-    return list(map(Window._make, zip(starts, ends, [starts[0]] + middles, middles + [ends[-1]])))
+    return _windows(list(map(operator.itemgetter(0), spans)), list(map(operator.itemgetter(1), spans)))
+
+
+def _windows(starts: list[int], ends: list[int]) -> list[Window]:
+    """Windows from their starts and ends (non-negative, in order), keeping from the middle of each overlap: built by C
+    calls only (tuple.__new__ is namedtuple's _make without its Python frame), since `run` makes every input's windows on
+    the thread feeding the GPU. Pure."""
+    middles = list(map(operator.rshift, map(operator.add, starts[1:], ends[:-1]), itertools.repeat(1)))  # (s + e) // 2
+    return list(map(tuple.__new__, itertools.repeat(Window), zip(starts, ends, [starts[0], *middles], [*middles, ends[-1]])))
 
 
 def check_center_cover(windows: list[Window], length: int) -> None:

@@ -379,21 +379,39 @@ def _pretokenized(path: Path, tokenizer: TextTokenizer | None) -> list[Document]
     return docs
 
 
-def text_feeds(ids: np.ndarray, type_ids: np.ndarray, specs: list[InputSpec]) -> dict[str, np.ndarray]:
+def text_feeds(ids: np.ndarray, type_ids: np.ndarray | None, specs: list[InputSpec]) -> dict[str, np.ndarray]:
     """Windows as model inputs: ids (with specials) and token types of one window (1-D: batch 1) or of a block of
-    equal-length windows (2-D, a row each), with an all-ones mask."""
-    ids, type_ids = np.atleast_2d(ids), np.atleast_2d(type_ids)
+    equal-length windows (2-D, a row each), with an all-ones mask. `type_ids` may be None where no input takes them.
+    The ids are used as they are where their type is the input's (no copy), and the masks are read-only views of one
+    shared block of ones: `run` plans every input on the thread feeding the GPU, so each copy and fill there is its time."""
+    ids = np.atleast_2d(ids)
     feeds = {}
     for spec in specs:
         if spec.name == "input_ids":
-            feeds[spec.name] = ids.astype(spec.dtype)
+            feeds[spec.name] = ids.astype(spec.dtype, copy=False)
         elif spec.name == "attention_mask":
-            feeds[spec.name] = np.ones(ids.shape, dtype=spec.dtype)
-        elif spec.name == "token_type_ids":
-            feeds[spec.name] = type_ids.astype(spec.dtype)
+            feeds[spec.name] = _ones(ids.shape, spec.dtype)
+        elif spec.name == "token_type_ids" and type_ids is not None:
+            feeds[spec.name] = np.atleast_2d(type_ids).astype(spec.dtype, copy=False)
         else:
             raise UserError(f"text inputs cannot fill model input '{spec.name}'; give .npz inputs instead.")
     return feeds
+
+
+_ONES: dict[tuple[int, str], np.ndarray] = {}  # (width, dtype) -> a read-only block of ones, grown to the most rows asked
+
+
+def _ones(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A read-only [rows, width] array of ones: a view of a shared block (threads may race to grow it: each makes a
+    valid block, the last one stays)."""
+    rows, width = shape
+    key = (width, np.dtype(dtype).str)
+    block = _ONES.get(key)
+    if block is None or block.shape[0] < rows:
+        block = np.ones((max(rows, 64), width), dtype)
+        block.flags.writeable = False
+        _ONES[key] = block
+    return block[:rows]
 
 
 # -- chunk plans ---------------------------------------------------------------------------------
@@ -423,9 +441,10 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
         # last one extended back to full length with full_last
         windows = plan_windows(doc.length, tokenizer.capacity(chunk, overlap), overlap, full_last)
         p = len(tokenizer.prefix)
+        types = any(spec.name == "token_type_ids" for spec in specs)
         blocks, i = [], 0
         for block in wrap_spans(doc.ids, [(w.start, w.end) for w in windows], tokenizer.prefix, tokenizer.suffix):
-            feeds = text_feeds(block, tokenizer.type_ids(block), specs)  # one array per input per block: rows are views
+            feeds = text_feeds(block, tokenizer.type_ids(block) if types else None, specs)  # an array per input per block: rows are views
             key = tuple((k, (1, *v.shape[1:])) for k, v in sorted(feeds.items()))  # shape_key of every row
             rows = block.shape[0]
             n = block.shape[1] - len(tokenizer.prefix) - len(tokenizer.suffix)

@@ -16,6 +16,7 @@ directory the export sidecar names (relative to that ONNX's folder), following t
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,29 +131,27 @@ def wrap_spans(ids: np.ndarray, spans: list[tuple[int, int]], prefix: list[int],
     """Each (start, end) span of a document's ids (no specials) wrapped in the model's special tokens, as rows of
     2-D int64 blocks: one block per run of consecutive spans of one length, in span order. Consecutive windows
     are then adjacent in memory, so `run` stages a batch of them with one copy instead of one per window, and
-    builds a document's windows with a few numpy calls instead of several per window (the Python work the
-    loop's threads contend for the GIL with). Pure."""
+    builds a document's windows with a few numpy calls instead of several per window (the Python work of the thread
+    feeding the GPU, which plans every input). A span outside the ids is an IndexError. Pure."""
     ids = np.asarray(ids, np.int64)
+    if not spans:
+        return []
     p, s = len(prefix), len(suffix)
-    blocks, i = [], 0
-    while i < len(spans):
-        n = spans[i][1] - spans[i][0]
-        j = i + 1
-        while j < len(spans) and spans[j][1] - spans[j][0] == n:
-            j += 1
-        starts = np.fromiter((spans[k][0] for k in range(i, j)), np.int64, j - i)
+    starts = np.fromiter(map(operator.itemgetter(0), spans), np.int64, len(spans))
+    lengths = np.fromiter(map(operator.itemgetter(1), spans), np.int64, len(spans)) - starts
+    if starts.min() < 0 or lengths.min() < 0 or int((starts + lengths).max()) > len(ids):
+        raise IndexError(f"a span lies outside the document's {len(ids)} ids")
+    cuts = (np.flatnonzero(lengths[1:] != lengths[:-1]) + 1).tolist()  # where a run of one length ends
+    blocks = []
+    for i, j in zip([0, *cuts], [*cuts, len(spans)]):
+        n = int(lengths[i])
         block = np.empty((j - i, p + n + s), np.int64)
         block[:, :p] = prefix
-        steps = np.diff(starts)
-        if (len(starts) > 1 and (steps == steps[0]).all() and steps[0] >= 0 and starts[0] >= 0
-                and spans[j - 1][1] <= len(ids)):  # evenly spaced and inside the ids: a strided view, one copy
-            block[:, p:p + n] = np.lib.stride_tricks.as_strided(ids[starts[0]:], (j - i, n),
-                                                                (int(steps[0]) * ids.strides[0], ids.strides[0]), writeable=False)
-        else:
-            block[:, p:p + n] = ids[starts[:, None] + np.arange(n)]
+        if n:  # row k of the strided view: the n ids from position k, so the rows are gathered by one indexing
+            windows = np.lib.stride_tricks.as_strided(ids, (len(ids) - n + 1, n), (ids.strides[0], ids.strides[0]), writeable=False)
+            block[:, p:p + n] = windows[starts[i:j]]
         block[:, p + n:] = suffix
         blocks.append(block)
-        i = j
     return blocks
 
 
