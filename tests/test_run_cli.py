@@ -409,3 +409,36 @@ def test_the_run_loop_flags_reach_the_run_options(minilm_clean, tmp_path, monkey
     CliRunner().invoke(app, args)
     assert [(o.pad_batches, o.gpu_wait) for o in seen] == [(False, "block"), (True, "spin")]
     assert_user_error(run_cli(*args, "--gpu-wait", "sleep"), "--gpu-wait")
+
+
+@pytest.mark.parametrize("pause", [True, False])
+def test_the_garbage_collector_is_off_while_the_loop_runs_and_back_after(minilm_clean, tmp_path, monkeypatch, pause):
+    """A full collection stops every thread of the loop for tens of ms: off while the loop plans, runs and merges
+    (after one collection before the clock), on again after it, also when the loop fails; --no-gc-pause leaves it on."""
+    import gc
+
+    import trtforge.run as run_mod
+    from trtforge.run import RunOptions, run
+
+    seen, plan_document = [], run_mod.plan_document
+
+    def recording(d, *args):
+        seen.append(gc.isenabled())
+        return plan_document(d, *args)
+
+    monkeypatch.setattr(run_mod, "plan_document", recording)
+    common = dict(inputs=Path("calib_data/minilm_long"), chunk=256, overlap=32, batch_size=8, warmup=0, precision_check=False,
+                  chunking_check=False, gc_pause=pause)
+    assert gc.isenabled()
+    report = run(minilm_clean, RunOptions(**common))
+    assert seen and set(seen) == {not pause} and gc.isenabled()
+    assert report["runtime"]["gc"]["paused_in_loop"] is pause
+    assert (report["runtime"]["gc"]["collect_before_loop_s"] is not None) is pause
+
+    def failing(d, *args):
+        raise RuntimeError("planning failed")
+
+    monkeypatch.setattr(run_mod, "plan_document", failing)
+    with pytest.raises(RuntimeError, match="planning failed"):
+        run(minilm_clean, RunOptions(**common))
+    assert gc.isenabled()

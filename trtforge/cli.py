@@ -417,6 +417,7 @@ def run_cmd(
     plan_processes: int = typer.Option(0, "--plan-processes", "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs and cutting them into windows, started before the clock, so the loop's process only unpickles each input's windows (0: the planning threads do it; --tokenize-processes: its former name)."),
     last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
     switch_interval_us: int = typer.Option(500, "--switch-interval-us", min=1, help="Python's GIL switch interval while the loop runs, in microseconds: how long a thread coming back from a copy or a CUDA wait may wait for the GIL."),
+    gc_pause: bool = typer.Option(True, "--gc-pause/--no-gc-pause", help="Python's cyclic garbage collector off while the loop runs (one collection before the clock): a full collection stops every thread of the loop for tens of ms."),
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=0, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200; 0: each batch merged on the thread collecting it, with --overlap-merges on an engine without the precision check)."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     precision_check: bool = typer.Option(True, "--precision-check/--no-precision-check", help="Check every chunk against ONNX Runtime fp32 after the run (off: speed runs; precision gates you set then fail)."),
@@ -466,7 +467,7 @@ def run_cmd(
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
         cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, pad_batches=pad_batches, gpu_wait=gpu_wait, slots=slots, precision_check=precision_check, chunking_check=chunking_check, plugin_libraries=list(plugin_library or []),
         plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, copy_engine_merge=copy_engine_merge, pinned_reserve_mb=pinned_reserve_mb, merge_workers=merge_workers, plan_processes=plan_processes, last_window=last_window or section.last_window,
-        switch_interval_us=switch_interval_us,
+        switch_interval_us=switch_interval_us, gc_pause=gc_pause,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")

@@ -17,6 +17,7 @@ leave no doubt), and the kind decides everything after inference:
 from __future__ import annotations
 
 import bisect
+import gc
 import math
 import os
 import resource
@@ -282,6 +283,8 @@ class RunOptions:
     # this long for the GIL while another thread runs Python (benchmarks/gil_handoff.py); Python's default is 5000.
     # 20-500 ran alike on MiniLM on the H200 box (benchmarks/RESULTS.md, 2026-12-02 w15)
     switch_interval_us: int = 500
+    # Python's cyclic garbage collector off while the loop runs, after one collection before the clock (_collect_garbage)
+    gc_pause: bool = True
     last_window: str = "full"  # a sequence's last window: "full" (ends at the input's end, as long as the others) or "short"
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
     # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
@@ -1017,6 +1020,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
 
     # Timed: tokenizing and planning (worker threads, document by document), batching as chunks arrive,
     # running (the target's pipelined loop) and merging (worker threads) all overlap under one clock.
+    gc_before_s = _collect_garbage() if options.gc_pause else None  # before the clock: the loop then starts with none
     start, cpu_start, faults_start = time.perf_counter(), time.process_time(), _minor_faults()
     merger = _Merger(p.docs, [], p.kinds, options, templates=warm, pool=output_pool, on_done=on_done)
     host = StageClock()  # this loop's stages; the target reports its own (staging, GPU waits, copies)
@@ -1090,6 +1094,9 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # interval while the loop runs.
     interval = sys.getswitchinterval()
     sys.setswitchinterval(options.switch_interval_us * 1e-6)
+    gc_was_on = gc.isenabled()
+    if options.gc_pause:
+        gc.disable()
     stream = feeds()
     try:
         try:
@@ -1125,6 +1132,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                         future.result()
         finally:
             sys.setswitchinterval(interval)
+            if gc_was_on:
+                gc.enable()
             stream.close()  # on an error: no document is planned after this
             if planning is not None:
                 planning.close()
@@ -1169,6 +1178,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, loop_cpu, target.timings, loop_faults),
                     "plan_processes": planning.processes if planning is not None else 0, "plan_ahead": options.plan_ahead,
                     "overlap_merges": overlap, "switch_interval_us": options.switch_interval_us,
+                    "gc": {"paused_in_loop": options.gc_pause, "collect_before_loop_s": gc_before_s},
                     "copy_engine_merge": copy_merge.report() if copy_merge is not None else {"enabled": False, "reason": copy_off},
                     "output_pool": {**output_pool.report(), **({"reserved": {**reserved.report(), "seconds": round(reserve_s, 6),
                                                                               "note": "page-locked before the clock"}}
@@ -1236,6 +1246,19 @@ def _check_save_outputs(docs: list[Document], path: Path | None) -> None:
             raise UserError(f"inputs {seen[doc.name]} and {d} are both named '{doc.name}', so --save-outputs {path} would keep "
                             "only one of them; give the inputs distinct names.")
         seen[doc.name] = d
+
+
+def _collect_garbage() -> float:
+    """One full collection (seconds it took), before `run`'s clock: the loop then runs with the collector off.
+
+    Why: Python's cyclic collector runs a full pass, over every object of the process, when enough objects have
+    piled up, on whichever thread allocates; that thread holds the GIL meanwhile, so every thread of the loop stops.
+    A full pass took 16-34 ms on the dev machine (~56k objects); on the GPU box MiniLM batches of 1.5 ms of GPU took
+    10-47 ms of wall in bursts (benchmarks/RESULTS.md, 2026-12-05 w31/w32). The loop makes no reference cycles to speak
+    of (30 cyclic objects over a whole MiniLM run, all from setting up ctypes), so nothing piles up while it is off."""
+    begin = time.perf_counter()
+    gc.collect()
+    return round(time.perf_counter() - begin, 6)
 
 
 def _minor_faults() -> int:
