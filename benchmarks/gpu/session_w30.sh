@@ -15,13 +15,9 @@ CAP=$(( $(date +%s) + 650 )); [ "$DEADLINE" -gt "$CAP" ] && DEADLINE=$CAP  # ste
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 plugin_env
-snap_root() {  # snap_root NAME SRC: a root of its own for the code in SRC/trtforge (python -m puts the cwd first)
-  local r=$HOME/$1; rm -rf "$r"; mkdir -p "$r"; cp -r "$2/trtforge" "$r/trtforge"
-  ln -s "$ROOT/zoo" "$ROOT/calib_data" "$ROOT/configs" "$ROOT/benchmarks" "$r/"; echo "$r"
-}
 SNAPA=$(snap_root snapA "$ROOT/.gpu/old"); SNAPB=$(snap_root snapB "$ROOT")
-TA="cd $SNAPA && . \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA && PYTHONPATH=$SNAPA:\$PYTHONPATH \$PY310"
-TB="cd $SNAPB && . \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA && PYTHONPATH=$SNAPB:\$PYTHONPATH \$PY310"
+TA=$(code_in "$SNAPA")
+TB=$(code_in "$SNAPB")
 T=$TB
 plugin_build
 default_engines_and_docs

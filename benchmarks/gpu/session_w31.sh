@@ -18,9 +18,7 @@ CAP=$(( $(date +%s) + 600 )); [ "$DEADLINE" -gt "$CAP" ] && DEADLINE=$CAP  # ste
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 plugin_env
-SNAP=$HOME/snap; rm -rf "$SNAP"; mkdir -p "$SNAP"; cp -r "$ROOT/trtforge" "$SNAP/trtforge"  # later calls recopy the tree
-ln -s "$ROOT/zoo" "$ROOT/calib_data" "$ROOT/configs" "$ROOT/benchmarks" "$SNAP/"
-T="cd $SNAP && . \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA && PYTHONPATH=$SNAP:\$PYTHONPATH \$PY310"
+SNAP=$(snap_root snap "$ROOT"); T=$(code_in "$SNAP")  # later calls recopy the tree
 plugin_build
 default_engines_and_docs
 sed 's/batch: {min: 1, opt: 16, max: 64}/batch: {min: 1, opt: 256, max: 256}/; s/batch_size: 64/batch_size: 256/' \

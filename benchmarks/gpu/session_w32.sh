@@ -14,23 +14,11 @@ CAP=$(( $(date +%s) + 420 )); [ "$DEADLINE" -gt "$CAP" ] && DEADLINE=$CAP
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 plugin_env
-snap_root() {  # snap_root NAME SRC: a root of its own for the code in SRC/trtforge (later calls recopy the tree)
-  local r=$HOME/$1; rm -rf "$r"; mkdir -p "$r"; cp -r "$2/trtforge" "$r/trtforge"
-  ln -s "$ROOT/zoo" "$ROOT/calib_data" "$ROOT/configs" "$ROOT/benchmarks" "$r/"; echo "$r"
-}
 SNAPA=$(snap_root snapA "$ROOT/.gpu/old"); SNAPB=$(snap_root snapB "$ROOT")
-TA="cd $SNAPA && . \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA && PYTHONPATH=$SNAPA:\$PYTHONPATH \$PY310"
-TB="cd $SNAPB && . \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA && PYTHONPATH=$SNAPB:\$PYTHONPATH \$PY310"
+TA=$(code_in "$SNAPA")
+TB=$(code_in "$SNAPB")
 T=$TB
-plugin_build &  # beside the export (CPU), falling back to the carried library
-N=$(M minilm); mkdir -p "$W/minilm"
-step "export-minilm" 300 "$P312 -m trtforge export --config $CFG/minilm.yaml -o $N.onnx" && step "clean-minilm" 120 "$P312 -m trtforge clean $N.onnx"
-wait
-step build-fp16_def-minilm 300 "$T -m trtforge build $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC --plugin-library $PLUG -o $N.fp16_def.engine" &
-docs_varied 32 docs32v
-mkdir -p "$W/docs128v"; for k in 1 2 3 4; do for f in "$W"/docs32v/*.txt; do cp "$f" "$W/docs128v/${k}_$(basename "$f")"; done; done
-step pretokenize-128 180 "$T benchmarks/gpu/pretokenize.py $W/docs128v $N.tokenizer $W/docs128v.jsonl"
-wait
+minilm_docs128v
 NR="--no-precision-check --no-chunking-check"
 declare -A CODE=([A]="$TA" [B]="$TB" [BS]="$TB") FLAGS=([A]="" [B]="" [BS]="--switch-interval-us 50")
 ORDERS=("A B BS" "BS B A" "B A BS" "BS A B")

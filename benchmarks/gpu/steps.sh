@@ -146,3 +146,26 @@ vs_torch_default() {
   done
   step table-def 60 "python3 benchmarks/vs_torch.py table --torch $W/torch.json --engine $W/engine_def.json --run bert-base=$W/bert-base/run_docs8$name.json --run minilm=$W/minilm/run_docs8$name.json --out $W/vs_torch_def.json > $W/table_def.md"
 }
+
+# A/B drivers (session_w30.sh on): `snap_root NAME SRC` copies SRC/trtforge into a root of its own ($HOME/NAME, linking
+# zoo, calib_data, configs and benchmarks): later device calls recopy the working tree over $ROOT, and `python -m` puts
+# the working directory first on sys.path. `code_in ROOT` is the T of that root (after plugin_env).
+snap_root() {
+  local r=$HOME/$1; rm -rf "$r"; mkdir -p "$r"; cp -r "$2/trtforge" "$r/trtforge"
+  ln -s "$ROOT/zoo" "$ROOT/calib_data" "$ROOT/configs" "$ROOT/benchmarks" "$r/"; echo "$r"
+}
+code_in() { echo "cd $1 && . \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA && PYTHONPATH=$1:\$PYTHONPATH \$PY310"; }
+
+# MiniLM alone for the run-loop A/Bs (session_w32.sh on): the plugins built beside the export, the default engine
+# $N.fp16_def.engine (one seq <= 256 profile) and $W/docs128v.jsonl (docs_varied 32, four times over, pre-tokenized).
+minilm_docs128v() {
+  plugin_build &  # beside the export (CPU), falling back to the carried library
+  N=$(M minilm); mkdir -p "$W/minilm"
+  step "export-minilm" 300 "$P312 -m trtforge export --config $CFG/minilm.yaml -o $N.onnx" && step "clean-minilm" 120 "$P312 -m trtforge clean $N.onnx"
+  wait
+  step build-fp16_def-minilm 300 "$T -m trtforge build $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=256 $TAC --plugin-library $PLUG -o $N.fp16_def.engine" &
+  docs_varied 32 docs32v
+  mkdir -p "$W/docs128v"; for k in 1 2 3 4; do for f in "$W"/docs32v/*.txt; do cp "$f" "$W/docs128v/${k}_$(basename "$f")"; done; done
+  step pretokenize-128 180 "$T benchmarks/gpu/pretokenize.py $W/docs128v $N.tokenizer $W/docs128v.jsonl"
+  wait
+}
