@@ -15,10 +15,7 @@ CAP=$(( $(date +%s) + 650 )); [ "$DEADLINE" -gt "$CAP" ] && DEADLINE=$CAP  # ste
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 plugin_env
-SNAPA=$(snap_root snapA "$ROOT/.gpu/old"); SNAPB=$(snap_root snapB "$ROOT")
-TA=$(code_in "$SNAPA")
-TB=$(code_in "$SNAPB")
-T=$TB
+ab_roots
 plugin_build
 default_engines_and_docs
 step build-fp16_512-minilm 600 "$T -m trtforge build $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --tiers seq=512 $TAC --plugin-library $PLUG -o $N.fp16_512.engine"

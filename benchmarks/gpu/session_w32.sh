@@ -14,10 +14,7 @@ CAP=$(( $(date +%s) + 420 )); [ "$DEADLINE" -gt "$CAP" ] && DEADLINE=$CAP
 . "$ROOT/benchmarks/gpu/steps.sh"
 driver_setup
 plugin_env
-SNAPA=$(snap_root snapA "$ROOT/.gpu/old"); SNAPB=$(snap_root snapB "$ROOT")
-TA=$(code_in "$SNAPA")
-TB=$(code_in "$SNAPB")
-T=$TB
+ab_roots
 minilm_docs128v
 NR="--no-precision-check --no-chunking-check"
 declare -A CODE=([A]="$TA" [B]="$TB" [BS]="$TB") FLAGS=([A]="" [B]="" [BS]="--switch-interval-us 50")

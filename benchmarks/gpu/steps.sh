@@ -169,3 +169,9 @@ minilm_docs128v() {
   step pretokenize-128 180 "$T benchmarks/gpu/pretokenize.py $W/docs128v $N.tokenizer $W/docs128v.jsonl"
   wait
 }
+
+# A = the code carried in .gpu/old, B = this checkout, each in a root of its own: TA, TB, and T = TB (after plugin_env).
+ab_roots() {
+  SNAPA=$(snap_root snapA "$ROOT/.gpu/old"); SNAPB=$(snap_root snapB "$ROOT")
+  TA=$(code_in "$SNAPA"); TB=$(code_in "$SNAPB"); T=$TB
+}
