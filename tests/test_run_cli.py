@@ -442,3 +442,27 @@ def test_the_garbage_collector_is_off_while_the_loop_runs_and_back_after(minilm_
     with pytest.raises(RuntimeError, match="planning failed"):
         run(minilm_clean, RunOptions(**common))
     assert gc.isenabled()
+
+
+def test_the_garbage_collector_stays_off_where_the_caller_had_it_off_and_merge_workers_0_is_refused_before_loading(minilm_clean):
+    """run turns the collector back on only if it was on; --merge-workers 0 on a target whose merges do not overlap (here
+    ONNX Runtime) is refused before anything is loaded, and negative worker counts are refused outright."""
+    import gc
+
+    from trtforge.errors import UserError
+    from trtforge.run import RunOptions, run
+
+    common = dict(inputs=Path("calib_data/minilm_long"), chunk=256, overlap=32, batch_size=8, warmup=0, precision_check=False,
+                  chunking_check=False)
+    gc.disable()
+    try:
+        run(minilm_clean, RunOptions(**common))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(UserError, match="--merge-workers 0 .* needs an engine run without the precision check"):
+        run(minilm_clean, RunOptions(**common, merge_workers=0))
+    assert gc.isenabled()
+    for key in ("merge_workers", "plan_workers"):
+        with pytest.raises(UserError, match=f"--{key.replace('_', '-')} -1 is negative"):
+            RunOptions(**common, **{key: -1})

@@ -6,6 +6,7 @@ submit calls through a fake libcuda), the pipelined loop, the merge straight out
 The merged outputs must equal `run` on ONNX Runtime over the same documents."""
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -325,3 +326,33 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
     monkeypatch.setattr(tensorrt_mod.load_trt().trt, "Runtime", watching_runtime)
     report = run(copy, RunOptions(**options, plugin_libraries=[str(lib)]))
     assert loaded_at_deserialize == [True] and report["throughput"]["tokens_per_s"] > 0
+
+
+def test_pre_tokenized_inputs_on_an_engine_are_planned_on_the_thread_feeding_it_by_default(engine, minilm_clean, tmp_path, monkeypatch):
+    """Nothing to tokenize, an engine: no planning threads by default (run.default_plan_workers), every input planned on
+    the thread that submits the batches, and the merged outputs those ONNX Runtime gives (planned by 2 threads there)."""
+    import trtforge.run as run_mod
+    from trtforge.run import RunOptions, run
+
+    rng = np.random.default_rng(0)
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text("".join(json.dumps({"name": f"d{i}", "input_ids": rng.integers(1000, 5000, n).tolist()}) + "\n"
+                           for i, n in enumerate([1, 30, 251, 252, 253, 700, 2000, 5])))
+    common = dict(inputs=ids, chunk=256, overlap=32, batch_size=4, warmup=1, precision_check=False, chunking_check=False)
+    want = run(minilm_clean, RunOptions(**common, save_outputs=tmp_path / "ort.npz"))
+    assert want["runtime"]["plan_workers"] == min(2, os.cpu_count() or 2)
+    _emulate(monkeypatch, minilm_clean, engine)
+    threads, plan_document = set(), run_mod.plan_document
+
+    def recording(d, *args):
+        threads.add(threading.current_thread().name)
+        return plan_document(d, *args)
+
+    monkeypatch.setattr(run_mod, "plan_document", recording)
+    got = run(engine, RunOptions(**common, save_outputs=tmp_path / "engine.npz"))
+    assert got["runtime"]["plan_workers"] == 0 and threads == {threading.current_thread().name}
+    assert "wait_plan" not in got["runtime"]["host"]["stages"] and got["runtime"]["host"]["stages"]["plan"]["count"] == 8
+    ort, engine_out = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
+    assert sorted(ort.files) == sorted(engine_out.files) and len(ort.files) == 8 * len(want["outputs"])
+    for key in ort.files:
+        np.testing.assert_allclose(engine_out[key], ort[key], rtol=1e-5, atol=1e-5, err_msg=key)

@@ -102,6 +102,26 @@ def test_with_no_planning_threads_each_document_is_planned_on_the_consumers_thre
     assert order[:3] == [("plan", 0), ("batch", 0), ("plan", 1)]  # document 1 planned after document 0's full batch was taken
 
 
+def test_with_no_planning_threads_a_planning_error_reaches_the_consumer_and_closing_stops_planning():
+    planned = _chunks([4, 4, 4, 4])
+    calls = []
+
+    def plan(d):
+        calls.append(d)
+        if d == 2:
+            raise RuntimeError("planning failed")
+        return planned[d]
+
+    with pytest.raises(RuntimeError, match="planning failed"):
+        list(stream_batches(4, plan, Batcher(3, lambda c: c[2]), workers=0))
+    assert calls == [0, 1, 2]  # nothing after the failed document
+    calls.clear()
+    stream = stream_batches(4, plan, Batcher(3, lambda c: c[2]), workers=0)
+    next(stream)
+    stream.close()
+    assert calls == [0]  # closed after the first batch: no document planned after it
+
+
 def test_add_many_forms_the_batches_add_forms_one_chunk_at_a_time():
     rng = np.random.default_rng(3)
     docs = [[(d, i, int(k)) for i, k in enumerate(rng.choice([8, 8, 8, 4], size=int(n)))] for d, n in enumerate(rng.integers(1, 12, 9))]

@@ -142,6 +142,27 @@ def test_wrap_spans_rows_are_the_spans_ids_however_the_windows_are_spaced(spans)
         np.testing.assert_array_equal(row, [101, *ids[start:end], 102])
 
 
+def test_wrap_spans_takes_empty_spans_any_int_ids_and_arrays_of_spans():
+    from trtforge.tokenize import wrap_spans
+
+    ids = np.arange(100, 120, dtype=np.int32)
+    blocks = wrap_spans(ids, [(0, 0), (3, 3), (5, 9), (20, 20)], [1], [2])
+    assert [b.tolist() for b in blocks] == [[[1, 2], [1, 2]], [[1, 105, 106, 107, 108, 2]], [[1, 2]]]
+    assert all(b.dtype == np.int64 for b in blocks)
+    same = wrap_spans(ids, np.array([[5, 9], [6, 10]]), [1], [2])
+    assert same[0].tolist() == [[1, 105, 106, 107, 108, 2], [1, 106, 107, 108, 109, 2]]
+    assert wrap_spans(ids, np.zeros((0, 2), int), [1], [2]) == []
+
+
+@pytest.mark.parametrize("spans", [[(-1, 3)], [(4, 2)], [(21, 21)], [(0, 21)]], ids=["negative", "backwards", "empty-past-end", "past-end"])
+def test_wrap_spans_refuses_a_span_outside_the_ids(spans):
+    """The old indexing read a negative start from the document's end: a wrong row, never an error."""
+    from trtforge.tokenize import wrap_spans
+
+    with pytest.raises(IndexError, match="outside the document's 20 ids"):
+        wrap_spans(np.arange(20), spans, [1], [2])
+
+
 def test_wrap_spans_refuses_spans_past_the_ids():
     from trtforge.tokenize import wrap_spans
 
@@ -156,3 +177,24 @@ def test_run_options_refuse_an_unknown_last_window():
     with pytest.raises(UserError, match="unknown --last-window 'Full'; use full or short"):
         RunOptions(inputs=Path("x"), last_window="Full")
     assert RunOptions(inputs=Path("x")).full_last and not RunOptions(inputs=Path("x"), last_window="short").full_last
+
+
+def test_text_feeds_use_the_ids_uncopied_and_share_one_read_only_block_of_ones_for_the_masks():
+    """`run` plans every input on the thread feeding the GPU: no copy of ids already of the input's type, the masks views
+    of one block of ones (read-only, so nothing can write into what every input shares); types only where asked."""
+    from trtforge.config import InputSpec
+    from trtforge.run import text_feeds
+
+    specs = [InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]),
+             InputSpec(name="attention_mask", dtype="int64", shape=["batch", "seq"])]
+    block = np.arange(12, dtype=np.int64).reshape(3, 4)
+    first, second = text_feeds(block, None, specs), text_feeds(block[:2] + 1, None, specs)
+    assert first["input_ids"] is block or np.shares_memory(first["input_ids"], block)
+    assert first["attention_mask"].tolist() == [[1] * 4] * 3 and second["attention_mask"].shape == (2, 4)
+    assert np.shares_memory(first["attention_mask"], second["attention_mask"]) and not first["attention_mask"].flags.writeable
+    as32 = text_feeds(block, None, [InputSpec(name="input_ids", dtype="int32", shape=["batch", "seq"])])["input_ids"]
+    assert as32.dtype == np.int32 and not np.shares_memory(as32, block)
+    typed = specs + [InputSpec(name="token_type_ids", dtype="int64", shape=["batch", "seq"])]
+    assert text_feeds(block, np.zeros_like(block), typed)["token_type_ids"].tolist() == [[0] * 4] * 3
+    with pytest.raises(ValueError, match="give type_ids"):
+        text_feeds(block, None, typed)

@@ -302,6 +302,10 @@ class RunOptions:
             raise UserError(f"--plan-ahead {self.plan_ahead} is negative; use 0 (no bound) or a number of batches.")
         if self.pinned_reserve_mb is not None and self.pinned_reserve_mb < 0:
             raise UserError(f"--pinned-reserve-mb {self.pinned_reserve_mb:g} is negative; use 0 (reserve nothing) or a size in MB.")
+        if self.plan_workers is not None and self.plan_workers < 0:
+            raise UserError(f"--plan-workers {self.plan_workers} is negative; use 0 (plan on the thread feeding the target) or more.")
+        if self.merge_workers is not None and self.merge_workers < 0:
+            raise UserError(f"--merge-workers {self.merge_workers} is negative; use 0 (merge on the collecting thread) or more.")
         if self.switch_interval_us < 1:
             raise UserError(f"--switch-interval-us {self.switch_interval_us} must be at least 1 (microseconds).")
 
@@ -394,7 +398,9 @@ def text_feeds(ids: np.ndarray, type_ids: np.ndarray | None, specs: list[InputSp
             feeds[spec.name] = ids.astype(spec.dtype, copy=False)
         elif spec.name == "attention_mask":
             feeds[spec.name] = _ones(ids.shape, spec.dtype)
-        elif spec.name == "token_type_ids" and type_ids is not None:
+        elif spec.name == "token_type_ids":
+            if type_ids is None:
+                raise ValueError("text_feeds: the model takes token_type_ids; give type_ids")
             feeds[spec.name] = np.atleast_2d(type_ids).astype(spec.dtype, copy=False)
         else:
             raise UserError(f"text inputs cannot fill model input '{spec.name}'; give .npz inputs instead.")
@@ -402,18 +408,20 @@ def text_feeds(ids: np.ndarray, type_ids: np.ndarray | None, specs: list[InputSp
 
 
 _ONES: dict[tuple[int, str], np.ndarray] = {}  # (width, dtype) -> a read-only block of ones, grown to the most rows asked
+_ONES_KEPT = 1 << 22  # elements of ones kept per (width, dtype) (32 MB of int64): a larger block is made, not kept
 
 
 def _ones(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """A read-only [rows, width] array of ones: a view of a shared block (threads may race to grow it: each makes a
-    valid block, the last one stays)."""
+    valid block, the last one stays); one beyond _ONES_KEPT elements is made for the call and not kept."""
     rows, width = shape
     key = (width, np.dtype(dtype).str)
     block = _ONES.get(key)
     if block is None or block.shape[0] < rows:
         block = np.ones((max(rows, 64), width), dtype)
         block.flags.writeable = False
-        _ONES[key] = block
+        if block.size <= _ONES_KEPT:
+            _ONES[key] = block
     return block[:rows]
 
 
@@ -963,6 +971,12 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
 def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     p = prepare(target_path, options, plan=False)
     _check_save_outputs(p.docs, options.save_outputs)
+    # Overlapping pays only where a batch's outputs are a pinned slot the next batches wait for (an engine without
+    # the precision check); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads.
+    overlap = options.overlap_merges and not options.precision_check and p.is_engine
+    if options.merge_workers == 0 and not overlap:
+        raise UserError("--merge-workers 0 (merging on the collecting thread) needs an engine run without the precision "
+                        "check and with --overlap-merges; give 1 or more merge workers.")
     if p.is_engine:
         target: Any = TrtTarget.for_options(p.target_path, options)
     else:
@@ -981,14 +995,6 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                                      PlanSettings(p.specs, p.layout, options.chunk, options.overlap, p.limits, options.full_last))
         planning.start()  # spawned and loaded before the clock, like the engine (closes itself if it fails)
 
-    # Overlapping pays only where a batch's outputs are a pinned slot the next batches wait for (an engine without
-    # the precision check); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads.
-    overlap = options.overlap_merges and not options.precision_check and p.is_engine
-    if options.merge_workers == 0 and not overlap:
-        if planning is not None:
-            planning.close()
-        raise UserError("--merge-workers 0 (merging on the collecting thread) needs an engine run without the precision "
-                        "check and with --overlap-merges; give 1 or more merge workers.")
     copy_names, copy_off = _copy_merge_outputs(p, options, warm, overlap)
     # Each input's merged outputs are handed on as soon as it is finished (written by --save-outputs, else dropped),
     # and their memory serves later inputs (outpool.py): a run holds the inputs in flight, not the corpus. With the
@@ -1077,7 +1083,10 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive, Batch), workers, on_plan,
                                 options.plan_ahead)
         while True:
-            with host.stage("wait_plan"):  # the submitting thread waiting for planned chunks
+            if workers:
+                with host.stage("wait_plan"):  # the submitting thread waiting for planned chunks
+                    b = next(stream, None)
+            else:  # planned here, when needed: its time is the plan and prepare_outputs stages
                 b = next(stream, None)
             if b is None:
                 return
@@ -1095,11 +1104,11 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(options.switch_interval_us * 1e-6)
     gc_was_on = gc.isenabled()
-    if options.gc_pause:
-        gc.disable()
     stream = feeds()
     try:
         try:
+            if options.gc_pause:
+                gc.disable()
             if planning is not None:
                 planning.submit(texts)
             with ThreadPoolExecutor(max_workers=max(1, merge_workers), thread_name_prefix="trtforge-merge") as pool:

@@ -134,7 +134,7 @@ def wrap_spans(ids: np.ndarray, spans: list[tuple[int, int]], prefix: list[int],
     builds a document's windows with a few numpy calls instead of several per window (the Python work of the thread
     feeding the GPU, which plans every input). A span outside the ids is an IndexError. Pure."""
     ids = np.asarray(ids, np.int64)
-    if not spans:
+    if len(spans) == 0:
         return []
     p, s = len(prefix), len(suffix)
     starts = np.fromiter(map(operator.itemgetter(0), spans), np.int64, len(spans))
