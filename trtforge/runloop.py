@@ -7,7 +7,8 @@
   also bakes its buffer addresses in, so graphs are kept per staging slot.
 - `Batcher` / `stream_batches`: chunks planned by a worker pool, document by document, batched as
   they arrive (the same batches `run.make_batches` forms, in the order they fill), so tokenization
-  and chunk planning overlap execution, a bounded lead ahead of it.
+  and chunk planning overlap execution, a bounded lead ahead of it; or, with no workers, planned on the
+  consumer's thread when its batches are needed (no thread contends with it for the GIL).
 - `slot_bytes`, `completion_intervals`, `wall_over_gpu`, `batch_timeline`: staging-buffer sizes and the clock.
 - `StageClock`: seconds per host stage (planning, staging, waiting on the GPU, copying out, merging),
   summed over threads, so a run whose wall time exceeds its GPU time says where the rest went.
@@ -256,7 +257,10 @@ def stream_batches(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batch
     ahead > 0 bounds how far planning runs ahead of the consumer: at most `ahead` batches wait to be taken and
     2 x `workers` documents are handed to the threads at a time. Unbounded (0), planning that outpaces the GPU
     (texts tokenized elsewhere) ran every document at once at the start, its threads contending for the GIL
-    with the thread feeding the GPU: on the H200 box the first ~45 batches took 3-13 ms of wall for 1.3 of GPU."""
+    with the thread feeding the GPU: on the H200 box the first ~45 batches took 3-13 ms of wall for 1.3 of GPU.
+
+    workers == 0: no threads; each document is planned on the consumer's thread when the batches before it are taken
+    (`ahead` does not apply), and a planning error is raised there."""
     if workers == 0:
         yield from _planned_inline(n_docs, plan, batcher, on_plan)
         return
