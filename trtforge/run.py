@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -1083,10 +1084,8 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive, Batch), workers, on_plan,
                                 options.plan_ahead)
         while True:
-            if workers:
-                with host.stage("wait_plan"):  # the submitting thread waiting for planned chunks
-                    b = next(stream, None)
-            else:  # planned here, when needed: its time is the plan and prepare_outputs stages
+            # the submitting thread waiting for planned chunks; planning here instead, its time is the plan stages'
+            with host.stage("wait_plan") if workers else nullcontext():
                 b = next(stream, None)
             if b is None:
                 return
