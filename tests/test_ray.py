@@ -145,3 +145,45 @@ def test_more_actors_than_the_cluster_holds_is_a_user_error(minilm_clean, ray_cl
 
     with pytest.raises(UserError, match="--ray-actors 3 asks for more ONNX Runtime actors than the Ray cluster's 2 CPUs"):
         run_ray(minilm_clean, RunOptions(inputs=ROOT / "calib_data/minilm_long"), RayOptions("auto", actors=3))
+
+
+@pytest.mark.parametrize("pause", [True, False])
+def test_an_actors_units_run_under_the_loops_interpreter_settings(minilm_clean, pause):
+    """A Ray actor infers its units as one process's loop does: the GIL switch interval at --switch-interval-us and,
+    with --gc-pause, the collector off while a unit runs; both restored after the unit, also when it fails. The actor
+    class is driven here in this process: what it does inside a unit needs no cluster to observe."""
+    import gc
+    import sys
+    from dataclasses import replace
+
+    from trtforge.run import RunOptions, prepare
+    from trtforge.scaleout.ray_run import RunWorker
+
+    options = RunOptions(inputs=ROOT / "calib_data/minilm_long", chunk=256, overlap=32, batch_size=8, warmup=0,
+                         precision_check=False, chunking_check=False, gc_pause=pause, switch_interval_us=300)
+    p = prepare(minilm_clean, options)
+    worker = RunWorker(replace(p, docs=[], chunks=[], reference=None, tokenizer=None), options,
+                       str(p.tokenizer.directory) if p.tokenizer else None, 1, None)
+    worker.setup([], 0)
+    seen, run_many = [], worker.target.run_many
+
+    def recording(items, *args, **kwargs):
+        seen.append((gc.isenabled(), sys.getswitchinterval()))
+        return run_many(items, *args, **kwargs)
+
+    worker.target.run_many = recording
+    interval = sys.getswitchinterval()
+    docs = [(d, doc) for d, doc in enumerate(p.docs)][:2]
+    chunks = [c for c in p.chunks if c.doc < 2]
+    result = worker.infer(0, chunks, docs)
+    assert result["docs"] == [0, 1] and result["batches"] >= 1
+    assert seen == [(not pause, pytest.approx(300e-6))]
+    assert gc.isenabled() and sys.getswitchinterval() == interval
+
+    def failing(items, *args, **kwargs):
+        raise RuntimeError("unit failed")
+
+    worker.target.run_many = failing
+    with pytest.raises(RuntimeError, match="unit failed"):
+        worker.infer(1, chunks, docs)
+    assert gc.isenabled() and sys.getswitchinterval() == interval

@@ -128,6 +128,9 @@ def test_bad_run_inputs(minilm_clean, tiny_fcn_clean, tmp_path):
                       "unknown --last-window 'sideways'; use full or short.")
     assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--ray", "auto", "--tokenize-processes", "2"),
                       "--plan-processes applies to one process's loop")
+    for flag, value in (("--plan-workers", "0"), ("--merge-workers", "2")):
+        assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--ray", "auto", flag, value),
+                          f"{flag} applies to one process's loop; with --ray the driver plans every input")
     data = tmp_path / "nan"
     data.mkdir()
     bad = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)

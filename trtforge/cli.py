@@ -475,6 +475,10 @@ def run_cmd(
     if ray:
         if options.plan_processes:
             raise UserError("--plan-processes applies to one process's loop; with --ray each actor plans its own inputs, drop it.")
+        for flag, value in (("--plan-workers", plan_workers), ("--merge-workers", merge_workers)):
+            if value is not None:
+                raise UserError(f"{flag} applies to one process's loop; with --ray the driver plans every input before the "
+                                "clock and each actor merges its units on one thread, drop it.")
         from trtforge.scaleout.ray_run import RayOptions, run_ray
 
         result = run_ray(target, options, RayOptions(ray, _positive(ray_actors, "--ray-actors")), progress=log)

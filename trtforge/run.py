@@ -25,10 +25,10 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -1100,48 +1100,41 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # outputs on one thread took 3.6x the GPU time). With planning, merging and collecting threads about,
     # the thread feeding the GPU must not wait Python's default 5 ms for the GIL: a shorter switch
     # interval while the loop runs.
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(options.switch_interval_us * 1e-6)
-    gc_was_on = gc.isenabled()
     stream = feeds()
     try:
         try:
-            if options.gc_pause:
-                gc.disable()
-            if planning is not None:
-                planning.submit(texts)
-            with ThreadPoolExecutor(max_workers=max(1, merge_workers), thread_name_prefix="trtforge-merge") as pool:
-                if not options.precision_check:
-                    def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
-                        # release: nothing reads a batch's chunks after its merge here, so the list lets go of them
-                        # and their windows' arrays are freed once merged. Kept to the end of the loop, every input's
-                        # planned arrays were fresh memory, page-faulted in by the planning threads: 1.2-1.6 faults
-                        # and ~2-3 us of planning CPU per window on the dev machine (4.9-5.8 against 2.8-3.2 us).
-                        b, batches[tag] = batches[tag], None
-                        if overlap and merge_workers == 0:  # here, on the collecting thread, before the slot is restaged
-                            merge(b, views, None, True, placements.pop(tag, None))
+            with interpreter_for_loop(options):  # the GIL switch interval, the collector paused
+                if planning is not None:
+                    planning.submit(texts)
+                with ThreadPoolExecutor(max_workers=max(1, merge_workers), thread_name_prefix="trtforge-merge") as pool:
+                    if not options.precision_check:
+                        def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
+                            # release: nothing reads a batch's chunks after its merge here, so the list lets go of them
+                            # and their windows' arrays are freed once merged. Kept to the end of the loop, every input's
+                            # planned arrays were fresh memory, page-faulted in by the planning threads: 1.2-1.6 faults
+                            # and ~2-3 us of planning CPU per window on the dev machine (4.9-5.8 against 2.8-3.2 us).
+                            b, batches[tag] = batches[tag], None
+                            if overlap and merge_workers == 0:  # here, on the collecting thread, before the slot is restaged
+                                merge(b, views, None, True, placements.pop(tag, None))
+                                return None
+                            if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
+                                return pool.submit(merge, b, views, None, True, placements.pop(tag, None))
+                            groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
+                            for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
+                                future.result()
                             return None
-                        if overlap:  # one merge thread per batch; the slot waits for it, the collector does not
-                            return pool.submit(merge, b, views, None, True, placements.pop(tag, None))
-                        groups = [g for g in np.array_split(np.arange(len(b)), merge_workers) if len(g)]
-                        for future in [pool.submit(merge, b, views, g.tolist(), True) for g in groups]:
-                            future.result()
-                        return None
 
-                    for _ in (target.run_many(stream, consume=consume, place=place) if copy_merge is not None else
-                              target.run_many(stream, consume=consume)):
-                        pass
-                else:
-                    pending = []
-                    for tag, out in target.run_many(stream):
-                        results[tag] = out  # kept for the ONNX Runtime comparison after the loop
-                        pending.append(pool.submit(merge, batches[tag], out))
-                    for future in pending:
-                        future.result()
+                        for _ in (target.run_many(stream, consume=consume, place=place) if copy_merge is not None else
+                                  target.run_many(stream, consume=consume)):
+                            pass
+                    else:
+                        pending = []
+                        for tag, out in target.run_many(stream):
+                            results[tag] = out  # kept for the ONNX Runtime comparison after the loop
+                            pending.append(pool.submit(merge, batches[tag], out))
+                        for future in pending:
+                            future.result()
         finally:
-            sys.setswitchinterval(interval)
-            if gc_was_on:
-                gc.enable()
             stream.close()  # on an error: no document is planned after this
             if planning is not None:
                 planning.close()
@@ -1254,6 +1247,23 @@ def _check_save_outputs(docs: list[Document], path: Path | None) -> None:
             raise UserError(f"inputs {seen[doc.name]} and {d} are both named '{doc.name}', so --save-outputs {path} would keep "
                             "only one of them; give the inputs distinct names.")
         seen[doc.name] = d
+
+
+@contextmanager
+def interpreter_for_loop(options: RunOptions) -> Iterator[None]:
+    """The interpreter as an inference loop wants it, restored after: the GIL switch interval at
+    --switch-interval-us, and, with --gc-pause, the cyclic garbage collector off (_collect_garbage says why;
+    left off if the caller had it off). Used by the one-process loop and by each Ray actor's units."""
+    interval, gc_was_on = sys.getswitchinterval(), gc.isenabled()
+    sys.setswitchinterval(options.switch_interval_us * 1e-6)
+    try:
+        if options.gc_pause:
+            gc.disable()
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        if gc_was_on:
+            gc.enable()
 
 
 def _collect_garbage() -> float:

@@ -33,8 +33,9 @@ from trtforge import __version__
 from trtforge.artifacts import write_json_atomic
 from trtforge.comparator import Comparator
 from trtforge.report import SCHEMA
-from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _check_save_outputs, _latency, _Merger, add_precision, chunking_error_of, gates_for,
-                          chunking_summary, make_batches, precision_summary, prepare, self_referenced, stack)
+from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _check_save_outputs, _collect_garbage, _latency, _Merger, add_precision,
+                          chunking_error_of, chunking_summary, gates_for, interpreter_for_loop, make_batches, precision_summary, prepare,
+                          self_referenced, stack)
 from trtforge.errors import UserError
 from trtforge.scaleout.pool import Pool, connect, require_ray
 from trtforge.scaleout.shard import Ledger, plan_units, unit_size, worker_figures
@@ -70,6 +71,8 @@ class RunWorker:
         for _ in range(warmup):
             list(self.target.run_many([(None, stack(b)) for b in warm]))
         self.target.timings.clear()
+        if options.gc_pause:  # the units then run with the collector off (_infer), as one process's loop does
+            _collect_garbage()
         return {"label": self.target.label, "host": socket.gethostname(), "pid": os.getpid(),
                 "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
@@ -77,8 +80,9 @@ class RunWorker:
         batches = make_batches(chunks, self.p.batch_cap, self.options.naive)
         outs: list[dict[str, np.ndarray]] = []
         start = time.perf_counter()
-        # As in one process: merging on one thread overlaps the inference of the next batches.
-        with ThreadPoolExecutor(max_workers=1) as pool:
+        # As in one process: merging on one thread overlaps the inference of the next batches, under the loop's GIL
+        # switch interval and with the collector paused (--gc-pause).
+        with interpreter_for_loop(self.options), ThreadPoolExecutor(max_workers=1) as pool:
             pending = []
             for tag, out in self.target.run_many((i, stack(b)) for i, b in enumerate(batches)):
                 outs.append(out)
