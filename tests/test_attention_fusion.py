@@ -17,7 +17,7 @@ from conftest import assert_user_error, export_zoo, require, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
-from trtforge.fusion.attention import Projection, fuse_attention, pack_qkv, reference_attention, refuse_padding
+from trtforge.fusion.attention import Projection, find_candidates, fuse_attention, pack_qkv, reference_attention, refuse_padding
 from trtforge.fusion.plugins import PLUGIN, attention_route, backend_route
 from trtforge.fusion.step import attention_fusion, describe, sm_of
 
@@ -240,6 +240,7 @@ def test_a_classifier_softmax_is_not_attention():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     _, report = fuse_attention(model, {"x": np.ones((2, 8), np.float32)}, _route_any, "x")
     assert not report.replaced and "MatMul(probs, V)" in report.refused[0]["reason"]
+    assert [c.attention for c in find_candidates(model)] == [False]  # nor what a native route expects fused
 
 
 @pytest.mark.parametrize("scale,head,padded", [(0.125, 64, 64), (0.3, 48, 64), (1.0, 20, 32)])
@@ -435,3 +436,83 @@ def test_fp32_projections_with_an_fp16_bias_give_a_valid_graph(qkv_projection):
     want = OrtRunner(model.SerializeToString()).run({"x": x})["y"]
     got = OrtRunner(emulate_plugins(fused, 32, onnx.TensorProto.FLOAT16).SerializeToString()).run({"x": x})["y"]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+
+
+# -- what the engine shows (fusion/engine_evidence.py) ---------------------------------------------------------------
+
+def _layer(name, tactic="", kind="kgen"):
+    return {"Name": name, "LayerType": kind, "TacticName": tactic}
+
+
+def test_fused_attention_layers_are_counted_by_kernel_or_plugin_node_and_nothing_else():
+    from trtforge.fusion.engine_evidence import fused_attention_layers
+
+    myelin = [_layer("_gemm_mha_v2_myl1_7", "_gemm_mha_v2_0x51"), _layer("_gemm_mha_v2_myl3_7", "_gemm_mha_v2_0x9b"),
+              _layer("__myl_SlicReshMulAddMaxrSubExpSumDivMul_myl1_23"),  # an unfused softmax
+              _layer("/bert/encoder/layer.0/attention/self/MatMul_myl1_6", kind="gemm"),
+              _layer("/vision/flashlight_head/Conv"), _layer("/enc/ohmha/MatMul", kind="gemm")]  # names, not kernels
+    assert fused_attention_layers(myelin) == {"layers": 2, "kinds": {"_gemm_mha_v2": 2}}
+    tactics = [_layer("attn", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16"),
+               _layer("attn2", "fmha_v2_fp16_512_64_sm90_kernel")]
+    assert fused_attention_layers(tactics)["layers"] == 2
+    plugins = [_layer("fused_attention_0/qkv_to_context", kind="PluginV2"),
+               _layer("fused_attention_0/qkv_to_context [profile 1]", kind="PluginV2"),
+               _layer("fused_attention_0/x_to_tokens", kind="Shuffle")]
+    found = fused_attention_layers(plugins, ["fused_attention_0/qkv_to_context"])
+    assert found == {"layers": 2, "kinds": {"attention plugin layer": 2}}
+    assert fused_attention_layers(plugins)["layers"] == 0  # a plugin layer counts only as one the pass wrote
+
+
+def test_attention_evidence_compares_per_profile_and_says_what_is_missing():
+    from trtforge.fusion.engine_evidence import attention_evidence, evidence_lines, shortfall_warning
+
+    native = {"route": "native", "attentions": ["s0", "s1"]}
+    layers = [_layer(f"_gemm_mha_v2_myl{p}_{i}") for p in (1, 3) for i in (7, 17)]
+    native["engine"] = attention_evidence(native, layers, profiles=2)
+    assert native["engine"]["per_profile"] == 2 and native["engine"]["expected_per_profile"] == 2
+    assert evidence_lines(native, "fp16") == ["  in the engine: 2 of 2 attention(s) fused per profile (_gemm_mha_v2 x4)"]
+    assert shortfall_warning(native, "fp16", "m.engine") is None
+    native["engine"] = attention_evidence(native, layers[:1] + layers[2:3], profiles=2)  # one of two per profile
+    assert "only 1 of 2 attention(s) fused per profile" in evidence_lines(native, "fp16")[0]
+    assert "m.engine: only 1 of 2 attention(s) are fused" in shortfall_warning(native, "fp16", "m.engine")
+    native["engine"] = attention_evidence(native, [_layer("/MatMul", kind="gemm")], profiles=1)
+    line = evidence_lines(native, "fp32")[0]
+    assert "none of the 2 attention(s) fused" in line and "build --precision fp16" in line
+    assert shortfall_warning(native, "fp32", "m.engine") is None  # fp32: said, not warned
+    plugin = {"route": "plugin", "replaced": [{"node": "fused_attention_0/qkv_to_context"}]}
+    plugin["engine"] = attention_evidence(plugin, [_layer("fused_attention_0/qkv_to_context", kind="PluginV2")], 1)
+    assert evidence_lines(plugin, "fp16") == ["  in the engine: 1 of 1 attention(s) fused (attention plugin layer x1)"]
+    unknown = {"route": "native", "attentions": ["s0"]}
+    unknown["engine"] = attention_evidence(unknown, None, 1, "cannot deserialize here")
+    assert evidence_lines(unknown, "fp16") == ["  in the engine: not known (cannot deserialize here)"]
+    assert shortfall_warning(unknown, "fp16", "m.engine") is None
+
+
+@pytest.mark.parametrize("key", EXPORTS, ids=lambda key: "-".join(key))
+def test_tensorrt_rtx_fuses_every_zoo_attention_in_fp16_and_the_build_proves_it(zoo, key, tmp_path):
+    """The native route (TensorRT 10+ / TensorRT-RTX fuse attention themselves) checked on the engine: each zoo model's
+    attentions (BERT, RoBERTa, ViT, GPT-2 causal; both exporters) are Myelin fused-attention layers in the fp16 build,
+    counted from the engine's layers against the graph's attentions; `inspect` prints the count."""
+    require("tensorrt_rtx")
+    from trtforge.build import build
+
+    warnings: list[str] = []
+    result = build(zoo[key], tmp_path / "m.engine", "fp16", None, backend="tensorrt_rtx", warn=warnings.append)
+    record = result.sidecar["attention_fusion"]
+    assert record["route"] == "native" and len(record["attentions"]) == 2  # the small zoo configs: 2 layers
+    engine = record["engine"]
+    assert engine["known"] and engine["per_profile"] == engine["expected_per_profile"] == 2, engine
+    assert set(engine["kinds"]) == {"_gemm_mha_v2"} and not [w for w in warnings if "fused in the engine" in w]
+    proc = run_cli("inspect", str(tmp_path / "m.engine"))
+    assert proc.returncode == 0 and "in the engine: 2 of 2 attention(s) fused" in proc.stdout
+
+
+def test_an_fp32_engine_says_its_attention_is_not_fused(zoo, tmp_path):
+    require("tensorrt_rtx")
+    from trtforge.build import build
+
+    result = build(zoo[("bert", "legacy")], tmp_path / "m.engine", "fp32", None, backend="tensorrt_rtx")
+    engine = result.sidecar["attention_fusion"]["engine"]
+    assert engine["known"] and engine["per_profile"] == 0 and engine["expected_per_profile"] == 2
+    proc = run_cli("inspect", str(tmp_path / "m.engine"))
+    assert proc.returncode == 0 and "none of the 2 attention(s) fused" in proc.stdout

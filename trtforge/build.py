@@ -232,7 +232,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    sidecar.update(_layer_info(mod, out, profiles, output, warn))
+    fields, layers = _layer_info(mod, out, profiles, output, warn)
+    sidecar.update(fields)
+    _attention_evidence(sidecar, layers, len(profiles), output, warn)
     with output_lock(output):
         write_sidecar(output, sidecar)
     if engine_check:
@@ -347,9 +349,25 @@ def _fuse_elementwise(mod: TrtModule, model: onnx.ModelProto, observe_model: onn
     return current, records
 
 
+def _attention_evidence(sidecar: dict[str, Any], layers: list[dict[str, Any]] | None, profiles: int, output: Path,
+                        warn: Callable[[str], None]) -> None:
+    """The engine's fused-attention layers against the graph's attentions (fusion/engine_evidence.py), into the
+    sidecar's attention_fusion["engine"]; a warning where an fp16 engine left some unfused."""
+    from trtforge.fusion.engine_evidence import attention_evidence, shortfall_warning
+
+    record = sidecar.get("attention_fusion")
+    if not record:
+        return
+    record["engine"] = attention_evidence(record, layers, profiles, sidecar.get("layer_info_unavailable"))
+    message = shortfall_warning(record, sidecar["precision"], output.name)
+    if message:
+        warn(message)
+
+
 def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], output: Path,
-                warn: Callable[[str], None]) -> dict[str, Any]:
-    """Sidecar fields describing the engine's layers; writes ENGINE.layers.json. Never raises.
+                warn: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """Sidecar fields describing the engine's layers, and the layers (None where there are none); writes
+    ENGINE.layers.json. Never raises.
 
     Sources: the engine inspector (needs a GPU that can load the engine) and the builder's verbose
     layer log (always there; on 8.6 the only one with precisions for dynamic shapes). The layers kept
@@ -377,7 +395,7 @@ def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], outpu
         write_json_atomic(layers_file, {"source": source, "inspector": inspector, "layers": layers,
                                         "build_log": out.layer_log[:LAYER_LOG_KEEP]})
         fields.update(layer_info=layers_file.name, layer_source=source, layer_summary=summarize_layers(layers))
-    return fields
+    return fields, (layers or None)
 
 
 LAYER_LOG_KEEP = 2_000_000  # characters of the builder's layer report kept in ENGINE.layers.json

@@ -300,7 +300,7 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
         con.print(f"engine inspector failed: {side['inspector']['error']}", markup=False)
     from trtforge.fusion.step import describe, describe_gelu, describe_gemm, describe_skip_layernorm
 
-    for line in describe(side.get("attention_fusion") or {}) + describe_gelu(side.get("gelu_fusion") or {}) \
+    for line in describe(side.get("attention_fusion") or {}, side.get("precision")) + describe_gelu(side.get("gelu_fusion") or {}) \
             + describe_skip_layernorm(side.get("skip_layernorm_fusion") or {}) + describe_gemm(side.get("gemm_fusion") or {}):
         con.print(line, markup=False)
     for lib in side.get("plugin_libraries") or []:
@@ -327,6 +327,12 @@ def inspect(
 
         data = _json.loads(layers_file.read_text())
         summary = summarize_layers(data["layers"] if isinstance(data, dict) else data)  # a list: older trtforge
+    fusion = side.get("attention_fusion")
+    if fusion and "engine" not in fusion and layers_file.is_file():  # an engine built before the evidence was recorded
+        from trtforge.fusion.engine_evidence import attention_evidence
+
+        data = _json.loads(layers_file.read_text())
+        fusion["engine"] = attention_evidence(fusion, data["layers"] if isinstance(data, dict) else data, len(side["profiles"]))
     if json_out:
         ui.print_json({"path": str(engine), **side, "layer_summary": summary})
         return

@@ -56,6 +56,9 @@ class Candidate:
     seq: int | None = None  # observed sequence length (at the largest profile sizes when called from build)
     io_dtype: Any = np.float32  # the context tensor's observed type: what the plugin reads and writes
     reason: str | None = None
+    # an attention whatever the pass makes of it: the softmax reads MatMul(Q, Kᵀ) and feeds MatMul(probs, V) (through
+    # Q/DQ where quantized); what a TensorRT that fuses attention itself is expected to fuse
+    attention: bool = False
 
 
 @dataclass
@@ -361,6 +364,7 @@ def find_candidates(model: onnx.ModelProto) -> list[Candidate]:
         pv = _pv_matmul(g, node.output[0])
         quantized = any(_is_dequantized_activation(g, t) for t in scores.input[:2]) or (
             pv is None and any(u.op_type == "QuantizeLinear" for u in g.data_consumers(node.output[0])))
+        cand.attention = pv is not None or quantized
         if quantized:
             cand.reason = ("the attention's batched MatMuls are quantized (calibrate --quantize-attention): the plugin "
                            "runs them fp16 and would drop their Q/DQ; calibrate without it to fuse")

@@ -12,7 +12,8 @@ import numpy as np
 import onnx
 
 from trtforge.errors import UserError
-from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, fuse_attention
+from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, find_candidates, fuse_attention
+from trtforge.fusion.engine_evidence import evidence_lines
 from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY_PLUGIN, PLUGIN_VERSION as GEMM_ONLY_VERSION, fuse_gemm
 from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION, PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
 from trtforge.fusion.plugins import (FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, Route, attention_route,
@@ -83,6 +84,8 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     if base.kind != "plugin":
         if mode == "on" and base.kind == "none":
             raise UserError(f"--fuse-attention on: {base.reason}; use --fuse-attention auto or off.")
+        if base.kind == "native":  # what the engine's layers are checked against after the build (engine_evidence.py)
+            record["attentions"] = [c.softmax for c in find_candidates(model) if c.attention]
         return None, record
     why_not = None
     if precision not in ("fp16", "best"):
@@ -271,8 +274,8 @@ def _refused_by_reason(record: dict[str, Any], key: str) -> list[str]:
     return [f"  not fused ({len(names)}): {reason}" for reason, names in reasons.items()]
 
 
-def describe(record: dict[str, Any]) -> list[str]:
-    """Lines for the build output: what was replaced, what was not and why."""
+def describe(record: dict[str, Any], precision: str | None = None) -> list[str]:
+    """Lines for the build output: what was replaced, what was not and why, and what the engine's layers show."""
     if not record:
         return []
     lines = [f"attention fusion ({record.get('mode')}): {record.get('why')}"]
@@ -285,7 +288,7 @@ def describe(record: dict[str, Any]) -> list[str]:
     lines += _refused_by_reason(record, "softmax")
     if not record.get("padding_allowed", True):
         lines.append(f"  unmasked kernels: run refuses padded {', '.join(record.get('mask_inputs') or [])}")
-    return lines
+    return lines + evidence_lines(record, precision)
 
 
 __all__ = ["FusionReport", "GELU_PASS", "GEMM_PASS", "QKV_CHOICES", "qkv_gemm_applies", "resolve_qkv_projection", "SKIP_LN_PASS", "attention_fusion", "describe", "describe_gelu", "describe_gemm",
