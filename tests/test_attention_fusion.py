@@ -451,15 +451,15 @@ def test_fused_attention_layers_are_counted_by_kernel_or_plugin_node_and_nothing
               _layer("__myl_SlicReshMulAddMaxrSubExpSumDivMul_myl1_23"),  # an unfused softmax
               _layer("/bert/encoder/layer.0/attention/self/MatMul_myl1_6", kind="gemm"),
               _layer("/vision/flashlight_head/Conv"), _layer("/enc/ohmha/MatMul", kind="gemm")]  # names, not kernels
-    assert fused_attention_layers(myelin) == {"layers": 2, "kinds": {"_gemm_mha_v2": 2}}
+    assert fused_attention_layers(myelin, profiles=2) == {"layers": 2, "kinds": {"_gemm_mha_v2": 2}, "by_profile": [1, 1]}
     tactics = [_layer("attn", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16"),
                _layer("attn2", "fmha_v2_fp16_512_64_sm90_kernel")]
     assert fused_attention_layers(tactics)["layers"] == 2
     plugins = [_layer("fused_attention_0/qkv_to_context", kind="PluginV2"),
                _layer("fused_attention_0/qkv_to_context [profile 1]", kind="PluginV2"),
                _layer("fused_attention_0/x_to_tokens", kind="Shuffle")]
-    found = fused_attention_layers(plugins, ["fused_attention_0/qkv_to_context"])
-    assert found == {"layers": 2, "kinds": {"attention plugin layer": 2}}
+    found = fused_attention_layers(plugins, ["fused_attention_0/qkv_to_context"], profiles=2)
+    assert found == {"layers": 2, "kinds": {"attention plugin layer": 2}, "by_profile": [1, 1]}
     assert fused_attention_layers(plugins)["layers"] == 0  # a plugin layer counts only as one the pass wrote
 
 
@@ -470,11 +470,17 @@ def test_attention_evidence_compares_per_profile_and_says_what_is_missing():
     layers = [_layer(f"_gemm_mha_v2_myl{p}_{i}") for p in (1, 3) for i in (7, 17)]
     native["engine"] = attention_evidence(native, layers, profiles=2)
     assert native["engine"]["per_profile"] == 2 and native["engine"]["expected_per_profile"] == 2
-    assert evidence_lines(native, "fp16") == ["  in the engine: 2 of 2 attention(s) fused per profile (_gemm_mha_v2 x4)"]
+    assert native["engine"]["by_profile"] == [2, 2]  # Myelin graphs 1 and 3: profiles 0 and 1
+    assert evidence_lines(native, "fp16") == ["  in the engine: 2 of 2 attention(s) fused in every profile (_gemm_mha_v2 x4)"]
     assert shortfall_warning(native, "fp16", "m.engine") is None
-    native["engine"] = attention_evidence(native, layers[:1] + layers[2:3], profiles=2)  # one of two per profile
-    assert "only 1 of 2 attention(s) fused per profile" in evidence_lines(native, "fp16")[0]
-    assert "m.engine: only 1 of 2 attention(s) are fused" in shortfall_warning(native, "fp16", "m.engine")
+    # A KV-cache engine: prefill profiles run _gemm_mha, the decode profile _gemv_mha; here its second one is unfused.
+    kv = [_layer(f"_gemm_mha_v2_myl{g}_{i}") for g in (1, 3) for i in (7, 18)] + [_layer("_gemv_mha_v1_myl5_7"),
+                                                                                 _layer("__myl_MulAddMaxrSubExpSumDiv_myl5_18")]
+    native["engine"] = attention_evidence(native, kv, profiles=3)
+    assert native["engine"]["by_profile"] == [2, 2, 1] and native["engine"]["per_profile"] == 1
+    line = evidence_lines(native, "fp16")[0]
+    assert "only 1 of 2 attention(s) fused in some profile" in line and "by profile: 2, 2, 1" in line
+    assert "m.engine: only 1 of 2 attention(s) are fused in the engine in some optimization profile" in shortfall_warning(native, "fp16", "m.engine")
     native["engine"] = attention_evidence(native, [_layer("/MatMul", kind="gemm")], profiles=1)
     line = evidence_lines(native, "fp32")[0]
     assert "none of the 2 attention(s) fused" in line and "build --precision fp16" in line

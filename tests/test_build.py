@@ -152,3 +152,36 @@ def test_parser_error_names_the_node(tmp_path):
     proc = run_cli("build", str(path), "-o", str(tmp_path / "b.engine"))
     assert_user_error(proc, "ONNX parser rejected badop.onnx", "node 'fancy_layer' (FancyOp)")
     assert not (tmp_path / "b.engine").exists()
+
+
+def test_a_build_never_writes_over_the_onnx_it_builds_or_its_parents(minilm_onnx, minilm_clean, tmp_path):
+    """The fp16 graph a build converts goes beside the engine as ENGINE_STEM.onnx, unless that is the ONNX being
+    built, one it was made from, or a file no build wrote: then ENGINE_STEM.PRECISION.onnx (`build m.onnx -o m.engine`
+    used to replace m.onnx itself). An engine path that is the source ONNX is refused (exit 2)."""
+    import hashlib
+    import shutil
+
+    def digest(path):
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    shutil.copy(minilm_onnx, tmp_path / "m.onnx")  # the export, and the clean ONNX made from it
+    shutil.copy(minilm_clean, tmp_path / "m.clean.onnx")
+    side = json.loads(minilm_clean.with_name(minilm_clean.name + ".json").read_text())
+    (tmp_path / "m.clean.onnx.json").write_text(json.dumps({**side, "parent": str(tmp_path / "m.onnx")}))
+    shutil.copy(minilm_onnx.with_name(minilm_onnx.name + ".json"), tmp_path / "m.onnx.json")
+    (tmp_path / "other.onnx").write_bytes(b"a file of the user's, no sidecar")
+    before = {name: digest(tmp_path / name) for name in ("m.onnx", "m.clean.onnx", "other.onnx")}
+    common = ("--precision", "fp16", "--tiers", "64", "--fuse-attention", "off")
+    for source, engine, converted in (("m.clean.onnx", "m.clean.engine", "m.clean.fp16.onnx"),  # the source's own name
+                                      ("m.clean.onnx", "m.engine", "m.fp16.onnx"),  # its parent's name
+                                      ("m.clean.onnx", "other.engine", "other.fp16.onnx"),  # a file no build wrote
+                                      ("m.clean.onnx", "free.engine", "free.onnx"),  # nothing there: the usual name
+                                      ("m.clean.onnx", "free.engine", "free.onnx")):  # its own earlier output: replaced
+        proc = run_cli("build", str(tmp_path / source), *common, "-o", str(tmp_path / engine))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        built = json.loads((tmp_path / (engine + ".json")).read_text())["built_onnx"]
+        assert built == str(tmp_path / converted) and (tmp_path / converted).is_file()
+    assert {name: digest(tmp_path / name) for name in before} == before
+    assert_user_error(run_cli("build", str(tmp_path / "m.clean.onnx"), *common, "-o", str(tmp_path / "m.onnx")),
+                      "is the ONNX being built (or one it was made from)")
+    assert digest(tmp_path / "m.onnx") == before["m.onnx"]

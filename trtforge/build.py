@@ -155,7 +155,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     tier_plan = parse_tiers(tiers, config_tiers or {}, axes, lengths, tier_count)
     profiles, phases = plan_kv_profiles(specs, axes, tier_plan, kv) if kv else (plan_profiles(specs, axes, tier_plan), None)
     output = Path(output) if output else default_engine_path(onnx_path, precision)
-
+    if output.resolve() in _lineage(onnx_path):
+        raise UserError(f"-o {output} is the ONNX being built (or one it was made from); name the engine another file, "
+                        f"e.g. {default_engine_path(onnx_path, precision)}.")
     ensure_writable_dir(output)
     converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes)
     identity = runtime_identity(mod)
@@ -177,7 +179,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         source = onnx_path
         if converted is not None:
             # The converted model is staged and only moved beside the engine once the engine exists.
-            built_onnx = output.with_name(output.name.removesuffix(".engine") + ".onnx")
+            built_onnx = converted_onnx_path(output, precision, onnx_path)
             source = save_onnx(converted, staging / built_onnx.name)
             model = converted
         options.has_fp16, options.has_qdq = model_traits(model)
@@ -347,6 +349,38 @@ def _fuse_elementwise(mod: TrtModule, model: onnx.ModelProto, observe_model: onn
                                                       feeds if wants and registered else None, onnx_path.name, fuse_options)
         current = fused if fused is not None else current
     return current, records
+
+
+def _lineage(onnx_path: Path) -> set[Path]:
+    """The ONNX and every ONNX it was made from (its sidecars' parents), resolved: files a build must never overwrite."""
+    from trtforge.tokenize import sidecar_chain
+
+    return {Path(onnx_path).resolve()} | {path.resolve() for path, _ in sidecar_chain(onnx_path)}
+
+
+def converted_onnx_path(output: Path, precision: str, onnx_path: Path) -> Path:
+    """Where a build saves the graph it converted or fused: ENGINE_STEM.onnx beside the engine, or ENGINE_STEM.PRECISION.onnx
+    where the first is not a file this build may replace. Replaceable: no file, or an earlier build's converted graph
+    (its sidecar's step is "precision") that is not the ONNX being built or one it was made from. Why: `build m.onnx -o
+    m.engine` wrote its fp16 graph over m.onnx itself, and `-o m.engine` over m.clean.onnx's parent m.onnx, losing the
+    source and the reference `run` compares against."""
+    lineage = _lineage(onnx_path)
+    stem = output.name.removesuffix(".engine")
+    for name in (f"{stem}.onnx", f"{stem}.{precision}.onnx"):
+        candidate = output.with_name(name)
+        if candidate.resolve() in lineage:
+            continue
+        if candidate.exists():
+            try:
+                ours = (read_sidecar(candidate, required=False) or {}).get("step") == "precision"
+            except UserError:
+                ours = False
+            if not ours:
+                continue
+        return candidate
+    raise UserError(f"the {precision} graph of {onnx_path} would replace {output.with_name(stem + '.onnx')} or "
+                    f"{output.with_name(f'{stem}.{precision}.onnx')}, which this build did not write; name the engine "
+                    "another file with -o.")
 
 
 def _attention_evidence(sidecar: dict[str, Any], layers: list[dict[str, Any]] | None, profiles: int, output: Path,
