@@ -152,3 +152,17 @@ def test_cache_engine_builds_with_prefill_and_decode_profiles(llama_kv, tmp_path
     assert decode["axes"]["seq"] == [1, 1, 1] and decode["shapes"]["past_key_0"]["max"] == [4, 2, 1536, 16]
     io = {t["name"]: t for t in side["io"]}
     assert io["present_value_1"]["mode"] == "output" and io["past_key_0"]["dtype"] == "float32"
+
+
+def test_an_fp16_cache_engine_fuses_attention_in_prefill_and_decode(llama_kv, tmp_path):
+    """TensorRT-RTX fuses the cache engine's attentions in every profile, the decode profile (one query against the
+    cache) with its own kernel; the build counts them per profile from the engine's layers."""
+    require("tensorrt_rtx")
+    proc = run_cli("build", str(llama_kv), "--precision", "fp16", "--tiers", "seq=64;past=0,512", "-o",
+                   str(tmp_path / "kv16.engine"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(proc.stdout)["attention_fusion"]
+    engine = record["engine"]
+    assert record["route"] == "native" and len(record["attentions"]) == 2
+    assert engine["profiles"] == 3 and engine["by_profile"] == [2, 2, 2], engine  # 2 prefill profiles, 1 decode
+    assert set(engine["kinds"]) == {"_gemm_mha_v2", "_gemv_mha_v1"}
