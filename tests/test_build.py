@@ -156,32 +156,50 @@ def test_parser_error_names_the_node(tmp_path):
 
 def test_a_build_never_writes_over_the_onnx_it_builds_or_its_parents(minilm_onnx, minilm_clean, tmp_path):
     """The fp16 graph a build converts goes beside the engine as ENGINE_STEM.onnx, unless that is the ONNX being
-    built, one it was made from, or a file no build wrote: then ENGINE_STEM.PRECISION.onnx (`build m.onnx -o m.engine`
-    used to replace m.onnx itself). An engine path that is the source ONNX is refused (exit 2)."""
+    built, one it was made from (however its sidecar recorded the parent: relative to another folder, without a sidecar
+    of its own, behind a symlink), or a file no build wrote: then ENGINE_STEM.PRECISION.onnx (`build m.onnx -o m.engine`
+    used to replace m.onnx itself). An engine path that is the source or a parent is refused (exit 2)."""
     import hashlib
     import shutil
 
     def digest(path):
         return hashlib.sha256(path.read_bytes()).hexdigest()
 
-    shutil.copy(minilm_onnx, tmp_path / "m.onnx")  # the export, and the clean ONNX made from it
-    shutil.copy(minilm_clean, tmp_path / "m.clean.onnx")
-    side = json.loads(minilm_clean.with_name(minilm_clean.name + ".json").read_text())
-    (tmp_path / "m.clean.onnx.json").write_text(json.dumps({**side, "parent": str(tmp_path / "m.onnx")}))
-    shutil.copy(minilm_onnx.with_name(minilm_onnx.name + ".json"), tmp_path / "m.onnx.json")
-    (tmp_path / "other.onnx").write_bytes(b"a file of the user's, no sidecar")
-    before = {name: digest(tmp_path / name) for name in ("m.onnx", "m.clean.onnx", "other.onnx")}
+    a = tmp_path / "a"
+    a.mkdir()
+    clean_side = json.loads(minilm_clean.with_name(minilm_clean.name + ".json").read_text())
+
+    def artifact(name, source, **side):
+        shutil.copy(source, a / name)
+        (a / f"{name}.json").write_text(json.dumps({**clean_side, **side}))
+
+    shutil.copy(minilm_onnx, a / "m.onnx")  # the export: its sidecar is deleted below, the parent link stays
+    artifact("m.clean.onnx", minilm_clean, parent="m.onnx")  # recorded relative, as typed in folder a
+    artifact("x.onnx", minilm_clean, step="precision", parent="m.clean.onnx")  # an earlier build's converted graph...
+    artifact("y.onnx", minilm_clean, parent="x.onnx")  # ...that a later ONNX was made from
+    (a / "other.onnx").write_bytes(b"a file of the user's, no sidecar")
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / "s.onnx").symlink_to(a / "m.clean.onnx")  # no sidecar beside the link
+    names = ("m.onnx", "m.clean.onnx", "x.onnx", "y.onnx", "other.onnx")
+    before = {name: digest(a / name) for name in names}
     common = ("--precision", "fp16", "--tiers", "64", "--fuse-attention", "off")
-    for source, engine, converted in (("m.clean.onnx", "m.clean.engine", "m.clean.fp16.onnx"),  # the source's own name
-                                      ("m.clean.onnx", "m.engine", "m.fp16.onnx"),  # its parent's name
-                                      ("m.clean.onnx", "other.engine", "other.fp16.onnx"),  # a file no build wrote
-                                      ("m.clean.onnx", "free.engine", "free.onnx"),  # nothing there: the usual name
-                                      ("m.clean.onnx", "free.engine", "free.onnx")):  # its own earlier output: replaced
-        proc = run_cli("build", str(tmp_path / source), *common, "-o", str(tmp_path / engine))
+    cases = (("a/m.clean.onnx", "m.clean.engine", "m.clean.fp16.onnx"),  # the source's own name
+             ("a/m.clean.onnx", "m.engine", "m.fp16.onnx"),  # its parent's, recorded relative to folder a
+             ("a/y.onnx", "x.engine", "x.fp16.onnx"),  # a parent that an earlier build wrote
+             ("link/s.onnx", "m.engine", "m.fp16.onnx"),  # through a symlink to m.clean.onnx
+             ("a/m.clean.onnx", "other.engine", "other.fp16.onnx"),  # a file no build wrote
+             ("a/m.clean.onnx", "free.engine", "free.onnx"),  # nothing there: the usual name
+             ("a/m.clean.onnx", "free.engine", "free.onnx"))  # its own earlier output: replaced
+    for source, engine, converted in cases:  # run from tmp_path, not from folder a
+        proc = run_cli("build", source, *common, "-o", f"a/{engine}", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        built = json.loads((tmp_path / (engine + ".json")).read_text())["built_onnx"]
-        assert built == str(tmp_path / converted) and (tmp_path / converted).is_file()
-    assert {name: digest(tmp_path / name) for name in before} == before
-    assert_user_error(run_cli("build", str(tmp_path / "m.clean.onnx"), *common, "-o", str(tmp_path / "m.onnx")),
-                      "is the ONNX being built (or one it was made from)")
-    assert digest(tmp_path / "m.onnx") == before["m.onnx"]
+        built = json.loads((a / (engine + ".json")).read_text())["built_onnx"]
+        assert built == f"a/{converted}" and (a / converted).is_file(), (source, engine, built)
+    assert {name: digest(a / name) for name in names} == before
+    (a / "m.onnx.json").unlink(missing_ok=True)
+    for source, engine, what in (("a/m.clean.onnx", "a/m.onnx", "is the file m.clean.onnx was made from"),
+                                 ("link/s.onnx", "a/m.onnx", "is the file s.onnx was made from"),
+                                 ("a/y.onnx", "a/x.onnx", "is the file y.onnx was made from"),
+                                 ("a/y.onnx", "a/y.onnx", "is the ONNX being built")):
+        assert_user_error(run_cli("build", source, *common, "-o", engine, cwd=tmp_path), f"-o {engine} {what}")
+    assert {name: digest(a / name) for name in names} == before

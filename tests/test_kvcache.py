@@ -164,5 +164,5 @@ def test_an_fp16_cache_engine_fuses_attention_in_prefill_and_decode(llama_kv, tm
     record = json.loads(proc.stdout)["attention_fusion"]
     engine = record["engine"]
     assert record["route"] == "native" and len(record["attentions"]) == 2
-    assert engine["profiles"] == 3 and engine["by_profile"] == [2, 2, 2], engine  # 2 prefill profiles, 1 decode
+    assert engine["profiles"] == 3 and engine["by_profile"] == [2, 2, 2] and engine["complete"], engine  # 2 prefill, 1 decode
     assert set(engine["kinds"]) == {"_gemm_mha_v2", "_gemv_mha_v1"}

@@ -149,9 +149,10 @@ def test_more_actors_than_the_cluster_holds_is_a_user_error(minilm_clean, ray_cl
 
 @pytest.mark.parametrize("pause", [True, False])
 def test_an_actors_units_run_under_the_loops_interpreter_settings(minilm_clean, pause):
-    """A Ray actor infers its units as one process's loop does: the GIL switch interval at --switch-interval-us and,
-    with --gc-pause, the collector off while a unit runs; both restored after the unit, also when it fails. The actor
-    class is driven here in this process: what it does inside a unit needs no cluster to observe."""
+    """A Ray actor infers its units as one process's loop does: the GIL switch interval at --switch-interval-us while a
+    unit runs (restored after it, also when it fails) and, with --gc-pause, the collector off from setup (after one
+    collection) through every unit until judging, which is off the clock. The actor class is driven here in this
+    process: what it does needs no cluster to observe."""
     import gc
     import sys
     from dataclasses import replace
@@ -164,26 +165,33 @@ def test_an_actors_units_run_under_the_loops_interpreter_settings(minilm_clean, 
     p = prepare(minilm_clean, options)
     worker = RunWorker(replace(p, docs=[], chunks=[], reference=None, tokenizer=None), options,
                        str(p.tokenizer.directory) if p.tokenizer else None, 1, None)
-    worker.setup([], 0)
-    seen, run_many = [], worker.target.run_many
-
-    def recording(items, *args, **kwargs):
-        seen.append((gc.isenabled(), sys.getswitchinterval()))
-        return run_many(items, *args, **kwargs)
-
-    worker.target.run_many = recording
     interval = sys.getswitchinterval()
-    docs = [(d, doc) for d, doc in enumerate(p.docs)][:2]
-    chunks = [c for c in p.chunks if c.doc < 2]
-    result = worker.infer(0, chunks, docs)
-    assert result["docs"] == [0, 1] and result["batches"] >= 1
-    assert seen == [(not pause, pytest.approx(300e-6))]
-    assert gc.isenabled() and sys.getswitchinterval() == interval
+    try:
+        worker.setup([], 0)
+        assert gc.isenabled() is not pause
+        seen, run_many = [], worker.target.run_many
 
-    def failing(items, *args, **kwargs):
-        raise RuntimeError("unit failed")
+        def recording(items, *args, **kwargs):
+            seen.append((gc.isenabled(), sys.getswitchinterval()))
+            return run_many(items, *args, **kwargs)
 
-    worker.target.run_many = failing
-    with pytest.raises(RuntimeError, match="unit failed"):
-        worker.infer(1, chunks, docs)
-    assert gc.isenabled() and sys.getswitchinterval() == interval
+        worker.target.run_many = recording
+        docs = [(d, doc) for d, doc in enumerate(p.docs)][:2]
+        chunks = [c for c in p.chunks if c.doc < 2]
+        for unit in (0, 1):
+            result = worker.infer(unit, chunks, docs)
+            assert result["docs"] == [0, 1] and result["batches"] >= 1
+            assert gc.isenabled() is not pause and sys.getswitchinterval() == interval  # between units
+        assert seen == [(not pause, pytest.approx(300e-6))] * 2
+
+        def failing(items, *args, **kwargs):
+            raise RuntimeError("unit failed")
+
+        worker.target.run_many = failing
+        with pytest.raises(RuntimeError, match="unit failed"):
+            worker.infer(2, chunks, docs)
+        assert gc.isenabled() is not pause and sys.getswitchinterval() == interval
+        worker.judge(0, chunks, [(doc, 1) for _, doc in docs])
+        assert gc.isenabled()  # judging: the collector back on
+    finally:
+        gc.enable()

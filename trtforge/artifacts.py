@@ -143,6 +143,45 @@ def read_sidecar(artifact: str | os.PathLike, required: bool = True) -> dict[str
     return data
 
 
+def linked_paths(artifact: Path, recorded: str) -> list[Path]:
+    """Where a path that artifact's sidecar records (`parent`, `source_onnx`) may be: as recorded when absolute; a relative
+    one was recorded as typed, against a working folder now unknown, so against this one, against the artifact's own
+    folder (the link's and its target's), and as that folder's file of the same name (steps write beside their input)."""
+    path = Path(recorded)
+    if path.is_absolute():
+        return [path]
+    folders = dict.fromkeys([Path(artifact).absolute().parent, Path(artifact).resolve().parent])
+    return list(dict.fromkeys([path.absolute(), *(f / path for f in folders), *(f / path.name for f in folders)]))
+
+
+def lineage(onnx_path: str | os.PathLike) -> dict[Path, str]:
+    """The ONNX and every file it was made from, as far as the sidecars lead, resolved: {path: what it is} (a recorded
+    parent counts even where it has no sidecar of its own). The files a step must never overwrite."""
+    start = Path(onnx_path)
+    found: dict[Path, str] = {start.resolve(): "the ONNX being built"}
+    queue, seen = [start], set()
+    while queue:
+        path = queue.pop()
+        if path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        side = None
+        for where in (path, path.resolve()):  # a symlink's own sidecar, else its target's
+            try:
+                side = read_sidecar(where, required=False)
+            except UserError:
+                side = None
+            if side:
+                break
+        recorded = (side or {}).get("parent") or (side or {}).get("source_onnx")
+        if not recorded:
+            continue
+        for parent in linked_paths(path, str(recorded)):
+            found.setdefault(parent.resolve(), f"the file {path.name} was made from")
+            queue.append(parent)
+    return found
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

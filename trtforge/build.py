@@ -9,6 +9,7 @@ the input.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from typing import Any, Callable
 import onnx
 
 from trtforge import __version__, interrupts
-from trtforge.artifacts import (ensure_writable_dir, onnx_graph_hash, output_lock, publish, read_sidecar, sha256_bytes, sha256_file, write_bytes_atomic,
+from trtforge.artifacts import (ensure_writable_dir, lineage, onnx_graph_hash, output_lock, publish, read_sidecar, sha256_bytes, sha256_file, write_bytes_atomic,
                                 write_json_atomic, write_sidecar)
 from trtforge.backends.tensorrt import (BuildOptions, BuildOutput, Tick, TrtModule, build_engine, engine_layers, load_trt, parse_layer_log,
                                        runtime_identity, summarize_layers, tensor_dtype)
@@ -155,8 +156,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     tier_plan = parse_tiers(tiers, config_tiers or {}, axes, lengths, tier_count)
     profiles, phases = plan_kv_profiles(specs, axes, tier_plan, kv) if kv else (plan_profiles(specs, axes, tier_plan), None)
     output = Path(output) if output else default_engine_path(onnx_path, precision)
-    if output.resolve() in _lineage(onnx_path):
-        raise UserError(f"-o {output} is the ONNX being built (or one it was made from); name the engine another file, "
+    protected = lineage(onnx_path)  # never overwritten: the engine path may not be one, the converted graph goes elsewhere
+    if output.resolve() in protected:
+        raise UserError(f"-o {output} is {protected[output.resolve()]}; name the engine another file, "
                         f"e.g. {default_engine_path(onnx_path, precision)}.")
     ensure_writable_dir(output)
     converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes)
@@ -179,7 +181,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         source = onnx_path
         if converted is not None:
             # The converted model is staged and only moved beside the engine once the engine exists.
-            built_onnx = converted_onnx_path(output, precision, onnx_path)
+            built_onnx = converted_onnx_path(output, precision, protected)
             source = save_onnx(converted, staging / built_onnx.name)
             model = converted
         options.has_fp16, options.has_qdq = model_traits(model)
@@ -225,7 +227,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
                     for staged in staging.iterdir():
                         publish(staged, built_onnx.parent / staged.name)
                     write_sidecar(built_onnx, {**(parent or {}), "step": "precision", "precision": precision,
-                                               "parent": str(onnx_path), "graph_hash": onnx_graph_hash(converted), **precision_report})
+                                               "parent": os.path.abspath(onnx_path), "graph_hash": onnx_graph_hash(converted), **precision_report})
             with output_lock(output):  # engine and sidecar of one build, even when two builds target one path
                 write_bytes_atomic(output, out.engine)
                 if out.timing_cache is not None and options.timing_cache is not None:
@@ -351,24 +353,18 @@ def _fuse_elementwise(mod: TrtModule, model: onnx.ModelProto, observe_model: onn
     return current, records
 
 
-def _lineage(onnx_path: Path) -> set[Path]:
-    """The ONNX and every ONNX it was made from (its sidecars' parents), resolved: files a build must never overwrite."""
-    from trtforge.tokenize import sidecar_chain
-
-    return {Path(onnx_path).resolve()} | {path.resolve() for path, _ in sidecar_chain(onnx_path)}
-
-
-def converted_onnx_path(output: Path, precision: str, onnx_path: Path) -> Path:
+def converted_onnx_path(output: Path, precision: str, protected: dict[Path, str]) -> Path:
     """Where a build saves the graph it converted or fused: ENGINE_STEM.onnx beside the engine, or ENGINE_STEM.PRECISION.onnx
     where the first is not a file this build may replace. Replaceable: no file, or an earlier build's converted graph
-    (its sidecar's step is "precision") that is not the ONNX being built or one it was made from. Why: `build m.onnx -o
-    m.engine` wrote its fp16 graph over m.onnx itself, and `-o m.engine` over m.clean.onnx's parent m.onnx, losing the
-    source and the reference `run` compares against."""
-    lineage = _lineage(onnx_path)
+    (its sidecar's step is "precision") that is not in `protected` (artifacts.lineage: the ONNX being built and what it
+    was made from). Why: `build m.onnx -o m.engine` wrote its fp16 graph over m.onnx itself, and `-o m.engine` over
+    m.clean.onnx's parent m.onnx, losing the source and the reference `run` compares against."""
     stem = output.name.removesuffix(".engine")
+    taken = []
     for name in (f"{stem}.onnx", f"{stem}.{precision}.onnx"):
         candidate = output.with_name(name)
-        if candidate.resolve() in lineage:
+        if candidate.resolve() in protected:
+            taken.append(f"{candidate} is {protected[candidate.resolve()]}")
             continue
         if candidate.exists():
             try:
@@ -376,10 +372,10 @@ def converted_onnx_path(output: Path, precision: str, onnx_path: Path) -> Path:
             except UserError:
                 ours = False
             if not ours:
+                taken.append(f"{candidate} is a file no build wrote")
                 continue
         return candidate
-    raise UserError(f"the {precision} graph of {onnx_path} would replace {output.with_name(stem + '.onnx')} or "
-                    f"{output.with_name(f'{stem}.{precision}.onnx')}, which this build did not write; name the engine "
+    raise UserError(f"the {precision} graph cannot be saved beside the engine ({'; '.join(taken)}); name the engine "
                     "another file with -o.")
 
 

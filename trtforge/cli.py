@@ -322,17 +322,22 @@ def inspect(
     side = read_engine_sidecar(engine, verify=True)
     summary = side.get("layer_summary")
     layers_file = engine.with_name(engine.name + ".layers.json")
-    if layers_file.is_file() and (summary is None or "int8_verdict" not in summary):
-        from trtforge.backends.tensorrt import summarize_layers
-
-        data = _json.loads(layers_file.read_text())
-        summary = summarize_layers(data["layers"] if isinstance(data, dict) else data)  # a list: older trtforge
     fusion = side.get("attention_fusion")
-    if fusion and "engine" not in fusion and layers_file.is_file():  # an engine built before the evidence was recorded
-        from trtforge.fusion.engine_evidence import attention_evidence
+    stale = summary is None or "int8_verdict" not in summary
+    if layers_file.is_file() and (stale or (fusion and "engine" not in fusion)):  # sidecars of older trtforge
+        try:
+            data = _json.loads(layers_file.read_text())
+        except (OSError, UnicodeDecodeError, _json.JSONDecodeError):
+            raise UserError(f"{layers_file} is not valid JSON; delete it, or rebuild {engine} to write it again.") from None
+        layers = data["layers"] if isinstance(data, dict) else data  # a list: older trtforge
+        if stale:
+            from trtforge.backends.tensorrt import summarize_layers
 
-        data = _json.loads(layers_file.read_text())
-        fusion["engine"] = attention_evidence(fusion, data["layers"] if isinstance(data, dict) else data, len(side["profiles"]))
+            summary = summarize_layers(layers)
+        if fusion and "engine" not in fusion:
+            from trtforge.fusion.engine_evidence import attention_evidence
+
+            fusion["engine"] = attention_evidence(fusion, layers, len(side["profiles"]))
     if json_out:
         ui.print_json({"path": str(engine), **side, "layer_summary": summary})
         return
@@ -479,9 +484,8 @@ def run_cmd(
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
     if ray:
-        if options.plan_processes:
-            raise UserError("--plan-processes applies to one process's loop; with --ray each actor plans its own inputs, drop it.")
-        for flag, value in (("--plan-workers", plan_workers), ("--merge-workers", merge_workers)):
+        for flag, value in (("--plan-processes", options.plan_processes or None), ("--plan-workers", plan_workers),
+                            ("--merge-workers", merge_workers)):
             if value is not None:
                 raise UserError(f"{flag} applies to one process's loop; with --ray the driver plans every input before the "
                                 "clock and each actor merges its units on one thread, drop it.")

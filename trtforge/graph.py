@@ -226,7 +226,7 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
         "kind": "onnx",
         "step": "clean",
         "trtforge_version": __version__,
-        "parent": str(path),
+        "parent": os.path.abspath(path),  # absolute: later steps follow it from any folder
         "parent_graph_hash": (source_sidecar or {}).get("graph_hash") or onnx_graph_hash(model),
         "graph_hash": graph_hash,
         "inputs": [s.model_dump() for s in specs],

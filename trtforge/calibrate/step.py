@@ -13,6 +13,7 @@ Order of work:
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -343,7 +344,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     accuracy_json["output_kinds"] = kinds
     sidecar = {
         "kind": "onnx", "step": "calibrate", "trtforge_version": __version__,
-        "parent": str(onnx_path), "reference_onnx": str(onnx_path), "parent_graph_hash": graph_hash,
+        "parent": os.path.abspath(onnx_path), "reference_onnx": os.path.abspath(onnx_path), "parent_graph_hash": graph_hash,
         "graph_hash": onnx_graph_hash(qdq), "inputs": [s.model_dump() for s in specs],
         "axes": {k: v.model_dump() for k, v in axes.items()}, "outputs": (parent or {}).get("outputs"),
         "source": (parent or {}).get("source"), "config_name": (parent or {}).get("config_name"),

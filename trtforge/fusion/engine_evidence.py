@@ -4,20 +4,23 @@ The attention pass decides before the build (a plugin node per attention on Tens
 and TensorRT-RTX, which fuse attention themselves). Whether the engine holds fused attention is only known after
 the build, from its layers: without this check the "native" route was a belief, not a measurement. Fused attention
 shows as:
-- on TensorRT 10+ / TensorRT-RTX, Myelin's fused multi-head-attention kernels, named `_gemm_mha_v2...` (TensorRT-RTX
-  1.7 fused every attention of the zoo's BERT, RoBERTa, GPT-2 and ViT exports, both exporters, in fp16 builds, and
-  none in fp32 builds of MiniLM); FMHA and flash kernels by name (`fmha...`, `..._flash_fprop...`) where an inspector lists tactics;
+- on TensorRT 10+ / TensorRT-RTX, Myelin's fused multi-head-attention kernel layers, named `_gemm_mha_v2_...` (and
+  `_gemv_mha_v1_...` in a KV-cache engine's decode profile). TensorRT-RTX 1.7 fused every attention of the zoo's BERT,
+  RoBERTa, GPT-2 and ViT exports (both exporters) in fp16 builds, and none in their fp32 builds;
+- FMHA and cuDNN flash kernels (`fmha...`, `..._flash_fprop...`) where an inspector lists a layer's tactic;
 - on TensorRT 8.6, the plugin layers the pass wrote, which the ONNX parser names after their nodes.
-TensorRT lists one layer per attention per optimization profile (a KV-cache engine's decode profile runs
-`_gemv_mha_v1`), so the fewest fused in any one profile is what compares with the graph's attentions."""
-
+Other layer names carry the model's own node names, so they are never read as kernels. TensorRT lists one layer per
+attention per optimization profile, so each profile is compared with the graph's attentions."""
 from __future__ import annotations
 
 import re
 from typing import Any, Iterable
 
-# Kernel and layer names of fused attention (case-insensitive), in a layer's Name or TacticName.
-FUSED_KERNELS = re.compile(r"_ge[mv][mv]_mha|fmha|fused_?mha|flash_(?:fprop|fwd|attn)", re.IGNORECASE)
+# Fused attention in a layer's Name: Myelin's kernel layers, which are named after the kernel (`_gemm_mha_v2_myl1_7`);
+# other layer names carry the model's own node names (a module called flash_attn is not a fused kernel), so only this.
+MYELIN_FUSED_NAME = re.compile(r"^_ge[mv][mv]_mha")
+# Fused attention in a layer's TacticName (the kernel an inspector lists): Myelin's, FMHA, cuDNN's flash attention.
+FUSED_TACTIC = re.compile(r"^_ge[mv][mv]_mha|fmha|flash_(?:fprop|fwd)", re.IGNORECASE)
 _PROFILE_SUFFIX = re.compile(r" \[profile (\d+)\]$")
 _MYELIN_GRAPH = re.compile(r"_myl(\d+)_\d+$")  # '..._myl3_7': layer 7 of Myelin graph 3 (one graph per profile)
 
@@ -32,31 +35,32 @@ def fused_attention_layers(layers: Iterable[dict[str, Any]], plugin_nodes: Itera
     """The engine's fused-attention layers: {"layers": count, "kinds": {kernel family or plugin node kind: count},
     "by_profile": [count per optimization profile] or None where a layer's profile cannot be told}.
     plugin_nodes: the node names of the plugin nodes the attention pass wrote (their layers carry those names, with
-    ' [profile N]' for later profiles). A layer's profile: its ' [profile N]' suffix, else its Myelin graph's place
-    among the engine's Myelin graphs where there is one graph per profile (TensorRT-RTX names them in profile order)."""
+    ' [profile N]' for later profiles). A layer's profile: 0 in a one-profile engine, else its ' [profile N]' suffix,
+    else its Myelin graph's place among the engine's Myelin graphs where there is one graph per profile
+    (TensorRT-RTX numbers them in profile order)."""
     layers = list(layers)
     nodes = set(plugin_nodes)
-    graphs = list(dict.fromkeys(m.group(1) for l in layers if (m := _MYELIN_GRAPH.search(str(l.get("Name", ""))))))
+    bases = [_PROFILE_SUFFIX.sub("", str(l.get("Name", ""))) for l in layers]
+    graphs = list(dict.fromkeys(m.group(1) for base in bases if (m := _MYELIN_GRAPH.search(base))))
     graph_profile = {g: i for i, g in enumerate(graphs)} if len(graphs) == profiles else {}
     kinds: dict[str, int] = {}
     by_profile: list[int] | None = [0] * max(1, profiles)
     count = 0
-    for layer in layers:
-        name = str(layer.get("Name", ""))
-        base = _PROFILE_SUFFIX.sub("", name)
+    for layer, base in zip(layers, bases):
+        name, tactic = str(layer.get("Name", "")), str(layer.get("TacticName") or "")
         if base in nodes:
             kind = "attention plugin layer"
+        elif MYELIN_FUSED_NAME.search(name):
+            kind = _kernel_family(base)
+        elif FUSED_TACTIC.search(tactic):
+            kind = _kernel_family(tactic)
         else:
-            tactic = str(layer.get("TacticName") or "")
-            hit = FUSED_KERNELS.search(name) or FUSED_KERNELS.search(tactic)
-            if not hit:
-                continue
-            kind = _kernel_family(name if FUSED_KERNELS.search(name) else tactic)
+            continue
         count += 1
         kinds[kind] = kinds.get(kind, 0) + 1
-        suffix, graph = _PROFILE_SUFFIX.search(name), _MYELIN_GRAPH.search(name)
-        profile = (int(suffix.group(1)) if suffix else graph_profile.get(graph.group(1)) if graph
-                   else 0 if profiles == 1 or base in nodes else None)
+        suffix, graph = _PROFILE_SUFFIX.search(name), _MYELIN_GRAPH.search(base)
+        profile = (0 if profiles <= 1 else int(suffix.group(1)) if suffix else graph_profile.get(graph.group(1)) if graph
+                   else 0 if base in nodes else None)
         if by_profile is not None and profile is not None and profile < len(by_profile):
             by_profile[profile] += 1
         else:
@@ -75,10 +79,13 @@ def attention_evidence(record: dict[str, Any], layers: list[dict[str, Any]] | No
     if layers is None:
         return {"known": False, "why": why_no_layers or "no layer information", "expected_per_profile": expected}
     found = fused_attention_layers(layers, [r["node"] for r in record.get("replaced") or [] if r.get("node")], profiles)
-    # The fewest fused in any one profile where each layer's profile is known, else the mean over profiles.
-    per_profile = min(found["by_profile"]) if found["by_profile"] else found["layers"] / max(1, profiles)
+    # Whether every profile holds every attention fused: per profile where each layer's profile is known, else only the
+    # total against profiles x attentions can be compared.
+    by_profile = found["by_profile"]
+    complete = min(by_profile) >= expected if by_profile else found["layers"] >= expected * max(1, profiles)
     return {"known": True, "layers": found["layers"], "kinds": found["kinds"], "profiles": profiles,
-            "by_profile": found["by_profile"], "per_profile": per_profile, "expected_per_profile": expected}
+            "by_profile": by_profile, "fewest_in_a_profile": min(by_profile) if by_profile else None,
+            "expected_per_profile": expected, "complete": complete}
 
 
 def evidence_lines(record: dict[str, Any], precision: str | None) -> list[str]:
@@ -89,31 +96,34 @@ def evidence_lines(record: dict[str, Any], precision: str | None) -> list[str]:
     expected = ev.get("expected_per_profile") or 0
     if not ev.get("known"):
         return [f"  in the engine: not known ({ev.get('why')})"] if expected else []
-    got = ev["per_profile"]
-    kinds = ", ".join(f"{k} x{n}" for k, n in sorted(ev["kinds"].items())) or "none"
-    per = " in every profile" if ev.get("profiles", 1) > 1 else ""
+    kinds = ", ".join(f"{k} x{n}" for k, n in sorted(ev["kinds"].items()))
+    profiles, by_profile = ev.get("profiles", 1), ev.get("by_profile")
     if expected == 0:
-        return [f"  in the engine: {got:g} fused attention layer(s){per} ({kinds})"] if got else []
-    if got >= expected:
-        return [f"  in the engine: {expected} of {expected} attention(s) fused{per} ({kinds})"]
+        return [f"  in the engine: {ev['layers']} fused attention layer(s) ({kinds})"] if ev["layers"] else []
+    where = " in every profile" if profiles > 1 else ""
+    if ev["complete"]:
+        return [f"  in the engine: {expected} of {expected} attention(s) fused{where} ({kinds})"]
     if ev["layers"] == 0:
         line = f"  in the engine: none of the {expected} attention(s) fused; they run as separate matrix multiplies and softmax"
+    elif profiles <= 1:
+        line = (f"  in the engine: only {ev['layers']} of {expected} attention(s) fused ({kinds}); the others run as "
+                "separate matrix multiplies and softmax")
     else:
-        counts = f"; by profile: {', '.join(map(str, ev['by_profile']))}" if per and ev.get("by_profile") else ""
-        line = (f"  in the engine: only {got:g} of {expected} attention(s) fused{' in some profile' if per else ''} "
-                f"({kinds}{counts}); the others run as separate matrix multiplies and softmax")
-    if precision == "fp32" and record.get("route") == "native":
-        line += " (an fp32 build: TensorRT's fused attention kernels are reduced-precision; build --precision fp16 for them)"
+        counts = (f"by profile: {', '.join(map(str, by_profile))}" if by_profile else
+                  f"{ev['layers']} fused layers for {profiles} profiles x {expected} attentions")
+        line = (f"  in the engine: not every attention is fused in every profile ({kinds}; {counts}); the others run as "
+                "separate matrix multiplies and softmax")
+    if precision in ("fp32", "int8") and record.get("route") == "native":
+        line += (" (TensorRT fuses attention in reduced precision and this build keeps it fp32: build --precision "
+                 + ("fp16" if precision == "fp32" else "best") + " for it)")
     return [line]
 
 
 def shortfall_warning(record: dict[str, Any], precision: str, engine: str) -> str | None:
     """A warning for an fp16 engine in which TensorRT left attentions unfused that the graph holds (they are slower)."""
     ev = record.get("engine") or {}
-    if precision != "fp16" or not ev.get("known") or not ev.get("expected_per_profile"):
-        return None
-    if ev["per_profile"] >= ev["expected_per_profile"]:
+    if precision != "fp16" or not ev.get("known") or not ev.get("expected_per_profile") or ev.get("complete"):
         return None
     where = " in some optimization profile" if ev.get("profiles", 1) > 1 else ""
-    return (f"{engine}: only {ev['per_profile']:g} of {ev['expected_per_profile']} attention(s) are fused in the engine"
-            f"{where}; the others run unfused and slower: `trtforge inspect` lists the layers.")
+    return (f"{engine}: not all of the graph's {ev['expected_per_profile']} attention(s) are fused in the engine{where}; "
+            "the others run unfused and slower: `trtforge inspect` lists the layers.")

@@ -19,6 +19,7 @@ plus `workers` (per actor) and `ray` (the cluster side).
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
@@ -71,8 +72,9 @@ class RunWorker:
         for _ in range(warmup):
             list(self.target.run_many([(None, stack(b)) for b in warm]))
         self.target.timings.clear()
-        if options.gc_pause:  # the units then run with the collector off (_infer), as one process's loop does
+        if options.gc_pause:  # off from here until judging, as one process's loop keeps it off over its whole clock
             _collect_garbage()
+            gc.disable()
         return {"label": self.target.label, "host": socket.gethostname(), "pid": os.getpid(),
                 "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
@@ -81,7 +83,7 @@ class RunWorker:
         outs: list[dict[str, np.ndarray]] = []
         start = time.perf_counter()
         # As in one process: merging on one thread overlaps the inference of the next batches, under the loop's GIL
-        # switch interval and with the collector paused (--gc-pause).
+        # switch interval (the collector is already off with --gc-pause: setup).
         with interpreter_for_loop(self.options), ThreadPoolExecutor(max_workers=1) as pool:
             pending = []
             for tag, out in self.target.run_many((i, stack(b)) for i, b in enumerate(batches)):
@@ -117,6 +119,8 @@ class RunWorker:
     def judge(self, unit: int, chunks: list[Chunk], docs: list[tuple[Document, int]]) -> dict[str, Any]:
         """Phase 2: precision on the batches this actor inferred (re-inferred if they were lost), chunking
         error of the unit's documents (one comparator per document, merged in document order by the driver)."""
+        if self.options.gc_pause:
+            gc.enable()  # judging is off the clock: the collector back on, as after one process's loop
         precision = None
         if not self.skips_precision:
             if unit in self.kept:
@@ -299,6 +303,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
         "workers": workers,
         "ray": {"address": ray_options.address, "actors": count, "resources_per_actor": resources, "onnxruntime_threads": threads,
                 "units": len(units), "unit_chunks": size, "lost_workers": sum(1 for w in pool.workers if not w.alive),
+                "gc_paused_in_units": options.gc_pause, "switch_interval_us": options.switch_interval_us,
                 "retried_units": sum(w.retried_units for w in pool.workers)},
     }
     report["gates"] = gates_for(report, p, options)
