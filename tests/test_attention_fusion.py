@@ -280,6 +280,7 @@ def test_build_step_modes():
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)}
     fused, rec = attention_fusion(model, "off", "fp16", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx")
     assert fused is None and rec["route"] == "off" and not rec["replaced"]
+    assert len(rec["attentions"]) == 1  # whatever the route: what the engine is checked against
     fused, rec = attention_fusion(model, "on", "fp16", "tensorrt_rtx", "1.7.0", None, False, None, "m.onnx")
     assert fused is None and rec["route"] == "native"
     fused, rec = attention_fusion(model, "auto", "fp16", "tensorrt", "8.6.1", "8.0", True, feeds, "m.onnx")
@@ -501,6 +502,13 @@ def test_attention_evidence_compares_each_profile_and_says_what_is_missing():
     plugin = {"route": "plugin", "replaced": [{"node": "fused_attention_0/qkv_to_context"}]}
     plugin["engine"] = attention_evidence(plugin, [_layer("fused_attention_0/qkv_to_context", kind="PluginV2")], 1)
     assert evidence_lines(plugin, "fp16") == ["  in the engine: 1 of 1 attention(s) fused (attention plugin layer x1)"]
+    # The pass replaced one of the graph's two attentions (the other refused, e.g. causal without the flash plugin).
+    plugin["attentions"] = ["s0", "s1"]
+    plugin["engine"] = attention_evidence(plugin, [_layer("fused_attention_0/qkv_to_context", kind="PluginV2")], 1)
+    assert "only 1 of 2 attention(s) fused" in evidence_lines(plugin, "fp16")[0]
+    assert "not all of the graph's 2 attention(s)" in shortfall_warning(plugin, "fp16", "m.engine")
+    plugin["route"] = "none"  # nothing was to be fused (no plugin, or fp32 on 8.6): said, not warned
+    assert evidence_lines(plugin, "fp16") and shortfall_warning(plugin, "fp16", "m.engine") is None
     unknown = {"route": "native", "attentions": ["s0"]}
     unknown["engine"] = attention_evidence(unknown, None, 1, "cannot deserialize here")
     assert evidence_lines(unknown, "fp16") == ["  in the engine: not known (cannot deserialize here)"]

@@ -70,12 +70,9 @@ def fused_attention_layers(layers: Iterable[dict[str, Any]], plugin_nodes: Itera
 
 def attention_evidence(record: dict[str, Any], layers: list[dict[str, Any]] | None, profiles: int,
                        why_no_layers: str | None = None) -> dict[str, Any]:
-    """The sidecar's attention_fusion["engine"]: fused-attention layers found in the engine, per profile, against
-    what the graph held (route "native": its attentions; route "plugin": the attentions the pass replaced)."""
-    if record.get("route") == "plugin":
-        expected = len(record.get("replaced") or [])
-    else:
-        expected = len(record.get("attentions") or [])
+    """The sidecar's attention_fusion["engine"]: fused-attention layers found in the engine, per profile, against the
+    attentions the graph held (the attentions the pass replaced, in records of trtforge before `attentions`)."""
+    expected = len(record["attentions"] if "attentions" in record else record.get("replaced") or [])
     if layers is None:
         return {"known": False, "why": why_no_layers or "no layer information", "expected_per_profile": expected}
     found = fused_attention_layers(layers, [r["node"] for r in record.get("replaced") or [] if r.get("node")], profiles)
@@ -120,10 +117,12 @@ def evidence_lines(record: dict[str, Any], precision: str | None) -> list[str]:
 
 
 def shortfall_warning(record: dict[str, Any], precision: str, engine: str) -> str | None:
-    """A warning for an fp16 engine in which TensorRT left attentions unfused that the graph holds (they are slower)."""
+    """A warning for an fp16 engine in which attentions the graph holds are left unfused where they were to be fused (by
+    TensorRT itself or by the pass's plugins): they run slower."""
     ev = record.get("engine") or {}
-    if precision != "fp16" or not ev.get("known") or not ev.get("expected_per_profile") or ev.get("complete"):
-        return None
+    if precision != "fp16" or record.get("route") not in ("native", "plugin") or not ev.get("known") \
+            or not ev.get("expected_per_profile") or ev.get("complete"):
+        return None  # fp32/int8: TensorRT does not fuse it; route none/off: the record already says why nothing fuses
     where = " in some optimization profile" if ev.get("profiles", 1) > 1 else ""
     return (f"{engine}: not all of the graph's {ev['expected_per_profile']} attention(s) are fused in the engine{where}; "
             "the others run unfused and slower: `trtforge inspect` lists the layers.")

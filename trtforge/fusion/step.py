@@ -77,15 +77,15 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
                         "(config key build.qkv_projection).")
     base = backend_route(flavour, version)
     record: dict[str, Any] = {"mode": mode, "route": base.kind, "why": base.reason, "replaced": [], "refused": [],
-                              "padding_allowed": True, "mask_inputs": []}
+                              "padding_allowed": True, "mask_inputs": [],
+                              # what the engine's layers are checked against after the build (engine_evidence.py)
+                              "attentions": [c.softmax for c in find_candidates(model) if c.attention]}
     if mode == "off":
         record.update(route="off", why="--fuse-attention off")
         return None, record
     if base.kind != "plugin":
         if mode == "on" and base.kind == "none":
             raise UserError(f"--fuse-attention on: {base.reason}; use --fuse-attention auto or off.")
-        if base.kind == "native":  # what the engine's layers are checked against after the build (engine_evidence.py)
-            record["attentions"] = [c.softmax for c in find_candidates(model) if c.attention]
         return None, record
     why_not = None
     if precision not in ("fp16", "best"):
