@@ -69,6 +69,28 @@ def test_a_dangling_tokenizer_pointer_falls_back_up_the_sidecar_chain(tmp_path):
         find_tokenizer_dir(copy_dir / "m.clean.onnx")
 
 
+def test_a_relative_parent_is_followed_from_another_working_folder(tmp_path, monkeypatch):
+    """Older sidecars record `parent` as typed (relative to the folder the step ran in): the chain, the tokenizer lookup
+    and the KV-cache lookup find it from any folder, beside the sidecar; a build's lineage protects it."""
+    import shutil
+
+    from trtforge.artifacts import lineage, write_sidecar
+    from trtforge.kvcache import kv_meta
+    from trtforge.tokenize import find_tokenizer_dir, sidecar_chain
+
+    work = tmp_path / "out"
+    work.mkdir()
+    shutil.copytree(ROOT / "zoo" / "tokenizers" / "roberta-bpe", work / "m.tokenizer")
+    write_sidecar(work / "m.onnx", {"kind": "onnx", "step": "export", "tokenizer": "m.tokenizer", "kv_cache": {"past_axis": "past"}})
+    write_sidecar(work / "m.clean.onnx", {"kind": "onnx", "step": "clean", "parent": "out/m.onnx"})  # typed in tmp_path
+    (work / "m.onnx").write_bytes(b"onnx")
+    monkeypatch.chdir(work)  # another folder: "out/m.onnx" from here is out/out/m.onnx
+    assert [p.name for p, _ in sidecar_chain("m.clean.onnx")] == ["m.clean.onnx", "m.onnx"]
+    assert find_tokenizer_dir("m.clean.onnx").resolve() == (work / "m.tokenizer").resolve()
+    assert kv_meta(Path("m.clean.onnx"))[0] == {"past_axis": "past"}
+    assert (work / "m.onnx").resolve() in lineage("m.clean.onnx")
+
+
 def _typed_specials_dir(tmp_path):
     """MiniLM's tokenizer with token types 1 and 2 on its specials (as XLNet types its own): run must carry them."""
     from tokenizers import Tokenizer, processors

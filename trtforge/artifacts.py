@@ -154,6 +154,11 @@ def linked_paths(artifact: Path, recorded: str) -> list[Path]:
     return list(dict.fromkeys([path.absolute(), *(f / path for f in folders), *(f / path.name for f in folders)]))
 
 
+def linked_path(artifact: Path, recorded: str) -> Path:
+    """The file a sidecar's recorded path names: the first of linked_paths that has a sidecar, else as recorded."""
+    return next((p for p in linked_paths(artifact, recorded) if sidecar_path(p).exists()), Path(recorded))
+
+
 def lineage(onnx_path: str | os.PathLike) -> dict[Path, str]:
     """The ONNX and every file it was made from, as far as the sidecars lead, resolved: {path: what it is} (a recorded
     parent counts even where it has no sidecar of its own). The files a step must never overwrite."""

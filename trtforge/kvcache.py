@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import onnx_graph_hash, read_sidecar, write_sidecar
+from trtforge.artifacts import linked_path, onnx_graph_hash, read_sidecar, write_sidecar
 from trtforge.config import AxisRange, CacheRange, InputSpec, ModelConfig, load_config
 from trtforge.errors import UserError, exception_summary
 from trtforge.profiles import Profile, Tier, plan_profiles, select_profile, tier_ranges, validate_profiles
@@ -325,9 +325,12 @@ def kv_meta(path: Path, sidecar: dict[str, Any] | None = None) -> tuple[dict[str
         if "kv_cache" in side and side.get("step") == "export":
             return side["kv_cache"], side, current
         nxt = side.get("parent") or side.get("source_onnx")
-        if not nxt or current is None or Path(nxt) == current:
+        if not nxt or current is None:
             break
-        current = Path(nxt)
+        linked = linked_path(current, str(nxt))
+        if linked == current:
+            break
+        current = linked
         side = read_sidecar(current, required=False)
         seen += 1
     return None, None, None

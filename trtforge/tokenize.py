@@ -194,7 +194,7 @@ def _read_config(directory: Path) -> dict[str, Any]:
 
 def sidecar_chain(onnx_path: str | Path) -> list[tuple[Path, dict[str, Any]]]:
     """(ONNX path, its sidecar) for this ONNX and every parent it was made from, nearest first."""
-    from trtforge.artifacts import read_sidecar
+    from trtforge.artifacts import linked_path, read_sidecar
 
     chain, path, seen = [], Path(onnx_path), set()
     while path is not None and str(path) not in seen:
@@ -207,7 +207,7 @@ def sidecar_chain(onnx_path: str | Path) -> list[tuple[Path, dict[str, Any]]]:
             break
         chain.append((path, side))
         parent = side.get("parent") or side.get("source_onnx")
-        path = Path(parent) if parent else None
+        path = linked_path(path, str(parent)) if parent else None
     return chain
 
 
