@@ -1,6 +1,7 @@
 """`trtforge build` with tensorrt-rtx, which builds ahead of time without a GPU."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -193,8 +194,11 @@ def test_a_build_never_writes_over_the_onnx_it_builds_or_its_parents(minilm_onnx
     for source, engine, converted in cases:  # run from tmp_path, not from folder a
         proc = run_cli("build", source, *common, "-o", f"a/{engine}", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        built = json.loads((a / (engine + ".json")).read_text())["built_onnx"]
+        side = json.loads((a / (engine + ".json")).read_text())
+        built = side["built_onnx"]
         assert built == f"a/{converted}" and (a / converted).is_file(), (source, engine, built)
+        recorded = [side["source_onnx"], side["reference_onnx"], json.loads((a / f"{converted}.json").read_text())["parent"]]
+        assert all(Path(p).is_absolute() and Path(p).resolve() == (tmp_path / source).resolve() for p in recorded), recorded
     assert {name: digest(a / name) for name in names} == before
     (a / "m.onnx.json").unlink(missing_ok=True)
     for source, engine, what in (("a/m.clean.onnx", "a/m.onnx", "is the file m.clean.onnx was made from"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import assert_user_error, run_cli, require
+from conftest import ROOT, assert_user_error, run_cli, require
 
 
 def test_minilm_long_documents_report(minilm_clean, tmp_path):
@@ -469,3 +469,22 @@ def test_the_garbage_collector_stays_off_where_the_caller_had_it_off_and_merge_w
     for key in ("merge_workers", "plan_workers"):
         with pytest.raises(UserError, match=f"--{key.replace('_', '-')} -1 is negative"):
             RunOptions(**common, **{key: -1})
+
+
+def test_a_relative_reference_in_an_older_sidecar_is_found_from_another_folder(minilm_clean, tmp_path, monkeypatch):
+    """`run` compares against the reference ONNX a sidecar records; older sidecars recorded it as typed, relative to
+    the folder the step ran in: it is found beside the sidecar from any working folder."""
+    import shutil
+
+    from trtforge.run import RunOptions, prepare
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("m.clean.onnx", "m.target.onnx"):
+        shutil.copy(minilm_clean, folder / name)
+        shutil.copy(minilm_clean.with_name(minilm_clean.name + ".json"), folder / f"{name}.json")
+    side = json.loads((folder / "m.target.onnx.json").read_text())
+    (folder / "m.target.onnx.json").write_text(json.dumps({**side, "reference_onnx": "models/m.clean.onnx"}))
+    monkeypatch.chdir(folder)  # from here "models/m.clean.onnx" does not exist
+    p = prepare(Path("m.target.onnx"), RunOptions(inputs=ROOT / "calib_data/minilm_long", chunk=256, overlap=32), plan=False)
+    assert p.reference_path.resolve() == (folder / "m.clean.onnx").resolve()

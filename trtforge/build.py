@@ -273,10 +273,10 @@ def _engine_sidecar(mod: TrtModule, identity: dict[str, Any], precision: str, pr
         "io": out.io,
         "inputs": [s.model_dump() for s in specs],
         "axes": {k: v.model_dump() for k, v in axes.items()},
-        "source_onnx": str(onnx_path),
+        "source_onnx": os.path.abspath(onnx_path),  # absolute: `run` finds it from any folder
         "source_onnx_sha256": sha256_file(onnx_path),
         "source_graph_hash": (parent or {}).get("graph_hash"),
-        "reference_onnx": (parent or {}).get("reference_onnx") or str(onnx_path),
+        "reference_onnx": (parent or {}).get("reference_onnx") or os.path.abspath(onnx_path),
         "built_onnx": str(built_onnx),
         "calibration_cache_sha256": (parent or {}).get("cache_sha256"),
         "precision_report": precision_report,

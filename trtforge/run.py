@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import read_sidecar, write_json_atomic
+from trtforge.artifacts import linked_path, read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.chunking import (RowRun, StreamingMerge, Tile, Window, check_overlap, check_tile_scale, join_run, merge_logits,
                                merge_pooled, merge_tiles, plan_tiles, plan_windows, row_runs, scaled_size)
@@ -925,9 +925,12 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
         from trtforge.build import read_engine_sidecar
 
         engine_sidecar = read_engine_sidecar(target_path)
-        reference_path = Path(options.reference or engine_sidecar.get("reference_onnx") or engine_sidecar["source_onnx"])
+        recorded = engine_sidecar.get("reference_onnx") or engine_sidecar["source_onnx"]
     else:
-        reference_path = Path(options.reference or (read_sidecar(target_path, required=False) or {}).get("reference_onnx") or target_path)
+        recorded = (read_sidecar(target_path, required=False) or {}).get("reference_onnx")
+    # A recorded path relative to the folder its step ran in (older sidecars) is looked for from here too.
+    reference_path = (Path(options.reference) if options.reference else linked_path(target_path, str(recorded)) if recorded
+                      else target_path)
     ref_model = load_onnx(reference_path)
     specs, axes, _ = io_specs(reference_path, ref_model)
     del ref_model
