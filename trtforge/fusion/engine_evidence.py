@@ -30,6 +30,17 @@ def _kernel_family(text: str) -> str:
     return re.sub(r"(_myl\d+)?(_\d+)*(_0x[0-9a-f]+)?$", "", text)
 
 
+def _layer_profile(name: str, base: str, profiles: int, graph_profile: dict[str, int], plugin_layer: bool) -> int | None:
+    """Which optimization profile a layer belongs to, or None where that cannot be told (see fused_attention_layers)."""
+    if profiles <= 1:
+        return 0
+    if suffix := _PROFILE_SUFFIX.search(name):
+        return int(suffix.group(1))
+    if graph := _MYELIN_GRAPH.search(base):
+        return graph_profile.get(graph.group(1))
+    return 0 if plugin_layer else None  # a plugin layer without the suffix is the first profile's
+
+
 def fused_attention_layers(layers: Iterable[dict[str, Any]], plugin_nodes: Iterable[str] = (),
                            profiles: int = 1) -> dict[str, Any]:
     """The engine's fused-attention layers: {"layers": count, "kinds": {kernel family or plugin node kind: count},
@@ -58,9 +69,7 @@ def fused_attention_layers(layers: Iterable[dict[str, Any]], plugin_nodes: Itera
             continue
         count += 1
         kinds[kind] = kinds.get(kind, 0) + 1
-        suffix, graph = _PROFILE_SUFFIX.search(name), _MYELIN_GRAPH.search(base)
-        profile = (0 if profiles <= 1 else int(suffix.group(1)) if suffix else graph_profile.get(graph.group(1)) if graph
-                   else 0 if base in nodes else None)
+        profile = _layer_profile(name, base, profiles, graph_profile, base in nodes)
         if by_profile is not None and profile is not None and profile < len(by_profile):
             by_profile[profile] += 1
         else:
@@ -81,8 +90,7 @@ def attention_evidence(record: dict[str, Any], layers: list[dict[str, Any]] | No
     by_profile = found["by_profile"]
     complete = min(by_profile) >= expected if by_profile else found["layers"] >= expected * max(1, profiles)
     return {"known": True, "layers": found["layers"], "kinds": found["kinds"], "profiles": profiles,
-            "by_profile": by_profile, "fewest_in_a_profile": min(by_profile) if by_profile else None,
-            "expected_per_profile": expected, "complete": complete}
+            "by_profile": by_profile, "expected_per_profile": expected, "complete": complete}
 
 
 def evidence_lines(record: dict[str, Any], precision: str | None) -> list[str]:
