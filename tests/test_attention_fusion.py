@@ -499,6 +499,8 @@ def test_attention_evidence_compares_each_profile_and_says_what_is_missing():
     assert "none of the 2 attention(s) fused" in line and "build --precision fp16" in line
     assert "build --precision best" in evidence_lines(native, "int8")[0]
     assert shortfall_warning(native, "fp32", "m.engine") is None  # fp32: said, not warned
+    assert shortfall_warning(native, "int8", "m.engine") is None  # int8 alone: no fp16 to fuse in
+    assert "m.engine: not all of the graph's 2 attention(s)" in shortfall_warning(native, "best", "m.engine")
     plugin = {"route": "plugin", "replaced": [{"node": "fused_attention_0/qkv_to_context"}]}
     plugin["engine"] = attention_evidence(plugin, [_layer("fused_attention_0/qkv_to_context", kind="PluginV2")], 1)
     assert evidence_lines(plugin, "fp16") == ["  in the engine: 1 of 1 attention(s) fused (attention plugin layer x1)"]

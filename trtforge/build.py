@@ -382,7 +382,7 @@ def converted_onnx_path(output: Path, precision: str, protected: dict[Path, str]
 def _attention_evidence(sidecar: dict[str, Any], layers: list[dict[str, Any]] | None, profiles: int, output: Path,
                         warn: Callable[[str], None]) -> None:
     """The engine's fused-attention layers against the graph's attentions (fusion/engine_evidence.py), into the
-    sidecar's attention_fusion["engine"]; a warning where an fp16 engine left some unfused."""
+    sidecar's attention_fusion["engine"]; a warning where an fp16 or best engine left some unfused."""
     from trtforge.fusion.engine_evidence import attention_evidence, shortfall_warning
 
     record = sidecar.get("attention_fusion")

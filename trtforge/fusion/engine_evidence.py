@@ -125,10 +125,10 @@ def evidence_lines(record: dict[str, Any], precision: str | None) -> list[str]:
 
 
 def shortfall_warning(record: dict[str, Any], precision: str, engine: str) -> str | None:
-    """A warning for an fp16 engine in which attentions the graph holds are left unfused where they were to be fused (by
-    TensorRT itself or by the pass's plugins): they run slower."""
+    """A warning for an fp16 or best engine in which attentions the graph holds are left unfused where they were to be
+    fused (by TensorRT itself or by the pass's plugins): they run slower. Best allows fp16, where attention fuses."""
     ev = record.get("engine") or {}
-    if precision != "fp16" or record.get("route") not in ("native", "plugin") or not ev.get("known") \
+    if precision not in ("fp16", "best") or record.get("route") not in ("native", "plugin") or not ev.get("known") \
             or not ev.get("expected_per_profile") or ev.get("complete"):
         return None  # fp32/int8: TensorRT does not fuse it; route none/off: the record already says why nothing fuses
     where = " in some optimization profile" if ev.get("profiles", 1) > 1 else ""
