@@ -76,7 +76,8 @@ def test_a_relative_parent_is_followed_from_another_working_folder(tmp_path, mon
 
     from trtforge.artifacts import lineage, write_sidecar
     from trtforge.kvcache import kv_meta
-    from trtforge.tokenize import find_tokenizer_dir, sidecar_chain
+    from trtforge.artifacts import sidecar_chain
+    from trtforge.tokenize import find_tokenizer_dir
 
     work = tmp_path / "out"
     work.mkdir()

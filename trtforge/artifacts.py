@@ -159,6 +159,28 @@ def linked_path(artifact: Path, recorded: str) -> Path:
     return next((p for p in linked_paths(artifact, recorded) if sidecar_path(p).exists()), Path(recorded))
 
 
+def sidecar_chain(path: str | os.PathLike, first: dict[str, Any] | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """(file, its sidecar) for this ONNX or engine and every file it was made from, nearest first, as far as readable
+    sidecars lead (`parent`, else `source_onnx`; a relative one found by linked_path). `first`: the start's sidecar
+    where the caller holds it already."""
+    chain: list[tuple[Path, dict[str, Any]]] = []
+    current: Path | None = Path(path)
+    side, seen = first, set()
+    while current is not None and str(current) not in seen:
+        seen.add(str(current))
+        if side is None:
+            try:
+                side = read_sidecar(current, required=False)
+            except UserError:
+                side = None
+        if not side:
+            break
+        chain.append((current, side))
+        recorded = side.get("parent") or side.get("source_onnx")
+        current, side = (linked_path(current, str(recorded)) if recorded else None), None
+    return chain
+
+
 def lineage(onnx_path: str | os.PathLike) -> dict[Path, str]:
     """The ONNX and every file it was made from, as far as the sidecars lead, resolved: {path: what it is} (a recorded
     parent counts even where it has no sidecar of its own). The files a step must never overwrite."""

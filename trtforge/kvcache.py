@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import linked_path, onnx_graph_hash, read_sidecar, write_sidecar
+from trtforge.artifacts import onnx_graph_hash, sidecar_chain, write_sidecar
 from trtforge.config import AxisRange, CacheRange, InputSpec, ModelConfig, load_config
 from trtforge.errors import UserError, exception_summary
 from trtforge.profiles import Profile, Tier, plan_profiles, select_profile, tier_ranges, validate_profiles
@@ -317,22 +317,10 @@ def _check(onnx_path: Path, module: Any, layout: CacheLayout, config: ModelConfi
 # -- sidecars and profiles -------------------------------------------------------------------------
 
 def kv_meta(path: Path, sidecar: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, dict[str, Any] | None, Path | None]:
-    """(kv_cache metadata, export sidecar, export ONNX path), following `parent` / `source_onnx` links."""
-    seen = 0
-    current: Path | None = Path(path)
-    side = sidecar if sidecar is not None else read_sidecar(current, required=False)
-    while side is not None and seen < 8:
+    """(kv_cache metadata, export sidecar, export ONNX path): the nearest export up the sidecar chain that records one."""
+    for current, side in sidecar_chain(path, sidecar):
         if "kv_cache" in side and side.get("step") == "export":
             return side["kv_cache"], side, current
-        nxt = side.get("parent") or side.get("source_onnx")
-        if not nxt or current is None:
-            break
-        linked = linked_path(current, str(nxt))
-        if linked == current:
-            break
-        current = linked
-        side = read_sidecar(current, required=False)
-        seen += 1
     return None, None, None
 
 

@@ -10,7 +10,7 @@ from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
 from trtforge.layout import Layout
 from trtforge.outputs import OutputKind, Probe, declared_kinds, needs_probe, probe_sizes, resolve
-from trtforge.tokenize import sidecar_chain
+from trtforge.artifacts import sidecar_chain
 
 
 def output_kinds(reference: OrtRunner, reference_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange],

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import linked_path, read_sidecar, write_json_atomic
+from trtforge.artifacts import linked_path, read_sidecar, sidecar_chain, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.chunking import (RowRun, StreamingMerge, Tile, Window, check_overlap, check_tile_scale, join_run, merge_logits,
                                merge_pooled, merge_tiles, plan_tiles, plan_windows, row_runs, scaled_size)
@@ -50,7 +50,7 @@ from trtforge.outputs import OutputKind
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
 from trtforge.runloop import Batcher, StageClock, batch_timeline, check_gpu_wait, stream_batches, wall_over_gpu
-from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, sidecar_chain, wrap_spans
+from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, wrap_spans
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from trtforge.artifacts import sidecar_chain
 from trtforge.errors import UserError
 
 
@@ -191,25 +192,6 @@ def _read_config(directory: Path) -> dict[str, Any]:
 
 
 # -- where a model's tokenizer lives ---------------------------------------------------------------
-
-def sidecar_chain(onnx_path: str | Path) -> list[tuple[Path, dict[str, Any]]]:
-    """(ONNX path, its sidecar) for this ONNX and every parent it was made from, nearest first."""
-    from trtforge.artifacts import linked_path, read_sidecar
-
-    chain, path, seen = [], Path(onnx_path), set()
-    while path is not None and str(path) not in seen:
-        seen.add(str(path))
-        try:
-            side = read_sidecar(path, required=False)
-        except UserError:
-            side = None
-        if not side:
-            break
-        chain.append((path, side))
-        parent = side.get("parent") or side.get("source_onnx")
-        path = linked_path(path, str(parent)) if parent else None
-    return chain
-
 
 def find_tokenizer_dir(onnx_path: str | Path | None, chain: list[tuple[Path, dict[str, Any]]] | None = None) -> Path | None:
     """The tokenizer directory the nearest sidecar names (relative to its ONNX), or the built-in MiniLM's.
