@@ -699,10 +699,12 @@ def mask_inputs(model: onnx.ModelProto) -> list[str]:
 
 
 def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_for: Callable[[Candidate], Route],
-                   route_name: str, apply: bool = True, qkv_projection: str = "conv") -> tuple[onnx.ModelProto, FusionReport]:
+                   route_name: str, apply: bool = True, qkv_projection: str = "conv",
+                   candidates: list[Candidate] | None = None) -> tuple[onnx.ModelProto, FusionReport]:
     """Match, verify, and (apply) replace every attention whose route is the plugin; report each one's fate.
-    qkv_projection: how the packed QKV projection is written (QKV_PROJECTIONS; see _plugin_nodes)."""
-    cands = find_candidates(model)
+    qkv_projection: how the packed QKV projection is written (QKV_PROJECTIONS; see _plugin_nodes); candidates: the
+    model's find_candidates where the caller has them already (they are verified and given reasons here)."""
+    cands = candidates if candidates is not None else find_candidates(model)
     verify(model, cands, feeds)
     out = onnx.ModelProto()
     out.CopyFrom(model)

@@ -76,10 +76,11 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
         raise UserError(f"--qkv-projection '{qkv_projection}' is not one of {', '.join(QKV_CHOICES)} "
                         "(config key build.qkv_projection).")
     base = backend_route(flavour, version)
+    candidates = find_candidates(model)
     record: dict[str, Any] = {"mode": mode, "route": base.kind, "why": base.reason, "replaced": [], "refused": [],
                               "padding_allowed": True, "mask_inputs": [],
                               # what the engine's layers are checked against after the build (engine_evidence.py)
-                              "attentions": [c.softmax for c in find_candidates(model) if c.attention]}
+                              "attentions": [c.softmax for c in candidates if c.attention]}
     if mode == "off":
         record.update(route="off", why="--fuse-attention off")
         return None, record
@@ -111,7 +112,8 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
 
     why = base.reason if not flash_registered else (f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash "
                                                      f"attention) where it applies, else {PLUGIN} v{PLUGIN_VERSION}")
-    fused, report = fuse_attention(model, feeds, route_for, why, qkv_projection=qkv_projection)
+    fused, report = fuse_attention(model, feeds, route_for, why, qkv_projection=qkv_projection,
+                                   candidates=candidates)
     record.update(report.to_json(), route=base.kind, why=why, qkv_projection=qkv_projection,
                   plugins=sorted({r["plugin"] for r in report.replaced}))
     if mode == "on" and not report.replaced and report.refused:
