@@ -153,6 +153,18 @@ def test_quantized_attention_matmuls_are_refused_with_their_reason(zoo):
     _, report = _fuse(_quantized(model, specs, sizes, quantize_attention=True), sizes, specs, sm=80)
     assert not report.replaced and len(report.refused) == 2
     assert all("--quantize-attention" in r["reason"] for r in report.refused), report.refused
+    # The build's record keeps them apart, so an engine that leaves them unfused is said to, not warned about.
+    from trtforge.fusion.engine_evidence import attention_evidence, evidence_lines, shortfall_warning
+    from trtforge.fusion.step import attention_fusion
+
+    qdq = _quantized(model, specs, sizes, quantize_attention=True)
+    _, record = attention_fusion(qdq, "auto", "best", "tensorrt", "8.6.1", "8.0", True, random_feeds(specs, sizes), "m.onnx")
+    assert record["route"] == "plugin" and len(record["attentions"]) == len(record["quantized_attentions"]) == 2
+    record["engine"] = attention_evidence(record, [{"Name": "/MatMul", "LayerType": "gemm"}], profiles=1)
+    assert shortfall_warning(record, "best", "m.engine") is None
+    assert "2 of them quantized by calibrate --quantize-attention, left unfused on purpose" in evidence_lines(record, "best")[0]
+    record["quantized_attentions"] = record["quantized_attentions"][:1]  # one owed and missing: warned
+    assert "not all of the graph's 2 attention(s)" in shortfall_warning(record, "best", "m.engine")
 
 
 @pytest.mark.parametrize("exporter", ["legacy", "dynamo"])

@@ -74,9 +74,8 @@ def test_a_relative_parent_is_followed_from_another_working_folder(tmp_path, mon
     and the KV-cache lookup find it from any folder, beside the sidecar; a build's lineage protects it."""
     import shutil
 
-    from trtforge.artifacts import lineage, write_sidecar
+    from trtforge.artifacts import lineage, sidecar_chain, write_sidecar
     from trtforge.kvcache import kv_meta
-    from trtforge.artifacts import sidecar_chain
     from trtforge.tokenize import find_tokenizer_dir
 
     work = tmp_path / "out"
@@ -90,6 +89,40 @@ def test_a_relative_parent_is_followed_from_another_working_folder(tmp_path, mon
     assert find_tokenizer_dir("m.clean.onnx").resolve() == (work / "m.tokenizer").resolve()
     assert kv_meta(Path("m.clean.onnx"))[0] == {"past_axis": "past"}
     assert (work / "m.onnx").resolve() in lineage("m.clean.onnx")
+
+
+def test_the_sidecar_chain_ends_at_a_file_seen_before_however_spelled(tmp_path, monkeypatch):
+    """Two sidecars naming each other through `../d/...` (a spelling that grows on every hop) and a file naming itself:
+    the chain ends at the first file seen again instead of walking until the path is too long."""
+    from trtforge.artifacts import sidecar_chain, write_sidecar
+    from trtforge.kvcache import kv_meta
+    from trtforge.tokenize import find_tokenizer_dir
+
+    d = tmp_path / "d"
+    d.mkdir()
+    write_sidecar(d / "a.onnx", {"kind": "onnx", "step": "clean", "parent": "../d/b.onnx"})
+    write_sidecar(d / "b.onnx", {"kind": "onnx", "step": "clean", "parent": "../d/a.onnx"})
+    write_sidecar(d / "c.onnx", {"kind": "onnx", "step": "precision", "parent": "../d/c.onnx"})
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert [p.name for p, _ in sidecar_chain(d / "a.onnx")] == ["a.onnx", "b.onnx"]
+    assert [p.name for p, _ in sidecar_chain(d / "c.onnx")] == ["c.onnx"]
+    assert kv_meta(d / "a.onnx") == (None, None, None)
+    assert find_tokenizer_dir(d / "a.onnx") is None  # no sidecar names one: the walk ends, nothing found
+
+
+def test_a_corrupt_export_sidecar_is_an_error_for_the_kv_cache_lookup_and_the_end_of_the_chain_elsewhere(tmp_path):
+    """Stopping at a corrupt sidecar would build or run a KV-cache model as a plain one: kv_meta says which file;
+    the tokenizer lookup falls back as it does for any chain that ends."""
+    from trtforge.artifacts import sidecar_chain, sidecar_path, write_sidecar
+    from trtforge.errors import UserError
+    from trtforge.kvcache import kv_meta
+
+    write_sidecar(tmp_path / "m.clean.onnx", {"kind": "onnx", "step": "clean", "parent": str(tmp_path / "m.onnx")})
+    sidecar_path(tmp_path / "m.onnx").write_text('{"kind": "onnx", "step": "exp')
+    assert [p.name for p, _ in sidecar_chain(tmp_path / "m.clean.onnx")] == ["m.clean.onnx"]
+    with pytest.raises(UserError, match=r"m\.onnx.*not valid JSON"):
+        kv_meta(tmp_path / "m.clean.onnx")
 
 
 def _typed_specials_dir(tmp_path):

@@ -159,19 +159,24 @@ def linked_path(artifact: Path, recorded: str) -> Path:
     return next((p for p in linked_paths(artifact, recorded) if sidecar_path(p).exists()), Path(recorded))
 
 
-def sidecar_chain(path: str | os.PathLike, first: dict[str, Any] | None = None) -> list[tuple[Path, dict[str, Any]]]:
+def sidecar_chain(path: str | os.PathLike, first: dict[str, Any] | None = None,
+                  strict: bool = False) -> list[tuple[Path, dict[str, Any]]]:
     """(file, its sidecar) for this ONNX or engine and every file it was made from, nearest first, as far as readable
-    sidecars lead (`parent`, else `source_onnx`; a relative one found by linked_path). `first`: the start's sidecar
-    where the caller holds it already."""
+    sidecars lead (`parent`, else `source_onnx`; a relative one found by linked_path; a file seen before, however
+    spelled, ends it). `first`: the start's sidecar where the caller holds it already. strict: a sidecar up the chain
+    that is not valid JSON is the UserError read_sidecar gives (where a wrong answer would follow from stopping), else
+    it ends the chain."""
     chain: list[tuple[Path, dict[str, Any]]] = []
     current: Path | None = Path(path)
     side, seen = first, set()
-    while current is not None and str(current) not in seen:
-        seen.add(str(current))
+    while current is not None and os.path.realpath(current) not in seen:
+        seen.add(os.path.realpath(current))
         if side is None:
             try:
                 side = read_sidecar(current, required=False)
             except UserError:
+                if strict:
+                    raise
                 side = None
         if not side:
             break

@@ -317,8 +317,9 @@ def _check(onnx_path: Path, module: Any, layout: CacheLayout, config: ModelConfi
 # -- sidecars and profiles -------------------------------------------------------------------------
 
 def kv_meta(path: Path, sidecar: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, dict[str, Any] | None, Path | None]:
-    """(kv_cache metadata, export sidecar, export ONNX path): the nearest export up the sidecar chain that records one."""
-    for current, side in sidecar_chain(path, sidecar):
+    """(kv_cache metadata, export sidecar, export ONNX path): the nearest export up the sidecar chain that records one.
+    A corrupt sidecar on the way is an error: stopping there would build or run a KV-cache model as a plain one."""
+    for current, side in sidecar_chain(path, sidecar, strict=True):
         if "kv_cache" in side and side.get("step") == "export":
             return side["kv_cache"], side, current
     return None, None, None

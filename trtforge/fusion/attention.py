@@ -59,6 +59,7 @@ class Candidate:
     # an attention whatever the pass makes of it: the softmax reads MatMul(Q, Kᵀ) and feeds MatMul(probs, V) (through
     # Q/DQ where quantized); what a TensorRT that fuses attention itself is expected to fuse
     attention: bool = False
+    quantized: bool = False  # its batched MatMuls read Q/DQ (calibrate --quantize-attention): left unfused on purpose
 
 
 @dataclass
@@ -365,6 +366,7 @@ def find_candidates(model: onnx.ModelProto) -> list[Candidate]:
         quantized = any(_is_dequantized_activation(g, t) for t in scores.input[:2]) or (
             pv is None and any(u.op_type == "QuantizeLinear" for u in g.data_consumers(node.output[0])))
         cand.attention = pv is not None or quantized
+        cand.quantized = quantized
         if quantized:
             cand.reason = ("the attention's batched MatMuls are quantized (calibrate --quantize-attention): the plugin "
                            "runs them fp16 and would drop their Q/DQ; calibrate without it to fuse")

@@ -118,6 +118,9 @@ def evidence_lines(record: dict[str, Any], precision: str | None) -> list[str]:
                   f"{ev['layers']} fused layers for {profiles} profiles x {expected} attentions")
         line = (f"  in the engine: not every attention is fused in every profile ({kinds}; {counts}); the others run as "
                 "separate matrix multiplies and softmax")
+    if record.get("quantized_attentions"):
+        line += (f" ({len(record['quantized_attentions'])} of them quantized by calibrate --quantize-attention, left "
+                 "unfused on purpose)")
     if precision in ("fp32", "int8") and record.get("route") == "native":
         line += (" (TensorRT fuses attention in reduced precision and this build keeps it fp32: build --precision "
                  + ("fp16" if precision == "fp32" else "best") + " for it)")
@@ -131,6 +134,11 @@ def shortfall_warning(record: dict[str, Any], precision: str, engine: str) -> st
     if precision not in ("fp16", "best") or record.get("route") not in ("native", "plugin") or not ev.get("known") \
             or not ev.get("expected_per_profile") or ev.get("complete"):
         return None  # fp32/int8: TensorRT does not fuse it; route none/off: the record already says why nothing fuses
+    # Attentions quantized by calibrate --quantize-attention are left unfused on purpose: only the others are owed.
+    owed = ev["expected_per_profile"] - len(record.get("quantized_attentions") or [])
+    by_profile = ev.get("by_profile")
+    if owed <= 0 or (min(by_profile) >= owed if by_profile else ev["layers"] >= owed * max(1, ev.get("profiles", 1))):
+        return None
     where = " in some optimization profile" if ev.get("profiles", 1) > 1 else ""
     return (f"{engine}: not all of the graph's {ev['expected_per_profile']} attention(s) are fused in the engine{where}; "
             "the others run unfused and slower: `trtforge inspect` lists the layers.")

@@ -80,7 +80,8 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     record: dict[str, Any] = {"mode": mode, "route": base.kind, "why": base.reason, "replaced": [], "refused": [],
                               "padding_allowed": True, "mask_inputs": [],
                               # what the engine's layers are checked against after the build (engine_evidence.py)
-                              "attentions": [c.softmax for c in candidates if c.attention]}
+                              "attentions": [c.softmax for c in candidates if c.attention],
+                              "quantized_attentions": [c.softmax for c in candidates if c.attention and c.quantized]}
     if mode == "off":
         record.update(route="off", why="--fuse-attention off")
         return None, record
