@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtforge.artifacts import sidecar_chain
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
 from trtforge.layout import Layout
 from trtforge.outputs import OutputKind, Probe, declared_kinds, needs_probe, probe_sizes, resolve
-from trtforge.artifacts import sidecar_chain
 
 
 def output_kinds(reference: OrtRunner, reference_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange],

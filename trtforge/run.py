@@ -929,8 +929,12 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     else:
         recorded = (read_sidecar(target_path, required=False) or {}).get("reference_onnx")
     # A recorded path relative to the folder its step ran in (older sidecars) is looked for from here too.
-    reference_path = (Path(options.reference) if options.reference else linked_path(target_path, str(recorded)) if recorded
-                      else target_path)
+    if options.reference:
+        reference_path = Path(options.reference)
+    elif recorded:
+        reference_path = linked_path(target_path, str(recorded))
+    else:
+        reference_path = target_path
     ref_model = load_onnx(reference_path)
     specs, axes, _ = io_specs(reference_path, ref_model)
     del ref_model

@@ -85,12 +85,15 @@ def attention_evidence(record: dict[str, Any], layers: list[dict[str, Any]] | No
     if layers is None:
         return {"known": False, "why": why_no_layers or "no layer information", "expected_per_profile": expected}
     found = fused_attention_layers(layers, [r["node"] for r in record.get("replaced") or [] if r.get("node")], profiles)
-    # Whether every profile holds every attention fused: per profile where each layer's profile is known, else only the
-    # total against profiles x attentions can be compared.
-    by_profile = found["by_profile"]
-    complete = min(by_profile) >= expected if by_profile else found["layers"] >= expected * max(1, profiles)
+    complete = _every_profile_holds(found["by_profile"], found["layers"], profiles, expected)
     return {"known": True, "layers": found["layers"], "kinds": found["kinds"], "profiles": profiles,
-            "by_profile": by_profile, "expected_per_profile": expected, "complete": complete}
+            "by_profile": found["by_profile"], "expected_per_profile": expected, "complete": complete}
+
+
+def _every_profile_holds(by_profile: list[int] | None, layers: int, profiles: int, fused: int) -> bool:
+    """Whether every profile holds `fused` fused attentions: per profile where each layer's profile is known, else only
+    the total against profiles x fused can be compared."""
+    return min(by_profile) >= fused if by_profile else layers >= fused * max(1, profiles)
 
 
 def evidence_lines(record: dict[str, Any], precision: str | None) -> list[str]:
@@ -131,13 +134,11 @@ def shortfall_warning(record: dict[str, Any], precision: str, engine: str) -> st
     """A warning for an fp16 or best engine in which attentions the graph holds are left unfused where they were to be
     fused (by TensorRT itself or by the pass's plugins): they run slower. Best allows fp16, where attention fuses."""
     ev = record.get("engine") or {}
-    if precision not in ("fp16", "best") or record.get("route") not in ("native", "plugin") or not ev.get("known") \
-            or not ev.get("expected_per_profile") or ev.get("complete"):
+    if precision not in ("fp16", "best") or record.get("route") not in ("native", "plugin") or not ev.get("known"):
         return None  # fp32/int8: TensorRT does not fuse it; route none/off: the record already says why nothing fuses
     # Attentions quantized by calibrate --quantize-attention are left unfused on purpose: only the others are owed.
-    owed = ev["expected_per_profile"] - len(record.get("quantized_attentions") or [])
-    by_profile = ev.get("by_profile")
-    if owed <= 0 or (min(by_profile) >= owed if by_profile else ev["layers"] >= owed * max(1, ev.get("profiles", 1))):
+    owed = (ev.get("expected_per_profile") or 0) - len(record.get("quantized_attentions") or [])
+    if owed <= 0 or _every_profile_holds(ev.get("by_profile"), ev["layers"], ev.get("profiles", 1), owed):
         return None
     where = " in some optimization profile" if ev.get("profiles", 1) > 1 else ""
     return (f"{engine}: not all of the graph's {ev['expected_per_profile']} attention(s) are fused in the engine{where}; "
