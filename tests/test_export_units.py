@@ -130,6 +130,18 @@ def test_vacuous_reason_definitions():
     assert vacuous_reason(0.01 + rng.normal(0, 3e-3, (1, 5, 16, 16)).astype(np.float32)) is None
     assert vacuous_reason(np.array([3.0])) is None  # one value cannot be judged
     assert vacuous_reason(np.array([0.0])) == "all zeros"
+    # a random-init MobileViT's logits: activations shrink layer by layer to float32 subnormals (~1e-41),
+    # which fp16 and INT8 engines turn into zeros; the spread test alone passed them
+    assert vacuous_reason(rng.normal(0, 2e-41, (2, 10)).astype(np.float32)).startswith("subnormal")
+    assert vacuous_reason(rng.normal(0, 1e-30, (2, 10)).astype(np.float32)) is None  # tiny, but normal floats
+
+
+def test_export_refuses_vanishing_reference_output(tmp_path):
+    """A model whose activations vanish (random-init MobileViT: logits ~1e-41) failed later, in calibrate
+    and run, with cosine 0 and no hint of why; export now says so and how to fix it."""
+    proc = run_cli("export", "--model", f"{FIXTURES}/user_models.py:vanishing", "-o", str(tmp_path / "v.onnx"))
+    assert_user_error(proc, "reference output 'logits' is subnormal", "larger scale")
+    assert not (tmp_path / "v.onnx").exists()
 
 
 def test_export_refuses_all_zero_reference_output(tmp_path):

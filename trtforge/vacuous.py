@@ -9,6 +9,10 @@ random-init SegFormer's logits have std ~3e-3, which is small but very much not 
 constant when its spread (max - min) is below `RELATIVE_SPREAD` times its largest magnitude, i.e. the
 values agree to about float32 rounding. Outputs with a single element cannot be judged (a scalar is
 always 'constant') unless they are exactly zero.
+
+An output whose largest magnitude is below float32's smallest normal number is "subnormal": the
+model's activations have vanished (a random-init MobileViT's logits are ~1e-41), an fp16 or INT8
+engine turns them into zeros, and every later check fails with cosine 0 and no hint of why.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 from trtforge.errors import UserError
 
 RELATIVE_SPREAD = 1e-6
+SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
 
 
 def vacuous_reason(values: np.ndarray) -> str | None:
@@ -34,6 +39,8 @@ def vacuous_reason(values: np.ndarray) -> str | None:
     magnitude = float(np.max(np.abs(finite)))
     if magnitude == 0.0:
         return "all zeros"
+    if magnitude < SMALLEST_NORMAL:
+        return f"subnormal (largest magnitude {magnitude:.2g}, below float32's smallest normal {SMALLEST_NORMAL:.2g})"
     if array.size == 1:
         return None
     spread = float(np.max(finite) - np.min(finite))
@@ -46,6 +53,12 @@ def require_informative(outputs: dict[str, np.ndarray], where: str) -> None:
     """Raise UserError naming the first output whose reference values make the check vacuous."""
     for name, values in outputs.items():
         reason = vacuous_reason(values)
+        if reason and reason.startswith("subnormal"):
+            raise UserError(
+                f"{where}: reference output '{name}' is {reason}: the model's activations vanish layer by layer, "
+                "so fp16 and INT8 engines would return zeros; initialise the weights at a larger scale "
+                "(e.g. the config's initializer_range) or load trained weights."
+            )
         if reason:
             raise UserError(
                 f"{where}: reference output '{name}' is {reason}, so comparing against it proves nothing; "
