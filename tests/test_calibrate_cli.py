@@ -67,6 +67,31 @@ def test_gate_failure_exits_1(minilm_clean, tmp_path):
     assert_user_error(proc, "below the gate 0.9999", code=1)
 
 
+def test_int8_flops_floor_failure_says_where_the_float_flops_are(minilm_clean, tmp_path):
+    """A DeBERTa-v3 at a small hidden size spends most GEMM FLOPs in its relative-position attention MatMuls and
+    failed the floor with a bare percentage; the failure now names the float share by reason, and what to do."""
+    out = tmp_path / "m.int8.onnx"
+    proc = run_cli("calibrate", str(minilm_clean), "--data", "calib_data/minilm", "--max-samples", "16", "--max-eval-samples", "16",
+                   "--min-int8-flops", "0.99", "-o", str(out))
+    assert_user_error(proc, "below the floor 99% (min_int8_flops); float: attention's activation x activation MatMuls "
+                      "(--quantize-attention quantizes them)", "lower --min-int8-flops", code=1)
+    side = json.loads(out.with_name("m.int8.onnx.json").read_text())
+    shares = side["float_gemm_flops"]
+    assert set(shares) <= {"attention_bmm", "output_layer", "fallback", "gemv"} and shares["attention_bmm"] > 0.05
+    assert side["int8_gemm_flops_fraction"] + sum(shares.values()) == pytest.approx(1.0)
+    assert f"{shares['attention_bmm']:.1%}" in proc.stderr
+
+
+def test_float_flops_shares_by_reason():
+    from trtforge.calibrate.step import float_flops_shares
+
+    flops = {"qkv": 60.0, "bmm": 30.0, "head": 5.0, "kept": 4.0, "odd": 1.0}
+    shares = float_flops_shares(flops, {"qkv"}, {"bmm": "attention_bmm", "head": "output_layer"}, {"kept"})
+    assert shares == pytest.approx({"attention_bmm": 0.30, "output_layer": 0.05, "fallback": 0.04, "other": 0.01})
+    assert list(shares) == ["attention_bmm", "output_layer", "fallback", "other"]  # largest first
+    assert float_flops_shares({}, set(), {}, set()) == {}
+
+
 def _tiny_samples(folder, n=6, name="image", dtype=np.float32, rank=4):
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

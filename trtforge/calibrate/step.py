@@ -208,6 +208,29 @@ def _flops_fraction(flops: dict[str, float], int8_nodes: set[str]) -> float:
     return 1.0 if total == 0 else sum(v for k, v in flops.items() if k in int8_nodes) / total
 
 
+# Where the GEMM FLOPs that do not run int8 went, by the reason they stay float (the exclusion rules, the fallback).
+FLOAT_FLOPS_REASONS = {
+    "attention_bmm": "attention's activation x activation MatMuls (--quantize-attention quantizes them)",
+    "gemv": "matrix-vector products",
+    "conv_channels": "convolutions with too few channels for int8 kernels",
+    "output_layer": "the output layer",
+    "fallback": "layers the accuracy fallback kept float",
+    "other": "GEMMs with an input that cannot be quantized",
+}
+
+
+def float_flops_shares(flops: dict[str, float], int8_nodes: set[str], excluded: dict[str, str],
+                       float_nodes: set[str]) -> dict[str, float]:
+    """Share of all GEMM FLOPs in nodes that do not run int8, by why: an exclusion rule, the fallback, or other."""
+    total = sum(flops.values())
+    shares: dict[str, float] = {}
+    for node, value in flops.items():
+        if total and node not in int8_nodes:
+            why = excluded.get(node) or ("fallback" if node in float_nodes else "other")
+            shares[why] = shares.get(why, 0.0) + value / total
+    return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
+
+
 def _planned_int8(plan: QuantPlan, float_nodes: set[str]) -> set[str]:
     """GEMMs that run int8 once `float_nodes` stay float: targets with every input quantized (a target
     whose weight is not a constant, e.g. a Conv with a computed kernel, has a float input)."""
@@ -329,7 +352,9 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
 
     qdq = insert_qdq(working, plan, result.amax, set(result.float_nodes))
     # What really runs int8 is read off the written graph: both GEMM inputs behind a DequantizeLinear.
-    result.int8_flops_fraction = _flops_fraction(flops, int8_gemm_nodes(qdq))
+    int8_nodes = int8_gemm_nodes(qdq)
+    result.int8_flops_fraction = _flops_fraction(flops, int8_nodes)
+    float_shares = float_flops_shares(flops, int8_nodes, plan.excluded, set(result.float_nodes))
     if reused_sidecar is None:
         write_cache(cache_path, result.amax, result.method)
         cache_sidecar = {**fingerprint, "kind": "calibration_cache", "tensors": result.amax,
@@ -352,7 +377,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
         "cache_reason": reason, "method": result.method, "smooth": options.smooth if smooth_scales else None,
         "quantized_nodes": len(plan.targets) - len(result.float_nodes), "float_nodes": result.float_nodes,
         "excluded": plan.excluded, "quantize_attention": options.quantize_attention,
-        "int8_gemm_flops_fraction": result.int8_flops_fraction, "accuracy": accuracy_json,
+        "int8_gemm_flops_fraction": result.int8_flops_fraction, "float_gemm_flops": float_shares, "accuracy": accuracy_json,
         "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops,
                  "min_top1_agreement": options.min_top1_agreement, "min_pixel_agreement": options.min_pixel_agreement},
         # What the gate was measured on, so that `build` can re-check it on the engine.
@@ -440,7 +465,11 @@ def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[st
     if check.get("status") == "failed":
         failures += check["failures"]
     if sidecar["int8_gemm_flops_fraction"] < options.min_int8_flops:
-        failures.append(f"only {sidecar['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor {options.min_int8_flops:.0%}")
+        rest = "; ".join(f"{FLOAT_FLOPS_REASONS.get(why, why)} {share:.1%}" for why, share in
+                         (sidecar.get("float_gemm_flops") or {}).items() if share >= 0.001)
+        failures.append(f"only {sidecar['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor "
+                        f"{options.min_int8_flops:.0%} (min_int8_flops)" + (f"; float: {rest}" if rest else "")
+                        + "; lower --min-int8-flops (calibrate.min_int8_flops) where this model's float share is expected")
     return failures
 
 
