@@ -153,10 +153,7 @@ int32_t alignment(void const* p) {
     return align;
 }
 
-bool autotune_enabled() {
-    char const* v = std::getenv("TRTFORGE_GEMM_AUTOTUNE");
-    return !(v && std::string(v) == "0");
-}
+bool autotune_enabled() { return trtforge::autotune_enabled("TRTFORGE_GEMM_AUTOTUNE"); }
 
 class GemmPlugin final : public IPluginV2DynamicExt {
    public:

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,13 @@ inline bool capturing(cudaStream_t stream) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     cudaStreamIsCapturing(stream, &status);
     return status != cudaStreamCaptureStatusNone;
+}
+
+// Whether a plugin times its library's candidate kernels (on unless the environment variable is "0", which takes the
+// library's first choice instead: for measuring what the timing buys).
+inline bool autotune_enabled(char const* variable) {
+    char const* v = std::getenv(variable);
+    return !(v && std::string(v) == "0");
 }
 
 inline void log_plugin_error(char const* plugin, std::string const& what) {
