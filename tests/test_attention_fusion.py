@@ -23,12 +23,15 @@ from trtforge.fusion.step import attention_fusion, describe, sm_of
 
 EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "legacy"), ("vit", "dynamo"),
            ("gpt2", "legacy"), ("gpt2", "dynamo")]
+# More architectures with attention written their own way: DistilBERT and CLIP's vision tower (the plugin takes them),
+# DeBERTa-v3's disentangled attention, T5's relative-position bias and Swin's window bias and shift mask (it must not).
+MORE = [("distilbert", "legacy"), ("clip-vision", "legacy"), ("deberta", "legacy"), ("t5-encoder", "legacy"), ("swin", "legacy")]
 
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
     """Each small zoo model exported once per exporter and cleaned, as `trtforge build` would receive it."""
-    return export_zoo(tmp_path_factory.mktemp("attn"), EXPORTS)
+    return export_zoo(tmp_path_factory.mktemp("attn"), EXPORTS + MORE)
 
 
 def _load(zoo, key, seq=16):
@@ -173,6 +176,43 @@ def test_causal_attention_is_refused_with_its_reason(zoo, exporter):
     fused, report = _fuse(model, sizes, specs, sm=80)
     assert not report.replaced and len(report.refused) == 2
     assert all("causal" in r["reason"] for r in report.refused), report.refused
+    assert fused.graph.node == model.graph.node
+
+
+@pytest.mark.parametrize("key", [("distilbert", "legacy"), ("clip-vision", "legacy")], ids=lambda k: k[0])
+def test_more_encoders_are_fused_and_equal_the_original(zoo, key):
+    model, specs, axes, sizes = _load(zoo, key)
+    fused, report = _fuse(model, sizes, specs, sm=80)
+    assert len(report.replaced) == 2 and not report.refused, report.to_json()
+    emulated = emulate_plugins(fused, padded_head=32)
+    if "seq" in sizes:
+        sizes = dict(sizes, seq=min(23, axes["seq"].max))
+    feeds = random_feeds(specs, dict(sizes, batch=3), seed=7)
+    want = OrtRunner(model.SerializeToString()).run(feeds)
+    got = OrtRunner(emulated.SerializeToString()).run(feeds)
+    for name, value in want.items():
+        assert np.linalg.norm(got[name] - value) / np.linalg.norm(value) < 1e-5, name
+
+
+@pytest.mark.parametrize("key,count", [(("t5-encoder", "legacy"), 2), (("swin", "legacy"), 4)], ids=["t5-encoder", "swin"])
+def test_position_bias_attentions_are_refused_with_their_reason(zoo, key, count):
+    """T5's relative-position bias and Swin's window bias (and shift mask) are added to the scores; the plugin adds
+    none, so each attention is refused, saying why, and still counted as an attention (what a native route owes)."""
+    model, specs, _, sizes = _load(zoo, key)
+    fused, report = _fuse(model, sizes, specs, sm=80)
+    assert not report.replaced and len(report.refused) == count, report.to_json()
+    assert all("varies across the keys" in r["reason"] and "no padding mask" in r["reason"] for r in report.refused), report.refused
+    assert sum(c.attention for c in find_candidates(model)) == count
+    assert fused.graph.node == model.graph.node
+
+
+def test_deberta_disentangled_attention_is_counted_and_refused(zoo):
+    """DeBERTa-v3 adds content-to-position and position-to-content terms to Q·Kᵀ on [B*N, S, S] scores and reshapes
+    them to [B, N, S, S] only for the mask: counted as an attention (TensorRT-RTX fuses it), refused by the plugin route."""
+    model, specs, _, sizes = _load(zoo, ("deberta", "legacy"))
+    assert [c.attention for c in find_candidates(model)] == [True, True]
+    fused, report = _fuse(model, sizes, specs, sm=80)
+    assert not report.replaced and all("not [batch, heads, seq, seq]" in r["reason"] for r in report.refused), report.refused
     assert fused.graph.node == model.graph.node
 
 
@@ -546,6 +586,33 @@ def test_tensorrt_rtx_fuses_every_zoo_attention_in_fp16_and_the_build_proves_it(
     assert set(engine["kinds"]) == {"_gemm_mha_v2"} and not [w for w in warnings if "fused in the engine" in w]
     proc = run_cli("inspect", str(tmp_path / "m.engine"))
     assert proc.returncode == 0 and "in the engine: 2 of 2 attention(s) fused" in proc.stdout
+
+
+@pytest.mark.parametrize("key", [k for k in MORE if k[0] != "swin"], ids=lambda key: key[0])
+def test_tensorrt_rtx_fuses_the_other_architectures_attention_and_the_build_counts_it(zoo, key, tmp_path):
+    """DistilBERT, CLIP, DeBERTa-v3 (disentangled) and T5 (position bias): TensorRT-RTX fuses both layers' attention,
+    and the build counts them against the graph's two (DeBERTa's were not counted before: 4 fused of 0)."""
+    require("tensorrt_rtx")
+    from trtforge.build import build
+
+    warnings: list[str] = []
+    result = build(zoo[key], tmp_path / "m.engine", "fp16", None, backend="tensorrt_rtx", warn=warnings.append)
+    record = result.sidecar["attention_fusion"]
+    engine = record["engine"]
+    assert len(record["attentions"]) == 2 and engine["complete"] and engine["expected_per_profile"] == 2, engine
+    assert not [w for w in warnings if "fused in the engine" in w]
+
+
+def test_swin_window_attention_unfused_by_tensorrt_rtx_is_warned(zoo, tmp_path):
+    """Swin's four window attentions (bias and shift mask) are not fused by TensorRT-RTX: the build says so."""
+    require("tensorrt_rtx")
+    from trtforge.build import build
+
+    warnings: list[str] = []
+    result = build(zoo[("swin", "legacy")], tmp_path / "m.engine", "fp16", None, backend="tensorrt_rtx", warn=warnings.append)
+    engine = result.sidecar["attention_fusion"]["engine"]
+    assert engine["expected_per_profile"] == 4 and not engine["complete"], engine
+    assert [w for w in warnings if "not all of the graph's 4 attention(s) are fused" in w]
 
 
 @pytest.mark.parametrize("key", EXPORTS, ids=lambda key: "-".join(key))

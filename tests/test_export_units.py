@@ -181,6 +181,15 @@ def test_exception_summary_strips_ansi_and_keeps_root_cause():
     long = RuntimeError("\x1b[1m" + "preamble words " * 100 + "\nthe end: Constraints violated (seq)\x1b[0m")
     text = exception_summary(long, limit=120)
     assert "\x1b" not in text and text.endswith("the end: Constraints violated (seq)") and len(text) < 140
+    # torch's FX interpreter puts the failing node and the traced code AFTER the reason (T5 and Swin under the dynamo
+    # exporter): the summary ended in the traceback and lost the reason
+    fx = ValueError("Cannot view a tensor with shape torch.Size([s21, s22, 4, 16]) and strides (64*s22, 16, 16*s22, 1) "
+                    "as a tensor with shape (s21, s22, 64)!\nWhile executing %view_4 : [num_users=1] = call_function["
+                    "target=torch.ops.aten.view.default](args = (%transpose_3, [%sym_size_int_9, -1]), kwargs = {})\n"
+                    "Original traceback:\n" + '  File "modeling_t5.py", line 368, in forward\n    x = x.reshape()\n' * 20
+                    + "Use tlparse to see full graph.")
+    assert exception_summary(fx) == ("ValueError: Cannot view a tensor with shape torch.Size([s21, s22, 4, 16]) and strides "
+                                     "(64*s22, 16, 16*s22, 1) as a tensor with shape (s21, s22, 64)!")
 
 
 def test_exporter_error_keeps_root_cause_without_ansi(tmp_path):

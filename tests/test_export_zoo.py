@@ -19,8 +19,14 @@ from trtforge.export import export_model
 from trtforge.graph import clean_file
 from trtforge.tokenize import find_tokenizer_dir
 
-ZOO = ("bert", "roberta", "gpt2", "vit", "resnet", "segformer")
-TEXT = ("bert", "roberta", "gpt2")
+ZOO = ("bert", "roberta", "gpt2", "vit", "resnet", "segformer", "distilbert", "deberta", "t5-encoder", "swin", "convnext",
+       "clip-vision")
+TEXT = ("bert", "roberta", "gpt2", "distilbert", "deberta", "t5-encoder")
+# torch 2.13's dynamo exporter cannot decompose T5's and Swin's attention (the reshape that merges the heads becomes a
+# view of a transposed tensor under symbolic sizes): they take the legacy exporter, and the dynamo failure is one
+# sentence with torch's reason (test_dynamo_failure_names_torchs_reason).
+DYNAMO_FAILS = ("t5-encoder", "swin")
+CASES = [(n, e) for n in ZOO for e in ("legacy", "dynamo") if not (e == "dynamo" and n in DYNAMO_FAILS)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,8 +58,7 @@ def _export_and_clean(name, exporter, folder):
     return cfg, result, cleaned
 
 
-@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
-@pytest.mark.parametrize("name", ZOO)
+@pytest.mark.parametrize("name,exporter", CASES, ids=[f"{n}-{e}" for n, e in CASES])
 def test_zoo_model_exports_and_cleans(name, exporter, zoo_dir):
     cfg, result, cleaned = _export_and_clean(name, exporter, zoo_dir)
     side = result.sidecar
@@ -73,8 +78,18 @@ def test_zoo_model_exports_and_cleans(name, exporter, zoo_dir):
     model = onnx.load(str(cleaned.path))
     assert not [n.name for n in model.graph.node if n.op_type == "Shape" and n.attribute]
     assert max(cleaned.rel_l2.values()) <= cfg.clean.tolerance
-    if exporter == "dynamo" and name in TEXT:
-        assert cleaned.sidecar["rewritten"]["shape_start_end"]  # the text models' dynamo graphs hold them
+    if exporter == "dynamo" and name in ("bert", "roberta", "gpt2"):
+        assert cleaned.sidecar["rewritten"]["shape_start_end"]  # these text models' dynamo graphs hold them
+
+
+@pytest.mark.parametrize("name", DYNAMO_FAILS)
+def test_dynamo_failure_names_torchs_reason(name, tmp_path):
+    """The reason sits before torch's FX trace in its message; the summary used to keep the trace's end instead."""
+    cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / f"{name}.yaml"), {"export.exporter": "dynamo"})
+    with pytest.raises(UserError, match=r"the dynamo exporter failed at opset 17: ValueError: Cannot view a tensor with "
+                                        r"shape .*; try another --opset or --exporter\.$") as err:
+        export_model(cfg, tmp_path / "m.onnx")
+    assert "Original traceback" not in str(err.value) and not (tmp_path / "m.onnx").exists()
 
 
 def test_segformer_dynamo_export_names_the_axis_range_torch_can_prove(tmp_path):

@@ -17,7 +17,8 @@ from conftest import ROOT, require, run_cli
 
 require("tensorrt_rtx")
 
-ZOO = ("bert", "roberta", "gpt2", "vit", "resnet", "segformer")
+ZOO = ("bert", "roberta", "gpt2", "vit", "resnet", "segformer", "distilbert", "deberta", "t5-encoder", "swin", "convnext",
+       "clip-vision")
 TASK_METRIC = {"logits": "top1_agreement", "dense": "pixel_agreement", "token": "mean_item_cosine", "pooled": "mean_item_cosine"}
 
 

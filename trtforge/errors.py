@@ -30,6 +30,8 @@ _BOILERPLATE = (
     "To execute this test, run",
     "from user code:",
 )
+# Where torch's FX interpreter starts appending the failing node and the traced code to the reason.
+_TRACE_MARKERS = ("While executing %", "Original traceback:", "Use tlparse")
 
 
 def strip_ansi(text: str) -> str:
@@ -51,9 +53,12 @@ def root_cause(exc: BaseException) -> BaseException:
 
 def exception_summary(exc: BaseException, limit: int = 600) -> str:
     """'Type: message' of the root cause on one line, ANSI-free, keeping its END when too long: torch puts
-    a long preamble (the traced code, the export step) first and the reason last."""
+    a long preamble (the traced code, the export step) first and the reason last; what torch's FX interpreter
+    appends after the reason (the failing node, the traced code) is dropped."""
     cause = root_cause(exc)
-    lines = [line.strip() for line in strip_ansi(str(cause)).splitlines()]
+    message = strip_ansi(str(cause))
+    cut = min((i for i in (message.find(m) for m in _TRACE_MARKERS) if i > 0), default=len(message))
+    lines = [line.strip() for line in message[:cut].splitlines()]
     lines = [line for line in lines if line and not line.startswith(_BOILERPLATE)]
     text = " ".join(" ".join(lines).split())
     if len(text) > limit:

@@ -178,6 +178,95 @@ def segformer(size: str = "small") -> tuple:
     return module, {"pixel_values": torch.rand(1, 3, 64, 64)}, ["logits"], None
 
 
+def distilbert(size: str = "small") -> tuple:
+    """transformers DistilBertModel: no token types, no pooler; its attention is written apart from BERT's."""
+    transformers = _hf()
+    _seed()
+    config = transformers.DistilBertConfig() if size == "full" else transformers.DistilBertConfig(
+        dim=64, n_layers=2, n_heads=4, hidden_dim=128, initializer_range=SMALL_INIT)
+    tok = _tokenizer("bert")
+    module = transformers.DistilBertModel(config).eval()
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
+
+
+def deberta(size: str = "small") -> tuple:
+    """transformers DebertaV2Model as DeBERTa-v3 is configured (disentangled attention: content-to-position and
+    position-to-content terms added to Q·Kᵀ, log-bucketed relative positions); BERT's vocabulary stands in for its
+    SentencePiece one (the weights are random)."""
+    transformers = _hf()
+    _seed()
+    v3 = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=-1, position_buckets=256,
+              norm_rel_ebd="layer_norm", share_att_key=True, vocab_size=30522)
+    config = transformers.DebertaV2Config(**v3) if size == "full" else transformers.DebertaV2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, initializer_range=SMALL_INIT, **v3)
+    tok = _tokenizer("bert")
+    module = transformers.DebertaV2Model(config).eval()
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
+
+
+def t5_encoder(size: str = "small") -> tuple:
+    """transformers T5EncoderModel: RMS-style LayerNorm without a bias, unscaled Q·Kᵀ plus a learned relative-position
+    bias, ReLU FFN; BERT's vocabulary stands in for T5's SentencePiece one."""
+    transformers = _hf()
+    _seed()
+    config = transformers.T5Config(vocab_size=30522) if size == "full" else transformers.T5Config(
+        d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=30522)
+    tok = _tokenizer("bert")
+    module = transformers.T5EncoderModel(config).eval()
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
+
+
+def swin(size: str = "small") -> tuple:
+    """transformers SwinForImageClassification: attention within shifted windows, with a relative-position bias.
+    The bias tables are drawn at random: transformers starts them at zero, where an attention pass that dropped them
+    would still match; a trained Swin's are not zero."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    config = transformers.SwinConfig(num_labels=1000) if size == "full" else transformers.SwinConfig(
+        image_size=32, patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=10,
+        initializer_range=SMALL_INIT)
+    module = transformers.SwinForImageClassification(config).eval()
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.endswith("relative_position_bias_table"):
+                param.normal_(0.0, 1.0)
+    side = config.image_size
+    return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits"], None
+
+
+def convnext(size: str = "small") -> tuple:
+    """transformers ConvNextForImageClassification: depthwise 7x7 convolutions, channels-last LayerNorm, GELU MLPs
+    and layer scale. Small: the layer scale starts at 1 (the library's 1e-6 would leave every block's output out of
+    the residual sum, so no check could see the blocks)."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    config = transformers.ConvNextConfig(num_labels=1000) if size == "full" else transformers.ConvNextConfig(
+        hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_labels=10, layer_scale_init_value=1.0,
+        initializer_range=SMALL_INIT)
+    module = transformers.ConvNextForImageClassification(config).eval()
+    side = 224 if size == "full" else 32
+    return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits"], None
+
+
+def clip_vision(size: str = "small") -> tuple:
+    """transformers CLIPVisionModel (ViT-B/32 at full size): pre-LayerNorm, quick-GELU (x * sigmoid(1.702 x)),
+    a class embedding; token states and the pooled class token."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    config = transformers.CLIPVisionConfig() if size == "full" else transformers.CLIPVisionConfig(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        initializer_range=SMALL_INIT)
+    module = transformers.CLIPVisionModel(config).eval()
+    side = config.image_size
+    return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["last_hidden_state", "pooler_output"], None
+
+
 def deeplabv3(size: str = "full") -> tuple:
     """torchvision DeepLabV3-ResNet50 (random init): per-pixel logits at the input's resolution. Needs torchvision."""
     import torch

@@ -45,6 +45,7 @@ class Candidate:
     probs: str = ""  # softmax output
     ctx: str = ""  # merged-heads context [B, S, E]
     masked: bool = False  # an additive or Where mask term between the scores and the softmax
+    terms: list[str] = field(default_factory=list)  # tensors Added to the scores on the way (masks, position biases)
     causal: bool = False  # the probabilities are zero above the diagonal on an unpadded input (a decoder)
     ctx_rank: int = 3  # the context tensor's rank: [B, S, E], or [B*S, E] where the exporter merged the tokens
     scale: float = 1.0  # scalar factors between the scores MatMul and the softmax
@@ -108,25 +109,26 @@ def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     return default
 
 
-def _reaches_matmul(g: _Graph, t: str) -> bool:
-    """Whether t is a MatMul's output seen through Cast and scalar Mul/Div (the scores side of a mask Add)."""
-    for _ in range(6):
-        node = g.producer.get(t)
-        if node is None:
-            return False
-        if node.op_type == "MatMul":
-            return True
-        if node.op_type == "Cast" or (node.op_type in ("Mul", "Div") and g.scalar(node.input[1]) is not None):
-            t = node.input[0]
-        elif node.op_type == "Mul" and g.scalar(node.input[0]) is not None:
-            t = node.input[1]
-        else:
-            return False
+def _reaches_matmul(g: _Graph, t: str, depth: int = 6) -> bool:
+    """Whether t is a MatMul's output seen through Cast, Reshape, scalar Mul/Div and Add (the scores side of a mask Add
+    or Where: DeBERTa adds its relative-position terms to Q·Kᵀ before the mask)."""
+    node = g.producer.get(t)
+    if node is None or depth == 0:
+        return False
+    if node.op_type == "MatMul":
+        return True
+    if node.op_type in ("Cast", "Reshape") or (node.op_type in ("Mul", "Div") and g.scalar(node.input[1]) is not None):
+        return _reaches_matmul(g, node.input[0], depth - 1)
+    if node.op_type == "Mul" and g.scalar(node.input[0]) is not None:
+        return _reaches_matmul(g, node.input[1], depth - 1)
+    if node.op_type == "Add":
+        return any(_reaches_matmul(g, i, depth - 1) for i in node.input)
     return False
 
 
 def _scores_path(g: _Graph, cand: Candidate, start: str) -> onnx.NodeProto | None:
-    """Walk up from the softmax input to the scores MatMul, collecting mask terms and scalar scales."""
+    """Walk up from the softmax input to the scores MatMul, collecting mask terms and scalar scales (through Cast, and
+    Reshape: DeBERTa's scores are [B*N, S, S] until they meet the mask)."""
     t = start
     for _ in range(12):
         node = g.producer.get(t)
@@ -134,7 +136,7 @@ def _scores_path(g: _Graph, cand: Candidate, start: str) -> onnx.NodeProto | Non
             return None
         if node.op_type == "MatMul":
             return node
-        if node.op_type == "Cast":
+        if node.op_type in ("Cast", "Reshape"):
             t = node.input[0]
         elif node.op_type in ("Mul", "Div") and g.scalar(node.input[1]) is not None:
             c = g.scalar(node.input[1])
@@ -151,6 +153,8 @@ def _scores_path(g: _Graph, cand: Candidate, start: str) -> onnx.NodeProto | Non
             others = [i for i in data if i != main[0]]
             zero = all(g.const(i) is not None and not np.any(g.const(i)) for i in others) and node.op_type == "Add"
             cand.masked = cand.masked or not zero
+            if node.op_type == "Add" and not zero:
+                cand.terms += others
             t = main[0]
         else:
             return None
@@ -296,7 +300,8 @@ def _projection(g: _Graph, start: str) -> Projection | None:
 
 
 def _pv_matmul(g: _Graph, probs: str) -> onnx.NodeProto | None:
-    """Down from the softmax output to probs @ V, through Cast and the NaN guard (Where(IsNaN(p), 0, p))."""
+    """Down from the softmax output to probs @ V, through Cast, Reshape (DeBERTa's [B*N, S, S]) and the NaN guard
+    (Where(IsNaN(p), 0, p))."""
     t = probs
     for _ in range(6):
         users = g.data_consumers(t)
@@ -304,11 +309,10 @@ def _pv_matmul(g: _Graph, probs: str) -> onnx.NodeProto | None:
         if mm:
             return mm[0]
         where = [u for u in users if u.op_type == "Where" and u.input[2] == t]
-        casts = [u for u in users if u.op_type == "Cast"]
         if where:
             t = where[0].output[0]
-        elif len(users) == 1 and casts:
-            t = casts[0].output[0]
+        elif len(users) == 1 and users[0].op_type in ("Cast", "Reshape"):
+            t = users[0].output[0]
         else:
             return None
     return None
@@ -417,6 +421,16 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def _varies_across_keys(term: np.ndarray) -> bool:
+    """Whether an added score term differs between keys (the last axis) anywhere: a padding mask on unpadded inputs
+    is constant along it, a position bias is not."""
+    term = np.asarray(term, np.float64)
+    if term.ndim == 0 or term.shape[-1] < 2:
+        return False
+    finite = np.where(np.isfinite(term), term, 0.0)
+    return bool(np.ptp(finite, axis=-1).max() > 1e-6 * max(1.0, float(np.abs(finite).max())))
+
+
 def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.ndarray]) -> None:
     """Numeric half of the match: heads, causality and the recomputed context against ORT's."""
     live = [c for c in cands if c.reason is None]
@@ -424,7 +438,7 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
         return
     names = set()
     for c in live:
-        names.update([c.scores, c.probs, *c.ctx.split(",")])
+        names.update([c.scores, c.probs, *c.ctx.split(","), *c.terms])
         names.update(p.x for p in (c.q, c.k, c.v) if p is not None)
     values = observe(model, feeds, sorted(names))
     for c in live:
@@ -476,7 +490,10 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
         tol = 2e-2 if fp16 else 1e-4  # a misread layout is off by O(1)
         c.ctx_rank = values[c.ctx].ndim
         err = _rel(values[c.ctx], ref.reshape(values[c.ctx].shape))
-        if not err <= tol:
+        if not err <= tol and any(_varies_across_keys(values[t]) for t in c.terms):
+            c.reason = ("a term that varies across the keys is added to the scores on unpadded inputs, so it is no padding "
+                        "mask (a relative-position bias or a window mask, as in T5 and Swin): the plugin adds none")
+        elif not err <= tol:
             c.reason = f"recomputed attention differs from the graph's (rel-L2 {err:.1e} > {tol:g}): a layout this pass does not model"
 
 
