@@ -25,6 +25,22 @@ inline bool autotune_enabled(char const* variable) {
     return !(v && std::string(v) == "0");
 }
 
+// Mean milliseconds of `runs` calls of run() on `stream` after one untimed call (each returns whether it launched), or
+// a negative value where a call failed: the candidate-timing loop the plugins share. start, stop: the caller's events.
+template <typename Run>
+float time_ms(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, int runs, Run run) {
+    bool ran = run() && cudaEventRecord(start, stream) == cudaSuccess;
+    for (int r = 0; ran && r < runs; ++r) ran = run();
+    float ms = 0.f;
+    ran = ran && cudaEventRecord(stop, stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
+          cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+    if (!ran) {
+        cudaStreamSynchronize(stream);
+        return -1.f;
+    }
+    return ms / runs;
+}
+
 inline void log_plugin_error(char const* plugin, std::string const& what) {
     std::fprintf(stderr, "[%s] %s\n", plugin, what.c_str());
 }

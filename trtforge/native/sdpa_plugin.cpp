@@ -139,17 +139,10 @@ class SdpaGraphs {
         float best_ms = std::numeric_limits<float>::infinity(), first_ms = -1.f;
         int64_t best = -1, timed = 0;
         for (int64_t i = 0; i < count; ++i) {
-            if (!e.graph->execute_plan_at_index(handle_, pack, e.workspace, i).is_good()) continue;  // not built, or failed
-            bool ran = cudaEventRecord(start, stream) == cudaSuccess;
-            for (int r = 0; ran && r < kTimedRuns; ++r) ran = e.graph->execute_plan_at_index(handle_, pack, e.workspace, i).is_good();
-            float ms = 0.f;
-            ran = ran && cudaEventRecord(stop, stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
-                  cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-            if (!ran) {
-                cudaStreamSynchronize(stream);
-                continue;
-            }
-            ms /= kTimedRuns;
+            float const ms = trtforge::time_ms(stream, start, stop, kTimedRuns, [&] {  // a plan not built fails at once
+                return e.graph->execute_plan_at_index(handle_, pack, e.workspace, i).is_good();
+            });
+            if (ms < 0.f) continue;
             if (first_ms < 0.f) first_ms = ms;
             if (ms < best_ms) best_ms = ms, best = i;
             ++timed;
