@@ -17,10 +17,7 @@
 // sidecar records that and `trtforge run` refuses a padded attention_mask for it.
 //
 // One cuDNN graph per (B, S) is built on first use, outside CUDA-graph capture (trtforge's run loop enqueues
-// every new shape plainly before it captures), and shared by every layer and context of the process. Every execution
-// plan cuDNN's heuristic offers for it is built and timed on that first enqueue's stream, and the fastest kept (the
-// heuristic's first pick ran BERT-base's attention at ~350 TFLOP/s on the H200); TRTFORGE_SDPA_AUTOTUNE=0 takes the
-// heuristic's first plan untimed, as before, for measuring what the timing buys.
+// every new shape plainly before it captures), and shared by every layer and context of the process.
 
 #include <NvInfer.h>
 #include <cuda_runtime_api.h>
@@ -30,7 +27,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,7 +42,6 @@ namespace {
 
 constexpr char const* kPluginName = "TrtforgeFlashAttention";
 constexpr char const* kPluginVersion = "1";
-constexpr int kTimedRuns = 5;  // per cuDNN plan, after one untimed run
 
 struct Params {
     int32_t hidden;
@@ -68,10 +63,6 @@ class SdpaGraphs {
     // Enqueue one attention on `stream`; false (with a message on stderr) when cuDNN cannot run it.
     bool run(Params const& p, int64_t b, int64_t s, __half const* qkv, __half* out, cudaStream_t stream) {
         std::lock_guard<std::mutex> lock(mutex_);
-        int64_t const d = p.hidden / p.heads;
-        // cuDNN reads the pointers only; the const_cast is its API's, not a write.
-        auto* base = const_cast<__half*>(qkv);
-        std::unordered_map<int64_t, void*> pack = {{1, base}, {2, base + d}, {3, base + 2 * d}, {4, out}};
         auto key = std::make_tuple(b, s, p.heads, p.hidden, p.scale, p.causal);
         auto it = graphs_.find(key);
         if (it == graphs_.end()) {
@@ -81,11 +72,9 @@ class SdpaGraphs {
                 return false;
             }
             if (!handle_ && !create_handle()) return false;
-            bool const timed = trtforge::autotune_enabled("TRTFORGE_SDPA_AUTOTUNE");
-            Entry entry{build(p, b, s, timed), nullptr, -1};
+            Entry entry{build(p, b, s), nullptr};
             if (!entry.graph) return false;
-            // Timed: room for any plan's workspace; else the heuristic's first plan's.
-            int64_t const bytes = timed ? entry.graph->get_autotune_workspace_size() : entry.graph->get_workspace_size();
+            int64_t const bytes = entry.graph->get_workspace_size();
             if (bytes > 0) {
                 // Kept for the process: a captured CUDA graph bakes this address in, so it is never freed or moved.
                 // Streams running this shape at once would share it; trtforge's loop enqueues from one thread.
@@ -96,20 +85,18 @@ class SdpaGraphs {
                 log_error("note: attention " + std::to_string(b) + "x" + std::to_string(s) + " uses " + std::to_string(bytes) +
                           " bytes of cuDNN workspace");
             }
-            if (cudnnSetStream(handle_, stream) != CUDNN_STATUS_SUCCESS) {
-                log_error("cudnnSetStream failed");
-                return false;
-            }
-            if (timed) entry.plan = fastest_plan(entry, b, s, d, pack, stream);
             it = graphs_.emplace(key, entry).first;
         }
         Entry const& entry = it->second;
+        int64_t const d = p.hidden / p.heads;
+        // cuDNN reads the pointers only; the const_cast is its API's, not a write.
+        auto* base = const_cast<__half*>(qkv);
+        std::unordered_map<int64_t, void*> pack = {{1, base}, {2, base + d}, {3, base + 2 * d}, {4, out}};
         if (cudnnSetStream(handle_, stream) != CUDNN_STATUS_SUCCESS) {
             log_error("cudnnSetStream failed");
             return false;
         }
-        auto status = entry.plan >= 0 ? entry.graph->execute_plan_at_index(handle_, pack, entry.workspace, entry.plan)
-                                      : entry.graph->execute(handle_, pack, entry.workspace);
+        auto status = entry.graph->execute(handle_, pack, entry.workspace);
         if (!status.is_good()) {
             log_error("cuDNN execute failed: " + status.get_message());
             return false;
@@ -121,42 +108,7 @@ class SdpaGraphs {
     struct Entry {
         std::shared_ptr<fe::graph::Graph> graph;
         void* workspace;
-        int64_t plan;  // the timed fastest plan's index; -1: the heuristic's first (execute())
     };
-
-    // Each built plan run once untimed and kTimedRuns times timed on `stream` (into the real output, which the real
-    // execution overwrites next); the fastest one's index, or -1 (the heuristic's first) where none could be timed.
-    int64_t fastest_plan(Entry const& e, int64_t b, int64_t s, int64_t d, std::unordered_map<int64_t, void*>& pack,
-                         cudaStream_t stream) {
-        int64_t const count = e.graph->get_execution_plan_count();
-        if (count < 2) return -1;
-        cudaEvent_t start = nullptr, stop = nullptr;
-        if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
-            log_error("cudaEventCreate failed; taking cuDNN's first plan untimed");
-            if (start) cudaEventDestroy(start);
-            return -1;
-        }
-        float best_ms = std::numeric_limits<float>::infinity(), first_ms = -1.f;
-        int64_t best = -1, timed = 0;
-        for (int64_t i = 0; i < count; ++i) {
-            float const ms = trtforge::time_ms(stream, start, stop, kTimedRuns, [&] {  // a plan not built fails at once
-                return e.graph->execute_plan_at_index(handle_, pack, e.workspace, i).is_good();
-            });
-            if (ms < 0.f) continue;
-            if (first_ms < 0.f) first_ms = ms;
-            if (ms < best_ms) best_ms = ms, best = i;
-            ++timed;
-        }
-        cudaGetLastError();  // a plan that failed to launch leaves nothing for later calls to trip on
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-        char line[256];
-        std::snprintf(line, sizeof(line), "note: attention %ldx%ld (head size %ld): cuDNN plan %ld of %ld timed (%ld ran), %.4f ms "
-                      "(the first that ran %.4f ms)", static_cast<long>(b), static_cast<long>(s), static_cast<long>(d),
-                      static_cast<long>(best + 1), static_cast<long>(count), static_cast<long>(timed), best_ms, first_ms);
-        log_error(best >= 0 ? line : "no cuDNN plan could be timed; taking the heuristic's first");
-        return best;
-    }
 
     bool create_handle() {
         auto st = cudnnCreate(&handle_);
@@ -168,8 +120,7 @@ class SdpaGraphs {
         return true;
     }
 
-    // all_plans: build every plan the heuristic offers (to time them), not just its first.
-    std::shared_ptr<fe::graph::Graph> build(Params const& p, int64_t b, int64_t s, bool all_plans) {
+    std::shared_ptr<fe::graph::Graph> build(Params const& p, int64_t b, int64_t s) {
         int64_t const h = p.heads, e = p.hidden, d = e / h;
         auto graph = std::make_shared<fe::graph::Graph>();
         graph->set_io_data_type(fe::DataType_t::HALF)
@@ -202,7 +153,7 @@ class SdpaGraphs {
         if (!st.is_good()) return fail("create_execution_plans", st);
         st = graph->check_support(handle_);
         if (!st.is_good()) return fail("check_support", st);
-        st = graph->build_plans(handle_, all_plans ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+        st = graph->build_plans(handle_);
         if (!st.is_good()) return fail("build_plans", st);
         return graph;
     }
