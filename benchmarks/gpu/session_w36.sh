@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran on an H100 on 2026-12-06, RESULTS w36: no gain; the plan timing was reverted in f2281a6, so TRTFORGE_SDPA_AUTOTUNE no longer exists.)
 # GPU window w36, at most 330 s of driver: does timing cuDNN's attention plans (TrtforgeFlashAttention, this checkout)
 # move BERT-base's 64x512 margin over 1.5x torch eager (w34: 1.48-1.49x)? One fp16 default engine, timed by
 # `vs_torch.py engine` with TRTFORGE_SDPA_AUTOTUNE=0 (the heuristic's first plan, as before) and =1 (the timed pick),
