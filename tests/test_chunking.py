@@ -344,3 +344,10 @@ def test_row_runs_join_consecutive_windows_of_one_input_in_consecutive_rows():
     assert row_runs(batch, []) == []
     tiles = [SimpleNamespace(doc=0, index=i, content=None, window=Tile(Window(0, 4, 0, 4), Window(0, 4, 0, 4))) for i in range(2)]
     assert row_runs(tiles) == [RowRun(0, 0, 0, 2, 0, None)]  # a tile has no length along one axis
+
+
+def test_throughput_unit_names_what_a_length_counts():
+    from trtforge.run import length_unit
+
+    assert length_unit({"text"}) == "tokens" and length_unit({"image"}) == "pixels"
+    assert length_unit({"seq"}) == "positions" and length_unit({"text", "seq"}) == "positions"

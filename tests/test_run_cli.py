@@ -32,6 +32,7 @@ def test_minilm_long_documents_report(minilm_clean, tmp_path):
     for key in ("p50_ms", "p90_ms", "p99_ms"):
         assert report["latency"]["all"]["wall"][key] > 0
     assert report["throughput"]["tokens_per_s"] > 0 and report["memory"]["peak_rss_mb"] > 0
+    assert report["throughput"]["unit"] == "tokens"
     assert report["gates"]["passed"]
     assert report["runtime"]["merge_workers"] == min(2, os.cpu_count() or 2)  # the default (fastest on the H200)
     assert "latency per batch" in proc.stdout and "chunking" in proc.stdout

@@ -48,6 +48,8 @@ def test_pipeline_passes_with_gates(zoo_runs, name):
     run = json.loads((folder / f"{cfg.name}.run.json").read_text())
     kinds = {o.name: o.kind for o in cfg.outputs}
     assert {k: v["kind"] for k, v in run["outputs"].items()} == kinds
+    images = any(i.dtype.startswith("float") and len(i.shape) == 4 for i in cfg.inputs)
+    assert run["throughput"]["unit"] == ("pixels" if images else "tokens")  # not 'tokens/s' of pixels
 
     # Precision: the engine's ONNX against the fp32 reference, measured (not a comparison with itself).
     assert run["precision_error"]["measured"], run["precision_error"]

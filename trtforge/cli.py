@@ -553,7 +553,7 @@ def _render_run(r: dict) -> None:
                              w["latency"]["all"]["wall"].get("p50_ms", 0.0), w["retried_units"], w["alive"]] for w in r["workers"]]))
     t, m = r["throughput"], r["memory"]
     mem = f"peak GPU {m['peak_gpu_mb']:.0f} MiB" if "peak_gpu_mb" in m else f"peak RSS {m['peak_rss_mb']:.0f} MiB"
-    con.print(f"throughput {t['inputs_per_s']:.2f} inputs/s, {t['tokens_per_s']:.0f} tokens/s; {mem}")
+    con.print(f"throughput {t['inputs_per_s']:.2f} inputs/s, {t['tokens_per_s']:.0f} {t.get('unit', 'tokens')}/s; {mem}")
     g = (r.get("runtime") or {}).get("cuda_graphs")
     if g:
         shared = r["runtime"].get("shared_device_memory", {})

@@ -68,6 +68,11 @@ class Document:
         return int(array.shape[2]), int(array.shape[3])
 
 
+def length_unit(kinds: set[str]) -> str:
+    """What a document's length counts, for the throughput's label: `tokens_per_s` holds pixels/s for images."""
+    return {frozenset({"text"}): "tokens", frozenset({"image"}): "pixels"}.get(frozenset(kinds), "positions")
+
+
 @dataclass
 class Chunk:
     doc: int
@@ -1181,6 +1186,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         "chunking_error": _chunking_error(p, options, chunk_counts),
         "latency": _latency(target.timings),
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
+                       "unit": length_unit({d.kind for d in p.docs}),
                        "chunks_per_s": sum(chunk_counts) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded; --save-outputs writes overlap it, the rest after the loop is runtime.saved_outputs.after_loop_s)"},
         "memory": target.memory(),
         "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, loop_cpu, target.timings, loop_faults),
