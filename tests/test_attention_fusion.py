@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from attention_emulation import emulate_plugins, load_zoo
+from attention_emulation import emulate_plugins, load_zoo, with_random_vectors
 from conftest import assert_user_error, export_zoo, require, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
@@ -186,7 +186,9 @@ def test_causal_attention_is_refused_with_its_reason(zoo, exporter):
 
 @pytest.mark.parametrize("key", [("distilbert", "legacy"), ("clip-vision", "legacy")], ids=lambda k: k[0])
 def test_more_encoders_are_fused_and_equal_the_original(zoo, key):
+    """Biases and norms redrawn (random-init starts them at 0 and 1), so that the packed Q/K/V biases are checked too."""
     model, specs, axes, sizes = _load(zoo, key)
+    model = with_random_vectors(model)
     fused, report = _fuse(model, sizes, specs, sm=80)
     assert len(report.replaced) == 2 and not report.refused, report.to_json()
     _assert_equals_the_original_at_an_unseen_size(model, fused, specs, axes, sizes)
@@ -228,9 +230,10 @@ def test_sequence_beyond_the_plugin_limit_is_refused(zoo):
     assert not report.replaced and all("512" in r["reason"] for r in report.refused)
 
 
-def _attention_model(heads=2, head=4, hidden_order="NH", seed=0):
+def _attention_model(heads=2, head=4, hidden_order="NH", seed=0, score_term=None):
     """A hand-written attention X -> softmax(QKᵀ/sqrt(d))V -> [B, S, E]; hidden_order 'HN' splits the hidden
-    axis the other way round (head-minor), which is still attention but not the layout the plugin packs."""
+    axis the other way round (head-minor), which is still attention but not the layout the plugin packs;
+    score_term: a constant [heads, S, S] added to the scores before the softmax (a position bias)."""
     rng = np.random.default_rng(seed)
     e = heads * head
     inits, nodes = [], []
@@ -249,8 +252,11 @@ def _attention_model(heads=2, head=4, hidden_order="NH", seed=0):
                   helper.make_node("Reshape", [f"{p}1", "split"], [f"{p}2"]), helper.make_node("Transpose", [f"{p}2"], [f"{p}3"], perm=perm)]
     nodes += [helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
               helper.make_node("MatMul", ["q3", "kt"], ["qk"]),
-              helper.make_node("Div", ["qk", init("sqrt_d", np.array(np.sqrt(head), np.float32))], ["scores"]),
-              helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+              helper.make_node("Div", ["qk", init("sqrt_d", np.array(np.sqrt(head), np.float32))],
+                               ["scores" if score_term is None else "scaled"])]
+    if score_term is not None:
+        nodes.append(helper.make_node("Add", ["scaled", init("score_term", score_term.astype(np.float32))], ["scores"]))
+    nodes += [helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
               helper.make_node("MatMul", ["probs", "v3"], ["ctx4"]),
               helper.make_node("Transpose", ["ctx4"], ["ctx_t"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["ctx_t", init("merge", np.array([0, 0, e], np.int64))], ["y"])]
@@ -272,6 +278,32 @@ def test_hand_written_attention_is_fused():
     want = OrtRunner(model.SerializeToString()).run({"x": x2})["y"]
     got = OrtRunner(emulate_plugins(fused, 32).SerializeToString()).run({"x": x2})["y"]
     assert np.abs(got - want).max() < 1e-4
+
+
+def test_a_small_position_bias_is_refused_however_close_the_context():
+    """A bias small enough to keep the recomputed context within the numeric check's tolerance used to be fused and
+    dropped (the review of 514a57a): the decision is on the added term itself. A term constant across the keys (a
+    per-query shift, which the softmax ignores) is no reason to refuse."""
+    x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+    bias = np.random.default_rng(4).normal(0, 1e-4, (2, 5, 5))
+    _, report = fuse_attention(_attention_model(score_term=bias), {"x": x}, _route_any, "x")
+    assert not report.replaced and "varies across the keys" in report.refused[0]["reason"], report.to_json()
+    _, report = fuse_attention(_attention_model(score_term=np.repeat(bias[..., :1], 5, axis=-1)), {"x": x}, _route_any, "x")
+    assert len(report.replaced) == 1, report.to_json()
+
+
+def test_a_score_term_varies_across_keys_where_a_query_attends():
+    from trtforge.fusion.attention import _varies_across_keys
+
+    s = 4
+    padding = np.zeros((2, 1, 1, s))  # an additive padding mask on unpadded rows
+    causal = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, 0.0)[None, None]
+    window = np.where(np.eye(s, k=2, dtype=bool), -np.inf, 0.0)[None, None]  # a {0, -inf} window mask
+    assert not _varies_across_keys(padding) and not _varies_across_keys(np.full((1, 2, s, s), -3.0))
+    assert _varies_across_keys(np.random.default_rng(0).normal(0, 1e-4, (1, 2, s, s)))  # a tiny position bias
+    assert _varies_across_keys(window) and _varies_across_keys(causal)
+    assert not _varies_across_keys(causal, causal=True)  # above the diagonal a causal query attends to nothing
+    assert _varies_across_keys(causal + np.tril(np.arange(s * s).reshape(s, s)), causal=True)
 
 
 def test_a_layout_the_pass_does_not_model_is_refused_not_fused_wrong():

@@ -92,6 +92,7 @@ def test_run_on_two_actors_equals_one_process(calibrated, minilm_clean, single_r
     _assert_same_run(report, dict(np.load(tmp_path / "o.npz")), single_run)
     assert report["ray"]["actors"] == 2 and report["ray"]["lost_workers"] == 0 and report["ray"]["retried_units"] == 0
     assert [w["worker"] for w in report["workers"]] == [0, 1] and all(w["documents"] > 0 and w["tokens_per_s"] > 0 for w in report["workers"])
+    assert report["throughput"]["unit"] == "tokens"
     # Per worker: the same figures over its own share, which add up to the whole.
     items = [w["precision_error"]["per_output"]["last_hidden_state"]["items"] for w in report["workers"]]
     assert all(items) and sum(items) == report["precision_error"]["per_output"]["last_hidden_state"]["items"]

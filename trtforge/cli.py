@@ -548,7 +548,8 @@ def _render_run(r: dict) -> None:
     con.print(ui.table("latency per batch (warm-up excluded)", ["group", "batches", "p50 ms", "p90 ms", "p99 ms", "GPU p50 ms", "wall / GPU"], lat))
     if r.get("workers"):
         con.print(ui.table(f"Ray workers ({r['ray']['actors']} actors, {r['ray']['units']} units, {r['ray']['retried_units']} retried)",
-                           ["worker", "host", "documents", "chunks", "batches", "tokens/s", "p50 ms", "retried", "alive"],
+                           ["worker", "host", "documents", "chunks", "batches", f"{r['throughput'].get('unit', 'tokens')}/s", "p50 ms",
+                            "retried", "alive"],
                            [[w["worker"], w["host"] or "-", w["documents"], w["chunks"], w["batches"], w["tokens_per_s"],
                              w["latency"]["all"]["wall"].get("p50_ms", 0.0), w["retried_units"], w["alive"]] for w in r["workers"]]))
     t, m = r["throughput"], r["memory"]

@@ -11,8 +11,10 @@ values agree to about float32 rounding. Outputs with a single element cannot be 
 always 'constant') unless they are exactly zero.
 
 An output whose largest magnitude is below float32's smallest normal number is "subnormal": the
-model's activations have vanished (a random-init MobileViT's logits are ~1e-41), an fp16 or INT8
-engine turns them into zeros, and every later check fails with cosine 0 and no hint of why.
+model's activations have vanished (a random-init MobileViT's logits are ~1e-41), an engine turns them into
+zeros (GPUs flush subnormals; fp16 and INT8 cannot hold them at all), and every later check fails with cosine 0
+and no hint of why. Outputs that are tiny but normal float32 (down to ~1e-38) pass: an fp32 engine keeps them, and
+an fp16 build's own precision gate then says how far they are off.
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ def require_informative(outputs: dict[str, np.ndarray], where: str) -> None:
         if reason and reason.startswith("subnormal"):
             raise UserError(
                 f"{where}: reference output '{name}' is {reason}: the model's activations vanish layer by layer, "
-                "so fp16 and INT8 engines would return zeros; initialise the weights at a larger scale "
-                "(e.g. the config's initializer_range) or load trained weights."
+                "so an engine (which flushes subnormals to zero on the GPU) returns zeros; initialise the weights at a "
+                "larger scale (e.g. the config's initializer_range) or load trained weights."
             )
         if reason:
             raise UserError(

@@ -26,7 +26,8 @@ inline bool autotune_enabled(char const* variable) {
 }
 
 // Mean milliseconds of `runs` calls of run() on `stream` after one untimed call (each returns whether it launched), or
-// a negative value where a call failed: the candidate-timing loop the plugins share. start, stop: the caller's events.
+// a negative value where a call failed: TrtforgeGemm's candidate-timing loop (the flash plugin's plan timing used it
+// too until it was measured to buy nothing, w36). start, stop: the caller's events.
 template <typename Run>
 float time_ms(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, int runs, Run run) {
     bool ran = run() && cudaEventRecord(start, stream) == cudaSuccess;

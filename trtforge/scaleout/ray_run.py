@@ -35,8 +35,8 @@ from trtforge.artifacts import write_json_atomic
 from trtforge.comparator import Comparator
 from trtforge.report import SCHEMA
 from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _check_save_outputs, _collect_garbage, _latency, _Merger, add_precision,
-                          chunking_error_of, chunking_summary, gates_for, interpreter_for_loop, make_batches, precision_summary, prepare,
-                          self_referenced, stack)
+                          chunking_error_of, chunking_summary, gates_for, interpreter_for_loop, length_unit, make_batches, precision_summary,
+                          prepare, self_referenced, stack)
 from trtforge.errors import UserError
 from trtforge.scaleout.pool import Pool, connect, require_ray
 from trtforge.scaleout.shard import Ledger, plan_units, unit_size, worker_figures
@@ -298,7 +298,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
         "chunking_error": chunking_summary([chunking_parts[d] for d in range(len(p.docs))], p.kinds),
         "latency": _latency(timings),
         "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": tokens / wall,
-                       "chunks_per_s": len(p.chunks) / wall},
+                       "unit": length_unit({d.kind for d in p.docs}), "chunks_per_s": len(p.chunks) / wall},
         "memory": memory_all,
         "workers": workers,
         "ray": {"address": ray_options.address, "actors": count, "resources_per_actor": resources, "onnxruntime_threads": threads,
