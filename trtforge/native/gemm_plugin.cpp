@@ -153,7 +153,10 @@ int32_t alignment(void const* p) {
     return align;
 }
 
-bool autotune_enabled() { return trtforge::autotune_enabled("TRTFORGE_GEMM_AUTOTUNE"); }
+bool autotune_enabled() {
+    char const* v = std::getenv("TRTFORGE_GEMM_AUTOTUNE");
+    return !(v && std::string(v) == "0");
+}
 
 class GemmPlugin final : public IPluginV2DynamicExt {
    public:
@@ -342,10 +345,18 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                 best = -1;
                 for (int i = 0; i < found; ++i) {
                     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-                    float const ms = trtforge::time_ms(stream, start, stop, kTimedRuns, [&] {
-                        return matmul(p, results[i].algo, x, y, workspace, stream) == CUBLAS_STATUS_SUCCESS;
-                    });
-                    if (ms < 0.f) continue;
+                    bool ran = matmul(p, results[i].algo, x, y, workspace, stream) == CUBLAS_STATUS_SUCCESS &&
+                               cudaEventRecord(start, stream) == cudaSuccess;
+                    for (int r = 0; ran && r < kTimedRuns; ++r)
+                        ran = matmul(p, results[i].algo, x, y, workspace, stream) == CUBLAS_STATUS_SUCCESS;
+                    float ms = 0.f;
+                    ran = ran && cudaEventRecord(stop, stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
+                          cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+                    if (!ran) {
+                        cudaStreamSynchronize(stream);
+                        continue;
+                    }
+                    ms /= kTimedRuns;
                     if (i == 0) first_ms = ms;
                     if (ms < best_ms) best_ms = ms, best = i;
                 }

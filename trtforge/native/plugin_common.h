@@ -5,7 +5,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -16,30 +15,6 @@ inline bool capturing(cudaStream_t stream) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     cudaStreamIsCapturing(stream, &status);
     return status != cudaStreamCaptureStatusNone;
-}
-
-// Whether a plugin times its library's candidate kernels (on unless the environment variable is "0", which takes the
-// library's first choice instead: for measuring what the timing buys).
-inline bool autotune_enabled(char const* variable) {
-    char const* v = std::getenv(variable);
-    return !(v && std::string(v) == "0");
-}
-
-// Mean milliseconds of `runs` calls of run() on `stream` after one untimed call (each returns whether it launched), or
-// a negative value where a call failed: TrtforgeGemm's candidate-timing loop (the flash plugin's plan timing used it
-// too until it was measured to buy nothing, w36). start, stop: the caller's events.
-template <typename Run>
-float time_ms(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, int runs, Run run) {
-    bool ran = run() && cudaEventRecord(start, stream) == cudaSuccess;
-    for (int r = 0; ran && r < runs; ++r) ran = run();
-    float ms = 0.f;
-    ran = ran && cudaEventRecord(stop, stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
-          cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-    if (!ran) {
-        cudaStreamSynchronize(stream);
-        return -1.f;
-    }
-    return ms / runs;
 }
 
 inline void log_plugin_error(char const* plugin, std::string const& what) {
