@@ -190,7 +190,7 @@ class Pipeline:
         report = run(target, options, progress=self.log)
         precision = report["precision_error"]
         measured = f"precision rel-L2 {precision['worst']['rel_l2']:.2e}" if precision["measured"] else f"precision {precision['reason']}"
-        detail = f"{measured}, {report['throughput']['tokens_per_s']:.0f} {report['throughput'].get('unit', 'tokens')}/s{note}"
+        detail = f"{measured}, {report['throughput']['tokens_per_s']:.0f} {report['throughput']['unit']}/s{note}"
         if not report["gates"]["passed"]:
             raise GateFailed("; ".join(report["gates"]["failures"]))
         return detail

@@ -70,7 +70,9 @@ class Document:
 
 def length_unit(kinds: set[str]) -> str:
     """What a document's length counts, for the throughput's label: `tokens_per_s` holds pixels/s for images."""
-    return {frozenset({"text"}): "tokens", frozenset({"image"}): "pixels"}.get(frozenset(kinds), "positions")
+    if kinds == {"text"}:
+        return "tokens"
+    return "pixels" if kinds == {"image"} else "positions"
 
 
 @dataclass
