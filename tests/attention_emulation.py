@@ -242,3 +242,56 @@ def with_random_vectors(model):
         if init.data_type == onnx.TensorProto.FLOAT and len(init.dims) == 1 and init.dims[0] > 1:
             init.CopyFrom(numpy_helper.from_array(rng.normal(0, 0.5, init.dims[0]).astype(np.float32), init.name))
     return model
+
+
+def e4m3_nodes(x: str, inv_scale: float, p: str, c) -> tuple[list[onnx.NodeProto], str]:
+    """ONNX nodes (opset 11+) for x * inv_scale rounded to e4m3 as the plugin does (round to nearest even, saturating at
+    +-448), as float32: step = 2^(floor(log2(max(|v|, 2^-6))) - 3) (3 mantissa bits; the subnormals' step 2^-9 below
+    2^-6), v rounded to it (ONNX Round is half-to-even), clipped. Returns (nodes, output)."""
+    f = lambda v: np.asarray(v, np.float32)  # noqa: E731
+    nodes = [helper.make_node("Mul", [x, c("inv", f(inv_scale))], [p + "v"]),
+             helper.make_node("Clip", [p + "v", c("lo", f(-448.0)), c("hi", f(448.0))], [p + "vc"]),
+             helper.make_node("Abs", [p + "vc"], [p + "a"]),
+             helper.make_node("Max", [p + "a", c("tiny", f(2.0 ** -6))], [p + "am"]),
+             helper.make_node("Log", [p + "am"], [p + "ln"]),
+             helper.make_node("Div", [p + "ln", c("ln2", f(np.log(2.0)))], [p + "l2"]),
+             helper.make_node("Floor", [p + "l2"], [p + "e"]),
+             helper.make_node("Sub", [p + "e", c("three", f(3.0))], [p + "e3"]),
+             helper.make_node("Pow", [c("two", f(2.0)), p + "e3"], [p + "step"]),
+             helper.make_node("Div", [p + "vc", p + "step"], [p + "m"]),
+             helper.make_node("Round", [p + "m"], [p + "mr"]),
+             helper.make_node("Mul", [p + "mr", p + "step"], [p + "r"]),
+             helper.make_node("Clip", [p + "r", c("lo2", f(-448.0)), c("hi2", f(448.0))], [p + "q"])]
+    return nodes, p + "q"
+
+
+def emulate_fp8_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each TrtforgeGemmFp8 node as what the plugin computes (fp8_quantize.cu, then cuBLASLt's FP8 matmul): x * (1 /
+    x_scale) rounded to e4m3 (e4m3_nodes), times the e4m3 weight (trtforge.fusion.fp8.quantize_e4m3, ml_dtypes), times
+    x_scale * w_scale, + bias, [tanh GELU], written as fp16."""
+    from trtforge.fusion.fp8 import PLUGIN, quantize_e4m3
+
+    def expand(node, a, p, c):
+        f = lambda v: np.asarray(v, np.float32)  # noqa: E731
+        w = numpy_helper.to_array(a["weight"]).astype(np.float32).reshape(a["k"], a["n"])
+        quantize, xq = e4m3_nodes(p + "x32", np.float32(1.0 / np.float32(a["x_scale"])), p + "q_", c)
+        nodes = [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT), *quantize,
+                 helper.make_node("MatMul", [xq, c("w", quantize_e4m3(w, a["w_scale"]))], [p + "acc"]),
+                 helper.make_node("Mul", [p + "acc", c("ab", f(np.float32(a["x_scale"]) * np.float32(a["w_scale"])))], [p + "t"])]
+        t = p + "t"
+        if "bias" in a:
+            nodes.append(helper.make_node("Add", [t, c("b", numpy_helper.to_array(a["bias"]).astype(np.float32))], [p + "tb"]))
+            t = p + "tb"
+        if a["gelu"]:
+            nodes += [helper.make_node("Mul", [t, t], [p + "t2"]), helper.make_node("Mul", [p + "t2", t], [p + "t3"]),
+                      helper.make_node("Mul", [p + "t3", c("k", f(0.044715))], [p + "kt3"]),
+                      helper.make_node("Add", [t, p + "kt3"], [p + "in"]),
+                      helper.make_node("Mul", [p + "in", c("s", f(np.sqrt(2.0 / np.pi)))], [p + "arg"]),
+                      helper.make_node("Tanh", [p + "arg"], [p + "th"]),
+                      helper.make_node("Add", [p + "th", c("one", f(1.0))], [p + "cdf2"]),
+                      helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
+                      helper.make_node("Mul", [t, p + "cdf"], [p + "tg"])]
+            t = p + "tg"
+        return nodes + [helper.make_node("Cast", [t], [node.output[0]], to=onnx.TensorProto.FLOAT16)]
+
+    return _expand(model, PLUGIN, expand)

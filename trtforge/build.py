@@ -169,6 +169,12 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     elementwise_fused, elementwise = _fuse_elementwise(mod, attention_fused if attention_fused is not None else before_fusion,
                                                        before_fusion, precision, options, *passes)
     fused = elementwise_fused if elementwise_fused is not None else attention_fused
+    fp8_record, fp8_check_feeds = None, None
+    if options.gemm_precision == "fp8":  # the GEMM plugins' nodes as TrtforgeGemmFp8 (trtforge.fusion.fp8)
+        fused, fp8_record, fp8_check_feeds = _gemm_fp8(mod, identity, fused, before_fusion, model, precision, onnx_path,
+                                                       specs, axes, options.fp8_min_cosine)
+    elif options.gemm_precision != "fp16":
+        raise UserError(f"gemm precision '{options.gemm_precision}' is not one of fp16, fp8 (config key build.gemm_precision).")
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -192,7 +198,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             drop_attention = attention_fused is not None and options.fuse_attention == "auto"
             drop_elementwise = [spec for spec in ELEMENTWISE_PASSES
                                 if elementwise[spec.key]["route"] == "plugin" and elementwise[spec.key]["mode"] == "auto"]
-            if not (drop_attention or drop_elementwise):
+            if not (drop_attention or drop_elementwise) or fp8_record is not None:  # fp8 was asked for: no quiet fallback
                 raise
             # auto promised a faster engine, not a failed build: record why and build without what auto added
             # (a pass asked for with `on` stays).
@@ -218,6 +224,8 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         sidecar = _engine_sidecar(mod, identity, precision, profiles, phases, out, specs, axes, onnx_path, parent, built_onnx,
                                   source, precision_report, fusion, elementwise, options, start)
+        if fp8_record is not None:
+            sidecar["gemm_precision"] = fp8_record
         # Every plugin library in the process (the registry is shared: an earlier build's serves this one too); run
         # loads them again before deserializing the engine.
         sidecar["plugin_libraries"] = loaded_plugin_libraries()
@@ -249,7 +257,45 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             sidecar["engine_check"] = check
             with output_lock(output):
                 write_sidecar(output, sidecar)
+    if engine_check and fp8_record is not None:
+        from trtforge.calibrate.engine_check import after_fp8_build
+
+        sidecar["engine_check"] = after_fp8_build(output, sidecar, fp8_check_feeds, options.fp8_min_cosine, engine_hooks)
+        with output_lock(output):
+            write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
+
+
+def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto | None, observe_model: onnx.ModelProto,
+              source_model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
+              axes: dict[str, AxisRange], min_cosine: float) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
+    """--gemm-precision fp8: (the fused graph with its GEMM plugin nodes as TrtforgeGemmFp8, the sidecar's
+    `gemm_precision`, the held-out feeds the engine is gated on). Scales come from the same samples as the fp16
+    conversion's magnitudes (calibration data, else random feeds); the gate adds two random feeds no scale saw."""
+    from trtforge.backends.tensorrt import plugin_registered
+    from trtforge.fusion.fp8 import HEADROOM, PLUGIN, PLUGIN_VERSION, fp8_skip, observe_peaks, plugin_gemms, to_fp8
+    from trtforge.precision import sample_feeds
+
+    why = fp8_skip(precision, mod.flavour, mod.version, identity.get("compute_capability"),
+                   plugin_registered(mod, PLUGIN, PLUGIN_VERSION))
+    if why:
+        raise UserError(f"--gemm-precision fp8 cannot apply to {onnx_path.name}: {why}.")
+    gemms = plugin_gemms(fused) if fused is not None else []
+    if not gemms:
+        raise UserError(f"--gemm-precision fp8 found no GEMM plugin node in {onnx_path.name}'s fused graph (the GEMM and GELU "
+                        "passes replaced no MatMul; see their lines in the build output, build.fuse_gemm / build.fuse_gelu).")
+    feeds, source = sample_feeds(onnx_path, source_model, specs, axes)
+    out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]))
+    if not report.replaced:
+        raise UserError(f"--gemm-precision fp8 cannot convert any GEMM of {onnx_path.name}: {report.refused[0]['reason']}.")
+    opt = {name: rng.opt for name, rng in axes.items()}
+    held_out = [random_feeds(specs, opt, seed) for seed in (100, 101)]
+    check_from = "2 random feeds at the opt shapes (seeds 100, 101)"
+    if source.startswith("calibration data"):
+        held_out, check_from = feeds + held_out, f"{source} and {check_from}"
+    record = {"precision": "fp8", "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "headroom": HEADROOM, "magnitudes_from": source,
+              "gate": {"min_cosine": min_cosine, "feeds": check_from}, **report.to_json()}
+    return out, record, held_out
 
 
 def _engine_sidecar(mod: TrtModule, identity: dict[str, Any], precision: str, profiles: list[Profile], phases: Any,

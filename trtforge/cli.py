@@ -187,7 +187,7 @@ def _render_engine_check(check: Optional[dict]) -> None:
 
     con = ui.console()
     if check and check.get("rows"):
-        con.print(ui.table("held-out accuracy: ONNX Runtime (Q/DQ ONNX) vs the TensorRT engine",
+        con.print(ui.table(check.get("title") or "held-out accuracy: ONNX Runtime (Q/DQ ONNX) vs the TensorRT engine",
                            ["metric", "ONNX Runtime", "engine", "gate"], [[("-" if v is None else v) for v in r] for r in check["rows"]]))
     for line in render_lines(check):
         con.print(line, markup=False)
@@ -231,6 +231,8 @@ def build(
     fuse_gemm: Optional[str] = typer.Option(None, "--fuse-gemm", help="auto|on|off: replace the fp16 MatMuls by a constant weight (+ bias) that other passes left by trtforge's TrtforgeGemm (cuBLASLt, its kernel timed per shape; needs libtrtforge_plugins; auto: fp16 builds, where the H200 measured it faster)."),
     qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="auto|conv|matmul: how the attention pass writes the packed QKV projection (conv: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin; matmul: a MatMul the GEMM pass can take into TrtforgeGemm; auto, the default: matmul where it will, else conv)."),
     plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="A shared library of TensorRT plugin creators to load first (repeatable), e.g. libtrtforge_plugins.so from trtforge/native/build.sh: cuDNN flash attention for the attention pass."),
+    gemm_precision: Optional[str] = typer.Option(None, "--gemm-precision", help="fp16|fp8: the GEMM plugins' arithmetic in an fp16 build (fp8: e4m3 operands with per-tensor scales, TrtforgeGemmFp8; compute capability 8.9+; gated on the engine by --fp8-min-cosine)."),
+    fp8_min_cosine: Optional[float] = typer.Option(None, "--fp8-min-cosine", help="With --gemm-precision fp8: the engine's held-out mean cosine against ONNX Runtime fp32 must reach this (default 0.99), else exit 1."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
@@ -257,7 +259,11 @@ def build(
         fuse_gemm=fuse_gemm or section.fuse_gemm,
         qkv_projection=qkv_projection or section.qkv_projection,
         plugin_libraries=list(plugin_library or section.plugin_libraries),
+        gemm_precision=gemm_precision or section.gemm_precision,
+        fp8_min_cosine=fp8_min_cosine if fp8_min_cosine is not None else section.fp8_min_cosine,
     )
+    if options.gemm_precision not in ("fp16", "fp8"):
+        raise UserError(f"--gemm-precision '{options.gemm_precision}' is not one of fp16, fp8 (config key build.gemm_precision).")
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
         raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")
     with ui.build_progress(f"building {Path(onnx_path).name}") as tick:
@@ -298,10 +304,12 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
         con.print(f"layer information: {side['layer_info_unavailable']}")
     if (side.get("inspector") or {}).get("error"):
         con.print(f"engine inspector failed: {side['inspector']['error']}", markup=False)
+    from trtforge.fusion.fp8 import describe_fp8
     from trtforge.fusion.step import describe, describe_gelu, describe_gemm, describe_skip_layernorm
 
     for line in describe(side.get("attention_fusion") or {}, side.get("precision")) + describe_gelu(side.get("gelu_fusion") or {}) \
-            + describe_skip_layernorm(side.get("skip_layernorm_fusion") or {}) + describe_gemm(side.get("gemm_fusion") or {}):
+            + describe_skip_layernorm(side.get("skip_layernorm_fusion") or {}) + describe_gemm(side.get("gemm_fusion") or {}) \
+            + describe_fp8(side.get("gemm_precision") or {}):
         con.print(line, markup=False)
     for lib in side.get("plugin_libraries") or []:
         con.print(f"plugin library: {lib['path']} (sha256 {lib.get('sha256', '?')[:12]}); run loads it first", markup=False)

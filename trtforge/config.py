@@ -133,6 +133,10 @@ class BuildSection(Strict):
     qkv_projection: Literal["auto", "matmul", "conv"] = "auto"
     # Shared libraries of TensorRT plugin creators to load first (libtrtforge_plugins.so: cuDNN flash attention).
     plugin_libraries: list[str] = Field(default_factory=list)
+    # The GEMM plugins' arithmetic in fp16 builds: fp8 runs them on e4m3 operands (TrtforgeGemmFp8; compute capability
+    # 8.9+), gated on the engine: its held-out mean cosine against ONNX Runtime fp32 must reach fp8_min_cosine.
+    gemm_precision: Literal["fp16", "fp8"] = "fp16"
+    fp8_min_cosine: float = Field(0.99, ge=-1, le=1)
 
 
 class RunSection(Strict):

@@ -115,6 +115,8 @@ class BuildOptions:
     fuse_gemm: str = "auto"  # auto|on|off: the MatMuls left as TrtforgeGemm (cuBLASLt, timed; auto: fp16, measured faster)
     qkv_projection: str = "auto"  # auto|matmul|conv: the packed QKV projection (auto: matmul into TrtforgeGemm where it runs, else conv)
     plugin_libraries: list[str] = field(default_factory=list)  # shared libraries of plugin creators (libtrtforge_plugins.so)
+    gemm_precision: str = "fp16"  # fp16|fp8: the GEMM plugins' arithmetic (fp8: TrtforgeGemmFp8, trtforge.fusion.fp8)
+    fp8_min_cosine: float = 0.99  # fp8's gate on the engine against ONNX Runtime fp32 (held-out mean cosine)
 
 
 @dataclass

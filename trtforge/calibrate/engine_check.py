@@ -202,6 +202,35 @@ def after_build(engine: Path, engine_sidecar: dict[str, Any], hooks: EngineHooks
     return recheck(source, int8_sidecar, engine, engine_sidecar, hooks.runner(engine, engine_sidecar))
 
 
+def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[dict[str, np.ndarray]], min_cosine: float,
+                    hooks: EngineHooks | None = None) -> dict[str, Any]:
+    """build's gate for --gemm-precision fp8: the engine against ONNX Runtime fp32 on the reference ONNX, over `feeds`;
+    failed (exit 1) when the mean sample cosine is under min_cosine. FP8's error is not the fp16 conversion's, and
+    only the engine shows it: ORT cannot run the plugin."""
+    from trtforge.backends.onnxruntime import OrtRunner
+    from trtforge.calibrate.evaluate import evaluate, reference_outputs
+    from trtforge.onnxio import load_onnx
+
+    hooks = hooks or default_hooks()
+    ok, why = hooks.available()
+    if not ok:
+        return skipped(why, "FP8 engine check: skipped (no GPU / no TensorRT runtime here)")
+    reference = OrtRunner(load_onnx(Path(engine_sidecar["reference_onnx"])).SerializeToString())
+    refs = reference_outputs(reference, feeds)
+    accuracy = evaluate(_Named(hooks.runner(engine, engine_sidecar), reference.output_names), feeds, refs).to_json()
+    failures = []
+    if not accuracy["mean_cosine"] >= min_cosine:  # NaN fails too
+        failures.append(f"on the TensorRT engine {engine.name}, FP8 GEMMs reach mean cosine {accuracy['mean_cosine']:.4f} "
+                        f"against ONNX Runtime fp32, under the gate {min_cosine:g} (build.fp8_min_cosine); build with "
+                        "--gemm-precision fp16, or lower the gate if this error is acceptable")
+    return {"status": "failed" if failures else "passed", "engine_path": str(engine),
+            "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
+            "precision": "fp16, GEMMs fp8", "ort": {}, "engine": accuracy, "failures": failures,
+            "title": "FP8 GEMMs: the TensorRT engine against ONNX Runtime fp32",
+            "rows": [["mean cosine", None, accuracy["mean_cosine"], f">= {min_cosine:g}"],
+                     ["min cosine", None, accuracy["min_cosine"], "-"]]}
+
+
 def render_lines(check: dict[str, Any] | None) -> list[str]:
     """Plain lines for the console: the skip message, or the verdict (the table is rendered by the CLI)."""
     if not check:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build libtrtforge_plugins.so: sdpa_plugin.cpp (TrtforgeFlashAttention, over cuDNN's SDPA) and gemm_plugin.cpp
-# (TrtforgeGemmGelu and TrtforgeGemm, over cuBLASLt's matmul with its GELU_BIAS / BIAS epilogues).
+# (TrtforgeGemmGelu, TrtforgeGemm and TrtforgeGemmFp8, over cuBLASLt's matmul with its GELU_BIAS / BIAS epilogues;
+# fp8_quantize.cu, compiled by nvcc for sm_89 and sm_90 plus PTX, converts the FP8 form's operands).
 #   bash trtforge/native/build.sh OUT.so
-# Needs a C++17 compiler, the CUDA toolkit (its headers and static runtime; CUDA_HOME or the nvcc on PATH) and:
+# Needs a C++17 compiler, the CUDA toolkit (nvcc 12+, its headers and static runtime; CUDA_HOME or the nvcc on PATH) and:
 #   TRT_INCLUDE             TensorRT 8.6's include/ (NvInfer.h ...: the TensorRT tarball's, or NVIDIA/TensorRT v8.6.0)
 #   CUDNN_INCLUDE, CUDNN_LIB  cuDNN 9 (the nvidia-cudnn-cu12/cu13 wheel's nvidia/cudnn/include and lib)
 #   CUDNN_FRONTEND_INCLUDE  cudnn-frontend's include/ (header-only; the nvidia-cudnn-frontend 1.14 wheel carries it; the
@@ -33,7 +34,12 @@ $CXX -shared -fPIC -o "$TMP/libnvinfer.so" "$TMP/nvinfer_stub.cpp" -Wl,-soname,l
 echo '{ global: trtforge_plugin_names; local: *; };' > "$TMP/exports.map"
 [ -e "$CUDNN_LIB/libcudnn.so" ] || ln -sf "$CUDNN_LIB/libcudnn.so.9" "$TMP/libcudnn.so"
 CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-$CUDA_HOME/include}
-$CXX -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -o "$OUT.tmp" "$HERE/sdpa_plugin.cpp" "$HERE/gemm_plugin.cpp" \
+NVCC=${NVCC:-$CUDA_HOME/bin/nvcc}
+[ -x "$NVCC" ] || { echo "no nvcc at $NVCC (fp8_quantize.cu needs it): set NVCC or CUDA_HOME" >&2; exit 1; }
+"$NVCC" -std=c++17 -O2 -c -Xcompiler -fPIC,-fvisibility=hidden -ccbin "$CXX" \
+  -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+  -o "$TMP/fp8_quantize.o" "$HERE/fp8_quantize.cu"
+$CXX -std=c++17 -O2 -fPIC -shared -fvisibility=hidden -o "$OUT.tmp" "$HERE/sdpa_plugin.cpp" "$HERE/gemm_plugin.cpp" "$TMP/fp8_quantize.o" \
   -I"$TRT_INCLUDE" -I"$CUDNN_INCLUDE" -I"$CUDNN_FRONTEND_INCLUDE" -I"$CUDA_HOME/include" -I"$CUBLAS_INCLUDE" \
   -L"$TMP" -L"$CUDNN_LIB" -L"$CUDA_HOME/lib64" -lnvinfer -lcudnn -l:libcudart_static.a -ldl -lrt -lpthread \
   -Wl,--no-undefined -Wl,--version-script="$TMP/exports.map" -Wl,-rpath,'$ORIGIN'

@@ -1,5 +1,6 @@
 // TrtforgeGemmGelu and TrtforgeGemm: TensorRT 8.6+ plugins (IPluginV2DynamicExt) that run y = gelu(x W + b), and
-// y = x W (+ b), as one cuBLASLt matmul each, with the algorithm timed on the GPU, not guessed.
+// y = x W (+ b), as one cuBLASLt matmul each, with the algorithm timed on the GPU, not guessed. TrtforgeGemmFp8 runs
+// either in FP8 (e4m3 operands, fp32 accumulation, fp16 output) on GPUs with FP8 tensor cores (sm_89+).
 //
 // Why they exist: on the H200 the fp16 BERT-base engine (TensorRT 8.6) writes FC1's output and reads it back for the
 // GELU plugin: 12 x geluBiasKernel, 0.49 of its 3.34 ms at 16x512 (benchmarks/RESULTS.md, 2026-12-03). TensorRT 8.6
@@ -17,6 +18,12 @@
 //   input 0  x   fp16 [..., K] (row-major, contiguous);  output 0  y  fp16 [..., N]
 //   TrtforgeGemmGelu fields: weight fp16 [K*N] (row-major [K, N], as MatMul's B), bias fp16 [N], k, n (int32).
 //   TrtforgeGemm     fields: weight fp16 [K*N], k, n, and optionally bias fp16 [N].
+//   TrtforgeGemmFp8  fields: as TrtforgeGemm, plus gelu (int32 0/1), x_scale and w_scale (float32): y = [gelu](
+//                    e4m3(x / x_scale) e4m3(W / w_scale) x_scale w_scale + b). Why: at 64x512 the GEMMs are 8.2 of
+//                    BERT-base's 10.8 ms in fp16 (RESULTS.md, w34), and Hopper's FP8 tensor cores do twice fp16's FLOPs.
+//                    The scales are per tensor, chosen by trtforge.fusion.fp8 from observed activations; x is converted
+//                    into the workspace each enqueue (fp8_quantize.cu), W once at upload. cuBLASLt's FP8 kernels want
+//                    A transposed ("TN"): the weight is kept as e4m3 [N, K]; K and N must be multiples of 16.
 
 #include <NvInfer.h>
 #include <cublasLt.h>
@@ -39,10 +46,16 @@
 
 using namespace nvinfer1;
 
+namespace trtforge {
+cudaError_t quantize_fp8(void const* x, void* y, int64_t count, float scale, cudaStream_t stream);
+cudaError_t quantize_transpose_fp8(void const* w, void* wt, int32_t k, int32_t n, float scale, cudaStream_t stream);
+}  // namespace trtforge
+
 namespace {
 
 constexpr char const* kPluginName = "TrtforgeGemmGelu";
 constexpr char const* kGemmPluginName = "TrtforgeGemm";
+constexpr char const* kFp8PluginName = "TrtforgeGemmFp8";
 constexpr char const* kPluginVersion = "1";
 constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kCandidates = 16;  // cuBLASLt heuristic results timed per problem shape
@@ -50,7 +63,17 @@ constexpr int kTimedRuns = 5;    // after one untimed run each
 
 enum class Epilogue : int32_t { kNone = 0, kBias = 1, kGeluBias = 2 };
 
-char const* plugin_name(Epilogue e) { return e == Epilogue::kGeluBias ? kPluginName : kGemmPluginName; }
+// The FP8 form's per-tensor scales (fp8 value x scale = the real value); off: the fp16 plugins.
+struct Fp8Scales {
+    bool on = false;
+    float x_scale = 1.f, w_scale = 1.f;
+};
+
+char const* plugin_name(Epilogue e, bool fp8 = false) {
+    return fp8 ? kFp8PluginName : e == Epilogue::kGeluBias ? kPluginName : kGemmPluginName;
+}
+
+size_t round256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 void log_error(char const* plugin, std::string const& what) { trtforge::log_plugin_error(plugin, what); }
 void log_error(std::string const& what) { trtforge::log_plugin_error(kPluginName, what); }
@@ -160,27 +183,36 @@ bool autotune_enabled() {
 
 class GemmPlugin final : public IPluginV2DynamicExt {
    public:
-    GemmPlugin(Epilogue epilogue, int32_t k, int32_t n, std::vector<uint16_t> weight, std::vector<uint16_t> bias)
-        : epilogue_(epilogue), k_(k), n_(n), weight_(std::move(weight)), bias_(std::move(bias)) {}
+    GemmPlugin(Epilogue epilogue, int32_t k, int32_t n, std::vector<uint16_t> weight, std::vector<uint16_t> bias,
+               Fp8Scales fp8 = {})
+        : epilogue_(epilogue), k_(k), n_(n), weight_(std::move(weight)), bias_(std::move(bias)), fp8_(fp8) {}
 
     ~GemmPlugin() override { release(); }
 
-    char const* getPluginType() const noexcept override { return plugin_name(epilogue_); }
+    char const* getPluginType() const noexcept override { return plugin_name(epilogue_, fp8_.on); }
     char const* getPluginVersion() const noexcept override { return kPluginVersion; }
     int32_t getNbOutputs() const noexcept override { return 1; }
     int32_t initialize() noexcept override { return 0; }  // weights go to the device at the first enqueue
     void terminate() noexcept override { release(); }
     // TrtforgeGemmGelu: k, n, weight, bias (its v1 layout). TrtforgeGemm: k, n, has_bias, weight, [bias].
-    size_t header_size() const { return (epilogue_ == Epilogue::kGeluBias ? 2 : 3) * sizeof(int32_t); }
+    // TrtforgeGemmFp8: k, n, has_bias, gelu, x_scale, w_scale, weight, [bias].
+    size_t header_size() const {
+        return fp8_.on ? 4 * sizeof(int32_t) + 2 * sizeof(float) : (epilogue_ == Epilogue::kGeluBias ? 2 : 3) * sizeof(int32_t);
+    }
     size_t getSerializationSize() const noexcept override {
         return header_size() + (weight_.size() + bias_.size()) * sizeof(uint16_t);
     }
     void serialize(void* buffer) const noexcept override {
         auto* p = static_cast<char*>(buffer);
-        int32_t const has_bias = bias_.empty() ? 0 : 1;
+        int32_t const has_bias = bias_.empty() ? 0 : 1, gelu = epilogue_ == Epilogue::kGeluBias ? 1 : 0;
         std::memcpy(p, &k_, sizeof(int32_t));
         std::memcpy(p + sizeof(int32_t), &n_, sizeof(int32_t));
-        if (epilogue_ != Epilogue::kGeluBias) std::memcpy(p + 2 * sizeof(int32_t), &has_bias, sizeof(int32_t));
+        if (fp8_.on || epilogue_ != Epilogue::kGeluBias) std::memcpy(p + 2 * sizeof(int32_t), &has_bias, sizeof(int32_t));
+        if (fp8_.on) {
+            std::memcpy(p + 3 * sizeof(int32_t), &gelu, sizeof(int32_t));
+            std::memcpy(p + 4 * sizeof(int32_t), &fp8_.x_scale, sizeof(float));
+            std::memcpy(p + 4 * sizeof(int32_t) + sizeof(float), &fp8_.w_scale, sizeof(float));
+        }
         p += header_size();
         std::memcpy(p, weight_.data(), weight_.size() * sizeof(uint16_t));
         std::memcpy(p + weight_.size() * sizeof(uint16_t), bias_.data(), bias_.size() * sizeof(uint16_t));
@@ -191,7 +223,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     DataType getOutputDataType(int32_t, DataType const* inputTypes, int32_t) const noexcept override { return inputTypes[0]; }
 
     IPluginV2DynamicExt* clone() const noexcept override {
-        auto* copy = new GemmPlugin(epilogue_, k_, n_, weight_, bias_);
+        auto* copy = new GemmPlugin(epilogue_, k_, n_, weight_, bias_, fp8_);
+        copy->max_tokens_ = max_tokens_;
         copy->setPluginNamespace(namespace_.c_str());
         return copy;
     }
@@ -206,10 +239,16 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         return io[pos].format == TensorFormat::kLINEAR && io[pos].type == DataType::kHALF;
     }
 
-    void configurePlugin(DynamicPluginTensorDesc const*, int32_t, DynamicPluginTensorDesc const*, int32_t) noexcept override {}
+    // The FP8 form converts x into the workspace: it needs the profile's largest token count, which TensorRT gives here.
+    void configurePlugin(DynamicPluginTensorDesc const* in, int32_t, DynamicPluginTensorDesc const*, int32_t) noexcept override {
+        int64_t tokens = 1;
+        for (int32_t i = 0; i < in[0].max.nbDims - 1; ++i) tokens *= std::max<int64_t>(in[0].max.d[i], 1);
+        max_tokens_ = std::max(max_tokens_, tokens);
+    }
 
-    size_t getWorkspaceSize(PluginTensorDesc const*, int32_t, PluginTensorDesc const*, int32_t) const noexcept override {
-        return kWorkspaceBytes;
+    size_t getWorkspaceSize(PluginTensorDesc const* inputs, int32_t, PluginTensorDesc const*, int32_t) const noexcept override {
+        if (!fp8_.on) return kWorkspaceBytes;
+        return kWorkspaceBytes + round256(static_cast<size_t>(std::max(max_tokens_, tokens_of(inputs[0].dims))) * k_);
     }
 
     int32_t enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const*, void const* const* inputs,
@@ -221,15 +260,30 @@ class GemmPlugin final : public IPluginV2DynamicExt {
             error("input's last axis is " + std::to_string(dims.d[dims.nbDims - 1]) + ", the weight's K is " + std::to_string(k_));
             return 1;
         }
-        int64_t tokens = 1;
-        for (int32_t i = 0; i < dims.nbDims - 1; ++i) tokens *= dims.d[i];
+        int64_t const tokens = tokens_of(dims);
         std::lock_guard<std::mutex> lock(mutex_);
         if (!device_weight_ && !upload(stream)) return 1;
+        // FP8: x as e4m3 at the workspace's start, cuBLASLt's workspace after it.
+        void const* b = inputs[0];
+        void* lt_workspace = workspace;
+        if (fp8_.on) {
+            if (max_tokens_ > 0 && tokens > max_tokens_) {
+                error(std::to_string(tokens) + " tokens, more than the " + std::to_string(max_tokens_) +
+                      " its workspace was sized for");
+                return 1;
+            }
+            if (trtforge::quantize_fp8(inputs[0], workspace, tokens * k_, fp8_.x_scale, stream) != cudaSuccess) {
+                error("converting the input to FP8 failed");
+                return 1;
+            }
+            b = workspace;
+            lt_workspace = static_cast<char*>(workspace) + round256(static_cast<size_t>(tokens) * k_);
+        }
         // TensorRT's buffers are usually 256-byte aligned; one that is not (a slice of a concatenation) gets its own plan.
-        int32_t const align = std::min(alignment(inputs[0]), alignment(outputs[0]));
-        Plan* plan = plan_for(tokens, align, inputs[0], outputs[0], workspace, stream);
+        int32_t const align = std::min(alignment(b), alignment(outputs[0]));
+        Plan* plan = plan_for(tokens, align, b, outputs[0], lt_workspace, stream);
         if (!plan) return 1;
-        auto st = matmul(*plan, plan->algo, inputs[0], outputs[0], workspace, stream);
+        auto st = matmul(*plan, plan->algo, b, outputs[0], lt_workspace, stream);
         if (st != CUBLAS_STATUS_SUCCESS) {
             error("cublasLtMatmul failed with status " + std::to_string(static_cast<int>(st)));
             return 1;
@@ -238,9 +292,16 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     }
 
    private:
-    void error(std::string const& what) const { log_error(plugin_name(epilogue_), what); }
+    void error(std::string const& what) const { log_error(plugin_name(epilogue_, fp8_.on), what); }
+
+    static int64_t tokens_of(Dims const& dims) {
+        int64_t tokens = 1;
+        for (int32_t i = 0; i < dims.nbDims - 1; ++i) tokens *= dims.d[i];
+        return tokens;
+    }
 
     // Column-major view: D[N, T] = W[N, K] (row-major [K, N]) x X[K, T] (row-major [T, K]) (+ bias per row, GELU).
+    // FP8: A is the e4m3 weight [N, K] read transposed, B the e4m3 x; their scales multiply the product.
     cublasStatus_t matmul(Plan const& p, cublasLtMatmulAlgo_t const& algo, void const* x, void* y, void* workspace,
                           cudaStream_t stream) const {
         float const alpha = 1.f, beta = 0.f;
@@ -248,25 +309,36 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                                 workspace, kWorkspaceBytes, stream);
     }
 
+    // Device memory: the weight (fp16 [K, N], or e4m3 [N, K]), then the bias and the FP8 scales, each 256-byte aligned.
     bool upload(cudaStream_t stream) {
         if (trtforge::capturing(stream)) {
             error("first enqueue under CUDA-graph capture; enqueue once plainly first");
             return false;
         }
-        size_t const wbytes = weight_.size() * sizeof(uint16_t), bbytes = bias_.size() * sizeof(uint16_t);
-        size_t const offset = (wbytes + 255) / 256 * 256;  // the bias 256-byte aligned, whatever K x N is
-        if (cudaMalloc(&device_weight_, offset + bbytes) != cudaSuccess) {
+        size_t const half_bytes = weight_.size() * sizeof(uint16_t), bbytes = bias_.size() * sizeof(uint16_t);
+        size_t const wbytes = fp8_.on ? weight_.size() : half_bytes;
+        size_t const bias_at = round256(wbytes), scales_at = round256(bias_at + bbytes);
+        if (cudaMalloc(&device_weight_, scales_at + 2 * sizeof(float)) != cudaSuccess) {
             error("cudaMalloc of the weight failed");
             device_weight_ = nullptr;
             return false;
         }
-        device_bias_ = bias_.empty() ? nullptr : static_cast<char*>(device_weight_) + offset;
+        device_bias_ = bias_.empty() ? nullptr : static_cast<char*>(device_weight_) + bias_at;
+        device_scales_ = reinterpret_cast<float*>(static_cast<char*>(device_weight_) + scales_at);
+        float const scales[2] = {fp8_.x_scale, fp8_.w_scale};
+        void* staging = nullptr;  // the fp16 weight on the GPU, converted to e4m3 [N, K] there
+        bool ok = !fp8_.on || cudaMalloc(&staging, half_bytes) == cudaSuccess;
         // On the enqueue's stream, so the matmul after it waits for the copies; synchronized, as the host
         // vectors are pageable and the copies must be done before this returns.
-        bool ok = cudaMemcpyAsync(device_weight_, weight_.data(), wbytes, cudaMemcpyHostToDevice, stream) == cudaSuccess &&
-                  (!device_bias_ ||
-                   cudaMemcpyAsync(device_bias_, bias_.data(), bbytes, cudaMemcpyHostToDevice, stream) == cudaSuccess) &&
-                  cudaStreamSynchronize(stream) == cudaSuccess;
+        ok = ok &&
+             cudaMemcpyAsync(fp8_.on ? staging : device_weight_, weight_.data(), half_bytes, cudaMemcpyHostToDevice, stream) ==
+                 cudaSuccess &&
+             (!fp8_.on || trtforge::quantize_transpose_fp8(staging, device_weight_, k_, n_, fp8_.w_scale, stream) == cudaSuccess) &&
+             (!device_bias_ ||
+              cudaMemcpyAsync(device_bias_, bias_.data(), bbytes, cudaMemcpyHostToDevice, stream) == cudaSuccess) &&
+             cudaMemcpyAsync(device_scales_, scales, sizeof(scales), cudaMemcpyHostToDevice, stream) == cudaSuccess &&
+             cudaStreamSynchronize(stream) == cudaSuccess;
+        if (staging) cudaFree(staging);
         if (!ok) {
             error("copying the weight to the GPU failed");
             release();
@@ -276,7 +348,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     }
 
     std::string problem(int64_t tokens) const {
-        return std::to_string(tokens) + "x" + std::to_string(k_) + " x " + std::to_string(k_) + "x" + std::to_string(n_);
+        return std::to_string(tokens) + "x" + std::to_string(k_) + " x " + std::to_string(k_) + "x" + std::to_string(n_) +
+               (fp8_.on ? " (fp8)" : "");
     }
 
     Plan* plan_for(int64_t tokens, int32_t align, void const* x, void* y, void* workspace, cudaStream_t stream) {
@@ -288,25 +361,38 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         }
         Lt& lt = Lt::get();
         Plan p;
-        cublasOperation_t const op = CUBLAS_OP_N;
+        cublasOperation_t const op_n = CUBLAS_OP_N, op_a = fp8_.on ? CUBLAS_OP_T : CUBLAS_OP_N;
         cublasLtEpilogue_t const epilogue = epilogue_ == Epilogue::kGeluBias ? CUBLASLT_EPILOGUE_GELU_BIAS
                                             : device_bias_                 ? CUBLASLT_EPILOGUE_BIAS
                                                                            : CUBLASLT_EPILOGUE_DEFAULT;
+        cudaDataType_t const in_type = fp8_.on ? CUDA_R_8F_E4M3 : CUDA_R_16F, bias_type = CUDA_R_16F;
+        int8_t const fast_accum = 1;  // FP8: no periodic promotion of the partial sums (what TransformerEngine's forward uses)
+        float const* w_scale = device_scales_ + 1;
+        float const* x_scale = device_scales_;
         bool ok = lt.desc_create(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-                  lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof(op)) == CUBLAS_STATUS_SUCCESS &&
-                  lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op, sizeof(op)) == CUBLAS_STATUS_SUCCESS &&
+                  lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)) == CUBLAS_STATUS_SUCCESS &&
+                  lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)) == CUBLAS_STATUS_SUCCESS &&
                   lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)) == CUBLAS_STATUS_SUCCESS &&
                   (!device_bias_ || lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &device_bias_,
                                                 sizeof(device_bias_)) == CUBLAS_STATUS_SUCCESS) &&
-                  lt.layout_create(&p.a, CUDA_R_16F, n_, k_, n_) == CUBLAS_STATUS_SUCCESS &&
-                  lt.layout_create(&p.b, CUDA_R_16F, k_, tokens, k_) == CUBLAS_STATUS_SUCCESS &&
+                  (!fp8_.on ||
+                   (lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)) == CUBLAS_STATUS_SUCCESS &&
+                    lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)) == CUBLAS_STATUS_SUCCESS &&
+                    lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)) == CUBLAS_STATUS_SUCCESS &&
+                    (!device_bias_ || lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)) ==
+                                          CUBLAS_STATUS_SUCCESS))) &&
+                  // A: the weight, [K, N] row-major = column-major N x K (fp16), or e4m3 [N, K] = column-major K x N, transposed
+                  (fp8_.on ? lt.layout_create(&p.a, in_type, k_, n_, k_) : lt.layout_create(&p.a, in_type, n_, k_, n_)) ==
+                      CUBLAS_STATUS_SUCCESS &&
+                  lt.layout_create(&p.b, in_type, k_, tokens, k_) == CUBLAS_STATUS_SUCCESS &&
                   lt.layout_create(&p.d, CUDA_R_16F, n_, tokens, n_) == CUBLAS_STATUS_SUCCESS;
         int device = 0;
         cudaGetDevice(&device);
-        AlgoChoices::Key const key{static_cast<int32_t>(epilogue), tokens, k_, n_, align, device};
+        AlgoChoices::Key const key{static_cast<int32_t>(epilogue) + (fp8_.on ? 1000 : 0), tokens, k_, n_, align, device};
         ok = ok && (AlgoChoices::get().find(key, p.algo) || choose(p, key, tokens, align, x, y, workspace, stream));
         if (!ok) {
-            error("no cuBLASLt algorithm for " + problem(tokens));
+            error("no cuBLASLt algorithm for " + problem(tokens) +
+                  (fp8_.on ? " (FP8 needs compute capability 8.9 or newer and a cuBLASLt with FP8 kernels)" : ""));
             destroy_plan(p);
             return nullptr;
         }
@@ -398,21 +484,26 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         if (device_weight_) cudaFree(device_weight_);
         device_weight_ = nullptr;
         device_bias_ = nullptr;
+        device_scales_ = nullptr;
     }
 
     Epilogue epilogue_;
     int32_t k_, n_;
     std::vector<uint16_t> weight_, bias_;
+    Fp8Scales fp8_;
+    int64_t max_tokens_ = 0;  // the largest token count configurePlugin was given (0: not told)
     void* device_weight_ = nullptr;
     void* device_bias_ = nullptr;
+    float* device_scales_ = nullptr;  // x_scale, w_scale
     std::map<std::pair<int64_t, int32_t>, Plan> plans_;  // by (tokens, alignment of x and y)
     std::mutex mutex_;
     std::string namespace_;
 };
 
-// The fields both creators read; TrtforgeGemmGelu needs the bias, TrtforgeGemm takes it where given.
+// The fields the creators read; TrtforgeGemmGelu needs the bias, TrtforgeGemm and TrtforgeGemmFp8 take it where given.
 struct GemmFields {
-    int32_t k = 0, n = 0;
+    int32_t k = 0, n = 0, gelu = 0;
+    float x_scale = 0.f, w_scale = 0.f;
     std::vector<uint16_t> weight, bias;
     bool has_bias = false;
 
@@ -424,6 +515,9 @@ struct GemmFields {
             auto const* half = static_cast<uint16_t const*>(f.data);
             if (name == "k" && f.type == PluginFieldType::kINT32) g.k = *static_cast<int32_t const*>(f.data);
             else if (name == "n" && f.type == PluginFieldType::kINT32) g.n = *static_cast<int32_t const*>(f.data);
+            else if (name == "gelu" && f.type == PluginFieldType::kINT32) g.gelu = *static_cast<int32_t const*>(f.data);
+            else if (name == "x_scale" && f.type == PluginFieldType::kFLOAT32) g.x_scale = *static_cast<float const*>(f.data);
+            else if (name == "w_scale" && f.type == PluginFieldType::kFLOAT32) g.w_scale = *static_cast<float const*>(f.data);
             else if (name == "weight" && f.type == PluginFieldType::kFLOAT16) g.weight.assign(half, half + f.length);
             else if (name == "bias" && f.type == PluginFieldType::kFLOAT16) g.bias.assign(half, half + f.length), g.has_bias = true;
         }
@@ -435,6 +529,17 @@ struct GemmFields {
                (has_bias ? bias.size() == static_cast<size_t>(n) : !bias_required);
     }
 };
+
+// FP8 scales must be positive and finite; K and N multiples of 16 (cuBLASLt's FP8 kernels); GELU comes with a bias.
+std::string fp8_problem(int32_t k, int32_t n, int32_t gelu, bool has_bias, float x_scale, float w_scale) {
+    if (!(x_scale > 0.f && x_scale < std::numeric_limits<float>::infinity()) ||
+        !(w_scale > 0.f && w_scale < std::numeric_limits<float>::infinity()))
+        return "x_scale " + std::to_string(x_scale) + " and w_scale " + std::to_string(w_scale) + " must be positive and finite";
+    if (k % 16 != 0 || n % 16 != 0) return "k " + std::to_string(k) + " and n " + std::to_string(n) + " must be multiples of 16";
+    if (gelu != 0 && gelu != 1) return "gelu must be 0 or 1";
+    if (gelu == 1 && !has_bias) return "gelu needs a bias";
+    return "";
+}
 
 class GemmCreator : public trtforge::CreatorBase {
    public:
@@ -498,7 +603,68 @@ class GemmPluginCreator final : public GemmCreator {
     GemmPluginCreator() : GemmCreator(Epilogue::kBias) {}  // kBias or kNone per node, by whether it has a bias
 };
 
+class GemmFp8PluginCreator final : public trtforge::CreatorBase {
+   public:
+    GemmFp8PluginCreator()
+        : CreatorBase(kFp8PluginName, kPluginVersion,
+                      {PluginField("weight", nullptr, PluginFieldType::kFLOAT16, 0),
+                       PluginField("bias", nullptr, PluginFieldType::kFLOAT16, 0),
+                       PluginField("k", nullptr, PluginFieldType::kINT32, 1),
+                       PluginField("n", nullptr, PluginFieldType::kINT32, 1),
+                       PluginField("gelu", nullptr, PluginFieldType::kINT32, 1),
+                       PluginField("x_scale", nullptr, PluginFieldType::kFLOAT32, 1),
+                       PluginField("w_scale", nullptr, PluginFieldType::kFLOAT32, 1)}) {}
+
+    IPluginV2* createPlugin(char const*, PluginFieldCollection const* fc) noexcept override {
+        GemmFields g = GemmFields::read(fc);
+        std::string why = g.valid(false) ? fp8_problem(g.k, g.n, g.gelu, g.has_bias, g.x_scale, g.w_scale)
+                                         : "fields k " + std::to_string(g.k) + ", n " + std::to_string(g.n) + ", weight " +
+                                               std::to_string(g.weight.size()) + " and bias " + std::to_string(g.bias.size()) +
+                                               " (fp16 values) do not agree";
+        if (!why.empty()) {
+            log_error(kFp8PluginName, why);
+            return nullptr;
+        }
+        return make(g.k, g.n, g.gelu, std::move(g.weight), std::move(g.bias), g.x_scale, g.w_scale);
+    }
+
+    IPluginV2* deserializePlugin(char const*, void const* data, size_t length) noexcept override {
+        auto const* p = static_cast<char const*>(data);
+        size_t const header = 4 * sizeof(int32_t) + 2 * sizeof(float);
+        int32_t v[4] = {};
+        float scales[2] = {};
+        if (length < header) {
+            log_error(kFp8PluginName, "serialized plugin data has " + std::to_string(length) + " bytes, too few for its header");
+            return nullptr;
+        }
+        std::memcpy(v, p, sizeof(v));
+        std::memcpy(scales, p + sizeof(v), sizeof(scales));
+        int32_t const k = v[0], n = v[1], has_bias = v[2], gelu = v[3];
+        size_t const bias_values = has_bias == 1 ? static_cast<size_t>(n) : 0;
+        size_t const want = header + (static_cast<size_t>(std::max(k, 0)) * std::max(n, 0) + bias_values) * sizeof(uint16_t);
+        std::string why = k <= 0 || n <= 0 || (has_bias != 0 && has_bias != 1) || length != want
+                              ? "serialized plugin data has " + std::to_string(length) + " bytes, expected " + std::to_string(want)
+                              : fp8_problem(k, n, gelu, has_bias == 1, scales[0], scales[1]);
+        if (!why.empty()) {
+            log_error(kFp8PluginName, why);
+            return nullptr;
+        }
+        auto const* w = reinterpret_cast<uint16_t const*>(p + header);
+        size_t const kn = static_cast<size_t>(k) * n;
+        return make(k, n, gelu, std::vector<uint16_t>(w, w + kn), std::vector<uint16_t>(w + kn, w + kn + bias_values),
+                    scales[0], scales[1]);
+    }
+
+   private:
+    IPluginV2* make(int32_t k, int32_t n, int32_t gelu, std::vector<uint16_t> weight, std::vector<uint16_t> bias, float x_scale,
+                    float w_scale) const {
+        Epilogue const e = gelu ? Epilogue::kGeluBias : bias.empty() ? Epilogue::kNone : Epilogue::kBias;
+        return named(new GemmPlugin(e, k, n, std::move(weight), std::move(bias), Fp8Scales{true, x_scale, w_scale}));
+    }
+};
+
 }  // namespace
 
 REGISTER_TENSORRT_PLUGIN(GemmGeluPluginCreator);
 REGISTER_TENSORRT_PLUGIN(GemmPluginCreator);
+REGISTER_TENSORRT_PLUGIN(GemmFp8PluginCreator);

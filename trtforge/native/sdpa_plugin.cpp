@@ -287,4 +287,4 @@ class SdpaPluginCreator final : public trtforge::CreatorBase {
 REGISTER_TENSORRT_PLUGIN(SdpaPluginCreator);
 
 // What the library registers, for a person inspecting it (e.g. with ctypes); trtforge does not read it.
-extern "C" char const* trtforge_plugin_names() { return "TrtforgeFlashAttention/1 TrtforgeGemmGelu/1"; }
+extern "C" char const* trtforge_plugin_names() { return "TrtforgeFlashAttention/1 TrtforgeGemmGelu/1 TrtforgeGemm/1 TrtforgeGemmFp8/1"; }

@@ -1,0 +1,212 @@
+"""FP8 GEMMs (trtforge.fusion.fp8, `build --gemm-precision fp8`, issue 11): the GEMM plugins' nodes become
+TrtforgeGemmFp8 with per-tensor scales from observed peaks. ORT cannot run the plugin: each node is emulated by its
+contract (tests/attention_emulation.py: e4m3 rounding written in ONNX ops for x, ml_dtypes for W) and the graph
+compared with the fp32 original on feeds the scales never saw."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from attention_emulation import (e4m3_nodes, emulate_fp8_plugins, emulate_gemm_gelu_plugins, emulate_gemm_plugins,
+                                 emulate_skip_layernorm_plugins, rel_l2, with_random_vectors, zoo_sizes)
+from conftest import assert_user_error, export_zoo, run_cli
+from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.feeds import random_feeds
+from trtforge.fusion import fp8
+from trtforge.graph import io_specs
+
+
+def test_quantize_e4m3_rounds_to_nearest_even_and_saturates():
+    x = np.array([0.3, 1.0, 0.0664, 500.0, -1000.0, 447.0, 1e-5], np.float32)
+    got = fp8.quantize_e4m3(x, 1.0)
+    # e4m3 steps: 0.3 -> 0.3125 (step 1/32 in [0.25, 0.5)); 0.0664 ties between 0.0625 and 0.0703 -> even 0.0625;
+    # beyond 448 saturates; 1e-5 is under the smallest subnormal 2^-9 / 2 -> 0
+    assert got.tolist() == [0.3125, 1.0, 0.0625, 448.0, -448.0, 448.0, 0.0]
+    assert fp8.quantize_e4m3(np.array([3.0], np.float32), 0.5).tolist() == [6.0]  # x / scale
+
+
+def test_the_emulation_rounds_as_ml_dtypes_does():
+    """The ONNX-op e4m3 rounding the graph tests use equals ml_dtypes' cast (and so ONNX's own FLOAT8E4M3FN Cast)."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, s, 20000) for s in (1e-3, 0.1, 1, 30, 300)] +
+                       [2.0 ** np.arange(-12, 9), -(2.0 ** np.arange(-12, 9)) * 1.0625, [0.0, 447.9, 449, 465, 1e4]]).astype(np.float32)
+    inits = []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    nodes, out = e4m3_nodes("x", np.float32(1 / 0.7), "q_", const)
+    graph = helper.make_graph(nodes, "e4m3", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None])],
+                              [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, [None])], inits)
+    got = OrtRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()).run({"x": x})[out]
+    np.testing.assert_array_equal(got, fp8.quantize_e4m3(x, 0.7))
+
+
+def test_scales_put_the_peaks_where_e4m3_can_hold_them():
+    w = np.array([[0.5, -2.24], [1.0, 0.0]], np.float16)
+    assert fp8.weight_scale(w) == pytest.approx(2.24 / 448, rel=1e-3)
+    assert fp8.weight_scale(np.zeros((2, 2), np.float16)) == 1.0
+    assert fp8.activation_scale(10.0) == pytest.approx(fp8.HEADROOM * 10.0 / 448)
+    x = np.linspace(-10, 10, 101, dtype=np.float32)  # the observed peak is represented, not clipped
+    assert np.abs(fp8.quantize_e4m3(x, fp8.activation_scale(10.0))).max() * fp8.activation_scale(10.0) == pytest.approx(10.0)
+
+
+def test_fp8_gemm_is_close_to_the_fp32_product_but_not_equal():
+    rng = np.random.default_rng(0)
+    x, w, b = rng.normal(size=(64, 256)).astype(np.float32), rng.normal(0, 0.05, (256, 128)).astype(np.float32), rng.normal(size=128)
+    exact = x @ w + b
+    got = fp8.fp8_gemm(x, w, b, False, fp8.activation_scale(np.abs(x).max()), fp8.weight_scale(w)).astype(np.float32)
+    assert 1e-3 < rel_l2(got, exact) < 0.05
+    # a scale far too small saturates most of x: the product is wrong, and the error shows it
+    clipped = fp8.fp8_gemm(x, w, b, False, fp8.activation_scale(np.abs(x).max()) / 100, fp8.weight_scale(w)).astype(np.float32)
+    assert rel_l2(clipped, exact) > 0.3
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    return export_zoo(tmp_path_factory.mktemp("fp8"), [("bert", "legacy")])[("bert", "legacy")]
+
+
+def _fused(path):
+    """The zoo BERT as build fuses it for fp16 (GELU with its GEMM, skip-LayerNorm, then the GEMM pass)."""
+    from trtforge.fusion.gelu import fuse_gelu
+    from trtforge.fusion.gemm import fuse_gemm
+    from trtforge.fusion.skip_layernorm import fuse_skip_layernorm
+    from trtforge.precision import prepare_for_build
+
+    model = with_random_vectors(onnx.load(path))
+    specs, axes, _ = io_specs(path, model)
+    converted, _ = prepare_for_build(model, path, specs, axes)
+    feeds = random_feeds(specs, zoo_sizes(axes, 16))
+    gelu, _ = fuse_gelu(converted, feeds, gemm_plugin=True)
+    skip, _ = fuse_skip_layernorm(gelu, feeds, observe_model=converted)
+    fused, _ = fuse_gemm(skip)
+    return model, converted, fused, specs, axes
+
+
+def _emulate(model):
+    return emulate_skip_layernorm_plugins(emulate_gemm_plugins(emulate_gemm_gelu_plugins(emulate_fp8_plugins(model))))
+
+
+def test_every_gemm_plugin_becomes_fp8_and_the_graph_stays_close_to_fp32(bert):
+    model, converted, fused, specs, axes = _fused(bert)
+    gemms = fp8.plugin_gemms(fused)
+    assert {g.node.op_type for g in gemms} == {"TrtforgeGemm", "TrtforgeGemmGelu"}
+    scale_feeds = [random_feeds(specs, zoo_sizes(axes, 32), seed) for seed in (0, 1)]
+    peaks = fp8.observe_peaks(converted, scale_feeds, [g.x for g in gemms])
+    assert set(peaks) == {g.x for g in gemms} and all(v > 0 for v in peaks.values())
+    out, report = fp8.to_fp8(fused, peaks)
+    assert len(report.replaced) == len(gemms) and not report.refused
+    assert [n.op_type for n in out.graph.node].count(fp8.PLUGIN) == len(gemms)
+    assert not fp8.plugin_gemms(out)
+    for r in report.replaced:
+        assert r["x_scale"] == pytest.approx(fp8.HEADROOM * peaks[r["x"]] / 448)
+    unseen = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=9)
+    want = OrtRunner(model.SerializeToString()).run(unseen)
+    fp16 = OrtRunner(_emulate(fused).SerializeToString()).run(unseen)
+    got = OrtRunner(_emulate(out).SerializeToString()).run(unseen)
+    for name, ref in want.items():
+        err, err16 = rel_l2(got[name], ref), rel_l2(fp16[name], ref)
+        # e4m3 keeps 3 mantissa bits: ~3% per GEMM on random operands, 5.5% on the pooled output after 2 layers
+        assert err < 0.08, (name, err)
+        assert err > err16, (name, err, err16)  # the emulation quantizes: FP8 is less exact than fp16
+    # Scales 50x too small saturate the activations, and the emulated graph shows it.
+    for node in out.graph.node:
+        for a in node.attribute:
+            if a.name == "x_scale":
+                a.f /= 50
+    bad = OrtRunner(_emulate(out).SerializeToString()).run(unseen)
+    assert rel_l2(bad["last_hidden_state"], want["last_hidden_state"]) > 0.2
+
+
+def test_gemms_fp8_cannot_take_stay_fp16_with_the_reason(bert):
+    _, converted, fused, specs, axes = _fused(bert)
+    gemms = fp8.plugin_gemms(fused)
+    peaks = fp8.observe_peaks(converted, [random_feeds(specs, zoo_sizes(axes, 16))], [g.x for g in gemms])
+    unobserved = gemms[0].x
+    del peaks[unobserved]
+    out, report = fp8.to_fp8(fused, peaks)
+    assert [r["node"] for r in report.refused] == [g.node.name for g in gemms if g.x == unobserved]  # Q, K and V read one x
+    assert "not a tensor of the observed graph" in report.refused[0]["reason"]
+    assert next(n for n in out.graph.node if n.name == gemms[0].node.name).op_type == gemms[0].node.op_type
+    # K or N off cuBLASLt's multiple of 16
+    odd = fp8.PluginGemm(gemms[0].node, "x", np.zeros((24, 64), np.float16), None, False)
+    assert "multiples of 16" in fp8.refusal(odd, 1.0)
+    assert "non-zero peak" in fp8.refusal(gemms[0], 0.0)
+
+
+def test_fp8_skip_names_what_is_missing():
+    assert "precision best" in fp8.fp8_skip("best", "tensorrt", "8.6.1", "9.0", True)
+    assert "TensorRT 8.x" in fp8.fp8_skip("fp16", "tensorrt_rtx", "1.2.0", "9.0", True)
+    assert "no FP8 tensor cores" in fp8.fp8_skip("fp16", "tensorrt", "8.6.1", "8.0", True)
+    assert "--plugin-library" in fp8.fp8_skip("fp16", "tensorrt", "8.6.1", "9.0", False)
+    assert fp8.fp8_skip("fp16", "tensorrt", "8.6.1", "8.9", True) is None
+
+
+def test_build_refuses_fp8_where_it_cannot_run(bert, tmp_path):
+    """CI builds with TensorRT-RTX: no GEMM plugins there, so --gemm-precision fp8 is a user error (exit 2), and an
+    unknown value is one too."""
+    r = run_cli("build", str(bert), "--precision", "fp16", "--gemm-precision", "fp8", "-o", str(tmp_path / "e.engine"))
+    assert_user_error(r, "--gemm-precision fp8 cannot apply", "TensorRT 8.x")
+    r = run_cli("build", str(bert), "--precision", "fp16", "--gemm-precision", "int4", "-o", str(tmp_path / "e.engine"))
+    assert_user_error(r, "--gemm-precision 'int4'")
+    assert not (tmp_path / "e.engine").exists()
+
+
+class _Engine:
+    """A stand-in engine: the reference ONNX's outputs, plus noise of a given size."""
+
+    def __init__(self, onnx_path, noise):
+        self.ort, self.noise = OrtRunner(onnx.load(onnx_path).SerializeToString()), noise
+        self.input_names, self.output_names = self.ort.input_names, self.ort.output_names
+
+    def run(self, feeds):
+        rng = np.random.default_rng(1)
+        return {k: v + self.noise * rng.normal(size=v.shape).astype(np.float32) * np.abs(v).mean()
+                for k, v in self.ort.run(feeds).items()}
+
+
+@pytest.mark.parametrize("noise, status", [(0.01, "passed"), (3.0, "failed")])
+def test_the_fp8_engine_check_gates_on_the_engine(bert, tmp_path, noise, status):
+    from trtforge.calibrate.engine_check import EngineHooks, after_fp8_build
+
+    model = onnx.load(bert)
+    specs, axes, _ = io_specs(bert, model)
+    feeds = [random_feeds(specs, zoo_sizes(axes, 16), seed) for seed in (100, 101)]
+    hooks = EngineHooks(lambda: (True, "tensorrt"), None, lambda engine, side: _Engine(bert, noise))
+    side = {"reference_onnx": str(bert), "backend": "tensorrt", "tensorrt_version": "8.6.1"}
+    check = after_fp8_build(tmp_path / "m.engine", side, feeds, 0.99, hooks)
+    assert check["status"] == status, check
+    assert (status == "failed") == bool(check["failures"]) and check["engine"]["samples"] == 2 * feeds[0]["input_ids"].shape[0]
+    if status == "failed":
+        assert "build.fp8_min_cosine" in check["failures"][0]
+    hooks = EngineHooks(lambda: (False, "no GPU"), None, None)
+    assert after_fp8_build(tmp_path / "m.engine", side, feeds, 0.99, hooks)["status"] == "skipped"
+
+
+def test_builds_fp8_step_converts_the_fused_graph_and_records_it(bert, monkeypatch):
+    """build's --gemm-precision fp8 step on a TensorRT 8.6 / sm_90 build (the registry and GPU stood in for): the
+    fused graph's GEMM plugins become fp8, the sidecar record names scales and where they came from, and the gate's
+    feeds include two random feeds the scales never saw."""
+    from types import SimpleNamespace
+
+    import trtforge.backends.tensorrt as trt_backend
+    from trtforge import build as build_mod
+    from trtforge.errors import UserError
+
+    monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
+    model, converted, fused, specs, axes = _fused(bert)
+    mod = SimpleNamespace(flavour="tensorrt", version="8.6.1")
+    out, record, feeds = build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, fused, converted, model, "fp16", bert,
+                                             specs, axes, 0.99)
+    assert [n.op_type for n in out.graph.node].count(fp8.PLUGIN) == len(fp8.plugin_gemms(fused)) == len(record["replaced"])
+    assert record["precision"] == "fp8" and record["gate"]["min_cosine"] == 0.99
+    assert record["magnitudes_from"].startswith(("random feeds", "calibration data"))
+    assert "seeds 100, 101" in record["gate"]["feeds"] and len(feeds) >= 2
+    assert all(r["x_scale"] > 0 and r["w_scale"] > 0 for r in record["replaced"])
+    with pytest.raises(UserError, match="found no GEMM plugin node"):
+        build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, None, converted, model, "fp16", bert, specs, axes, 0.99)
+    with pytest.raises(UserError, match="no FP8 tensor cores"):
+        build_mod._gemm_fp8(mod, {"compute_capability": "8.6"}, fused, converted, model, "fp16", bert, specs, axes, 0.99)

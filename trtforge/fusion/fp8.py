@@ -1,0 +1,185 @@
+"""FP8 GEMMs (`build --gemm-precision fp8`): the GEMM passes' plugin nodes (TrtforgeGemm, TrtforgeGemmGelu) become
+TrtforgeGemmFp8, which runs the same product on e4m3 operands (trtforge/native/gemm_plugin.cpp).
+
+Why: at 64x512 the GEMMs are 8.2 of BERT-base's 10.8 ms in fp16 on the H200 (cuBLASLt's timed picks at 640-720
+TFLOP/s; benchmarks/RESULTS.md, w34), and Hopper's FP8 tensor cores do twice fp16's FLOPs. TensorRT 8.6 has no FP8
+type, so the GEMMs go through trtforge's cuBLASLt plugin, which converts x itself.
+
+Scales are per tensor, the standard FP8 recipe (ModelOpt's FP8 default, TransformerEngine's delayed scaling):
+- weights: w_scale = max|W| / 448, so the largest weight lands on e4m3's largest finite value;
+- activations: x_scale = HEADROOM * max|x| / 448, with max|x| observed by ONNX Runtime on the build's sample feeds (the
+  calibration data where the model has some, else random feeds: precision.sample_feeds). Values beyond it saturate;
+  the headroom costs no precision in e4m3's normal range (a float format: the same 3 mantissa bits at every scale).
+
+Accuracy is not assumed: where the engine can execute, the build runs held-out feeds through it against ONNX Runtime
+fp32 and fails (exit 1) under build.fp8_min_cosine (trtforge.fusion.fp8_check). quantize_e4m3 and fp8_gemm emulate the
+plugin's arithmetic on the CPU (ml_dtypes' e4m3, onnx's own dependency) so the tests can check the rewrite's numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from trtforge.fusion.attention import PassReport
+from trtforge.fusion.plugins import PLUGIN_DOMAIN
+
+PLUGIN = "TrtforgeGemmFp8"
+PLUGIN_VERSION = "1"
+SOURCE_PLUGINS = ("TrtforgeGemm", "TrtforgeGemmGelu")
+E4M3_MAX = 448.0
+HEADROOM = 2.0
+GEMM_PRECISIONS = ("fp16", "fp8")
+MIN_COMPUTE_CAPABILITY = 89  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) on
+
+
+def weight_scale(w: np.ndarray) -> float:
+    """max|W| / 448 (a zero weight gets 1: any scale represents it)."""
+    peak = float(np.abs(w.astype(np.float32)).max()) if w.size else 0.0
+    return peak / E4M3_MAX if peak > 0 else 1.0
+
+
+def activation_scale(amax: float, headroom: float = HEADROOM) -> float:
+    """headroom * max|x| / 448: the observed peak lands at 448 / headroom."""
+    return headroom * amax / E4M3_MAX
+
+
+def quantize_e4m3(x: np.ndarray, scale: float) -> np.ndarray:
+    """The e4m3 values the plugin computes for x / scale (fp32 multiply by 1/scale, round to nearest even, saturate
+    at +-448), as float32."""
+    scaled = x.astype(np.float32) * np.float32(1.0 / scale)
+    return np.clip(scaled, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x ** 3)))
+
+
+def fp8_gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gelu: bool, x_scale: float, w_scale: float) -> np.ndarray:
+    """What TrtforgeGemmFp8 computes, in fp32 then fp16: [gelu](e4m3(x/x_scale) @ e4m3(W/w_scale) * x_scale * w_scale + b)."""
+    y = quantize_e4m3(x, x_scale) @ quantize_e4m3(w, w_scale) * np.float32(x_scale * w_scale)
+    if bias is not None:
+        y = y + bias.astype(np.float32)
+    return (gelu_tanh(y) if gelu else y).astype(np.float16)
+
+
+@dataclass
+class PluginGemm:
+    """A TrtforgeGemm / TrtforgeGemmGelu node's contract, read back from its fields."""
+    node: onnx.NodeProto
+    x: str
+    weight: np.ndarray  # fp16 [K, N]
+    bias: np.ndarray | None
+    gelu: bool
+
+
+def plugin_gemms(model: onnx.ModelProto) -> list[PluginGemm]:
+    """The GEMM plugin nodes the GELU and GEMM passes wrote."""
+    found = []
+    for node in model.graph.node:
+        if node.domain != PLUGIN_DOMAIN or node.op_type not in SOURCE_PLUGINS:
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        k, n = attrs["k"].i, attrs["n"].i
+        weight = numpy_helper.to_array(attrs["weight"].t).reshape(k, n)
+        bias = numpy_helper.to_array(attrs["bias"].t) if "bias" in attrs else None
+        found.append(PluginGemm(node, node.input[0], weight, bias, node.op_type == "TrtforgeGemmGelu"))
+    return found
+
+
+def refusal(g: PluginGemm, amax: float | None) -> str | None:
+    """Why this GEMM stays fp16, or None."""
+    k, n = g.weight.shape
+    if k % 16 or n % 16:
+        return f"K {k} and N {n} must be multiples of 16 for cuBLASLt's FP8 kernels"
+    if amax is None:
+        return f"its input '{g.x}' is not a tensor of the observed graph (made by another plugin), so it has no scale"
+    if not np.isfinite(amax) or amax <= 0:
+        return f"its input '{g.x}' was observed at max |x| = {amax:g}; FP8 needs a finite, non-zero peak"
+    return None
+
+
+def observe_peaks(observe_model: onnx.ModelProto, feeds_list: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, float]:
+    """max |value| of each named tensor of observe_model (those it has) over the feeds, from ONNX Runtime."""
+    from trtforge.backends.onnxruntime import OrtRunner
+    from trtforge.graph import expose_tensors
+
+    present = {o for node in observe_model.graph.node for o in node.output} | {i.name for i in observe_model.graph.input}
+    wanted = [n for n in dict.fromkeys(names) if n in present]
+    if not wanted:
+        return {}
+    runner = OrtRunner(expose_tensors(observe_model, wanted, typed=False).SerializeToString())
+    peaks: dict[str, float] = {}
+    for feeds in feeds_list:
+        inputs = {k: v for k, v in feeds.items() if k in runner.input_names}
+        for name, value in runner.run(inputs, wanted).items():
+            value = np.abs(np.asarray(value, dtype=np.float32))
+            peaks[name] = max(peaks.get(name, 0.0), float(value.max()) if value.size else 0.0)
+    return peaks
+
+
+def to_fp8(model: onnx.ModelProto, peaks: dict[str, float], headroom: float = HEADROOM) -> tuple[onnx.ModelProto, PassReport]:
+    """model with every GEMM plugin node whose input has an observed peak (peaks: tensor -> max|x|) as TrtforgeGemmFp8;
+    the report names each node, its scales, and why any other stays fp16."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    report = PassReport([], [])
+    swapped: dict[str, onnx.NodeProto] = {}
+    for g in plugin_gemms(out):
+        amax = peaks.get(g.x)
+        why = refusal(g, amax)
+        if why:
+            report.refused.append({"node": g.node.name, "reason": why})
+            continue
+        x_scale, w_scale = activation_scale(amax, headroom), weight_scale(g.weight)
+        attrs = {"weight": numpy_helper.from_array(np.ascontiguousarray(g.weight, np.float16).reshape(-1), f"{g.node.name}/weight"),
+                 "k": int(g.weight.shape[0]), "n": int(g.weight.shape[1]), "gelu": int(g.gelu),
+                 "x_scale": float(x_scale), "w_scale": float(w_scale)}
+        if g.bias is not None:
+            attrs["bias"] = numpy_helper.from_array(g.bias.astype(np.float16), f"{g.node.name}/bias")
+        swapped[g.node.name] = helper.make_node(PLUGIN, list(g.node.input), list(g.node.output), name=g.node.name,
+                                                domain=PLUGIN_DOMAIN, plugin_version=PLUGIN_VERSION, plugin_namespace="",
+                                                **attrs)
+        report.replaced.append({"node": g.node.name, "from": g.node.op_type, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
+                                "k": int(g.weight.shape[0]), "n": int(g.weight.shape[1]), "gelu": g.gelu, "x": g.x,
+                                "x_amax": float(amax), "x_scale": float(x_scale), "w_scale": float(w_scale)})
+    nodes = [swapped.get(n.name, n) for n in out.graph.node]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out, report
+
+
+def fp8_skip(precision: str, flavour: str, version: str, compute_capability: str | None, registered: bool) -> str | None:
+    """Why --gemm-precision fp8 cannot apply to this build, or None."""
+    from trtforge.fusion.plugins import backend_route
+    from trtforge.fusion.step import sm_of
+
+    if precision != "fp16":
+        return f"it applies to fp16 builds (the float GEMMs), not precision {precision}; build with --precision fp16"
+    if backend_route(flavour, version).kind != "plugin":
+        return f"{PLUGIN} is written for TensorRT 8.x; {flavour} {version} gets no GEMM plugins"
+    sm = sm_of(compute_capability)
+    if sm is None or sm < MIN_COMPUTE_CAPABILITY:
+        return (f"this GPU (compute capability {compute_capability or 'unknown'}) has no FP8 tensor cores; they start at "
+                "8.9 (Ada, Hopper)")
+    if not registered:
+        return (f"{PLUGIN} v{PLUGIN_VERSION} is not in this TensorRT's plugin registry; load libtrtforge_plugins "
+                "(trtforge/native/build.sh) with --plugin-library")
+    return None
+
+
+def describe_fp8(record: dict[str, Any]) -> list[str]:
+    replaced = (record or {}).get("replaced")
+    if not replaced:
+        return []
+    lines = [f"FP8 GEMMs: {len(replaced)} GEMM plugin node(s) as {PLUGIN} (e4m3, per-tensor scales; activation peaks from "
+             f"{record.get('magnitudes_from')}, headroom {record.get('headroom'):g}x)"]
+    reasons: dict[str, int] = {}
+    for r in record.get("refused") or []:
+        reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+    return lines + [f"  kept fp16 ({count}): {reason}" for reason, count in reasons.items()]
