@@ -230,6 +230,9 @@ def engine_half(args) -> None:
         try:
             side = read_sidecar(Path(path))
             entry["precision"] = side.get("precision")
+            entry["gemm_precision"] = (side.get("gemm_precision") or {}).get("precision", "fp16")
+            check = side.get("engine_check") or {}
+            entry["accuracy_gate"] = {"status": check.get("status"), "mean_cosine": (check.get("engine") or {}).get("mean_cosine")}
             runner = TrtRunner(mod, Path(path), side, cuda_graphs=args.cuda_graphs)
             names = runner.input_names
             for shape in args.shapes:
@@ -273,7 +276,9 @@ def table(args) -> None:
 
     rows, e2e = [], []
     for name in sorted(set(torch_r["models"]) | set(engines)):
-        t, e = torch_r["models"].get(name, {}), engines.get(name, {})
+        # an engine named MODEL-VARIANT (bert-base-fp8) is compared with MODEL's torch figures
+        base = next((m for m in MODELS if name == m or name.startswith(m + "-")), name)
+        t, e = torch_r["models"].get(base, {}), engines.get(name, {})
         for shape in args.shapes:
             eng = ms(e.get("shapes", {}).get(shape))
             eager = ms(t.get("shapes", {}).get(shape, {}).get("eager_sdpa"))
