@@ -248,7 +248,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
 
     size_t getWorkspaceSize(PluginTensorDesc const* inputs, int32_t, PluginTensorDesc const*, int32_t) const noexcept override {
         if (!fp8_.on) return kWorkspaceBytes;
-        return kWorkspaceBytes + round256(static_cast<size_t>(std::max(max_tokens_, tokens_of(inputs[0].dims))) * k_);
+        int64_t const tokens = std::max(max_tokens_, tokens_of(inputs[0].dims));  // a dynamic (-1) axis counts as none
+        return kWorkspaceBytes + round256(static_cast<size_t>(std::max<int64_t>(tokens, 1)) * k_);
     }
 
     int32_t enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const*, void const* const* inputs,
@@ -263,21 +264,27 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         int64_t const tokens = tokens_of(dims);
         std::lock_guard<std::mutex> lock(mutex_);
         if (!device_weight_ && !upload(stream)) return 1;
-        // FP8: x as e4m3 at the workspace's start, cuBLASLt's workspace after it.
+        // FP8: cuBLASLt's workspace first, x as e4m3 after it.
         void const* b = inputs[0];
         void* lt_workspace = workspace;
         if (fp8_.on) {
+            cudaError_t pending = cudaPeekAtLastError();
+            if (pending != cudaSuccess) {
+                error(std::string("a CUDA error is pending before the FP8 matmul: ") + cudaGetErrorString(pending));
+                return 1;
+            }
             if (max_tokens_ > 0 && tokens > max_tokens_) {
                 error(std::to_string(tokens) + " tokens, more than the " + std::to_string(max_tokens_) +
                       " its workspace was sized for");
                 return 1;
             }
-            if (trtforge::quantize_fp8(inputs[0], workspace, tokens * k_, fp8_.x_scale, stream) != cudaSuccess) {
-                error("converting the input to FP8 failed");
+            void* xq = static_cast<char*>(workspace) + kWorkspaceBytes;
+            cudaError_t ce = trtforge::quantize_fp8(inputs[0], xq, tokens * k_, fp8_.x_scale, stream);
+            if (ce != cudaSuccess) {
+                error(std::string("converting the input to FP8 failed: ") + cudaGetErrorString(ce));
                 return 1;
             }
-            b = workspace;
-            lt_workspace = static_cast<char*>(workspace) + round256(static_cast<size_t>(tokens) * k_);
+            b = xq;
         }
         // TensorRT's buffers are usually 256-byte aligned; one that is not (a slice of a concatenation) gets its own plan.
         int32_t const align = std::min(alignment(b), alignment(outputs[0]));
@@ -318,7 +325,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         size_t const half_bytes = weight_.size() * sizeof(uint16_t), bbytes = bias_.size() * sizeof(uint16_t);
         size_t const wbytes = fp8_.on ? weight_.size() : half_bytes;
         size_t const bias_at = round256(wbytes), scales_at = round256(bias_at + bbytes);
-        if (cudaMalloc(&device_weight_, scales_at + 2 * sizeof(float)) != cudaSuccess) {
+        if (cudaMalloc(&device_weight_, scales_at + 256) != cudaSuccess) {
             error("cudaMalloc of the weight failed");
             device_weight_ = nullptr;
             return false;
@@ -429,16 +436,21 @@ class GemmPlugin final : public IPluginV2DynamicExt {
             } else {
                 float best_ms = std::numeric_limits<float>::infinity(), first_ms = -1.f;
                 best = -1;
+                std::string failure;  // the first candidate's failure, for the error when none runs
                 for (int i = 0; i < found; ++i) {
                     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-                    bool ran = matmul(p, results[i].algo, x, y, workspace, stream) == CUBLAS_STATUS_SUCCESS &&
-                               cudaEventRecord(start, stream) == cudaSuccess;
-                    for (int r = 0; ran && r < kTimedRuns; ++r)
-                        ran = matmul(p, results[i].algo, x, y, workspace, stream) == CUBLAS_STATUS_SUCCESS;
+                    cublasStatus_t st = matmul(p, results[i].algo, x, y, workspace, stream);
+                    cudaError_t ce = st == CUBLAS_STATUS_SUCCESS ? cudaEventRecord(start, stream) : cudaSuccess;
+                    for (int r = 0; st == CUBLAS_STATUS_SUCCESS && ce == cudaSuccess && r < kTimedRuns; ++r)
+                        st = matmul(p, results[i].algo, x, y, workspace, stream);
                     float ms = 0.f;
-                    ran = ran && cudaEventRecord(stop, stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
-                          cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-                    if (!ran) {
+                    if (st == CUBLAS_STATUS_SUCCESS && ce == cudaSuccess) ce = cudaEventRecord(stop, stream);
+                    if (st == CUBLAS_STATUS_SUCCESS && ce == cudaSuccess) ce = cudaEventSynchronize(stop);
+                    if (st == CUBLAS_STATUS_SUCCESS && ce == cudaSuccess) ce = cudaEventElapsedTime(&ms, start, stop);
+                    if (st != CUBLAS_STATUS_SUCCESS || ce != cudaSuccess) {
+                        if (failure.empty())
+                            failure = st != CUBLAS_STATUS_SUCCESS ? "cublasLtMatmul status " + std::to_string(static_cast<int>(st))
+                                                                  : std::string(cudaGetErrorString(ce));
                         cudaStreamSynchronize(stream);
                         continue;
                     }
@@ -457,7 +469,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                                       problem(tokens).c_str(), best + 1, found, best_ms);
                     error(line);
                 } else {
-                    error("no cuBLASLt candidate ran for " + problem(tokens));
+                    error("no cuBLASLt candidate ran for " + problem(tokens) + " (" + std::to_string(found) + " candidates; the first failed: " +
+                          failure + ")");
                 }
             }
             if (start) cudaEventDestroy(start);
