@@ -60,6 +60,7 @@ constexpr char const* kPluginVersion = "1";
 constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kCandidates = 16;  // cuBLASLt heuristic results timed per problem shape
 constexpr int kTimedRuns = 5;    // after one untimed run each
+constexpr size_t kScaleStride = 256;  // bytes between the FP8 scales on the device (cuBLASLt wants them aligned)
 
 enum class Epilogue : int32_t { kNone = 0, kBias = 1, kGeluBias = 2 };
 
@@ -316,7 +317,9 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                                 workspace, kWorkspaceBytes, stream);
     }
 
-    // Device memory: the weight (fp16 [K, N], or e4m3 [N, K]), then the bias and the FP8 scales, each 256-byte aligned.
+    // Device memory: the weight (fp16 [K, N], or e4m3 [N, K]), the bias, x_scale and w_scale, each 256-byte aligned:
+    // cuBLASLt refuses an FP8 matmul (CUBLAS_STATUS_NOT_SUPPORTED, after its heuristic offered the algorithms) whose B
+    // scale sits 4 bytes after the A scale (benchmarks/gpu/fp8_probe.cu on the H100, RESULTS.md 2026-12-06).
     bool upload(cudaStream_t stream) {
         if (trtforge::capturing(stream)) {
             error("first enqueue under CUDA-graph capture; enqueue once plainly first");
@@ -325,14 +328,14 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         size_t const half_bytes = weight_.size() * sizeof(uint16_t), bbytes = bias_.size() * sizeof(uint16_t);
         size_t const wbytes = fp8_.on ? weight_.size() : half_bytes;
         size_t const bias_at = round256(wbytes), scales_at = round256(bias_at + bbytes);
-        if (cudaMalloc(&device_weight_, scales_at + 256) != cudaSuccess) {
+        if (cudaMalloc(&device_weight_, scales_at + 2 * kScaleStride) != cudaSuccess) {
             error("cudaMalloc of the weight failed");
             device_weight_ = nullptr;
             return false;
         }
         device_bias_ = bias_.empty() ? nullptr : static_cast<char*>(device_weight_) + bias_at;
         device_scales_ = reinterpret_cast<float*>(static_cast<char*>(device_weight_) + scales_at);
-        float const scales[2] = {fp8_.x_scale, fp8_.w_scale};
+        char* const scales = reinterpret_cast<char*>(device_scales_);
         void* staging = nullptr;  // the fp16 weight on the GPU, converted to e4m3 [N, K] there
         bool ok = !fp8_.on || cudaMalloc(&staging, half_bytes) == cudaSuccess;
         // On the enqueue's stream, so the matmul after it waits for the copies; synchronized, as the host
@@ -343,7 +346,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
              (!fp8_.on || trtforge::quantize_transpose_fp8(staging, device_weight_, k_, n_, fp8_.w_scale, stream) == cudaSuccess) &&
              (!device_bias_ ||
               cudaMemcpyAsync(device_bias_, bias_.data(), bbytes, cudaMemcpyHostToDevice, stream) == cudaSuccess) &&
-             cudaMemcpyAsync(device_scales_, scales, sizeof(scales), cudaMemcpyHostToDevice, stream) == cudaSuccess &&
+             cudaMemcpyAsync(scales, &fp8_.x_scale, sizeof(float), cudaMemcpyHostToDevice, stream) == cudaSuccess &&
+             cudaMemcpyAsync(scales + kScaleStride, &fp8_.w_scale, sizeof(float), cudaMemcpyHostToDevice, stream) == cudaSuccess &&
              cudaStreamSynchronize(stream) == cudaSuccess;
         if (staging) cudaFree(staging);
         if (!ok) {
@@ -374,8 +378,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                                                                            : CUBLASLT_EPILOGUE_DEFAULT;
         cudaDataType_t const in_type = fp8_.on ? CUDA_R_8F_E4M3 : CUDA_R_16F, bias_type = CUDA_R_16F;
         int8_t const fast_accum = 1;  // FP8: no periodic promotion of the partial sums (what TransformerEngine's forward uses)
-        float const* w_scale = device_scales_ + 1;
         float const* x_scale = device_scales_;
+        float const* w_scale = reinterpret_cast<float const*>(reinterpret_cast<char const*>(device_scales_) + kScaleStride);
         bool ok = lt.desc_create(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
                   lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)) == CUBLAS_STATUS_SUCCESS &&
                   lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)) == CUBLAS_STATUS_SUCCESS &&
@@ -507,7 +511,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     int64_t max_tokens_ = 0;  // the largest token count configurePlugin was given (0: not told)
     void* device_weight_ = nullptr;
     void* device_bias_ = nullptr;
-    float* device_scales_ = nullptr;  // x_scale, w_scale
+    float* device_scales_ = nullptr;  // x_scale, and w_scale kScaleStride bytes after it
     std::map<std::pair<int64_t, int32_t>, Plan> plans_;  // by (tokens, alignment of x and y)
     std::mutex mutex_;
     std::string namespace_;
