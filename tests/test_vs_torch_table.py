@@ -20,3 +20,20 @@ def test_the_end_to_end_pair_names_both_batches_and_flags_unequal_ones(tmp_path)
     assert "| minilm | 64 / 16 (unequal!) | 500 | 100 | 5.00x |" in text and (row["trtforge_batch"], row["torch_loop_batch"]) == (64, 16)
     text, _ = _table(tmp_path, 64)
     assert "| minilm | 64 / 64 | 500 |" in text and "unequal" not in text
+
+
+def test_an_engine_named_model_variant_is_compared_with_the_models_torch_figures(tmp_path):
+    """bert-base-fp8 (an FP8 engine of bert-base) gets bert-base's torch eager time, so its ratio is in the table; a
+    name that is no model's variant gets none."""
+    shape = {"64x512": {"eager_sdpa": {"median_ms": 16.5}}}
+    (tmp_path / "t.json").write_text(json.dumps({"models": {"bert-base": {"shapes": shape}}}))
+    (tmp_path / "e.json").write_text(json.dumps({"models": {
+        "bert-base": {"shapes": {"64x512": {"median_ms": 11.0}}},
+        "bert-base-fp8": {"shapes": {"64x512": {"median_ms": 10.0}}, "gemm_precision": "fp8"},
+        "bertbase": {"shapes": {"64x512": {"median_ms": 10.0}}}}}))
+    subprocess.run([sys.executable, "benchmarks/vs_torch.py", "table", "--torch", str(tmp_path / "t.json"), "--engine",
+                    str(tmp_path / "e.json"), "--shapes", "64x512", "--out", str(tmp_path / "o.json")], capture_output=True,
+                   text=True, check=True)
+    rows = {r["model"]: r for r in json.loads((tmp_path / "o.json").read_text())["kernels"]}
+    assert rows["bert-base"]["eager_over_engine"] == 1.5 and rows["bert-base-fp8"]["eager_over_engine"] == 1.65
+    assert rows["bertbase"]["eager_over_engine"] is None
