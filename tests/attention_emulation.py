@@ -244,6 +244,27 @@ def with_random_vectors(model):
     return model
 
 
+def fp16_plugin_chain(path):
+    """A zoo export (biases and norms redrawn) as `build` fuses it for fp16 with libtrtforge_plugins, pass by pass: the
+    fp16 conversion, bias+GELU with its GEMM (TrtforgeGemmGelu), skip-LayerNorm, then the GEMM pass.
+    Returns (model, converted, {"gelu" | "skip_layernorm" | "gemm": (graph after it, its report)}, specs, axes)."""
+    from trtforge.feeds import random_feeds
+    from trtforge.fusion.gelu import fuse_gelu
+    from trtforge.fusion.gemm import fuse_gemm
+    from trtforge.fusion.skip_layernorm import fuse_skip_layernorm
+    from trtforge.graph import io_specs
+    from trtforge.precision import prepare_for_build
+
+    model = with_random_vectors(onnx.load(path))
+    specs, axes, _ = io_specs(path, model)
+    converted, _ = prepare_for_build(model, path, specs, axes)
+    feeds = random_feeds(specs, zoo_sizes(axes, 16))
+    stages = {"gelu": fuse_gelu(converted, feeds, gemm_plugin=True)}
+    stages["skip_layernorm"] = fuse_skip_layernorm(stages["gelu"][0], feeds, observe_model=converted)
+    stages["gemm"] = fuse_gemm(stages["skip_layernorm"][0])
+    return model, converted, stages, specs, axes
+
+
 def e4m3_nodes(x: str, inv_scale: float, p: str, c) -> tuple[list[onnx.NodeProto], str]:
     """ONNX nodes (opset 11+) for x * inv_scale rounded to e4m3 as the plugin does (round to nearest even, saturating at
     +-448), as float32: step = 2^(floor(log2(max(|v|, 2^-6))) - 3) (3 mantissa bits; the subnormals' step 2^-9 below

@@ -9,8 +9,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 from attention_emulation import (e4m3_nodes, emulate_fp8_plugins, emulate_gemm_gelu_plugins, emulate_gemm_plugins,
-                                 emulate_skip_layernorm_plugins, rel_l2, with_random_vectors, zoo_sizes)
-from conftest import assert_user_error, export_zoo, run_cli
+                                 emulate_skip_layernorm_plugins, fp16_plugin_chain, rel_l2, zoo_sizes)
+from conftest import ROOT, assert_user_error, export_zoo, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.feeds import random_feeds
 from trtforge.fusion import fp8
@@ -71,19 +71,8 @@ def bert(tmp_path_factory):
 
 def _fused(path):
     """The zoo BERT as build fuses it for fp16 (GELU with its GEMM, skip-LayerNorm, then the GEMM pass)."""
-    from trtforge.fusion.gelu import fuse_gelu
-    from trtforge.fusion.gemm import fuse_gemm
-    from trtforge.fusion.skip_layernorm import fuse_skip_layernorm
-    from trtforge.precision import prepare_for_build
-
-    model = with_random_vectors(onnx.load(path))
-    specs, axes, _ = io_specs(path, model)
-    converted, _ = prepare_for_build(model, path, specs, axes)
-    feeds = random_feeds(specs, zoo_sizes(axes, 16))
-    gelu, _ = fuse_gelu(converted, feeds, gemm_plugin=True)
-    skip, _ = fuse_skip_layernorm(gelu, feeds, observe_model=converted)
-    fused, _ = fuse_gemm(skip)
-    return model, converted, fused, specs, axes
+    model, converted, stages, specs, axes = fp16_plugin_chain(path)
+    return model, converted, stages["gemm"][0], specs, axes
 
 
 def _emulate(model):
@@ -210,3 +199,21 @@ def test_builds_fp8_step_converts_the_fused_graph_and_records_it(bert, monkeypat
         build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, None, converted, model, "fp16", bert, specs, axes, 0.99)
     with pytest.raises(UserError, match="no FP8 tensor cores"):
         build_mod._gemm_fp8(mod, {"compute_capability": "8.6"}, fused, converted, model, "fp16", bert, specs, axes, 0.99)
+
+
+def test_pipeline_honours_the_configs_gemm_precision(bert, tmp_path):
+    """`pipeline` builds from the config's build section through build.options_from_config: build.gemm_precision fp8
+    reaches the build, which refuses it on CI's TensorRT-RTX as `build --gemm-precision fp8` does. (Before, pipeline
+    built its own options and dropped the key: an fp16 engine came out of an fp8 config.)"""
+    import shutil
+
+    from trtforge.config import apply_overrides, load_config
+    from trtforge.errors import UserError
+    from trtforge.pipeline import Pipeline
+
+    cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / "bert.yaml"), {"build.gemm_precision": "fp8"})
+    pipe = Pipeline(cfg, tmp_path, backend="auto")
+    shutil.copy(bert, pipe.paths["clean"])
+    shutil.copy(f"{bert}.json", f"{pipe.paths['clean']}.json")  # the export's axes and inputs
+    with pytest.raises(UserError, match="--gemm-precision fp8 cannot apply"):
+        pipe._build()

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from attention_emulation import emulate_gemm_plugins, rel_l2, reverse_weight_rows, with_random_vectors, zoo_sizes
+from attention_emulation import emulate_gemm_plugins, fp16_plugin_chain, rel_l2, reverse_weight_rows, with_random_vectors, zoo_sizes
 from conftest import assert_user_error, export_zoo, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.feeds import random_feeds
@@ -58,19 +58,11 @@ def test_fp16_projections_become_trtforge_gemm_and_equal_the_original(zoo, key):
 def test_after_the_gelu_and_skip_layernorm_passes_it_takes_only_what_they_left(zoo):
     """In build's order: FC1 went into TrtforgeGemmGelu and the dense biases into skip-LayerNorm; the GEMM pass takes
     the QKV, output and FC2 projections, now without a bias of their own."""
-    from trtforge.fusion.gelu import GEMM_PLUGIN, fuse_gelu
-    from trtforge.fusion.skip_layernorm import fuse_skip_layernorm
-    from trtforge.precision import prepare_for_build
+    from trtforge.fusion.gelu import GEMM_PLUGIN
 
-    path = zoo[("bert", "legacy")]
-    model = with_random_vectors(onnx.load(path))
-    specs, axes, _ = io_specs(path, model)
-    converted, _ = prepare_for_build(model, path, specs, axes)
-    feeds = random_feeds(specs, zoo_sizes(axes, 16))
-    gelu, _ = fuse_gelu(converted, feeds, gemm_plugin=True)
-    skip, skip_report = fuse_skip_layernorm(gelu, feeds, observe_model=converted)
-    assert skip_report.replaced
-    fused, report = fuse_gemm(skip)
+    _, _, stages, _, _ = fp16_plugin_chain(zoo[("bert", "legacy")])
+    assert stages["skip_layernorm"][1].replaced
+    fused, report = stages["gemm"]
     kinds = [n.op_type for n in fused.graph.node]
     assert kinds.count(GEMM_PLUGIN) == 2 and kinds.count(PLUGIN) == len(report.replaced) > 0
     assert not _const_matmuls(fused)

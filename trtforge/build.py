@@ -45,6 +45,22 @@ class BuildResult:
     layer_summary: dict[str, Any] | None
 
 
+def options_from_config(section: Any, **given: Any) -> BuildOptions:
+    """BuildOptions from a config's `build` section, where each keyword the caller gives (not None) takes its key's
+    place. The CLI and `pipeline` both build through it, so a config key cannot be honoured by one and dropped by the
+    other (pipeline dropped build.gemm_precision before)."""
+    from dataclasses import fields
+
+    keys = {f.name for f in fields(BuildOptions)} & set(type(section).model_fields)
+    values = {key: getattr(section, key) for key in keys}
+    values.update({key: value for key, value in given.items() if value is not None})
+    if values.get("timing_cache") is not None:
+        values["timing_cache"] = Path(values["timing_cache"])
+    for key in ("compute_capabilities", "plugin_libraries"):
+        values[key] = list(values[key])
+    return BuildOptions(**values)
+
+
 def model_traits(model: onnx.ModelProto) -> tuple[bool, bool]:
     """(holds fp16 tensors, holds Q/DQ nodes)."""
     has_qdq = any(n.op_type in QDQ_OPS for n in model.graph.node)

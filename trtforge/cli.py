@@ -236,32 +236,19 @@ def build(
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
-    from trtforge.backends.tensorrt import BuildOptions
-    from trtforge.build import build as build_step, model_traits
+    from trtforge.build import build as build_step, model_traits, options_from_config
     from trtforge.config import BuildSection, load_config
     from trtforge.onnxio import load_onnx
 
     section = load_config(config).build if config else BuildSection()
     if precision is None:
         precision = "int8" if model_traits(load_onnx(onnx_path, load_external_data=False))[1] else (section.precision if config else "fp32")
-    options = BuildOptions(
-        workspace_mb=workspace_mb or section.workspace_mb,
-        optimization_level=optimization_level if optimization_level is not None else section.optimization_level,
-        timing_cache=timing_cache or (Path(section.timing_cache) if section.timing_cache else None),
-        tactic_sources=tactic_sources or section.tactic_sources,
-        hardware_compatibility=hardware_compatibility or section.hardware_compatibility,
-        version_compatible=version_compatible if version_compatible is not None else section.version_compatible,
-        compute_capabilities=list(compute_capability or section.compute_capabilities),
-        tf32=tf32,
-        fuse_attention=fuse_attention or section.fuse_attention,
-        fuse_gelu=fuse_gelu or section.fuse_gelu,
-        fuse_skip_layernorm=fuse_skip_layernorm or section.fuse_skip_layernorm,
-        fuse_gemm=fuse_gemm or section.fuse_gemm,
-        qkv_projection=qkv_projection or section.qkv_projection,
-        plugin_libraries=list(plugin_library or section.plugin_libraries),
-        gemm_precision=gemm_precision or section.gemm_precision,
-        fp8_min_cosine=fp8_min_cosine if fp8_min_cosine is not None else section.fp8_min_cosine,
-    )
+    options = options_from_config(
+        section, workspace_mb=workspace_mb, optimization_level=optimization_level, timing_cache=timing_cache,
+        tactic_sources=tactic_sources, hardware_compatibility=hardware_compatibility, version_compatible=version_compatible,
+        compute_capabilities=compute_capability or None, tf32=tf32, fuse_attention=fuse_attention, fuse_gelu=fuse_gelu,
+        fuse_skip_layernorm=fuse_skip_layernorm, fuse_gemm=fuse_gemm, qkv_projection=qkv_projection,
+        plugin_libraries=plugin_library or None, gemm_precision=gemm_precision, fp8_min_cosine=fp8_min_cosine)
     if options.gemm_precision not in ("fp16", "fp8"):
         raise UserError(f"--gemm-precision '{options.gemm_precision}' is not one of fp16, fp8 (config key build.gemm_precision).")
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):

@@ -147,17 +147,11 @@ class Pipeline:
         return detail
 
     def _build(self) -> str:
-        from trtforge.backends.tensorrt import BuildOptions
-        from trtforge.build import build
+        from trtforge.build import build, options_from_config
 
         b = self.cfg.build
         src = self.paths["int8"] if b.precision in ("int8", "best") else self.paths["clean"]
-        options = BuildOptions(workspace_mb=b.workspace_mb, optimization_level=b.optimization_level,
-                               timing_cache=Path(b.timing_cache) if b.timing_cache else None, tactic_sources=b.tactic_sources,
-                               hardware_compatibility=b.hardware_compatibility, version_compatible=b.version_compatible,
-                               compute_capabilities=list(b.compute_capabilities), fuse_attention=b.fuse_attention,
-                               fuse_gelu=b.fuse_gelu, fuse_skip_layernorm=b.fuse_skip_layernorm, fuse_gemm=b.fuse_gemm,
-                               qkv_projection=b.qkv_projection, plugin_libraries=list(b.plugin_libraries))
+        options = options_from_config(b)
         from trtforge import ui
 
         with ui.build_progress(f"building {src.name}") as tick:

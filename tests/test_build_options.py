@@ -1,0 +1,25 @@
+"""build.options_from_config: the one mapping from a config's `build` section (and the CLI's flags) to BuildOptions,
+which the CLI and `pipeline` share. Before it, pipeline built its own and dropped build.gemm_precision."""
+
+from dataclasses import fields
+from pathlib import Path
+
+from trtforge.backends.tensorrt import BuildOptions
+from trtforge.build import options_from_config
+from trtforge.config import BuildSection
+
+
+def test_every_build_key_reaches_the_options_and_flags_override_them():
+    section = BuildSection(workspace_mb=512, optimization_level=5, timing_cache="t.cache", tactic_sources="-CUDNN",
+                           hardware_compatibility="ampere_plus", version_compatible=True, compute_capabilities=["SM89"],
+                           fuse_attention="off", fuse_gelu="on", fuse_skip_layernorm="off", fuse_gemm="on",
+                           qkv_projection="conv", plugin_libraries=["lib.so"], gemm_precision="fp8", fp8_min_cosine=0.95)
+    options = options_from_config(section)
+    shared = {f.name for f in fields(BuildOptions)} & set(BuildSection.model_fields)
+    defaults = BuildOptions()
+    for key in shared:  # every key the section sets differently from the default arrives
+        want = Path(getattr(section, key)) if key == "timing_cache" else getattr(section, key)
+        assert getattr(options, key) == want, key
+        assert getattr(options, key) != getattr(defaults, key), f"the test leaves {key} at its default"
+    flagged = options_from_config(section, gemm_precision="fp16", fp8_min_cosine=0.999, workspace_mb=None, tf32=True)
+    assert (flagged.gemm_precision, flagged.fp8_min_cosine, flagged.workspace_mb, flagged.tf32) == ("fp16", 0.999, 512, True)
