@@ -268,34 +268,38 @@ def fp16_plugin_chain(path):
 def e4m3_nodes(x: str, inv_scale: float, p: str, c) -> tuple[list[onnx.NodeProto], str]:
     """ONNX nodes (opset 11+) for x * inv_scale rounded to e4m3 as the plugin does (round to nearest even, saturating at
     +-448), as float32: step = 2^(floor(log2(max(|v|, 2^-6))) - 3) (3 mantissa bits; the subnormals' step 2^-9 below
-    2^-6), v rounded to it (ONNX Round is half-to-even), clipped. Returns (nodes, output)."""
+    2^-6), v rounded to it (ONNX Round is half-to-even), clipped. Returns (nodes, output). Constants are named under p too,
+    so two roundings in one emulated node keep their own."""
     f = lambda v: np.asarray(v, np.float32)  # noqa: E731
-    nodes = [helper.make_node("Mul", [x, c("inv", f(inv_scale))], [p + "v"]),
-             helper.make_node("Clip", [p + "v", c("lo", f(-448.0)), c("hi", f(448.0))], [p + "vc"]),
+    nodes = [helper.make_node("Mul", [x, c(p + "inv", f(inv_scale))], [p + "v"]),
+             helper.make_node("Clip", [p + "v", c(p + "lo", f(-448.0)), c(p + "hi", f(448.0))], [p + "vc"]),
              helper.make_node("Abs", [p + "vc"], [p + "a"]),
-             helper.make_node("Max", [p + "a", c("tiny", f(2.0 ** -6))], [p + "am"]),
+             helper.make_node("Max", [p + "a", c(p + "tiny", f(2.0 ** -6))], [p + "am"]),
              helper.make_node("Log", [p + "am"], [p + "ln"]),
-             helper.make_node("Div", [p + "ln", c("ln2", f(np.log(2.0)))], [p + "l2"]),
+             helper.make_node("Div", [p + "ln", c(p + "ln2", f(np.log(2.0)))], [p + "l2"]),
              helper.make_node("Floor", [p + "l2"], [p + "e"]),
-             helper.make_node("Sub", [p + "e", c("three", f(3.0))], [p + "e3"]),
-             helper.make_node("Pow", [c("two", f(2.0)), p + "e3"], [p + "step"]),
+             helper.make_node("Sub", [p + "e", c(p + "three", f(3.0))], [p + "e3"]),
+             helper.make_node("Pow", [c(p + "two", f(2.0)), p + "e3"], [p + "step"]),
              helper.make_node("Div", [p + "vc", p + "step"], [p + "m"]),
              helper.make_node("Round", [p + "m"], [p + "mr"]),
              helper.make_node("Mul", [p + "mr", p + "step"], [p + "r"]),
-             helper.make_node("Clip", [p + "r", c("lo2", f(-448.0)), c("hi2", f(448.0))], [p + "q"])]
+             helper.make_node("Clip", [p + "r", c(p + "lo2", f(-448.0)), c(p + "hi2", f(448.0))], [p + "q"])]
     return nodes, p + "q"
 
 
 def emulate_fp8_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each TrtforgeGemmFp8 node as what the plugin computes (fp8_quantize.cu, then cuBLASLt's FP8 matmul): x * (1 /
     x_scale) rounded to e4m3 (e4m3_nodes), times the e4m3 weight (trtforge.fusion.fp8.quantize_e4m3, ml_dtypes), times
-    x_scale * w_scale, + bias, [tanh GELU], written as fp16."""
+    x_scale * w_scale, + bias, [tanh GELU], written as fp16. Chained pairs: FC1 with out_scale writes the e4m3 values
+    of y / out_scale (exact in fp16) where the plugin writes their bytes; FC2 with in_fp8 reads them as they are."""
     from trtforge.fusion.fp8 import PLUGIN, quantize_e4m3
 
     def expand(node, a, p, c):
         f = lambda v: np.asarray(v, np.float32)  # noqa: E731
         w = numpy_helper.to_array(a["weight"]).astype(np.float32).reshape(a["k"], a["n"])
         quantize, xq = e4m3_nodes(p + "x32", np.float32(1.0 / np.float32(a["x_scale"])), p + "q_", c)
+        if a.get("in_fp8"):  # already e4m3 values
+            quantize, xq = [], p + "x32"
         nodes = [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT), *quantize,
                  helper.make_node("MatMul", [xq, c("w", quantize_e4m3(w, a["w_scale"]))], [p + "acc"]),
                  helper.make_node("Mul", [p + "acc", c("ab", f(np.float32(a["x_scale"]) * np.float32(a["w_scale"])))], [p + "t"])]
@@ -313,6 +317,9 @@ def emulate_fp8_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
                       helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
                       helper.make_node("Mul", [t, p + "cdf"], [p + "tg"])]
             t = p + "tg"
+        if a.get("out_scale", 0.0) > 0:  # y / out_scale as e4m3 values
+            rounded, t = e4m3_nodes(t, np.float32(1.0 / np.float32(a["out_scale"])), p + "o_", c)
+            nodes += rounded
         return nodes + [helper.make_node("Cast", [t], [node.output[0]], to=onnx.TensorProto.FLOAT16)]
 
     return _expand(model, PLUGIN, expand)

@@ -217,3 +217,49 @@ def test_pipeline_honours_the_configs_gemm_precision(bert, tmp_path):
     shutil.copy(f"{bert}.json", f"{pipe.paths['clean']}.json")  # the export's axes and inputs
     with pytest.raises(UserError, match="--gemm-precision fp8 cannot apply"):
         pipe._build()
+
+
+def test_chained_ffn_pairs_hand_fc2_e4m3_values_and_stay_close_to_fp32(bert):
+    """--fp8-chain-ffn: each TrtforgeGemmGelu whose output FC2 alone reads writes e4m3 values at FC2's x_scale, and FC2
+    reads them as they are. The emulated graph stays as close to fp32 as the unchained one; scales that disagree
+    between the two ends of a pair show."""
+    model, converted, fused, specs, axes = _fused(bert)
+    gemms = fp8.plugin_gemms(fused)
+    peaks = fp8.observe_peaks(converted, [random_feeds(specs, zoo_sizes(axes, 32), seed) for seed in (0, 1)], [g.x for g in gemms])
+    plain, _ = fp8.to_fp8(fused, peaks)
+    out, report = fp8.to_fp8(fused, peaks, chain=True)
+    by_node = {r["node"]: r for r in report.replaced}
+    pairs = fp8.fp8_chains(fused, set(by_node))
+    assert len(pairs) == 2  # one FFN per layer of the zoo BERT
+    attrs = {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute} for n in out.graph.node}
+    for fc1, fc2 in pairs:
+        assert attrs[fc1.name]["out_scale"] == pytest.approx(attrs[fc2.name]["x_scale"]) and attrs[fc2.name]["in_fp8"] == 1
+        assert "in_fp8" not in attrs[fc1.name] and "out_scale" not in attrs[fc2.name]
+    unseen = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=9)
+    want = OrtRunner(model.SerializeToString()).run(unseen)
+    plain_out = OrtRunner(_emulate(plain).SerializeToString()).run(unseen)
+    got = OrtRunner(_emulate(out).SerializeToString()).run(unseen)
+    for name, ref in want.items():
+        assert rel_l2(got[name], ref) < 0.08 and abs(rel_l2(got[name], ref) - rel_l2(plain_out[name], ref)) < 0.02, name
+    for node in out.graph.node:  # FC1 writing at another scale than FC2 reads
+        for a in node.attribute:
+            if a.name == "out_scale":
+                a.f *= 4
+    bad = OrtRunner(_emulate(out).SerializeToString()).run(unseen)
+    assert rel_l2(bad["last_hidden_state"], want["last_hidden_state"]) > 0.2
+
+
+def test_a_gelu_output_read_twice_is_not_chained(bert):
+    _, _, fused, _, _ = _fused(bert)
+    names = {g.node.name for g in fp8.plugin_gemms(fused)}
+    fc1 = next(g.node for g in fp8.plugin_gemms(fused) if g.gelu)
+    assert fc1.name in {a.name for a, _ in fp8.fp8_chains(fused, names)}
+    fused.graph.node.append(helper.make_node("Identity", [fc1.output[0]], ["extra_reader"]))
+    fused.graph.output.append(onnx.helper.make_tensor_value_info("extra_reader", onnx.TensorProto.FLOAT16, None))
+    assert fc1.name not in {a.name for a, _ in fp8.fp8_chains(fused, names)}
+    assert fc1.name not in {a.name for a, _ in fp8.fp8_chains(fused, names - {fc1.name})}
+
+
+def test_chaining_without_fp8_is_a_user_error(bert, tmp_path):
+    r = run_cli("build", str(bert), "--precision", "fp16", "--fp8-chain-ffn", "-o", str(tmp_path / "e.engine"))
+    assert_user_error(r, "--fp8-chain-ffn", "--gemm-precision fp8")

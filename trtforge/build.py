@@ -158,6 +158,10 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     warn = warn or _stderr_warning
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
+    if options.gemm_precision not in ("fp16", "fp8"):
+        raise UserError(f"gemm precision '{options.gemm_precision}' is not one of fp16, fp8 (config key build.gemm_precision).")
+    if options.fp8_chain_ffn and options.gemm_precision != "fp8":
+        raise UserError("--fp8-chain-ffn (config key build.fp8_chain_ffn) chains FP8 GEMMs; build with --gemm-precision fp8 too.")
     mod = load_trt(backend)
     from trtforge.backends.tensorrt import load_plugin_libraries, loaded_plugin_libraries
 
@@ -188,9 +192,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     fp8_record, fp8_check_feeds = None, None
     if options.gemm_precision == "fp8":  # the GEMM plugins' nodes as TrtforgeGemmFp8 (trtforge.fusion.fp8)
         fused, fp8_record, fp8_check_feeds = _gemm_fp8(mod, identity, fused, before_fusion, model, precision, onnx_path,
-                                                       specs, axes, options.fp8_min_cosine)
-    elif options.gemm_precision != "fp16":
-        raise UserError(f"gemm precision '{options.gemm_precision}' is not one of fp16, fp8 (config key build.gemm_precision).")
+                                                       specs, axes, options.fp8_min_cosine, options.fp8_chain_ffn)
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -284,7 +286,8 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
 
 def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto | None, observe_model: onnx.ModelProto,
               source_model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
-              axes: dict[str, AxisRange], min_cosine: float) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
+              axes: dict[str, AxisRange], min_cosine: float,
+              chain: bool = False) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
     """--gemm-precision fp8: (the fused graph with its GEMM plugin nodes as TrtforgeGemmFp8, the sidecar's
     `gemm_precision`, the held-out feeds the engine is gated on). Scales come from the same samples as the fp16
     conversion's magnitudes (calibration data, else random feeds); the gate adds two random feeds no scale saw."""
@@ -301,7 +304,7 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
         raise UserError(f"--gemm-precision fp8 found no GEMM plugin node in {onnx_path.name}'s fused graph (the GEMM and GELU "
                         "passes replaced no MatMul; see their lines in the build output, build.fuse_gemm / build.fuse_gelu).")
     feeds, source = sample_feeds(onnx_path, source_model, specs, axes)
-    out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]))
+    out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]), chain=chain)
     if not report.replaced:
         raise UserError(f"--gemm-precision fp8 cannot convert any GEMM of {onnx_path.name}: {report.refused[0]['reason']}.")
     opt = {name: rng.opt for name, rng in axes.items()}
@@ -310,6 +313,7 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
     if source.startswith("calibration data"):
         held_out, check_from = feeds + held_out, f"{source} and {check_from}"
     record = {"precision": "fp8", "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "headroom": HEADROOM, "magnitudes_from": source,
+              "chain_ffn": chain,
               "gate": {"min_cosine": min_cosine, "feeds": check_from}, **report.to_json()}
     return out, record, held_out
 

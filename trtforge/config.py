@@ -137,6 +137,8 @@ class BuildSection(Strict):
     # 8.9+), gated on the engine: its held-out mean cosine against ONNX Runtime fp32 must reach fp8_min_cosine.
     gemm_precision: Literal["fp16", "fp8"] = "fp16"
     fp8_min_cosine: float = Field(0.99, ge=-1, le=1)
+    # With fp8: FC1 writes e4m3 straight into FC2 (no fp16 FFN activation, no conversion); off until the GPU measures it.
+    fp8_chain_ffn: bool = False
 
 
 class RunSection(Strict):

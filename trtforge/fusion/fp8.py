@@ -11,6 +11,11 @@ Scales are per tensor, the standard FP8 recipe (ModelOpt's FP8 default, Transfor
   calibration data where the model has some, else random feeds: precision.sample_feeds). Values beyond it saturate;
   the headroom costs no precision in e4m3's normal range (a float format: the same 3 mantissa bits at every scale).
 
+Chaining (`build --fp8-chain-ffn`, off by default until the GPU has measured it): where a TrtforgeGemmGelu's output is
+read by one GEMM alone (FC1 -> FC2), FC1 writes e4m3 bytes and FC2 reads them, so FC2's input (BERT-base: 32768 x 3072
+fp16 at 64x512) is neither written in fp16 nor converted. TensorRT 8.6 has no FP8 tensor type: the bytes travel in an
+fp16 tensor of half the width, which only the pair touches.
+
 Accuracy is not assumed: where the engine can execute, the build runs held-out feeds through it against ONNX Runtime
 fp32 and fails (exit 1) under build.fp8_min_cosine (trtforge.fusion.fp8_check). quantize_e4m3 and fp8_gemm emulate the
 plugin's arithmetic on the CPU (ml_dtypes' e4m3, onnx's own dependency) so the tests can check the rewrite's numbers.
@@ -123,9 +128,29 @@ def observe_peaks(observe_model: onnx.ModelProto, feeds_list: list[dict[str, np.
     return peaks
 
 
-def to_fp8(model: onnx.ModelProto, peaks: dict[str, float], headroom: float = HEADROOM) -> tuple[onnx.ModelProto, PassReport]:
+def fp8_chains(model: onnx.ModelProto, converted: set[str]) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
+    """(FC1, FC2) pairs of converted nodes (by name) where FC1 applies the GELU and its output is read by FC2 alone and
+    is no graph output: FC1 can hand FC2 e4m3 bytes."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in model.graph.output}
+    pairs = []
+    for g in plugin_gemms(model):
+        y = g.node.output[0]
+        after = readers.get(y, [])
+        if (g.gelu and g.node.name in converted and y not in outputs and len(after) == 1
+                and after[0].op_type == "TrtforgeGemm" and after[0].name in converted and after[0].input[0] == y):
+            pairs.append((g.node, after[0]))
+    return pairs
+
+
+def to_fp8(model: onnx.ModelProto, peaks: dict[str, float], headroom: float = HEADROOM,
+           chain: bool = False) -> tuple[onnx.ModelProto, PassReport]:
     """model with every GEMM plugin node whose input has an observed peak (peaks: tensor -> max|x|) as TrtforgeGemmFp8;
-    the report names each node, its scales, and why any other stays fp16."""
+    the report names each node, its scales, and why any other stays fp16. chain: FC1 -> FC2 pairs (fp8_chains) pass
+    e4m3 bytes (FC1's out_scale is FC2's x_scale; FC2's in_fp8 is 1)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     report = PassReport([], [])
@@ -148,6 +173,17 @@ def to_fp8(model: onnx.ModelProto, peaks: dict[str, float], headroom: float = HE
         report.replaced.append({"node": g.node.name, "from": g.node.op_type, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
                                 "k": int(g.weight.shape[0]), "n": int(g.weight.shape[1]), "gelu": g.gelu, "x": g.x,
                                 "x_amax": float(amax), "x_scale": float(x_scale), "w_scale": float(w_scale)})
+    if chain:
+        by_node = {r["node"]: r for r in report.replaced}
+        for fc1, fc2 in fp8_chains(out, set(swapped)):
+            out_scale = by_node[fc2.name]["x_scale"]
+            swapped[fc1.name].attribute.append(helper.make_attribute("out_scale", float(out_scale)))
+            swapped[fc2.name].attribute.append(helper.make_attribute("in_fp8", 1))
+            by_node[fc1.name]["out_scale"], by_node[fc2.name]["in_fp8"] = out_scale, True
+            # the tensor between them holds e4m3 bytes in halves, [..., N / 2]: its recorded fp16 shape would be wrong
+            kept = [v for v in out.graph.value_info if v.name != fc1.output[0]]
+            del out.graph.value_info[:]
+            out.graph.value_info.extend(kept)
     nodes = [swapped.get(n.name, n) for n in out.graph.node]
     del out.graph.node[:]
     out.graph.node.extend(nodes)
@@ -177,8 +213,10 @@ def describe_fp8(record: dict[str, Any]) -> list[str]:
     replaced = (record or {}).get("replaced")
     if not replaced:
         return []
+    chained = sum(bool(r.get("in_fp8")) for r in replaced)
     lines = [f"FP8 GEMMs: {len(replaced)} GEMM plugin node(s) as {PLUGIN} (e4m3, per-tensor scales; activation peaks from "
-             f"{record.get('magnitudes_from')}, headroom {record.get('headroom'):g}x)"]
+             f"{record.get('magnitudes_from')}, headroom {record.get('headroom'):g}x)"
+             + (f"; {chained} FC1 -> FC2 pair(s) pass e4m3 bytes" if chained else "")]
     reasons: dict[str, int] = {}
     for r in record.get("refused") or []:
         reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1

@@ -24,6 +24,10 @@
 //                    The scales are per tensor, chosen by trtforge.fusion.fp8 from observed activations; x is converted
 //                    into the workspace each enqueue (fp8_quantize.cu), W once at upload. cuBLASLt's FP8 kernels want
 //                    A transposed ("TN"): the weight is kept as e4m3 [N, K]; K and N must be multiples of 16.
+//                    Chained (both optional, for FC1 -> FC2): out_scale > 0 writes y as e4m3(y / out_scale) bytes in an
+//                    fp16 tensor of half the width ([..., N/2] halves = [..., N] bytes; TensorRT 8.6 has no FP8 tensor
+//                    type); in_fp8 1 reads x as such bytes ([..., K/2] halves), already divided by x_scale, and skips
+//                    the conversion. trtforge.fusion.fp8 chains a TrtforgeGemmFp8 pair only where FC2 alone reads FC1.
 
 #include <NvInfer.h>
 #include <cublasLt.h>
@@ -61,6 +65,8 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kCandidates = 16;  // cuBLASLt heuristic results timed per problem shape
 constexpr int kTimedRuns = 5;    // after one untimed run each
 constexpr size_t kScaleStride = 256;  // bytes between the FP8 scales on the device (cuBLASLt wants them aligned)
+// TrtforgeGemmFp8's serialized header: k, n, has_bias, gelu, in_fp8 (int32), x_scale, w_scale, out_scale (float).
+constexpr size_t kFp8Header = 5 * sizeof(int32_t) + 3 * sizeof(float);
 
 enum class Epilogue : int32_t { kNone = 0, kBias = 1, kGeluBias = 2 };
 
@@ -68,6 +74,10 @@ enum class Epilogue : int32_t { kNone = 0, kBias = 1, kGeluBias = 2 };
 struct Fp8Scales {
     bool on = false;
     float x_scale = 1.f, w_scale = 1.f;
+    float out_scale = 0.f;  // > 0: y written as e4m3(y / out_scale) bytes
+    bool in_fp8 = false;    // x arrives as e4m3 bytes (x / x_scale)
+    int32_t in_width(int32_t k) const { return in_fp8 ? k / 2 : k; }     // x's last axis, in halves
+    int32_t out_width(int32_t n) const { return out_scale > 0.f ? n / 2 : n; }
 };
 
 char const* plugin_name(Epilogue e, bool fp8 = false) {
@@ -140,6 +150,7 @@ struct Lt {
 struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatrixLayout_t c = nullptr;  // only for an e4m3 D: fp16 C (D's layout serves as C otherwise)
     cublasLtMatmulAlgo_t algo{};
 };
 
@@ -198,7 +209,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     // TrtforgeGemmGelu: k, n, weight, bias (its v1 layout). TrtforgeGemm: k, n, has_bias, weight, [bias].
     // TrtforgeGemmFp8: k, n, has_bias, gelu, x_scale, w_scale, weight, [bias].
     size_t header_size() const {
-        return fp8_.on ? 4 * sizeof(int32_t) + 2 * sizeof(float) : (epilogue_ == Epilogue::kGeluBias ? 2 : 3) * sizeof(int32_t);
+        return fp8_.on ? kFp8Header : (epilogue_ == Epilogue::kGeluBias ? 2 : 3) * sizeof(int32_t);
     }
     size_t getSerializationSize() const noexcept override {
         return header_size() + (weight_.size() + bias_.size()) * sizeof(uint16_t);
@@ -210,9 +221,11 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         std::memcpy(p + sizeof(int32_t), &n_, sizeof(int32_t));
         if (fp8_.on || epilogue_ != Epilogue::kGeluBias) std::memcpy(p + 2 * sizeof(int32_t), &has_bias, sizeof(int32_t));
         if (fp8_.on) {
+            int32_t const in_fp8 = fp8_.in_fp8 ? 1 : 0;
+            float const scales[3] = {fp8_.x_scale, fp8_.w_scale, fp8_.out_scale};
             std::memcpy(p + 3 * sizeof(int32_t), &gelu, sizeof(int32_t));
-            std::memcpy(p + 4 * sizeof(int32_t), &fp8_.x_scale, sizeof(float));
-            std::memcpy(p + 4 * sizeof(int32_t) + sizeof(float), &fp8_.w_scale, sizeof(float));
+            std::memcpy(p + 4 * sizeof(int32_t), &in_fp8, sizeof(int32_t));
+            std::memcpy(p + 5 * sizeof(int32_t), scales, sizeof(scales));
         }
         p += header_size();
         std::memcpy(p, weight_.data(), weight_.size() * sizeof(uint16_t));
@@ -232,7 +245,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
 
     DimsExprs getOutputDimensions(int32_t, DimsExprs const* inputs, int32_t, IExprBuilder& builder) noexcept override {
         DimsExprs out = inputs[0];
-        out.d[out.nbDims - 1] = builder.constant(n_);
+        out.d[out.nbDims - 1] = builder.constant(fp8_.out_width(n_));
         return out;
     }
 
@@ -248,7 +261,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     }
 
     size_t getWorkspaceSize(PluginTensorDesc const* inputs, int32_t, PluginTensorDesc const*, int32_t) const noexcept override {
-        if (!fp8_.on) return kWorkspaceBytes;
+        if (!fp8_.on || fp8_.in_fp8) return kWorkspaceBytes;
         int64_t const tokens = std::max(max_tokens_, tokens_of(inputs[0].dims));  // a dynamic (-1) axis counts as none
         return kWorkspaceBytes + round256(static_cast<size_t>(std::max<int64_t>(tokens, 1)) * k_);
     }
@@ -258,8 +271,9 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         Lt& lt = Lt::get();
         if (!lt.ok) return 1;
         Dims const& dims = inputDesc[0].dims;
-        if (dims.d[dims.nbDims - 1] != k_) {
-            error("input's last axis is " + std::to_string(dims.d[dims.nbDims - 1]) + ", the weight's K is " + std::to_string(k_));
+        if (dims.d[dims.nbDims - 1] != fp8_.in_width(k_)) {
+            error("input's last axis is " + std::to_string(dims.d[dims.nbDims - 1]) + ", the weight's K is " + std::to_string(k_) +
+                  (fp8_.in_fp8 ? " (e4m3 bytes in halves: K / 2 expected)" : ""));
             return 1;
         }
         int64_t const tokens = tokens_of(dims);
@@ -279,13 +293,15 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                       " its workspace was sized for");
                 return 1;
             }
-            void* xq = static_cast<char*>(workspace) + kWorkspaceBytes;
-            cudaError_t ce = trtforge::quantize_fp8(inputs[0], xq, tokens * k_, fp8_.x_scale, stream);
-            if (ce != cudaSuccess) {
-                error(std::string("converting the input to FP8 failed: ") + cudaGetErrorString(ce));
-                return 1;
+            if (!fp8_.in_fp8) {
+                void* xq = static_cast<char*>(workspace) + kWorkspaceBytes;
+                cudaError_t ce = trtforge::quantize_fp8(inputs[0], xq, tokens * k_, fp8_.x_scale, stream);
+                if (ce != cudaSuccess) {
+                    error(std::string("converting the input to FP8 failed: ") + cudaGetErrorString(ce));
+                    return 1;
+                }
+                b = xq;
             }
-            b = xq;
         }
         // TensorRT's buffers are usually 256-byte aligned; one that is not (a slice of a concatenation) gets its own plan.
         int32_t const align = std::min(alignment(b), alignment(outputs[0]));
@@ -309,12 +325,14 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     }
 
     // Column-major view: D[N, T] = W[N, K] (row-major [K, N]) x X[K, T] (row-major [T, K]) (+ bias per row, GELU).
-    // FP8: A is the e4m3 weight [N, K] read transposed, B the e4m3 x; their scales multiply the product.
+    // FP8: A is the e4m3 weight [N, K] read transposed, B the e4m3 x; their scales multiply the product. An e4m3 D gets
+    // a C of its own (fp16, never read: beta is 0), as cuBLASLt takes neither null nor D there (torch's scaled_gemm).
     cublasStatus_t matmul(Plan const& p, cublasLtMatmulAlgo_t const& algo, void const* x, void* y, void* workspace,
                           cudaStream_t stream) const {
         float const alpha = 1.f, beta = 0.f;
-        return Lt::get().matmul(Lt::get().handle, p.desc, &alpha, device_weight_, p.a, x, p.b, &beta, y, p.d, y, p.d, &algo,
-                                workspace, kWorkspaceBytes, stream);
+        void* c = p.c ? device_dummy_c_ : y;
+        return Lt::get().matmul(Lt::get().handle, p.desc, &alpha, device_weight_, p.a, x, p.b, &beta, c, p.c ? p.c : p.d, y,
+                                p.d, &algo, workspace, kWorkspaceBytes, stream);
     }
 
     // Device memory: the weight (fp16 [K, N], or e4m3 [N, K]), the bias, x_scale and w_scale, each 256-byte aligned:
@@ -328,7 +346,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         size_t const half_bytes = weight_.size() * sizeof(uint16_t), bbytes = bias_.size() * sizeof(uint16_t);
         size_t const wbytes = fp8_.on ? weight_.size() : half_bytes;
         size_t const bias_at = round256(wbytes), scales_at = round256(bias_at + bbytes);
-        if (cudaMalloc(&device_weight_, scales_at + 2 * kScaleStride) != cudaSuccess) {
+        if (cudaMalloc(&device_weight_, scales_at + 4 * kScaleStride) != cudaSuccess) {
             error("cudaMalloc of the weight failed");
             device_weight_ = nullptr;
             return false;
@@ -336,6 +354,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         device_bias_ = bias_.empty() ? nullptr : static_cast<char*>(device_weight_) + bias_at;
         device_scales_ = reinterpret_cast<float*>(static_cast<char*>(device_weight_) + scales_at);
         char* const scales = reinterpret_cast<char*>(device_scales_);
+        device_dummy_c_ = scales + 3 * kScaleStride;  // an e4m3 D's C: 256 bytes, never read (beta is 0)
+        float const inv_out = fp8_.out_scale > 0.f ? 1.f / fp8_.out_scale : 1.f;
         void* staging = nullptr;  // the fp16 weight on the GPU, converted to e4m3 [N, K] there
         bool ok = !fp8_.on || cudaMalloc(&staging, half_bytes) == cudaSuccess;
         // On the enqueue's stream, so the matmul after it waits for the copies; synchronized, as the host
@@ -348,6 +368,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
               cudaMemcpyAsync(device_bias_, bias_.data(), bbytes, cudaMemcpyHostToDevice, stream) == cudaSuccess) &&
              cudaMemcpyAsync(scales, &fp8_.x_scale, sizeof(float), cudaMemcpyHostToDevice, stream) == cudaSuccess &&
              cudaMemcpyAsync(scales + kScaleStride, &fp8_.w_scale, sizeof(float), cudaMemcpyHostToDevice, stream) == cudaSuccess &&
+             cudaMemcpyAsync(scales + 2 * kScaleStride, &inv_out, sizeof(float), cudaMemcpyHostToDevice, stream) == cudaSuccess &&
              cudaStreamSynchronize(stream) == cudaSuccess;
         if (staging) cudaFree(staging);
         if (!ok) {
@@ -380,6 +401,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         int8_t const fast_accum = 1;  // FP8: no periodic promotion of the partial sums (what TransformerEngine's forward uses)
         float const* x_scale = device_scales_;
         float const* w_scale = reinterpret_cast<float const*>(reinterpret_cast<char const*>(device_scales_) + kScaleStride);
+        float const* d_scale = reinterpret_cast<float const*>(reinterpret_cast<char const*>(device_scales_) + 2 * kScaleStride);
+        bool const out_fp8 = fp8_.out_scale > 0.f;
         bool ok = lt.desc_create(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
                   lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)) == CUBLAS_STATUS_SUCCESS &&
                   lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)) == CUBLAS_STATUS_SUCCESS &&
@@ -391,15 +414,19 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                     lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)) == CUBLAS_STATUS_SUCCESS &&
                     lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof(fast_accum)) == CUBLAS_STATUS_SUCCESS &&
                     (!device_bias_ || lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)) ==
-                                          CUBLAS_STATUS_SUCCESS))) &&
+                                          CUBLAS_STATUS_SUCCESS) &&
+                    (!out_fp8 || (lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &d_scale, sizeof(d_scale)) ==
+                                      CUBLAS_STATUS_SUCCESS &&
+                                  lt.layout_create(&p.c, CUDA_R_16F, n_, tokens, n_) == CUBLAS_STATUS_SUCCESS)))) &&
                   // A: the weight, [K, N] row-major = column-major N x K (fp16), or e4m3 [N, K] = column-major K x N, transposed
                   (fp8_.on ? lt.layout_create(&p.a, in_type, k_, n_, k_) : lt.layout_create(&p.a, in_type, n_, k_, n_)) ==
                       CUBLAS_STATUS_SUCCESS &&
                   lt.layout_create(&p.b, in_type, k_, tokens, k_) == CUBLAS_STATUS_SUCCESS &&
-                  lt.layout_create(&p.d, CUDA_R_16F, n_, tokens, n_) == CUBLAS_STATUS_SUCCESS;
+                  lt.layout_create(&p.d, out_fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16F, n_, tokens, n_) == CUBLAS_STATUS_SUCCESS;
         int device = 0;
         cudaGetDevice(&device);
-        AlgoChoices::Key const key{static_cast<int32_t>(epilogue) + (fp8_.on ? 1000 : 0), tokens, k_, n_, align, device};
+        int32_t const form = fp8_.on ? 1000 + (out_fp8 ? 100 : 0) : 0;  // fp16, fp8, fp8 with an e4m3 D
+        AlgoChoices::Key const key{static_cast<int32_t>(epilogue) + form, tokens, k_, n_, align, device};
         ok = ok && (AlgoChoices::get().find(key, p.algo) || choose(p, key, tokens, align, x, y, workspace, stream));
         if (!ok) {
             error("no cuBLASLt algorithm for " + problem(tokens) +
@@ -427,7 +454,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
                   lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &io_align, sizeof(io_align)) == CUBLAS_STATUS_SUCCESS &&
                   lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &io_align, sizeof(io_align)) == CUBLAS_STATUS_SUCCESS &&
                   lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &io_align, sizeof(io_align)) == CUBLAS_STATUS_SUCCESS &&
-                  lt.heuristic(lt.handle, p.desc, p.a, p.b, p.d, p.d, pref, kCandidates, results, &found) ==
+                  lt.heuristic(lt.handle, p.desc, p.a, p.b, p.c ? p.c : p.d, p.d, pref, kCandidates, results, &found) ==
                       CUBLAS_STATUS_SUCCESS &&
                   found > 0;
         if (pref) lt.pref_destroy(pref);
@@ -490,7 +517,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         Lt& lt = Lt::get();
         if (!lt.ok) return;
         if (p.desc) lt.desc_destroy(p.desc);
-        for (auto* l : {p.a, p.b, p.d})
+        for (auto* l : {p.a, p.b, p.c, p.d})
             if (l) lt.layout_destroy(l);
         p = Plan{};
     }
@@ -502,6 +529,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         device_weight_ = nullptr;
         device_bias_ = nullptr;
         device_scales_ = nullptr;
+        device_dummy_c_ = nullptr;
     }
 
     Epilogue epilogue_;
@@ -511,7 +539,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     int64_t max_tokens_ = 0;  // the largest token count configurePlugin was given (0: not told)
     void* device_weight_ = nullptr;
     void* device_bias_ = nullptr;
-    float* device_scales_ = nullptr;  // x_scale, and w_scale kScaleStride bytes after it
+    float* device_scales_ = nullptr;  // x_scale, w_scale, 1 / out_scale, kScaleStride bytes apart
+    void* device_dummy_c_ = nullptr;  // after them: an e4m3 D's C
     std::map<std::pair<int64_t, int32_t>, Plan> plans_;  // by (tokens, alignment of x and y)
     std::mutex mutex_;
     std::string namespace_;
@@ -519,8 +548,8 @@ class GemmPlugin final : public IPluginV2DynamicExt {
 
 // The fields the creators read; TrtforgeGemmGelu needs the bias, TrtforgeGemm and TrtforgeGemmFp8 take it where given.
 struct GemmFields {
-    int32_t k = 0, n = 0, gelu = 0;
-    float x_scale = 0.f, w_scale = 0.f;
+    int32_t k = 0, n = 0, gelu = 0, in_fp8 = 0;
+    float x_scale = 0.f, w_scale = 0.f, out_scale = 0.f;
     std::vector<uint16_t> weight, bias;
     bool has_bias = false;
 
@@ -535,6 +564,8 @@ struct GemmFields {
             else if (name == "gelu" && f.type == PluginFieldType::kINT32) g.gelu = *static_cast<int32_t const*>(f.data);
             else if (name == "x_scale" && f.type == PluginFieldType::kFLOAT32) g.x_scale = *static_cast<float const*>(f.data);
             else if (name == "w_scale" && f.type == PluginFieldType::kFLOAT32) g.w_scale = *static_cast<float const*>(f.data);
+            else if (name == "out_scale" && f.type == PluginFieldType::kFLOAT32) g.out_scale = *static_cast<float const*>(f.data);
+            else if (name == "in_fp8" && f.type == PluginFieldType::kINT32) g.in_fp8 = *static_cast<int32_t const*>(f.data);
             else if (name == "weight" && f.type == PluginFieldType::kFLOAT16) g.weight.assign(half, half + f.length);
             else if (name == "bias" && f.type == PluginFieldType::kFLOAT16) g.bias.assign(half, half + f.length), g.has_bias = true;
         }
@@ -547,8 +578,13 @@ struct GemmFields {
     }
 };
 
-// FP8 scales must be positive and finite; K and N multiples of 16 (cuBLASLt's FP8 kernels); GELU comes with a bias.
-std::string fp8_problem(int32_t k, int32_t n, int32_t gelu, bool has_bias, float x_scale, float w_scale) {
+// FP8 scales must be positive and finite (out_scale: 0 for an fp16 y); K and N multiples of 16 (cuBLASLt's FP8 kernels);
+// GELU comes with a bias; in_fp8 is 0 or 1.
+std::string fp8_problem(int32_t k, int32_t n, int32_t gelu, bool has_bias, float x_scale, float w_scale, float out_scale,
+                        int32_t in_fp8) {
+    if (!(out_scale >= 0.f && out_scale < std::numeric_limits<float>::infinity()))
+        return "out_scale " + std::to_string(out_scale) + " must be 0 (fp16 output) or positive and finite";
+    if (in_fp8 != 0 && in_fp8 != 1) return "in_fp8 must be 0 or 1";
     if (!(x_scale > 0.f && x_scale < std::numeric_limits<float>::infinity()) ||
         !(w_scale > 0.f && w_scale < std::numeric_limits<float>::infinity()))
         return "x_scale " + std::to_string(x_scale) + " and w_scale " + std::to_string(w_scale) + " must be positive and finite";
@@ -630,11 +666,13 @@ class GemmFp8PluginCreator final : public trtforge::CreatorBase {
                        PluginField("n", nullptr, PluginFieldType::kINT32, 1),
                        PluginField("gelu", nullptr, PluginFieldType::kINT32, 1),
                        PluginField("x_scale", nullptr, PluginFieldType::kFLOAT32, 1),
-                       PluginField("w_scale", nullptr, PluginFieldType::kFLOAT32, 1)}) {}
+                       PluginField("w_scale", nullptr, PluginFieldType::kFLOAT32, 1),
+                       PluginField("out_scale", nullptr, PluginFieldType::kFLOAT32, 1),
+                       PluginField("in_fp8", nullptr, PluginFieldType::kINT32, 1)}) {}
 
     IPluginV2* createPlugin(char const*, PluginFieldCollection const* fc) noexcept override {
         GemmFields g = GemmFields::read(fc);
-        std::string why = g.valid(false) ? fp8_problem(g.k, g.n, g.gelu, g.has_bias, g.x_scale, g.w_scale)
+        std::string why = g.valid(false) ? fp8_problem(g.k, g.n, g.gelu, g.has_bias, g.x_scale, g.w_scale, g.out_scale, g.in_fp8)
                                          : "fields k " + std::to_string(g.k) + ", n " + std::to_string(g.n) + ", weight " +
                                                std::to_string(g.weight.size()) + " and bias " + std::to_string(g.bias.size()) +
                                                " (fp16 values) do not agree";
@@ -642,26 +680,26 @@ class GemmFp8PluginCreator final : public trtforge::CreatorBase {
             log_error(kFp8PluginName, why);
             return nullptr;
         }
-        return make(g.k, g.n, g.gelu, std::move(g.weight), std::move(g.bias), g.x_scale, g.w_scale);
+        return make(g.k, g.n, g.gelu, std::move(g.weight), std::move(g.bias), Fp8Scales{true, g.x_scale, g.w_scale, g.out_scale, g.in_fp8 == 1});
     }
 
     IPluginV2* deserializePlugin(char const*, void const* data, size_t length) noexcept override {
         auto const* p = static_cast<char const*>(data);
-        size_t const header = 4 * sizeof(int32_t) + 2 * sizeof(float);
-        int32_t v[4] = {};
-        float scales[2] = {};
+        size_t const header = kFp8Header;
+        int32_t v[5] = {};
+        float scales[3] = {};
         if (length < header) {
             log_error(kFp8PluginName, "serialized plugin data has " + std::to_string(length) + " bytes, too few for its header");
             return nullptr;
         }
         std::memcpy(v, p, sizeof(v));
         std::memcpy(scales, p + sizeof(v), sizeof(scales));
-        int32_t const k = v[0], n = v[1], has_bias = v[2], gelu = v[3];
+        int32_t const k = v[0], n = v[1], has_bias = v[2], gelu = v[3], in_fp8 = v[4];
         size_t const bias_values = has_bias == 1 ? static_cast<size_t>(n) : 0;
         size_t const want = header + (static_cast<size_t>(std::max(k, 0)) * std::max(n, 0) + bias_values) * sizeof(uint16_t);
         std::string why = k <= 0 || n <= 0 || (has_bias != 0 && has_bias != 1) || length != want
                               ? "serialized plugin data has " + std::to_string(length) + " bytes, expected " + std::to_string(want)
-                              : fp8_problem(k, n, gelu, has_bias == 1, scales[0], scales[1]);
+                              : fp8_problem(k, n, gelu, has_bias == 1, scales[0], scales[1], scales[2], in_fp8);
         if (!why.empty()) {
             log_error(kFp8PluginName, why);
             return nullptr;
@@ -669,14 +707,14 @@ class GemmFp8PluginCreator final : public trtforge::CreatorBase {
         auto const* w = reinterpret_cast<uint16_t const*>(p + header);
         size_t const kn = static_cast<size_t>(k) * n;
         return make(k, n, gelu, std::vector<uint16_t>(w, w + kn), std::vector<uint16_t>(w + kn, w + kn + bias_values),
-                    scales[0], scales[1]);
+                    Fp8Scales{true, scales[0], scales[1], scales[2], in_fp8 == 1});
     }
 
    private:
-    IPluginV2* make(int32_t k, int32_t n, int32_t gelu, std::vector<uint16_t> weight, std::vector<uint16_t> bias, float x_scale,
-                    float w_scale) const {
+    IPluginV2* make(int32_t k, int32_t n, int32_t gelu, std::vector<uint16_t> weight, std::vector<uint16_t> bias,
+                    Fp8Scales scales) const {
         Epilogue const e = gelu ? Epilogue::kGeluBias : bias.empty() ? Epilogue::kNone : Epilogue::kBias;
-        return named(new GemmPlugin(e, k, n, std::move(weight), std::move(bias), Fp8Scales{true, x_scale, w_scale}));
+        return named(new GemmPlugin(e, k, n, std::move(weight), std::move(bias), scales));
     }
 };
 
