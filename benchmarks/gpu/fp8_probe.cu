@@ -1,7 +1,8 @@
 // Which cuBLASLt FP8 matmul descriptions run on this GPU, and how fast: the question TrtforgeGemmFp8 raised in w37 (the
 // heuristic offered 8 algorithms for its description and every call returned CUBLAS_STATUS_NOT_SUPPORTED). For each
 // variant of TrtforgeGemmFp8's description (epilogue none / BIAS / GELU_BIAS, bias fp16 or bf16, fast accumulation on or
-// off, C == D or apart, the workspace 256-byte aligned or not, the B scale 4 or 256 bytes after A's) it prints the heuristic's count, the first algorithm's
+// off, C == D or apart, the workspace 256-byte aligned or not, the B scale 4 or 256 bytes after A's, D fp16 or e4m3 with
+// an fp16 C of its own: the --fp8-chain-ffn form) it prints the heuristic's count, the first algorithm's
 // status, and its time and TFLOP/s at BERT-base's 64x512 shapes; fp16 (TrtforgeGemm's description) for comparison.
 // Build (dev machine): nvcc -std=c++17 -O2 -gencode arch=compute_90,code=sm_90 -I .native/cublas/include
 //   benchmarks/gpu/fp8_probe.cu -o .native/fp8_probe -ldl        Run: .native/fp8_probe (dlopens libcublasLt.so.13/.12)
@@ -47,7 +48,9 @@ int main() {
                     for (int fast = 0; fast < 2; ++fast)
                         for (int inplace = 1; inplace >= 0; --inplace)
                             for (int wsoff = 0; wsoff < 2; ++wsoff)
-                            for (int spaced = 1; spaced >= 0; --spaced) {
+                            for (int spaced = 1; spaced >= 0; --spaced)
+                            for (int dfp8 = 0; dfp8 < 2; ++dfp8) {
+                                if (dfp8 && (!fp8 || !spaced || !fast || !inplace)) continue;
                                 if ((epi == 0 && bf16) || (!fp8 && (bf16 || fast || !inplace || wsoff || !spaced))) continue;
                                 if (bf16 || wsoff || (!inplace && spaced) || (!fast && spaced && epi)) continue;  // w37's answers: see RESULTS.md
                                 cublasLtMatmulDesc_t d;
@@ -69,29 +72,33 @@ int main() {
                                     cublasLtMatmulDescSetAttribute_(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
                                     cublasLtMatmulDescSetAttribute_(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
                                     cublasLtMatmulDescSetAttribute_(d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa));
+                                    float* sd = sa + 128;
+                                    if (dfp8) cublasLtMatmulDescSetAttribute_(d, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &sd, sizeof(sd));
                                 }
                                 cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16F;
-                                cublasLtMatrixLayout_t la, lb, ld;
+                                cublasLtMatrixLayout_t la, lb, ld, lc;
                                 if (fp8) cublasLtMatrixLayoutCreate_(&la, in, s.k, s.n, s.k);
                                 else cublasLtMatrixLayoutCreate_(&la, in, s.n, s.k, s.n);
                                 cublasLtMatrixLayoutCreate_(&lb, in, s.k, T, s.k);
-                                cublasLtMatrixLayoutCreate_(&ld, CUDA_R_16F, s.n, T, s.n);
+                                cublasLtMatrixLayoutCreate_(&ld, dfp8 ? CUDA_R_8F_E4M3 : CUDA_R_16F, s.n, T, s.n);
+                                cublasLtMatrixLayoutCreate_(&lc, CUDA_R_16F, s.n, T, s.n);
                                 cublasLtMatmulPreference_t pref;
                                 cublasLtMatmulPreferenceCreate_(&pref);
                                 cublasLtMatmulPreferenceSetAttribute_(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
                                 cublasLtMatmulHeuristicResult_t r[8] = {};
                                 int found = 0;
-                                cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic_(h, d, la, lb, ld, ld, pref, 8, r, &found);
+                                cublasLtMatrixLayout_t lcc = dfp8 ? lc : ld;
+                                cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic_(h, d, la, lb, lcc, ld, pref, 8, r, &found);
                                 float const alpha = 1.f, beta = 0.f;
-                                void* cptr = inplace ? y : c;
+                                void* cptr = inplace && !dfp8 ? y : c;
                                 void* wsp = static_cast<char*>(ws) + (wsoff ? 16 : 0);
                                 int status = -1;
                                 float ms = 0.f;
                                 if (hs == CUBLAS_STATUS_SUCCESS && found > 0) {
-                                    status = cublasLtMatmul_(h, d, &alpha, w, la, x, lb, &beta, cptr, ld, y, ld, &r[0].algo, wsp, ws_bytes, 0);
+                                    status = cublasLtMatmul_(h, d, &alpha, w, la, x, lb, &beta, cptr, lcc, y, ld, &r[0].algo, wsp, ws_bytes, 0);
                                     if (status == 0) {
                                         cudaEventRecord(e0);
-                                        for (int i = 0; i < 10; ++i) cublasLtMatmul_(h, d, &alpha, w, la, x, lb, &beta, cptr, ld, y, ld, &r[0].algo, wsp, ws_bytes, 0);
+                                        for (int i = 0; i < 10; ++i) cublasLtMatmul_(h, d, &alpha, w, la, x, lb, &beta, cptr, lcc, y, ld, &r[0].algo, wsp, ws_bytes, 0);
                                         cudaEventRecord(e1);
                                         cudaEventSynchronize(e1);
                                         cudaEventElapsedTime(&ms, e0, e1);
@@ -99,12 +106,13 @@ int main() {
                                     }
                                 }
                                 cudaError_t ce = cudaDeviceSynchronize();
-                                std::printf("%s %ldx%ldx%ld %s %s %d %d %d %d | %d(%d) %d %.4f %.0f %s\n", fp8 ? "fp8" : "fp16", (long)T, (long)s.k,
+                                std::printf("%s %ldx%ldx%ld %s %s %d %d %d %d | %d(%d) %d %.4f %.0f %s\n", dfp8 ? "fp8->e4m3" : fp8 ? "fp8" : "fp16", (long)T, (long)s.k,
                                             (long)s.n, epi == 0 ? "none" : epi == 1 ? "bias" : "gelu_bias", epi ? (bf16 ? "bf16" : "fp16") : "-",
                                             fast, inplace, wsoff ? 16 : 256, spaced ? 256 : 4, found, static_cast<int>(hs), status, ms,
                                             ms > 0 ? 2.0 * T * s.k * s.n / (ms * 1e9) : 0.0, ce == cudaSuccess ? "" : cudaGetErrorString(ce));
                                 cublasLtMatmulDescDestroy_(d);
                                 cublasLtMatrixLayoutDestroy_(la); cublasLtMatrixLayoutDestroy_(lb); cublasLtMatrixLayoutDestroy_(ld);
+                                cublasLtMatrixLayoutDestroy_(lc);
                             }
     return 0;
 }
