@@ -33,10 +33,10 @@ int main() {
     int64_t const T = 32768;
     void *x, *w, *y, *c, *bias, *scales, *ws;
     cudaMalloc(&x, T * 3072 * 2); cudaMalloc(&w, 3072 * 3072 * 2); cudaMalloc(&y, T * 3072 * 2); cudaMalloc(&c, T * 3072 * 2);
-    cudaMalloc(&bias, 3072 * 4); cudaMalloc(&ws, ws_bytes + 4096); cudaMalloc(&scales, 256);
+    cudaMalloc(&bias, 3072 * 4); cudaMalloc(&ws, ws_bytes + 4096); cudaMalloc(&scales, 1024);
     cudaMemset(x, 0, T * 3072 * 2); cudaMemset(w, 0, 3072 * 3072 * 2); cudaMemset(bias, 0, 3072 * 4);
-    float const ones[2] = {1.f, 1.f};
-    cudaMemcpy(scales, ones, sizeof(ones), cudaMemcpyHostToDevice);
+    std::vector<float> ones(256, 1.f);  // every scale slot (A, B at +4 or +256 bytes, D at +512) is 1
+    cudaMemcpy(scales, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice);
     struct Shape { int64_t k, n; };
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0); cudaEventCreate(&e1);
