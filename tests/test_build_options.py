@@ -22,5 +22,18 @@ def test_every_build_key_reaches_the_options_and_flags_override_them():
         want = Path(getattr(section, key)) if key == "timing_cache" else getattr(section, key)
         assert getattr(options, key) == want, key
         assert getattr(options, key) != getattr(defaults, key), f"the test leaves {key} at its default"
-    flagged = options_from_config(section, gemm_precision="fp16", fp8_min_cosine=0.999, workspace_mb=None, tf32=True)
-    assert (flagged.gemm_precision, flagged.fp8_min_cosine, flagged.workspace_mb, flagged.tf32) == ("fp16", 0.999, 512, True)
+    flagged = options_from_config(section, fp8_min_cosine=0.999, workspace_mb=None, tf32=True)
+    assert (flagged.gemm_precision, flagged.fp8_min_cosine, flagged.workspace_mb, flagged.tf32) == ("fp8", 0.999, 512, True)
+
+
+def test_an_fp8_gate_without_fp8_gemms_is_a_user_error():
+    """--fp8-min-cosine (or the config key) with fp16 GEMMs would gate nothing: refused, not ignored."""
+    import pytest
+
+    from trtforge.errors import UserError
+
+    with pytest.raises(UserError, match="--fp8-min-cosine"):
+        options_from_config(BuildSection(gemm_precision="fp8", fp8_min_cosine=0.95), gemm_precision="fp16")
+    with pytest.raises(UserError, match="build.fp8_min_cosine"):
+        options_from_config(BuildSection(fp8_min_cosine=0.95))
+    assert options_from_config(BuildSection()).fp8_min_cosine == 0.99  # the default alone is no request

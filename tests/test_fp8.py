@@ -263,3 +263,50 @@ def test_a_gelu_output_read_twice_is_not_chained(bert):
 def test_chaining_without_fp8_is_a_user_error(bert, tmp_path):
     r = run_cli("build", str(bert), "--precision", "fp16", "--fp8-chain-ffn", "-o", str(tmp_path / "e.engine"))
     assert_user_error(r, "--fp8-chain-ffn", "--gemm-precision fp8")
+
+
+def test_an_engine_that_cannot_execute_fails_its_fp8_gate(bert, tmp_path):
+    """A plugin error at execution (w37: cuBLASLt refused every FP8 matmul) is a failed gate with the reason, recorded
+    in the sidecar by build, not a traceback that leaves the engine looking ungated."""
+    from trtforge.calibrate.engine_check import EngineHooks, after_fp8_build
+
+    class Broken:
+        input_names, output_names = ["input_ids", "attention_mask"], ["last_hidden_state", "pooler_output"]
+
+        def run(self, feeds):
+            raise RuntimeError("TensorRT execution failed on profile 0")
+
+    model = onnx.load(bert)
+    specs, axes, _ = io_specs(bert, model)
+    hooks = EngineHooks(lambda: (True, "tensorrt"), None, lambda engine, side: Broken())
+    side = {"reference_onnx": str(bert), "backend": "tensorrt", "tensorrt_version": "8.6.1"}
+    check = after_fp8_build(tmp_path / "m.engine", side, [random_feeds(specs, zoo_sizes(axes, 16))], 0.99, hooks)
+    assert check["status"] == "failed" and "did not execute (TensorRT execution failed on profile 0)" in check["failures"][0]
+
+
+@pytest.mark.parametrize("flags, says", [(["--gemm-precision", "fp8", "--fp8-min-cosine", "0"], "must be in (0, 1]"),
+                                         (["--gemm-precision", "fp8", "--fp8-min-cosine", "nan"], "must be in (0, 1]"),
+                                         (["--fp8-min-cosine", "0.9"], "gates FP8 GEMMs")])
+def test_fp8_gates_that_cannot_fail_or_gate_nothing_are_user_errors(bert, tmp_path, flags, says):
+    r = run_cli("build", str(bert), "--precision", "fp16", *flags, "-o", str(tmp_path / "e.engine"))
+    assert_user_error(r, says)
+
+
+def test_chaining_that_finds_no_pair_says_so(bert, monkeypatch):
+    """--fp8-chain-ffn where no FC2 is an FP8 GEMM (here: the graph before the GEMM pass, FC2 still a MatMul) is a
+    user error, not a silent no-op."""
+    from types import SimpleNamespace
+
+    import trtforge.backends.tensorrt as trt_backend
+    from trtforge import build as build_mod
+    from trtforge.errors import UserError
+
+    monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
+    model, converted, stages, specs, axes = fp16_plugin_chain(bert)
+    mod = SimpleNamespace(flavour="tensorrt", version="8.6.1")
+    with pytest.raises(UserError, match="found no FC1 -> FC2 pair"):
+        build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, stages["skip_layernorm"][0], converted, model, "fp16", bert,
+                            specs, axes, 0.99, chain=True)
+    out, record, _ = build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, stages["gemm"][0], converted, model, "fp16", bert,
+                                         specs, axes, 0.99, chain=True)
+    assert record["chain_ffn"] and sum(bool(r.get("in_fp8")) for r in record["replaced"]) == 2

@@ -54,6 +54,10 @@ def options_from_config(section: Any, **given: Any) -> BuildOptions:
     keys = {f.name for f in fields(BuildOptions)} & set(type(section).model_fields)
     values = {key: getattr(section, key) for key in keys}
     values.update({key: value for key, value in given.items() if value is not None})
+    if values.get("gemm_precision") != "fp8" and (given.get("fp8_min_cosine") is not None
+                                                    or "fp8_min_cosine" in section.model_fields_set):
+        raise UserError("--fp8-min-cosine (config key build.fp8_min_cosine) gates FP8 GEMMs; build with --gemm-precision fp8 "
+                        "too, or leave it out.")
     if values.get("timing_cache") is not None:
         values["timing_cache"] = Path(values["timing_cache"])
     for key in ("compute_capabilities", "plugin_libraries"):
@@ -162,6 +166,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         raise UserError(f"gemm precision '{options.gemm_precision}' is not one of fp16, fp8 (config key build.gemm_precision).")
     if options.fp8_chain_ffn and options.gemm_precision != "fp8":
         raise UserError("--fp8-chain-ffn (config key build.fp8_chain_ffn) chains FP8 GEMMs; build with --gemm-precision fp8 too.")
+    if not 0 < options.fp8_min_cosine <= 1:  # NaN too: a gate that cannot fail, or cannot pass, is refused up front
+        raise UserError(f"--fp8-min-cosine {options.fp8_min_cosine} (config key build.fp8_min_cosine) must be in (0, 1], "
+                        "e.g. 0.99.")
     mod = load_trt(backend)
     from trtforge.backends.tensorrt import load_plugin_libraries, loaded_plugin_libraries
 
@@ -307,6 +314,9 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
     out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]), chain=chain)
     if not report.replaced:
         raise UserError(f"--gemm-precision fp8 cannot convert any GEMM of {onnx_path.name}: {report.refused[0]['reason']}.")
+    if chain and not any(r.get("in_fp8") for r in report.replaced):
+        raise UserError(f"--fp8-chain-ffn found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
+                        "whose output one FP8 GEMM alone reads); build without --fp8-chain-ffn.")
     opt = {name: rng.opt for name, rng in axes.items()}
     held_out = [random_feeds(specs, opt, seed) for seed in (100, 101)]
     check_from = "2 random feeds at the opt shapes (seeds 100, 101)"

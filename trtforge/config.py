@@ -136,7 +136,7 @@ class BuildSection(Strict):
     # The GEMM plugins' arithmetic in fp16 builds: fp8 runs them on e4m3 operands (TrtforgeGemmFp8; compute capability
     # 8.9+), gated on the engine: its held-out mean cosine against ONNX Runtime fp32 must reach fp8_min_cosine.
     gemm_precision: Literal["fp16", "fp8"] = "fp16"
-    fp8_min_cosine: float = Field(0.99, ge=-1, le=1)
+    fp8_min_cosine: float = Field(0.99, gt=0, le=1)  # a gate at or below 0 could not fail
     # With fp8: FC1 writes e4m3 straight into FC2 (no fp16 FFN activation, no conversion); off until the GPU measures it.
     fp8_chain_ffn: bool = False
 

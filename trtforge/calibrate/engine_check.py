@@ -217,16 +217,21 @@ def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[di
         return skipped(why, "FP8 engine check: skipped (no GPU / no TensorRT runtime here)")
     reference = OrtRunner(load_onnx(Path(engine_sidecar["reference_onnx"])).SerializeToString())
     refs = reference_outputs(reference, feeds)
-    accuracy = evaluate(_Named(hooks.runner(engine, engine_sidecar), reference.output_names), feeds, refs).to_json()
+    base = {"engine_path": str(engine), "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
+            "precision": "fp16, GEMMs fp8", "ort": {}, "title": "FP8 GEMMs: the TensorRT engine against ONNX Runtime fp32"}
+    try:
+        accuracy = evaluate(_Named(hooks.runner(engine, engine_sidecar), reference.output_names), feeds, refs).to_json()
+    except Exception as exc:  # an engine that cannot execute has failed its gate; the engine file stays, marked failed
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return {**base, "status": "failed", "engine": {}, "rows": [],
+                "failures": [f"the TensorRT engine {engine.name} did not execute ({why[:300]}); its plugins' errors are on "
+                             "stderr above; build with --gemm-precision fp16"]}
     failures = []
     if not accuracy["mean_cosine"] >= min_cosine:  # NaN fails too
         failures.append(f"on the TensorRT engine {engine.name}, FP8 GEMMs reach mean cosine {accuracy['mean_cosine']:.4f} "
                         f"against ONNX Runtime fp32, under the gate {min_cosine:g} (build.fp8_min_cosine); build with "
                         "--gemm-precision fp16, or lower the gate if this error is acceptable")
-    return {"status": "failed" if failures else "passed", "engine_path": str(engine),
-            "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
-            "precision": "fp16, GEMMs fp8", "ort": {}, "engine": accuracy, "failures": failures,
-            "title": "FP8 GEMMs: the TensorRT engine against ONNX Runtime fp32",
+    return {**base, "status": "failed" if failures else "passed", "engine": accuracy, "failures": failures,
             "rows": [["mean cosine", None, accuracy["mean_cosine"], f">= {min_cosine:g}"],
                      ["min cosine", None, accuracy["min_cosine"], "-"]]}
 

@@ -207,7 +207,7 @@ class GemmPlugin final : public IPluginV2DynamicExt {
     int32_t initialize() noexcept override { return 0; }  // weights go to the device at the first enqueue
     void terminate() noexcept override { release(); }
     // TrtforgeGemmGelu: k, n, weight, bias (its v1 layout). TrtforgeGemm: k, n, has_bias, weight, [bias].
-    // TrtforgeGemmFp8: k, n, has_bias, gelu, x_scale, w_scale, weight, [bias].
+    // TrtforgeGemmFp8: k, n, has_bias, gelu, in_fp8, x_scale, w_scale, out_scale, weight, [bias] (kFp8Header).
     size_t header_size() const {
         return fp8_.on ? kFp8Header : (epilogue_ == Epilogue::kGeluBias ? 2 : 3) * sizeof(int32_t);
     }
@@ -283,11 +283,6 @@ class GemmPlugin final : public IPluginV2DynamicExt {
         void const* b = inputs[0];
         void* lt_workspace = workspace;
         if (fp8_.on) {
-            cudaError_t pending = cudaPeekAtLastError();
-            if (pending != cudaSuccess) {
-                error(std::string("a CUDA error is pending before the FP8 matmul: ") + cudaGetErrorString(pending));
-                return 1;
-            }
             if (max_tokens_ > 0 && tokens > max_tokens_) {
                 error(std::to_string(tokens) + " tokens, more than the " + std::to_string(max_tokens_) +
                       " its workspace was sized for");
