@@ -131,7 +131,7 @@ def test_int8_targets_are_gated_by_cosine_not_the_fp16_rel_l2_default():
     for precision in ("int8", "best"):
         result = evaluate_gates(healthy_int8, gates_from({}, precision))
         assert result["passed"] and [c["gate"] for c in result["checked"]] == ["min_cosine"]
-        assert "max_rel_l2 has no default for an INT8 target" in gate_notes({}, precision)[0]
+        assert "max_rel_l2 has no default for an INT8 or FP8-GEMM target" in gate_notes({}, precision)[0]
     broken_int8 = _report(per_output={"h": {"rel_l2": 0.7, "cosine": 0.74}})  # issue 10's engine
     assert not evaluate_gates(broken_int8, gates_from({}, "best"))["passed"]
     explicit = evaluate_gates(healthy_int8, gates_from({"max_rel_l2": 0.01}, "best"))
@@ -141,3 +141,18 @@ def test_int8_targets_are_gated_by_cosine_not_the_fp16_rel_l2_default():
     assert target_precision(None, {"step": "calibrate"}) == "int8" and target_precision(None, {"step": "clean"}) is None
     assert target_precision(None, {"step": "precision", "precision": "best"}) == "best"  # the ONNX build writes
     assert target_precision(None, {"step": "precision", "precision": "fp16"}) is None
+
+
+def test_fp8_gemm_engines_are_gated_by_cosine_like_int8():
+    """H100 w37c: BERT-base's FP8-GEMM engine (build gate cosine 0.9984) measured rel-L2 0.070 / cosine 0.9976 on real
+    text and failed `run`'s fp16-level rel-L2 default; it is an fp16 build whose sidecar says its GEMMs are fp8."""
+    from trtforge.report import gate_notes, target_precision
+
+    side = {"precision": "fp16", "gemm_precision": {"precision": "fp8"}}
+    assert target_precision(side, None) == "fp8" and target_precision({"precision": "fp16"}, None) == "fp16"
+    fp8_engine = _report(per_output={"h": {"rel_l2": 0.070, "cosine": 0.9976}})
+    assert not evaluate_gates(fp8_engine, gates_from({}, "fp16"))["passed"]
+    result = evaluate_gates(fp8_engine, gates_from({}, target_precision(side, None)))
+    assert result["passed"] and [c["gate"] for c in result["checked"]] == ["min_cosine"]
+    assert "FP8-GEMM" in gate_notes({}, "fp8")[0]
+    assert not evaluate_gates(_report(per_output={"h": {"rel_l2": 0.3, "cosine": 0.95}}), gates_from({}, "fp8"))["passed"]
