@@ -6,7 +6,7 @@
 # engines (their chunked error against ORT fp32, recorded). At most 600 s of driver.
 # Staging as in session_w4.sh (the last part carries .whl3 .whl5), then
 #   bash benchmarks/gpu/start.sh benchmarks/gpu/session_w39.sh $HOME/w 600 570   (carry .whl2 .native .trtinc .whl)
-# (move benchmarks/results/h*_2026-12-0[1-6]_* aside first: the tree and a staging part must fit in 64 MiB together)
+# (first `bash benchmarks/gpu/aside.sh out`, and `back` after: the tree and a staging part must fit in 64 MiB together)
 set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 CAP=$(( $(date +%s) + 600 )); [ "$DEADLINE" -gt "$CAP" ] && DEADLINE=$CAP
