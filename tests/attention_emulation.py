@@ -89,6 +89,20 @@ def emulate_flash_plugins(model: onnx.ModelProto, dtype: int = onnx.TensorProto.
     return _expand(model, FLASH_PLUGIN, expand)
 
 
+def gelu_tanh_nodes(t: str, p: str, c) -> tuple[list[onnx.NodeProto], str]:
+    """ONNX nodes for 0.5t(1 + tanh(sqrt(2/pi)(t + 0.044715t^3))) on fp32 t (TensorRT's geluKernel.cu and cuBLASLt's
+    GELU epilogue), constants made with c under the node's prefix p. Returns (nodes, output)."""
+    f = lambda v: np.asarray(v, np.float32)  # noqa: E731
+    return [helper.make_node("Mul", [t, t], [p + "t2"]), helper.make_node("Mul", [p + "t2", t], [p + "t3"]),
+            helper.make_node("Mul", [p + "t3", c("k", f(0.044715))], [p + "kt3"]),
+            helper.make_node("Add", [t, p + "kt3"], [p + "in"]),
+            helper.make_node("Mul", [p + "in", c("s", f(np.sqrt(2.0 / np.pi)))], [p + "arg"]),
+            helper.make_node("Tanh", [p + "arg"], [p + "th"]),
+            helper.make_node("Add", [p + "th", c("one", f(1.0))], [p + "cdf2"]),
+            helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
+            helper.make_node("Mul", [t, p + "cdf"], [p + "gelu"])], p + "gelu"
+
+
 def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each CustomGeluPluginDynamic node as the ops it computes: (x + bias), then 0.5x(1 + tanh(sqrt(2/pi)(x +
     0.044715x^3))) (TensorRT's geluKernel.cu), in fp32, cast back to the plugin's type."""
@@ -103,17 +117,9 @@ def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
             assert a["bias"].data_type == (onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT), node.name
             nodes.append(helper.make_node("Add", [t, c("b", f(numpy_helper.to_array(a["bias"])))], [p + "xb"]))
             t = p + "xb"
-        return nodes + [
-            helper.make_node("Mul", [t, t], [p + "x2"]), helper.make_node("Mul", [p + "x2", t], [p + "x3"]),
-            helper.make_node("Mul", [p + "x3", c("k", f(0.044715))], [p + "kx3"]),
-            helper.make_node("Add", [t, p + "kx3"], [p + "in"]),
-            helper.make_node("Mul", [p + "in", c("s", f(np.sqrt(2.0 / np.pi)))], [p + "arg"]),
-            helper.make_node("Tanh", [p + "arg"], [p + "th"]),
-            helper.make_node("Add", [p + "th", c("one", f(1.0))], [p + "cdf2"]),
-            helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
-            helper.make_node("Mul", [t, p + "cdf"], [p + "y32"]),
-            helper.make_node("Cast", [p + "y32"], [node.output[0]],
-                             to=onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT)]
+        gelu, y = gelu_tanh_nodes(t, p, c)
+        return nodes + gelu + [helper.make_node("Cast", [y], [node.output[0]],
+                                                to=onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT)]
 
     return _expand(model, GELU, expand)
 
@@ -124,23 +130,14 @@ def emulate_gemm_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     from trtforge.fusion.gelu import GEMM_PLUGIN
 
     def expand(node, a, p, c):
-        f = lambda v: np.asarray(v, np.float32)  # noqa: E731
         w = numpy_helper.to_array(a["weight"]).astype(np.float32).reshape(a["k"], a["n"])
         b = numpy_helper.to_array(a["bias"]).astype(np.float32)
         assert a["weight"].data_type == a["bias"].data_type == onnx.TensorProto.FLOAT16, node.name
-        return [
-            helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT),
-            helper.make_node("MatMul", [p + "x32", c("w", w)], [p + "xw"]),
-            helper.make_node("Add", [p + "xw", c("b", b)], [p + "t"]),
-            helper.make_node("Mul", [p + "t", p + "t"], [p + "t2"]), helper.make_node("Mul", [p + "t2", p + "t"], [p + "t3"]),
-            helper.make_node("Mul", [p + "t3", c("k", f(0.044715))], [p + "kt3"]),
-            helper.make_node("Add", [p + "t", p + "kt3"], [p + "in"]),
-            helper.make_node("Mul", [p + "in", c("s", f(np.sqrt(2.0 / np.pi)))], [p + "arg"]),
-            helper.make_node("Tanh", [p + "arg"], [p + "th"]),
-            helper.make_node("Add", [p + "th", c("one", f(1.0))], [p + "cdf2"]),
-            helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
-            helper.make_node("Mul", [p + "t", p + "cdf"], [p + "y32"]),
-            helper.make_node("Cast", [p + "y32"], [node.output[0]], to=onnx.TensorProto.FLOAT16)]
+        gelu, y = gelu_tanh_nodes(p + "t", p, c)
+        return [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT),
+                helper.make_node("MatMul", [p + "x32", c("w", w)], [p + "xw"]),
+                helper.make_node("Add", [p + "xw", c("b", b)], [p + "t"]),
+                *gelu, helper.make_node("Cast", [y], [node.output[0]], to=onnx.TensorProto.FLOAT16)]
 
     return _expand(model, GEMM_PLUGIN, expand)
 
@@ -297,9 +294,9 @@ def emulate_fp8_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     def expand(node, a, p, c):
         f = lambda v: np.asarray(v, np.float32)  # noqa: E731
         w = numpy_helper.to_array(a["weight"]).astype(np.float32).reshape(a["k"], a["n"])
-        quantize, xq = e4m3_nodes(p + "x32", np.float32(1.0 / np.float32(a["x_scale"])), p + "q_", c)
-        if a.get("in_fp8"):  # already e4m3 values
-            quantize, xq = [], p + "x32"
+        # x as e4m3 values; a chained FC2 (in_fp8) receives them so
+        quantize, xq = ([], p + "x32") if a.get("in_fp8") else e4m3_nodes(p + "x32", np.float32(1.0 / np.float32(a["x_scale"])),
+                                                                          p + "q_", c)
         nodes = [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT), *quantize,
                  helper.make_node("MatMul", [xq, c("w", quantize_e4m3(w, a["w_scale"]))], [p + "acc"]),
                  helper.make_node("Mul", [p + "acc", c("ab", f(np.float32(a["x_scale"]) * np.float32(a["w_scale"])))], [p + "t"])]
@@ -308,15 +305,8 @@ def emulate_fp8_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(helper.make_node("Add", [t, c("b", numpy_helper.to_array(a["bias"]).astype(np.float32))], [p + "tb"]))
             t = p + "tb"
         if a["gelu"]:
-            nodes += [helper.make_node("Mul", [t, t], [p + "t2"]), helper.make_node("Mul", [p + "t2", t], [p + "t3"]),
-                      helper.make_node("Mul", [p + "t3", c("k", f(0.044715))], [p + "kt3"]),
-                      helper.make_node("Add", [t, p + "kt3"], [p + "in"]),
-                      helper.make_node("Mul", [p + "in", c("s", f(np.sqrt(2.0 / np.pi)))], [p + "arg"]),
-                      helper.make_node("Tanh", [p + "arg"], [p + "th"]),
-                      helper.make_node("Add", [p + "th", c("one", f(1.0))], [p + "cdf2"]),
-                      helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
-                      helper.make_node("Mul", [t, p + "cdf"], [p + "tg"])]
-            t = p + "tg"
+            gelu, t = gelu_tanh_nodes(t, p, c)
+            nodes += gelu
         if a.get("out_scale", 0.0) > 0:  # y / out_scale as e4m3 values
             rounded, t = e4m3_nodes(t, np.float32(1.0 / np.float32(a["out_scale"])), p + "o_", c)
             nodes += rounded

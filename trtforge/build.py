@@ -162,8 +162,11 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     warn = warn or _stderr_warning
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
-    if options.gemm_precision not in ("fp16", "fp8"):
-        raise UserError(f"gemm precision '{options.gemm_precision}' is not one of fp16, fp8 (config key build.gemm_precision).")
+    from trtforge.fusion.fp8 import GEMM_PRECISIONS
+
+    if options.gemm_precision not in GEMM_PRECISIONS:
+        raise UserError(f"--gemm-precision '{options.gemm_precision}' is not one of {', '.join(GEMM_PRECISIONS)} "
+                        "(config key build.gemm_precision).")
     if options.fp8_chain_ffn and options.gemm_precision != "fp8":
         raise UserError("--fp8-chain-ffn (config key build.fp8_chain_ffn) chains FP8 GEMMs; build with --gemm-precision fp8 too.")
     if not 0 < options.fp8_min_cosine <= 1:  # NaN too: a gate that cannot fail, or cannot pass, is refused up front

@@ -251,8 +251,6 @@ def build(
         fuse_skip_layernorm=fuse_skip_layernorm, fuse_gemm=fuse_gemm, qkv_projection=qkv_projection,
         plugin_libraries=plugin_library or None, gemm_precision=gemm_precision, fp8_min_cosine=fp8_min_cosine,
         fp8_chain_ffn=fp8_chain_ffn)
-    if options.gemm_precision not in ("fp16", "fp8"):
-        raise UserError(f"--gemm-precision '{options.gemm_precision}' is not one of fp16, fp8 (config key build.gemm_precision).")
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
         raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")
     with ui.build_progress(f"building {Path(onnx_path).name}") as tick:

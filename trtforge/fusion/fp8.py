@@ -34,11 +34,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtforge.fusion.attention import PassReport
+from trtforge.fusion.gelu import GEMM_PLUGIN as GEMM_GELU_PLUGIN, gelu_tanh
+from trtforge.fusion.gemm import PLUGIN as GEMM_PLUGIN
 from trtforge.fusion.plugins import PLUGIN_DOMAIN
 
 PLUGIN = "TrtforgeGemmFp8"
 PLUGIN_VERSION = "1"
-SOURCE_PLUGINS = ("TrtforgeGemm", "TrtforgeGemmGelu")
+SOURCE_PLUGINS = (GEMM_PLUGIN, GEMM_GELU_PLUGIN)
 E4M3_MAX = 448.0
 HEADROOM = 2.0
 GEMM_PRECISIONS = ("fp16", "fp8")
@@ -61,10 +63,6 @@ def quantize_e4m3(x: np.ndarray, scale: float) -> np.ndarray:
     at +-448), as float32."""
     scaled = x.astype(np.float32) * np.float32(1.0 / scale)
     return np.clip(scaled, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x ** 3)))
 
 
 def fp8_gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gelu: bool, x_scale: float, w_scale: float) -> np.ndarray:
@@ -95,7 +93,7 @@ def plugin_gemms(model: onnx.ModelProto) -> list[PluginGemm]:
         k, n = attrs["k"].i, attrs["n"].i
         weight = numpy_helper.to_array(attrs["weight"].t).reshape(k, n)
         bias = numpy_helper.to_array(attrs["bias"].t) if "bias" in attrs else None
-        found.append(PluginGemm(node, node.input[0], weight, bias, node.op_type == "TrtforgeGemmGelu"))
+        found.append(PluginGemm(node, node.input[0], weight, bias, node.op_type == GEMM_GELU_PLUGIN))
     return found
 
 
@@ -143,7 +141,7 @@ def fp8_chains(model: onnx.ModelProto, converted: set[str]) -> list[tuple[onnx.N
         y = g.node.output[0]
         after = readers.get(y, [])
         if (g.gelu and g.node.name in converted and y not in outputs and len(after) == 1
-                and after[0].op_type == "TrtforgeGemm" and after[0].name in converted and after[0].input[0] == y):
+                and after[0].op_type == GEMM_PLUGIN and after[0].name in converted and after[0].input[0] == y):
             pairs.append((g.node, after[0]))
     return pairs
 
