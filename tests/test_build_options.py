@@ -14,7 +14,7 @@ def test_every_build_key_reaches_the_options_and_flags_override_them():
                            hardware_compatibility="ampere_plus", version_compatible=True, compute_capabilities=["SM89"],
                            fuse_attention="off", fuse_gelu="on", fuse_skip_layernorm="off", fuse_gemm="on",
                            qkv_projection="conv", plugin_libraries=["lib.so"], gemm_precision="fp8", fp8_min_cosine=0.95,
-                           fp8_chain_ffn=True)
+                           fp8_chain_ffn="on")
     options = options_from_config(section)
     shared = {f.name for f in fields(BuildOptions)} & set(BuildSection.model_fields)
     defaults = BuildOptions()

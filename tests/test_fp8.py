@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from attention_emulation import (e4m3_nodes, emulate_fp8_plugins, emulate_gemm_gelu_plugins, emulate_gemm_plugins,
+from attention_emulation import (e4m3_nodes, emulate_fp8_plugins, emulate_gelu_plugins, emulate_gemm_gelu_plugins, emulate_gemm_plugins,
                                  emulate_skip_layernorm_plugins, fp16_plugin_chain, rel_l2, zoo_sizes)
 from conftest import ROOT, assert_user_error, export_zoo, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
@@ -76,7 +76,8 @@ def _fused(path):
 
 
 def _emulate(model):
-    return emulate_skip_layernorm_plugins(emulate_gemm_plugins(emulate_gemm_gelu_plugins(emulate_fp8_plugins(model))))
+    return emulate_gelu_plugins(emulate_skip_layernorm_plugins(emulate_gemm_plugins(emulate_gemm_gelu_plugins(
+        emulate_fp8_plugins(model)))))
 
 
 def test_every_gemm_plugin_becomes_fp8_and_the_graph_stays_close_to_fp32(bert):
@@ -260,9 +261,10 @@ def test_a_gelu_output_read_twice_is_not_chained(bert):
     assert fc1.name not in {a.name for a, _ in fp8.fp8_chains(fused, names - {fc1.name})}
 
 
-def test_chaining_without_fp8_is_a_user_error(bert, tmp_path):
-    r = run_cli("build", str(bert), "--precision", "fp16", "--fp8-chain-ffn", "-o", str(tmp_path / "e.engine"))
-    assert_user_error(r, "--fp8-chain-ffn", "--gemm-precision fp8")
+@pytest.mark.parametrize("mode, says", [("on", "--gemm-precision fp8"), ("always", "is not one of auto, on, off")])
+def test_chaining_on_without_fp8_or_an_unknown_mode_is_a_user_error(bert, tmp_path, mode, says):
+    r = run_cli("build", str(bert), "--precision", "fp16", "--fp8-chain-ffn", mode, "-o", str(tmp_path / "e.engine"))
+    assert_user_error(r, "--fp8-chain-ffn", says)
 
 
 def test_an_engine_that_cannot_execute_fails_its_fp8_gate(bert, tmp_path):
@@ -292,9 +294,10 @@ def test_fp8_gates_that_cannot_fail_or_gate_nothing_are_user_errors(bert, tmp_pa
     assert_user_error(r, says)
 
 
-def test_chaining_that_finds_no_pair_says_so(bert, monkeypatch):
-    """--fp8-chain-ffn where no FC2 is an FP8 GEMM (here: the graph before the GEMM pass, FC2 still a MatMul) is a
-    user error, not a silent no-op."""
+def test_chaining_is_the_default_and_on_without_a_pair_says_so(bert, monkeypatch):
+    """--fp8-chain-ffn auto (the default) chains every pair there is and says where there is none; on, where no FC2 is
+    an FP8 GEMM (here: the graph before the GEMM pass, FC2 still a MatMul), is a user error, not a silent no-op; off
+    chains nothing."""
     from types import SimpleNamespace
 
     import trtforge.backends.tensorrt as trt_backend
@@ -304,34 +307,48 @@ def test_chaining_that_finds_no_pair_says_so(bert, monkeypatch):
     monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
     model, converted, stages, specs, axes = fp16_plugin_chain(bert)
     mod = SimpleNamespace(flavour="tensorrt", version="8.6.1")
+    def fp8_record(stage, chain):
+        return build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, stages[stage][0], converted, model, "fp16", bert,
+                                   specs, axes, 0.99, chain=chain)[1]
+
+    def chained(record):
+        return sum(bool(r.get("in_fp8")) for r in record["replaced"])
+
     with pytest.raises(UserError, match="found no FC1 -> FC2 pair"):
-        build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, stages["skip_layernorm"][0], converted, model, "fp16", bert,
-                            specs, axes, 0.99, chain=True)
-    out, record, _ = build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, stages["gemm"][0], converted, model, "fp16", bert,
-                                         specs, axes, 0.99, chain=True)
-    assert record["chain_ffn"] and sum(bool(r.get("in_fp8")) for r in record["replaced"]) == 2
+        fp8_record("skip_layernorm", "on")
+    unpaired = fp8_record("skip_layernorm", "auto")
+    assert unpaired["replaced"] and chained(unpaired) == 0
+    assert any("chaining: no pair" in line for line in fp8.describe_fp8(unpaired))
+    for chain, pairs in (("on", 2), ("auto", 2), ("off", 0)):
+        record = fp8_record("gemm", chain)
+        assert record["chain_ffn"] == chain and chained(record) == pairs, chain
+        assert not any("chaining: no pair" in line for line in fp8.describe_fp8(record)), chain
+    assert trt_backend.BuildOptions().fp8_chain_ffn == "auto"
 
 
-ZOO_FP8 = [("vit", 2), ("roberta", 2), ("distilbert", 2), ("deberta", 2), ("clip-vision", 0)]  # (model, FFN pairs chained)
+# (model, FFN pairs chained): CLIP's quick-GELU and GPT-2's Gemm -> Reshape -> GELU leave FC1 a plain TrtforgeGemm
+ZOO_FP8 = [("vit", 2), ("roberta", 2), ("distilbert", 2), ("deberta", 2), ("clip-vision", 0), ("gpt2", 0)]
 
 
 @pytest.fixture(scope="module")
 def zoo_exports(tmp_path_factory):
-    return export_zoo(tmp_path_factory.mktemp("fp8zoo"), [(name, "legacy") for name, _ in ZOO_FP8] + [("gpt2", "legacy")])
+    return export_zoo(tmp_path_factory.mktemp("fp8zoo"), [(name, "legacy") for name, _ in ZOO_FP8])
 
 
 @pytest.mark.parametrize("name, pairs", ZOO_FP8, ids=[n for n, _ in ZOO_FP8])
 def test_fp8_across_the_zoo(zoo_exports, name, pairs):
     """Models trtforge did not write, through the fp16 plugin chain and the FP8 pass with chaining: every GEMM plugin
-    node converts, the FFN pairs chain (CLIP's quick-GELU FC1 is a plain TrtforgeGemm: nothing to chain), and the
-    emulated graph stays within FP8's error of fp32 on unseen feeds. CPU figures, rel-L2 (fp16 -> fp8): ViT 0.0002 ->
-    0.021, RoBERTa 0.0006 -> 0.031, DistilBERT 0.0005 -> 0.035, DeBERTa 0.0004 -> 0.028, CLIP 0.0003 -> 0.019."""
+    node converts (GPT-2's are ONNX Gemms), the FFN pairs chain where FC1 applies the GELU, and the emulated graph
+    stays within FP8's error of fp32 on unseen feeds. CPU figures, rel-L2 (fp16 -> fp8): ViT 0.0002 -> 0.021, RoBERTa
+    0.0006 -> 0.031, DistilBERT 0.0005 -> 0.035, DeBERTa 0.0004 -> 0.028, CLIP 0.0003 -> 0.019, GPT-2 0.0004 -> 0.031."""
     model, converted, stages, specs, axes = fp16_plugin_chain(zoo_exports[(name, "legacy")])
     fused = stages["gemm"][0]
     gemms = fp8.plugin_gemms(fused)
     peaks = fp8.observe_peaks(converted, [random_feeds(specs, zoo_sizes(axes, 32), seed) for seed in (0, 1)], [g.x for g in gemms])
     out, report = fp8.to_fp8(fused, peaks, chain=True)
-    assert gemms and len(report.replaced) == len(gemms) and not report.refused
+    # every GEMM but a classifier head with too few classes for cuBLASLt's FP8 kernels (ViT's 10; it stays fp16)
+    assert gemms and len(report.replaced) >= len(gemms) - 1 and len(report.replaced) + len(report.refused) == len(gemms)
+    assert all("must be multiples of 16" in r["reason"] for r in report.refused), report.refused
     assert sum(bool(r.get("in_fp8")) for r in report.replaced) == pairs
     feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=9)
     want = OrtRunner(model.SerializeToString()).run(feeds)
@@ -341,9 +358,9 @@ def test_fp8_across_the_zoo(zoo_exports, name, pairs):
         assert rel_l2(fp16[key], ref) < rel_l2(got[key], ref) < 0.08, key
 
 
-def test_gpt2s_gemm_ops_are_not_plugin_gemms_so_fp8_says_so(zoo_exports, monkeypatch):
-    """GPT-2's projections export as ONNX Gemm (Conv1D's addmm), which the GEMM pass does not take: fp8 has nothing to
-    convert, and the build says where to look instead of building an fp16 engine under an fp8 name."""
+def test_a_graph_without_gemm_plugin_nodes_gets_no_fp8_engine(zoo_exports, monkeypatch):
+    """Where the GEMM passes replaced nothing (here: GPT-2's graph before them), fp8 has nothing to convert, and the
+    build says where to look instead of building an fp16 engine under an fp8 name."""
     from types import SimpleNamespace
 
     import trtforge.backends.tensorrt as trt_backend
@@ -352,8 +369,8 @@ def test_gpt2s_gemm_ops_are_not_plugin_gemms_so_fp8_says_so(zoo_exports, monkeyp
 
     monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
     path = zoo_exports[("gpt2", "legacy")]
-    model, converted, stages, specs, axes = fp16_plugin_chain(path)
-    assert not fp8.plugin_gemms(stages["gemm"][0])
+    model, converted, _, specs, axes = fp16_plugin_chain(path)
+    assert not fp8.plugin_gemms(converted)
     with pytest.raises(UserError, match="found no GEMM plugin node"):
         build_mod._gemm_fp8(SimpleNamespace(flavour="tensorrt", version="8.6.1"), {"compute_capability": "9.0"},
-                            stages["gemm"][0], converted, model, "fp16", path, specs, axes, 0.99)
+                            converted, converted, model, "fp16", path, specs, axes, 0.99)

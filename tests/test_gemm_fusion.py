@@ -15,7 +15,7 @@ from trtforge.feeds import random_feeds
 from trtforge.fusion.gemm import PLUGIN, fuse_gemm, gemm_candidates
 from trtforge.graph import io_specs
 
-EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("vit", "legacy")]
+EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("vit", "legacy"), ("gpt2", "legacy"), ("gpt2", "dynamo")]
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +24,15 @@ def zoo(tmp_path_factory):
 
 
 def _const_matmuls(model):
+    """The projections: MatMuls and Gemms (GPT-2's Conv1D) by a constant weight."""
     consts = {i.name for i in model.graph.initializer} | {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    return [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in consts]
+    return [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in consts]
 
 
 @pytest.mark.parametrize("key", EXPORTS, ids=lambda k: ".".join(k))
 def test_fp16_projections_become_trtforge_gemm_and_equal_the_original(zoo, key):
+    """BERT's and ViT's Linear layers export as MatMul (+ Add), GPT-2's Conv1D as ONNX Gemm with its bias as C: each
+    becomes one TrtforgeGemm with its bias folded."""
     from trtforge.precision import prepare_for_build
 
     model = with_random_vectors(onnx.load(zoo[key]))
@@ -41,9 +44,12 @@ def test_fp16_projections_become_trtforge_gemm_and_equal_the_original(zoo, key):
     assert not _const_matmuls(fused)
     nodes = [n for n in fused.graph.node if n.op_type == PLUGIN]
     assert len(nodes) == len(before)
-    assert sum(r["bias_folded"] for r in report.replaced) >= len(before) // 2  # every Linear's bias, at least
+    if key != ("gpt2", "dynamo"):  # the dynamo exporter drops random-init GPT-2's all-zero Conv1D biases: none to fold
+        assert sum(r["bias_folded"] for r in report.replaced) >= len(before) // 2  # every Linear's bias, at least
     adds = lambda m: sum(n.op_type == "Add" for n in m.graph.node)  # noqa: E731
-    assert adds(fused) == adds(converted) - sum(r["bias_folded"] for r in report.replaced)
+    from_gemm = sum(r["op"] == "Gemm" and r["bias_folded"] for r in report.replaced)  # a Gemm's bias is its C, no Add
+    assert adds(fused) == adds(converted) - sum(r["bias_folded"] for r in report.replaced) + from_gemm
+    assert key[0] != "gpt2" or all(r["op"] == "Gemm" for r in report.replaced)  # every GPT-2 projection is a Gemm
     feeds = random_feeds(specs, dict(zoo_sizes(axes, 23), batch=3), seed=5)
     want = OrtRunner(model.SerializeToString()).run(feeds)
     got = OrtRunner(emulate_gemm_plugins(fused).SerializeToString()).run(feeds)
@@ -97,6 +103,48 @@ def test_the_bias_is_folded_only_where_the_add_alone_reads_the_product():
         want = OrtRunner(model.SerializeToString()).run({"x": x})["y"]
         got = OrtRunner(emulate_gemm_plugins(fused).SerializeToString()).run({"x": x})["y"]
         assert rel_l2(got.astype(np.float32), want.astype(np.float32)) < 2e-3
+
+
+def _tiny_gemm(c_shape=(4,), trans_b=0, c_is_input=False, **attrs):
+    """y = Gemm(x [2, 3], W, C) in fp16, W constant ([3, 4], or [4, 3] with transB)."""
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(4, 3) if trans_b else (3, 4)).astype(np.float16)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3])]
+    inits = [numpy_helper.from_array(w, "W")]
+    if c_is_input:
+        inputs.append(helper.make_tensor_value_info("C", TensorProto.FLOAT16, [4]))
+    elif c_shape is not None:
+        inits.append(numpy_helper.from_array(rng.normal(size=c_shape).astype(np.float16), "C"))
+    gemm_inputs = ["x", "W"] + (["C"] if c_is_input or c_shape is not None else [])
+    node = helper.make_node("Gemm", gemm_inputs, ["y"], name="gemm", transB=trans_b, **attrs)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)
+    return helper.make_model(helper.make_graph([node], "g", inputs, [y], inits), opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"trans_b": 1}, {"c_shape": (1, 4)}, {"c_shape": None}, {"alpha": 1.0, "beta": 1.0}],
+                         ids=["bias", "transB", "bias-1xN", "no-bias", "explicit-1"])
+def test_a_plain_gemm_becomes_trtforge_gemm_with_its_bias(kwargs):
+    model = _tiny_gemm(**kwargs)
+    fused, report = fuse_gemm(model)
+    assert [n.op_type for n in fused.graph.node] == [PLUGIN] and report.replaced[0]["op"] == "Gemm"
+    assert report.replaced[0]["bias_folded"] == (kwargs.get("c_shape", (4,)) is not None)
+    x = np.random.default_rng(3).normal(size=(2, 3)).astype(np.float16)
+    want = OrtRunner(model.SerializeToString()).run({"x": x})["y"].astype(np.float32)
+    got = OrtRunner(emulate_gemm_plugins(fused).SerializeToString()).run({"x": x})["y"].astype(np.float32)
+    assert rel_l2(got, want) < 2e-3
+    if kwargs.get("trans_b"):  # a weight taken as it is stored would be [4, 3]: the wrong product, or none
+        assert (report.replaced[0]["k"], report.replaced[0]["n"]) == (3, 4)
+
+
+@pytest.mark.parametrize("kwargs, says", [({"transA": 1}, "transposes its input (transA)"),
+                                          ({"alpha": 0.5}, "scales the product (alpha 0.5)"),
+                                          ({"beta": 2.0}, "scales its bias (beta 2)"),
+                                          ({"c_shape": (2, 4)}, "bias C is float16 [2, 4]"),
+                                          ({"c_is_input": True}, "bias C is not a constant")])
+def test_a_gemm_that_is_not_x_at_w_plus_bias_is_refused_with_the_reason(kwargs, says):
+    fused, report = fuse_gemm(_tiny_gemm(**kwargs))
+    assert not report.replaced and [n.op_type for n in fused.graph.node] == ["Gemm"]
+    assert says in report.refused[0]["reason"], report.refused
 
 
 def test_fp32_weights_are_refused_with_the_reason():

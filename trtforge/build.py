@@ -162,13 +162,17 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     warn = warn or _stderr_warning
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
-    from trtforge.fusion.fp8 import GEMM_PRECISIONS
+    from trtforge.fusion.fp8 import CHAIN_MODES, GEMM_PRECISIONS
 
     if options.gemm_precision not in GEMM_PRECISIONS:
         raise UserError(f"--gemm-precision '{options.gemm_precision}' is not one of {', '.join(GEMM_PRECISIONS)} "
                         "(config key build.gemm_precision).")
-    if options.fp8_chain_ffn and options.gemm_precision != "fp8":
-        raise UserError("--fp8-chain-ffn (config key build.fp8_chain_ffn) chains FP8 GEMMs; build with --gemm-precision fp8 too.")
+    if options.fp8_chain_ffn not in CHAIN_MODES:
+        raise UserError(f"--fp8-chain-ffn '{options.fp8_chain_ffn}' is not one of {', '.join(CHAIN_MODES)} "
+                        "(config key build.fp8_chain_ffn).")
+    if options.fp8_chain_ffn == "on" and options.gemm_precision != "fp8":
+        raise UserError("--fp8-chain-ffn on (config key build.fp8_chain_ffn) chains FP8 GEMMs; build with --gemm-precision "
+                        "fp8 too, or leave it at auto.")
     if not 0 < options.fp8_min_cosine <= 1:  # NaN too: a gate that cannot fail, or cannot pass, is refused up front
         raise UserError(f"--fp8-min-cosine {options.fp8_min_cosine} (config key build.fp8_min_cosine) must be in (0, 1], "
                         "e.g. 0.99.")
@@ -297,10 +301,11 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
 def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto | None, observe_model: onnx.ModelProto,
               source_model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
               axes: dict[str, AxisRange], min_cosine: float,
-              chain: bool = False) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
+              chain: str = "auto") -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
     """--gemm-precision fp8: (the fused graph with its GEMM plugin nodes as TrtforgeGemmFp8, the sidecar's
     `gemm_precision`, the held-out feeds the engine is gated on). Scales come from the same samples as the fp16
-    conversion's magnitudes (calibration data, else random feeds); the gate adds two random feeds no scale saw."""
+    conversion's magnitudes (calibration data, else random feeds); the gate adds two random feeds no scale saw.
+    chain (auto|on|off): FC1 -> FC2 pairs pass e4m3 bytes; on requires one."""
     from trtforge.backends.tensorrt import plugin_registered
     from trtforge.fusion.fp8 import HEADROOM, PLUGIN, PLUGIN_VERSION, fp8_skip, observe_peaks, plugin_gemms, to_fp8
     from trtforge.precision import sample_feeds
@@ -314,12 +319,12 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
         raise UserError(f"--gemm-precision fp8 found no GEMM plugin node in {onnx_path.name}'s fused graph (the GEMM and GELU "
                         "passes replaced no MatMul; see their lines in the build output, build.fuse_gemm / build.fuse_gelu).")
     feeds, source = sample_feeds(onnx_path, source_model, specs, axes)
-    out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]), chain=chain)
+    out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]), chain=chain != "off")
     if not report.replaced:
         raise UserError(f"--gemm-precision fp8 cannot convert any GEMM of {onnx_path.name}: {report.refused[0]['reason']}.")
-    if chain and not any(r.get("in_fp8") for r in report.replaced):
-        raise UserError(f"--fp8-chain-ffn found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
-                        "whose output one FP8 GEMM alone reads); build without --fp8-chain-ffn.")
+    if chain == "on" and not any(r.get("in_fp8") for r in report.replaced):
+        raise UserError(f"--fp8-chain-ffn on found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
+                        "whose output one FP8 GEMM alone reads); build with --fp8-chain-ffn auto or off.")
     opt = {name: rng.opt for name, rng in axes.items()}
     held_out = [random_feeds(specs, opt, seed) for seed in (100, 101)]
     check_from = "2 random feeds at the opt shapes (seeds 100, 101)"

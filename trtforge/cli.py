@@ -233,7 +233,7 @@ def build(
     plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="A shared library of TensorRT plugin creators to load first (repeatable), e.g. libtrtforge_plugins.so from trtforge/native/build.sh: cuDNN flash attention for the attention pass."),
     gemm_precision: Optional[str] = typer.Option(None, "--gemm-precision", help="fp16|fp8: the GEMM plugins' arithmetic in an fp16 build (fp8: e4m3 operands with per-tensor scales, TrtforgeGemmFp8; compute capability 8.9+; gated on the engine by --fp8-min-cosine)."),
     fp8_min_cosine: Optional[float] = typer.Option(None, "--fp8-min-cosine", help="With --gemm-precision fp8: the engine's held-out mean cosine against ONNX Runtime fp32 must reach this (default 0.99), else exit 1."),
-    fp8_chain_ffn: Optional[bool] = typer.Option(None, "--fp8-chain-ffn/--no-fp8-chain-ffn", help="With --gemm-precision fp8: FC1 writes e4m3 straight into FC2 where FC2 alone reads it (no fp16 FFN activation, no conversion; not yet measured on a GPU, so off by default)."),
+    fp8_chain_ffn: Optional[str] = typer.Option(None, "--fp8-chain-ffn", help="auto|on|off: with --gemm-precision fp8, FC1 writes e4m3 straight into FC2 where FC2 alone reads it (no fp16 FFN activation, no conversion; auto, the default: wherever such a pair exists; on: a model without one is an error)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
