@@ -225,3 +225,10 @@ def test_cli_rejects_an_unknown_qkv_projection_naming_auto(zoo, tmp_path):
     proc = run_cli("build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--qkv-projection", "gemm",
                    "-o", str(tmp_path / "g.engine"))
     assert_user_error(proc, "--qkv-projection 'gemm' is not one of auto, matmul, conv")
+
+
+def test_the_build_line_names_the_kinds_of_projection_taken():
+    from trtforge.fusion.step import describe_gemm
+
+    line = describe_gemm({"replaced": [{"op": "MatMul", "bias_folded": True}] * 2 + [{"op": "Gemm", "bias_folded": False}]})[0]
+    assert "replaced 3 fp16 projection(s) (2 MatMul and 1 Gemm)" in line and "(2 with their bias;" in line

@@ -264,7 +264,11 @@ def describe_gemm(record: dict[str, Any]) -> list[str]:
     replaced = (record or {}).get("replaced")
     if not replaced:
         return []
-    lines = [f"GEMM fusion: replaced {len(replaced)} fp16 MatMul(s) by {GEMM_ONLY_PLUGIN} "
+    ops: dict[str, int] = {}
+    for r in replaced:
+        ops[r.get("op", "MatMul")] = ops.get(r.get("op", "MatMul"), 0) + 1
+    kinds = " and ".join(f"{n} {op}" for op, n in sorted(ops.items(), key=lambda kv: kv[0] != "MatMul"))
+    lines = [f"GEMM fusion: replaced {len(replaced)} fp16 projection(s) ({kinds}) by {GEMM_ONLY_PLUGIN} "
              f"({sum(r['bias_folded'] for r in replaced)} with their bias; cuBLASLt, its kernel timed per shape)"]
     return lines + _refused_by_reason(record, "node")
 
