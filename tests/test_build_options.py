@@ -14,7 +14,7 @@ def test_every_build_key_reaches_the_options_and_flags_override_them():
                            hardware_compatibility="ampere_plus", version_compatible=True, compute_capabilities=["SM89"],
                            fuse_attention="off", fuse_gelu="on", fuse_skip_layernorm="off", fuse_gemm="on",
                            qkv_projection="conv", plugin_libraries=["lib.so"], gemm_precision="fp8", fp8_min_cosine=0.95,
-                           fp8_chain_ffn="on")
+                           fp8_chain_ffn="on", fp8_min_top1_agreement=0.9, calib_data="calib_data/images")
     options = options_from_config(section)
     shared = {f.name for f in fields(BuildOptions)} & set(BuildSection.model_fields)
     defaults = BuildOptions()
@@ -36,4 +36,7 @@ def test_an_fp8_gate_without_fp8_gemms_is_a_user_error():
         options_from_config(BuildSection(gemm_precision="fp8", fp8_min_cosine=0.95), gemm_precision="fp16")
     with pytest.raises(UserError, match="build.fp8_min_cosine"):
         options_from_config(BuildSection(fp8_min_cosine=0.95))
+    with pytest.raises(UserError, match="--fp8-min-top1-agreement \\(config key build.fp8_min_top1_agreement\\) gates FP8"):
+        options_from_config(BuildSection(), fp8_min_top1_agreement=0.9)
+    assert options_from_config(BuildSection(gemm_precision="fp8"), fp8_min_top1_agreement=0.9).fp8_min_top1_agreement == 0.9
     assert options_from_config(BuildSection()).fp8_min_cosine == 0.99  # the default alone is no request

@@ -374,3 +374,70 @@ def test_a_graph_without_gemm_plugin_nodes_gets_no_fp8_engine(zoo_exports, monke
     with pytest.raises(UserError, match="found no GEMM plugin node"):
         build_mod._gemm_fp8(SimpleNamespace(flavour="tensorrt", version="8.6.1"), {"compute_capability": "9.0"},
                             converted, converted, model, "fp16", path, specs, axes, 0.99)
+
+
+class _LiftedRunnerUp:
+    """An engine whose logits equal ORT's but for each row's runner-up, lifted just past the top: the cosine stays near
+    1 and the top-1 agrees nowhere (what FP8 did to a random-init ViT's nearly flat logits, w40)."""
+
+    def __init__(self, onnx_path, swap):
+        self.ort, self.swap = OrtRunner(onnx.load(onnx_path).SerializeToString()), swap
+        self.input_names, self.output_names = self.ort.input_names, self.ort.output_names
+
+    def run(self, feeds):
+        out = self.ort.run(feeds)
+        logits = out["logits"].copy()
+        if self.swap:
+            rows = np.arange(logits.shape[0])
+            second, top = np.argsort(logits, axis=-1)[:, -2:].T
+            logits[rows, second] = logits[rows, top] + 1e-3 * (np.abs(logits[rows, top]) + 1e-3)
+        return {**out, "logits": logits}
+
+
+@pytest.mark.parametrize("swap, min_top1, status", [(False, 0.99, "passed"), (True, None, "passed"), (True, 0.99, "failed")])
+def test_the_fp8_gate_reports_a_classifiers_top1_and_gates_it_when_asked(zoo_exports, tmp_path, swap, min_top1, status):
+    from trtforge.calibrate.engine_check import EngineHooks, after_fp8_build
+
+    path = zoo_exports[("vit", "legacy")]
+    specs, axes, _ = io_specs(path, onnx.load(path))
+    feeds = [random_feeds(specs, dict(batch=8), seed) for seed in (100, 101)]
+    hooks = EngineHooks(lambda: (True, "tensorrt"), None, lambda engine, side: _LiftedRunnerUp(path, swap))
+    side = {"reference_onnx": str(path), "backend": "tensorrt", "tensorrt_version": "8.6.1"}
+    check = after_fp8_build(tmp_path / "m.engine", side, feeds, 0.9, hooks, min_top1)  # the zoo ViT's 10 logits: cosine 0.95
+    assert check["status"] == status, check["failures"]
+    top1 = check["engine"]["per_output"]["logits"]["top1_agreement"]
+    assert top1 == (0.0 if swap else 1.0) and check["engine"]["mean_cosine"] > 0.9
+    assert ["top-1 agreement (logits)", None, top1, "-" if min_top1 is None else ">= 0.99"] in check["rows"]
+    assert (status == "failed") == any("build.fp8_min_top1_agreement" in f for f in check["failures"])
+
+
+@pytest.mark.parametrize("flags, says", [(["--gemm-precision", "fp8", "--fp8-min-top1-agreement", "0.9"], "declares none (outputs: last_hidden_state"),
+                                         (["--gemm-precision", "fp8", "--fp8-min-top1-agreement", "0"], "must be in (0, 1]"),
+                                         (["--calib-data", "calib_data/minilm", "--precision", "fp32"], "precision fp32 has neither"),
+                                         (["--calib-data", "no/such/folder"], "--calib-data no/such/folder (config key build.calib_data) is not a folder")])
+def test_a_top1_gate_with_nothing_to_judge_and_calib_data_that_cannot_apply_are_user_errors(bert, tmp_path, flags, says):
+    args = ["build", str(bert), *flags, "-o", str(tmp_path / "e.engine")]
+    r = run_cli(*(args if "--precision" in flags else args + ["--precision", "fp16"]))
+    assert_user_error(r, says)
+
+
+def test_calib_data_sets_the_fp8_scales_and_joins_the_gates_feeds(bert, monkeypatch):
+    """build --calib-data: FP8's activation peaks come from those real inputs (not random feeds), which the gate then
+    judges on too, beside two random feeds no scale saw."""
+    from types import SimpleNamespace
+
+    import trtforge.backends.tensorrt as trt_backend
+    from trtforge import build as build_mod
+
+    monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
+    model, converted, fused, specs, axes = _fused(bert)
+    mod = SimpleNamespace(flavour="tensorrt", version="8.6.1")
+    data = ROOT / "calib_data" / "minilm"
+    args = (mod, {"compute_capability": "9.0"}, fused, converted, model, "fp16", bert, specs, axes, 0.99)
+    _, random_record, random_gate_feeds = build_mod._gemm_fp8(*args)
+    _, record, gate_feeds = build_mod._gemm_fp8(*args, data=data)
+    assert random_record["magnitudes_from"].startswith("random feeds") and len(random_gate_feeds) == 2
+    assert record["magnitudes_from"].startswith(f"calibration data {data}") and len(gate_feeds) > 2
+    assert record["gate"]["feeds"].startswith(f"calibration data {data}")
+    peaks = {r["node"]: r["x_amax"] for r in record["replaced"]}
+    assert any(peaks[r["node"]] != r["x_amax"] for r in random_record["replaced"])  # other inputs, other scales

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from trtforge.artifacts import read_sidecar, write_json_atomic
+from trtforge.artifacts import declared_output_kinds, read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
 from trtforge.calibrate.cache import read_cache
@@ -226,7 +226,7 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
 
     reference = OrtRunner(model.SerializeToString())
     refs = reference_outputs(reference, batches)
-    kinds = _kinds(onnx_path)
+    kinds = declared_output_kinds(onnx_path)
     mode, why = availability or (engine_availability() if options.engine else ("none", "turned off (--no-engine)"))
     if mode == "build" and not options.build_check:
         mode, why = "none", why + "; build check turned off (--no-build-check)"
@@ -266,11 +266,6 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
     write_json_atomic(report_path, report)
     report["report"] = str(report_path)
     return BisectResult(rows, groups, named, status, report)
-
-
-def _kinds(onnx_path: Path) -> dict[str, str | None]:
-    side = read_sidecar(onnx_path, required=False) or {}
-    return {o["name"]: o.get("kind") for o in side.get("outputs") or [] if isinstance(o, dict) and "name" in o}
 
 
 def _slug(name: str) -> str:

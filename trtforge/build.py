@@ -54,10 +54,11 @@ def options_from_config(section: Any, **given: Any) -> BuildOptions:
     keys = {f.name for f in fields(BuildOptions)} & set(type(section).model_fields)
     values = {key: getattr(section, key) for key in keys}
     values.update({key: value for key, value in given.items() if value is not None})
-    if values.get("gemm_precision") != "fp8" and (given.get("fp8_min_cosine") is not None
-                                                    or "fp8_min_cosine" in section.model_fields_set):
-        raise UserError("--fp8-min-cosine (config key build.fp8_min_cosine) gates FP8 GEMMs; build with --gemm-precision fp8 "
-                        "too, or leave it out.")
+    for key in ("fp8_min_cosine", "fp8_min_top1_agreement"):
+        if values.get("gemm_precision") != "fp8" and (given.get(key) is not None
+                                                        or (key in section.model_fields_set and getattr(section, key) is not None)):
+            raise UserError(f"--{key.replace('_', '-')} (config key build.{key}) gates FP8 GEMMs; build with "
+                            "--gemm-precision fp8 too, or leave it out.")
     if values.get("timing_cache") is not None:
         values["timing_cache"] = Path(values["timing_cache"])
     for key in ("compute_capabilities", "plugin_libraries"):
@@ -127,8 +128,20 @@ def default_engine_path(onnx_path: Path, precision: str) -> Path:
     return onnx_path.with_name(stem + ".engine")
 
 
+def _require_logits(onnx_path: Path) -> None:
+    """--fp8-min-top1-agreement judges logits outputs: refused up front where the model declares none."""
+    from trtforge.artifacts import declared_output_kinds
+
+    kinds = declared_output_kinds(onnx_path)
+    if "logits" not in kinds.values():
+        named = ", ".join(f"{n} ({k or 'kind unknown'})" for n, k in kinds.items()) or "none declared"
+        raise UserError(f"--fp8-min-top1-agreement (config key build.fp8_min_top1_agreement) judges logits outputs, and "
+                        f"{onnx_path.name} declares none (outputs: {named}); declare the kind in the config's `outputs` "
+                        "and export again, or leave the gate out.")
+
+
 def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
-                       axes: dict[str, AxisRange]) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+                       axes: dict[str, AxisRange], data: Path | None = None) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """The model to build (None: the input as it is) and what was done to it."""
     from trtforge.precision import prepare_for_build
 
@@ -141,7 +154,7 @@ def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, 
         raise UserError(f"{onnx_path.name} already holds fp16 tensors; build it with --precision fp16.")
     if precision in ("fp32", "int8"):
         return None, {}
-    return prepare_for_build(model, onnx_path, specs, axes)
+    return prepare_for_build(model, onnx_path, specs, axes, data)
 
 
 def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,
@@ -173,9 +186,15 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     if options.fp8_chain_ffn == "on" and options.gemm_precision != "fp8":
         raise UserError("--fp8-chain-ffn on (config key build.fp8_chain_ffn) chains FP8 GEMMs; build with --gemm-precision "
                         "fp8 too, or leave it at auto.")
-    if not 0 < options.fp8_min_cosine <= 1:  # NaN too: a gate that cannot fail, or cannot pass, is refused up front
-        raise UserError(f"--fp8-min-cosine {options.fp8_min_cosine} (config key build.fp8_min_cosine) must be in (0, 1], "
-                        "e.g. 0.99.")
+    for key, value in (("fp8_min_cosine", options.fp8_min_cosine), ("fp8_min_top1_agreement", options.fp8_min_top1_agreement)):
+        if value is not None and not 0 < value <= 1:  # NaN too: a gate that cannot fail, or cannot pass, is refused up front
+            raise UserError(f"--{key.replace('_', '-')} {value} (config key build.{key}) must be in (0, 1], e.g. 0.99.")
+    if options.calib_data is not None and precision not in ("fp16", "best"):
+        raise UserError(f"--calib-data (config key build.calib_data) feeds the fp16 conversion's magnitudes and FP8's scales; "
+                        f"precision {precision} has neither (INT8 scales come from `trtforge calibrate`).")
+    if options.calib_data is not None and not Path(options.calib_data).is_dir():
+        raise UserError(f"--calib-data {options.calib_data} (config key build.calib_data) is not a folder; give a folder of "
+                        "inputs in calibrate's formats.")
     mod = load_trt(backend)
     from trtforge.backends.tensorrt import load_plugin_libraries, loaded_plugin_libraries
 
@@ -195,7 +214,10 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         raise UserError(f"-o {output} is {protected[output.resolve()]}; name the engine another file, "
                         f"e.g. {default_engine_path(onnx_path, precision)}.")
     ensure_writable_dir(output)
-    converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes)
+    if options.fp8_min_top1_agreement is not None:
+        _require_logits(onnx_path)
+    data = Path(options.calib_data) if options.calib_data else None
+    converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes, data)
     identity = runtime_identity(mod)
     before_fusion = converted if converted is not None else model
     attention_fused, fusion = _fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
@@ -206,7 +228,8 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     fp8_record, fp8_check_feeds = None, None
     if options.gemm_precision == "fp8":  # the GEMM plugins' nodes as TrtforgeGemmFp8 (trtforge.fusion.fp8)
         fused, fp8_record, fp8_check_feeds = _gemm_fp8(mod, identity, fused, before_fusion, model, precision, onnx_path,
-                                                       specs, axes, options.fp8_min_cosine, options.fp8_chain_ffn)
+                                                       specs, axes, options.fp8_min_cosine, options.fp8_chain_ffn, data,
+                                                       options.fp8_min_top1_agreement)
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -292,7 +315,8 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     if engine_check and fp8_record is not None:
         from trtforge.calibrate.engine_check import after_fp8_build
 
-        sidecar["engine_check"] = after_fp8_build(output, sidecar, fp8_check_feeds, options.fp8_min_cosine, engine_hooks)
+        sidecar["engine_check"] = after_fp8_build(output, sidecar, fp8_check_feeds, options.fp8_min_cosine, engine_hooks,
+                                                  options.fp8_min_top1_agreement)
         with output_lock(output):
             write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
@@ -301,11 +325,12 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
 def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto | None, observe_model: onnx.ModelProto,
               source_model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
               axes: dict[str, AxisRange], min_cosine: float,
-              chain: str = "auto") -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
+              chain: str = "auto", data: Path | None = None,
+              min_top1: float | None = None) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
     """--gemm-precision fp8: (the fused graph with its GEMM plugin nodes as TrtforgeGemmFp8, the sidecar's
     `gemm_precision`, the held-out feeds the engine is gated on). Scales come from the same samples as the fp16
     conversion's magnitudes (calibration data, else random feeds); the gate adds two random feeds no scale saw.
-    chain (auto|on|off): FC1 -> FC2 pairs pass e4m3 bytes; on requires one."""
+    chain (auto|on|off): FC1 -> FC2 pairs pass e4m3 bytes; on requires one. data: build.calib_data."""
     from trtforge.backends.tensorrt import plugin_registered
     from trtforge.fusion.fp8 import HEADROOM, PLUGIN, PLUGIN_VERSION, fp8_skip, observe_peaks, plugin_gemms, to_fp8
     from trtforge.precision import sample_feeds
@@ -318,7 +343,7 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
     if not gemms:
         raise UserError(f"--gemm-precision fp8 found no GEMM plugin node in {onnx_path.name}'s fused graph (the GEMM and GELU "
                         "passes replaced no MatMul; see their lines in the build output, build.fuse_gemm / build.fuse_gelu).")
-    feeds, source = sample_feeds(onnx_path, source_model, specs, axes)
+    feeds, source = sample_feeds(onnx_path, source_model, specs, axes, data)
     out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]), chain=chain != "off")
     if not report.replaced:
         raise UserError(f"--gemm-precision fp8 cannot convert any GEMM of {onnx_path.name}: {report.refused[0]['reason']}.")
@@ -332,7 +357,7 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
         held_out, check_from = feeds + held_out, f"{source} and {check_from}"
     record = {"precision": "fp8", "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "headroom": HEADROOM, "magnitudes_from": source,
               "chain_ffn": chain,
-              "gate": {"min_cosine": min_cosine, "feeds": check_from}, **report.to_json()}
+              "gate": {"min_cosine": min_cosine, "min_top1_agreement": min_top1, "feeds": check_from}, **report.to_json()}
     return out, record, held_out
 
 

@@ -137,6 +137,11 @@ class BuildSection(Strict):
     # 8.9+), gated on the engine: its held-out mean cosine against ONNX Runtime fp32 must reach fp8_min_cosine.
     gemm_precision: Literal["fp16", "fp8"] = "fp16"
     fp8_min_cosine: float = Field(0.99, gt=0, le=1)  # a gate at or below 0 could not fail
+    # With fp8, the top-1 agreement of logits outputs on the same feeds; unset: reported, not gated.
+    fp8_min_top1_agreement: float | None = Field(None, gt=0, le=1)
+    # Real inputs (calibrate's data formats) for the magnitudes the fp16 conversion guards and FP8's scales come from;
+    # unset: the data of a calibration cache beside the model, else random feeds.
+    calib_data: str | None = None
     # With fp8, FC1 writes e4m3 straight into FC2 (no fp16 FFN activation, no conversion). auto: wherever a pair exists
     # (measured 1.80-1.82x torch eager at 64x512 against fp8's 1.60-1.61x, same accuracy; w39); on: a model without a pair
     # is an error; off: each GEMM converts its own input.

@@ -117,6 +117,8 @@ class BuildOptions:
     plugin_libraries: list[str] = field(default_factory=list)  # shared libraries of plugin creators (libtrtforge_plugins.so)
     gemm_precision: str = "fp16"  # fp16|fp8: the GEMM plugins' arithmetic (fp8: TrtforgeGemmFp8, trtforge.fusion.fp8)
     fp8_min_cosine: float = 0.99  # fp8's gate on the engine against ONNX Runtime fp32 (held-out mean cosine)
+    fp8_min_top1_agreement: float | None = None  # fp8's gate on logits outputs' top-1 agreement (None: reported only)
+    calib_data: str | None = None  # real inputs for the fp16 magnitudes and FP8 scales (None: a cache's data, else random)
     fp8_chain_ffn: str = "auto"  # auto|on|off: with fp8, FC1 hands FC2 e4m3 bytes (trtforge.fusion.fp8.fp8_chains)
 
 

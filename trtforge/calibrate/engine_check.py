@@ -203,10 +203,12 @@ def after_build(engine: Path, engine_sidecar: dict[str, Any], hooks: EngineHooks
 
 
 def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[dict[str, np.ndarray]], min_cosine: float,
-                    hooks: EngineHooks | None = None) -> dict[str, Any]:
+                    hooks: EngineHooks | None = None, min_top1: float | None = None) -> dict[str, Any]:
     """build's gate for --gemm-precision fp8: the engine against ONNX Runtime fp32 on the reference ONNX, over `feeds`;
-    failed (exit 1) when the mean sample cosine is under min_cosine. FP8's error is not the fp16 conversion's, and
-    only the engine shows it: ORT cannot run the plugin."""
+    failed (exit 1) when the mean sample cosine is under min_cosine, or a logits output's top-1 agreement under
+    min_top1 (None: reported, not gated; a cosine let a ViT through whose top-1 FP8 had flipped, w40). FP8's error is
+    not the fp16 conversion's, and only the engine shows it: ORT cannot run the plugin."""
+    from trtforge.artifacts import declared_output_kinds
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
     from trtforge.onnxio import load_onnx
@@ -220,7 +222,8 @@ def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[di
     base = {"engine_path": str(engine), "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
             "precision": "fp16, GEMMs fp8", "ort": {}, "title": "FP8 GEMMs: the TensorRT engine against ONNX Runtime fp32"}
     try:
-        accuracy = evaluate(_Named(hooks.runner(engine, engine_sidecar), reference.output_names), feeds, refs).to_json()
+        kinds = declared_output_kinds(Path(engine_sidecar["reference_onnx"]))
+        accuracy = evaluate(_Named(hooks.runner(engine, engine_sidecar), reference.output_names), feeds, refs, kinds).to_json()
     except Exception as exc:  # an engine that cannot execute has failed its gate; the engine file stays, marked failed
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return {**base, "status": "failed", "engine": {}, "rows": [],
@@ -231,9 +234,19 @@ def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[di
         failures.append(f"on the TensorRT engine {engine.name}, FP8 GEMMs reach mean cosine {accuracy['mean_cosine']:.4f} "
                         f"against ONNX Runtime fp32, under the gate {min_cosine:g} (build.fp8_min_cosine); build with "
                         "--gemm-precision fp16, or lower the gate if this error is acceptable")
-    return {**base, "status": "failed" if failures else "passed", "engine": accuracy, "failures": failures,
-            "rows": [["mean cosine", None, accuracy["mean_cosine"], f">= {min_cosine:g}"],
-                     ["min cosine", None, accuracy["min_cosine"], "-"]]}
+    top1 = {name: m["top1_agreement"] for name, m in accuracy["per_output"].items() if "top1_agreement" in m}
+    if min_top1 is not None and not top1:
+        failures.append(f"build.fp8_min_top1_agreement {min_top1:g} could not be evaluated: no output of "
+                        f"{Path(engine_sidecar['reference_onnx']).name} is declared logits; declare its kind in the config's `outputs`")
+    for name, value in top1.items():
+        if min_top1 is not None and not value >= min_top1:
+            failures.append(f"on the TensorRT engine {engine.name}, FP8 GEMMs keep the top-1 of '{name}' on {value:.4f} of "
+                            f"the samples, under the gate {min_top1:g} (build.fp8_min_top1_agreement); build with "
+                            "--gemm-precision fp16, or with real inputs (--calib-data) to judge on")
+    rows = [["mean cosine", None, accuracy["mean_cosine"], f">= {min_cosine:g}"], ["min cosine", None, accuracy["min_cosine"], "-"]]
+    rows += [[f"top-1 agreement ({name})", None, value, f">= {min_top1:g}" if min_top1 is not None else "-"]
+             for name, value in top1.items()]
+    return {**base, "status": "failed" if failures else "passed", "engine": accuracy, "failures": failures, "rows": rows}
 
 
 def render_lines(check: dict[str, Any] | None) -> list[str]:
