@@ -634,14 +634,31 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as exc:
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+        usage_errors, aborts = _click_error_types()
+        if isinstance(exc, usage_errors):
             exc.show()
             sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, aborts):
             sys.exit(130)
         raise
+
+
+def _click_error_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(usage-error types, abort types) of click and of the copy of click that typer 0.2x carries inside itself
+    (typer._click): an unknown option or a missing argument raised by either is one message and exit 2, not a
+    traceback (with typer 0.29 only click's own were caught, and every usage error ended in a traceback, exit 1)."""
+    import typer
+
+    errors = {c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"}
+    aborts = {typer.Abort}
+    try:
+        import click
+
+        errors.add(click.exceptions.ClickException)
+        aborts.add(click.exceptions.Abort)
+    except ImportError:  # typer 0.2x no longer needs click itself
+        pass
+    return tuple(errors), tuple(aborts)
 
 
 def entry() -> None:
