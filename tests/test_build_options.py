@@ -40,3 +40,23 @@ def test_an_fp8_gate_without_fp8_gemms_is_a_user_error():
         options_from_config(BuildSection(), fp8_min_top1_agreement=0.9)
     assert options_from_config(BuildSection(gemm_precision="fp8"), fp8_min_top1_agreement=0.9).fp8_min_top1_agreement == 0.9
     assert options_from_config(BuildSection()).fp8_min_cosine == 0.99  # the default alone is no request
+
+
+def test_auto_is_the_configs_default_and_yaml_on_off_mean_the_words():
+    """YAML 1.1 reads a bare on / off as a boolean; an auto|on|off key takes them back as the words."""
+    import yaml
+
+    assert options_from_config(BuildSection()).fp8_chain_ffn == "auto"
+    section = BuildSection(**yaml.safe_load("fp8_chain_ffn: off\nfuse_gemm: on\nfuse_gelu: auto"))
+    assert (section.fp8_chain_ffn, section.fuse_gemm, section.fuse_gelu) == ("off", "on", "auto")
+
+
+def test_sample_batches_fit_the_models_batch_axis():
+    """--calib-data's samples are stacked at most as many as the batch axis takes (a static batch of 1: one each)."""
+    from trtforge.config import AxisRange, InputSpec
+    from trtforge.precision import _batch_size
+
+    ids = lambda lead: [InputSpec(name="input_ids", dtype="int64", shape=[lead, "seq"])]  # noqa: E731
+    axes = {"batch": AxisRange(min=1, opt=2, max=2), "seq": AxisRange(min=1, opt=8, max=16)}
+    assert _batch_size(ids(1), axes, 4) == 1 and _batch_size(ids("batch"), axes, 4) == 2
+    assert _batch_size(ids("batch"), {**axes, "batch": AxisRange(min=1, opt=8, max=64)}, 4) == 4

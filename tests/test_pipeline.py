@@ -83,3 +83,24 @@ def test_misspelled_key_in_pipeline_config(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text((ROOT / "configs" / "tiny-fcn.yaml").read_text().replace("overlap: 16", "overlp: 16"))
     assert_user_error(run_cli("pipeline", str(cfg), "--out-dir", str(tmp_path)), "'run.overlp'", "did you mean 'overlap'")
+
+
+def test_the_build_steps_fingerprint_covers_calib_datas_files(tmp_path):
+    """build.calib_data's files set the fp16 magnitudes and FP8 scales: new files there must rebuild the engine, as
+    calibrate's data does for the INT8 scales."""
+    import shutil
+
+    from trtforge.config import apply_overrides, load_config
+    from trtforge.pipeline import Pipeline
+
+    data = tmp_path / "data"
+    shutil.copytree(ROOT / "calib_data" / "tiny_fcn", data)
+    cfg = apply_overrides(load_config(ROOT / "configs" / "tiny-fcn.yaml"), {"build.calib_data": str(data)})
+    pipe = Pipeline(cfg, tmp_path / "out", backend="auto")
+    pipe.paths["clean"].parent.mkdir(parents=True, exist_ok=True)
+    pipe.paths["clean"].write_bytes(b"stand-in for the cleaned ONNX")
+    before = pipe._fp("build")
+    assert pipe._fp("build") == before
+    first = sorted(p for p in data.iterdir() if p.is_file())[0]
+    first.write_bytes(first.read_bytes()[::-1])
+    assert pipe._fp("build") != before

@@ -140,6 +140,16 @@ def _require_logits(onnx_path: Path) -> None:
                         "and export again, or leave the gate out.")
 
 
+def _require_real_inputs(onnx_path: Path, model: onnx.ModelProto) -> None:
+    """--fp8-min-top1-agreement is judged on real inputs only: random ones give a classifier nearly flat logits, whose
+    top-1 any rounding flips, so a gate on them would fail on noise."""
+    from trtforge.precision import calibration_data_of
+
+    if calibration_data_of(onnx_path, model) is None:
+        raise UserError(f"--fp8-min-top1-agreement (config key build.fp8_min_top1_agreement) is judged on real inputs, and "
+                        f"{onnx_path.name} has none: give --calib-data DIR (config key build.calib_data), or calibrate it first.")
+
+
 def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
                        axes: dict[str, AxisRange], data: Path | None = None) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """The model to build (None: the input as it is) and what was done to it."""
@@ -189,12 +199,18 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     for key, value in (("fp8_min_cosine", options.fp8_min_cosine), ("fp8_min_top1_agreement", options.fp8_min_top1_agreement)):
         if value is not None and not 0 < value <= 1:  # NaN too: a gate that cannot fail, or cannot pass, is refused up front
             raise UserError(f"--{key.replace('_', '-')} {value} (config key build.{key}) must be in (0, 1], e.g. 0.99.")
+    if options.fp8_min_top1_agreement is not None and options.gemm_precision != "fp8":
+        raise UserError("--fp8-min-top1-agreement (config key build.fp8_min_top1_agreement) gates FP8 GEMMs; build with "
+                        "--gemm-precision fp8 too, or leave it out.")
     if options.calib_data is not None and precision not in ("fp16", "best"):
         raise UserError(f"--calib-data (config key build.calib_data) feeds the fp16 conversion's magnitudes and FP8's scales; "
-                        f"precision {precision} has neither (INT8 scales come from `trtforge calibrate`).")
-    if options.calib_data is not None and not Path(options.calib_data).is_dir():
-        raise UserError(f"--calib-data {options.calib_data} (config key build.calib_data) is not a folder; give a folder of "
-                        "inputs in calibrate's formats.")
+                        f"precision {precision} has neither (INT8 scales come from `trtforge calibrate`): build with "
+                        "--precision fp16 or best, or leave it out.")
+    if options.calib_data is not None and not (str(options.calib_data).strip() and Path(options.calib_data).is_dir()):
+        raise UserError(f"--calib-data '{options.calib_data}' (config key build.calib_data) is not a folder; give a folder "
+                        "of inputs in calibrate's formats.")
+    if options.fp8_min_top1_agreement is not None:
+        _require_logits(onnx_path)
     mod = load_trt(backend)
     from trtforge.backends.tensorrt import load_plugin_libraries, loaded_plugin_libraries
 
@@ -214,9 +230,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         raise UserError(f"-o {output} is {protected[output.resolve()]}; name the engine another file, "
                         f"e.g. {default_engine_path(onnx_path, precision)}.")
     ensure_writable_dir(output)
-    if options.fp8_min_top1_agreement is not None:
-        _require_logits(onnx_path)
     data = Path(options.calib_data) if options.calib_data else None
+    if options.fp8_min_top1_agreement is not None and data is None:
+        _require_real_inputs(onnx_path, model)
     converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes, data)
     identity = runtime_identity(mod)
     before_fusion = converted if converted is not None else model
@@ -316,7 +332,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         from trtforge.calibrate.engine_check import after_fp8_build
 
         sidecar["engine_check"] = after_fp8_build(output, sidecar, fp8_check_feeds, options.fp8_min_cosine, engine_hooks,
-                                                  options.fp8_min_top1_agreement)
+                                                  options.fp8_min_top1_agreement, fp8_record["gate"]["real_batches"])
         with output_lock(output):
             write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
@@ -332,7 +348,7 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
     conversion's magnitudes (calibration data, else random feeds); the gate adds two random feeds no scale saw.
     chain (auto|on|off): FC1 -> FC2 pairs pass e4m3 bytes; on requires one. data: build.calib_data."""
     from trtforge.backends.tensorrt import plugin_registered
-    from trtforge.fusion.fp8 import HEADROOM, PLUGIN, PLUGIN_VERSION, fp8_skip, observe_peaks, plugin_gemms, to_fp8
+    from trtforge.fusion.fp8 import HEADROOM, PLUGIN, PLUGIN_VERSION, fp8_chains, fp8_skip, observe_peaks, plugin_gemms, to_fp8
     from trtforge.precision import sample_feeds
 
     why = fp8_skip(precision, mod.flavour, mod.version, identity.get("compute_capability"),
@@ -343,6 +359,9 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
     if not gemms:
         raise UserError(f"--gemm-precision fp8 found no GEMM plugin node in {onnx_path.name}'s fused graph (the GEMM and GELU "
                         "passes replaced no MatMul; see their lines in the build output, build.fuse_gemm / build.fuse_gelu).")
+    if chain == "on" and not fp8_chains(fused, {g.node.name for g in gemms}):
+        raise UserError(f"--fp8-chain-ffn on found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
+                        "whose output one FP8 GEMM alone reads); build with --fp8-chain-ffn auto or off.")
     feeds, source = sample_feeds(onnx_path, source_model, specs, axes, data)
     out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]), chain=chain != "off")
     if not report.replaced:
@@ -353,11 +372,13 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
     opt = {name: rng.opt for name, rng in axes.items()}
     held_out = [random_feeds(specs, opt, seed) for seed in (100, 101)]
     check_from = "2 random feeds at the opt shapes (seeds 100, 101)"
-    if source.startswith("calibration data"):
+    real = len(feeds) if source.startswith("calibration data") else 0  # the gate's first `real` batches; top-1 is judged on them
+    if real:
         held_out, check_from = feeds + held_out, f"{source} and {check_from}"
     record = {"precision": "fp8", "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "headroom": HEADROOM, "magnitudes_from": source,
               "chain_ffn": chain,
-              "gate": {"min_cosine": min_cosine, "min_top1_agreement": min_top1, "feeds": check_from}, **report.to_json()}
+              "gate": {"min_cosine": min_cosine, "min_top1_agreement": min_top1, "feeds": check_from, "real_batches": real},
+              **report.to_json()}
     return out, record, held_out
 
 

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trtforge.errors import UserError
 
 DTYPES = ("float32", "float16", "int64", "int32", "bool")
+
+
+def _yaml_switch(value: Any) -> Any:
+    """YAML 1.1 reads a bare on / off (and yes / no) as a boolean: take it back as the word the user wrote."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+# An auto|on|off config key; `fuse_gemm: off` in YAML arrives as False and means "off".
+Switch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_yaml_switch)]
 
 
 class Strict(BaseModel):
@@ -122,12 +131,12 @@ class BuildSection(Strict):
     version_compatible: bool = False
     compute_capabilities: list[str] = Field(default_factory=list)
     # Attention fusion (trtforge.fusion): auto = where the installed TensorRT runs a fused kernel it would not pick.
-    fuse_attention: Literal["auto", "on", "off"] = "auto"
+    fuse_attention: Switch = "auto"
     # bias+GELU pass: auto = TensorRT 8.x fp16 builds, where the H200 measured the plugin faster.
-    fuse_gelu: Literal["auto", "on", "off"] = "auto"
-    fuse_skip_layernorm: Literal["auto", "on", "off"] = "auto"
+    fuse_gelu: Switch = "auto"
+    fuse_skip_layernorm: Switch = "auto"
     # fp16 MatMuls by constant weights as TrtforgeGemm (cuBLASLt, timed per shape): auto = fp16 builds, measured faster.
-    fuse_gemm: Literal["auto", "on", "off"] = "auto"
+    fuse_gemm: Switch = "auto"
     # How the attention pass writes each packed QKV projection: MatMul + Reshape, or a 1x1 Conv on [tokens, E, 1, 1].
     # auto: matmul where the GEMM pass takes it into TrtforgeGemm (fp16 with libtrtforge_plugins), else conv.
     qkv_projection: Literal["auto", "matmul", "conv"] = "auto"
@@ -145,7 +154,7 @@ class BuildSection(Strict):
     # With fp8, FC1 writes e4m3 straight into FC2 (no fp16 FFN activation, no conversion). auto: wherever a pair exists
     # (measured 1.80-1.82x torch eager at 64x512 against fp8's 1.60-1.61x, same accuracy; w39); on: a model without a pair
     # is an error; off: each GEMM converts its own input.
-    fp8_chain_ffn: Literal["auto", "on", "off"] = "auto"
+    fp8_chain_ffn: Switch = "auto"
 
 
 class RunSection(Strict):

@@ -236,7 +236,7 @@ def sample_feeds(onnx_path: Path, model: onnx.ModelProto, specs: list, axes: dic
     (or the model it was calibrated from) was calibrated on, else two random feeds at the opt shapes."""
     from trtforge.feeds import random_feeds
 
-    folder = Path(data) if data else _calibration_data(onnx_path, model)
+    folder = Path(data) if data else calibration_data_of(onnx_path, model)
     if folder is not None:
         from trtforge.calibrate import data as data_mod
         from trtforge.calibrate.step import _max_length, _tokenizer_factory
@@ -244,12 +244,24 @@ def sample_feeds(onnx_path: Path, model: onnx.ModelProto, specs: list, axes: dic
         # The tokenizer through this ONNX's sidecar chain: its directory is relative to the export's ONNX.
         _, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(onnx_path),
                                            _max_length(specs, axes), max_samples)
-        return list(data_mod.batches(samples, 4)), f"calibration data {folder} ({len(samples)} samples)"
+        return list(data_mod.batches(samples, _batch_size(specs, axes, 4))), f"calibration data {folder} ({len(samples)} samples)"
     opt = {name: rng.opt for name, rng in axes.items()}
     return [random_feeds(specs, opt, seed) for seed in range(2)], "random feeds (no calibration data found; outliers of real data may not show)"
 
 
-def _calibration_data(onnx_path: Path, model: onnx.ModelProto) -> Path | None:
+def _batch_size(specs: list, axes: dict, wanted: int) -> int:
+    """wanted, or less where an input's leading (batch) axis cannot take it: static, or a named axis whose max is lower."""
+    size = wanted
+    for spec in specs:
+        lead = spec.shape[0] if spec.shape else None
+        if isinstance(lead, int):
+            size = min(size, lead)
+        elif lead in axes:
+            size = min(size, axes[lead].max)
+    return max(size, 1)
+
+
+def calibration_data_of(onnx_path: Path, model: onnx.ModelProto) -> Path | None:
     """The data folder recorded by a calibration cache made for this model (a Q/DQ model names its cache; a
     cleaned model has one beside it whose graph hash matches)."""
     from trtforge.artifacts import onnx_graph_hash, read_sidecar

@@ -7,6 +7,7 @@
 # Staging as in session_w4.sh (the last part carries .whl3 .whl5), then
 #   bash benchmarks/gpu/start.sh benchmarks/gpu/session_w39.sh $HOME/w 600 570   (carry .whl2 .native .trtinc .whl)
 # (first `bash benchmarks/gpu/aside.sh out`, and `back` after: the tree and a staging part must fit in 64 MiB together)
+# (As run, 29acf5d, the chaining flag was a bare `--fp8-chain-ffn`; since e099969 it takes auto|on|off, so it reads `on`.)
 set -u
 ROOT=$(pwd); W=${1:?work dir}; DEADLINE=${2:?deadline epoch}
 CAP=$(( $(date +%s) + 600 )); [ "$DEADLINE" -gt "$CAP" ] && DEADLINE=$CAP
@@ -19,8 +20,8 @@ export_clean minilm bert-base
 bb="$T -m trtforge build"; fl="--plugin-library $PLUG"; bc="--config $CFG/bert-base.yaml --precision fp16 $TAC $fl"
 ( step build-fp16_def-bert-base 400 "$bb $B.clean.onnx $bc -o $B.fp16_def.engine" ) &
 ( step build-fp8-bert-base 400 "$bb $B.clean.onnx $bc --gemm-precision fp8 -o $B.fp8.engine" ) &
-( step build-fp8chain-bert-base 400 "$bb $B.clean.onnx $bc --gemm-precision fp8 --fp8-chain-ffn -o $B.fp8chain.engine" ) &
-( step build-fp8chain-minilm 400 "$bb $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --gemm-precision fp8 --fp8-chain-ffn --tiers seq=256 $TAC $fl -o $N.fp8chain.engine" ) &
+( step build-fp8chain-bert-base 400 "$bb $B.clean.onnx $bc --gemm-precision fp8 --fp8-chain-ffn on -o $B.fp8chain.engine" ) &
+( step build-fp8chain-minilm 400 "$bb $N.clean.onnx --config $CFG/minilm.yaml --precision fp16 --gemm-precision fp8 --fp8-chain-ffn on --tiers seq=256 $TAC $fl -o $N.fp8chain.engine" ) &
 wait
 # The chained engines have never run on a GPU: they are timed in steps of their own, so that a crash there loses no other figure.
 E="bert-base=$B.fp16_def.engine bert-base-fp8=$B.fp8.engine"
