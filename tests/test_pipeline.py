@@ -104,3 +104,17 @@ def test_the_build_steps_fingerprint_covers_calib_datas_files(tmp_path):
     first = sorted(p for p in data.iterdir() if p.is_file())[0]
     first.write_bytes(first.read_bytes()[::-1])
     assert pipe._fp("build") != before
+
+
+def test_a_build_section_that_contradicts_itself_fails_before_the_export(tmp_path):
+    """build.fp8_chain_ffn: on without FP8 GEMMs cannot build: the pipeline says so (exit 2) before it exports,
+    cleans and calibrates."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny-fcn.yaml").read_text())
+    cfg.setdefault("build", {})["fp8_chain_ffn"] = "on"
+    path = tmp_path / "tiny-fcn.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = run_cli("pipeline", str(path), "--out-dir", str(tmp_path / "out"))
+    assert_user_error(proc, "--fp8-chain-ffn on (config key build.fp8_chain_ffn)", "--gemm-precision fp8")
+    assert not list((tmp_path / "out").glob("*.onnx"))  # nothing exported

@@ -167,24 +167,9 @@ def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, 
     return prepare_for_build(model, onnx_path, specs, axes, data)
 
 
-def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,
-          config_tiers: dict[str, list[int]] | None = None, backend: str = "auto", options: BuildOptions | None = None,
-          lengths_file: Path | None = None, tier_count: int = 3, on_tick: Tick | None = None, tick_s: float = 15.0,
-          warn: Callable[[str], None] | None = None, engine_check: bool = True, engine_hooks: Any = None) -> BuildResult:
-    """Build an engine. 'fp32' is IEEE fp32 (TF32 off) unless options.tf32.
-
-    An int8/best engine built from calibrate's Q/DQ ONNX gets calibrate's held-out gate re-checked on the
-    engine where it can execute (calibrate/engine_check.py; sidecar key `engine_check`, skipped with the
-    reason elsewhere). engine_hooks replace the runtime in tests.
-
-    The engine and its sidecar are written as soon as TensorRT returns; layer inspection comes after
-    and can only add to the sidecar (a failed inspection is recorded and warned about, never fatal).
-    on_tick(elapsed, progress) is called every tick_s seconds during the TensorRT build."""
-    if precision not in PRECISIONS:
-        raise UserError(f"unknown precision '{precision}'; use one of {', '.join(PRECISIONS)}.")
-    warn = warn or _stderr_warning
-    onnx_path = Path(onnx_path)
-    options = options or BuildOptions()
+def check_options(options: BuildOptions, precision: str) -> None:
+    """The build options' own contradictions, each a user error, found before any work: build runs it first, and
+    pipeline before its export (a config that cannot build should not cost an export and a calibration first)."""
     from trtforge.fusion.fp8 import CHAIN_MODES, GEMM_PRECISIONS
 
     if options.gemm_precision not in GEMM_PRECISIONS:
@@ -209,6 +194,27 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     if options.calib_data is not None and not (str(options.calib_data).strip() and Path(options.calib_data).is_dir()):
         raise UserError(f"--calib-data '{options.calib_data}' (config key build.calib_data) is not a folder; give a folder "
                         "of inputs in calibrate's formats.")
+
+
+def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,
+          config_tiers: dict[str, list[int]] | None = None, backend: str = "auto", options: BuildOptions | None = None,
+          lengths_file: Path | None = None, tier_count: int = 3, on_tick: Tick | None = None, tick_s: float = 15.0,
+          warn: Callable[[str], None] | None = None, engine_check: bool = True, engine_hooks: Any = None) -> BuildResult:
+    """Build an engine. 'fp32' is IEEE fp32 (TF32 off) unless options.tf32.
+
+    An int8/best engine built from calibrate's Q/DQ ONNX gets calibrate's held-out gate re-checked on the
+    engine where it can execute (calibrate/engine_check.py; sidecar key `engine_check`, skipped with the
+    reason elsewhere). engine_hooks replace the runtime in tests.
+
+    The engine and its sidecar are written as soon as TensorRT returns; layer inspection comes after
+    and can only add to the sidecar (a failed inspection is recorded and warned about, never fatal).
+    on_tick(elapsed, progress) is called every tick_s seconds during the TensorRT build."""
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown precision '{precision}'; use one of {', '.join(PRECISIONS)}.")
+    warn = warn or _stderr_warning
+    onnx_path = Path(onnx_path)
+    options = options or BuildOptions()
+    check_options(options, precision)
     if options.fp8_min_top1_agreement is not None:
         _require_logits(onnx_path)
     mod = load_trt(backend)

@@ -196,6 +196,10 @@ class Pipeline:
             if value is not None and value not in STEPS:
                 raise UserError(f"{name} '{value}' is not a step; use one of {', '.join(STEPS)}.")
         chosen = [only] if only else list(STEPS[STEPS.index(from_step):] if from_step else STEPS)
+        if "build" in chosen:  # a build section that contradicts itself fails now, not after export and calibrate
+            from trtforge.build import check_options, options_from_config
+
+            check_options(options_from_config(self.cfg.build), self.cfg.build.precision)
         start = time.perf_counter()
         results: list[StepResult] = []
         stopped = False
