@@ -236,7 +236,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         raise UserError(f"-o {output} is {protected[output.resolve()]}; name the engine another file, "
                         f"e.g. {default_engine_path(onnx_path, precision)}.")
     ensure_writable_dir(output)
-    data = Path(options.calib_data) if options.calib_data else None
+    data = Path(options.calib_data).resolve() if options.calib_data else None  # the sidecar names it wherever it is read
     if options.fp8_min_top1_agreement is not None and data is None:
         _require_real_inputs(onnx_path, model)
     converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes, data)
