@@ -8,6 +8,8 @@ from trtforge.backends.tensorrt import BuildOptions
 from trtforge.build import options_from_config
 from trtforge.config import BuildSection
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def test_every_build_key_reaches_the_options_and_flags_override_them():
     section = BuildSection(workspace_mb=512, optimization_level=5, timing_cache="t.cache", tactic_sources="-CUDNN",
@@ -51,12 +53,25 @@ def test_auto_is_the_configs_default_and_yaml_on_off_mean_the_words():
     assert (section.fp8_chain_ffn, section.fuse_gemm, section.fuse_gelu) == ("off", "on", "auto")
 
 
-def test_sample_batches_fit_the_models_batch_axis():
-    """--calib-data's samples are stacked at most as many as the batch axis takes (a static batch of 1: one each)."""
+def test_sample_batches_fit_the_models_batch_axis(tmp_path):
+    """--calib-data's samples are stacked at most as many as the batch axis takes: a fixed leading size is whole in
+    each sample (one per batch); a named axis takes max // the sample's rows."""
+    import numpy as np
+
     from trtforge.config import AxisRange, InputSpec
-    from trtforge.precision import _batch_size
+    from trtforge.precision import _batch_size, sample_feeds
 
     ids = lambda lead: [InputSpec(name="input_ids", dtype="int64", shape=[lead, "seq"])]  # noqa: E731
     axes = {"batch": AxisRange(min=1, opt=2, max=2), "seq": AxisRange(min=1, opt=8, max=16)}
-    assert _batch_size(ids(1), axes, 4) == 1 and _batch_size(ids("batch"), axes, 4) == 2
-    assert _batch_size(ids("batch"), {**axes, "batch": AxisRange(min=1, opt=8, max=64)}, 4) == 4
+    one_row, two_rows = {"input_ids": np.zeros((1, 8))}, {"input_ids": np.zeros((2, 8))}
+    assert _batch_size(ids(1), axes, 4, one_row) == 1 and _batch_size(ids(2), axes, 4, two_rows) == 1
+    assert _batch_size(ids("batch"), axes, 4, one_row) == 2 and _batch_size(ids("batch"), axes, 4, two_rows) == 1
+    wide = {**axes, "batch": AxisRange(min=1, opt=8, max=64)}
+    assert _batch_size(ids("batch"), wide, 4, one_row) == 4 and _batch_size(ids("batch"), wide, 4, two_rows) == 4
+    # sample_feeds stacks by it: tiny-fcn's images ([1, 3, H, W] each) for a model whose batch axis stops at 2
+    image = lambda lead: [InputSpec(name="image", shape=[lead, 3, "height", "width"])]  # noqa: E731
+    sides = {"height": AxisRange(min=16, opt=48, max=64), "width": AxisRange(min=16, opt=48, max=64)}
+    data = ROOT / "calib_data" / "tiny_fcn"
+    for lead, most in ((1, 1), ("batch", 2)):
+        feeds, _ = sample_feeds(tmp_path / "m.onnx", None, image(lead), {**sides, "batch": axes["batch"]}, data)
+        assert feeds and max(f["image"].shape[0] for f in feeds) == most

@@ -377,44 +377,50 @@ def test_a_graph_without_gemm_plugin_nodes_gets_no_fp8_engine(zoo_exports, monke
 
 
 class _LiftedRunnerUp:
-    """An engine whose logits equal ORT's but for each row's runner-up, lifted just past the top: the cosine stays near
-    1 and the top-1 agrees nowhere (what FP8 did to a random-init ViT's nearly flat logits, w40)."""
+    """An engine whose logits equal ORT's but, in the batches `lift` names (those of 8 rows: the random feeds here;
+    "all": every batch), each row's runner-up lifted just past the top: the cosine stays high and the top-1 agrees
+    nowhere there (what FP8 did to a random-init ViT's nearly flat logits, w40)."""
 
-    def __init__(self, onnx_path, swap):
-        self.ort, self.swap = OrtRunner(onnx.load(onnx_path).SerializeToString()), swap
+    def __init__(self, onnx_path, lift):
+        self.ort, self.lift = OrtRunner(onnx.load(onnx_path).SerializeToString()), lift
         self.input_names, self.output_names = self.ort.input_names, self.ort.output_names
 
     def run(self, feeds):
         out = self.ort.run(feeds)
         logits = out["logits"].copy()
-        if self.swap:
+        if self.lift == "all" or (self.lift == "random" and logits.shape[0] == 8):
             rows = np.arange(logits.shape[0])
             second, top = np.argsort(logits, axis=-1)[:, -2:].T
             logits[rows, second] = logits[rows, top] + 1e-3 * (np.abs(logits[rows, top]) + 1e-3)
         return {**out, "logits": logits}
 
 
-@pytest.mark.parametrize("swap, min_top1, real, status, says",
-                         [(False, 0.99, 1, "passed", None), (True, None, 0, "passed", None), (True, None, 1, "passed", None),
-                          (True, 0.99, 1, "failed", "of the real inputs, under the gate 0.99"),
-                          (True, 0.99, 0, "failed", "judged on real inputs, and this build had none")])
-def test_the_fp8_gate_reports_a_classifiers_top1_and_gates_it_on_real_inputs(zoo_exports, tmp_path, swap, min_top1, real,
-                                                                               status, says):
-    """Top-1 is judged on the real inputs (the first `real` batches) only: random ones give flat logits, whose top-1 any
-    rounding flips. Without real inputs it is reported as on random feeds, and a gate asked for fails as not evaluated."""
+@pytest.mark.parametrize("lift, min_top1, real, status, top1, says",
+                         [(None, 0.99, 1, "passed", 1.0, None),
+                          ("random", 0.99, 1, "passed", 1.0, None),  # judged on the real batch alone
+                          ("all", 0.99, 1, "failed", 0.0, "of the real inputs, under the gate 0.99"),
+                          ("random", None, 0, "passed", 0.2, None),  # reported on every feed: 4 of 20 rows agree
+                          ("random", 0.99, 0, "failed", 0.2, "judged on real inputs, and this build had none")])
+def test_the_fp8_gate_reports_a_classifiers_top1_and_gates_it_on_real_inputs(zoo_exports, tmp_path, lift, min_top1, real,
+                                                                               status, top1, says):
+    """Top-1 is judged on the real inputs (the first `real` batches: one of 4 images here, then two random feeds of 8)
+    only: random ones give flat logits, whose top-1 any rounding flips. Without real inputs it is reported as on random
+    feeds, and a gate asked for fails as not evaluated."""
     from trtforge.calibrate.engine_check import EngineHooks, after_fp8_build
 
     path = zoo_exports[("vit", "legacy")]
     specs, axes, _ = io_specs(path, onnx.load(path))
-    feeds = [random_feeds(specs, dict(batch=8), seed) for seed in (100, 101)]
-    hooks = EngineHooks(lambda: (True, "tensorrt"), None, lambda engine, side: _LiftedRunnerUp(path, swap))
+    feeds = [random_feeds(specs, dict(batch=4), 7)] + [random_feeds(specs, dict(batch=8), seed) for seed in (100, 101)]
+    hooks = EngineHooks(lambda: (True, "tensorrt"), None, lambda engine, side: _LiftedRunnerUp(path, lift))
     side = {"reference_onnx": str(path), "backend": "tensorrt", "tensorrt_version": "8.6.1"}
     check = after_fp8_build(tmp_path / "m.engine", side, feeds, 0.9, hooks, min_top1, real)  # the zoo ViT's 10 logits: cosine 0.95
     assert check["status"] == status, check["failures"]
-    assert check["engine"]["mean_cosine"] > 0.9 and check["engine"]["top1_on"] == ("real inputs" if real else "random feeds")
-    on = check["engine"]["top1_on"]
+    on = "real inputs" if real else "random feeds"
+    assert check["engine"]["mean_cosine"] > 0.9 and check["engine"]["top1_on"] == on
+    assert check["engine"]["top1_agreement"] == {"logits": pytest.approx(top1)}
+    assert "top1_agreement" not in check["engine"]["per_output"]["logits"]  # one figure, labelled with its inputs
     gate = "-" if min_top1 is None else ">= 0.99"
-    assert ["top-1 agreement (logits, %s)" % on, None, 0.0 if swap else 1.0, gate] in check["rows"], check["rows"]
+    assert ["top-1 agreement (logits, %s)" % on, None, pytest.approx(top1), gate] in check["rows"], check["rows"]
     assert (status == "failed") == any("build.fp8_min_top1_agreement" in f for f in check["failures"])
     assert says is None or says in check["failures"][0]
 
@@ -422,7 +428,8 @@ def test_the_fp8_gate_reports_a_classifiers_top1_and_gates_it_on_real_inputs(zoo
 @pytest.mark.parametrize("flags, says", [(["--gemm-precision", "fp8", "--fp8-min-top1-agreement", "0.9"], "declares none (outputs: last_hidden_state"),
                                          (["--gemm-precision", "fp8", "--fp8-min-top1-agreement", "0"], "must be in (0, 1]"),
                                          (["--calib-data", "calib_data/minilm", "--precision", "fp32"], "precision fp32 has neither"),
-                                         (["--calib-data", "no/such/folder"], "--calib-data 'no/such/folder' (config key build.calib_data) is not a folder")])
+                                         (["--calib-data", "no/such/folder"], "--calib-data 'no/such/folder' (config key build.calib_data) is not a folder"),
+                                         (["--calib-data", ""], "--calib-data '' (config key build.calib_data) is not a folder")])
 def test_a_top1_gate_with_nothing_to_judge_and_calib_data_that_cannot_apply_are_user_errors(bert, tmp_path, flags, says):
     args = ["build", str(bert), *flags, "-o", str(tmp_path / "e.engine")]
     r = run_cli(*(args if "--precision" in flags else args + ["--precision", "fp16"]))
@@ -455,6 +462,13 @@ def test_calib_data_sets_the_fp8_scales_and_joins_the_gates_feeds(bert, monkeypa
     assert random_record["magnitudes_from"].startswith("random feeds") and len(random_gate_feeds) == 2
     assert record["magnitudes_from"].startswith(f"calibration data {data}") and len(gate_feeds) > 2
     assert record["gate"]["feeds"].startswith(f"calibration data {data}")
+    from trtforge.precision import sample_feeds
+
+    samples, _ = sample_feeds(bert, model, specs, axes, data)
+    real = record["gate"]["real_batches"]
+    assert real == len(samples) == len(gate_feeds) - 2 and random_record["gate"]["real_batches"] == 0
+    for got, want in zip(gate_feeds[:real], samples):  # the real batches first, as the top-1 gate reads them
+        assert all(np.array_equal(got[k], want[k]) for k in want)
     peaks = {r["node"]: r["x_amax"] for r in record["replaced"]}
     assert any(peaks[r["node"]] != r["x_amax"] for r in random_record["replaced"])  # other inputs, other scales
 

@@ -104,6 +104,15 @@ def test_the_build_steps_fingerprint_covers_calib_datas_files(tmp_path):
     first = sorted(p for p in data.iterdir() if p.is_file())[0]
     first.write_bytes(first.read_bytes()[::-1])
     assert pipe._fp("build") != before
+    # without build.calib_data they come from the calibration cache's data: calibrate.data's files count too
+    calib = tmp_path / "calib"
+    shutil.copytree(ROOT / "calib_data" / "tiny_fcn", calib)
+    pipe = Pipeline(apply_overrides(load_config(ROOT / "configs" / "tiny-fcn.yaml"), {"calibrate.data": str(calib)}),
+                    tmp_path / "out", backend="auto")
+    before = pipe._fp("build")
+    first = sorted(p for p in calib.iterdir() if p.is_file())[0]
+    first.write_bytes(first.read_bytes()[::-1])
+    assert pipe._fp("build") != before
 
 
 def test_a_build_section_that_contradicts_itself_fails_before_the_export(tmp_path):

@@ -234,7 +234,7 @@ def build(
     gemm_precision: Optional[str] = typer.Option(None, "--gemm-precision", help="fp16|fp8: the GEMM plugins' arithmetic in an fp16 build (fp8: e4m3 operands with per-tensor scales, TrtforgeGemmFp8; compute capability 8.9+; gated on the engine by --fp8-min-cosine)."),
     fp8_min_cosine: Optional[float] = typer.Option(None, "--fp8-min-cosine", help="With --gemm-precision fp8: the engine's held-out mean cosine against ONNX Runtime fp32 must reach this (default 0.99), else exit 1."),
     fp8_min_top1_agreement: Optional[float] = typer.Option(None, "--fp8-min-top1-agreement", help="With --gemm-precision fp8: the engine's top-1 agreement with ONNX Runtime fp32 on each logits output must reach this, else exit 1 (default: reported, not gated)."),
-    calib_data: Optional[Path] = typer.Option(None, "--calib-data", help="A folder of real inputs (calibrate's formats; its first 16 samples are used) for the magnitudes the fp16 conversion guards and FP8's scales and gate (default: the data of a calibration cache beside the model, else random feeds)."),
+    calib_data: Optional[str] = typer.Option(None, "--calib-data", help="A folder of real inputs (calibrate's formats; its first 16 samples are used) for the magnitudes the fp16 conversion guards and FP8's scales and gate (default: the data of a calibration cache beside the model, else random feeds)."),
     fp8_chain_ffn: Optional[str] = typer.Option(None, "--fp8-chain-ffn", help="auto|on|off: with --gemm-precision fp8, FC1 writes e4m3 straight into FC2 where FC2 alone reads it (no fp16 FFN activation, no conversion; auto, the default: wherever such a pair exists; on: a model without one is an error)."),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -253,7 +253,7 @@ def build(
         fuse_skip_layernorm=fuse_skip_layernorm, fuse_gemm=fuse_gemm, qkv_projection=qkv_projection,
         plugin_libraries=plugin_library or None, gemm_precision=gemm_precision, fp8_min_cosine=fp8_min_cosine,
         fp8_chain_ffn=fp8_chain_ffn, fp8_min_top1_agreement=fp8_min_top1_agreement,
-        calib_data=str(calib_data) if calib_data else None)
+        calib_data=calib_data)
     if options.hardware_compatibility not in ("none", "ampere_plus", "same_compute_capability"):
         raise UserError(f"--hardware-compatibility '{options.hardware_compatibility}' is not one of none, ampere_plus, same_compute_capability.")
     with ui.build_progress(f"building {Path(onnx_path).name}") as tick:

@@ -91,8 +91,10 @@ class Pipeline:
                                _folder_hash(c.calibrate.data), _folder_hash(c.calibrate.eval_data))
         if step == "build":
             src = p["int8"] if c.build.precision in ("int8", "best") else p["clean"]
-            # build.calib_data's files set the fp16 magnitudes and FP8 scales: other files, another engine
-            return fingerprint(__version__, sha256_file(src), c.build.model_dump(), self.backend, _folder_hash(c.build.calib_data))
+            # the fp16 magnitudes and FP8 scales come from build.calib_data's files, else from the calibration cache's
+            # data (calibrate.data): other files, another engine
+            return fingerprint(__version__, sha256_file(src), c.build.model_dump(), self.backend, _folder_hash(c.build.calib_data),
+                               _folder_hash(c.calibrate.data))
         if step == "run":
             return fingerprint(__version__, sha256_file(p["engine"]), sha256_file(p["clean"]), c.run.model_dump(), _folder_hash(c.run.inputs),
                                _engine_runs_here())

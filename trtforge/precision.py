@@ -244,20 +244,24 @@ def sample_feeds(onnx_path: Path, model: onnx.ModelProto, specs: list, axes: dic
         # The tokenizer through this ONNX's sidecar chain: its directory is relative to the export's ONNX.
         _, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(onnx_path),
                                            _max_length(specs, axes), max_samples)
-        return list(data_mod.batches(samples, _batch_size(specs, axes, 4))), f"calibration data {folder} ({len(samples)} samples)"
+        size = _batch_size(specs, axes, 4, samples[0] if samples else {})
+        return list(data_mod.batches(samples, size)), f"calibration data {folder} ({len(samples)} samples)"
     opt = {name: rng.opt for name, rng in axes.items()}
     return [random_feeds(specs, opt, seed) for seed in range(2)], "random feeds (no calibration data found; outliers of real data may not show)"
 
 
-def _batch_size(specs: list, axes: dict, wanted: int) -> int:
-    """wanted, or less where an input's leading (batch) axis cannot take it: static, or a named axis whose max is lower."""
+def _batch_size(specs: list, axes: dict, wanted: int, sample: dict[str, np.ndarray]) -> int:
+    """How many samples (each as `sample` is: its rows already stacked on the leading axis) one batch may stack: wanted,
+    or fewer where an input's leading axis cannot take them. A fixed leading size is already whole in each sample (one
+    per batch); a named axis takes max // the sample's rows."""
     size = wanted
     for spec in specs:
         lead = spec.shape[0] if spec.shape else None
         if isinstance(lead, int):
-            size = min(size, lead)
+            size = 1
         elif lead in axes:
-            size = min(size, axes[lead].max)
+            rows = np.shape(sample[spec.name])[0] if spec.name in sample and np.ndim(sample[spec.name]) else 1
+            size = min(size, axes[lead].max // max(rows, 1))
     return max(size, 1)
 
 
