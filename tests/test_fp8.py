@@ -489,7 +489,7 @@ def test_build_hands_calib_data_and_the_top1_gate_to_each_step(vit_calib, monkey
         return real_prepare(model, precision, onnx_path, specs, axes, data)
 
     def gemm_fp8(mod, identity, fused, observe_model, source_model, precision, onnx_path, specs, axes, min_cosine,
-                 chain="auto", data=None, min_top1=None):
+                 chain="auto", data=None, min_top1=None, sampled=None):
         seen["fp8"] = (data, min_top1, chain)
         return observe_model, {"precision": "fp8", "replaced": [], "gate": {"real_batches": 3}}, ["feeds"]
 

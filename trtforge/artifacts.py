@@ -143,11 +143,11 @@ def read_sidecar(artifact: str | os.PathLike, required: bool = True) -> dict[str
     return data
 
 
-
 def declared_output_kinds(onnx_path: str | os.PathLike) -> dict[str, str | None]:
     """{output: kind} as the ONNX's sidecar (the export's) declares them; empty where it has none."""
     side = read_sidecar(onnx_path, required=False) or {}
     return {o["name"]: o.get("kind") for o in side.get("outputs") or [] if isinstance(o, dict) and "name" in o}
+
 
 def linked_paths(artifact: Path, recorded: str) -> list[Path]:
     """Where a path that artifact's sidecar records (`parent`, `source_onnx`) may be: as recorded when absolute; a relative

@@ -57,13 +57,18 @@ def options_from_config(section: Any, **given: Any) -> BuildOptions:
     for key in ("fp8_min_cosine", "fp8_min_top1_agreement"):
         if values.get("gemm_precision") != "fp8" and (given.get(key) is not None
                                                         or (key in section.model_fields_set and getattr(section, key) is not None)):
-            raise UserError(f"--{key.replace('_', '-')} (config key build.{key}) gates FP8 GEMMs; build with "
-                            "--gemm-precision fp8 too, or leave it out.")
+            raise _fp8_only(key)
     if values.get("timing_cache") is not None:
         values["timing_cache"] = Path(values["timing_cache"])
     for key in ("compute_capabilities", "plugin_libraries"):
         values[key] = list(values[key])
     return BuildOptions(**values)
+
+
+def _fp8_only(key: str) -> UserError:
+    """An FP8 gate asked for on a build without FP8 GEMMs (it would gate nothing)."""
+    return UserError(f"--{key.replace('_', '-')} (config key build.{key}) gates FP8 GEMMs; build with --gemm-precision fp8 "
+                     "too, or leave it out.")
 
 
 def model_traits(model: onnx.ModelProto) -> tuple[bool, bool]:
@@ -151,9 +156,10 @@ def _require_real_inputs(onnx_path: Path, model: onnx.ModelProto) -> None:
 
 
 def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
-                       axes: dict[str, AxisRange], data: Path | None = None) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
-    """The model to build (None: the input as it is) and what was done to it."""
-    from trtforge.precision import prepare_for_build
+                       axes: dict[str, AxisRange], data: Path | None = None) -> tuple[onnx.ModelProto | None, dict[str, Any], Any]:
+    """The model to build (None: the input as it is), what was done to it, and the sample feeds with their source
+    (None for fp32 / int8), which the FP8 step reuses rather than reading and tokenizing the data again."""
+    from trtforge.precision import prepare_for_build, sample_feeds
 
     has_fp16, has_qdq = model_traits(model)
     if precision in ("fp32", "fp16") and has_qdq:
@@ -163,8 +169,9 @@ def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, 
     if precision == "fp32" and has_fp16:
         raise UserError(f"{onnx_path.name} already holds fp16 tensors; build it with --precision fp16.")
     if precision in ("fp32", "int8"):
-        return None, {}
-    return prepare_for_build(model, onnx_path, specs, axes, data)
+        return None, {}, None
+    sampled = sample_feeds(onnx_path, model, specs, axes, data)
+    return (*prepare_for_build(model, onnx_path, specs, axes, sampled=sampled), sampled)
 
 
 def check_options(options: BuildOptions, precision: str) -> None:
@@ -184,9 +191,8 @@ def check_options(options: BuildOptions, precision: str) -> None:
     for key, value in (("fp8_min_cosine", options.fp8_min_cosine), ("fp8_min_top1_agreement", options.fp8_min_top1_agreement)):
         if value is not None and not 0 < value <= 1:  # NaN too: a gate that cannot fail, or cannot pass, is refused up front
             raise UserError(f"--{key.replace('_', '-')} {value} (config key build.{key}) must be in (0, 1], e.g. 0.99.")
-    if options.fp8_min_top1_agreement is not None and options.gemm_precision != "fp8":
-        raise UserError("--fp8-min-top1-agreement (config key build.fp8_min_top1_agreement) gates FP8 GEMMs; build with "
-                        "--gemm-precision fp8 too, or leave it out.")
+    if options.fp8_min_top1_agreement is not None and options.gemm_precision != "fp8":  # its default is None: any value was asked for
+        raise _fp8_only("fp8_min_top1_agreement")
     if options.calib_data is not None and precision not in ("fp16", "best"):
         raise UserError(f"--calib-data (config key build.calib_data) feeds the fp16 conversion's magnitudes and FP8's scales; "
                         f"precision {precision} has neither (INT8 scales come from `trtforge calibrate`): build with "
@@ -239,7 +245,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     data = Path(options.calib_data).resolve() if options.calib_data else None  # the sidecar names it wherever it is read
     if options.fp8_min_top1_agreement is not None and data is None:
         _require_real_inputs(onnx_path, model)
-    converted, precision_report = _prepare_precision(model, precision, onnx_path, specs, axes, data)
+    converted, precision_report, sampled = _prepare_precision(model, precision, onnx_path, specs, axes, data)
     identity = runtime_identity(mod)
     before_fusion = converted if converted is not None else model
     attention_fused, fusion = _fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
@@ -251,7 +257,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     if options.gemm_precision == "fp8":  # the GEMM plugins' nodes as TrtforgeGemmFp8 (trtforge.fusion.fp8)
         fused, fp8_record, fp8_check_feeds = _gemm_fp8(mod, identity, fused, before_fusion, model, precision, onnx_path,
                                                        specs, axes, options.fp8_min_cosine, options.fp8_chain_ffn, data,
-                                                       options.fp8_min_top1_agreement)
+                                                       options.fp8_min_top1_agreement, sampled)
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -347,12 +353,13 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
 def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto | None, observe_model: onnx.ModelProto,
               source_model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
               axes: dict[str, AxisRange], min_cosine: float,
-              chain: str = "auto", data: Path | None = None,
-              min_top1: float | None = None) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
+              chain: str = "auto", data: Path | None = None, min_top1: float | None = None,
+              sampled: Any = None) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
     """--gemm-precision fp8: (the fused graph with its GEMM plugin nodes as TrtforgeGemmFp8, the sidecar's
     `gemm_precision`, the held-out feeds the engine is gated on). Scales come from the same samples as the fp16
     conversion's magnitudes (calibration data, else random feeds); the gate adds two random feeds no scale saw.
-    chain (auto|on|off): FC1 -> FC2 pairs pass e4m3 bytes; on requires one. data: build.calib_data."""
+    chain (auto|on|off): FC1 -> FC2 pairs pass e4m3 bytes; on requires one. data: build.calib_data; sampled: the fp16
+    conversion's sample_feeds answer for it, where build has one."""
     from trtforge.backends.tensorrt import plugin_registered
     from trtforge.fusion.fp8 import HEADROOM, PLUGIN, PLUGIN_VERSION, fp8_chains, fp8_skip, observe_peaks, plugin_gemms, to_fp8
     from trtforge.precision import sample_feeds
@@ -365,16 +372,16 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
     if not gemms:
         raise UserError(f"--gemm-precision fp8 found no GEMM plugin node in {onnx_path.name}'s fused graph (the GEMM and GELU "
                         "passes replaced no MatMul; see their lines in the build output, build.fuse_gemm / build.fuse_gelu).")
-    if chain == "on" and not fp8_chains(fused, {g.node.name for g in gemms}):
-        raise UserError(f"--fp8-chain-ffn on found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
+    no_pair = UserError(f"--fp8-chain-ffn on found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
                         "whose output one FP8 GEMM alone reads); build with --fp8-chain-ffn auto or off.")
-    feeds, source = sample_feeds(onnx_path, source_model, specs, axes, data)
+    if chain == "on" and not fp8_chains(fused, {g.node.name for g in gemms}):  # before sampling: the graph alone says so
+        raise no_pair
+    feeds, source = sampled or sample_feeds(onnx_path, source_model, specs, axes, data)
     out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]), chain=chain != "off")
     if not report.replaced:
         raise UserError(f"--gemm-precision fp8 cannot convert any GEMM of {onnx_path.name}: {report.refused[0]['reason']}.")
-    if chain == "on" and not any(r.get("in_fp8") for r in report.replaced):
-        raise UserError(f"--fp8-chain-ffn on found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
-                        "whose output one FP8 GEMM alone reads); build with --fp8-chain-ffn auto or off.")
+    if chain == "on" and not any(r.get("in_fp8") for r in report.replaced):  # a pair's GEMM stayed fp16
+        raise no_pair
     opt = {name: rng.opt for name, rng in axes.items()}
     held_out = [random_feeds(specs, opt, seed) for seed in (100, 101)]
     check_from = "2 random feeds at the opt shapes (seeds 100, 101)"

@@ -282,10 +282,11 @@ def calibration_data_of(onnx_path: Path, model: onnx.ModelProto) -> Path | None:
     return folder if folder.exists() else None
 
 
-def prepare_for_build(model: onnx.ModelProto, onnx_path: Path, specs: list, axes: dict,
-                      data: Path | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """What `trtforge build --precision fp16|best` does: sample feeds (data > calibration data > random),
-    then the conversion; the report (with where the magnitudes came from) goes into the engine sidecar."""
-    feeds, source = sample_feeds(Path(onnx_path), model, specs, axes, data)
+def prepare_for_build(model: onnx.ModelProto, onnx_path: Path, specs: list, axes: dict, data: Path | None = None,
+                      sampled: tuple[list[dict[str, np.ndarray]], str] | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """What `trtforge build --precision fp16|best` does: sample feeds (data > calibration data > random; or `sampled`,
+    sample_feeds' answer already in hand), then the conversion; the report (with where the magnitudes came from) goes
+    into the engine sidecar."""
+    feeds, source = sampled or sample_feeds(Path(onnx_path), model, specs, axes, data)
     converted, report = convert_fp16(model, feeds, magnitudes_from=source)
     return converted, report.to_json()
