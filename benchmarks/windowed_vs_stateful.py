@@ -30,7 +30,7 @@ from trtforge.artifacts import write_json_atomic  # noqa: E402
 from trtforge.chunking import merge_windows, plan_windows  # noqa: E402
 from trtforge.config import load_config  # noqa: E402
 from trtforge.kvcache import export_kv  # noqa: E402
-from trtforge.metrics import compare  # noqa: E402
+from trtforge.verify.compare import compare_arrays as compare  # noqa: E402
 from trtforge.stateful import OrtStepper, load_token_docs, tokenizer_encoder  # noqa: E402
 
 CONFIGS = {"gpt2-lm": "zoo/configs/gpt2-kv.yaml", "llama": "zoo/configs/llama-kv.yaml"}
@@ -82,7 +82,7 @@ def main() -> None:
                     acc[mode]["ref"].append(full)
                     acc[mode]["got"].append(got)
             for mode in modes:
-                m = compare(np.concatenate(acc[mode]["ref"]), np.concatenate(acc[mode]["got"]), logits=True)
+                m = compare(np.concatenate(acc[mode]["ref"]), np.concatenate(acc[mode]["got"]), "logits")
                 tps = tokens / acc[mode]["seconds"]
                 results.append({"model": label, "mode": mode[0], "overlap": mode[1], "chunk": args.chunk, "documents": len(docs),
                                 "tokens": int(tokens), **m, "tokens_per_s": tps, "full_pass_tokens_per_s": tokens / full_seconds})

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import FIXTURES, ROOT, assert_user_error, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.metrics import rel_l2
+from trtforge.verify.metrics import rel_l2
 
 
 def test_minilm_export_sidecar(minilm_onnx):

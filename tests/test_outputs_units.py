@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from trtforge.chunking import merge_pooled, merge_tiles, plan_tiles, scaled_tiles
-from trtforge.comparator import compare_outputs
+from trtforge.verify.compare import compare_outputs
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.layout import model_layout
 from trtforge.outputs import Probe, parse_override, probe_sizes, resolve
-from trtforge.report import evaluate_gates, gates_from
+from trtforge.verify.gates import evaluate_gates, gates_from
 
 TEXT = [InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]), InputSpec(name="attention_mask", dtype="int64", shape=["batch", "seq"])]
 IMAGE = [InputSpec(name="pixel_values", shape=["batch", 3, "height", "width"])]
@@ -124,10 +124,11 @@ def test_a_gate_naming_a_metric_no_output_has_fails():
 
 def test_int8_targets_are_gated_by_cosine_not_the_fp16_rel_l2_default():
     """H200: BERT-base's INT8 engine (cosine 0.9997, rel-L2 0.025) failed `run`'s fp16-level rel-L2 default."""
-    from trtforge.report import gate_notes, target_precision
+    from trtforge.report import target_precision
+    from trtforge.verify.gates import gate_notes
 
     healthy_int8 = _report(per_output={"h": {"rel_l2": 0.025, "cosine": 0.9997}})
-    assert not evaluate_gates(healthy_int8, gates_from({}))["passed"]  # fp16 defaults
+    assert not evaluate_gates(healthy_int8, gates_from({}, "fp16"))["passed"]  # fp16 defaults
     for precision in ("int8", "best"):
         result = evaluate_gates(healthy_int8, gates_from({}, precision))
         assert result["passed"] and [c["gate"] for c in result["checked"]] == ["min_cosine"]
@@ -138,15 +139,16 @@ def test_int8_targets_are_gated_by_cosine_not_the_fp16_rel_l2_default():
     assert not explicit["passed"] and gate_notes({"max_rel_l2": 0.01}, "best") == []
     assert gate_notes({}, "fp16") == []
     assert target_precision({"precision": "best"}, None) == "best"
-    assert target_precision(None, {"step": "calibrate"}) == "int8" and target_precision(None, {"step": "clean"}) is None
+    assert target_precision(None, {"step": "calibrate"}) == "int8" and target_precision(None, {"step": "clean"}) == "fp32"
     assert target_precision(None, {"step": "precision", "precision": "best"}) == "best"  # the ONNX build writes
-    assert target_precision(None, {"step": "precision", "precision": "fp16"}) is None
+    assert target_precision(None, {"step": "precision", "precision": "fp16"}) == "fp16"
 
 
 def test_fp8_gemm_engines_are_gated_by_cosine_like_int8():
     """H100 w37c: BERT-base's FP8-GEMM engine (build gate cosine 0.9984) measured rel-L2 0.070 / cosine 0.9976 on real
     text and failed `run`'s fp16-level rel-L2 default; it is an fp16 build whose sidecar says its GEMMs are fp8."""
-    from trtforge.report import gate_notes, target_precision
+    from trtforge.report import target_precision
+    from trtforge.verify.gates import gate_notes
 
     side = {"precision": "fp16", "gemm_precision": {"precision": "fp8"}}
     assert target_precision(side, None) == "fp8" and target_precision({"precision": "fp16"}, None) == "fp16"

@@ -32,7 +32,12 @@ from trtforge.calibrate import data as data_mod
 from trtforge.calibrate.cache import read_cache
 from trtforge.calibrate.collect import collect, gemm_shapes, plan_quantization
 from trtforge.calibrate.evaluate import evaluate, reference_outputs
-from trtforge.calibrate.groups import float_nodes_for, role_groups, select_groups, variants
+from trtforge.calibrate.groups import (
+    float_nodes_for,
+    role_groups,
+    select_groups,
+    variants,
+)
 from trtforge.calibrate.methods import compute_amax
 from trtforge.calibrate.smooth import apply_smoothing
 from trtforge.config import InputSpec
@@ -42,6 +47,7 @@ from trtforge.graph import io_specs, name_all_nodes
 from trtforge.onnxio import load_onnx, save_onnx
 from trtforge.profiles import Profile, Tier
 from trtforge.quantize import insert_qdq
+from trtforge.verify.guards import require_informative_batches
 
 
 @dataclass
@@ -102,17 +108,19 @@ def suspects(rows: list[dict[str, Any]], max_gap: float) -> list[str]:
     """Groups TensorRT executes differently from the ONNX (pure): alone, the engine falls more than
     `max_gap` below ORT; or all-on has such a gap and leaving the group out closes it."""
     def gap(row: dict[str, Any]) -> float | None:
-        return row.get("gap")
+        """ORT - engine cosine; an engine that computed NaN is as far off as an engine can be."""
+        value = row.get("gap")
+        return float("inf") if value is not None and value != value else value
 
     named = []
     all_gap = next((gap(r) for r in rows if r["variant"] == "all"), None)
     for row in rows:
-        g = row.get("group")
-        if g is None or gap(row) is None:
+        g, row_gap = row.get("group"), gap(row)
+        if g is None or row_gap is None:
             continue
-        if row["mode"] == "alone" and gap(row) > max_gap:
+        if row["mode"] == "alone" and row_gap > max_gap:
             named.append(g)
-        if row["mode"] == "off" and all_gap is not None and all_gap > max_gap and gap(row) <= max_gap:
+        if row["mode"] == "off" and all_gap is not None and all_gap > max_gap and row_gap <= max_gap:
             named.append(g)
     return list(dict.fromkeys(named))
 
@@ -226,6 +234,7 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
 
     reference = OrtRunner(model.SerializeToString())
     refs = reference_outputs(reference, batches)
+    require_informative_batches(refs, f"bisect's fp32 reference ({onnx_path.name} on {options.data})")
     kinds = declared_output_kinds(onnx_path)
     mode, why = availability or (engine_availability() if options.engine else ("none", "turned off (--no-engine)"))
     if mode == "build" and not options.build_check:

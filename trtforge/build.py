@@ -411,6 +411,7 @@ def _engine_sidecar(mod: TrtModule, identity: dict[str, Any], precision: str, pr
         "compute_capability": identity["compute_capability"] if mod.flavour == "tensorrt" else None,
         "target_compute_capabilities": out.compute_capabilities,
         "precision": precision,
+        "tf32": bool(options.tf32) if precision == "fp32" else None,
         "profiles": [p.to_json() for p in profiles],
         "phases": phases,  # KV-cache engines: which profiles serve prefill and decode
         "io": out.io,

@@ -22,15 +22,20 @@ from typing import Any
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import ensure_writable_dir, onnx_graph_hash, publish, write_sidecar
+from trtforge.artifacts import (
+    ensure_writable_dir,
+    onnx_graph_hash,
+    publish,
+    write_sidecar,
+)
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.config import AxisRange, InputSpec, ModelConfig
-from trtforge.errors import UserError, exception_summary
+from trtforge.errors import GateFailed, UserError, exception_summary
 from trtforge.feeds import random_feeds
-from trtforge.metrics import compare
 from trtforge.models import LoadedModel, called_positionally, load_model
 from trtforge.onnxio import load_onnx, save_onnx
-from trtforge.vacuous import require_informative
+from trtforge.verify.compare import compare_outputs
+from trtforge.verify.gates import screen
 
 TORCH_DTYPES = {"float32": "float32", "float16": "float16", "int64": "int64", "int32": "int32", "bool": "bool"}
 
@@ -315,7 +320,6 @@ def check_against_torch(onnx_path: Path, call: Any, loaded: LoadedModel, config:
         feeds = random_feeds(config.inputs, sizes, seed)
         expected = _torch_forward(call, config, feeds, output_names)
         where = f"export check at {axis}={size}" if axis in sizes else "export check"
-        require_informative(expected, where)
         try:
             got = runner.run(feeds)
         except Exception as exc:
@@ -324,7 +328,7 @@ def check_against_torch(onnx_path: Path, call: Any, loaded: LoadedModel, config:
                 f"(exported at {base.get(axis)}) in {_failing_node(str(exc))}; the exporter baked this size into "
                 "the graph, try --exporter dynamo or make the model's reshapes size-agnostic."
             ) from None
-        checks.append(_compare_outputs(expected, got, AxisCheck(axis, size, sizes), config.export.tolerance))
+        checks.append(_compare_outputs(expected, got, AxisCheck(axis, size, sizes), config.export.tolerance, where))
     return checks
 
 
@@ -348,7 +352,9 @@ def require_same_outputs(torch_names: list[str], onnx_names: list[str]) -> None:
 
 
 def _compare_outputs(expected: dict[str, np.ndarray], got: dict[str, np.ndarray], check: AxisCheck,
-                     tolerance: float) -> AxisCheck:
+                     tolerance: float, where: str) -> AxisCheck:
+    """Every output of ONNX Runtime against PyTorch's: NaN/Inf fails (exit 1), a reference that proves nothing is an
+    error, and a rel-L2 above the tolerance means a size was baked into the graph."""
     axis, size = check.axis, check.size
     for name, ref in expected.items():
         cand = got[name]
@@ -357,11 +363,16 @@ def _compare_outputs(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]
                 f"the exported graph is not dynamic in axis '{axis}': at {axis}={size} output '{name}' has shape "
                 f"{list(cand.shape)} in ONNX Runtime but {list(ref.shape)} in PyTorch; try --exporter dynamo."
             )
-        check.metrics[name] = compare(ref, cand)
-        if check.metrics[name]["rel_l2"] > tolerance:
+    per_output = compare_outputs({name: None for name in expected}, expected, got)
+    check.metrics.update(per_output)
+    nonfinite = screen(per_output, where, "the exported graph (ONNX Runtime)")
+    if nonfinite:
+        raise GateFailed(f"{where}: {nonfinite[0]}; the export was not kept.")
+    for name, metrics in per_output.items():
+        if not metrics["rel_l2"] <= tolerance:
             raise UserError(
                 f"the exported graph is not dynamic in axis '{axis}': at {axis}={size} output '{name}' differs from "
-                f"PyTorch (rel-L2 {check.metrics[name]['rel_l2']:.2e} > {tolerance:.0e}); "
+                f"PyTorch (rel-L2 {metrics['rel_l2']:.2e} > {tolerance:.0e}); "
                 "a size was baked into the graph, try --exporter dynamo."
             )
     return check

@@ -22,9 +22,9 @@ from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import GateFailed, UserError
 from trtforge.feeds import random_feeds, specs_from_onnx, two_shapes
-from trtforge.metrics import rel_l2
 from trtforge.onnxio import PROTOBUF_LIMIT, load_onnx, save_onnx
-from trtforge.vacuous import require_informative
+from trtforge.verify.compare import Comparator
+from trtforge.verify.gates import check_outputs
 
 PASSTHROUGH_OPS = ("Identity", "Dropout")
 
@@ -191,17 +191,14 @@ def io_specs(path: Path, model: onnx.ModelProto) -> tuple[list[InputSpec], dict[
 
 
 def verify_same(original: Path | bytes, cleaned: Path | bytes, specs: list[InputSpec],
-                axes: dict[str, AxisRange], seed: int = 0) -> dict[str, float]:
-    """Worst rel-L2 per output between the two models over two random input shapes."""
+                axes: dict[str, AxisRange], seed: int = 0) -> dict[str, dict[str, Any]]:
+    """The comparator's metrics per output of the cleaned model against the original, over two random input shapes."""
     ref, new = OrtRunner(original), OrtRunner(cleaned)
-    worst: dict[str, float] = {}
+    comparator = Comparator({name: None for name in ref.output_names})
     for i, sizes in enumerate(two_shapes(axes)):
         feeds = random_feeds(specs, sizes, seed + i)
-        a, b = ref.run(feeds), new.run(feeds)
-        require_informative(a, "clean's parity check")
-        for name in ref.output_names:
-            worst[name] = max(worst.get(name, 0.0), rel_l2(a[name], b[name]))
-    return worst
+        comparator.add(ref.run(feeds), new.run(feeds))
+    return comparator.result()
 
 
 def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float = 64.0,
@@ -218,10 +215,13 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
     graph_hash = onnx_graph_hash(cleaned)
     save_onnx(cleaned, output, external_data=True if external else None)
     try:
-        worst = verify_same(path, output, specs, axes)
-    except Exception:
+        per_output = verify_same(path, output, specs, axes)
+        failures = check_outputs(per_output, [("rel_l2", "max", tolerance, "rel-L2", "clean.tolerance")],
+                                 "clean's parity check", "the cleaned model")
+    except BaseException:
         output.unlink(missing_ok=True)
         raise
+    worst = {name: m["rel_l2"] for name, m in per_output.items()}
     sidecar = {
         "kind": "onnx",
         "step": "clean",
@@ -245,11 +245,9 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
     for key in ("source", "config_name", "opset", "exporter"):
         if source_sidecar and key in source_sidecar:
             sidecar[key] = source_sidecar[key]
-    bad = {k: v for k, v in worst.items() if v > tolerance}
-    if bad:
+    if failures:
         output.unlink(missing_ok=True)
-        name, value = next(iter(bad.items()))
-        raise GateFailed(f"cleaning changed output '{name}' (rel-L2 {value:.2e} > {tolerance:.0e}); the cleaned model was not kept.")
+        raise GateFailed(f"clean's parity check failed: {failures[0]}; the cleaned model was not kept.")
     write_sidecar(output, sidecar)
     return CleanResult(output, before, after, worst, sidecar)
 

@@ -36,7 +36,7 @@ import numpy as np
 from trtforge import __version__
 from trtforge.artifacts import onnx_graph_hash, sidecar_chain, write_sidecar
 from trtforge.config import AxisRange, CacheRange, InputSpec, ModelConfig, load_config
-from trtforge.errors import UserError, exception_summary
+from trtforge.errors import GateFailed, UserError, exception_summary
 from trtforge.profiles import Profile, Tier, plan_profiles, select_profile, tier_ranges, validate_profiles
 
 PAST = ("past_key_{}", "past_value_{}")
@@ -286,7 +286,8 @@ def check_plan(config: ModelConfig, past_range: CacheRange) -> list[tuple[str, d
 def _check(onnx_path: Path, module: Any, layout: CacheLayout, config: ModelConfig, past_range: CacheRange) -> list[Any]:
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.export import AxisCheck
-    from trtforge.metrics import compare
+    from trtforge.verify.compare import compare_outputs
+    from trtforge.verify.gates import screen
 
     runner = OrtRunner(onnx_path)
     batch_axis, seq_axis = _seq_axes(config)
@@ -301,13 +302,19 @@ def _check(onnx_path: Path, module: Any, layout: CacheLayout, config: ModelConfi
             raise UserError(f"the KV-cache graph fails in ONNX Runtime at {axis}={sizes[axis]} "
                             f"({' '.join(str(exc).split())[:200]}); the exporter baked a size into the graph.") from None
         check = AxisCheck(axis, sizes[axis], dict(sizes))
-        for name, ref in zip([layout.output, *layout.present_names()], expected):
+        references = dict(zip([layout.output, *layout.present_names()], expected))
+        for name, ref in references.items():
             cand = got[name]
             if cand.shape != ref.shape:
                 raise UserError(f"the KV-cache graph is not dynamic in axis '{axis}': at {axis}={sizes[axis]} output '{name}' "
                                 f"has shape {list(cand.shape)} in ONNX Runtime but {list(ref.shape)} in PyTorch.")
-            check.metrics[name] = compare(ref, cand)
-            if check.metrics[name]["rel_l2"] > config.export.tolerance:
+        check.metrics.update(compare_outputs({name: None for name in references}, references, got))
+        where = f"the KV-cache export check at {axis}={sizes[axis]}"
+        nonfinite = screen(check.metrics, where, "the KV-cache graph (ONNX Runtime)")
+        if nonfinite:
+            raise GateFailed(f"{where}: {nonfinite[0]}; the export was not kept.")
+        for name in references:
+            if not check.metrics[name]["rel_l2"] <= config.export.tolerance:
                 raise UserError(f"the KV-cache graph differs from PyTorch at {axis}={sizes[axis]}: output '{name}' rel-L2 "
                                 f"{check.metrics[name]['rel_l2']:.2e} > {config.export.tolerance:.0e}; a size was baked into the graph.")
         checks.append(check)

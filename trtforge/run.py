@@ -7,7 +7,7 @@ leave no doubt), and the kind decides everything after inference:
   the model's own tokenizer (tokenize.py), with its own special tokens;
 - merging follows each OUTPUT's kind: token -> windows along its sequence dim; pooled -> token-weighted
   mean (never softmaxed); logits -> token-weighted mean softmax; dense -> tiles at the output's scale;
-- metrics follow the kind too (comparator.py). Two errors are measured, each only where it exists:
+- metrics follow the kind too (verify/compare.py). Two errors are measured, each only where it exists:
   precision (the target vs ONNX Runtime fp32 on the reference ONNX, on the very same chunks; not
   measured when the target is its own reference) and chunking (chunked-and-merged vs one whole pass,
   both ONNX Runtime fp32, on the longest prefix the model takes whole; measured only where that prefix
@@ -33,11 +33,29 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import linked_path, read_sidecar, sidecar_chain, write_json_atomic
+from trtforge.artifacts import (
+    linked_path,
+    read_sidecar,
+    sidecar_chain,
+    write_json_atomic,
+)
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.chunking import (RowRun, StreamingMerge, Tile, Window, check_overlap, check_tile_scale, join_run, merge_logits,
-                               merge_pooled, merge_tiles, plan_tiles, plan_windows, row_runs, scaled_size)
-from trtforge.comparator import Comparator, worst
+from trtforge.chunking import (
+    RowRun,
+    StreamingMerge,
+    Tile,
+    Window,
+    check_overlap,
+    check_tile_scale,
+    join_run,
+    merge_logits,
+    merge_pooled,
+    merge_tiles,
+    plan_tiles,
+    plan_windows,
+    row_runs,
+    scaled_size,
+)
 from trtforge.config import AxisRange, InputSpec
 from trtforge.copymerge import CopyEngineMerge, Placed, reserve_bytes
 from trtforge.errors import UserError
@@ -45,12 +63,21 @@ from trtforge.graph import io_specs
 from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
 from trtforge.outpool import OutputPool, ReservedMemory
-from trtforge.outwriter import OutputWriter
 from trtforge.outputs import OutputKind
+from trtforge.outwriter import OutputWriter
 from trtforge.probe import output_kinds
-from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
-from trtforge.runloop import Batcher, StageClock, batch_timeline, check_gpu_wait, stream_batches, wall_over_gpu
+from trtforge.report import SCHEMA, latency_stats, target_precision
+from trtforge.runloop import (
+    Batcher,
+    StageClock,
+    batch_timeline,
+    check_gpu_wait,
+    stream_batches,
+    wall_over_gpu,
+)
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, wrap_spans
+from trtforge.verify.compare import Comparator, worst
+from trtforge.verify.gates import evaluate_gates, gate_notes, gates_from
 
 
 @dataclass
@@ -1316,11 +1343,13 @@ def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], h
 
 
 def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[str, Any]:
-    """The report's gates, with the defaults of the target's precision (report.py: INT8 by cosine)."""
+    """The report's gates, with the defaults of the target's precision (verify/gates.py), which the report names."""
     onnx_sidecar = None if p.is_engine else read_sidecar(p.target_path, required=False)
-    precision = target_precision(p.engine_sidecar if p.is_engine else None, onnx_sidecar)
+    precision = target_precision(p.engine_sidecar if p.is_engine else None, onnx_sidecar,
+                                 None if p.is_engine else p.target_path)
     gates = evaluate_gates(report, gates_from(options.gate_values(), precision))
     notes = gate_notes(options.gate_values(), precision)
+    gates = {"precision": precision, **gates}
     return {**gates, "notes": notes} if notes else gates
 
 

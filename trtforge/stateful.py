@@ -409,11 +409,13 @@ def _stepper(target: _Target, options: StatefulOptions) -> Any:
 
 def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     from trtforge.kvcache import select_phase_profile
-    from trtforge.metrics import compare
+    from trtforge.verify.compare import compare_arrays
+    from trtforge.verify.gates import check_outputs
 
     start_all = time.perf_counter()
     target = _resolve(target_path)
     layout = target.kv["layout"]
+    kind = "logits" if layout["output"] == "logits" else None
     if options.generate and layout["output"] != "logits":
         raise UserError(f"--generate needs a model with a logits output; {target.path.name} returns {layout['output']}.")
     reference = _resolve(options.reference) if options.reference else target
@@ -491,7 +493,7 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
                 full = full_stepper.full(ids, full_profiles[i]) if reference.kind == "engine" else full_stepper.full(ids)
                 full_seconds += time.perf_counter() - t0
                 full_tokens += int(ids.size)
-                metrics = compare(full, logits_all[i], logits=layout["output"] == "logits")
+                metrics = compare_arrays(full, logits_all[i], kind)
                 docs_out[i]["chunking_error"] = metrics
                 per_doc.append((full, logits_all[i]))
         full_peak = rss_full.peak if rss_full else full_stepper.peak_bytes
@@ -511,14 +513,14 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
 
     ref_all = np.concatenate([f for f, _ in per_doc])
     got_all = np.concatenate([g for _, g in per_doc])
-    worst = max(per_doc, key=lambda fg: compare(fg[0], fg[1])["rel_l2"])
-    chunk_err = {"output": layout["output"], **compare(ref_all, got_all, logits=layout["output"] == "logits"),
-                 "worst_input_rel_l2": compare(worst[0], worst[1])["rel_l2"],
+    per_input = {f"input {i} ({docs[i][0]})": d["chunking_error"] for i, d in enumerate(docs_out)}
+    worst_name = max(per_input, key=lambda n: per_input[n]["rel_l2"] if per_input[n]["rel_l2"] == per_input[n]["rel_l2"] else np.inf)
+    chunk_err = {"output": layout["output"], **compare_arrays(ref_all, got_all, kind),
+                 "worst_input_rel_l2": per_input[worst_name]["rel_l2"],
                  "reference": f"one full pass (past 0) on {reference.path.name} ({reference.kind})"}
     gate = options.max_rel_l2 if options.max_rel_l2 is not None else (1e-4 if target.kind == "onnx" else 1e-2)
-    failures = []
-    if not chunk_err["worst_input_rel_l2"] <= gate:
-        failures.append(f"stateful chunking error rel-L2 {chunk_err['worst_input_rel_l2']:.2e} > {gate:.0e}")
+    failures = check_outputs(per_input, [("rel_l2", "max", gate, "stateful chunking error rel-L2", "--max-rel-l2")],
+                             "stateful run's check against one full pass", "the stateful run")
     profiles_by_index = {p.index: p for p in target.profiles}
     report = {
         "schema": SCHEMA,

@@ -228,6 +228,7 @@ def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[di
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
     from trtforge.onnxio import load_onnx
+    from trtforge.verify.gates import screen
 
     hooks = hooks or default_hooks()
     ok, why = hooks.available()
@@ -247,7 +248,8 @@ def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[di
         return {**base, "status": "failed", "engine": {}, "rows": [],
                 "failures": [f"the TensorRT engine {engine.name} did not execute ({why[:300]}); its plugins' errors are on "
                              "stderr above; build with --gemm-precision fp16"]}
-    failures = []
+    failures = [f"on the TensorRT engine {engine.name}, {f}" for f in
+                screen(accuracy["per_output"], "build's FP8 gate", "the FP8 engine")]
     if not accuracy["mean_cosine"] >= min_cosine:  # NaN fails too
         failures.append(f"on the TensorRT engine {engine.name}, FP8 GEMMs reach mean cosine {accuracy['mean_cosine']:.4f} "
                         f"against ONNX Runtime fp32, under the gate {min_cosine:g} (build.fp8_min_cosine); build with "

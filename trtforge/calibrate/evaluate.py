@@ -3,7 +3,7 @@
 Sequence models (an output [B, S, H] and an `attention_mask` input) are judged on mean-pooled
 embeddings, as sentence-embedding models are used: per sample, the mask-weighted mean over tokens,
 then the cosine to the fp32 embedding. Other models: the cosine of each sample's flattened output.
-Per output, comparator.py's metrics for the output's kind: a classifier is also judged on top-1
+Per output, the comparator's (verify/compare.py) metrics for the output's kind: a classifier is also judged on top-1
 agreement and a segmentation net on per-pixel argmax agreement (a cosine alone let an INT8 ResNet
 pass with top-1 agreement 0).
 """
@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.comparator import Comparator, items
-from trtforge.metrics import rowwise_cosine
+from trtforge.verify.compare import Comparator, items
+from trtforge.verify.metrics import rowwise_cosine
 
 
 def _sample_cosines(reference: np.ndarray, candidate: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     """Per sample: the cosine of mask-weighted mean embeddings for a [B, S, H] output with its mask, else
-    of the flattened outputs (comparator.items pools, metrics.rowwise_cosine compares)."""
+    of the flattened outputs (verify.compare.items pools, verify.metrics.rowwise_cosine compares)."""
     kind = "token" if reference.ndim == 3 and mask is not None and mask.shape == reference.shape[:2] else None
     return rowwise_cosine(items(kind, reference, mask), items(kind, candidate, mask))
 

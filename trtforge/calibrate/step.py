@@ -27,18 +27,35 @@ from trtforge.artifacts import onnx_graph_hash, read_sidecar, sha256_file, write
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
 from trtforge.calibrate.cache import read_cache, write_cache
-from trtforge.calibrate.collect import QuantPlan, collect, gemm_flops, gemm_shapes, plan_quantization
-from trtforge.calibrate.sensitivity import layer_errors
+from trtforge.calibrate.collect import (
+    QuantPlan,
+    collect,
+    gemm_flops,
+    gemm_shapes,
+    plan_quantization,
+)
 from trtforge.calibrate.evaluate import Accuracy, evaluate, reference_outputs
 from trtforge.calibrate.methods import compute_amax
 from trtforge.calibrate.placement import PLACEMENT_VERSION
-from trtforge.calibrate.smooth import apply_smoothing, smoothing_groups, smoothing_scales
+from trtforge.calibrate.sensitivity import layer_errors
+from trtforge.calibrate.smooth import (
+    apply_smoothing,
+    smoothing_groups,
+    smoothing_scales,
+)
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
 from trtforge.graph import io_specs, name_all_nodes
 from trtforge.onnxio import load_onnx, save_onnx
-from trtforge.quantize import insert_qdq, int8_gemm_nodes, quantized_nodes, residual_adds
+from trtforge.quantize import (
+    insert_qdq,
+    int8_gemm_nodes,
+    quantized_nodes,
+    residual_adds,
+)
+from trtforge.verify.gates import screen
+from trtforge.verify.metrics import worst_of
 
 METHODS = ("entropy", "percentile", "minmax")
 
@@ -442,10 +459,11 @@ TASK_GATES = (("min_top1_agreement", "top1_agreement", "logits", "top-1 agreemen
 def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[str]:
     """Why the INT8 model misses its gates (empty when it passes). A task gate (top-1 / pixel
     agreement) that no output can be judged by fails too, naming the outputs and their kinds."""
-    failures = []
     acc = sidecar.get("accuracy") or {}
     where = options.eval_data or options.data
-    if acc and acc["mean_cosine"] < options.min_cosine:
+    failures = [f"{f} on {where}" for f in screen(acc.get("per_output") or {}, f"calibrate's held-out check on {where}",
+                                                       "the INT8 model")]
+    if acc and not acc["mean_cosine"] >= options.min_cosine:
         failures.append(f"INT8 mean cosine {acc['mean_cosine']:.4f} is below the gate {options.min_cosine} on {where}; "
                         "try --smooth, another --method, or a lower --min-int8-flops to allow more float layers")
     for key, metric, kind, label in TASK_GATES:
@@ -458,9 +476,10 @@ def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[st
             failures.append(f"{key} {threshold:g} could not be evaluated: no {kind} output has {label} (outputs: {kinds}); "
                             f"declare the output's kind in the config's `outputs`")
             continue
-        name = min(values, key=values.get)
-        if values[name] < threshold:
-            failures.append(f"INT8 {label} of '{name}' is {values[name]:.4f}, below the gate {threshold:g} ({key}) on {where}")
+        value = worst_of(list(values.values()), "min")
+        name = next(n for n, v in values.items() if v == value or value != value and v != v)
+        if not value >= threshold:
+            failures.append(f"INT8 {label} of '{name}' is {value:.4f}, below the gate {threshold:g} ({key}) on {where}")
     check = sidecar.get("engine_check") or {}
     if check.get("status") == "failed":
         failures += check["failures"]

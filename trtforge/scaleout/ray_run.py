@@ -32,7 +32,7 @@ import numpy as np
 
 from trtforge import __version__
 from trtforge.artifacts import write_json_atomic
-from trtforge.comparator import Comparator
+from trtforge.verify.compare import Comparator
 from trtforge.report import SCHEMA
 from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _check_save_outputs, _collect_garbage, _latency, _Merger, add_precision,
                           chunking_error_of, chunking_summary, gates_for, interpreter_for_loop, length_unit, make_batches, precision_summary,
