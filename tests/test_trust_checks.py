@@ -71,3 +71,51 @@ def test_output_too_small_to_measure_is_an_error(trust, command):
         other = block_model(trust["root"] / "tiny_b.onnx", output_scale=1e-26)
         proc = run_cli("run", str(other), "--reference", str(tiny), "--inputs", str(trust["in"]), "--output-kind", "y=token")
     assert_user_error(proc, "reference output 'y' is too small to measure against", code=2)
+
+
+def test_tolerances_replace_the_default_gates_and_fail_by_statistic(trust):
+    args = ("run", str(trust["pert"]), "--reference", str(trust["ref"]), "--inputs", str(trust["in"]), "--output-kind", "y=token")
+    report = trust["root"] / "tol.json"
+    proc = run_cli(*args, "--atol", "y:1.0", "--report", str(report))
+    assert proc.returncode == 0, proc.stderr  # a loose tolerance the user chose replaces the fp32 default
+    tolerance = json.loads(report.read_text())["precision_error"]["per_output"]["y"]["tolerance"]
+    assert tolerance["passed"] and tolerance["statistic"] == "elemwise" and tolerance["atol"] == 1.0
+    assert_user_error(run_cli(*args, "--atol", "1e-6"), "output 'y':", "values outside atol 1e-06", code=1)
+    assert_user_error(run_cli(*args, "--atol", "y:1e-6", "--rtol", "y:1e-6", "--error-stat", "median"),
+                      "output 'y': median absolute error", code=1)
+    assert run_cli(*args, "--rtol", "y:0.5", "--error-stat", "median").returncode == 0
+    # a tolerance on a target that is its own reference cannot be evaluated: it fails, it does not pass
+    assert_user_error(run_cli("run", str(trust["ref"]), "--inputs", str(trust["in"]), "--output-kind", "y=token", "--atol", "1"),
+                      "--atol/--rtol could not be evaluated", code=1)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (("--atol", "y:-1"), "--atol 'y:-1' is not NAME:VALUE"),
+    (("--rtol", "nope:0.1"), "--rtol names output 'nope'"),
+    (("--error-stat", "p99"), "--error-stat 'p99' is not one of"),
+    (("--load-reference", "missing.npz"), "--load-reference missing.npz does not exist"),
+])
+def test_comparison_options_refuse_bad_values(trust, flags, fragment):
+    proc = run_cli("run", str(trust["pert"]), "--reference", str(trust["ref"]), "--inputs", str(trust["in"]),
+                   "--output-kind", "y=token", *flags, cwd=trust["root"])
+    assert_user_error(proc, fragment)
+
+
+def test_saved_reference_is_reused_without_the_reference_model(trust):
+    stored = trust["root"] / "stored.npz"
+    common = ("--inputs", str(trust["in"]), "--output-kind", "y=token")
+    assert run_cli("run", str(trust["pert"]), "--reference", str(trust["ref"]), *common, "--max-rel-l2", "0.05",
+                   "--save-reference", str(stored)).returncode == 0
+    report = trust["root"] / "loaded.json"
+    # ref.onnx judged against the stored outputs of ref.onnx: equal; pert.onnx: the same error as when computed
+    assert run_cli("run", str(trust["ref"]), *common, "--load-reference", str(stored)).returncode == 0
+    proc = run_cli("run", str(trust["pert"]), *common, "--load-reference", str(stored), "--report", str(report))
+    assert_user_error(proc, "precision rel-L2 of 'y'", "(max_rel_l2)", code=1)
+    section = json.loads(report.read_text())["precision_error"]
+    assert "stored in" in section["scope"] and section["per_output"]["y"]["rel_l2"] > 1e-3
+    # other chunks than the stored run's: refused, not compared against the wrong rows
+    assert_user_error(run_cli("run", str(trust["ref"]), *common, "--load-reference", str(stored), "--chunk", "8", "--overlap", "2"),
+                      "has no reference outputs for a chunk of this run")
+    not_npz = trust["root"] / "not.npz"
+    not_npz.write_bytes(b"garbage")
+    assert_user_error(run_cli("run", str(trust["ref"]), *common, "--load-reference", str(not_npz)), "is not a stored reference")

@@ -407,11 +407,16 @@ def run_cmd(
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per batch shape."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="A local Hugging Face tokenizer directory (default: the one export saved)."),
     output_kind: Optional[list[str]] = typer.Option(None, "--output-kind", help="NAME=token|pooled|logits|dense[:SCALE], for outputs the sidecar does not declare (repeatable)."),
-    max_rel_l2: Optional[float] = typer.Option(None, "--max-rel-l2", help="Precision gate (default 1e-2)."),
-    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Precision gate (default 0.99)."),
+    max_rel_l2: Optional[float] = typer.Option(None, "--max-rel-l2", help="Precision gate on rel-L2 (default by the target's precision: fp32 1e-4, fp16 1e-2, INT8/FP8 none)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Precision gate on cosine (default 0.99 for fp16, INT8 and FP8 targets)."),
     min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", help="Chunking gate on the worst per-input cosine (default: not gated)."),
     min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Precision gate on logits outputs' top-1 agreement."),
     min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Precision gate on dense outputs' per-pixel argmax agreement."),
+    atol: Optional[list[str]] = typer.Option(None, "--atol", help="Absolute tolerance NAME:VALUE or VALUE (every output), on --error-stat; with --rtol it replaces the precision's default gates (repeatable)."),
+    rtol: Optional[list[str]] = typer.Option(None, "--rtol", help="Relative tolerance NAME:VALUE or VALUE (every output), on --error-stat (repeatable)."),
+    error_stat: str = typer.Option("elemwise", "--error-stat", help="What --atol/--rtol bound: elemwise (every element within atol + rtol x |reference|), or the max, mean, median or a quantile qNN (e.g. q99) of the absolute error (<= atol) or relative error (<= rtol)."),
+    save_reference: Optional[Path] = typer.Option(None, "--save-reference", help="Keep the precision check's reference outputs (.npz), so a later run can --load-reference them."),
+    load_reference: Optional[Path] = typer.Option(None, "--load-reference", help="Judge the target against reference outputs a run stored with --save-reference (same inputs and chunking) instead of running the reference."),
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="TensorRT: capture each batch shape as a CUDA graph and replay it."),
     shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
@@ -476,7 +481,8 @@ def run_cmd(
         tokenizer=tokenizer, output_kinds=dict(parse_override(o) for o in output_kind or []), save_outputs=save_outputs,
         cuda_graphs=cuda_graphs, shared_device_memory=shared_memory, pad_batches=pad_batches, gpu_wait=gpu_wait, slots=slots, precision_check=precision_check, chunking_check=chunking_check, plugin_libraries=list(plugin_library or []),
         plan_workers=plan_workers, plan_ahead=plan_ahead, overlap_merges=overlap_merges, copy_engine_merge=copy_engine_merge, pinned_reserve_mb=pinned_reserve_mb, merge_workers=merge_workers, plan_processes=plan_processes, last_window=last_window or section.last_window,
-        switch_interval_us=switch_interval_us, gc_pause=gc_pause,
+        switch_interval_us=switch_interval_us, gc_pause=gc_pause, atol=list(atol or []), rtol=list(rtol or []),
+        error_stat=error_stat, save_reference=save_reference, load_reference=load_reference,
     )
     if options.merge not in ("center", "linear", "cosine", "gaussian"):
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")

@@ -35,11 +35,13 @@ import numpy as np
 from trtforge import __version__
 from trtforge.artifacts import (
     linked_path,
+    onnx_graph_hash,
     read_sidecar,
     sidecar_chain,
     write_json_atomic,
 )
 from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.backends.stored import RecordingReference, StoredReference
 from trtforge.chunking import (
     RowRun,
     StreamingMerge,
@@ -78,6 +80,12 @@ from trtforge.runloop import (
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, wrap_spans
 from trtforge.verify.compare import Comparator, worst
 from trtforge.verify.gates import evaluate_gates, gate_notes, gates_from
+from trtforge.verify.tolerances import (
+    Tolerance,
+    check_statistic,
+    parse_tolerances,
+    tolerances_for,
+)
 
 
 @dataclass
@@ -328,8 +336,20 @@ class RunOptions:
     # BERT-base run over 192 inputs on the H200 box); the chunking error is reported not measured.
     chunking_check: bool = True
     plugin_libraries: list[str] = field(default_factory=list)  # override the engine sidecar's plugin libraries' paths
+    # Per-output tolerances (verify/tolerances.py): 'NAME:VALUE' or 'VALUE', on the error statistic error_stat.
+    atol: list[str] = field(default_factory=list)
+    rtol: list[str] = field(default_factory=list)
+    error_stat: str = "elemwise"
+    save_reference: Path | None = None  # the precision check's reference outputs, kept for --load-reference
+    load_reference: Path | None = None  # judge the target against stored reference outputs instead of running the reference
 
     def __post_init__(self) -> None:
+        check_statistic(self.error_stat)
+        if self.save_reference and self.load_reference:
+            raise UserError("--save-reference and --load-reference do not combine: a stored reference is saved from a run "
+                            "that computes it; pass one of them.")
+        if (self.save_reference or self.load_reference) and not self.precision_check:
+            raise UserError("--save-reference/--load-reference belong to the precision check; drop --no-precision-check.")
         if self.last_window not in ("full", "short"):
             raise UserError(f"unknown --last-window '{self.last_window}'; use full or short.")
         check_gpu_wait(self.gpu_wait)
@@ -944,6 +964,7 @@ class Prepared:
     chunks: list[Chunk]
     batch_cap: int
     reference: OrtRunner
+    tolerances: dict[str, Tolerance] = field(default_factory=dict)
 
     @property
     def scales(self) -> list[float]:
@@ -1006,8 +1027,10 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
         batch_cap = min(batch_cap, cap) if cap else batch_cap
     else:
         batch_cap = 1
+    tolerances = tolerances_for(list(kinds), parse_tolerances(options.atol, "--atol"), parse_tolerances(options.rtol, "--rtol"),
+                                options.error_stat)
     return Prepared(target_path, is_engine, engine_sidecar, reference_path, specs, layout, limits, kinds, tokenizer, docs,
-                    chunks, batch_cap, reference)
+                    chunks, batch_cap, reference, tolerances)
 
 
 def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
@@ -1210,7 +1233,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                      "last_window": options.last_window},
         "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": chunk_counts[i]} for i, d in enumerate(p.docs)],
         "batches": len(batches),
-        "precision_error": _precision_error(p, batches, results) if options.precision_check else
+        "precision_error": _precision_error(p, batches, results, options) if options.precision_check else
         {"measured": False, "reason": "--no-precision-check"},
         "chunking_error": _chunking_error(p, options, chunk_counts),
         "latency": _latency(target.timings),
@@ -1347,8 +1370,14 @@ def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[
     onnx_sidecar = None if p.is_engine else read_sidecar(p.target_path, required=False)
     precision = target_precision(p.engine_sidecar if p.is_engine else None, onnx_sidecar,
                                  None if p.is_engine else p.target_path)
-    gates = evaluate_gates(report, gates_from(options.gate_values(), precision))
+    gates = evaluate_gates(report, gates_from(options.gate_values(), precision, defaults=not p.tolerances))
     notes = gate_notes(options.gate_values(), precision)
+    if p.tolerances:
+        notes = [*notes, "--atol/--rtol set: the precision's default gates are replaced by the tolerances"]
+        if not (report.get("precision_error") or {}).get("measured"):
+            why = (report.get("precision_error") or {}).get("reason", "not measured")
+            gates = {**gates, "passed": False,
+                     "failures": [*gates["failures"], f"--atol/--rtol could not be evaluated: precision error not measured: {why}"]}
     gates = {"precision": precision, **gates}
     return {**gates, "notes": notes} if notes else gates
 
@@ -1376,21 +1405,40 @@ def _warm_up(p: Prepared, options: RunOptions, target: Any) -> dict[str, tuple[t
     return templates
 
 
-def _precision_error(p: Prepared, batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]]) -> dict[str, Any]:
-    """The target against ONNX Runtime fp32 on the reference ONNX, batch by batch on identical chunks."""
-    if self_referenced(p):
+def _precision_error(p: Prepared, batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]],
+                     options: RunOptions) -> dict[str, Any]:
+    """The target against ONNX Runtime fp32 on the reference ONNX (or the outputs --load-reference stored), batch by
+    batch on identical chunks; with --save-reference, the reference's outputs are kept for a later run."""
+    if self_referenced(p) and not options.load_reference:
         return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
-    comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
-    for i, b in enumerate(batches):
-        add_precision(comparator, p.reference, b, results[i])
-    return precision_summary(comparator)
+    reference: Any = p.reference
+    if options.load_reference:
+        reference = StoredReference(options.load_reference)
+        reference.check_outputs(list(p.kinds))
+    elif options.save_reference:
+        reference = RecordingReference(p.reference, p.reference_path, onnx_graph_hash(load_onnx(p.reference_path)))
+    comparator = Comparator({name: k.kind for name, k in p.kinds.items()}, p.tolerances)
+    try:
+        for i, b in enumerate(batches):
+            add_precision(comparator, reference, b, results[i])
+    finally:
+        if isinstance(reference, StoredReference):
+            reference.close()
+    summary = precision_summary(comparator)
+    if isinstance(reference, RecordingReference):
+        reference.save(options.save_reference)
+        summary["saved_reference"] = str(options.save_reference)
+    if isinstance(reference, StoredReference):
+        summary["scope"] = (f"target vs the reference outputs stored in {options.load_reference} "
+                            f"(from {reference.meta.get('reference_onnx')}, {reference.meta.get('made')}) on identical chunks")
+    return summary
 
 
 def self_referenced(p: Prepared) -> bool:
     return not p.is_engine and p.target_path.resolve() == p.reference_path.resolve()
 
 
-def add_precision(comparator: Comparator, reference: OrtRunner, batch: list[Chunk], out: dict[str, np.ndarray]) -> None:
+def add_precision(comparator: Comparator, reference: Any, batch: list[Chunk], out: dict[str, np.ndarray]) -> None:
     """One batch's target outputs judged against the reference ONNX run on the same stacked chunks."""
     feeds = stack(batch)
     comparator.add(reference.run(feeds), {k: v.astype(np.float32) for k, v in out.items()}, feeds.get("attention_mask"))

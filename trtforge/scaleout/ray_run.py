@@ -32,14 +32,33 @@ import numpy as np
 
 from trtforge import __version__
 from trtforge.artifacts import write_json_atomic
-from trtforge.verify.compare import Comparator
-from trtforge.report import SCHEMA
-from trtforge.run import (Chunk, Document, Prepared, RunOptions, _check_io, _check_save_outputs, _collect_garbage, _latency, _Merger, add_precision,
-                          chunking_error_of, chunking_summary, gates_for, interpreter_for_loop, length_unit, make_batches, precision_summary,
-                          prepare, self_referenced, stack)
 from trtforge.errors import UserError
+from trtforge.report import SCHEMA
+from trtforge.run import (
+    Chunk,
+    Document,
+    Prepared,
+    RunOptions,
+    _check_io,
+    _check_save_outputs,
+    _collect_garbage,
+    _latency,
+    _Merger,
+    add_precision,
+    chunking_error_of,
+    chunking_summary,
+    gates_for,
+    interpreter_for_loop,
+    length_unit,
+    make_batches,
+    precision_summary,
+    prepare,
+    self_referenced,
+    stack,
+)
 from trtforge.scaleout.pool import Pool, connect, require_ray
 from trtforge.scaleout.shard import Ledger, plan_units, unit_size, worker_figures
+from trtforge.verify.compare import Comparator
 
 
 @dataclass
@@ -127,7 +146,7 @@ class RunWorker:
                 batches, outs = self.kept.pop(unit)
             else:
                 batches, outs, _ = self._infer(chunks)
-            precision = Comparator({name: k.kind for name, k in self.p.kinds.items()})
+            precision = Comparator({name: k.kind for name, k in self.p.kinds.items()}, self.p.tolerances)
             for b, out in zip(batches, outs):
                 add_precision(precision, self.p.reference, b, out)
         return {"precision": precision, "chunking": [chunking_error_of(doc, count, self.p, self.options) for doc, count in docs]}
@@ -157,6 +176,9 @@ def _actor_plan(ray: Any, is_engine: bool, wanted: int | None, address: str) -> 
 
 def run_ray(target_path: Path, options: RunOptions, ray_options: RayOptions,
             progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    if options.save_reference or options.load_reference:
+        raise UserError("--save-reference/--load-reference do not combine with --ray yet (the reference runs inside each "
+                        "actor); run without --ray to save or use a stored reference.")
     ray = require_ray()
     p = prepare(target_path, options)
     _check_save_outputs(p.docs, options.save_outputs)  # inputs sharing a name would overwrite each other's keys
@@ -254,7 +276,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
             return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
         if not chosen:
             return {"measured": False, "reason": "no units judged on this worker"}
-        total = Comparator({name: k.kind for name, k in p.kinds.items()})
+        total = Comparator({name: k.kind for name, k in p.kinds.items()}, p.tolerances)
         for u in sorted(chosen):
             total.merge(precision_parts[u])
         return precision_summary(total)

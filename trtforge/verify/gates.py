@@ -65,17 +65,18 @@ class Gate:
 
 
 def gates_from(values: dict[str, float | None], precision: str | None = None,
-               fp32_tolerance: float = FP32_TOLERANCE) -> list[Gate]:
-    """Gates from {key: threshold or None}; None takes the key's default for the target's precision, if any."""
-    defaults = default_gates(precision, fp32_tolerance)
+               fp32_tolerance: float = FP32_TOLERANCE, defaults: bool = True) -> list[Gate]:
+    """Gates from {key: threshold or None}; None takes the key's default for the target's precision, if any (and if
+    `defaults`: per-output tolerances replace them)."""
+    defaults_used = default_gates(precision, fp32_tolerance) if defaults else {}
     source = f"default for {precision or 'fp32'} targets"
     gates = []
     for key in GATES:
         value = values.get(key)
         if value is not None:
             gates.append(Gate(key, float(value), "set"))
-        elif key in defaults:
-            gates.append(Gate(key, defaults[key], source))
+        elif key in defaults_used:
+            gates.append(Gate(key, defaults_used[key], source))
     return gates
 
 
