@@ -10,7 +10,7 @@ reporting tokens/s on the inference clock (warm-up and the precision/chunking ch
 Prints a table, writes JSON.
 
     python benchmarks/ray_scaling.py TARGET [--reference REF.onnx] [--min-tokens 200000] [--actors N]
-        [--chunk 256 --overlap 32 --batch-size 16] [--json benchmarks/results/ray_scaling.json]
+        [--chunk 256 --overlap 32 --batch-size 16] [--json out/ray_scaling.json]
 
 Ray unpacked from a wheel with Python's zipfile loses the exec bits of its two binaries
 (ray/core/src/ray/gcs/gcs_server and ray/core/src/ray/raylet/raylet in Ray 2.60): fix_exec_bits() sets
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--overlap", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--skip-single", action="store_true")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/ray_scaling.json")
+    parser.add_argument("--json", type=Path, default=ROOT / "out/ray_scaling.json")
     args = parser.parse_args()
 
     fixed = fix_exec_bits()
