@@ -6,7 +6,7 @@ in a temp dir), then the same `run` (engine or ONNX) goes through:
   ray x1   run --ray with one actor (Ray's cost on top of one device)
   ray xN   run --ray with N actors (N = the GPUs Ray sees for an engine, or --actors)
 reporting tokens/s on the inference clock (warm-up and the precision/chunking checks excluded, as in
-`run`), the ratio to one actor (issue 13's target on two H200s: >= 1.8), and whether the errors agree.
+`run`), the ratio to one actor (the aim on two GPUs: >= 1.8), and whether the errors agree.
 Prints a table, writes JSON.
 
     python benchmarks/ray_scaling.py TARGET [--reference REF.onnx] [--min-tokens 200000] [--actors N]
