@@ -25,7 +25,8 @@ ls .whl/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps
 SITE=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))')
 EXTRA=$(find "$SITE/nvidia" \( -name 'libnvrtc*.so*' -o -name 'libcudnn.so.9' -o -name 'libcublasLt.so.*' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
 export TRTFORGE_CUDNN_LIB=$SITE/nvidia/cudnn/lib
-export PYTHONPATH=/tmp/site TORCH_PY=python3 TRT_PY='$PY310' TACTICS=-CUBLAS,-CUBLAS_LT,-CUDNN
+# The cp312 wheels in /tmp/site serve the machine's python3 only: TensorRT's Python 3.10 must not see them.
+export TORCH_PY="env PYTHONPATH=/tmp/site:$PWD python3" TRT_PY='$PY310' TACTICS=-CUBLAS,-CUBLAS_LT,-CUDNN
 export TRT_ENV=". \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA"
 export TRT_INCLUDE=.trtinc/include CUDNN_INCLUDE=$SITE/nvidia/cudnn/include CUDNN_LIB=$SITE/nvidia/cudnn/lib
 export CUDNN_FRONTEND_INCLUDE=.native/cudnn_frontend/include

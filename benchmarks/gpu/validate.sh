@@ -154,7 +154,7 @@ suite_int8() {  # INT8 on the engine: calibrate (engine re-check), build best, b
   local B R; B=$(M bert-base); R=$(M resnet50)
   step calibrate-bert-base 900 "$RP -m trtforge calibrate $B.clean.onnx --data calib_data/minilm --eval-data calib_data/minilm_eval --max-samples 64 --max-eval-samples 64 --smooth 0.8"
   [ -f "$B.int8.onnx" ] && step build-best-bert-base 900 "$RP -m trtforge build $B.int8.onnx --precision best --tiers seq=512 $TAC -o $B.best.engine"
-  [ -f "$B.calib.cache" ] && step bisect-bert-base 900 "$RP -m trtforge bisect $B.clean.onnx --cache $B.calib.cache --data calib_data/minilm_eval --max-samples 32 --groups attention_qk,attention_av --modes alone --out-dir $W/bert-base/bisect"
+  [ -f "$B.calib.cache" ] && step bisect-bert-base 900 "$RP -m trtforge bisect $B.clean.onnx --cache $B.calib.cache --data calib_data/minilm_eval --max-samples 32 --groups attention_qk,attention_av --modes alone --optimization-level 2 --out-dir $W/bert-base/bisect"
   step calibrate-resnet50 900 "$RP -m trtforge calibrate $R.clean.onnx --data calib_data/images --eval-data calib_data/images_eval --max-samples 64 --max-eval-samples 64 --min-top1-agreement 0.99"
   local m; for m in bert-base resnet50; do
     local tiers=""; [ "$m" = bert-base ] && tiers="--tiers seq=512"
