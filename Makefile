@@ -25,7 +25,7 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/calibration.py out/minilm.clean.onnx
-	$(PY) benchmarks/run.py out/minilm.clean.onnx --inputs calib_data/minilm_long --chunk 512 --overlap 64 --json benchmarks/results/run_cpu_ort.json
+	$(PY) benchmarks/run.py out/minilm.clean.onnx --inputs calib_data/minilm_long --chunk 512 --overlap 64 --json out/bench/run_cpu_ort.json
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("onnx", type=Path)
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "calibration_cpu.json")
+    parser.add_argument("--json", type=Path, default=ROOT / "out" / "bench" / "calibration_cpu.json")
     args = parser.parse_args()
     results = {}
     for side in ("trtforge", "onnxruntime"):

@@ -1,6 +1,6 @@
 """Two `trtforge run --save-outputs` files compared key by key: the same inputs and outputs, and how far apart
 (max abs difference, elements not bit-equal). Exit 1 if any key differs by more than --atol, or the keys differ.
-Used on the H200 to prove that the copy-engine merge writes what the host merge writes, from the same engine:
+Used by the GPU validation (validate.sh runloop) to prove that the copy-engine merge writes what the host merge writes, from the same engine:
 
     python benchmarks/compare_outputs.py copy.npz host.npz --atol 0 --json equal.json
 """

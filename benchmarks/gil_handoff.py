@@ -1,5 +1,5 @@
-"""What a GIL-releasing call costs the thread that feeds the GPU while other Python threads are busy (issue 11:
-`run` wall per batch <= 1.1x GPU time; trtforge/backends/cuda_async.py).
+"""What a GIL-releasing call costs the thread that feeds the GPU while other Python threads are busy (trtforge/backends/cuda_async.py;
+`run` aims at a wall time per batch <= 1.1x its GPU time).
 
 The submitting thread of `run` makes about a dozen CUDA calls per batch (async copies, event records and waits,
 a graph launch). cuda-python releases the GIL in each; with planning and merging threads running Python code,

@@ -1,12 +1,12 @@
-"""What `trtforge run` costs the host per batch on an ENGINE when the GPU costs nothing (issue 11: run wall per
-batch <= 1.1x GPU time; on the H200 the loop was host-bound, `wait_gpu` ~0 s).
+"""What `trtforge run` costs the host per batch on an ENGINE when the GPU costs nothing (`run` aims at a wall time per
+batch <= 1.1x its GPU time; a host-bound loop shows `wait_gpu` ~0 s).
 
 The real `run` loop (planning threads, pinned staging, CUDA-graph capture and replay, the submitting and
 collecting threads, the merge) drives a real TensorRT-RTX engine file through the fake CUDA of
 tests/test_runloop.py, with a kernel and device copies that do nothing. So the loop's wall time per batch is its
 host overhead: what the GPU must outlast for the loop to keep it busy. Not a GPU figure: the fake driver's calls
 are Python functions (~1 us, the real ones are ~2-5 us), and this machine's core count shapes the thread
-contention. Compare settings on one machine; the H200 box has 16 CPUs.
+contention. Compare settings on one machine; a GPU machine may have 16 CPUs.
 
     python benchmarks/host_overhead.py out/minilm.clean.onnx --docs calib_data/minilm_long --repeat 4 --out host.json \
         [--tokenizer out/minilm.tokenizer]   # pre-tokenized input: the loop without the tokenizer

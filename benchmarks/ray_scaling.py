@@ -6,11 +6,11 @@ in a temp dir), then the same `run` (engine or ONNX) goes through:
   ray x1   run --ray with one actor (Ray's cost on top of one device)
   ray xN   run --ray with N actors (N = the GPUs Ray sees for an engine, or --actors)
 reporting tokens/s on the inference clock (warm-up and the precision/chunking checks excluded, as in
-`run`), the ratio to one actor (issue 13's target on two H200s: >= 1.8), and whether the errors agree.
+`run`), the ratio to one actor (the aim on two GPUs: >= 1.8), and whether the errors agree.
 Prints a table, writes JSON.
 
     python benchmarks/ray_scaling.py TARGET [--reference REF.onnx] [--min-tokens 200000] [--actors N]
-        [--chunk 256 --overlap 32 --batch-size 16] [--json benchmarks/results/ray_scaling.json]
+        [--chunk 256 --overlap 32 --batch-size 16] [--json out/ray_scaling.json]
 
 Ray unpacked from a wheel with Python's zipfile loses the exec bits of its two binaries
 (ray/core/src/ray/gcs/gcs_server and ray/core/src/ray/raylet/raylet in Ray 2.60): fix_exec_bits() sets
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--overlap", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--skip-single", action="store_true")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/ray_scaling.json")
+    parser.add_argument("--json", type=Path, default=ROOT / "out/ray_scaling.json")
     args = parser.parse_args()
 
     fixed = fix_exec_bits()

@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--overlap", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/run_results.json"))
+    parser.add_argument("--json", type=Path, default=Path("out/bench/run_results.json"))
     args = parser.parse_args()
 
     common = dict(inputs=args.inputs, chunk=args.chunk, overlap=args.overlap, batch_size=args.batch_size,

@@ -1,6 +1,6 @@
 """Where a `trtforge run` loop lost time against its GPU: from each report's `runtime.timeline` (every batch's
 wall and GPU ms in order), the wall time beyond the GPU's, split into the start-up (first 10% of batches),
-the steady state and the drain (last 10%), and the batches that took over twice their GPU time. Issue 11's
+the steady state and the drain (last 10%), and the batches that took over twice their GPU time. The aim of
 wall <= 1.1x GPU is a steady-state claim only if the excess sits in the middle; start-up and drain shrink
 with longer inputs, periodic stalls do not.
 

@@ -1,4 +1,4 @@
-"""benchmarks/vs_torch.py: trtforge's engines against PyTorch on the same GPU (issue 11, item 3).
+"""benchmarks/vs_torch.py: trtforge's engines against PyTorch on the same GPU .
 
 torch and TensorRT 8.6 live in different Pythons on the GPU machine (python3 3.12 has torch, $PY310 has
 TensorRT), so each half is a subcommand writing JSON, and `table` merges them:
@@ -108,7 +108,7 @@ def _gpu_ms(torch, fn, iters: int, warmup: int) -> dict:
 def _windows(tok, text: str, chunk: int, overlap: int):
     """Windows as a plain loop cuts them (and as trtforge plans them): the document's ids without specials,
     spans of chunk - 2 advancing by chunk - 2 - overlap, each wrapped in [CLS] ... [SEP]. Cut here, not by
-    transformers' return_overflowing_tokens, which on the H200's transformers gave one window per document."""
+    transformers' return_overflowing_tokens, which in some transformers versions gives one window per document."""
     ids = tok(text, add_special_tokens=False, truncation=False)["input_ids"]
     capacity = chunk - 2
     starts = [0]

@@ -1,4 +1,4 @@
-"""benchmarks/compare_outputs.py: the H200's proof that two merges wrote the same outputs must be able to fail."""
+"""benchmarks/compare_outputs.py: the GPU validation's proof that two merges wrote the same outputs must be able to fail."""
 
 import subprocess
 import sys

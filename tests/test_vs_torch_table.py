@@ -1,5 +1,5 @@
 """benchmarks/vs_torch.py table: the end-to-end pair says which batch each loop ran, and flags a pair of unequal batches
-(the zoo's H200 configs run 64 windows a batch; the torch loop defaults to 16)."""
+(the zoo's full-size configs run 64 windows a batch; the torch loop defaults to 16)."""
 
 import json
 import subprocess

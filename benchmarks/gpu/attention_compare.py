@@ -1,4 +1,4 @@
-"""Engines with and without the attention pass, side by side on the GPU (issue 11): accuracy against ONNX
+"""Engines with and without the attention pass, side by side on the GPU: accuracy against ONNX
 Runtime fp32 on the ORIGINAL graph, GPU ms per batch, and which layers the engine runs (plugin layers, and
 how TensorRT grouped LayerNorm and GELU: the evidence for or against skip-LayerNorm / bias+GELU passes).
 

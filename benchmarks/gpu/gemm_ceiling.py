@@ -1,4 +1,4 @@
-"""Issue 10's ceiling: can TensorRT 8.6 run an INT8 GEMM faster than an fp16 one on this GPU at all?
+"""The INT8 ceiling: can TensorRT 8.6 run an INT8 GEMM faster than an fp16 one on this GPU at all?
 
 In the sixth session's kernel list, every INT8 GEMM of BERT-base ran an `sm80_xmma_..._i8...` kernel (an
 Ampere kernel) and took as long as the fp16 GEMM it replaced, which ran a Hopper `sm90_xmma_..._f16...`

@@ -1,4 +1,4 @@
-"""Issue 10's anchor: TensorRT 8.6's own implicit INT8 vs trtforge's INT8 engine and the fp16 engine, on the H200.
+"""The INT8 anchor: TensorRT 8.6's own implicit INT8 vs trtforge's INT8 engine and the fp16 engine.
 
 The anchor is what a user gets without trtforge: an IInt8EntropyCalibrator2 fed the same calibration
 samples trtforge uses (read by trtforge's calibrate/data.py with the model's own tokenizer; text padded to

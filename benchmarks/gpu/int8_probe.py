@@ -1,7 +1,7 @@
-"""Issue 10 probe: where an INT8 transformer engine spends its GPU time on TensorRT 8.6, kernel by kernel.
+"""Where an INT8 transformer engine spends its GPU time on TensorRT 8.6, kernel by kernel.
 
 Every variant is built with the same single profile (batch 1..64, seq 1..512, opt 16x128) so that only
-the graph differs; `ncu` (Nsight Compute, on the H200 image) lists each kernel of one execution with its
+the graph differs; `ncu` (Nsight Compute) lists each kernel of one execution with its
 duration, which says whether the GEMMs ran int8 (i8/imma kernels) and what the Q/DQ cost around them.
 
     python3 benchmarks/gpu/int8_probe.py variants CLEAN.onnx INT8.onnx OUTDIR     (numpy/onnx/ORT side)

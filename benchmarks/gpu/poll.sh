@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Wait for a detached driver and bring its light results back in the same call (the machine goes back 30 s
-# after a call returns: results copied later are lost, as the 2026-12-01 windows learned).
+# Wait for a detached validate.sh and bring its light results back in the same call (a lent machine may go back
+# soon after a call returns: results copied later are lost).
 #   bash benchmarks/gpu/poll.sh W MAX_SECONDS
 # Waits until W/DONE exists or MAX_SECONDS pass, printing each new step of W/**/steps.jsonl; then tars every
 # json/jsonl/md/txt/log/csv under W (no engines, no ONNX) into $OUT/results.tgz.

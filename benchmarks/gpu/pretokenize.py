@@ -1,5 +1,5 @@
 """Texts -> the pre-tokenized JSONL `trtforge run` reads ({"name", "input_ids"} per line, ids without special tokens),
-so that a run measures the loop without the tokenizer's cost (issue 11: run wall <= 1.1x GPU; on the H200 box
+so that a run measures the loop without the tokenizer's cost (on a 16-CPU GPU machine
 tokenizing was most of the planning threads' time).
 
     python benchmarks/gpu/pretokenize.py DOCS_DIR TOKENIZER_DIR OUT.jsonl

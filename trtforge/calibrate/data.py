@@ -144,7 +144,7 @@ def read_images(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.n
     try:
         from PIL import Image
     except ImportError:
-        raise UserError("reading images needs Pillow; `pip install pillow`, or save the images as .npy.") from None
+        raise UserError("reading images needs Pillow; `pip install 'trtforge[images]'` (or `pip install pillow`), or save the images as .npy.") from None
     if len(specs) != 1:
         raise UserError(f"image data feeds one input, but the model has {len(specs)}; give .npz samples instead.")
     spec = specs[0]
