@@ -217,9 +217,10 @@ def find_tensorrt(inputs: Inputs, out: Discovery, runtime_version: str | None) -
         out.found["tensorrt_include"] = Found(include, source if given else ("package" if include.parent.name in ("tensorrt", "tensorrt_libs") else "system"), version)
         return
     seen = f"{'; '.join(others)}; " if others else ""
-    out.missing.append(f"TensorRT {wanted}'s headers (NvInfer.h) were not found ({seen}looked in {_looked(candidates)}): the "
-                       f"tensorrt wheel ships none; pass --tensorrt-include DIR with the include/ of the TensorRT {wanted} "
-                       "tarball, of libnvinfer-dev, or of github.com/NVIDIA/TensorRT at tag v8.6.1.")
+    fix = f"fix {source} with" if given else "the tensorrt wheel ships none; pass --tensorrt-include DIR with"
+    out.missing.append(f"TensorRT {wanted}'s headers (NvInfer.h) were not found ({seen}looked in {_looked(candidates)}): {fix} "
+                       f"the include/ of the TensorRT {wanted} tarball, of libnvinfer-dev, or of github.com/NVIDIA/TensorRT "
+                       "at tag v8.6.0.")
 
 
 def _first_with(candidates: list[Path], *markers: str) -> Path | None:
