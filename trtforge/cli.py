@@ -12,15 +12,13 @@ from trtforge import __version__
 from trtforge.artifacts import published
 from trtforge.errors import GateFailed as GateFailedError, TrtforgeError, UserError
 from trtforge import ui
+from trtforge.plugins_cli import plugins_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="PyTorch to a validated TensorRT engine: export, clean, calibrate, build, run.")
+app.add_typer(plugins_app, name="plugins")
 
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
-
-from trtforge.plugins_cli import plugins_app  # noqa: E402  (the `plugins` command group)
-
-app.add_typer(plugins_app, name="plugins")
 
 
 def _resolve_config(model: Optional[str], config: Optional[Path]):

@@ -85,6 +85,9 @@ def state_for(tensorrt_version: str | None, sm: int | None) -> CacheState:
                                               "which is not installed")
     if sm is None:
         return CacheState("unavailable", None, "no GPU found: the cached plugin library is chosen by the GPU's architecture")
+    if not NATIVE_DIR.is_dir():
+        return CacheState("unavailable", None, f"this installation lacks the plugin sources ({NATIVE_DIR}), which a cached "
+                                              "library must match")
     return cache_state(cache_dir(), tensorrt_version, sm, sources_digest(NATIVE_DIR), driver_cuda_version(),
                        _read_record, sha256_file)
 
