@@ -397,3 +397,27 @@ def test_build_turns_plugins_off_with_none_alone(tiny_fcn_clean, tmp_path):
     proc = run_cli("build", str(tiny_fcn_clean), "-o", str(tmp_path / "m.engine"), "--plugin-library", "none",
                    "--plugin-library", str(tmp_path / "x.so"))
     assert_user_error(proc, "--plugin-library none turns plugin libraries off", "give it alone")
+
+
+def test_a_real_build_goes_through_the_default_choice_and_records_no_library_on_tensorrt_rtx(tiny_fcn_clean, tmp_path):
+    """CPU CI builds with TensorRT-RTX, which loads no plugins: a cache that holds a library changes nothing."""
+    _cached(tmp_path / "cache", "trt8.6.1-cuda12.4-sm90", sources_digest(NATIVE))
+    engine = tmp_path / "m.engine"
+    proc = run_cli("build", str(tiny_fcn_clean), "-o", str(engine), "--json", env={"TRTFORGE_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["plugin_libraries"] == [] and "plugin library not loaded" not in proc.stderr
+
+
+def test_an_installation_without_the_native_sources_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(plugins_build, "NATIVE_DIR", tmp_path / "native")
+    with pytest.raises(UserError, match=r"the plugin sources are not in this installation .*trtforge/native/"):
+        plugins_build.native_sources()
+    monkeypatch.setattr(plugins_build, "gpu_sm", lambda: 90)
+    assert plugins_build.state_for("8.6.1", 90).status == "unavailable"
+
+
+def test_a_cache_that_cannot_be_written_is_one_sentence(tree):
+    blocker = tree["root"] / "cache"
+    blocker.write_text("a file where the cache directory should be")
+    proc = run_cli("plugins", "build", *_flags(tree), "--arch", "sm_90", env=_env(tree))
+    assert_user_error(proc, "cannot create output folder", str(blocker))

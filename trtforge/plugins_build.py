@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from trtforge.artifacts import publish, sha256_file, sidecar_path, write_sidecar, write_text_atomic
+from trtforge.artifacts import ensure_writable_dir, publish, sha256_file, sidecar_path, write_sidecar, write_text_atomic
 from trtforge.errors import UserError
 from trtforge.plugin_discovery import (CACHE_ENV, LIBRARY_NAME, SIDECAR_KIND, SIDECAR_SCHEMA, CacheState, Discovery,
                                        Inputs, cache_key, cache_root, cache_state, chosen_libraries, discover,
@@ -201,7 +201,7 @@ def build_plugins(flags: dict[str, str | None], packages_dirs: list[str], arch: 
         current = _read_record(sidecar_path(lib)) if lib.is_file() else None
         if current and current.get("sources_sha256") == sources and current.get("sha256") == sha256_file(lib):
             return BuildReport(lib, key, True, 0.0, current)
-    lib.parent.mkdir(parents=True, exist_ok=True)
+    ensure_writable_dir(lib)  # a cache that cannot be written is one sentence naming it (TRTFORGE_CACHE_DIR moves it)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=".build-", dir=lib.parent) as tmp:
         out = Path(tmp) / LIBRARY_NAME
