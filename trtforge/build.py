@@ -225,8 +225,10 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
         _require_logits(onnx_path)
     mod = load_trt(backend)
     from trtforge.backends.tensorrt import load_plugin_libraries, loaded_plugin_libraries
+    from trtforge.plugins_build import libraries_for_build
 
-    load_plugin_libraries(mod, options.plugin_libraries)  # before the fusion passes ask the registry
+    # Before the fusion passes ask the registry: those given, none for 'none', else the cached libtrtforge_plugins.
+    load_plugin_libraries(mod, libraries_for_build(mod.flavour, mod.version, options.plugin_libraries, warn))
     model = load_onnx(onnx_path)
     specs, axes, parent = io_specs(onnx_path, model)
     lengths = read_lengths(lengths_file) if lengths_file else None

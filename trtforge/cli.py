@@ -12,9 +12,11 @@ from trtforge import __version__
 from trtforge.artifacts import published
 from trtforge.errors import GateFailed as GateFailedError, TrtforgeError, UserError
 from trtforge import ui
+from trtforge.plugins_cli import plugins_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="PyTorch to a validated TensorRT engine: export, clean, calibrate, build, run.")
+app.add_typer(plugins_app, name="plugins")
 
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 
@@ -230,7 +232,7 @@ def build(
     fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: fp16 and INT8 best builds, where it was measured faster)."),
     fuse_gemm: Optional[str] = typer.Option(None, "--fuse-gemm", help="auto|on|off: replace the fp16 MatMuls by a constant weight (+ bias) that other passes left by trtforge's TrtforgeGemm (cuBLASLt, its kernel timed per shape; needs libtrtforge_plugins; auto: fp16 builds, where the H200 measured it faster)."),
     qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="auto|conv|matmul: how the attention pass writes the packed QKV projection (conv: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin; matmul: a MatMul the GEMM pass can take into TrtforgeGemm; auto, the default: matmul where it will, else conv)."),
-    plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="A shared library of TensorRT plugin creators to load first (repeatable), e.g. libtrtforge_plugins.so from trtforge/native/build.sh: cuDNN flash attention for the attention pass."),
+    plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="A shared library of TensorRT plugin creators to load first (repeatable); default: the libtrtforge_plugins.so that `trtforge plugins build` cached for this TensorRT and GPU, if any (cuDNN flash attention, cuBLASLt GEMMs); 'none': load none."),
     gemm_precision: Optional[str] = typer.Option(None, "--gemm-precision", help="fp16|fp8: the GEMM plugins' arithmetic in an fp16 build (fp8: e4m3 operands with per-tensor scales, TrtforgeGemmFp8; compute capability 8.9+; gated on the engine by --fp8-min-cosine)."),
     fp8_min_cosine: Optional[float] = typer.Option(None, "--fp8-min-cosine", help="With --gemm-precision fp8: the engine's held-out mean cosine against ONNX Runtime fp32 must reach this (default 0.99), else exit 1."),
     fp8_min_top1_agreement: Optional[float] = typer.Option(None, "--fp8-min-top1-agreement", help="With --gemm-precision fp8: the engine's top-1 agreement with ONNX Runtime fp32 on each logits output must reach this, else exit 1 (default: reported, not gated)."),
@@ -435,7 +437,7 @@ def run_cmd(
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=0, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200; 0: each batch merged on the thread collecting it, with --overlap-merges on an engine without the precision check)."),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     precision_check: bool = typer.Option(True, "--precision-check/--no-precision-check", help="Check every chunk against ONNX Runtime fp32 after the run (off: speed runs; precision gates you set then fail)."),
-    plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="Where the plugin libraries the engine was built with are on this machine (repeatable; default: the paths its sidecar records)."),
+    plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="Where the plugin libraries the engine was built with are on this machine (repeatable; default: the paths its sidecar records, and for a libtrtforge_plugins.so that is not here, the one `trtforge plugins build` cached for this TensorRT and GPU)."),
     chunking_check: bool = typer.Option(True, "--chunking-check/--no-chunking-check", help="Measure chunked+merged vs one whole pass on ONNX Runtime fp32 for every chunked input after the run (off: speed runs; a min_chunk_cosine gate you set then fails)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Shard the inputs over Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address."),
@@ -621,6 +623,8 @@ def doctor(json_out: bool = JsonOpt) -> None:
     con.print(ui.table("features", ["feature", "available"], [[k, "yes" if v else "no"] for k, v in data["features"].items()]))
     for flavour, why in data["engines"].items():
         con.print(f"run {flavour} engines here: {why}")
+    plugin = data["plugin_library"]
+    con.print(f"plugin library (libtrtforge_plugins): {plugin['state']}: {plugin['detail']}", markup=False)
 
 
 def main() -> None:

@@ -39,6 +39,21 @@ def _gpu() -> dict[str, Any] | None:
         return None
 
 
+def gpu_info() -> dict[str, Any] | None:
+    """GPU 0's name, compute capability, memory and the GPU count, or None when there is none."""
+    return _gpu()
+
+
+def plugin_library_state() -> dict[str, Any]:
+    """libtrtforge_plugins for this TensorRT and GPU: found (with its path), not built, stale, or unavailable (why)."""
+    from trtforge.plugins_build import cache_dir, state_here
+    from trtforge.plugin_discovery import plugins_dir
+
+    state = state_here()
+    return {"state": state.status, "path": str(state.path) if state.path else None, "detail": state.detail,
+            "cache_dir": str(plugins_dir(cache_dir()))}
+
+
 # TensorRT-RTX's documented targets (support matrix 1.0-1.5), used when the installed module cannot say.
 RTX_DOCUMENTED_TARGETS = ("7.5", "8.6", "8.9", "12.0")
 
@@ -138,4 +153,4 @@ def report() -> dict[str, Any]:
     }
     return {"platform": f"{platform.system()} {platform.machine()}", "executable": sys.executable,
             "versions": versions, "onnxruntime_providers": providers, "gpu": gpu, "features": features,
-            "engines": {flavour: why for flavour, (_, why) in support.items()}}
+            "engines": {flavour: why for flavour, (_, why) in support.items()}, "plugin_library": plugin_library_state()}

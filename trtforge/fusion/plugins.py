@@ -12,8 +12,8 @@ Read from TensorRT 8.6.1's plugin sources (plugin/bertQKVToContextPlugin, qkvToC
   padding: the engine is unmasked and `run` refuses a padded attention_mask for it.
 - No plugin of TensorRT 8.6's library applies a causal mask (fMHA_V2 and fMHCA are unmasked, bidirectional):
   without TrtforgeFlashAttention, decoders keep TensorRT's own layers.
-- trtforge's own `TrtforgeFlashAttention` v1 (trtforge/native/sdpa_plugin.cpp, built into libtrtforge_plugins.so and
-  loaded with `build --plugin-library`): cuDNN 9's flash attention (SDPA) behind the same packed-QKV input, for
+- trtforge's own `TrtforgeFlashAttention` v1 (trtforge/native/sdpa_plugin.cpp, built into libtrtforge_plugins.so by
+  `trtforge plugins build`, which `build` then loads by default): cuDNN 9's flash attention (SDPA) behind the same packed-QKV input, for
   sm_80 and newer, head sizes that are multiples of 8 up to 128, any sequence length, bidirectional or causal.
   Where it is registered it is preferred: on the H200 v2's sm_90 kernel runs at ~117 TFLOP/s.
 - TensorRT 10+ (and TensorRT-RTX) fuse multi-head attention themselves (Myelin MHA fusion, later

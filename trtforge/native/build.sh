@@ -3,6 +3,7 @@
 # (TrtforgeGemmGelu, TrtforgeGemm and TrtforgeGemmFp8, over cuBLASLt's matmul with its GELU_BIAS / BIAS epilogues;
 # fp8_quantize.cu, compiled by nvcc for sm_89 and sm_90 plus PTX, converts the FP8 form's operands).
 #   bash trtforge/native/build.sh OUT.so
+# `trtforge plugins build` finds everything below, runs this script and caches the library where build and run load it.
 # Needs a C++17 compiler, the CUDA toolkit (nvcc 12+, its headers and static runtime; CUDA_HOME or the nvcc on PATH) and:
 #   TRT_INCLUDE             TensorRT 8.6's include/ (NvInfer.h ...: the TensorRT tarball's, or NVIDIA/TensorRT v8.6.0)
 #   CUDNN_INCLUDE, CUDNN_LIB  cuDNN 9 (the nvidia-cudnn-cu12/cu13 wheel's nvidia/cudnn/include and lib)
