@@ -207,7 +207,7 @@ def fp8_skip(precision: str, flavour: str, version: str, compute_capability: str
                 "8.9 (Ada, Hopper)")
     if not registered:
         return (f"{PLUGIN} v{PLUGIN_VERSION} is not in this TensorRT's plugin registry; load libtrtforge_plugins "
-                "(trtforge/native/build.sh) with --plugin-library")
+                "(trtforge plugins build, or --plugin-library PATH)")
     return None
 
 

@@ -169,7 +169,7 @@ GEMM_PASS = ElementwisePass(
     # vs ORT fp32 0.9999995 -> 0.9999998. INT8 best builds not measured (their GEMMs are Q/DQ'd, not constants).
     "TrtforgeGemm was measured faster only in fp16 builds (BERT-base on the H200: 10.64 -> 10.45 ms at 64x512)",
     "cuBLASLt matmul (+ bias epilogue), its kernel timed per shape", precisions=("fp16", "best"),
-    library_note="libtrtforge_plugins, trtforge/native/build.sh")
+    library_note="libtrtforge_plugins")
 GELU_AUTO_PRECISIONS = GELU_PASS.auto_precisions
 # Applied in this order, each on the previous one's graph: GELU and skip-LayerNorm take their GEMMs and biases first.
 ELEMENTWISE_PASSES = (GELU_PASS, SKIP_LN_PASS, GEMM_PASS)
@@ -217,8 +217,9 @@ def elementwise_skip(spec: ElementwisePass, mode: str, precision: str, flavour: 
     if precision not in spec.precisions:
         return f"precision {precision} has no {spec.what} plugin route; build with {' or '.join(spec.precisions)}"
     if not plugin_registered and spec.library_note:
-        return (f"{spec.plugin} v{spec.version} is not in this TensorRT's plugin registry; load {spec.library_note} with "
-                "--plugin-library (config key build.plugin_libraries)")
+        return (f"{spec.plugin} v{spec.version} is not in this TensorRT's plugin registry; build libtrtforge_plugins once "
+                "with `trtforge plugins build` (build then loads it), or give --plugin-library PATH (config key "
+                "build.plugin_libraries)")
     if not plugin_registered:
         return f"{spec.plugin} v{spec.version} is not in this TensorRT's plugin registry"
     return None
