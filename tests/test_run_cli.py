@@ -66,7 +66,7 @@ def test_int8_onnx_is_gated_by_cosine_by_default(minilm_int8, minilm_clean, tmp_
     proc = run_cli(*args, "--report", str(report_path))
     assert proc.returncode == 0, proc.stderr
     gates = json.loads(report_path.read_text())["gates"]
-    assert [c["gate"] for c in gates["checked"] if c["source"] == "default"] == ["min_cosine"]
+    assert [c["gate"] for c in gates["checked"] if c["source"] == "default for int8 targets"] == ["min_cosine"]
     assert gates["checked"][0]["value"] >= 0.99 and "max_rel_l2 has no default for an INT8 or FP8-GEMM target" in proc.stdout
     strict = run_cli(*args, "--max-rel-l2", "1e-4")
     assert strict.returncode == 1, strict.stdout[-2000:]

@@ -574,6 +574,8 @@ def _render_run(r: dict) -> None:
     skipped = [c for c in r["gates"]["checked"] if c["status"] == "not evaluated"]
     note = "; not evaluated (defaults): " + ", ".join(f"{c['gate']} ({c['reason']})" for c in skipped) if skipped else ""
     con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])) + note)
+    used = ", ".join(f"{c['gate']} {c['threshold']:g} ({c['source']})" for c in r["gates"]["checked"])
+    con.print(f"  target precision {r['gates'].get('precision', '?')}; gates: {used or 'none'}", markup=False)
     for line in r["gates"].get("notes") or []:
         con.print(f"  note: {line}", markup=False)
 
