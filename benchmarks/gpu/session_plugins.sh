@@ -68,12 +68,14 @@ step install 180 "rm -rf /tmp/tf /tmp/site /tmp/fe && python3 -m pip install --n
   && cp -r $C/gtpkg/* /tmp/site/ && python3 -m zipfile -e $C/nvidia_cudnn_frontend-*.whl /tmp/fe && ls /tmp/fe/include/cudnn_frontend.h \
   && rm -rf \$HOME/site310/ml_dtypes \$HOME/site310/ml_dtypes-*.dist-info && python3 -m zipfile -e $C/py310/ml_dtypes-*.whl \$HOME/site310/"
 step which 60 "$RP -c 'import trtforge, tensorrt; print(trtforge.__file__, tensorrt.__version__)'"
+# export and clean (the machine's python3 and torch) beside the plugin build: neither reads the other's output
+( step export 900 "$TP -m trtforge export --config $CFG -o $B.onnx" && step clean 300 "$TP -m trtforge clean $B.onnx" ) &
+EXPORTING=$!
 step plugins-status-before 120 "$RP -m trtforge plugins status --tensorrt-include $C/trtinc/include $PDIRS"
 step plugins-build 900 "$RP -m trtforge plugins build --tensorrt-include $C/trtinc/include $PDIRS; rc=\$?; cat \$HOME/.cache/trtforge/plugins/*/build.log 2>/dev/null | tail -30; exit \$rc"
 step plugins-status 120 "$RP -m trtforge plugins status --json"
 step doctor 120 "$RP -m trtforge doctor"
-step export 900 "$TP -m trtforge export --config $CFG -o $B.onnx"
-step clean 300 "$TP -m trtforge clean $B.onnx"
+wait "$EXPORTING"  # export and clean ran beside the plugin build
 # The build: no --plugin-library. Where loading the cached library fails on the machine's library paths, once more with
 # the CUDA 13 wheels' directories on LD_LIBRARY_PATH (recorded as its own step, so the report says which one held).
 EXTRA=$(find "$SITE/nvidia" \( -name 'libnvrtc*.so*' -o -name 'libcudnn.so.9' -o -name 'libcublasLt.so.*' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
