@@ -616,7 +616,8 @@ def _render_compare(r: dict) -> None:
         con.print(ui.table("layer-wise, in the reference's topological order", ["tensor", "op", "rel-L2", "cosine", "max-abs",
                                                                                 "growth", "status"], rows))
         con.print(f"layer-wise: {lw['matched']} tensors matched by name ({lw['reference_tensors']} in the reference, "
-                  f"{lw['target_tensors']} in the target), {lw['compared']} compared, {len(lw['skipped'])} skipped", markup=False)
+                  f"{lw['target_tensors']} in the target), {lw['compared']} compared, {len(lw['skipped'])} skipped"
+                  + "".join(f"; {n} {why}" for why, n in lw["skipped_counts"].items()), markup=False)
         jump = lw["first_jump"]
         gates = ", ".join(f"{g['gate']} {g['threshold']:g}" for g in lw["gates"]) or "none"
         con.print(f"first tensor over the layer gates ({gates}): " + (

@@ -237,6 +237,15 @@ def growth_factors(rows: list[dict[str, Any]], inputs_of: dict[str, list[str]]) 
         row["growth"] = float(value / base) if base and np.isfinite(base) and value == value else None
 
 
+def skip_counts(skipped: dict[str, str]) -> dict[str, int]:
+    """How many tensors were skipped for each kind of reason (the reason up to its first '(' or ':')."""
+    counts: dict[str, int] = {}
+    for reason in skipped.values():
+        key = reason.split(":")[0].split(" (")[0]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 @dataclass
 class _Layers:
     """The reference graph in topological order: each node output's producing op, node and that node's inputs."""
@@ -289,7 +298,8 @@ def layerwise(reference_model: onnx.ModelProto, target_model: onnx.ModelProto, s
                 skipped[t] = f"shapes differ (reference {list(a.shape)}, target {list(b.shape)})"
             else:
                 comparator.add_output(t, a, b)
-    per = comparator.result()
+    with np.errstate(all="ignore"):  # a reference holding +-Inf (a mask's bias) has NaN metrics; it is skipped below
+        per = comparator.result()
     rows = []
     for t in names:
         if t in skipped or t not in per:
@@ -305,7 +315,7 @@ def layerwise(reference_model: onnx.ModelProto, target_model: onnx.ModelProto, s
     for row in rows:
         row["status"] = "over gates" if over_gates(row, gates) else "ok"
     return {"matched": len(matched), "reference_tensors": len(ref.order), "target_tensors": len(target_tensors),
-            "compared": len(rows), "skipped": skipped,
+            "compared": len(rows), "skipped": skipped, "skipped_counts": skip_counts(skipped),
             "gates": [{"gate": g.key, "threshold": g.threshold, "source": g.source} for g in gates],
             "rows": rows, "first_jump": jump}
 
