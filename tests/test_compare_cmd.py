@@ -6,6 +6,8 @@ engine (ONNX Runtime standing in for TensorRT, as in test_engine_check.py); no e
 """
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -53,11 +55,32 @@ def chains(tmp_path_factory) -> Path:
     return folder
 
 
-def _compare(chains: Path, target: str, *args: str):
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """The real command line, in this process (no interpreter start per call): (*args) -> CompletedProcess."""
+    from trtforge import cli as cli_module
+
+    monkeypatch.setenv("CI", "true")
+
+    def call(*args: str) -> subprocess.CompletedProcess:
+        monkeypatch.setattr(sys, "argv", ["trtforge", *args])
+        capsys.readouterr()
+        try:
+            cli_module.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+    return call
+
+
+def _compare(chains: Path, target: str, *args: str, cli=run_cli):
     report = chains / f"{target}.{abs(hash(args))}.json"
     report.unlink(missing_ok=True)
-    proc = run_cli("compare", str(chains / f"{target}.onnx"), str(chains / "ref.onnx"), "--inputs", str(chains / "in"),
-                   "--report", str(report), *args)
+    proc = cli("compare", str(chains / f"{target}.onnx"), str(chains / "ref.onnx"), "--inputs", str(chains / "in"),
+               "--report", str(report), *args)
     return proc, (json.loads(report.read_text()) if report.exists() else None)
 
 
@@ -123,22 +146,22 @@ def test_without_layerwise_the_outputs_alone_are_judged(chains):
     assert report["gates"]["failures"] == [f for f in report["gates"]["failures"] if "'y'" in f]
 
 
-def test_tolerances_pass_and_fail_as_set(chains):
+def test_tolerances_pass_and_fail_as_set(chains, cli):
     """A tolerance replaces the fp32 default gate (which the 5% weight fails); a set gate still applies."""
-    proc, report = _compare(chains, "pert", "--atol", "0.1")
+    proc, report = _compare(chains, "pert", "--atol", "0.1", cli=cli)
     assert proc.returncode == 0, proc.stderr
     tol = report["per_output"]["y"]["tolerance"]
     assert tol == {**tol, "atol": 0.1, "statistic": "elemwise", "violations": 0, "passed": True}
     assert report["gates"]["checked"] == []
-    proc, report = _compare(chains, "pert", "--atol", "y:0.01")
+    proc, report = _compare(chains, "pert", "--atol", "y:0.01", cli=cli)
     assert proc.returncode == 1
     assert "output 'y':" in proc.stderr and "outside atol 0.01" in proc.stderr
-    proc, report = _compare(chains, "pert", "--rtol", "0.5", "--error-stat", "median")
+    proc, report = _compare(chains, "pert", "--rtol", "0.5", "--error-stat", "median", cli=cli)
     assert proc.returncode == 0, proc.stderr
     assert report["per_output"]["y"]["tolerance"]["statistic"] == "median"
-    proc, report = _compare(chains, "pert", "--rtol", "1e-4", "--error-stat", "q99")
+    proc, report = _compare(chains, "pert", "--rtol", "1e-4", "--error-stat", "q99", cli=cli)
     assert proc.returncode == 1 and "q99 absolute error" in proc.stderr
-    proc, report = _compare(chains, "pert", "--atol", "0.1", "--max-rel-l2", "1e-3")
+    proc, report = _compare(chains, "pert", "--atol", "0.1", "--max-rel-l2", "1e-3", cli=cli)
     assert proc.returncode == 1 and "(max_rel_l2)" in proc.stderr
     assert report["gates"]["checked"][0]["source"] == "set"
 
@@ -152,21 +175,26 @@ def test_tolerances_pass_and_fail_as_set(chains):
     (["--min-cosine", "2"], ["--min-cosine 2 is outside [-1, 1]"]),
     (["--max-rel-l2", "-1"], ["--max-rel-l2 -1"]),
 ])
-def test_bad_values_are_one_sentence(chains, args, fragments):
-    proc, report = _compare(chains, "pert", *args)
+def test_bad_values_are_one_sentence(chains, cli, args, fragments):
+    proc, report = _compare(chains, "pert", *args, cli=cli)
     assert_user_error(proc, *fragments)
     assert report is None
 
 
-def test_missing_files_and_overwrites_are_one_sentence(chains, tmp_path):
-    ref, inputs = str(chains / "ref.onnx"), str(chains / "in")
-    assert_user_error(run_cli("compare", str(tmp_path / "nope.onnx"), ref, "--inputs", inputs), "nope.onnx does not exist")
-    assert_user_error(run_cli("compare", str(chains / "same.onnx"), str(tmp_path / "gone.onnx"), "--inputs", inputs), "gone.onnx does not exist")
-    assert_user_error(run_cli("compare", str(chains / "same.onnx"), ref, "--inputs", str(tmp_path / "none")), "none does not exist")
-    assert_user_error(run_cli("compare", str(chains / "same.onnx"), ref, "--inputs", inputs, "--report", ref),
-                      "would overwrite the input")
-    assert onnx.load(ref).graph.node  # still the model
-    assert_user_error(run_cli("compare", str(tmp_path / "model.engine"), ref, "--inputs", inputs), "model.engine does not exist")
+@pytest.mark.parametrize("target, reference, inputs, extra, fragment", [
+    ("nope.onnx", "ref.onnx", "in", [], "nope.onnx does not exist"),
+    ("same.onnx", "gone.onnx", "in", [], "gone.onnx does not exist"),
+    ("same.onnx", "ref.onnx", "none", [], "none does not exist"),
+    ("model.engine", "ref.onnx", "in", [], "model.engine does not exist"),
+    ("same.onnx", "ref.onnx", "in", ["--report", "ref.onnx"], "would overwrite the input"),
+    ("same.onnx", "ref.onnx", "in", ["--report", "in/r.json"], "lies inside the inputs folder"),
+])
+def test_missing_files_and_overwrites_are_one_sentence(chains, cli, target, reference, inputs, extra, fragment):
+    before = (chains / "ref.onnx").read_bytes()
+    proc = cli("compare", str(chains / target), str(chains / reference), "--inputs", str(chains / inputs),
+               *[str(chains / a) if a.endswith((".onnx", ".json")) else a for a in extra])
+    assert_user_error(proc, fragment)
+    assert (chains / "ref.onnx").read_bytes() == before and not (chains / "in" / "r.json").exists()
 
 
 def _fake_engine(folder: Path, precision: str = "fp16") -> Path:
@@ -210,15 +238,15 @@ def test_an_engine_target_runs_through_its_runner_with_its_precision_gates(chain
         compare(engine, chains / "ref.onnx", CompareOptions(inputs=chains / "in"), EngineAccess(lambda: (False, "no GPU"), runner))
 
 
-def test_an_engine_target_is_refused_where_none_can_execute(chains, tmp_path):
+def test_an_engine_target_is_refused_where_none_can_execute(chains, tmp_path, cli):
     from trtforge.calibrate.engine_check import runtime_here
 
     engine = _fake_engine(tmp_path)
-    proc = run_cli("compare", str(engine), str(chains / "ref.onnx"), "--inputs", str(chains / "in"), "--layerwise")
+    proc = cli("compare", str(engine), str(chains / "ref.onnx"), "--inputs", str(chains / "in"), "--layerwise")
     assert_user_error(proc, "--layerwise is not supported for an engine (chain.engine)")
     if runtime_here()[0]:
         pytest.skip("this machine executes engines")
-    proc = run_cli("compare", str(engine), str(chains / "ref.onnx"), "--inputs", str(chains / "in"))
+    proc = cli("compare", str(engine), str(chains / "ref.onnx"), "--inputs", str(chains / "in"))
     assert_user_error(proc, "chain.engine is an engine and no TensorRT engine can execute on this machine")
 
 
