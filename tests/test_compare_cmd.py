@@ -139,6 +139,23 @@ def test_layer_wise_names_the_node_that_makes_nan(chains):
     assert "output 'y' of the target has" in proc.stderr
 
 
+def test_layer_wise_spills_models_over_protobufs_limit_to_disk(chains, monkeypatch):
+    """Over 2 GB a model cannot be handed to ONNX Runtime as bytes: the marked copies go to a scratch folder."""
+    from trtforge import compare_step, onnxio
+
+    saved = []
+
+    def save(model, path, **kw):
+        saved.append(path)
+        return onnxio.save_onnx(model, path, **kw)
+
+    monkeypatch.setattr(compare_step, "PROTOBUF_LIMIT", 0)
+    monkeypatch.setattr(compare_step, "save_onnx", save)
+    report = compare(chains / "pert.onnx", chains / "ref.onnx", CompareOptions(inputs=chains / "in", layerwise=True))
+    assert report["layerwise"]["first_jump"]["tensor"] == "h2_mm"
+    assert [p.name for p in saved] == ["reference.onnx", "target.onnx"] and not saved[0].parent.exists()
+
+
 def test_without_layerwise_the_outputs_alone_are_judged(chains):
     proc, report = _compare(chains, "pert")
     assert proc.returncode == 1 and "layerwise" not in report

@@ -26,6 +26,7 @@ gates while the outputs pass is reported, not failed.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -37,7 +38,7 @@ from trtforge.artifacts import declared_output_kinds, read_sidecar, write_json_a
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
 from trtforge.graph import expose_tensors, float_tensor_types, io_specs, toposorted
-from trtforge.onnxio import load_onnx
+from trtforge.onnxio import PROTOBUF_LIMIT, load_onnx, save_onnx
 from trtforge.report import target_precision
 from trtforge.verify.compare import Comparator
 from trtforge.verify.gates import GATES, Gate, evaluate_gates, gate_notes, gates_from, passes
@@ -72,9 +73,20 @@ class EngineAccess:
 
 
 def default_engine_access() -> EngineAccess:
-    from trtforge.calibrate.engine_check import default_hooks, runtime_here
+    from trtforge.calibrate.engine_check import runtime_here
 
-    return EngineAccess(runtime_here, default_hooks().runner)
+    return EngineAccess(runtime_here, trt_runner)
+
+
+def trt_runner(engine: Path, sidecar: dict[str, Any]) -> Any:
+    """The TensorRT runtime's runner for an engine built for this runtime and GPU (else one sentence, build.py)."""
+    from trtforge.backends.tensorrt import load_trt, runtime_identity
+    from trtforge.backends.tensorrt_runtime import TrtRunner
+    from trtforge.build import check_engine_compat
+
+    mod = load_trt(sidecar.get("backend", "auto"))
+    check_engine_compat(engine, sidecar, runtime_identity(mod))
+    return TrtRunner(mod, engine, sidecar, cuda_graphs=False)
 
 
 def check_options(options: CompareOptions) -> tuple[dict[str | None, float], dict[str | None, float], str]:
@@ -103,10 +115,12 @@ def check_report_path(report: Path | None, target: Path, reference: Path, inputs
                 raise UserError(f"--report {report} would overwrite the input {taken}; write the report elsewhere.")
     folder = os.path.realpath(inputs)
     if os.path.isdir(folder) and where.startswith(folder + os.sep):
-        raise UserError(f"--report {report} lies inside the inputs folder {inputs}, where it would become an input; write it elsewhere.")
+        raise UserError(f"--report {report} lies inside the inputs folder {inputs}, where it would become an input; "
+                        "write it elsewhere.")
 
 
-def load_inputs(reference: Path, model: onnx.ModelProto, folder: Path, max_samples: int | None) -> tuple[list[dict[str, np.ndarray]], str]:
+def load_inputs(reference: Path, model: onnx.ModelProto, folder: Path,
+                max_samples: int | None) -> tuple[list[dict[str, np.ndarray]], str]:
     """The samples of `folder` as `calibrate` reads them (the reference's input specs and tokenizer), and their kind."""
     from trtforge.calibrate import data as data_mod
     from trtforge.calibrate.step import _max_length, _tokenizer_factory
@@ -272,6 +286,33 @@ def _non_float(model: onnx.ModelProto) -> set[str]:
     return {name for name, t in float_tensor_types(model).items() if t and t not in FLOAT_TYPES}
 
 
+def _session_source(model: onnx.ModelProto, spill: Path) -> bytes | Path:
+    """The model as bytes for ONNX Runtime, or, over protobuf's 2 GB, saved to `spill` with its weights beside it."""
+    if model.ByteSize() <= PROTOBUF_LIMIT:
+        return model.SerializeToString()
+    return save_onnx(model, spill, external_data=True)
+
+
+def _compare_tensors(reference: OrtRunner, target: "_OnnxTarget", names: list[str], samples: list[dict[str, np.ndarray]],
+                     skipped: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The comparator's metrics of every named tensor over the samples; a tensor that is no float or whose shapes differ
+    goes to `skipped` with why."""
+    comparator = Comparator({t: None for t in names})
+    for feeds in samples:
+        live = [t for t in names if t not in skipped]
+        r, c = reference.run(feeds, live), target.run(feeds, live)
+        for t in live:
+            a, b = np.asarray(r[t]), np.asarray(c[t])
+            if a.dtype.kind != "f" or b.dtype.kind != "f":
+                skipped[t] = f"not a float tensor ({a.dtype} / {b.dtype})"
+            elif a.shape != b.shape:
+                skipped[t] = f"shapes differ (reference {list(a.shape)}, target {list(b.shape)})"
+            else:
+                comparator.add_output(t, a, b)
+    with np.errstate(all="ignore"):  # a reference holding +-Inf (a mask's bias) has NaN metrics; it is skipped later
+        return comparator.result()
+
+
 def layerwise(reference_model: onnx.ModelProto, target_model: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
               gates: list[Gate], progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Every tensor both graphs produce under one name, compared in the reference's topological order (module docstring)."""
@@ -284,22 +325,11 @@ def layerwise(reference_model: onnx.ModelProto, target_model: onnx.ModelProto, s
     skipped: dict[str, str] = {t: "not a float tensor" for t in matched if t in non_float}
     progress(f"layer-wise: {len(matched)} tensors matched by name ({len(ref.order)} in the reference, "
              f"{len(target_tensors)} in the target); comparing {len(names)} float tensors")
-    ref_runner = OrtRunner(expose_tensors(reference_model, names, typed=False).SerializeToString())
-    target_runner = _OnnxTarget(expose_tensors(target_model, names, typed=False).SerializeToString())
-    comparator = Comparator({t: None for t in names})
-    for feeds in samples:
-        live = [t for t in names if t not in skipped]
-        r, c = ref_runner.run(feeds, live), target_runner.run(feeds, live)
-        for t in live:
-            a, b = np.asarray(r[t]), np.asarray(c[t])
-            if a.dtype.kind != "f" or b.dtype.kind != "f":
-                skipped[t] = f"not a float tensor ({a.dtype} / {b.dtype})"
-            elif a.shape != b.shape:
-                skipped[t] = f"shapes differ (reference {list(a.shape)}, target {list(b.shape)})"
-            else:
-                comparator.add_output(t, a, b)
-    with np.errstate(all="ignore"):  # a reference holding +-Inf (a mask's bias) has NaN metrics; it is skipped below
-        per = comparator.result()
+    with tempfile.TemporaryDirectory(prefix="trtforge-layerwise-") as scratch:
+        spill = Path(scratch)
+        ref_runner = OrtRunner(_session_source(expose_tensors(reference_model, names, typed=False), spill / "reference.onnx"))
+        target_runner = _OnnxTarget(_session_source(expose_tensors(target_model, names, typed=False), spill / "target.onnx"))
+        per = _compare_tensors(ref_runner, target_runner, names, samples, skipped)
     rows = []
     for t in names:
         if t in skipped or t not in per:
@@ -308,8 +338,9 @@ def layerwise(reference_model: onnx.ModelProto, target_model: onnx.ModelProto, s
         if m["reference_problem"]:
             skipped[t] = f"the reference proves nothing there: {m['reference_problem']}"
             continue
-        rows.append({"tensor": t, "op": ref.op[t], "target_op": target_ops[t], "node": ref.node[t], "rel_l2": m["rel_l2"], "cosine": m["cosine"],
-                     "max_abs": m["max_abs"], "candidate_nonfinite": m["candidate_nonfinite"], "values": m["values"]})
+        rows.append({"tensor": t, "op": ref.op[t], "target_op": target_ops[t], "node": ref.node[t], "rel_l2": m["rel_l2"],
+                     "cosine": m["cosine"], "max_abs": m["max_abs"], "candidate_nonfinite": m["candidate_nonfinite"],
+                     "values": m["values"]})
     growth_factors(rows, ref.inputs_of)
     jump = first_jump(rows, gates)
     for row in rows:
@@ -329,7 +360,7 @@ def compare(target: Path, reference: Path, options: CompareOptions, access: Engi
     ref_model = load_onnx(reference)
     runner, engine_sidecar = open_target(target, options.layerwise, access)
     try:
-        ref_runner = OrtRunner(ref_model.SerializeToString())
+        ref_runner = OrtRunner(reference)
         _check_io(runner, ref_runner, target, reference)
         kinds = output_kinds(target, reference, ref_runner.output_names)
         tolerances = tolerances_for(list(kinds), atol, rtol, statistic)
