@@ -108,6 +108,17 @@ def test_growth_is_a_tensors_error_over_its_inputs_worst():
     assert [r["growth"] for r in rows] == [None, None, pytest.approx(20.0), 0.0]
 
 
+def test_a_runtime_failure_on_a_sample_is_one_sentence():
+    from trtforge.compare_step import run_sample
+
+    class Broken:
+        def run(self, feeds):
+            raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code\nReshape_3: cannot reshape")
+
+    with pytest.raises(UserError, match=r"^the target m.onnx failed on input sample 4 \(RuntimeError: .*cannot reshape\); check"):
+        run_sample(Broken(), {}, "the target m.onnx", 4)
+
+
 # -- the command on the hand-made chain ----------------------------------------------------------------------------
 
 def test_an_unperturbed_copy_passes_layer_wise(chains):

@@ -36,7 +36,7 @@ import onnx
 
 from trtforge.artifacts import declared_output_kinds, read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.errors import UserError
+from trtforge.errors import UserError, exception_summary
 from trtforge.graph import expose_tensors, float_tensor_types, io_specs, toposorted
 from trtforge.onnxio import PROTOBUF_LIMIT, load_onnx, save_onnx
 from trtforge.report import target_precision
@@ -165,6 +165,18 @@ def open_target(target: Path, layerwise: bool, access: EngineAccess | None) -> t
         raise UserError(f"{target.name} is an engine and no TensorRT engine can execute on this machine ({why}); compare its "
                         f"ONNX ({sidecar.get('built_onnx') or sidecar.get('source_onnx')}) here, or run this on a GPU machine.")
     return access.runner(target, sidecar), sidecar
+
+
+def run_sample(runner: Any, feeds: dict[str, np.ndarray], what: str, index: int,
+               outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+    """One sample through a runner; a runtime's failure (a shape or value the model does not take) is one sentence."""
+    try:
+        return runner.run(feeds, outputs) if outputs is not None else runner.run(feeds)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"{what} failed on input sample {index} ({exception_summary(exc, 300)}); check that the inputs "
+                        "fit the model (names, shapes, value ranges).") from None
 
 
 def _check_io(target: Any, reference: OrtRunner, target_path: Path, reference_path: Path) -> None:
@@ -298,9 +310,10 @@ def _compare_tensors(reference: OrtRunner, target: "_OnnxTarget", names: list[st
     """The comparator's metrics of every named tensor over the samples; a tensor that is no float or whose shapes differ
     goes to `skipped` with why."""
     comparator = Comparator({t: None for t in names})
-    for feeds in samples:
+    for i, feeds in enumerate(samples):
         live = [t for t in names if t not in skipped]
-        r, c = reference.run(feeds, live), target.run(feeds, live)
+        r = run_sample(reference, feeds, "the reference with its tensors marked as outputs", i, live)
+        c = run_sample(target, feeds, "the target with its tensors marked as outputs", i, live)
         for t in live:
             a, b = np.asarray(r[t]), np.asarray(c[t])
             if a.dtype.kind != "f" or b.dtype.kind != "f":
@@ -357,7 +370,7 @@ def compare(target: Path, reference: Path, options: CompareOptions, access: Engi
     target, reference = Path(target), Path(reference)
     atol, rtol, statistic = check_options(options)
     check_report_path(options.report, target, reference, Path(options.inputs))
-    ref_model = load_onnx(reference)
+    ref_model = load_onnx(reference, load_external_data=options.layerwise)  # weights only where a copy is run
     runner, engine_sidecar = open_target(target, options.layerwise, access)
     try:
         ref_runner = OrtRunner(reference)
@@ -368,8 +381,8 @@ def compare(target: Path, reference: Path, options: CompareOptions, access: Engi
         progress(f"comparing {target.name} against {reference.name} on {len(samples)} samples of {options.inputs}")
         comparator = Comparator(kinds, tolerances)
         for i, feeds in enumerate(samples):
-            ref_out = ref_runner.run(feeds)
-            out = runner.run({k: v for k, v in feeds.items() if k in runner.input_names})
+            ref_out = run_sample(ref_runner, feeds, f"the reference {reference.name}", i)
+            out = run_sample(runner, {k: v for k, v in feeds.items() if k in runner.input_names}, f"the target {target.name}", i)
             for name in kinds:
                 if np.shape(ref_out[name]) != np.shape(out[name]):
                     raise UserError(f"output '{name}' has shape {list(np.shape(out[name]))} in {target.name} but "
