@@ -119,6 +119,23 @@ def test_a_runtime_failure_on_a_sample_is_one_sentence():
         run_sample(Broken(), {}, "the target m.onnx", 4)
 
 
+def test_outputs_with_a_tolerance_leave_the_default_gates_to_the_others():
+    from trtforge.compare_step import judge
+    from trtforge.verify.compare import compare_outputs
+    from trtforge.verify.tolerances import Tolerance
+
+    rng = np.random.default_rng(0)
+    ref = {"a": rng.standard_normal((2, 8)), "b": rng.standard_normal((2, 8))}
+    cand = {"a": ref["a"] * 1.05, "b": ref["b"] * 1.05}  # rel-L2 0.05 on both: over fp32's default 1e-4
+    tolerances = {"a": Tolerance(atol=1.0)}
+    per_output = compare_outputs({"a": None, "b": None}, ref, cand, tolerances=tolerances)
+    verdict = judge(per_output, {"a": None, "b": None}, tolerances, {"max_rel_l2": None, "min_cosine": None}, "fp32")
+    assert not verdict["passed"] and len(verdict["failures"]) == 1 and "'b'" in verdict["failures"][0]
+    assert verdict["checked"][0]["outputs"] == ["b"]
+    verdict = judge(per_output, {"a": None, "b": None}, tolerances, {"max_rel_l2": 0.1, "min_cosine": None}, "fp32")
+    assert verdict["passed"] and [c["gate"] for c in verdict["checked"]] == ["max_rel_l2"]  # a set gate judges both
+
+
 # -- the command on the hand-made chain ----------------------------------------------------------------------------
 
 def test_an_unperturbed_copy_passes_layer_wise(chains):
