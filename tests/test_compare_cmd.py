@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import assert_user_error, export_zoo, run_cli
+from conftest import assert_user_error, export_zoo, require, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.compare_step import CompareOptions, EngineAccess, compare, first_jump, growth_factors
 from trtforge.errors import UserError
@@ -293,6 +293,19 @@ def test_an_engine_target_is_refused_where_none_can_execute(chains, tmp_path, cl
         pytest.skip("this machine executes engines")
     proc = cli("compare", str(engine), str(chains / "ref.onnx"), "--inputs", str(chains / "in"))
     assert_user_error(proc, "chain.engine is an engine and no TensorRT engine can execute on this machine")
+
+
+def test_a_built_engine_is_refused_where_none_can_execute(chains, tmp_path, cli):
+    """A real engine (TensorRT-RTX builds ahead of time without a GPU) and its real sidecar, on this CPU machine."""
+    require("tensorrt_rtx")
+    from trtforge.build import build
+    from trtforge.calibrate.engine_check import runtime_here
+
+    if runtime_here()[0]:
+        pytest.skip("this machine executes engines")
+    result = build(chains / "ref.onnx", tmp_path / "ref.fp16.engine", "fp16", backend="tensorrt_rtx")
+    proc = cli("compare", str(result.engine_path), str(chains / "ref.onnx"), "--inputs", str(chains / "in"))
+    assert_user_error(proc, "ref.fp16.engine is an engine and no TensorRT engine can execute on this machine", "compare its ONNX")
 
 
 # -- a zoo model against its fp16 conversion ---------------------------------------------------------------------
