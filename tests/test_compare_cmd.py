@@ -233,6 +233,7 @@ def test_bad_values_are_one_sentence(chains, cli, args, fragments):
     ("model.engine", "ref.onnx", "in", [], "model.engine does not exist"),
     ("same.onnx", "ref.onnx", "in", ["--report", "ref.onnx"], "would overwrite the input"),
     ("same.onnx", "ref.onnx", "in", ["--report", "in/r.json"], "lies inside the inputs folder"),
+    ("ref.onnx", "ref.onnx", "in", [], "is its own reference"),
 ])
 def test_missing_files_and_overwrites_are_one_sentence(chains, cli, target, reference, inputs, extra, fragment):
     before = (chains / "ref.onnx").read_bytes()

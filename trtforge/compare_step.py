@@ -369,6 +369,9 @@ def compare(target: Path, reference: Path, options: CompareOptions, access: Engi
     """The comparison's report (schema trtforge.compare/1); `report["passed"]` is the outputs' verdict."""
     target, reference = Path(target), Path(reference)
     atol, rtol, statistic = check_options(options)
+    if target.exists() and reference.exists() and os.path.samefile(target, reference):
+        raise UserError(f"{target} is its own reference, so comparing it proves nothing; pass the model it was made from "
+                        "as REFERENCE.")
     check_report_path(options.report, target, reference, Path(options.inputs))
     ref_model = load_onnx(reference, load_external_data=options.layerwise)  # weights only where a copy is run
     runner, engine_sidecar = open_target(target, options.layerwise, access)
