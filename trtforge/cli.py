@@ -581,6 +581,66 @@ def _render_run(r: dict) -> None:
 
 
 @app.command()
+def compare(
+    target: Path = typer.Argument(..., metavar="TARGET", help="The ONNX (ONNX Runtime) or engine to check."),
+    reference: Path = typer.Argument(..., metavar="REFERENCE", help="The ONNX to check it against (ONNX Runtime), e.g. the fp32 one."),
+    inputs: Path = typer.Option(..., "--inputs", "-i", help="Folder of .npy/.npz arrays, .txt/.jsonl texts (the reference's tokenizer) or images; each fed whole."),
+    atol: Optional[list[str]] = typer.Option(None, "--atol", help="Absolute tolerance, NAME:VALUE for one output or VALUE for all (repeatable)."),
+    rtol: Optional[list[str]] = typer.Option(None, "--rtol", help="Relative tolerance, NAME:VALUE or VALUE (repeatable)."),
+    error_stat: Optional[str] = typer.Option(None, "--error-stat", help="What the tolerances bound: elemwise (every value; the default), max, mean, median or a quantile qNN."),
+    max_rel_l2: Optional[float] = typer.Option(None, "--max-rel-l2", help="Gate on every output's rel-L2 (default: by the target's precision, for outputs without a tolerance)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Gate on every output's cosine (default: by the target's precision)."),
+    layerwise: bool = typer.Option(False, "--layerwise", help="Also compare every intermediate tensor both ONNX graphs name alike, and name the first over the gates."),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples", help="Use at most this many inputs."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """A target's outputs against a reference's on the same inputs, per output by kind; --layerwise finds where they part."""
+    from trtforge.compare_step import CompareOptions, compare as compare_step
+
+    options = CompareOptions(inputs=inputs, atol=list(atol or []), rtol=list(rtol or []), error_stat=error_stat,
+                             max_rel_l2=max_rel_l2, min_cosine=min_cosine, layerwise=layerwise, max_samples=max_samples,
+                             report=report)
+    log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
+    result = compare_step(target, reference, options, progress=log)
+    if json_out:
+        ui.print_json(result)
+    else:
+        _render_compare(result)
+    if not result["passed"]:
+        raise GateFailedError("compare: " + "; ".join(result["gates"]["failures"]))
+
+
+def _render_compare(r: dict) -> None:
+    con = ui.console()
+    rows = [[name, r["outputs"][name]["kind"] or "-", m["rel_l2"], m["cosine"], m["max_abs"],
+             (f"{m['tolerance']['violations']} outside" if m["tolerance"]["statistic"] == "elemwise" else
+              f"{m['tolerance']['statistic']} {m['tolerance']['abs_error']:.3g}") if "tolerance" in m else "-"]
+            for name, m in r["per_output"].items()]
+    con.print(ui.table(f"{Path(r['target']).name} against {Path(r['reference']).name} ({r['inputs']['samples']} inputs, "
+                       f"target precision {r['precision']})", ["output", "kind", "rel-L2", "cosine", "max-abs", "tolerance"], rows))
+    lw = r.get("layerwise")
+    if lw:
+        rows = [[row["tensor"], row["op"] + ("" if row["target_op"] == row["op"] else f" (target: {row['target_op']})"), row["rel_l2"], row["cosine"], row["max_abs"],
+                 "-" if row["growth"] is None else f"{row['growth']:.3g}x", row["status"]] for row in lw["rows"]]
+        con.print(ui.table("layer-wise, in the reference's topological order", ["tensor", "op", "rel-L2", "cosine", "max-abs",
+                                                                                "growth", "status"], rows))
+        con.print(f"layer-wise: {lw['matched']} tensors matched by name ({lw['reference_tensors']} in the reference, "
+                  f"{lw['target_tensors']} in the target), {lw['compared']} compared, {len(lw['skipped'])} skipped"
+                  + "".join(f"; {n} {why}" for why, n in lw["skipped_counts"].items()), markup=False)
+        jump = lw["first_jump"]
+        gates = ", ".join(f"{g['gate']} {g['threshold']:g}" for g in lw["gates"]) or "none"
+        con.print(f"first tensor over the layer gates ({gates}): " + (
+            f"'{jump['tensor']}' ({jump['op']} node {jump['node']}"
+            + ("" if jump["target_op"] == jump["op"] else f", {jump['target_op']} in the target") + f"): {'; '.join(jump['reasons'])}"
+            + ("" if jump["growth"] is None else f", {jump['growth']:.3g}x its inputs' worst") if jump else "none"), markup=False)
+    checked = ", ".join(f"{c['gate']} {c['threshold']:g} ({c['source']})" for c in r["gates"]["checked"]) or "none"
+    con.print(f"gates ({checked}): " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])), markup=False)
+    for line in r["gates"].get("notes") or []:
+        con.print(f"  note: {line}", markup=False)
+
+
+@app.command()
 def pipeline(
     config: Path = typer.Argument(..., metavar="CONFIG", help="configs/NAME.yaml"),
     from_step: Optional[str] = typer.Option(None, "--from", help="Start at this step (export, clean, calibrate, build, run); it always runs."),
