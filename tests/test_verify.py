@@ -207,3 +207,15 @@ def test_tolerance_parsing_and_errors():
     for bad in ("q100", "q0", "p99", "avg"):
         with pytest.raises(UserError):
             check_statistic(bad)
+
+
+def test_a_tolerance_replaces_the_default_gates_of_its_output_only():
+    per_output = {"tolerated": {"rel_l2": 0.5, "cosine": 0.9}, "other": {"rel_l2": 0.5, "cosine": 0.9}}
+    defaults = gates_from({}, "fp16")
+    result = evaluate_gates(_report(per_output), defaults, tolerated=frozenset({"tolerated"}))
+    assert not result["passed"] and all("'other'" in f for f in result["failures"])
+    only = evaluate_gates(_report({"tolerated": per_output["tolerated"]}), defaults, tolerated=frozenset({"tolerated"}))
+    assert only["passed"] and {c["status"] for c in only["checked"]} == {"not evaluated"}
+    # a gate the user set reads every output, tolerated or not
+    explicit = evaluate_gates(_report(per_output), gates_from({"max_rel_l2": 0.1}, "fp16"), tolerated=frozenset(per_output))
+    assert not explicit["passed"] and "max_rel_l2" in explicit["failures"][0]

@@ -414,7 +414,7 @@ def run_cmd(
     min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", help="Chunking gate on the worst per-input cosine (default: not gated)."),
     min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Precision gate on logits outputs' top-1 agreement."),
     min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Precision gate on dense outputs' per-pixel argmax agreement."),
-    atol: Optional[list[str]] = typer.Option(None, "--atol", help="Absolute tolerance NAME:VALUE or VALUE (every output), on --error-stat; with --rtol it replaces the precision's default gates (repeatable)."),
+    atol: Optional[list[str]] = typer.Option(None, "--atol", help="Absolute tolerance NAME:VALUE or VALUE (every output), on --error-stat; replaces the default gates for the outputs it names (repeatable)."),
     rtol: Optional[list[str]] = typer.Option(None, "--rtol", help="Relative tolerance NAME:VALUE or VALUE (every output), on --error-stat (repeatable)."),
     error_stat: str = typer.Option("elemwise", "--error-stat", help="What --atol/--rtol bound: elemwise (every element within atol + rtol x |reference|), or the max, mean, median or a quantile qNN (e.g. q99) of the absolute error (<= atol) or relative error (<= rtol)."),
     save_reference: Optional[Path] = typer.Option(None, "--save-reference", help="Keep the precision check's reference outputs (.npz), so a later run can --load-reference them."),

@@ -1370,10 +1370,10 @@ def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[
     onnx_sidecar = None if p.is_engine else read_sidecar(p.target_path, required=False)
     precision = target_precision(p.engine_sidecar if p.is_engine else None, onnx_sidecar,
                                  None if p.is_engine else p.target_path)
-    gates = evaluate_gates(report, gates_from(options.gate_values(), precision, defaults=not p.tolerances))
+    gates = evaluate_gates(report, gates_from(options.gate_values(), precision), tolerated=frozenset(p.tolerances))
     notes = gate_notes(options.gate_values(), precision)
     if p.tolerances:
-        notes = [*notes, "--atol/--rtol set: the precision's default gates are replaced by the tolerances"]
+        notes = [*notes, f"--atol/--rtol replace the default gates for {', '.join(p.tolerances)}"]
         if not (report.get("precision_error") or {}).get("measured"):
             why = (report.get("precision_error") or {}).get("reason", "not measured")
             gates = {**gates, "passed": False,

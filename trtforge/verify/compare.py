@@ -134,6 +134,10 @@ class _Output:
         self.violations += other.violations
 
     def metrics(self) -> dict[str, Any]:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # Inf in a reference: NaN, reported below
+            return self._metrics()
+
+    def _metrics(self) -> dict[str, Any]:
         item_cos = np.asarray(self.item_cos, dtype=np.float64)
         ref_norm = float(np.sqrt(self.ref2))
         out: dict[str, Any] = {

@@ -65,10 +65,9 @@ class Gate:
 
 
 def gates_from(values: dict[str, float | None], precision: str | None = None,
-               fp32_tolerance: float = FP32_TOLERANCE, defaults: bool = True) -> list[Gate]:
-    """Gates from {key: threshold or None}; None takes the key's default for the target's precision, if any (and if
-    `defaults`: per-output tolerances replace them)."""
-    defaults_used = default_gates(precision, fp32_tolerance) if defaults else {}
+               fp32_tolerance: float = FP32_TOLERANCE) -> list[Gate]:
+    """Gates from {key: threshold or None}; None takes the key's default for the target's precision, if any."""
+    defaults_used = default_gates(precision, fp32_tolerance)
     source = f"default for {precision or 'fp32'} targets"
     gates = []
     for key in GATES:
@@ -146,9 +145,11 @@ def tolerance_failures(per_output: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-def evaluate_gates(report: dict[str, Any], gates: list[Gate], where: str = "run") -> dict[str, Any]:
+def evaluate_gates(report: dict[str, Any], gates: list[Gate], where: str = "run",
+                   tolerated: frozenset[str] = frozenset()) -> dict[str, Any]:
     """{passed, failures[], checked[]}: NaN/Inf screens and tolerances of every measured section, then each
-    gate's worst value over the outputs that carry its metric."""
+    gate's worst value over the outputs that carry its metric. A default gate skips the `tolerated` outputs: a
+    tolerance the user set for an output replaces its defaults (a gate the user set still reads every output)."""
     failures: list[str] = []
     checked: list[dict[str, Any]] = []
     for section_name in ("precision_error", "chunking_error"):
@@ -170,6 +171,11 @@ def evaluate_gates(report: dict[str, Any], gates: list[Gate], where: str = "run"
                 failures.append(f"{gate.key} {gate.threshold:g} could not be evaluated: {spec.section.replace('_', ' ')} not measured: {why}")
             continue
         per_output = section.get("per_output") or {}
+        if gate.source != "set":
+            per_output = {n: m for n, m in per_output.items() if n not in tolerated}
+            if not per_output and tolerated:
+                entry.update(status="not evaluated", reason="every output has a tolerance")
+                continue
         usable = finite_outputs(per_output)
         if per_output and not usable:
             entry.update(status="failed", reason="every output holds NaN/Inf")
