@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, assert_user_error, run_cli
 
 # GPT-2 as published: its 50,257-token vocabulary and 1,024 positions (GPT2Config's defaults); one narrow layer
@@ -88,14 +87,20 @@ def test_qwen2_zoo_config_exports_with_the_default_exporter(tmp_path):
 
 @pytest.mark.parametrize("model", ["zoo/models.py:qwen2", "stock_gpt2"])
 def test_kv_cache_without_a_section_fits_the_models_positions(model, tmp_path):
-    """Both models have 1,024 positions; the defaults (cache 1024 + chunk 512) do not fit them."""
+    """Both models have 1,024 positions; the defaults (cache 1024 + chunk 512) do not fit them. Qwen2 runs with
+    transformers' switch that passes enable_gqa to SDPA even beside a mask (as its integration does on backends
+    whose SDPA takes both): the cache export must take grouped-query SDPA as the plain export does."""
+    env = {}
     if model == "stock_gpt2":
         (tmp_path / "gpt2_stock.py").write_text(STOCK_GPT2)
         model = f"{tmp_path / 'gpt2_stock.py'}:stock_gpt2"
+    else:
+        env = {"TRANSFORMERS_SDPA_FORCE_GQA": "1"}
     out = tmp_path / "m.kv.onnx"
-    proc = run_cli("export", "--kv-cache", "--model", model, "-o", str(out), "--json")
+    proc = run_cli("export", "--kv-cache", "--model", model, "-o", str(out), "--json", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     side = _sidecar(out)
+    assert bool(side["exporter_rewrites"]) == bool(env), side["exporter_rewrites"]
     kv = side["kv_cache"]
     positions = kv["layout"]["max_positions"]
     assert positions == 1024
@@ -169,3 +174,7 @@ def test_fit_ranges_refuses_set_values_that_leave_no_room():
     opt_set.kv_cache.past = CacheRange(min=0, opt=900, max=1024)
     with pytest.raises(UserError, match=r"kv_cache\.past\.opt 900 exceeds the 768"):
         fit_ranges(opt_set, 1024, {"past.max"})
+    tiers_set = _bare(256)
+    tiers_set.kv_cache.past_tiers = [0, 1024]
+    with pytest.raises(UserError, match=r"kv_cache\.past_tiers go up to 1024 but 768"):
+        fit_ranges(tiers_set, 1024, {"past.max", "past.opt"})

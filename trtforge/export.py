@@ -16,9 +16,10 @@ import re
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -310,6 +311,14 @@ def grouped_query_attention_unrolled() -> Any:
         yield rewritten
 
 
+def unrolled_attention_rewrites(count: int) -> list[str]:
+    """The sidecar's `exporter_rewrites` entry for `count` calls rewritten by grouped_query_attention_unrolled."""
+    if not count:
+        return []
+    return [(f"{count} scaled_dot_product_attention call(s) with enable_gqa exported with K/V repeated to the query heads "
+             "(enable_gqa has no legacy conversion)")]
+
+
 def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: list[str], path: Path) -> list[str]:
     """Export to `path`; returns the rewrites made for the exporter (recorded in the sidecar)."""
     import torch
@@ -330,9 +339,7 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
                 with grouped_query_attention_unrolled() as rewritten:
                     torch.onnx.export(call, args, str(path), dynamo=False, do_constant_folding=True,
                                       dynamic_axes=dynamic_axes or None, **common)
-                if rewritten[0]:
-                    return [f"{rewritten[0]} scaled_dot_product_attention call(s) with enable_gqa exported with K/V repeated to the "
-                            "query heads (enable_gqa has no legacy conversion)"]
+                return unrolled_attention_rewrites(rewritten[0])
     except UserError:
         raise
     except Exception as exc:
@@ -621,7 +628,8 @@ def _dry_run(call: Any, args: tuple) -> None:
                         "or its example inputs.") from None
 
 
-def _stderr_note(message: str) -> None:
+def stderr_note(message: str) -> None:
+    """A 'note:' line on stderr: what trtforge chose or rewrote for the user (stdout stays clean for --json)."""
     print(f"note: {message}", file=sys.stderr, flush=True)
 
 
@@ -645,7 +653,7 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool =
         raw = Path(tmp) / "raw.onnx"
         rewrites = _run_exporter(module_to_export(loaded, call), args, config, output_names, raw)
         for rewrite in rewrites:
-            (note or _stderr_note)(f"{config.export.exporter} exporter: {rewrite}.")
+            (note or stderr_note)(f"{config.export.exporter} exporter: {rewrite}.")
         model = load_onnx(raw)
         repairs: list[str] = []
         if config.export.exporter == "dynamo":

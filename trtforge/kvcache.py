@@ -24,10 +24,10 @@ import inspect
 import io
 import logging
 import math
-import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -219,6 +219,10 @@ def fit_ranges(config: ModelConfig, positions: int, unset: set[str]) -> tuple[Mo
         if past.opt > past_max and "past.opt" not in unset:
             raise UserError(f"config '{config.name}': kv_cache.past.opt {past.opt} exceeds the {past_max} cache positions that "
                             f"fit beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past.opt.")
+        tiers = config.kv_cache.past_tiers
+        if tiers and max(tiers) > past_max:
+            raise UserError(f"config '{config.name}': kv_cache.past_tiers go up to {max(tiers)} but {past_max} cache positions fit "
+                            f"beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past_tiers.")
         if past_max != past.max:
             past = CacheRange(min=past.min, opt=min(past.opt, past_max), max=past_max)
             chosen.insert(0, f"kv_cache.past.max {past_max}")
@@ -254,18 +258,25 @@ def kv_specs(config: ModelConfig, layout: CacheLayout) -> tuple[list[InputSpec],
 
 # -- export ----------------------------------------------------------------------------------------
 
-def _stderr_note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr, flush=True)
-
-
 def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[str] | None = None,
-              note: Any = None) -> Any:
+              note: Callable[[str], None] | None = None) -> Any:
     """Export with explicit cache I/O, check ORT against the plain model at varied seq, past and batch.
     `unset`: the range keys (RANGE_KEYS) the user left to trtforge, chosen to fit the model's positions
-    (fit_ranges); `note` gets one line saying what was chosen (default: stderr)."""
+    (fit_ranges); `note` gets one line for what was chosen and one for each rewrite made for the exporter
+    (default: stderr). Grouped-query SDPA is exported as export_model does (grouped_query_attention_unrolled):
+    transformers passes enable_gqa where its SDPA integration wants it (backend- and version-dependent)."""
     import torch
 
-    from trtforge.export import AxisCheck, ExportResult, output_specs, save_tokenizer, tokenizer_source
+    from trtforge.export import (
+        AxisCheck,
+        ExportResult,
+        grouped_query_attention_unrolled,
+        output_specs,
+        save_tokenizer,
+        stderr_note,
+        tokenizer_source,
+        unrolled_attention_rewrites,
+    )
     from trtforge.models import load_model
     from trtforge.onnxio import load_onnx, save_onnx
 
@@ -278,9 +289,9 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[
     config, chosen = fit_ranges(config, layout.max_positions, unset or set())
     if chosen:
         _, seq_name = _seq_axes(config)
-        (note or _stderr_note)(f"{' and '.join(chosen)} chosen so that a cache of {config.kv_cache.past.max} plus a chunk of "
-                               f"{config.axes[seq_name].max} tokens fits the model's {layout.max_positions} positions; set "
-                               f"kv_cache.past.max and axes.{seq_name}.max to choose others.")
+        (note or stderr_note)(f"{' and '.join(chosen)} chosen so that a cache of {config.kv_cache.past.max} plus a chunk of "
+                              f"{config.axes[seq_name].max} tokens fits the model's {layout.max_positions} positions; set "
+                              f"kv_cache.past.max and axes.{seq_name}.max to choose others.")
     specs, axes, past_range = kv_specs(config, layout)
     batch_axis, seq_axis = _seq_axes(config)
     adapter = _adapter(module, layout)
@@ -299,14 +310,18 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[
             with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
                 warnings.simplefilter("ignore")
                 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-                torch.onnx.export(adapter, args, str(raw), input_names=names, output_names=outputs, dynamic_axes=dynamic,
-                                  opset_version=config.export.opset, dynamo=False, do_constant_folding=True)
+                with grouped_query_attention_unrolled() as rewritten:
+                    torch.onnx.export(adapter, args, str(raw), input_names=names, output_names=outputs, dynamic_axes=dynamic,
+                                      opset_version=config.export.opset, dynamo=False, do_constant_folding=True)
         except Exception as exc:
             raise UserError(f"exporting {config.model.source} with a KV cache failed at opset {config.export.opset}: "
                             f"{exception_summary(exc)}; try another --opset.") from None
         finally:
             adapter.eval()  # the exporter restores the adapter's train flag onto the inner module
             module.eval()
+        rewrites = unrolled_attention_rewrites(rewritten[0])
+        for rewrite in rewrites:
+            (note or stderr_note)(f"legacy exporter: {rewrite}.")
         model = load_onnx(raw)
         checks = _check(raw, module, layout, config, past_range) if check else []
         tokenizer = tokenizer_source(config, loaded)
@@ -325,6 +340,7 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[
     sidecar = {
         "kind": "onnx", "step": "export", "trtforge_version": __version__, "source": config.model.source,
         "config_name": config.name, "torch_version": torch.__version__, "exporter": "legacy", "opset": config.export.opset,
+        "exporter_rewrites": rewrites,
         "inputs": [s.model_dump() for s in specs], "axes": {k: v.model_dump() for k, v in axes.items()},
         "outputs": out_specs, "graph_hash": onnx_graph_hash(model),
         "tokenizer": output.name.removesuffix(".onnx") + ".tokenizer" if tokenizer is not None else None,
