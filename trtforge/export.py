@@ -13,8 +13,10 @@ import io
 import logging
 import os
 import re
+import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,7 +276,51 @@ def _torch_export(call: Any, args: tuple, config: ModelConfig) -> Any:
         raise UserError(f"torch.export could not trace the model for the dynamo exporter: {summary}; {hint}.") from None
 
 
-def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: list[str], path: Path) -> None:
+@contextlib.contextmanager
+def grouped_query_attention_unrolled() -> Any:
+    """While active, `scaled_dot_product_attention(..., enable_gqa=True)` runs on K and V repeated to the
+    query heads (each K/V head once per query head of its group, as enable_gqa pairs them), with
+    enable_gqa off: the legacy exporter cannot convert enable_gqa (transformers passes it for Qwen2 and
+    LLaMA when there is no padding mask). Yields a one-item list holding the number of calls rewritten.
+
+    A torch function mode rather than patching `torch.nn.functional`: it also catches modules that
+    imported the function by name. The repeat is unsqueeze/expand/flatten, which the legacy exporter
+    writes as Unsqueeze/Expand/Reshape on the traced shapes, so batch and sequence stay dynamic. PyTorch's
+    own outputs (the export check's reference) are computed outside the mode, with enable_gqa."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rewritten = [0]
+
+    def repeat_heads(tensor: Any, groups: int) -> Any:
+        return tensor.unsqueeze(-3).expand(*tensor.shape[:-2], groups, *tensor.shape[-2:]).flatten(-4, -3)
+
+    class UnrollGroupedQueries(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            kwargs = dict(kwargs or {})
+            if func is sdpa and kwargs.get("enable_gqa"):
+                query, key, value, *rest = args
+                groups = query.shape[-3] // key.shape[-3]
+                kwargs["enable_gqa"] = False
+                rewritten[0] += 1
+                return func(query, repeat_heads(key, groups), repeat_heads(value, groups), *rest, **kwargs)
+            return func(*args, **kwargs)
+
+    with UnrollGroupedQueries():
+        yield rewritten
+
+
+def unrolled_attention_rewrites(count: int) -> list[str]:
+    """The sidecar's `exporter_rewrites` entry for `count` calls rewritten by grouped_query_attention_unrolled."""
+    if not count:
+        return []
+    return [(f"{count} scaled_dot_product_attention call(s) with enable_gqa exported with K/V repeated to the query heads "
+             "(enable_gqa has no legacy conversion)")]
+
+
+def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: list[str], path: Path) -> list[str]:
+    """Export to `path`; returns the rewrites made for the exporter (recorded in the sidecar)."""
     import torch
 
     input_names = [s.name for s in config.inputs]
@@ -290,8 +336,10 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
                 onnx_program.save(str(path), external_data=config.export.external_data)
             else:
                 dynamic_axes = {k: v for k, v in config.dynamic_axes().items() if v}
-                torch.onnx.export(call, args, str(path), dynamo=False, do_constant_folding=True,
-                                  dynamic_axes=dynamic_axes or None, **common)
+                with grouped_query_attention_unrolled() as rewritten:
+                    torch.onnx.export(call, args, str(path), dynamo=False, do_constant_folding=True,
+                                      dynamic_axes=dynamic_axes or None, **common)
+                return unrolled_attention_rewrites(rewritten[0])
     except UserError:
         raise
     except Exception as exc:
@@ -299,6 +347,7 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
             f"the {config.export.exporter} exporter failed at opset {config.export.opset}: {exception_summary(exc)}; "
             "try another --opset or --exporter."
         ) from None
+    return []
 
 
 def check_against_torch(onnx_path: Path, call: Any, loaded: LoadedModel, config: ModelConfig,
@@ -579,7 +628,15 @@ def _dry_run(call: Any, args: tuple) -> None:
                         "or its example inputs.") from None
 
 
-def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool = True) -> ExportResult:
+def stderr_note(message: str) -> None:
+    """A 'note:' line on stderr: what trtforge chose or rewrote for the user (stdout stays clean for --json)."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool = True,
+                 note: Callable[[str], None] | None = None) -> ExportResult:
+    """Export, check against PyTorch, write the ONNX and its sidecar. `note` gets one line for each
+    rewrite made so that the exporter could convert the model (default: stderr)."""
     import tempfile
 
     import torch
@@ -594,7 +651,9 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool =
     output = Path(output)
     with tempfile.TemporaryDirectory(prefix="trtforge-export-") as tmp:
         raw = Path(tmp) / "raw.onnx"
-        _run_exporter(module_to_export(loaded, call), args, config, output_names, raw)
+        rewrites = _run_exporter(module_to_export(loaded, call), args, config, output_names, raw)
+        for rewrite in rewrites:
+            (note or stderr_note)(f"{config.export.exporter} exporter: {rewrite}.")
         model = load_onnx(raw)
         repairs: list[str] = []
         if config.export.exporter == "dynamo":
@@ -613,6 +672,7 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool =
             "exporter": config.export.exporter,
             "opset": default_opset(model),
             "exporter_repairs": repairs,
+            "exporter_rewrites": rewrites,
             "inputs": [s.model_dump() for s in config.inputs],
             "axes": {k: v.model_dump() for k, v in config.axes.items()},
             "outputs": output_specs(model, config, loaded),

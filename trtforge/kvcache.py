@@ -27,6 +27,7 @@ import math
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,63 @@ def kv_config(model: str | None, config_path: Path | None) -> ModelConfig:
     return cfg.model_copy(update={"kv_cache": cfg.kv_cache.model_copy(update={"enabled": True})})
 
 
+RANGE_KEYS = ("past.max", "past.opt", "seq")  # what the user may leave to fit_ranges: kv_cache.past.*, the seq axis
+
+
+def unset_ranges(config_path: Path | None, config: ModelConfig) -> set[str]:
+    """The range keys of RANGE_KEYS that the user left to trtforge: all of them for a bare --model (the
+    seq axis is kv_config's default), else kv_cache.past.max / .opt where the config file does not set
+    them (its seq axis is always its own). Read before flags are applied: applying them re-validates
+    the config, and every key then reads as set."""
+    if config_path is None:
+        return set(RANGE_KEYS)
+    kv = config.kv_cache
+    given = kv.past.model_fields_set if "past" in kv.model_fields_set else set()
+    return {f"past.{key}" for key in ("max", "opt") if key not in given}
+
+
+def fit_ranges(config: ModelConfig, positions: int, unset: set[str]) -> tuple[ModelConfig, list[str]]:
+    """The config with the ranges the user left unset chosen so that a full cache plus a full chunk fits
+    the model's positions (past max + seq max <= positions), and what was chosen, as 'key value' strings.
+    The defaults (seq max 512, past max 1024) are kept where they fit; else the chunk gets at most half the
+    positions and the cache the rest. Values the user set are kept as they are (kv_specs refuses them,
+    naming the key, when they do not fit); an unset range that cannot fit next to a set one is refused,
+    naming the set one."""
+    _, seq_axis = _seq_axes(config)
+    seq, past = config.axes[seq_axis], config.kv_cache.past
+    chosen: list[str] = []
+    if "seq" in unset:
+        room = positions - (past.max if "past.max" not in unset else 0)
+        seq_max = min(seq.max, room if "past.max" not in unset else max(1, positions // 2))
+        if seq_max < 1:
+            raise UserError(f"config '{config.name}': kv_cache.past.max {past.max} leaves no position for new tokens in the "
+                            f"model's {positions}; lower kv_cache.past.max.")
+        if seq_max != seq.max:
+            seq = AxisRange(min=min(seq.min, seq_max), opt=min(seq.opt, seq_max), max=seq_max)
+            chosen.append(f"axes.{seq_axis}.max {seq_max}")
+    if "past.max" in unset:
+        past_max = min(past.max, positions - seq.max)
+        if past_max < 1:
+            raise UserError(f"config '{config.name}': axes.{seq_axis}.max {seq.max} leaves no position for a cache in the "
+                            f"model's {positions}; lower axes.{seq_axis}.max.")
+        if past.min > past_max:
+            raise UserError(f"config '{config.name}': kv_cache.past.min {past.min} exceeds the {past_max} cache positions that "
+                            f"fit beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past.min.")
+        if past.opt > past_max and "past.opt" not in unset:
+            raise UserError(f"config '{config.name}': kv_cache.past.opt {past.opt} exceeds the {past_max} cache positions that "
+                            f"fit beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past.opt.")
+        tiers = config.kv_cache.past_tiers
+        if tiers and max(tiers) > past_max:
+            raise UserError(f"config '{config.name}': kv_cache.past_tiers go up to {max(tiers)} but {past_max} cache positions fit "
+                            f"beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past_tiers.")
+        if past_max != past.max:
+            past = CacheRange(min=past.min, opt=min(past.opt, past_max), max=past_max)
+            chosen.insert(0, f"kv_cache.past.max {past_max}")
+    fitted = config.model_copy(update={"axes": {**config.axes, seq_axis: seq},
+                                       "kv_cache": config.kv_cache.model_copy(update={"past": past})})
+    return fitted, chosen
+
+
 def config_wants_kv(config_path: Path | None) -> bool:
     return config_path is not None and load_config(config_path).kv_cache.enabled
 
@@ -200,11 +258,25 @@ def kv_specs(config: ModelConfig, layout: CacheLayout) -> tuple[list[InputSpec],
 
 # -- export ----------------------------------------------------------------------------------------
 
-def export_kv(config: ModelConfig, output: Path, check: bool = True) -> Any:
-    """Export with explicit cache I/O, check ORT against the plain model at varied seq, past and batch."""
+def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[str] | None = None,
+              note: Callable[[str], None] | None = None) -> Any:
+    """Export with explicit cache I/O, check ORT against the plain model at varied seq, past and batch.
+    `unset`: the range keys (RANGE_KEYS) the user left to trtforge, chosen to fit the model's positions
+    (fit_ranges); `note` gets one line for what was chosen and one for each rewrite made for the exporter
+    (default: stderr). Grouped-query SDPA is exported as export_model does (grouped_query_attention_unrolled):
+    transformers passes enable_gqa where its SDPA integration wants it (backend- and version-dependent)."""
     import torch
 
-    from trtforge.export import AxisCheck, ExportResult, output_specs, save_tokenizer, tokenizer_source
+    from trtforge.export import (
+        AxisCheck,
+        ExportResult,
+        grouped_query_attention_unrolled,
+        output_specs,
+        save_tokenizer,
+        stderr_note,
+        tokenizer_source,
+        unrolled_attention_rewrites,
+    )
     from trtforge.models import load_model
     from trtforge.onnxio import load_onnx, save_onnx
 
@@ -214,6 +286,12 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True) -> Any:
     loaded = load_model(config.model.source, config.model.kwargs, ["input_ids"])
     module = loaded.module.eval()
     layout = cache_layout(module, config.model.source)
+    config, chosen = fit_ranges(config, layout.max_positions, unset or set())
+    if chosen:
+        _, seq_name = _seq_axes(config)
+        (note or stderr_note)(f"{' and '.join(chosen)} chosen so that a cache of {config.kv_cache.past.max} plus a chunk of "
+                              f"{config.axes[seq_name].max} tokens fits the model's {layout.max_positions} positions; set "
+                              f"kv_cache.past.max and axes.{seq_name}.max to choose others.")
     specs, axes, past_range = kv_specs(config, layout)
     batch_axis, seq_axis = _seq_axes(config)
     adapter = _adapter(module, layout)
@@ -232,14 +310,18 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True) -> Any:
             with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
                 warnings.simplefilter("ignore")
                 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-                torch.onnx.export(adapter, args, str(raw), input_names=names, output_names=outputs, dynamic_axes=dynamic,
-                                  opset_version=config.export.opset, dynamo=False, do_constant_folding=True)
+                with grouped_query_attention_unrolled() as rewritten:
+                    torch.onnx.export(adapter, args, str(raw), input_names=names, output_names=outputs, dynamic_axes=dynamic,
+                                      opset_version=config.export.opset, dynamo=False, do_constant_folding=True)
         except Exception as exc:
             raise UserError(f"exporting {config.model.source} with a KV cache failed at opset {config.export.opset}: "
                             f"{exception_summary(exc)}; try another --opset.") from None
         finally:
             adapter.eval()  # the exporter restores the adapter's train flag onto the inner module
             module.eval()
+        rewrites = unrolled_attention_rewrites(rewritten[0])
+        for rewrite in rewrites:
+            (note or stderr_note)(f"legacy exporter: {rewrite}.")
         model = load_onnx(raw)
         checks = _check(raw, module, layout, config, past_range) if check else []
         tokenizer = tokenizer_source(config, loaded)
@@ -252,11 +334,13 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True) -> Any:
         spec["kind"], spec["scale"] = ("token" if spec["name"] == layout.output else None), None
     kv_meta = {"layout": asdict(layout), "batch_axis": batch_axis, "seq_axis": seq_axis, "past_axis": config.kv_cache.past_axis,
                "total_axis": TOTAL_AXIS, "past": past_range.model_dump(), "position_input": "position_ids",
+               "ranges_chosen": chosen,
                "tiers": {seq_axis: config.kv_cache.seq_tiers or [config.axes[seq_axis].max],
                          config.kv_cache.past_axis: config.kv_cache.past_tiers or sorted({past_range.min, past_range.max})}}
     sidecar = {
         "kind": "onnx", "step": "export", "trtforge_version": __version__, "source": config.model.source,
         "config_name": config.name, "torch_version": torch.__version__, "exporter": "legacy", "opset": config.export.opset,
+        "exporter_rewrites": rewrites,
         "inputs": [s.model_dump() for s in specs], "axes": {k: v.model_dump() for k, v in axes.items()},
         "outputs": out_specs, "graph_hash": onnx_graph_hash(model),
         "tokenizer": output.name.removesuffix(".onnx") + ".tokenizer" if tokenizer is not None else None,
@@ -394,10 +478,10 @@ def export_command(model: str | None, config: Path | None, output: Path | None, 
     from trtforge import ui
     from trtforge.config import apply_overrides
 
-    cfg = apply_overrides(kv_config(model, config), {"export.opset": opset, "export.exporter": exporter,
-                                                    "export.external_data": external_data})
+    base = kv_config(model, config)
+    cfg = apply_overrides(base, {"export.opset": opset, "export.exporter": exporter, "export.external_data": external_data})
     output = output or Path("out") / f"{cfg.name}.kv.onnx"
-    result = export_kv(cfg, output, check=check)
+    result = export_kv(cfg, output, check=check, unset=unset_ranges(config, base))
     if json_out:
         ui.print_json({"path": str(result.path), **result.sidecar})
         return

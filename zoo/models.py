@@ -312,3 +312,26 @@ def llama(size: str = "small", layers: int | None = None) -> tuple:
                                           max_position_embeddings=4096)
     module = transformers.LlamaForCausalLM(config).eval()
     return module, _text_examples(tok, ("input_ids",)), ["logits"], tok
+
+
+def qwen2(size: str = "small", layers: int | None = None) -> tuple:
+    """transformers Qwen2ForCausalLM: rotary positions, biased Q/K/V projections, grouped-query attention
+    and tied input/output embeddings. Full: Qwen2-0.5B's shape (24 layers, hidden 896, 14 heads over 2 kv
+    heads, MLP 4864, rotary base 1e6) with the zoo's GPT-2 BPE vocabulary instead of Qwen2's 151,936
+    tokens (the weights are random, and a 151,936-wide fp32 logits row per token would dominate a
+    4096-token prefill's memory). Small: 6 heads over 2 kv heads (three queries per key/value head) and
+    1024 positions, GPT-2's, so default cache ranges must be fitted to the model."""
+    transformers = _hf()
+    _seed()
+    tok = _tokenizer("gpt2-bpe")
+    if size == "full":
+        config = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=896, intermediate_size=4864,
+                                          num_hidden_layers=layers or 24, num_attention_heads=14, num_key_value_heads=2,
+                                          max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True)
+    else:
+        config = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=96, intermediate_size=192,
+                                          num_hidden_layers=layers or 2, num_attention_heads=6, num_key_value_heads=2,
+                                          max_position_embeddings=1024, tie_word_embeddings=True,
+                                          initializer_range=SMALL_INIT)
+    module = transformers.Qwen2ForCausalLM(config).eval()
+    return module, _text_examples(tok, ("input_ids",)), ["logits"], tok
