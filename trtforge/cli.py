@@ -10,7 +10,8 @@ import typer
 
 from trtforge import __version__
 from trtforge.artifacts import published
-from trtforge.errors import GateFailed as GateFailedError, TrtforgeError, UserError
+from trtforge.errors import (INTERNAL_ERROR, INTERRUPTED, GateFailed as GateFailedError, TrtforgeError, UserError,
+                             exception_summary)
 from trtforge import ui
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -618,29 +619,100 @@ def doctor(json_out: bool = JsonOpt) -> None:
 
 
 def main() -> None:
-    """Entry point: user errors become one line on stderr and exit 2 (1 for failed gates)."""
+    """Entry point. A user error is one line on stderr and exit 2 (a failed gate 1), an unexpected exception one line
+    naming the step and the exception, its traceback in a log file, exit 3 (trtforge.errors); with --json, stdout
+    carries one JSON object either way, the error under "error"."""
+    argv = sys.argv[1:]
+    step = next((a for a in argv if not a.startswith("-")), "trtforge")
+    json_mode = "--json" in argv
+    with ui.held_json() as held:
+        code, error = _run_app(step)
+        if json_mode:
+            ui.flush_json(held, error)
+        else:
+            ui.flush_json(held)
+    if code:
+        sys.exit(code)
+
+
+def _run_app(step: str) -> tuple[int, Optional[dict]]:
+    """Run the command: (exit code, the JSON error object or None). Every message has been printed on stderr."""
+    err = ui.console(stderr=True)
     try:
         code = app(standalone_mode=False)
         if code == 130:  # typer turns Ctrl-C into a returned 130 outside standalone mode
             raise KeyboardInterrupt
         if isinstance(code, int) and code:
-            sys.exit(code)
+            return code, _json_error("error", f"exit code {code}", code)
+        return 0, None
     except TrtforgeError as exc:
-        ui.console(stderr=True).print(f"error: {exc}", markup=False)
-        sys.exit(exc.exit_code)
+        message = str(exc)
+        log = _write_log(step, exc.detail) if exc.detail else None
+        if log:
+            message = message.rstrip(".") + f"; details in {log}."
+        err.print(f"error: {message}", markup=False)
+        kind = "gate_failed" if isinstance(exc, GateFailedError) else "user_error"
+        return exc.exit_code, _json_error(kind, message, exc.exit_code, log)
     except KeyboardInterrupt:
-        ui.console(stderr=True).print(interrupted_message(published()), markup=False)
-        sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:
+        message = interrupted_message(published())
+        err.print(message, markup=False)
+        return INTERRUPTED, _json_error("interrupted", message, INTERRUPTED)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return code, _json_error("error", f"exit code {code}", code) if code else None
+    except Exception as exc:  # noqa: BLE001 - the one place an unexpected exception becomes a message
         usage_errors, aborts = _click_error_types()
         if isinstance(exc, usage_errors):
             exc.show()
-            sys.exit(2)
+            return 2, _json_error("usage_error", exc.format_message(), 2)
         if isinstance(exc, aborts):
-            sys.exit(130)
-        raise
+            return INTERRUPTED, _json_error("interrupted", "aborted", INTERRUPTED)
+        import traceback
+
+        log = _write_log(step, "".join(traceback.format_exception(exc)))
+        where = f"the full traceback is in {log}" if log else "no log file could be written"
+        message = f"internal error in '{step}': {exception_summary(exc, 300)}; {where}; please report it."
+        err.print(f"error: {message}", markup=False)
+        return INTERNAL_ERROR, _json_error("internal_error", message, INTERNAL_ERROR, log)
+
+
+def _json_error(kind: str, message: str, exit_code: int, log: Optional[Path] = None) -> dict:
+    return {"kind": kind, "message": message, "exit_code": exit_code, "log": str(log) if log else None}
+
+
+def log_dirs() -> list[Path]:
+    """Where log files go, first writable wins: $TRTFORGE_LOG_DIR, the per-user cache ($XDG_CACHE_HOME or
+    ~/.cache)/trtforge/logs, the temp dir."""
+    import os
+    import tempfile
+
+    dirs = [Path(os.environ["TRTFORGE_LOG_DIR"])] if os.environ.get("TRTFORGE_LOG_DIR") else []
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return dirs + [Path(cache) / "trtforge" / "logs", Path(tempfile.gettempdir())]
+
+
+def _write_log(step: str, text: str) -> Optional[Path]:
+    """Write `text` to a new log file named after the step and the time, atomically (a temp file renamed); its path,
+    or None when no folder takes it."""
+    import os
+    import tempfile
+    import time
+
+    header = f"trtforge {__version__} {step}: {' '.join(sys.argv)}\n\n"
+    name = f"trtforge-{''.join(c if c.isalnum() or c in '-_' else '_' for c in step)}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    for folder in log_dirs():
+        tmp = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+            with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+                fh.write(header + text)
+            os.replace(tmp, folder / name)
+            return folder / name
+        except OSError:
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
+    return None
 
 
 def _click_error_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
