@@ -623,6 +623,30 @@ def check_engine_compat(engine_path: Path, sidecar: dict[str, Any], identity: di
         )
 
 
+_ENGINE_SIDECAR_FIELDS = {"backend": str, "tensorrt_version": str, "precision": str, "engine_bytes": int,
+                          "build_seconds": (int, float), "profiles": list}
+
+
+def engine_sidecar_problem(sidecar: dict[str, Any]) -> str | None:
+    """What makes an engine sidecar unusable (a key every reader relies on missing or of the wrong type), or None."""
+    for key, kind in _ENGINE_SIDECAR_FIELDS.items():
+        if key not in sidecar:
+            return f"lacks '{key}'"
+        if not isinstance(sidecar[key], kind) or isinstance(sidecar[key], bool):
+            return f"has a malformed '{key}'"
+    if not sidecar["profiles"]:
+        return "lists no optimization profiles"
+    for i, profile in enumerate(sidecar["profiles"]):
+        shapes = profile.get("shapes") if isinstance(profile, dict) else None
+        if not isinstance(profile, dict) or not isinstance(profile.get("index"), int) or not isinstance(shapes, dict):
+            return f"has a malformed profile {i} (needs 'index' and 'shapes')"
+        for name, shape in shapes.items():
+            if not (isinstance(shape, dict) and all(isinstance(shape.get(k), list) and all(isinstance(n, int) for n in shape[k])
+                                                    for k in ("min", "opt", "max"))):
+                return f"has a malformed shape for input '{name}' in profile {i} (needs min, opt and max lists of sizes)"
+    return None
+
+
 def read_engine_sidecar(engine_path: Path, verify: bool = False) -> dict[str, Any]:
     """The engine's sidecar; with verify, also prove the engine file is the one the sidecar describes."""
     engine_path = Path(engine_path)
@@ -632,6 +656,9 @@ def read_engine_sidecar(engine_path: Path, verify: bool = False) -> dict[str, An
     assert sidecar is not None
     if sidecar.get("kind") != "engine":
         raise UserError(f"{engine_path}.json is not an engine sidecar; rebuild {engine_path.name} with trtforge build.")
+    problem = engine_sidecar_problem(sidecar)
+    if problem:
+        raise UserError(f"{engine_path}.json {problem}; rebuild {engine_path.name} with trtforge build.")
     if verify:
         size = engine_path.stat().st_size
         if sidecar.get("engine_bytes") is not None and size != sidecar["engine_bytes"]:

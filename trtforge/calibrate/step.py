@@ -293,7 +293,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     int8_path, cache_path = paths_for(onnx_path, options.output)
     tokenizer = _tokenizer_factory(onnx_path)
     max_len = _max_length(specs, axes)
-    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples)
+    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples, axes)
     fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
 
     reused_sidecar, reason = (None, f"imported {options.from_cache}") if options.from_cache else cache_decision(cache_path, fingerprint, options.strict_cache)
@@ -312,7 +312,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
 
     eval_samples = samples
     if options.eval_data:
-        _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples)
+        _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples, axes)
     eval_batches = _eval_batches(eval_samples, options.max_eval_samples)
     reference = OrtRunner(model.SerializeToString())
     kinds = _output_kinds(reference, onnx_path, specs, axes)
