@@ -20,6 +20,87 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 
 
+# -- option checks: each value is checked when parsed, with the sentence its config key would get -----------------
+
+def _key(dotted: str, flag: str):
+    """A typer callback checking a flag's value against its config key's constraints (trtforge.config.check_option)."""
+    def check(value):
+        if value is None:
+            return None
+        from trtforge.config import check_option
+
+        return check_option(dotted, value, flag)
+    return check
+
+
+def _at_least(low: float, flag: str, what: str = ""):
+    """A typer callback: the value must be >= low (None: not given)."""
+    def check(value):
+        if value is not None and value < low:
+            raise UserError(f"{flag} must be at least {low:g}{what}, got {value:g}.")
+        return value
+    return check
+
+
+def _between(low: float, high: float, flag: str):
+    def check(value):
+        if value is not None and not low <= value <= high:
+            raise UserError(f"{flag} must be between {low:g} and {high:g}, got {value:g}.")
+        return value
+    return check
+
+
+def _one_of(choices: tuple[str, ...], flag: str):
+    def check(value):
+        if value is not None and value not in choices:
+            raise UserError(f"{flag} must be one of {', '.join(choices)}, got '{value}'.")
+        return value
+    return check
+
+
+def _folder(flag: str):
+    """A typer callback: an output folder that is a folder or can be created (no file in the way)."""
+    def check(value):
+        if value is None:
+            return None
+        probe = Path(value)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if probe.exists() and not probe.is_dir():
+            raise UserError(f"{flag} {value}: {probe} is a file, not a folder; choose another folder.")
+        return value
+    return check
+
+
+def _existing_file(flag: str):
+    def check(value):
+        if value is not None and not Path(value).is_file():
+            what = "a folder, not a file" if Path(value).is_dir() else "does not exist"
+            raise UserError(f"{flag} {value} {what}; pass an existing file.")
+        return value
+    return check
+
+
+def _providers(values):
+    """--provider: each must be one ONNX Runtime offers here; an unavailable one would silently run on the CPU."""
+    if not values:
+        return values
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise UserError("--provider needs onnxruntime; install it (pip install onnxruntime).") from None
+    available = ort.get_available_providers()
+    for name in values:
+        if name not in available:
+            raise UserError(f"--provider {name} is not offered by this onnxruntime (it offers {', '.join(available)}); "
+                            "pick one of those or install the onnxruntime build that has it.")
+    return values
+
+
+BACKENDS = ("auto", "tensorrt", "tensorrt_rtx")
+PIPELINE_STEPS = ("export", "clean", "calibrate", "build", "run")
+
+
 def _resolve_config(model: Optional[str], config: Optional[Path]):
     """The config from --config, else the built-in one for a built-in --model, else None."""
     from trtforge.config import apply_overrides, load_config
@@ -41,8 +122,8 @@ def export(
                                         "TorchScript .pt/.ts (needs --config: its 'inputs' are passed positionally, in order) or .pt2."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (configs/NAME.yaml)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output ONNX path (default out/NAME.onnx)."),
-    opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset (default 17)."),
-    exporter: Optional[str] = typer.Option(None, "--exporter", help="legacy (TorchScript-based) or dynamo."),
+    opset: Optional[int] = typer.Option(None, "--opset", callback=_key("export.opset", "--opset"), help="ONNX opset (default 17)."),
+    exporter: Optional[str] = typer.Option(None, "--exporter", callback=_key("export.exporter", "--exporter"), help="legacy (TorchScript-based) or dynamo."),
     external_data: Optional[bool] = typer.Option(None, "--external-data/--no-external-data", help="Force weights into NAME.onnx.data."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the ONNX Runtime vs PyTorch check (the sidecar records it)."),
     kv_cache: bool = typer.Option(False, "--kv-cache", help="Causal decoder with explicit past/present key-value tensors per layer (config: kv_cache)."),
@@ -81,8 +162,8 @@ def export(
 def clean(
     onnx_path: Path = typer.Argument(..., metavar="ONNX", help="The exported model."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Default: NAME.clean.onnx beside the input."),
-    fold_size_limit_mb: float = typer.Option(64.0, "--fold-size-limit-mb", help="Do not fold constants larger than this."),
-    tolerance: float = typer.Option(1e-5, "--tolerance", help="Max rel-L2 between the original and cleaned outputs."),
+    fold_size_limit_mb: float = typer.Option(64.0, "--fold-size-limit-mb", callback=_key("clean.fold_size_limit_mb", "--fold-size-limit-mb"), help="Do not fold constants larger than this."),
+    tolerance: float = typer.Option(1e-5, "--tolerance", callback=_key("clean.tolerance", "--tolerance"), help="Max rel-L2 between the original and cleaned outputs."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Fold constants, drop dead nodes, Identity and Dropout, infer shapes, sort; prove outputs unchanged."""
@@ -110,27 +191,27 @@ def clean(
 def calibrate(
     onnx_path: Path = typer.Argument(..., metavar="ONNX", help="The cleaned ONNX (trtforge clean)."),
     data: Optional[Path] = typer.Option(None, "--data", "-d", help="Calibration folder: .npy/.npz, .txt/.jsonl or images."),
-    method: Optional[str] = typer.Option(None, "--method", help="entropy (TensorRT's KL search), percentile or minmax."),
-    percentile: Optional[float] = typer.Option(None, "--percentile", help="For --method percentile (default 99.99)."),
-    smooth: Optional[float] = typer.Option(None, "--smooth", help="SmoothQuant alpha in [0, 1] (migrates activation outliers into weights)."),
+    method: Optional[str] = typer.Option(None, "--method", callback=_key("calibrate.method", "--method"), help="entropy (TensorRT's KL search), percentile or minmax."),
+    percentile: Optional[float] = typer.Option(None, "--percentile", callback=_key("calibrate.percentile", "--percentile"), help="For --method percentile (default 99.99)."),
+    smooth: Optional[float] = typer.Option(None, "--smooth", callback=_key("calibrate.smooth", "--smooth"), help="SmoothQuant alpha in [0, 1] (migrates activation outliers into weights)."),
     no_smooth: bool = typer.Option(False, "--no-smooth", help="Turn off SmoothQuant even if the config sets it."),
     eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Held-out folder for the accuracy check (default: the config's)."),
-    max_samples: Optional[int] = typer.Option(None, "--max-samples", help="Use at most this many calibration samples."),
-    max_eval_samples: Optional[int] = typer.Option(None, "--max-eval-samples", help="Use at most this many held-out samples."),
-    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Gate: mean cosine of pooled outputs to fp32 (default 0.99)."),
-    min_int8_flops: Optional[float] = typer.Option(None, "--min-int8-flops", help="Floor on the GEMM FLOPs fraction left in INT8 (default 0.8)."),
-    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Gate: top-1 agreement of logits outputs on held-out data."),
-    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Gate: per-pixel argmax agreement of dense outputs on held-out data."),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples", callback=_key("calibrate.max_samples", "--max-samples"), help="Use at most this many calibration samples."),
+    max_eval_samples: Optional[int] = typer.Option(None, "--max-eval-samples", callback=_at_least(1, "--max-eval-samples"), help="Use at most this many held-out samples."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", callback=_key("calibrate.min_cosine", "--min-cosine"), help="Gate: mean cosine of pooled outputs to fp32 (default 0.99)."),
+    min_int8_flops: Optional[float] = typer.Option(None, "--min-int8-flops", callback=_key("calibrate.min_int8_flops", "--min-int8-flops"), help="Floor on the GEMM FLOPs fraction left in INT8 (default 0.8)."),
+    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", callback=_key("calibrate.min_top1_agreement", "--min-top1-agreement"), help="Gate: top-1 agreement of logits outputs on held-out data."),
+    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", callback=_key("calibrate.min_pixel_agreement", "--min-pixel-agreement"), help="Gate: per-pixel argmax agreement of dense outputs on held-out data."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Quantize every layer; do not keep sensitive ones in float."),
     quantize_attention: bool = typer.Option(False, "--quantize-attention", help="Also quantize attention's batched MatMuls (QK^T, softmax.V); TensorRT 8.6 computes them wrongly."),
     strict_cache: bool = typer.Option(False, "--strict-cache", help="Fail (exit 2) instead of recalibrating when the cache does not match."),
-    from_cache: Optional[Path] = typer.Option(None, "--from-cache", help="Import a TensorRT calibration cache written elsewhere."),
+    from_cache: Optional[Path] = typer.Option(None, "--from-cache", callback=_existing_file("--from-cache"), help="Import a TensorRT calibration cache written elsewhere."),
     compare_methods: bool = typer.Option(False, "--compare-methods", help="Run entropy, percentile and minmax side by side."),
     no_engine_check: bool = typer.Option(False, "--no-engine-check", help="Do not re-check the gate on a TensorRT engine (done where an engine can execute)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'calibrate' section gives defaults."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="The Q/DQ ONNX (default NAME.int8.onnx); the cache goes beside it."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Collect activations on Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address; same cache as one process."),
-    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", help="With --ray: actors to start (default: one per CPU of the cluster)."),
+    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", callback=_at_least(1, "--ray-actors"), help="With --ray: actors to start (default: one per CPU of the cluster)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Calibrate INT8 scales, write a TensorRT calibration cache + sidecar and a Q/DQ ONNX, check accuracy."""
@@ -212,31 +293,31 @@ def _builtin_section(onnx_path: Path, section: str):
 def build(
     onnx_path: Path = typer.Argument(..., metavar="ONNX", help="A cleaned ONNX, or the .int8.onnx from calibrate."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Engine path (default NAME.PRECISION.engine)."),
-    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32|fp16|int8|best (default: int8 for a Q/DQ model, else the config's, else fp32)."),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", callback=_key("build.precision", "--precision"), help="fp32|fp16|int8|best (default: int8 for a Q/DQ model, else the config's, else fp32)."),
     tiers: Optional[str] = typer.Option(None, "--tiers", help="'128,256,512' (sequence axis), 'seq=128,512;batch=8,32' or 'auto'."),
-    tier_count: int = typer.Option(3, "--tier-count", help="How many tiers --tiers auto derives."),
-    lengths: Optional[Path] = typer.Option(None, "--lengths", help="Real lengths for --tiers auto, one integer per line."),
+    tier_count: int = typer.Option(3, "--tier-count", callback=_between(1, 16, "--tier-count"), help="How many tiers --tiers auto derives."),
+    lengths: Optional[Path] = typer.Option(None, "--lengths", callback=_existing_file("--lengths"), help="Real lengths for --tiers auto, one integer per line."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'build' section gives defaults."),
-    backend: str = typer.Option("auto", "--backend", help="auto (tensorrt, else tensorrt_rtx), tensorrt or tensorrt_rtx."),
-    workspace_mb: Optional[int] = typer.Option(None, "--workspace-mb", help="Builder workspace limit in MiB."),
-    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", help="Builder optimization level 0-5."),
+    backend: str = typer.Option("auto", "--backend", callback=_one_of(BACKENDS, "--backend"), help="auto (tensorrt, else tensorrt_rtx), tensorrt or tensorrt_rtx."),
+    workspace_mb: Optional[int] = typer.Option(None, "--workspace-mb", callback=_key("build.workspace_mb", "--workspace-mb"), help="Builder workspace limit in MiB."),
+    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", callback=_key("build.optimization_level", "--optimization-level"), help="Builder optimization level 0-5."),
     timing_cache: Optional[Path] = typer.Option(None, "--timing-cache", help="Load and save this timing cache (no-op on TensorRT-RTX)."),
     tactic_sources: Optional[str] = typer.Option(None, "--tactic-sources", help="As trtexec: '-CUBLAS,-CUBLAS_LT,-CUDNN'."),
-    hardware_compatibility: Optional[str] = typer.Option(None, "--hardware-compatibility", help="none|ampere_plus|same_compute_capability."),
+    hardware_compatibility: Optional[str] = typer.Option(None, "--hardware-compatibility", callback=_key("build.hardware_compatibility", "--hardware-compatibility"), help="none|ampere_plus|same_compute_capability."),
     version_compatible: Optional[bool] = typer.Option(None, "--version-compatible/--no-version-compatible"),
     compute_capability: Optional[list[str]] = typer.Option(None, "--compute-capability", help="TensorRT-RTX targets, e.g. SM89 (repeatable)."),
     tf32: bool = typer.Option(False, "--tf32", help="Allow TF32 for fp32 math (faster, ~1e-3 rel-L2); off means IEEE fp32."),
-    fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
-    fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="auto|on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; auto: fp16 builds, where it was measured faster)."),
-    fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: fp16 and INT8 best builds, where it was measured faster)."),
-    fuse_gemm: Optional[str] = typer.Option(None, "--fuse-gemm", help="auto|on|off: replace the fp16 MatMuls by a constant weight (+ bias) that other passes left by trtforge's TrtforgeGemm (cuBLASLt, its kernel timed per shape; needs libtrtforge_plugins; auto: fp16 builds, where the H200 measured it faster)."),
-    qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="auto|conv|matmul: how the attention pass writes the packed QKV projection (conv: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin; matmul: a MatMul the GEMM pass can take into TrtforgeGemm; auto, the default: matmul where it will, else conv)."),
+    fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", callback=_key("build.fuse_attention", "--fuse-attention"), help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
+    fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", callback=_key("build.fuse_gelu", "--fuse-gelu"), help="auto|on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; auto: fp16 builds, where it was measured faster)."),
+    fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", callback=_key("build.fuse_skip_layernorm", "--fuse-skip-layernorm"), help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: fp16 and INT8 best builds, where it was measured faster)."),
+    fuse_gemm: Optional[str] = typer.Option(None, "--fuse-gemm", callback=_key("build.fuse_gemm", "--fuse-gemm"), help="auto|on|off: replace the fp16 MatMuls by a constant weight (+ bias) that other passes left by trtforge's TrtforgeGemm (cuBLASLt, its kernel timed per shape; needs libtrtforge_plugins; auto: fp16 builds, where the H200 measured it faster)."),
+    qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", callback=_key("build.qkv_projection", "--qkv-projection"), help="auto|conv|matmul: how the attention pass writes the packed QKV projection (conv: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin; matmul: a MatMul the GEMM pass can take into TrtforgeGemm; auto, the default: matmul where it will, else conv)."),
     plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="A shared library of TensorRT plugin creators to load first (repeatable), e.g. libtrtforge_plugins.so from trtforge/native/build.sh: cuDNN flash attention for the attention pass."),
-    gemm_precision: Optional[str] = typer.Option(None, "--gemm-precision", help="fp16|fp8: the GEMM plugins' arithmetic in an fp16 build (fp8: e4m3 operands with per-tensor scales, TrtforgeGemmFp8; compute capability 8.9+; gated on the engine by --fp8-min-cosine)."),
-    fp8_min_cosine: Optional[float] = typer.Option(None, "--fp8-min-cosine", help="With --gemm-precision fp8: the engine's held-out mean cosine against ONNX Runtime fp32 must reach this (default 0.99), else exit 1."),
-    fp8_min_top1_agreement: Optional[float] = typer.Option(None, "--fp8-min-top1-agreement", help="With --gemm-precision fp8: the engine's top-1 agreement with ONNX Runtime fp32 on each logits output must reach this, else exit 1 (default: reported, not gated)."),
+    gemm_precision: Optional[str] = typer.Option(None, "--gemm-precision", callback=_key("build.gemm_precision", "--gemm-precision"), help="fp16|fp8: the GEMM plugins' arithmetic in an fp16 build (fp8: e4m3 operands with per-tensor scales, TrtforgeGemmFp8; compute capability 8.9+; gated on the engine by --fp8-min-cosine)."),
+    fp8_min_cosine: Optional[float] = typer.Option(None, "--fp8-min-cosine", callback=_key("build.fp8_min_cosine", "--fp8-min-cosine"), help="With --gemm-precision fp8: the engine's held-out mean cosine against ONNX Runtime fp32 must reach this (default 0.99), else exit 1."),
+    fp8_min_top1_agreement: Optional[float] = typer.Option(None, "--fp8-min-top1-agreement", callback=_key("build.fp8_min_top1_agreement", "--fp8-min-top1-agreement"), help="With --gemm-precision fp8: the engine's top-1 agreement with ONNX Runtime fp32 on each logits output must reach this, else exit 1 (default: reported, not gated)."),
     calib_data: Optional[str] = typer.Option(None, "--calib-data", help="A folder of real inputs (calibrate's formats; its first 16 samples are used) for the magnitudes the fp16 conversion guards and FP8's scales and gate (default: the data of a calibration cache beside the model, else random feeds)."),
-    fp8_chain_ffn: Optional[str] = typer.Option(None, "--fp8-chain-ffn", help="auto|on|off: with --gemm-precision fp8, FC1 writes e4m3 straight into FC2 where FC2 alone reads it (no fp16 FFN activation, no conversion; auto, the default: wherever such a pair exists; on: a model without one is an error)."),
+    fp8_chain_ffn: Optional[str] = typer.Option(None, "--fp8-chain-ffn", callback=_key("build.fp8_chain_ffn", "--fp8-chain-ffn"), help="auto|on|off: with --gemm-precision fp8, FC1 writes e4m3 straight into FC2 where FC2 alone reads it (no fp16 FFN activation, no conversion; auto, the default: wherever such a pair exists; on: a model without one is an error)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
@@ -351,14 +432,14 @@ def bisect(
     data: Path = typer.Option(..., "--data", "-d", help="Samples to measure on: .npy/.npz, .txt/.jsonl or images."),
     groups: str = typer.Option("auto", "--groups", help="auto (every role group) or a comma list, e.g. attention_qk,attention_av,conv_*."),
     modes: str = typer.Option("off,alone", "--modes", help="Variants besides all-on: off (each group left out), alone (each group only)."),
-    max_samples: int = typer.Option(64, "--max-samples", help="Use at most this many samples."),
+    max_samples: int = typer.Option(64, "--max-samples", callback=_at_least(1, "--max-samples"), help="Use at most this many samples."),
     precision: str = typer.Option("best", "--precision", help="Engine precision: best (float parts fp16) or int8."),
-    max_gap: float = typer.Option(0.005, "--max-gap", help="Engine mean cosine this far below ORT's names a group."),
+    max_gap: float = typer.Option(0.005, "--max-gap", callback=_between(0, 2, "--max-gap"), help="Engine mean cosine this far below ORT's names a group."),
     no_engine: bool = typer.Option(False, "--no-engine", help="ONNX Runtime only: no engine builds."),
     no_build_check: bool = typer.Option(False, "--no-build-check", help="Where engines cannot run, do not build them either."),
     tactic_sources: Optional[str] = typer.Option(None, "--tactic-sources", help="As trtexec (default on TensorRT 8.6: -CUBLAS,-CUBLAS_LT,-CUDNN)."),
-    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", help="Builder optimization level 0-5 of the variant engines (lower builds faster)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Variant ONNX/engines and bisect.json (default NAME.bisect/)."),
+    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", callback=_key("build.optimization_level", "--optimization-level"), help="Builder optimization level 0-5 of the variant engines (lower builds faster)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", callback=_folder("--out-dir"), help="Variant ONNX/engines and bisect.json (default NAME.bisect/)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here instead."),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -396,27 +477,27 @@ def bisect(
 def run_cmd(
     target: Path = typer.Argument(..., metavar="ENGINE|ONNX", help="An engine from trtforge build, or an ONNX (ONNX Runtime)."),
     inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays or images."),
-    chunk: Optional[int] = typer.Option(None, "--chunk", help="Chunk size along the sequence, special tokens included (tile size for images)."),
-    overlap: Optional[int] = typer.Option(None, "--overlap", help="Positions shared by consecutive chunks."),
+    chunk: Optional[int] = typer.Option(None, "--chunk", callback=_key("run.chunk", "--chunk"), help="Chunk size along the sequence, special tokens included (tile size for images)."),
+    overlap: Optional[int] = typer.Option(None, "--overlap", callback=_key("run.overlap", "--overlap"), help="Positions shared by consecutive chunks."),
     no_chunking: bool = typer.Option(False, "--no-chunking", help="Run whole inputs; longer ones are an error."),
-    merge: Optional[str] = typer.Option(None, "--merge", help="center (keep each position from its most central chunk), or a linear, cosine or gaussian blend."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Chunks per batch (capped by the profile's batch max)."),
+    merge: Optional[str] = typer.Option(None, "--merge", callback=_key("run.merge", "--merge"), help="center (keep each position from its most central chunk), or a linear, cosine or gaussian blend."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", callback=_key("run.batch_size", "--batch-size"), help="Chunks per batch (capped by the profile's batch max)."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="fp32 ONNX to check against (default: the engine's source)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here."),
-    backend: str = typer.Option("auto", "--backend", help="For engines: auto, tensorrt or tensorrt_rtx."),
-    provider: Optional[list[str]] = typer.Option(None, "--provider", help="ONNX Runtime providers for an ONNX target (repeatable)."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per batch shape."),
+    backend: str = typer.Option("auto", "--backend", callback=_one_of(BACKENDS, "--backend"), help="For engines: auto, tensorrt or tensorrt_rtx."),
+    provider: Optional[list[str]] = typer.Option(None, "--provider", callback=_providers, help="ONNX Runtime providers for an ONNX target (repeatable)."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", callback=_key("run.warmup", "--warmup"), help="Untimed warm-up runs per batch shape."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="A local Hugging Face tokenizer directory (default: the one export saved)."),
     output_kind: Optional[list[str]] = typer.Option(None, "--output-kind", help="NAME=token|pooled|logits|dense[:SCALE], for outputs the sidecar does not declare (repeatable)."),
-    max_rel_l2: Optional[float] = typer.Option(None, "--max-rel-l2", help="Precision gate (default 1e-2)."),
-    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Precision gate (default 0.99)."),
-    min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", help="Chunking gate on the worst per-input cosine (default: not gated)."),
-    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Precision gate on logits outputs' top-1 agreement."),
-    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Precision gate on dense outputs' per-pixel argmax agreement."),
+    max_rel_l2: Optional[float] = typer.Option(None, "--max-rel-l2", callback=_key("run.max_rel_l2", "--max-rel-l2"), help="Precision gate (default 1e-2)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", callback=_key("run.min_cosine", "--min-cosine"), help="Precision gate (default 0.99)."),
+    min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", callback=_key("run.min_chunk_cosine", "--min-chunk-cosine"), help="Chunking gate on the worst per-input cosine (default: not gated)."),
+    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", callback=_key("run.min_top1_agreement", "--min-top1-agreement"), help="Precision gate on logits outputs' top-1 agreement."),
+    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", callback=_key("run.min_pixel_agreement", "--min-pixel-agreement"), help="Precision gate on dense outputs' per-pixel argmax agreement."),
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="TensorRT: capture each batch shape as a CUDA graph and replay it."),
     shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
-    gpu_wait: str = typer.Option("spin", "--gpu-wait", help="TensorRT: how the collecting thread waits for each batch: spin (CUDA's default: a core polls) or block (it sleeps until the GPU signals)."),
+    gpu_wait: str = typer.Option("spin", "--gpu-wait", callback=_one_of(("spin", "block"), "--gpu-wait"), help="TensorRT: how the collecting thread waits for each batch: spin (CUDA's default: a core polls) or block (it sleeps until the GPU signals)."),
     pad_batches: bool = typer.Option(True, "--pad-batches/--no-pad-batches", help="TensorRT: run a partial batch padded (copies of its last row, dropped after) to a batch size that already ran, instead of as a new shape."),
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
     plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=0, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs) where inputs are text to tokenize, else 0 on an engine and 2 on ONNX Runtime; 0: each input planned on the thread feeding the GPU, when its batches are needed)."),
@@ -425,7 +506,7 @@ def run_cmd(
     copy_engine_merge: bool = typer.Option(True, "--copy-engine-merge/--no-copy-engine-merge", help="With overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into each input's merged output (page-locked, pooled, reserved before the clock), so the host copies none of those bytes (off: the merge threads copy them)."),
     pinned_reserve_mb: Optional[float] = typer.Option(None, "--pinned-reserve-mb", min=0, help="With the copy-engine merge: MB of page-locked memory reserved before the clock for the merged outputs (default: sized by the batches in flight; 0: page-lock each pooled buffer when first needed)."),
     plan_processes: int = typer.Option(0, "--plan-processes", "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs and cutting them into windows, started before the clock, so the loop's process only unpickles each input's windows (0: the planning threads do it; --tokenize-processes: its former name)."),
-    last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
+    last_window: Optional[str] = typer.Option(None, "--last-window", callback=_key("run.last_window", "--last-window"), help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
     switch_interval_us: int = typer.Option(500, "--switch-interval-us", min=1, help="Python's GIL switch interval while the loop runs, in microseconds: how long a thread coming back from a copy or a CUDA wait may wait for the GIL."),
     gc_pause: bool = typer.Option(True, "--gc-pause/--no-gc-pause", help="Python's cyclic garbage collector off while the loop runs (one collection before the clock): a full collection stops every thread of the loop for tens of ms."),
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=0, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200; 0: each batch merged on the thread collecting it, with --overlap-merges on an engine without the precision check)."),
@@ -435,9 +516,9 @@ def run_cmd(
     chunking_check: bool = typer.Option(True, "--chunking-check/--no-chunking-check", help="Measure chunked+merged vs one whole pass on ONNX Runtime fp32 for every chunked input after the run (off: speed runs; a min_chunk_cosine gate you set then fails)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Shard the inputs over Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address."),
-    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", help="With --ray: actors to start (default: one per GPU for an engine, one per CPU for an ONNX)."),
+    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", callback=_at_least(1, "--ray-actors"), help="With --ray: actors to start (default: one per GPU for an engine, one per CPU for an ONNX)."),
     stateful: bool = typer.Option(False, "--stateful", help="KV-cache model: exact chunked prefill, the cache kept on the device between chunks."),
-    generate: int = typer.Option(0, "--generate", help="With --stateful: greedy-decode N tokens with the cache, checked against a full recompute."),
+    generate: int = typer.Option(0, "--generate", callback=_at_least(0, "--generate"), help="With --stateful: greedy-decode N tokens with the cache, checked against a full recompute."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Chunked inference checked against ONNX Runtime: precision and chunking errors, latency, throughput, memory."""
@@ -574,10 +655,10 @@ def _render_run(r: dict) -> None:
 @app.command()
 def pipeline(
     config: Path = typer.Argument(..., metavar="CONFIG", help="configs/NAME.yaml"),
-    from_step: Optional[str] = typer.Option(None, "--from", help="Start at this step (export, clean, calibrate, build, run); it always runs."),
-    only: Optional[str] = typer.Option(None, "--only", help="Run just this step (it always runs)."),
-    out_dir: Path = typer.Option(Path("out"), "--out-dir", help="Where every artifact goes."),
-    backend: str = typer.Option("auto", "--backend", help="Build backend: auto, tensorrt or tensorrt_rtx."),
+    from_step: Optional[str] = typer.Option(None, "--from", callback=_one_of(PIPELINE_STEPS, "--from"), help="Start at this step (export, clean, calibrate, build, run); it always runs."),
+    only: Optional[str] = typer.Option(None, "--only", callback=_one_of(PIPELINE_STEPS, "--only"), help="Run just this step (it always runs)."),
+    out_dir: Path = typer.Option(Path("out"), "--out-dir", callback=_folder("--out-dir"), help="Where every artifact goes."),
+    backend: str = typer.Option("auto", "--backend", callback=_one_of(BACKENDS, "--backend"), help="Build backend: auto, tensorrt or tensorrt_rtx."),
     json_out: bool = JsonOpt,
 ) -> None:
     """export -> clean -> calibrate -> build -> run from one config; unchanged steps are skipped."""

@@ -331,7 +331,7 @@ def requirement(error: dict[str, Any]) -> str:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value) if isinstance(value, str) else str(value)
+    text = repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -278,6 +278,22 @@ def fallback_search(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, flo
     return float_nodes, accuracy, sensitivity, errors
 
 
+def _refuse_quantized(onnx_path: Path, model: Any) -> None:
+    """A model that already holds Q/DQ nodes was quantized: calibrating it again would measure scales on rounded
+    activations and stack a second Q/DQ pair on each tensor."""
+    count = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    if count:
+        from trtforge.artifacts import read_sidecar
+
+        try:
+            source = (read_sidecar(onnx_path, required=False) or {}).get("reference_onnx")
+        except UserError:
+            source = None
+        origin = f" ({source})" if source else ""
+        raise UserError(f"{onnx_path} is already quantized ({count} QuantizeLinear/DequantizeLinear nodes); calibrate the "
+                        f"float model it came from{origin} instead.")
+
+
 def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool = False,
               progress: Callable[[str], None] = lambda _: None, progress_bar: Any = None,
               engine_hooks: Any = None) -> CalibrateResult:
@@ -287,6 +303,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     if options.method not in METHODS:
         raise UserError(f"unknown calibration method '{options.method}'; use entropy, percentile or minmax.")
     model = load_onnx(onnx_path)
+    _refuse_quantized(onnx_path, model)
     name_all_nodes(model)
     specs, axes, parent = io_specs(onnx_path, model)
     graph_hash = (parent or {}).get("graph_hash") or onnx_graph_hash(model)
