@@ -85,7 +85,11 @@ def parse_tiers(spec: str | None, config_tiers: dict[str, list[int]], axes: dict
                 lengths: list[int] | None = None, count: int = 3) -> dict[str, list[Tier]]:
     """'128,256,512' (the sequence axis), 'seq=128,512;batch=8,32', 'auto', or the config's tiers."""
     if not spec:
-        return {axis: tier_ranges(bounds, axes[axis], axis) for axis, bounds in config_tiers.items() if axis in axes}
+        unknown = [axis for axis in config_tiers if axis not in axes]
+        if unknown:
+            raise UserError(f"config key build.tiers names axis '{unknown[0]}', which the model does not have; its axes are: "
+                            f"{', '.join(axes) or 'none'}.")
+        return {axis: tier_ranges(bounds, axes[axis], axis) for axis, bounds in config_tiers.items()}
     if spec.strip() == "auto":
         if lengths is None:
             raise UserError("--tiers auto needs real lengths; pass --lengths FILE (one integer per line).")
@@ -118,12 +122,18 @@ def _default_tier_axis(axes: dict[str, AxisRange]) -> str:
 def read_lengths(path: Path) -> list[int]:
     if not path.is_file():
         raise UserError(f"lengths file {path} does not exist; give one integer per line.")
-    text = path.read_text().strip()
     try:
+        text = path.read_text(encoding="utf-8").strip()
         values = json.loads(text) if text.startswith("[") else [int(line) for line in text.split() if line]
-        return [int(v) for v in values]
-    except ValueError:
-        raise UserError(f"lengths file {path} must hold integers, one per line (or a JSON list).") from None
+        lengths = [int(v) for v in values] if isinstance(values, list) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in values) else None
+    except (ValueError, TypeError, UnicodeDecodeError, OverflowError, RecursionError):
+        lengths = None
+    if lengths is None:
+        raise UserError(f"lengths file {path} must hold integers, one per line (or a JSON list).")
+    if any(n < 1 for n in lengths):
+        raise UserError(f"lengths file {path} holds {min(lengths)}; lengths must be at least 1.")
+    return lengths
 
 
 def default_engine_path(onnx_path: Path, precision: str) -> Path:
