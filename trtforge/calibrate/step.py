@@ -310,7 +310,9 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     int8_path, cache_path = paths_for(onnx_path, options.output)
     tokenizer = _tokenizer_factory(onnx_path)
     max_len = _max_length(specs, axes)
-    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples, axes)
+    # Axis ranges a sidecar declares bound the data; those read off a bare graph (1..64) are placeholders.
+    declared = axes if parent and "inputs" in parent else None
+    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples, declared)
     fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
 
     reused_sidecar, reason = (None, f"imported {options.from_cache}") if options.from_cache else cache_decision(cache_path, fingerprint, options.strict_cache)
@@ -329,7 +331,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
 
     eval_samples = samples
     if options.eval_data:
-        _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples, axes)
+        _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples, declared)
     eval_batches = _eval_batches(eval_samples, options.max_eval_samples)
     reference = OrtRunner(model.SerializeToString())
     kinds = _output_kinds(reference, onnx_path, specs, axes)
