@@ -744,8 +744,9 @@ def _run_app(step: str) -> tuple[int, Optional[dict]]:
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected exception becomes a message
         usage_errors, aborts = _click_error_types()
         if isinstance(exc, usage_errors):
-            exc.show()
-            return 2, _json_error("usage_error", exc.format_message(), 2)
+            message = _usage_sentence(exc, step)
+            err.print(f"error: {message}", markup=False)
+            return 2, _json_error("usage_error", message, 2)
         if isinstance(exc, aborts):
             return INTERRUPTED, _json_error("interrupted", "aborted", INTERRUPTED)
         import traceback
@@ -755,6 +756,18 @@ def _run_app(step: str) -> tuple[int, Optional[dict]]:
         message = f"internal error in '{step}': {exception_summary(exc, 300)}; {where}; please report it."
         err.print(f"error: {message}", markup=False)
         return INTERNAL_ERROR, _json_error("internal_error", message, INTERNAL_ERROR, log)
+
+
+def _usage_sentence(exc: Exception, step: str) -> str:
+    """A command-line usage error (click's) as one sentence that points at the command's help."""
+    text = " ".join(exc.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
+    if ". Did you mean " in text:
+        head, _, hint = text.partition(". Did you mean ")
+        text = f"{head} (did you mean {hint})"
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command.name if ctx is not None and ctx.parent is not None else None
+    where = f"trtforge {command} --help" if command else "trtforge --help"
+    return f"{text}; see '{where}'."
 
 
 def _json_error(kind: str, message: str, exit_code: int, log: Optional[Path] = None) -> dict:
