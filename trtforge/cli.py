@@ -764,6 +764,14 @@ def _usage_sentence(exc: Exception, step: str) -> str:
     if ". Did you mean " in text:
         head, _, hint = text.partition(". Did you mean ")
         text = f"{head} (did you mean {hint})"
+    param = getattr(exc, "param", None)
+    argv = sys.argv[1:]
+    for opt in getattr(param, "opts", ()) if type(exc).__name__ == "BadParameter" else ():
+        given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == opt] + [a.split("=", 1)[1] for a in argv
+                                                                               if a.startswith(opt + "=")]
+        if given:
+            text += f", got '{given[-1]}'"
+            break
     ctx = getattr(exc, "ctx", None)
     command = ctx.command.name if ctx is not None and ctx.parent is not None else None
     where = f"trtforge {command} --help" if command else "trtforge --help"

@@ -87,7 +87,7 @@ class SourceSpec(Strict):
 
 Size = Annotated[int, Field(ge=1)]
 # A rel-L2 tolerance: above 0, and below 1, where an all-zero output (rel-L2 exactly 1) would pass.
-Tolerance = Annotated[float, Field(gt=0, lt=1)]
+Tolerance = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
 
 
 class ExportSection(Strict):
@@ -186,7 +186,7 @@ class RunSection(Strict):
     merge: Literal["center", "linear", "cosine", "gaussian"] = "center"
     last_window: Literal["full", "short"] = "full"  # a sequence's last window: full length, ending at its end, or the remainder
     warmup: int = Field(2, ge=0)
-    max_rel_l2: float = Field(1e-2, gt=0)
+    max_rel_l2: float = Field(1e-2, gt=0, allow_inf_nan=False)
     min_cosine: float = Field(0.99, ge=-1, le=1)
     # Floor on the pooled cosine of chunked+merged vs whole; unset: reported, not gated.
     min_chunk_cosine: float | None = Field(None, ge=-1, le=1)
