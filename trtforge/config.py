@@ -51,7 +51,14 @@ class InputSpec(Strict):
     # Each entry is a fixed size or the name of a dynamic axis declared under `axes`.
     shape: list[int | str]
     # Values drawn for random test inputs: [low, high) for integers, [low, high] for floats.
-    value_range: tuple[float, float] = (0.0, 1.0)
+    value_range: tuple[Annotated[float, Field(allow_inf_nan=False)], Annotated[float, Field(allow_inf_nan=False)]] = (0.0, 1.0)
+
+    @field_validator("value_range")
+    @classmethod
+    def _low_high(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if value[0] > value[1]:
+            raise ValueError(f"needs [low, high] with low <= high, got {list(value)}")
+        return value
 
 
 OUTPUT_KINDS = ("token", "pooled", "logits", "dense")
