@@ -405,19 +405,26 @@ def inspect(
     fusion = side.get("attention_fusion")
     stale = summary is None or "int8_verdict" not in summary
     if layers_file.is_file() and (stale or (fusion and "engine" not in fusion)):  # sidecars of older trtforge
+        unreadable = UserError(f"{layers_file} is not a layer list written by trtforge build; delete it, or rebuild "
+                               f"{engine} to write it again.")
         try:
             data = _json.loads(layers_file.read_text())
-        except (OSError, UnicodeDecodeError, _json.JSONDecodeError):
-            raise UserError(f"{layers_file} is not valid JSON; delete it, or rebuild {engine} to write it again.") from None
-        layers = data["layers"] if isinstance(data, dict) else data  # a list: older trtforge
-        if stale:
-            from trtforge.backends.tensorrt import summarize_layers
+        except (OSError, ValueError, RecursionError):
+            raise unreadable from None
+        layers = data.get("layers") if isinstance(data, dict) else data  # a list: older trtforge
+        if not isinstance(layers, list):
+            raise unreadable
+        try:
+            if stale:
+                from trtforge.backends.tensorrt import summarize_layers
 
-            summary = summarize_layers(layers)
-        if fusion and "engine" not in fusion:
-            from trtforge.fusion.engine_evidence import attention_evidence
+                summary = summarize_layers(layers)
+            if fusion and "engine" not in fusion:
+                from trtforge.fusion.engine_evidence import attention_evidence
 
-            fusion["engine"] = attention_evidence(fusion, layers, len(side["profiles"]))
+                fusion["engine"] = attention_evidence(fusion, layers, len(side["profiles"]))
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError):
+            raise unreadable from None
     if json_out:
         ui.print_json({"path": str(engine), **side, "layer_summary": summary})
         return
