@@ -336,6 +336,8 @@ OPTIONS = {
         (["--chunk", "abc"], "--chunk"), (["--warmup", "1.5"], "--warmup"), (["--output-kind", "y"], "y"),
         (["--output-kind", "y=blob"], "blob"),
     ]),
+    "doctor": (["doctor"], [(["--bogus"], "--bogus"), (["extra"], "extra"), (["--json", "--verbose"], "--verbose")]),
+    "inspect": (["inspect"], [(["a.engine", "b.engine"], "b.engine"), (["a.engine", "--verbose"], "--verbose")]),
     "pipeline": (["pipeline", "c.yaml"], [
         (["--from", "bogus"], "--from"), (["--only", "deploy"], "--only"), (["--backend", "cuda"], "--backend"),
     ]),
@@ -545,6 +547,9 @@ def test_engine_file(world, tmp_path, case):
 
 def test_the_matrix_is_large():
     """The issue asks for >= 250 cases over every command."""
+    commands = {"export", "clean", "calibrate", "build", "run", "pipeline", "inspect", "bisect", "doctor"}
+    assert commands <= set(OPTIONS) | set(CONFIG_COMMANDS) | set(MODEL_COMMANDS)
+    assert set(OPTIONS) == commands, set(OPTIONS) ^ commands
     count = (len(CONFIGS) * len(CONFIG_COMMANDS) + len(OPTION_CASES) + len(MODEL_FILES) * len(MODEL_COMMANDS)
              + len(DATA) * len(DATA_COMMANDS) + 4 + 2 + 2 + 2 + 2 + 5 + 1 + len(SIDECARS) * 2 + 3 + 3)
     assert count >= 250, count
