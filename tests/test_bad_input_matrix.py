@@ -299,6 +299,7 @@ OPTIONS = {
         (["--min-cosine", "-3"], "--min-cosine"), (["--min-int8-flops", "1.5"], "--min-int8-flops"),
         (["--min-int8-flops", "-0.1"], "--min-int8-flops"), (["--min-top1-agreement", "2"], "--min-top1-agreement"),
         (["--min-pixel-agreement", "-1"], "--min-pixel-agreement"), (["--ray-actors", "0"], "--ray-actors"),
+        (["--ray-actors", "2"], "--ray-actors"),
         (["--from-cache", "missing.cache"], "--from-cache"), (["--percentile", "abc"], "--percentile"),
     ]),
     "build": (["build", "m.onnx"], [
@@ -329,7 +330,8 @@ OPTIONS = {
         (["--merge", "blend"], "--merge"), (["--gpu-wait", "poll"], "--gpu-wait"), (["--last-window", "half"], "--last-window"),
         (["--backend", "cuda"], "--backend"), (["--provider", "CUDAExecutionProvider"], "--provider CUDAExecutionProvider"),
         (["--provider", "TensorrtExecutionProvider"], "--provider TensorrtExecutionProvider"),
-        (["--ray-actors", "0"], "--ray-actors"), (["--generate", "-1"], "--generate"), (["--slots", "0"], "--slots"),
+        (["--ray-actors", "0"], "--ray-actors"), (["--ray-actors", "2"], "--ray-actors"), (["--generate", "-1"], "--generate"),
+        (["--slots", "0"], "--slots"),
         (["--plan-ahead", "-1"], "--plan-ahead"), (["--plan-workers", "-1"], "--plan-workers"),
         (["--merge-workers", "-2"], "--merge-workers"), (["--pinned-reserve-mb", "-1"], "--pinned-reserve-mb"),
         (["--plan-processes", "-1"], "--plan-processes"), (["--switch-interval-us", "0"], "--switch-interval-us"),

@@ -219,6 +219,8 @@ def calibrate(
     from trtforge.config import CalibrateSection, load_config
     from trtforge.errors import GateFailed
 
+    if ray_actors is not None and not ray:
+        raise UserError(f"--ray-actors {ray_actors} applies with --ray (actors on a Ray cluster); add --ray auto or drop it.")
     section = load_config(config).calibrate if config else _builtin_section(onnx_path, "calibrate") or CalibrateSection()
     options = options_from_section(
         section, data=data, method=method, percentile=percentile, max_samples=max_samples, eval_data=eval_data,
@@ -529,6 +531,8 @@ def run_cmd(
     json_out: bool = JsonOpt,
 ) -> None:
     """Chunked inference checked against ONNX Runtime: precision and chunking errors, latency, throughput, memory."""
+    if ray_actors is not None and not ray:
+        raise UserError(f"--ray-actors {ray_actors} applies with --ray (actors on a Ray cluster); add --ray auto or drop it.")
     if stateful or generate:
         if ray:
             raise UserError("--ray does not combine with --stateful/--generate (a KV cache lives on one device); drop one.")
