@@ -49,7 +49,7 @@ class InputSpec(Strict):
     name: str
     dtype: Literal["float32", "float16", "int64", "int32", "bool"] = "float32"
     # Each entry is a fixed size or the name of a dynamic axis declared under `axes`.
-    shape: list[int | str]
+    shape: list[Annotated[int, Field(ge=1)] | str]
     # Values drawn for random test inputs: [low, high) for integers, [low, high] for floats.
     value_range: tuple[Annotated[float, Field(allow_inf_nan=False)], Annotated[float, Field(allow_inf_nan=False)]] = (0.0, 1.0)
 
@@ -258,6 +258,10 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _axes_declared(self) -> "ModelConfig":
+        for what, names in (("inputs", [s.name for s in self.inputs]), ("outputs", self.output_names())):
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ValueError(f"{what} names '{repeated[0]}' more than once")
         for spec in self.inputs:
             for dim in spec.shape:
                 if isinstance(dim, str) and dim not in self.axes:
@@ -342,8 +346,12 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_UNION_TAGS = {"str", "int", "float", "bool", "constrained-int", "constrained-float", "constrained-str"}
+
+
 def _describe(error: dict[str, Any], source: str) -> str:
-    loc = tuple(error["loc"])
+    # pydantic adds the member of a union it tried (shape entries are int | str) to the location: not a key
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and (p in _UNION_TAGS or p.startswith("function-"))))
     key = ".".join(str(p) for p in loc)
     if error["type"] == "extra_forbidden":
         valid = _valid_keys(ModelConfig, loc)
