@@ -33,11 +33,11 @@ def _key(dotted: str, flag: str):
     return check
 
 
-def _at_least(low: float, flag: str, what: str = ""):
+def _at_least(low: float, flag: str):
     """A typer callback: the value must be >= low (None: not given)."""
     def check(value):
         if value is not None and value < low:
-            raise UserError(f"{flag} must be at least {low:g}{what}, got {value:g}.")
+            raise UserError(f"{flag} must be at least {low:g}, got {value:g}.")
         return value
     return check
 
