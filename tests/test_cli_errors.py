@@ -141,3 +141,12 @@ def test_the_executable_exits_3_without_a_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(root), "CI": "true", "TRTFORGE_LOG_DIR": str(tmp_path)})
     assert_user_error(proc, "internal error in 'doctor'", "AttributeError", str(tmp_path), code=INTERNAL_ERROR)
+
+
+def test_a_result_that_is_not_json_is_an_internal_error(monkeypatch, log_dir):
+    import trtforge.doctor
+
+    monkeypatch.setattr(trtforge.doctor, "report", lambda: {"versions": {"x": object()}})
+    proc = invoke("doctor", "--json")
+    assert proc.returncode == INTERNAL_ERROR and json.loads(proc.stdout)["error"]["kind"] == "internal_error", proc
+    assert_user_error(proc, "internal error in 'doctor'", "TypeError", code=INTERNAL_ERROR)

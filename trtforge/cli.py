@@ -719,10 +719,12 @@ def main() -> None:
     json_mode = "--json" in argv
     with ui.held_json() as held:
         code, error = _run_app(step)
-        if json_mode:
-            ui.flush_json(held, error)
-        else:
-            ui.flush_json(held)
+        try:
+            ui.flush_json(held, error if json_mode else None)
+        except Exception as exc:  # noqa: BLE001 - a result that cannot be written as JSON is a bug, reported as one
+            code, error = _internal_error(step, exc)
+            if json_mode:
+                ui.flush_json([], error)
     if code:
         sys.exit(code)
 
@@ -755,21 +757,26 @@ def _run_app(step: str) -> tuple[int, Optional[dict]]:
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected exception becomes a message
         usage_errors, aborts = _click_error_types()
         if isinstance(exc, usage_errors):
-            message = _usage_sentence(exc, step)
+            message = _usage_sentence(exc)
             err.print(f"error: {message}", markup=False)
             return 2, _json_error("usage_error", message, 2)
         if isinstance(exc, aborts):
             return INTERRUPTED, _json_error("interrupted", "aborted", INTERRUPTED)
-        import traceback
-
-        log = _write_log(step, "".join(traceback.format_exception(exc)))
-        where = f"the full traceback is in {log}" if log else "no log file could be written"
-        message = f"internal error in '{step}': {exception_summary(exc, 300)}; {where}; please report it."
-        err.print(f"error: {message}", markup=False)
-        return INTERNAL_ERROR, _json_error("internal_error", message, INTERNAL_ERROR, log)
+        return _internal_error(step, exc)
 
 
-def _usage_sentence(exc: Exception, step: str) -> str:
+def _internal_error(step: str, exc: BaseException) -> tuple[int, dict]:
+    """An unexpected exception: one line naming the step and the exception, the traceback in a log file, exit 3."""
+    import traceback
+
+    log = _write_log(step, "".join(traceback.format_exception(exc)))
+    where = f"the full traceback is in {log}" if log else "no log file could be written"
+    message = f"internal error in '{step}': {exception_summary(exc, 300)}; {where}; please report it."
+    ui.console(stderr=True).print(f"error: {message}", markup=False)
+    return INTERNAL_ERROR, _json_error("internal_error", message, INTERNAL_ERROR, log)
+
+
+def _usage_sentence(exc: Exception) -> str:
     """A command-line usage error (click's) as one sentence that points at the command's help."""
     text = " ".join(exc.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
     if ". Did you mean " in text:
