@@ -97,8 +97,18 @@ def _providers(values):
     return values
 
 
+def _step(flag: str):
+    """--from/--only: a pipeline step, checked before the config is read (Pipeline.execute says the same)."""
+    def check(value):
+        from trtforge.pipeline import STEPS
+
+        if value is not None and value not in STEPS:
+            raise UserError(f"{flag} '{value}' is not a step; use one of {', '.join(STEPS)}.")
+        return value
+    return check
+
+
 BACKENDS = ("auto", "tensorrt", "tensorrt_rtx")
-PIPELINE_STEPS = ("export", "clean", "calibrate", "build", "run")
 
 
 def _resolve_config(model: Optional[str], config: Optional[Path]):
@@ -666,8 +676,8 @@ def _render_run(r: dict) -> None:
 @app.command()
 def pipeline(
     config: Path = typer.Argument(..., metavar="CONFIG", help="configs/NAME.yaml"),
-    from_step: Optional[str] = typer.Option(None, "--from", callback=_one_of(PIPELINE_STEPS, "--from"), help="Start at this step (export, clean, calibrate, build, run); it always runs."),
-    only: Optional[str] = typer.Option(None, "--only", callback=_one_of(PIPELINE_STEPS, "--only"), help="Run just this step (it always runs)."),
+    from_step: Optional[str] = typer.Option(None, "--from", callback=_step("--from"), help="Start at this step (export, clean, calibrate, build, run); it always runs."),
+    only: Optional[str] = typer.Option(None, "--only", callback=_step("--only"), help="Run just this step (it always runs)."),
     out_dir: Path = typer.Option(Path("out"), "--out-dir", callback=_folder("--out-dir"), help="Where every artifact goes."),
     backend: str = typer.Option("auto", "--backend", callback=_one_of(BACKENDS, "--backend"), help="Build backend: auto, tensorrt or tensorrt_rtx."),
     json_out: bool = JsonOpt,
