@@ -58,9 +58,9 @@ def test_timing_cache_is_a_noop_on_rtx(minilm_clean, tmp_path):
     (["--tiers", "12a"], ["comma-separated integers"]),
     (["--tiers", "auto"], ["--lengths"]),
     (["--precision", "int8"], ["no Q/DQ nodes", "trtforge calibrate"]),
-    (["--precision", "fp8"], ["unknown precision 'fp8'"]),
+    (["--precision", "fp8"], ["--precision must be 'fp32', 'fp16', 'int8' or 'best', got 'fp8'"]),
     (["--compute-capability", "SM1000"], ["SM1000"]),
-    (["--backend", "cuda"], ["unknown backend 'cuda'"]),
+    (["--backend", "cuda"], ["--backend must be one of auto, tensorrt, tensorrt_rtx, got 'cuda'"]),
 ])
 def test_build_bad_input(minilm_clean, tmp_path, args, fragments):
     proc = run_cli("build", str(minilm_clean), "-o", str(tmp_path / "x.engine"), *args)

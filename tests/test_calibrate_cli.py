@@ -155,7 +155,7 @@ def test_import_cache_from_elsewhere(tiny_fcn_clean, tmp_path):
 
 def test_unknown_method(tiny_fcn_clean, tmp_path):
     data = _tiny_samples(tmp_path / "data")
-    assert_user_error(run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "--method", "kl"), "unknown calibration method 'kl'")
+    assert_user_error(run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "--method", "kl"), "--method must be 'entropy', 'percentile' or 'minmax', got 'kl'")
 
 
 def test_images_folder_for_a_cnn(tiny_fcn_clean, tmp_path):

@@ -92,7 +92,7 @@ def test_baked_sequence_length_is_detected_and_named(tmp_path):
     (["--model", f"{FIXTURES}/user_models.py:wrong_return"], ["must return (module"]),
     (["--model", f"{FIXTURES}/user_models.py:no_such"], ["has no function 'no_such'"]),
     (["--model", "resnet9000"], ["unknown model 'resnet9000'", "minilm"]),
-    (["--model", f"{FIXTURES}/user_models.py:small_mlp", "--opset", "99"], ["opset 99", "--opset"]),
+    (["--model", f"{FIXTURES}/user_models.py:small_mlp", "--opset", "99"], ["--opset must be at most", "got 99"]),
     (["--model", "missing.pt2"], ["missing.pt2 does not exist"]),
 ])
 def test_export_bad_input(args, fragments, tmp_path):

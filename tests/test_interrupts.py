@@ -8,6 +8,18 @@ import pytest
 from trtforge import interrupts
 
 
+@pytest.fixture(autouse=True)
+def terminal_sigint():
+    """Each test starts with the SIGINT disposition a terminal gives Python (default_int_handler), whatever this
+    process inherited: a shell's background job (`nohup make test &`) starts with SIGINT ignored, and Python then
+    installs no handler. The inherited disposition is put back afterwards."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
 def _native_call(callback):
     """Stands in for TensorRT calling a Python logger from C++: every exception the callback raises is caught."""
     try:
@@ -100,11 +112,12 @@ def test_main_in_process_leaves_the_ctrl_c_handler_alone(monkeypatch):
     from trtforge import cli
 
     monkeypatch.setattr(sys, "argv", ["trtforge", "--help"])
+    before = signal.getsignal(signal.SIGINT)
     try:
         cli.main()
     except SystemExit as exc:
         assert exc.code in (0, None)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_block_ending_with_an_error_after_ctrl_c_raises_the_interrupt():
@@ -163,3 +176,18 @@ def test_children_started_while_spawning_ignore_ctrl_c_and_the_parent_gets_its_h
     assert signal.getsignal(signal.SIGINT) is before
     outside = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
     assert (inside, outside) == ("True", "False")
+
+
+@pytest.mark.skipif(os.environ.get("TRTFORGE_INNER_INTERRUPT_RUN") == "1", reason="the inner run itself")
+def test_this_module_passes_when_started_with_sigint_ignored():
+    """`nohup make test &` starts pytest with SIGINT ignored: every test above must pass there as in a terminal."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root), "TRTFORGE_INNER_INTERRUPT_RUN": "1"},
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert proc.returncode == 0, proc.stdout[-3000:]

@@ -126,7 +126,7 @@ def test_bad_run_inputs(minilm_clean, tiny_fcn_clean, tmp_path):
     assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "1024"),
                       "--chunk 1024 is larger than the model's axis 'seq' (512)")
     assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--last-window", "sideways"),
-                      "unknown --last-window 'sideways'; use full or short.")
+                      "--last-window must be 'full' or 'short', got 'sideways'")
     assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--ray", "auto", "--tokenize-processes", "2"),
                       "--plan-processes applies to one process's loop")
     for flag, value in (("--plan-workers", "0"), ("--merge-workers", "2")):

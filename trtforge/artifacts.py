@@ -136,8 +136,9 @@ def read_sidecar(artifact: str | os.PathLike, required: bool = True) -> dict[str
         return None
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"sidecar {path} is not valid JSON ({exc}); delete it and re-create {artifact}.") from None
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad UTF-8 or JSON
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:200]
+        raise UserError(f"sidecar {path} is not valid JSON ({reason}); delete it and re-create {artifact}.") from None
     if not isinstance(data, dict):
         raise UserError(f"sidecar {path} does not hold a JSON object; delete it and re-create {artifact}.")
     return data

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from trtforge.artifacts import declared_output_kinds, read_sidecar, write_json_atomic
+from trtforge.artifacts import declared_output_kinds, ensure_writable_dir, read_sidecar, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
 from trtforge.calibrate.cache import read_cache
@@ -242,7 +242,7 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
     if measure is None and mode in ("run", "build"):
         measure = trt_measure(why.split(" ")[0], specs, data_profile(specs, batches), options, execute=mode == "run")
     out_dir = options.out_dir or onnx_path.with_name(onnx_path.name.removesuffix(".onnx").removesuffix(".clean") + ".bisect")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_writable_dir(out_dir / "bisect.json")  # a file named like the folder: one sentence, not FileExistsError
 
     rows = []
     for name, on in variants(groups, options.modes):

@@ -85,7 +85,11 @@ def parse_tiers(spec: str | None, config_tiers: dict[str, list[int]], axes: dict
                 lengths: list[int] | None = None, count: int = 3) -> dict[str, list[Tier]]:
     """'128,256,512' (the sequence axis), 'seq=128,512;batch=8,32', 'auto', or the config's tiers."""
     if not spec:
-        return {axis: tier_ranges(bounds, axes[axis], axis) for axis, bounds in config_tiers.items() if axis in axes}
+        unknown = [axis for axis in config_tiers if axis not in axes]
+        if unknown:
+            raise UserError(f"config key build.tiers names axis '{unknown[0]}', which the model does not have; its axes are: "
+                            f"{', '.join(axes) or 'none'}.")
+        return {axis: tier_ranges(bounds, axes[axis], axis) for axis, bounds in config_tiers.items()}
     if spec.strip() == "auto":
         if lengths is None:
             raise UserError("--tiers auto needs real lengths; pass --lengths FILE (one integer per line).")
@@ -118,12 +122,18 @@ def _default_tier_axis(axes: dict[str, AxisRange]) -> str:
 def read_lengths(path: Path) -> list[int]:
     if not path.is_file():
         raise UserError(f"lengths file {path} does not exist; give one integer per line.")
-    text = path.read_text().strip()
     try:
+        text = path.read_text(encoding="utf-8").strip()
         values = json.loads(text) if text.startswith("[") else [int(line) for line in text.split() if line]
-        return [int(v) for v in values]
-    except ValueError:
-        raise UserError(f"lengths file {path} must hold integers, one per line (or a JSON list).") from None
+        lengths = [int(v) for v in values] if isinstance(values, list) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in values) else None
+    except (ValueError, TypeError, UnicodeDecodeError, OverflowError, RecursionError):
+        lengths = None
+    if lengths is None:
+        raise UserError(f"lengths file {path} must hold integers, one per line (or a JSON list).")
+    if any(n < 1 for n in lengths):
+        raise UserError(f"lengths file {path} holds {min(lengths)}; lengths must be at least 1.")
+    return lengths
 
 
 def default_engine_path(onnx_path: Path, precision: str) -> Path:
@@ -626,6 +636,30 @@ def check_engine_compat(engine_path: Path, sidecar: dict[str, Any], identity: di
         )
 
 
+_ENGINE_SIDECAR_FIELDS = {"backend": str, "tensorrt_version": str, "precision": str, "engine_bytes": int,
+                          "build_seconds": (int, float), "profiles": list}
+
+
+def engine_sidecar_problem(sidecar: dict[str, Any]) -> str | None:
+    """What makes an engine sidecar unusable (a key every reader relies on missing or of the wrong type), or None."""
+    for key, kind in _ENGINE_SIDECAR_FIELDS.items():
+        if key not in sidecar:
+            return f"lacks '{key}'"
+        if not isinstance(sidecar[key], kind) or isinstance(sidecar[key], bool):
+            return f"has a malformed '{key}'"
+    if not sidecar["profiles"]:
+        return "lists no optimization profiles"
+    for i, profile in enumerate(sidecar["profiles"]):
+        shapes = profile.get("shapes") if isinstance(profile, dict) else None
+        if not isinstance(profile, dict) or not isinstance(profile.get("index"), int) or not isinstance(shapes, dict):
+            return f"has a malformed profile {i} (needs 'index' and 'shapes')"
+        for name, shape in shapes.items():
+            if not (isinstance(shape, dict) and all(isinstance(shape.get(k), list) and all(isinstance(n, int) for n in shape[k])
+                                                    for k in ("min", "opt", "max"))):
+                return f"has a malformed shape for input '{name}' in profile {i} (needs min, opt and max lists of sizes)"
+    return None
+
+
 def read_engine_sidecar(engine_path: Path, verify: bool = False) -> dict[str, Any]:
     """The engine's sidecar; with verify, also prove the engine file is the one the sidecar describes."""
     engine_path = Path(engine_path)
@@ -635,6 +669,9 @@ def read_engine_sidecar(engine_path: Path, verify: bool = False) -> dict[str, An
     assert sidecar is not None
     if sidecar.get("kind") != "engine":
         raise UserError(f"{engine_path}.json is not an engine sidecar; rebuild {engine_path.name} with trtforge build.")
+    problem = engine_sidecar_problem(sidecar)
+    if problem:
+        raise UserError(f"{engine_path}.json {problem}; rebuild {engine_path.name} with trtforge build.")
     if verify:
         size = engine_path.stat().st_size
         if sidecar.get("engine_bytes") is not None and size != sidecar["engine_bytes"]:

@@ -10,7 +10,8 @@ import typer
 
 from trtforge import __version__
 from trtforge.artifacts import published
-from trtforge.errors import GateFailed as GateFailedError, TrtforgeError, UserError
+from trtforge.errors import (INTERNAL_ERROR, INTERRUPTED, GateFailed as GateFailedError, TrtforgeError, UserError,
+                             exception_summary)
 from trtforge import ui
 from trtforge.plugins_cli import plugins_app
 
@@ -19,6 +20,97 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 app.add_typer(plugins_app, name="plugins")
 
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
+
+
+# -- option checks: each value is checked when parsed, with the sentence its config key would get -----------------
+
+def _key(dotted: str, flag: str):
+    """A typer callback checking a flag's value against its config key's constraints (trtforge.config.check_option)."""
+    def check(value):
+        if value is None:
+            return None
+        from trtforge.config import check_option
+
+        return check_option(dotted, value, flag)
+    return check
+
+
+def _at_least(low: float, flag: str):
+    """A typer callback: the value must be >= low (None: not given)."""
+    def check(value):
+        if value is not None and value < low:
+            raise UserError(f"{flag} must be at least {low:g}, got {value:g}.")
+        return value
+    return check
+
+
+def _between(low: float, high: float, flag: str):
+    def check(value):
+        if value is not None and not low <= value <= high:
+            raise UserError(f"{flag} must be between {low:g} and {high:g}, got {value:g}.")
+        return value
+    return check
+
+
+def _one_of(choices: tuple[str, ...], flag: str):
+    def check(value):
+        if value is not None and value not in choices:
+            raise UserError(f"{flag} must be one of {', '.join(choices)}, got '{value}'.")
+        return value
+    return check
+
+
+def _folder(flag: str):
+    """A typer callback: an output folder that is a folder or can be created (no file in the way)."""
+    def check(value):
+        if value is None:
+            return None
+        probe = Path(value)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if probe.exists() and not probe.is_dir():
+            raise UserError(f"{flag} {value}: {probe} is a file, not a folder; choose another folder.")
+        return value
+    return check
+
+
+def _existing_file(flag: str):
+    def check(value):
+        if value is not None and not Path(value).is_file():
+            what = "a folder, not a file" if Path(value).is_dir() else "does not exist"
+            raise UserError(f"{flag} {value} {what}; pass an existing file.")
+        return value
+    return check
+
+
+def _providers(values):
+    """--provider: each must be one ONNX Runtime offers here; an unavailable one would silently run on the CPU."""
+    if not values:
+        return values
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise UserError("--provider needs onnxruntime; install it (pip install onnxruntime).") from None
+    available = ort.get_available_providers()
+    for name in values:
+        if name not in available:
+            raise UserError(f"--provider {name} is not offered by this onnxruntime (it offers {', '.join(available)}); "
+                            "pick one of those or install the onnxruntime build that has it.")
+    return values
+
+
+def _step(flag: str):
+    """--from/--only: a pipeline step, checked before the config is read (Pipeline.execute says the same)."""
+    def check(value):
+        from trtforge.pipeline import STEPS
+
+        if value is not None and value not in STEPS:
+            raise UserError(f"{flag} '{value}' is not a step; use one of {', '.join(STEPS)}.")
+        return value
+    return check
+
+
+BACKENDS = ("auto", "tensorrt", "tensorrt_rtx")
 
 
 def _resolve_config(model: Optional[str], config: Optional[Path]):
@@ -42,8 +134,8 @@ def export(
                                         "TorchScript .pt/.ts (needs --config: its 'inputs' are passed positionally, in order) or .pt2."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (configs/NAME.yaml)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output ONNX path (default out/NAME.onnx)."),
-    opset: Optional[int] = typer.Option(None, "--opset", help="ONNX opset (default 17)."),
-    exporter: Optional[str] = typer.Option(None, "--exporter", help="legacy (TorchScript-based) or dynamo."),
+    opset: Optional[int] = typer.Option(None, "--opset", callback=_key("export.opset", "--opset"), help="ONNX opset (default 17)."),
+    exporter: Optional[str] = typer.Option(None, "--exporter", callback=_key("export.exporter", "--exporter"), help="legacy (TorchScript-based) or dynamo."),
     external_data: Optional[bool] = typer.Option(None, "--external-data/--no-external-data", help="Force weights into NAME.onnx.data."),
     no_check: bool = typer.Option(False, "--no-check", help="Skip the ONNX Runtime vs PyTorch check (the sidecar records it)."),
     kv_cache: bool = typer.Option(False, "--kv-cache", help="Causal decoder with explicit past/present key-value tensors per layer (config: kv_cache)."),
@@ -82,8 +174,8 @@ def export(
 def clean(
     onnx_path: Path = typer.Argument(..., metavar="ONNX", help="The exported model."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Default: NAME.clean.onnx beside the input."),
-    fold_size_limit_mb: float = typer.Option(64.0, "--fold-size-limit-mb", help="Do not fold constants larger than this."),
-    tolerance: float = typer.Option(1e-5, "--tolerance", help="Max rel-L2 between the original and cleaned outputs."),
+    fold_size_limit_mb: float = typer.Option(64.0, "--fold-size-limit-mb", callback=_key("clean.fold_size_limit_mb", "--fold-size-limit-mb"), help="Do not fold constants larger than this."),
+    tolerance: float = typer.Option(1e-5, "--tolerance", callback=_key("clean.tolerance", "--tolerance"), help="Max rel-L2 between the original and cleaned outputs."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Fold constants, drop dead nodes, Identity and Dropout, infer shapes, sort; prove outputs unchanged."""
@@ -111,27 +203,27 @@ def clean(
 def calibrate(
     onnx_path: Path = typer.Argument(..., metavar="ONNX", help="The cleaned ONNX (trtforge clean)."),
     data: Optional[Path] = typer.Option(None, "--data", "-d", help="Calibration folder: .npy/.npz, .txt/.jsonl or images."),
-    method: Optional[str] = typer.Option(None, "--method", help="entropy (TensorRT's KL search), percentile or minmax."),
-    percentile: Optional[float] = typer.Option(None, "--percentile", help="For --method percentile (default 99.99)."),
-    smooth: Optional[float] = typer.Option(None, "--smooth", help="SmoothQuant alpha in [0, 1] (migrates activation outliers into weights)."),
+    method: Optional[str] = typer.Option(None, "--method", callback=_key("calibrate.method", "--method"), help="entropy (TensorRT's KL search), percentile or minmax."),
+    percentile: Optional[float] = typer.Option(None, "--percentile", callback=_key("calibrate.percentile", "--percentile"), help="For --method percentile (default 99.99)."),
+    smooth: Optional[float] = typer.Option(None, "--smooth", callback=_key("calibrate.smooth", "--smooth"), help="SmoothQuant alpha in [0, 1] (migrates activation outliers into weights)."),
     no_smooth: bool = typer.Option(False, "--no-smooth", help="Turn off SmoothQuant even if the config sets it."),
     eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Held-out folder for the accuracy check (default: the config's)."),
-    max_samples: Optional[int] = typer.Option(None, "--max-samples", help="Use at most this many calibration samples."),
-    max_eval_samples: Optional[int] = typer.Option(None, "--max-eval-samples", help="Use at most this many held-out samples."),
-    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Gate: mean cosine of pooled outputs to fp32 (default 0.99)."),
-    min_int8_flops: Optional[float] = typer.Option(None, "--min-int8-flops", help="Floor on the GEMM FLOPs fraction left in INT8 (default 0.8)."),
-    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Gate: top-1 agreement of logits outputs on held-out data."),
-    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Gate: per-pixel argmax agreement of dense outputs on held-out data."),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples", callback=_key("calibrate.max_samples", "--max-samples"), help="Use at most this many calibration samples."),
+    max_eval_samples: Optional[int] = typer.Option(None, "--max-eval-samples", callback=_at_least(1, "--max-eval-samples"), help="Use at most this many held-out samples."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", callback=_key("calibrate.min_cosine", "--min-cosine"), help="Gate: mean cosine of pooled outputs to fp32 (default 0.99)."),
+    min_int8_flops: Optional[float] = typer.Option(None, "--min-int8-flops", callback=_key("calibrate.min_int8_flops", "--min-int8-flops"), help="Floor on the GEMM FLOPs fraction left in INT8 (default 0.8)."),
+    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", callback=_key("calibrate.min_top1_agreement", "--min-top1-agreement"), help="Gate: top-1 agreement of logits outputs on held-out data."),
+    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", callback=_key("calibrate.min_pixel_agreement", "--min-pixel-agreement"), help="Gate: per-pixel argmax agreement of dense outputs on held-out data."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Quantize every layer; do not keep sensitive ones in float."),
     quantize_attention: bool = typer.Option(False, "--quantize-attention", help="Also quantize attention's batched MatMuls (QK^T, softmax.V); TensorRT 8.6 computes them wrongly."),
     strict_cache: bool = typer.Option(False, "--strict-cache", help="Fail (exit 2) instead of recalibrating when the cache does not match."),
-    from_cache: Optional[Path] = typer.Option(None, "--from-cache", help="Import a TensorRT calibration cache written elsewhere."),
+    from_cache: Optional[Path] = typer.Option(None, "--from-cache", callback=_existing_file("--from-cache"), help="Import a TensorRT calibration cache written elsewhere."),
     compare_methods: bool = typer.Option(False, "--compare-methods", help="Run entropy, percentile and minmax side by side."),
     no_engine_check: bool = typer.Option(False, "--no-engine-check", help="Do not re-check the gate on a TensorRT engine (done where an engine can execute)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'calibrate' section gives defaults."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="The Q/DQ ONNX (default NAME.int8.onnx); the cache goes beside it."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Collect activations on Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address; same cache as one process."),
-    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", help="With --ray: actors to start (default: one per CPU of the cluster)."),
+    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", callback=_at_least(1, "--ray-actors"), help="With --ray: actors to start (default: one per CPU of the cluster)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Calibrate INT8 scales, write a TensorRT calibration cache + sidecar and a Q/DQ ONNX, check accuracy."""
@@ -139,6 +231,8 @@ def calibrate(
     from trtforge.config import CalibrateSection, load_config
     from trtforge.errors import GateFailed
 
+    if ray_actors is not None and not ray:
+        raise UserError(f"--ray-actors {ray_actors} applies with --ray (actors on a Ray cluster); add --ray auto or drop it.")
     section = load_config(config).calibrate if config else _builtin_section(onnx_path, "calibrate") or CalibrateSection()
     options = options_from_section(
         section, data=data, method=method, percentile=percentile, max_samples=max_samples, eval_data=eval_data,
@@ -213,31 +307,31 @@ def _builtin_section(onnx_path: Path, section: str):
 def build(
     onnx_path: Path = typer.Argument(..., metavar="ONNX", help="A cleaned ONNX, or the .int8.onnx from calibrate."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Engine path (default NAME.PRECISION.engine)."),
-    precision: Optional[str] = typer.Option(None, "--precision", "-p", help="fp32|fp16|int8|best (default: int8 for a Q/DQ model, else the config's, else fp32)."),
+    precision: Optional[str] = typer.Option(None, "--precision", "-p", callback=_key("build.precision", "--precision"), help="fp32|fp16|int8|best (default: int8 for a Q/DQ model, else the config's, else fp32)."),
     tiers: Optional[str] = typer.Option(None, "--tiers", help="'128,256,512' (sequence axis), 'seq=128,512;batch=8,32' or 'auto'."),
-    tier_count: int = typer.Option(3, "--tier-count", help="How many tiers --tiers auto derives."),
-    lengths: Optional[Path] = typer.Option(None, "--lengths", help="Real lengths for --tiers auto, one integer per line."),
+    tier_count: int = typer.Option(3, "--tier-count", callback=_between(1, 16, "--tier-count"), help="How many tiers --tiers auto derives."),
+    lengths: Optional[Path] = typer.Option(None, "--lengths", callback=_existing_file("--lengths"), help="Real lengths for --tiers auto, one integer per line."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'build' section gives defaults."),
-    backend: str = typer.Option("auto", "--backend", help="auto (tensorrt, else tensorrt_rtx), tensorrt or tensorrt_rtx."),
-    workspace_mb: Optional[int] = typer.Option(None, "--workspace-mb", help="Builder workspace limit in MiB."),
-    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", help="Builder optimization level 0-5."),
+    backend: str = typer.Option("auto", "--backend", callback=_one_of(BACKENDS, "--backend"), help="auto (tensorrt, else tensorrt_rtx), tensorrt or tensorrt_rtx."),
+    workspace_mb: Optional[int] = typer.Option(None, "--workspace-mb", callback=_key("build.workspace_mb", "--workspace-mb"), help="Builder workspace limit in MiB."),
+    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", callback=_key("build.optimization_level", "--optimization-level"), help="Builder optimization level 0-5."),
     timing_cache: Optional[Path] = typer.Option(None, "--timing-cache", help="Load and save this timing cache (no-op on TensorRT-RTX)."),
     tactic_sources: Optional[str] = typer.Option(None, "--tactic-sources", help="As trtexec: '-CUBLAS,-CUBLAS_LT,-CUDNN'."),
-    hardware_compatibility: Optional[str] = typer.Option(None, "--hardware-compatibility", help="none|ampere_plus|same_compute_capability."),
+    hardware_compatibility: Optional[str] = typer.Option(None, "--hardware-compatibility", callback=_key("build.hardware_compatibility", "--hardware-compatibility"), help="none|ampere_plus|same_compute_capability."),
     version_compatible: Optional[bool] = typer.Option(None, "--version-compatible/--no-version-compatible"),
     compute_capability: Optional[list[str]] = typer.Option(None, "--compute-capability", help="TensorRT-RTX targets, e.g. SM89 (repeatable)."),
     tf32: bool = typer.Option(False, "--tf32", help="Allow TF32 for fp32 math (faster, ~1e-3 rel-L2); off means IEEE fp32."),
-    fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
-    fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", help="auto|on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; auto: fp16 builds, where it was measured faster)."),
-    fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: fp16 and INT8 best builds, where it was measured faster)."),
-    fuse_gemm: Optional[str] = typer.Option(None, "--fuse-gemm", help="auto|on|off: replace the fp16 MatMuls by a constant weight (+ bias) that other passes left by trtforge's TrtforgeGemm (cuBLASLt, its kernel timed per shape; needs libtrtforge_plugins; auto: fp16 builds, where the H200 measured it faster)."),
-    qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", help="auto|conv|matmul: how the attention pass writes the packed QKV projection (conv: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin; matmul: a MatMul the GEMM pass can take into TrtforgeGemm; auto, the default: matmul where it will, else conv)."),
+    fuse_attention: Optional[str] = typer.Option(None, "--fuse-attention", callback=_key("build.fuse_attention", "--fuse-attention"), help="auto|on|off: replace attention by a fused plugin where this TensorRT has one (auto: only where it runs)."),
+    fuse_gelu: Optional[str] = typer.Option(None, "--fuse-gelu", callback=_key("build.fuse_gelu", "--fuse-gelu"), help="auto|on|off: replace bias+GELU by TensorRT 8.x's GELU plugin (tanh form; auto: fp16 builds, where it was measured faster)."),
+    fuse_skip_layernorm: Optional[str] = typer.Option(None, "--fuse-skip-layernorm", callback=_key("build.fuse_skip_layernorm", "--fuse-skip-layernorm"), help="auto|on|off: replace residual add (+ dense bias) + LayerNorm by TensorRT 8.x's skip-LayerNorm plugin (auto: fp16 and INT8 best builds, where it was measured faster)."),
+    fuse_gemm: Optional[str] = typer.Option(None, "--fuse-gemm", callback=_key("build.fuse_gemm", "--fuse-gemm"), help="auto|on|off: replace the fp16 MatMuls by a constant weight (+ bias) that other passes left by trtforge's TrtforgeGemm (cuBLASLt, its kernel timed per shape; needs libtrtforge_plugins; auto: fp16 builds, where the H200 measured it faster)."),
+    qkv_projection: Optional[str] = typer.Option(None, "--qkv-projection", callback=_key("build.qkv_projection", "--qkv-projection"), help="auto|conv|matmul: how the attention pass writes the packed QKV projection (conv: a 1x1 convolution on [tokens, E, 1, 1], no reshape copy before the plugin; matmul: a MatMul the GEMM pass can take into TrtforgeGemm; auto, the default: matmul where it will, else conv)."),
     plugin_library: Optional[list[str]] = typer.Option(None, "--plugin-library", help="A shared library of TensorRT plugin creators to load first (repeatable); default: the libtrtforge_plugins.so that `trtforge plugins build` cached for this TensorRT and GPU, if any (cuDNN flash attention, cuBLASLt GEMMs); 'none': load none."),
-    gemm_precision: Optional[str] = typer.Option(None, "--gemm-precision", help="fp16|fp8: the GEMM plugins' arithmetic in an fp16 build (fp8: e4m3 operands with per-tensor scales, TrtforgeGemmFp8; compute capability 8.9+; gated on the engine by --fp8-min-cosine)."),
-    fp8_min_cosine: Optional[float] = typer.Option(None, "--fp8-min-cosine", help="With --gemm-precision fp8: the engine's held-out mean cosine against ONNX Runtime fp32 must reach this (default 0.99), else exit 1."),
-    fp8_min_top1_agreement: Optional[float] = typer.Option(None, "--fp8-min-top1-agreement", help="With --gemm-precision fp8: the engine's top-1 agreement with ONNX Runtime fp32 on each logits output must reach this, else exit 1 (default: reported, not gated)."),
+    gemm_precision: Optional[str] = typer.Option(None, "--gemm-precision", callback=_key("build.gemm_precision", "--gemm-precision"), help="fp16|fp8: the GEMM plugins' arithmetic in an fp16 build (fp8: e4m3 operands with per-tensor scales, TrtforgeGemmFp8; compute capability 8.9+; gated on the engine by --fp8-min-cosine)."),
+    fp8_min_cosine: Optional[float] = typer.Option(None, "--fp8-min-cosine", callback=_key("build.fp8_min_cosine", "--fp8-min-cosine"), help="With --gemm-precision fp8: the engine's held-out mean cosine against ONNX Runtime fp32 must reach this (default 0.99), else exit 1."),
+    fp8_min_top1_agreement: Optional[float] = typer.Option(None, "--fp8-min-top1-agreement", callback=_key("build.fp8_min_top1_agreement", "--fp8-min-top1-agreement"), help="With --gemm-precision fp8: the engine's top-1 agreement with ONNX Runtime fp32 on each logits output must reach this, else exit 1 (default: reported, not gated)."),
     calib_data: Optional[str] = typer.Option(None, "--calib-data", help="A folder of real inputs (calibrate's formats; its first 16 samples are used) for the magnitudes the fp16 conversion guards and FP8's scales and gate (default: the data of a calibration cache beside the model, else random feeds)."),
-    fp8_chain_ffn: Optional[str] = typer.Option(None, "--fp8-chain-ffn", help="auto|on|off: with --gemm-precision fp8, FC1 writes e4m3 straight into FC2 where FC2 alone reads it (no fp16 FFN activation, no conversion; auto, the default: wherever such a pair exists; on: a model without one is an error)."),
+    fp8_chain_ffn: Optional[str] = typer.Option(None, "--fp8-chain-ffn", callback=_key("build.fp8_chain_ffn", "--fp8-chain-ffn"), help="auto|on|off: with --gemm-precision fp8, FC1 writes e4m3 straight into FC2 where FC2 alone reads it (no fp16 FFN activation, no conversion; auto, the default: wherever such a pair exists; on: a model without one is an error)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Build a TensorRT engine with tiered optimization profiles; write ENGINE and ENGINE.json."""
@@ -325,19 +419,26 @@ def inspect(
     fusion = side.get("attention_fusion")
     stale = summary is None or "int8_verdict" not in summary
     if layers_file.is_file() and (stale or (fusion and "engine" not in fusion)):  # sidecars of older trtforge
+        unreadable = UserError(f"{layers_file} is not a layer list written by trtforge build; delete it, or rebuild "
+                               f"{engine} to write it again.")
         try:
             data = _json.loads(layers_file.read_text())
-        except (OSError, UnicodeDecodeError, _json.JSONDecodeError):
-            raise UserError(f"{layers_file} is not valid JSON; delete it, or rebuild {engine} to write it again.") from None
-        layers = data["layers"] if isinstance(data, dict) else data  # a list: older trtforge
-        if stale:
-            from trtforge.backends.tensorrt import summarize_layers
+        except (OSError, ValueError, RecursionError):
+            raise unreadable from None
+        layers = data.get("layers") if isinstance(data, dict) else data  # a list: older trtforge
+        if not isinstance(layers, list):
+            raise unreadable
+        try:
+            if stale:
+                from trtforge.backends.tensorrt import summarize_layers
 
-            summary = summarize_layers(layers)
-        if fusion and "engine" not in fusion:
-            from trtforge.fusion.engine_evidence import attention_evidence
+                summary = summarize_layers(layers)
+            if fusion and "engine" not in fusion:
+                from trtforge.fusion.engine_evidence import attention_evidence
 
-            fusion["engine"] = attention_evidence(fusion, layers, len(side["profiles"]))
+                fusion["engine"] = attention_evidence(fusion, layers, len(side["profiles"]))
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError):
+            raise unreadable from None
     if json_out:
         ui.print_json({"path": str(engine), **side, "layer_summary": summary})
         return
@@ -352,14 +453,14 @@ def bisect(
     data: Path = typer.Option(..., "--data", "-d", help="Samples to measure on: .npy/.npz, .txt/.jsonl or images."),
     groups: str = typer.Option("auto", "--groups", help="auto (every role group) or a comma list, e.g. attention_qk,attention_av,conv_*."),
     modes: str = typer.Option("off,alone", "--modes", help="Variants besides all-on: off (each group left out), alone (each group only)."),
-    max_samples: int = typer.Option(64, "--max-samples", help="Use at most this many samples."),
+    max_samples: int = typer.Option(64, "--max-samples", callback=_at_least(1, "--max-samples"), help="Use at most this many samples."),
     precision: str = typer.Option("best", "--precision", help="Engine precision: best (float parts fp16) or int8."),
-    max_gap: float = typer.Option(0.005, "--max-gap", help="Engine mean cosine this far below ORT's names a group."),
+    max_gap: float = typer.Option(0.005, "--max-gap", callback=_between(0, 2, "--max-gap"), help="Engine mean cosine this far below ORT's names a group."),
     no_engine: bool = typer.Option(False, "--no-engine", help="ONNX Runtime only: no engine builds."),
     no_build_check: bool = typer.Option(False, "--no-build-check", help="Where engines cannot run, do not build them either."),
     tactic_sources: Optional[str] = typer.Option(None, "--tactic-sources", help="As trtexec (default on TensorRT 8.6: -CUBLAS,-CUBLAS_LT,-CUDNN)."),
-    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", help="Builder optimization level 0-5 of the variant engines (lower builds faster)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="Variant ONNX/engines and bisect.json (default NAME.bisect/)."),
+    optimization_level: Optional[int] = typer.Option(None, "--optimization-level", callback=_key("build.optimization_level", "--optimization-level"), help="Builder optimization level 0-5 of the variant engines (lower builds faster)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out-dir", callback=_folder("--out-dir"), help="Variant ONNX/engines and bisect.json (default NAME.bisect/)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here instead."),
     json_out: bool = JsonOpt,
 ) -> None:
@@ -397,23 +498,23 @@ def bisect(
 def run_cmd(
     target: Path = typer.Argument(..., metavar="ENGINE|ONNX", help="An engine from trtforge build, or an ONNX (ONNX Runtime)."),
     inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays or images."),
-    chunk: Optional[int] = typer.Option(None, "--chunk", help="Chunk size along the sequence, special tokens included (tile size for images)."),
-    overlap: Optional[int] = typer.Option(None, "--overlap", help="Positions shared by consecutive chunks."),
+    chunk: Optional[int] = typer.Option(None, "--chunk", callback=_key("run.chunk", "--chunk"), help="Chunk size along the sequence, special tokens included (tile size for images)."),
+    overlap: Optional[int] = typer.Option(None, "--overlap", callback=_key("run.overlap", "--overlap"), help="Positions shared by consecutive chunks."),
     no_chunking: bool = typer.Option(False, "--no-chunking", help="Run whole inputs; longer ones are an error."),
-    merge: Optional[str] = typer.Option(None, "--merge", help="center (keep each position from its most central chunk), or a linear, cosine or gaussian blend."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Chunks per batch (capped by the profile's batch max)."),
+    merge: Optional[str] = typer.Option(None, "--merge", callback=_key("run.merge", "--merge"), help="center (keep each position from its most central chunk), or a linear, cosine or gaussian blend."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", callback=_key("run.batch_size", "--batch-size"), help="Chunks per batch (capped by the profile's batch max)."),
     reference: Optional[Path] = typer.Option(None, "--reference", help="fp32 ONNX to check against (default: the engine's source)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here."),
-    backend: str = typer.Option("auto", "--backend", help="For engines: auto, tensorrt or tensorrt_rtx."),
-    provider: Optional[list[str]] = typer.Option(None, "--provider", help="ONNX Runtime providers for an ONNX target (repeatable)."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per batch shape."),
+    backend: str = typer.Option("auto", "--backend", callback=_one_of(BACKENDS, "--backend"), help="For engines: auto, tensorrt or tensorrt_rtx."),
+    provider: Optional[list[str]] = typer.Option(None, "--provider", callback=_providers, help="ONNX Runtime providers for an ONNX target (repeatable)."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", callback=_key("run.warmup", "--warmup"), help="Untimed warm-up runs per batch shape."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="A local Hugging Face tokenizer directory (default: the one export saved)."),
     output_kind: Optional[list[str]] = typer.Option(None, "--output-kind", help="NAME=token|pooled|logits|dense[:SCALE], for outputs the sidecar does not declare (repeatable)."),
-    max_rel_l2: Optional[float] = typer.Option(None, "--max-rel-l2", help="Precision gate on rel-L2 (default by the target's precision: fp32 1e-4, fp16 1e-2, INT8/FP8 none)."),
-    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Precision gate on cosine (default 0.99 for fp16, INT8 and FP8 targets)."),
-    min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", help="Chunking gate on the worst per-input cosine (default: not gated)."),
-    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", help="Precision gate on logits outputs' top-1 agreement."),
-    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", help="Precision gate on dense outputs' per-pixel argmax agreement."),
+    max_rel_l2: Optional[float] = typer.Option(None, "--max-rel-l2", callback=_key("run.max_rel_l2", "--max-rel-l2"), help="Precision gate on rel-L2 (default by the target's precision: fp32 1e-4, fp16 1e-2, INT8/FP8 none)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", callback=_key("run.min_cosine", "--min-cosine"), help="Precision gate on cosine (default 0.99 for fp16, INT8 and FP8 targets)."),
+    min_chunk_cosine: Optional[float] = typer.Option(None, "--min-chunk-cosine", callback=_key("run.min_chunk_cosine", "--min-chunk-cosine"), help="Chunking gate on the worst per-input cosine (default: not gated)."),
+    min_top1_agreement: Optional[float] = typer.Option(None, "--min-top1-agreement", callback=_key("run.min_top1_agreement", "--min-top1-agreement"), help="Precision gate on logits outputs' top-1 agreement."),
+    min_pixel_agreement: Optional[float] = typer.Option(None, "--min-pixel-agreement", callback=_key("run.min_pixel_agreement", "--min-pixel-agreement"), help="Precision gate on dense outputs' per-pixel argmax agreement."),
     atol: Optional[list[str]] = typer.Option(None, "--atol", help="Absolute tolerance NAME:VALUE or VALUE (every output), on --error-stat; replaces the default gates for the outputs it names (repeatable)."),
     rtol: Optional[list[str]] = typer.Option(None, "--rtol", help="Relative tolerance NAME:VALUE or VALUE (every output), on --error-stat (repeatable)."),
     error_stat: str = typer.Option("elemwise", "--error-stat", help="What --atol/--rtol bound: elemwise (every element within atol + rtol x |reference|), or the max, mean, median or a quantile qNN (e.g. q99) of the absolute error (<= atol) or relative error (<= rtol)."),
@@ -422,7 +523,7 @@ def run_cmd(
     naive: bool = typer.Option(False, "--naive", help="One chunk per execute, no batching (the baseline of benchmarks/run.py)."),
     cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="TensorRT: capture each batch shape as a CUDA graph and replay it."),
     shared_memory: bool = typer.Option(True, "--shared-memory/--no-shared-memory", help="TensorRT: one device-memory block for all profile contexts."),
-    gpu_wait: str = typer.Option("spin", "--gpu-wait", help="TensorRT: how the collecting thread waits for each batch: spin (CUDA's default: a core polls) or block (it sleeps until the GPU signals)."),
+    gpu_wait: str = typer.Option("spin", "--gpu-wait", callback=_one_of(("spin", "block"), "--gpu-wait"), help="TensorRT: how the collecting thread waits for each batch: spin (CUDA's default: a core polls) or block (it sleeps until the GPU signals)."),
     pad_batches: bool = typer.Option(True, "--pad-batches/--no-pad-batches", help="TensorRT: run a partial batch padded (copies of its last row, dropped after) to a batch size that already ran, instead of as a new shape."),
     slots: int = typer.Option(3, "--slots", min=1, help="TensorRT: staging slots, i.e. batches in flight."),
     plan_workers: Optional[int] = typer.Option(None, "--plan-workers", min=0, help="Threads tokenizing and chunking inputs while batches run (default: min(8, CPUs) where inputs are text to tokenize, else 0 on an engine and 2 on ONNX Runtime; 0: each input planned on the thread feeding the GPU, when its batches are needed)."),
@@ -431,7 +532,7 @@ def run_cmd(
     copy_engine_merge: bool = typer.Option(True, "--copy-engine-merge/--no-copy-engine-merge", help="With overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into each input's merged output (page-locked, pooled, reserved before the clock), so the host copies none of those bytes (off: the merge threads copy them)."),
     pinned_reserve_mb: Optional[float] = typer.Option(None, "--pinned-reserve-mb", min=0, help="With the copy-engine merge: MB of page-locked memory reserved before the clock for the merged outputs (default: sized by the batches in flight; 0: page-lock each pooled buffer when first needed)."),
     plan_processes: int = typer.Option(0, "--plan-processes", "--tokenize-processes", min=0, help="Worker processes tokenizing text inputs and cutting them into windows, started before the clock, so the loop's process only unpickles each input's windows (0: the planning threads do it; --tokenize-processes: its former name)."),
-    last_window: Optional[str] = typer.Option(None, "--last-window", help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
+    last_window: Optional[str] = typer.Option(None, "--last-window", callback=_key("run.last_window", "--last-window"), help="A sequence's last window: full (ends at the input's end, as long as the others, so it batches with them; the default) or short (the remainder). Config: run.last_window."),
     switch_interval_us: int = typer.Option(500, "--switch-interval-us", min=1, help="Python's GIL switch interval while the loop runs, in microseconds: how long a thread coming back from a copy or a CUDA wait may wait for the GIL."),
     gc_pause: bool = typer.Option(True, "--gc-pause/--no-gc-pause", help="Python's cyclic garbage collector off while the loop runs (one collection before the clock): a full collection stops every thread of the loop for tens of ms."),
     merge_workers: Optional[int] = typer.Option(None, "--merge-workers", min=0, help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200; 0: each batch merged on the thread collecting it, with --overlap-merges on an engine without the precision check)."),
@@ -441,12 +542,14 @@ def run_cmd(
     chunking_check: bool = typer.Option(True, "--chunking-check/--no-chunking-check", help="Measure chunked+merged vs one whole pass on ONNX Runtime fp32 for every chunked input after the run (off: speed runs; a min_chunk_cosine gate you set then fails)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose 'run' section gives defaults."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Shard the inputs over Ray actors: 'auto' (a local cluster, or the one RAY_ADDRESS names) or a cluster address."),
-    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", help="With --ray: actors to start (default: one per GPU for an engine, one per CPU for an ONNX)."),
+    ray_actors: Optional[int] = typer.Option(None, "--ray-actors", callback=_at_least(1, "--ray-actors"), help="With --ray: actors to start (default: one per GPU for an engine, one per CPU for an ONNX)."),
     stateful: bool = typer.Option(False, "--stateful", help="KV-cache model: exact chunked prefill, the cache kept on the device between chunks."),
-    generate: int = typer.Option(0, "--generate", help="With --stateful: greedy-decode N tokens with the cache, checked against a full recompute."),
+    generate: int = typer.Option(0, "--generate", callback=_at_least(0, "--generate"), help="With --stateful: greedy-decode N tokens with the cache, checked against a full recompute."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Chunked inference checked against ONNX Runtime: precision and chunking errors, latency, throughput, memory."""
+    if ray_actors is not None and not ray:
+        raise UserError(f"--ray-actors {ray_actors} applies with --ray (actors on a Ray cluster); add --ray auto or drop it.")
     if stateful or generate:
         if ray:
             raise UserError("--ray does not combine with --stateful/--generate (a KV cache lives on one device); drop one.")
@@ -643,10 +746,10 @@ def _render_compare(r: dict) -> None:
 @app.command()
 def pipeline(
     config: Path = typer.Argument(..., metavar="CONFIG", help="configs/NAME.yaml"),
-    from_step: Optional[str] = typer.Option(None, "--from", help="Start at this step (export, clean, calibrate, build, run); it always runs."),
-    only: Optional[str] = typer.Option(None, "--only", help="Run just this step (it always runs)."),
-    out_dir: Path = typer.Option(Path("out"), "--out-dir", help="Where every artifact goes."),
-    backend: str = typer.Option("auto", "--backend", help="Build backend: auto, tensorrt or tensorrt_rtx."),
+    from_step: Optional[str] = typer.Option(None, "--from", callback=_step("--from"), help="Start at this step (export, clean, calibrate, build, run); it always runs."),
+    only: Optional[str] = typer.Option(None, "--only", callback=_step("--only"), help="Run just this step (it always runs)."),
+    out_dir: Path = typer.Option(Path("out"), "--out-dir", callback=_folder("--out-dir"), help="Where every artifact goes."),
+    backend: str = typer.Option("auto", "--backend", callback=_one_of(BACKENDS, "--backend"), help="Build backend: auto, tensorrt or tensorrt_rtx."),
     json_out: bool = JsonOpt,
 ) -> None:
     """export -> clean -> calibrate -> build -> run from one config; unchanged steps are skipped."""
@@ -690,29 +793,128 @@ def doctor(json_out: bool = JsonOpt) -> None:
 
 
 def main() -> None:
-    """Entry point: user errors become one line on stderr and exit 2 (1 for failed gates)."""
+    """Entry point. A user error is one line on stderr and exit 2 (a failed gate 1), an unexpected exception one line
+    naming the step and the exception, its traceback in a log file, exit 3 (trtforge.errors); with --json, stdout
+    carries one JSON object either way, the error under "error"."""
+    argv = sys.argv[1:]
+    step = next((a for a in argv if not a.startswith("-")), "trtforge")
+    json_mode = "--json" in argv
+    with ui.held_json() as held:
+        code, error = _run_app(step)
+        try:
+            ui.flush_json(held, error if json_mode else None)
+        except Exception as exc:  # noqa: BLE001 - a result that cannot be written as JSON is a bug, reported as one
+            code, error = _internal_error(step, exc)
+            if json_mode:
+                ui.flush_json([], error)
+    if code:
+        sys.exit(code)
+
+
+def _run_app(step: str) -> tuple[int, Optional[dict]]:
+    """Run the command: (exit code, the JSON error object or None). Every message has been printed on stderr."""
+    err = ui.console(stderr=True)
     try:
         code = app(standalone_mode=False)
         if code == 130:  # typer turns Ctrl-C into a returned 130 outside standalone mode
             raise KeyboardInterrupt
         if isinstance(code, int) and code:
-            sys.exit(code)
+            return code, _json_error("error", f"exit code {code}", code)
+        return 0, None
     except TrtforgeError as exc:
-        ui.console(stderr=True).print(f"error: {exc}", markup=False)
-        sys.exit(exc.exit_code)
+        message = str(exc)
+        log = _write_log(step, exc.detail) if exc.detail else None
+        if log:
+            message = message.rstrip(".") + f"; details in {log}."
+        err.print(f"error: {message}", markup=False)
+        kind = "gate_failed" if isinstance(exc, GateFailedError) else "user_error"
+        return exc.exit_code, _json_error(kind, message, exc.exit_code, log)
     except KeyboardInterrupt:
-        ui.console(stderr=True).print(interrupted_message(published()), markup=False)
-        sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:
+        message = interrupted_message(published())
+        err.print(message, markup=False)
+        return INTERRUPTED, _json_error("interrupted", message, INTERRUPTED)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return code, _json_error("error", f"exit code {code}", code) if code else None
+    except Exception as exc:  # noqa: BLE001 - the one place an unexpected exception becomes a message
         usage_errors, aborts = _click_error_types()
         if isinstance(exc, usage_errors):
-            exc.show()
-            sys.exit(2)
+            message = _usage_sentence(exc)
+            err.print(f"error: {message}", markup=False)
+            return 2, _json_error("usage_error", message, 2)
         if isinstance(exc, aborts):
-            sys.exit(130)
-        raise
+            return INTERRUPTED, _json_error("interrupted", "aborted", INTERRUPTED)
+        return _internal_error(step, exc)
+
+
+def _internal_error(step: str, exc: BaseException) -> tuple[int, dict]:
+    """An unexpected exception: one line naming the step and the exception, the traceback in a log file, exit 3."""
+    import traceback
+
+    log = _write_log(step, "".join(traceback.format_exception(exc)))
+    where = f"the full traceback is in {log}" if log else "no log file could be written"
+    message = f"internal error in '{step}': {exception_summary(exc, 300)}; {where}; please report it."
+    ui.console(stderr=True).print(f"error: {message}", markup=False)
+    return INTERNAL_ERROR, _json_error("internal_error", message, INTERNAL_ERROR, log)
+
+
+def _usage_sentence(exc: Exception) -> str:
+    """A command-line usage error (click's) as one sentence that points at the command's help."""
+    text = " ".join(exc.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
+    if ". Did you mean " in text:
+        head, _, hint = text.partition(". Did you mean ")
+        text = f"{head} (did you mean {hint})"
+    param = getattr(exc, "param", None)
+    argv = sys.argv[1:]
+    for opt in getattr(param, "opts", ()) if type(exc).__name__ == "BadParameter" else ():
+        given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == opt] + [a.split("=", 1)[1] for a in argv
+                                                                               if a.startswith(opt + "=")]
+        if given:
+            text += f", got '{given[-1]}'"
+            break
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command.name if ctx is not None and ctx.parent is not None else None
+    where = f"trtforge {command} --help" if command else "trtforge --help"
+    return f"{text}; see '{where}'."
+
+
+def _json_error(kind: str, message: str, exit_code: int, log: Optional[Path] = None) -> dict:
+    return {"kind": kind, "message": message, "exit_code": exit_code, "log": str(log) if log else None}
+
+
+def log_dirs() -> list[Path]:
+    """Where log files go, first writable wins: $TRTFORGE_LOG_DIR, the per-user cache ($XDG_CACHE_HOME or
+    ~/.cache)/trtforge/logs, the temp dir."""
+    import os
+    import tempfile
+
+    dirs = [Path(os.environ["TRTFORGE_LOG_DIR"])] if os.environ.get("TRTFORGE_LOG_DIR") else []
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return dirs + [Path(cache) / "trtforge" / "logs", Path(tempfile.gettempdir())]
+
+
+def _write_log(step: str, text: str) -> Optional[Path]:
+    """Write `text` to a new log file named after the step and the time, atomically (a temp file renamed); its path,
+    or None when no folder takes it."""
+    import os
+    import tempfile
+    import time
+
+    header = f"trtforge {__version__} {step}: {' '.join(sys.argv)}\n\n"
+    name = f"trtforge-{''.join(c if c.isalnum() or c in '-_' else '_' for c in step)}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    for folder in log_dirs():
+        tmp = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+            with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+                fh.write(header + text)
+            os.replace(tmp, folder / name)
+            return folder / name
+        except OSError:
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
+    return None
 
 
 def _click_error_types() -> tuple[tuple[type, ...], tuple[type, ...]]:

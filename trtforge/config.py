@@ -49,9 +49,16 @@ class InputSpec(Strict):
     name: str
     dtype: Literal["float32", "float16", "int64", "int32", "bool"] = "float32"
     # Each entry is a fixed size or the name of a dynamic axis declared under `axes`.
-    shape: list[int | str]
+    shape: list[Annotated[int, Field(ge=1)] | str]
     # Values drawn for random test inputs: [low, high) for integers, [low, high] for floats.
-    value_range: tuple[float, float] = (0.0, 1.0)
+    value_range: tuple[Annotated[float, Field(allow_inf_nan=False)], Annotated[float, Field(allow_inf_nan=False)]] = (0.0, 1.0)
+
+    @field_validator("value_range")
+    @classmethod
+    def _low_high(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if value[0] > value[1]:
+            raise ValueError(f"needs [low, high] with low <= high, got {list(value)}")
+        return value
 
 
 OUTPUT_KINDS = ("token", "pooled", "logits", "dense")
@@ -85,28 +92,49 @@ class SourceSpec(Strict):
     tokenizer: str | None = None
 
 
+Size = Annotated[int, Field(ge=1)]
+# A rel-L2 tolerance: above 0, and below 1, where an all-zero output (rel-L2 exactly 1) would pass.
+Tolerance = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+
+
 class ExportSection(Strict):
     opset: int = Field(17, ge=7)
     exporter: Literal["legacy", "dynamo"] = "legacy"
-    # Sizes per dynamic axis at which ONNX Runtime is checked against PyTorch (>= 2 each).
-    check_sizes: dict[str, list[int]] = Field(default_factory=dict)
+    # Sizes per dynamic axis at which ONNX Runtime is checked against PyTorch, one axis varied at a time: at least
+    # two distinct sizes each (unless the axis range holds one size), inside the axis range. One size would pass an
+    # exporter that baked that size into the graph as a constant (the failure the check exists to catch).
+    check_sizes: dict[str, list[Size]] = Field(default_factory=dict)
     # rel-L2 between torch and ORT outputs above which export fails.
-    tolerance: float = Field(1e-4, gt=0)
+    tolerance: Tolerance = 1e-4
     # External data is used automatically above 2 GB; force it with true.
     external_data: bool = False
+
+    @field_validator("opset")
+    @classmethod
+    def _known_opset(cls, value: int) -> int:
+        try:
+            import onnx.defs
+
+            newest = onnx.defs.onnx_opset_version()
+        except ImportError:  # the ONNX package is checked where it is needed
+            return value
+        if value > newest:
+            raise ValueError(f"must be at most {newest} (the newest opset the installed onnx {onnx.__version__} knows)")
+        return value
+
 
 
 class CleanSection(Strict):
     # Constants larger than this are not folded (they would bloat the file).
     fold_size_limit_mb: float = Field(64.0, gt=0)
-    tolerance: float = Field(1e-5, gt=0)
+    tolerance: Tolerance = 1e-5
 
 
 class CalibrateSection(Strict):
     data: str | None = None
     method: Literal["entropy", "percentile", "minmax"] = "entropy"
     percentile: float = Field(99.99, gt=0, le=100)
-    num_bins: int = Field(2048, ge=256)
+    num_bins: int = Field(2048, ge=256, le=1 << 20)
     batch_size: int = Field(16, ge=1)
     max_samples: int | None = Field(None, ge=1)
     smooth: float | None = Field(None, ge=0, le=1)
@@ -122,7 +150,7 @@ class CalibrateSection(Strict):
 class BuildSection(Strict):
     precision: Literal["fp32", "fp16", "int8", "best"] = "fp32"
     # Tier upper bounds per dynamic axis, e.g. {seq: [128, 512, 2048]}.
-    tiers: dict[str, list[int]] = Field(default_factory=dict)
+    tiers: dict[str, Annotated[list[Size], Field(min_length=1)]] = Field(default_factory=dict)
     workspace_mb: int | None = Field(None, ge=1)
     optimization_level: int | None = Field(None, ge=0, le=5)
     timing_cache: str | None = None
@@ -165,7 +193,7 @@ class RunSection(Strict):
     merge: Literal["center", "linear", "cosine", "gaussian"] = "center"
     last_window: Literal["full", "short"] = "full"  # a sequence's last window: full length, ending at its end, or the remainder
     warmup: int = Field(2, ge=0)
-    max_rel_l2: float = Field(1e-2, gt=0)
+    max_rel_l2: float = Field(1e-2, gt=0, allow_inf_nan=False)
     min_cosine: float = Field(0.99, ge=-1, le=1)
     # Floor on the pooled cosine of chunked+merged vs whole; unset: reported, not gated.
     min_chunk_cosine: float | None = Field(None, ge=-1, le=1)
@@ -198,10 +226,10 @@ class KVCacheSection(Strict):
     past: CacheRange = Field(default_factory=CacheRange)
     # Build tiers: upper bounds of the past axis (0 gives a profile for the first chunk) and of the
     # chunk (seq) axis for prefill profiles; one decode profile (seq = 1) is always added.
-    past_tiers: list[int] = Field(default_factory=list)
-    seq_tiers: list[int] = Field(default_factory=list)
+    past_tiers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    seq_tiers: list[Size] = Field(default_factory=list)
     # Sizes at which the export check varies the past axis (>= 2; 0 included by default).
-    check_past: list[int] = Field(default_factory=list)
+    check_past: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
 
 
 class ModelConfig(Strict):
@@ -230,13 +258,28 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _axes_declared(self) -> "ModelConfig":
+        for what, names in (("inputs", [s.name for s in self.inputs]), ("outputs", self.output_names())):
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise ValueError(f"{what} names '{repeated[0]}' more than once")
         for spec in self.inputs:
             for dim in spec.shape:
                 if isinstance(dim, str) and dim not in self.axes:
                     raise ValueError(f"input '{spec.name}' uses axis '{dim}' which is not declared under 'axes'")
-        for axis in self.export.check_sizes:
+        for axis, sizes in self.export.check_sizes.items():
             if axis not in self.axes:
                 raise ValueError(f"export.check_sizes names axis '{axis}' which is not declared under 'axes'")
+            rng = self.axes[axis]
+            outside = [n for n in sizes if not rng.min <= n <= rng.max]
+            if outside:
+                raise ValueError(f"export.check_sizes.{axis} has {outside} outside the axis range {rng.min}..{rng.max}")
+            if len(set(sizes)) < min(2, rng.max - rng.min + 1):
+                raise ValueError(f"export.check_sizes.{axis} needs at least two different sizes (got {sizes}): one size "
+                                 "cannot show that the exported graph follows the axis")
+        for axis in self.build.tiers:
+            if axis not in self.axes:
+                raise ValueError(f"build.tiers names axis '{axis}' which is not declared under 'axes' "
+                                 f"(declared: {', '.join(self.axes) or 'none'})")
         return self
 
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
@@ -288,8 +331,27 @@ def _unwrap(annotation: Any) -> Any:
     return None
 
 
+def requirement(error: dict[str, Any]) -> str:
+    """A pydantic error as what the value must be ('must be greater than 0'), shared by config keys and flags."""
+    msg = error["msg"].removeprefix("Value error, ")
+    if msg.startswith("Input should be "):
+        return "must be " + msg.removeprefix("Input should be ")
+    if msg.startswith("must "):
+        return msg
+    return f"is invalid: {msg}"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "constrained-int", "constrained-float", "constrained-str"}
+
+
 def _describe(error: dict[str, Any], source: str) -> str:
-    loc = tuple(error["loc"])
+    # pydantic adds the member of a union it tried (shape entries are int | str) to the location: not a key
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and (p in _UNION_TAGS or p.startswith("function-"))))
     key = ".".join(str(p) for p in loc)
     if error["type"] == "extra_forbidden":
         valid = _valid_keys(ModelConfig, loc)
@@ -298,9 +360,61 @@ def _describe(error: dict[str, Any], source: str) -> str:
         return f"{source}: unknown config key '{key}'{hint}"
     if error["type"] == "missing":
         return f"{source}: config key '{key}' is required; add it."
-    msg = error["msg"].removeprefix("Value error, ")
     where = f"config key '{key}'" if key else "config"
-    return f"{source}: {where} is invalid: {msg}."
+    got = f", got {_shown(error['input'])}" if error["type"] not in ("value_error", "assertion_error") and \
+        isinstance(error.get("input"), (int, float, str)) else ""
+    return f"{source}: {where} {requirement(error)}{got}."
+
+
+def field_info(dotted: str) -> Any:
+    """The pydantic FieldInfo of a config key ('calibrate.percentile')."""
+    model: Any = ModelConfig
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        model = _unwrap(model.model_fields[part].annotation)
+    return model.model_fields[leaf]
+
+
+def check_option(dotted: str, value: Any, flag: str) -> Any:
+    """A command-line value checked against its config key's constraints, with the sentence a config would get:
+    '--percentile must be less than or equal to 100, got 150 (config key calibrate.percentile).'"""
+    if value is None:
+        return None
+    from pydantic import TypeAdapter
+
+    info = field_info(dotted)
+    annotation = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    try:
+        checked = TypeAdapter(annotation).validate_python(value)
+    except ValidationError as exc:
+        raise UserError(f"{flag} {requirement(exc.errors()[0])}, got {_shown(value)} (config key {dotted}).") from None
+    for validator in _FIELD_CHECKS.get(dotted, ()):
+        try:
+            checked = validator(checked)
+        except ValueError as exc:
+            raise UserError(f"{flag} {requirement({'msg': str(exc)})}, got {_shown(value)} (config key {dotted}).") from None
+    return checked
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key given twice in one mapping is an error (PyYAML keeps the last silently, so a
+    pasted second `tolerance:` would quietly win)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key '{key}' (first on line {first + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 
 def config_from_dict(data: Any, source: str = "<config>") -> ModelConfig:
@@ -317,11 +431,26 @@ def load_config(path: str | Path) -> ModelConfig:
     if not path.is_file():
         raise UserError(f"config file {path} does not exist; pass a path to a YAML config.")
     try:
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"{path}: not valid YAML ({first}); fix the syntax.") from None
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except yaml.constructor.ConstructorError as exc:
+        if exc.problem and exc.problem.startswith("duplicate key"):
+            line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
+            raise UserError(f"{path}:{line}: {exc.problem}; keep one of them.") from None
+        raise UserError(f"{path}: not valid YAML ({_yaml_reason(exc)}); fix the syntax.") from None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
+        raise UserError(f"{path}: not valid YAML ({_yaml_reason(exc)}); fix the syntax.") from None
+    except OSError as exc:
+        raise UserError(f"cannot read config file {path}: {exc.strerror or exc}.") from None
     return config_from_dict(data, str(path))
+
+
+def _yaml_reason(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+_FIELD_CHECKS = {"export.opset": (ExportSection._known_opset,)}
 
 
 def apply_overrides(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:

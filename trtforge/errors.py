@@ -1,14 +1,28 @@
-"""The two kinds of failure a user sees, and their exit codes.
+"""The kinds of failure a user sees, and their exit codes.
 
-UserError (exit 2): the input is wrong (file, tensor, config key); its message is one sentence that
-says what and what to do. GateFailed (exit 1): everything ran, but a measured figure missed its gate.
+Exit codes of every command:
+  0  success.
+  1  GateFailed: everything ran, but a measured figure missed its gate.
+  2  UserError: the input is wrong (file, tensor, config key, option value, command-line usage); its message is
+     one sentence that says what and what to do.
+  3  INTERNAL_ERROR: an unexpected exception (a bug in trtforge or a library under it); the command prints one line
+     naming the step and the exception, and writes the full traceback to a log file whose path it prints.
+  130  interrupted (Ctrl-C).
 """
 
 import re
 
+INTERNAL_ERROR = 3
+INTERRUPTED = 130
+
 
 class TrtforgeError(Exception):
     exit_code = 2
+
+    def __init__(self, *args: object, detail: str | None = None):
+        super().__init__(*args)
+        # Long text behind the one-sentence message (what a native library printed): written to a log file.
+        self.detail = detail
 
 
 class UserError(TrtforgeError):

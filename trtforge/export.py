@@ -23,13 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from trtforge import __version__
-from trtforge.artifacts import (
-    ensure_writable_dir,
-    onnx_graph_hash,
-    publish,
-    write_sidecar,
-)
+from trtforge import __version__, ui
+from trtforge.artifacts import ensure_writable_dir, onnx_graph_hash, publish, write_sidecar
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.config import AxisRange, InputSpec, ModelConfig
 from trtforge.errors import GateFailed, UserError, exception_summary
@@ -326,8 +321,10 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
     input_names = [s.name for s in config.inputs]
     common = dict(input_names=input_names, output_names=output_names, opset_version=config.export.opset)
     sink = io.StringIO()
+    native: list[str] = []
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        with warnings.catch_warnings(), ui.native_output_captured() as native, contextlib.redirect_stdout(sink), \
+                contextlib.redirect_stderr(sink):
             warnings.simplefilter("ignore")
             logging.getLogger("torch.onnx").setLevel(logging.ERROR)
             if config.export.exporter == "dynamo":
@@ -343,9 +340,11 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
     except UserError:
         raise
     except Exception as exc:
+        # torch's C++ side prints the whole IR graph on a failed legacy export: it goes to the log, not the terminal.
+        printed = "".join(native) + sink.getvalue()
         raise UserError(
             f"the {config.export.exporter} exporter failed at opset {config.export.opset}: {exception_summary(exc)}; "
-            "try another --opset or --exporter."
+            "try another --opset or --exporter.", detail=printed or None
         ) from None
     return []
 

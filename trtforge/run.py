@@ -382,7 +382,7 @@ def load_documents(path: Path, specs: list[InputSpec], layout: Layout, tokenizer
     from trtforge.calibrate import data as data_mod
 
     path = Path(path)
-    if path.is_file() and path.suffix == ".jsonl" and '"input_ids"' in path.read_text().split("\n", 1)[0]:
+    if path.is_file() and path.suffix == ".jsonl" and '"input_ids"' in data_mod.read_utf8(path).split("\n", 1)[0]:
         return _pretokenized(path, tokenizer)
     if path.is_file() and path.suffix in (".jsonl", ".txt"):
         files, kind = [path], "text"
@@ -428,8 +428,10 @@ def _pretokenized(path: Path, tokenizer: TextTokenizer | None) -> list[Document]
     if tokenizer is None:
         raise UserError(f"{path} holds pre-tokenized ids, but no tokenizer was found to add this model's special tokens; "
                         "pass --tokenizer DIR (a Hugging Face tokenizer directory with tokenizer.json).")
+    from trtforge.calibrate.data import read_utf8
+
     docs = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
         if not line.strip():
             continue
         try:

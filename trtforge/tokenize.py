@@ -48,13 +48,15 @@ class TextTokenizer:
             raise UserError("reading text needs the `tokenizers` package; `pip install tokenizers`.") from None
         try:
             self.tok = Tokenizer.from_file(str(path))
-        except Exception as exc:
+            self.tok.no_padding()
+            self.tok.no_truncation()
+            probe = self.tok.encode("a")
+        except BaseException as exc:  # noqa: BLE001 - the Rust side panics with pyo3's PanicException (a BaseException)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
             raise UserError(f"{path} is not a readable tokenizer ({type(exc).__name__}); re-save it with save_pretrained.") from None
-        self.tok.no_padding()
-        self.tok.no_truncation()
         self.directory = directory
         self.config = _read_config(directory)
-        probe = self.tok.encode("a")
         mask = list(probe.special_tokens_mask)
         content = [i for i, m in enumerate(mask) if not m]
         first, last = (content[0], content[-1] + 1) if content else (len(mask), len(mask))
@@ -184,9 +186,11 @@ def _read_config(directory: Path) -> dict[str, Any]:
         path = directory / name
         if path.is_file():
             try:
-                data = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError, RecursionError):
                 raise UserError(f"{path} is not valid JSON; re-save the tokenizer with save_pretrained.") from None
+            if not isinstance(data, dict):
+                raise UserError(f"{path} does not hold a JSON object; re-save the tokenizer with save_pretrained.")
             config.update({k: v for k, v in data.items() if v is not None})
     return config
 

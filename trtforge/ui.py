@@ -23,10 +23,83 @@ def console(stderr: bool = False) -> Console:
                    highlight=False, soft_wrap=plain, width=200 if plain else None)
 
 
+_json_held: list[Any] | None = None
+
+
 def print_json(payload: Any) -> None:
+    """The command's JSON result on stdout; held back while `held_json()` is active (see there)."""
+    if _json_held is not None:
+        _json_held.append(payload)
+        return
+    _write_json(payload)
+
+
+def _write_json(payload: Any) -> None:
     from trtforge.artifacts import _json_default
 
     sys.stdout.write(json.dumps(payload, indent=2, default=_json_default) + "\n")
+    sys.stdout.flush()
+
+
+@contextmanager
+def held_json() -> Iterator[list[Any]]:
+    """Hold the command's JSON results until it has ended, so that stdout carries exactly one JSON object even when
+    the command fails after printing its result (a failed gate): `flush_json` then adds the error to it."""
+    global _json_held
+    previous, _json_held = _json_held, []
+    try:
+        yield _json_held
+    finally:
+        _json_held = previous
+
+
+def flush_json(held: list[Any], error: dict[str, Any] | None = None) -> None:
+    """Print the held results; an error goes into the last result object (or is the only object printed)."""
+    if error is not None:
+        if held and isinstance(held[-1], dict):
+            held[-1] = {**held[-1], "error": error}
+        else:
+            held.append({"error": error})
+    for payload in held:
+        _write_json(payload)
+    held.clear()
+
+
+@contextmanager
+def native_output_captured() -> Iterator[list[str]]:
+    """Capture what native code (torch's C++ exporter, TensorRT) writes straight to file descriptors 1 and 2, which
+    Python's redirect_stdout cannot catch: the yielded list receives the text when the block ends, for a log file,
+    while stdout stays clean for --json."""
+    import tempfile
+
+    captured: list[str] = []
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:  # no real descriptors (an embedding host): nothing to capture
+        yield captured
+        return
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        try:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            yield captured
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            sink.seek(0)
+            captured.append(sink.read().decode("utf-8", "replace"))
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:

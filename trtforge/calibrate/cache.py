@@ -11,6 +11,7 @@ and its parameters; it is never used silently otherwise.
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def read_cache(path: Path) -> tuple[str, dict[str, float]]:
             scale = hex_to_scale(value)
         except ValueError:
             raise UserError(f"calibration cache {path} line {lineno} holds '{value}', which is not hex; the cache is corrupt.") from None
-        if not scale == scale or scale < 0:  # NaN or negative
+        if not math.isfinite(scale) or scale < 0:  # NaN, infinite or negative
             raise UserError(f"calibration cache {path} line {lineno} holds an invalid scale for '{name.strip()}'.")
         amax[name.strip()] = scale * 127.0
     return lines[0], amax

@@ -55,6 +55,19 @@ def scan(folder: str | Path) -> Dataset:
     return Dataset(folder, files, kinds.pop(), digest.hexdigest())
 
 
+def read_utf8(path: Path) -> str:
+    """A text file that must be UTF-8 (.jsonl): its text, or one sentence naming the file and the first bad byte."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}; check the file.") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                        "save it as UTF-8 JSON lines.") from None
+
+
 def read_texts(dataset: Dataset) -> list[str]:
     texts = []
     for path in dataset.files:
@@ -63,7 +76,7 @@ def read_texts(dataset: Dataset) -> list[str]:
             if text:
                 texts.append(text)
             continue
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -126,6 +139,10 @@ def _check_sample(arrays: dict[str, np.ndarray], specs: list[InputSpec], where: 
         array = arrays[spec.name]
         if array.ndim == len(spec.shape) - 1:
             array = array[None]
+        if array.size == 0:
+            empty = ", ".join(str(d) for d, n in enumerate(array.shape) if n == 0) or "0"
+            raise UserError(f"{where}: array '{spec.name}' is empty (shape {list(array.shape)}, size 0 in dim {empty}); "
+                            "give at least one sample with data in it.")
         if array.ndim != len(spec.shape):
             raise UserError(f"{where}: array '{spec.name}' has rank {array.ndim}, the model input has rank {len(spec.shape)}.")
         for d, (dim, size) in enumerate(zip(spec.shape, array.shape)):
@@ -164,8 +181,28 @@ def read_images(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.n
     return samples
 
 
+def check_axis_ranges(samples: list[dict[str, np.ndarray]], specs: list[InputSpec], axes: dict[str, Any],
+                      files: list[Path], folder: Path) -> None:
+    """Each sample's dynamic sizes inside its axis' [min, max]: statistics gathered on shapes the model is never
+    built for describe other activations (and ONNX Runtime may reject them)."""
+    for i, sample in enumerate(samples):
+        where = files[i] if len(files) == len(samples) else f"sample {i} of {folder}"
+        for spec in specs:
+            array = sample.get(spec.name)
+            if array is None:
+                continue
+            for dim, size in zip(spec.shape, array.shape):
+                rng = axes.get(dim) if isinstance(dim, str) else None
+                if rng is not None and not rng.min <= size <= rng.max:
+                    raise UserError(f"{where}: input '{spec.name}' has size {size} on axis '{dim}', outside the model's "
+                                    f"range {rng.min}..{rng.max}; resize the sample or widen axes.{dim} when exporting.")
+
+
 def load_samples(folder: str | Path, specs: list[InputSpec], tokenizer_factory: Callable[[], Any] | None,
-                 max_length: int, max_samples: int | None = None) -> tuple[Dataset, list[dict[str, np.ndarray]]]:
+                 max_length: int, max_samples: int | None = None,
+                 axes: dict[str, Any] | None = None) -> tuple[Dataset, list[dict[str, np.ndarray]]]:
+    """The samples of a folder, named after the model inputs. With `axes`, array and image samples must lie inside
+    the axis ranges (text is truncated to `max_length` when tokenized)."""
     dataset = scan(folder)
     if dataset.kind == "text":
         if tokenizer_factory is None:
@@ -179,6 +216,8 @@ def load_samples(folder: str | Path, specs: list[InputSpec], tokenizer_factory: 
         for name, array in sample.items():
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise UserError(f"sample {i} of {dataset.folder}: input '{name}' holds NaN or Inf; clean the data.")
+    if axes and dataset.kind != "text":
+        check_axis_ranges(samples, specs, axes, dataset.files, dataset.folder)
     return dataset, samples[:max_samples] if max_samples else samples
 
 

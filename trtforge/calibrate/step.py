@@ -295,6 +295,22 @@ def fallback_search(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, flo
     return float_nodes, accuracy, sensitivity, errors
 
 
+def _refuse_quantized(onnx_path: Path, model: Any) -> None:
+    """A model that already holds Q/DQ nodes was quantized: calibrating it again would measure scales on rounded
+    activations and stack a second Q/DQ pair on each tensor."""
+    count = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    if count:
+        from trtforge.artifacts import read_sidecar
+
+        try:
+            source = (read_sidecar(onnx_path, required=False) or {}).get("reference_onnx")
+        except UserError:
+            source = None
+        origin = f" ({source})" if source else ""
+        raise UserError(f"{onnx_path} is already quantized ({count} QuantizeLinear/DequantizeLinear nodes); calibrate the "
+                        f"float model it came from{origin} instead.")
+
+
 def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool = False,
               progress: Callable[[str], None] = lambda _: None, progress_bar: Any = None,
               engine_hooks: Any = None) -> CalibrateResult:
@@ -304,13 +320,16 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     if options.method not in METHODS:
         raise UserError(f"unknown calibration method '{options.method}'; use entropy, percentile or minmax.")
     model = load_onnx(onnx_path)
+    _refuse_quantized(onnx_path, model)
     name_all_nodes(model)
     specs, axes, parent = io_specs(onnx_path, model)
     graph_hash = (parent or {}).get("graph_hash") or onnx_graph_hash(model)
     int8_path, cache_path = paths_for(onnx_path, options.output)
     tokenizer = _tokenizer_factory(onnx_path)
     max_len = _max_length(specs, axes)
-    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples)
+    # Axis ranges a sidecar declares bound the data; those read off a bare graph (1..64) are placeholders.
+    declared = axes if parent and "inputs" in parent else None
+    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples, declared)
     fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
 
     reused_sidecar, reason = (None, f"imported {options.from_cache}") if options.from_cache else cache_decision(cache_path, fingerprint, options.strict_cache)
@@ -329,7 +348,7 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
 
     eval_samples = samples
     if options.eval_data:
-        _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples)
+        _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples, declared)
     eval_batches = _eval_batches(eval_samples, options.max_eval_samples)
     reference = OrtRunner(model.SerializeToString())
     kinds = _output_kinds(reference, onnx_path, specs, axes)
