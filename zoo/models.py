@@ -333,7 +333,9 @@ def mpnet(size: str = "small") -> tuple:
 
 def dinov2(size: str = "small") -> tuple:
     """transformers Dinov2Model (ViT-B/14 at full size): layer scale, position embeddings interpolated to any image
-    size; token states over the class token and the image patches, and the pooled class token."""
+    size; token states over the class token and the image patches, and the pooled class token. The example images
+    are twice the configured size: at that size the table is used as it is, a branch torch.export would
+    specialise (the dynamo exporter then fixes height and width)."""
     import torch
 
     transformers = _hf()
@@ -342,7 +344,7 @@ def dinov2(size: str = "small") -> tuple:
         image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2,
         initializer_range=SMALL_INIT)
     module = transformers.Dinov2Model(config).eval()
-    side = config.image_size
+    side = 2 * config.image_size
     return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["last_hidden_state", "pooler_output"], None
 
 
