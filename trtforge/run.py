@@ -39,14 +39,15 @@ from trtforge.chunking import (RowRun, StreamingMerge, Tile, Window, check_overl
                                merge_pooled, merge_tiles, plan_tiles, plan_windows, row_runs, scaled_size)
 from trtforge.comparator import Comparator, worst
 from trtforge.config import AxisRange, InputSpec
+from trtforge.feeds import random_feeds
 from trtforge.copymerge import CopyEngineMerge, Placed, reserve_bytes
-from trtforge.errors import UserError
+from trtforge.errors import UserError, exception_summary
 from trtforge.graph import io_specs
 from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
 from trtforge.outpool import OutputPool, ReservedMemory
 from trtforge.outwriter import OutputWriter
-from trtforge.outputs import OutputKind
+from trtforge.outputs import OutputKind, merge_refusal, probe_sizes
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, evaluate_gates, gate_notes, gates_from, latency_stats, target_precision
 from trtforge.runloop import Batcher, StageClock, batch_timeline, check_gpu_wait, stream_batches, wall_over_gpu
@@ -970,6 +971,8 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
 
         for doc in docs:
             refuse_padding(engine_sidecar, doc.name, doc.feeds, target_path.name)
+    if options.chunk is not None:
+        refuse_unmergeable(kinds, docs, options.chunk, reference, reference_path, specs, axes, layout)
     scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
     chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales, options.full_last) if plan else []
     batch_cap = options.batch_size
@@ -981,6 +984,33 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
         batch_cap = 1
     return Prepared(target_path, is_engine, engine_sidecar, reference_path, specs, layout, limits, kinds, tokenizer, docs,
                     chunks, batch_cap, reference)
+
+
+def cut_into_windows(doc: Document, chunk: int) -> bool:
+    """Whether --chunk cuts this input into more than one window (a text: assumed so, its special tokens count too)."""
+    if doc.kind == "image":
+        return max(doc.hw) > chunk
+    return doc.kind == "text" or doc.length > chunk
+
+
+def refuse_unmergeable(kinds: dict[str, OutputKind], docs: list[Document], chunk: int, reference: OrtRunner,
+                       reference_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange], layout: Layout) -> None:
+    """Before any window runs: an output whose windows cannot be merged back (outputs.merge_refusal) is a UserError,
+    where --chunk cuts some input into several windows. The outputs' shapes come from one reference run at a probe
+    size of the chunk axis (batch 1)."""
+    if not any(cut_into_windows(doc, chunk) for doc in docs):
+        return
+    sizes = probe_sizes(layout, axes)[0]
+    try:
+        shapes = {name: tuple(value.shape) for name, value in reference.run(random_feeds(specs, sizes, seed=0)).items()}
+    except Exception as exc:
+        raise UserError(f"ONNX Runtime fails on {reference_path.name} at {', '.join(f'{k}={v}' for k, v in sizes.items())} "
+                        f"({exception_summary(exc, 200)}); check the model's axis ranges.") from None
+    positions = sizes.get(layout.seq_axis) if layout.seq_axis else None
+    for name, kind in kinds.items():
+        why = merge_refusal(kind, layout.kind == "image", shapes.get(name), positions, layout.seq_axis)
+        if why:
+            raise UserError(why)
 
 
 def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
