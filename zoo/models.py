@@ -358,7 +358,8 @@ def detr(size: str = "small") -> tuple:
     _seed()
     if size == "full":
         backbone = transformers.ResNetConfig(out_features=["stage4"])
-        config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False)
+        config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
+                                         num_labels=91)
         side = 512
     else:
         backbone = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
