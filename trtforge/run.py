@@ -39,9 +39,9 @@ from trtforge.chunking import (RowRun, StreamingMerge, Tile, Window, check_overl
                                merge_pooled, merge_tiles, plan_tiles, plan_windows, row_runs, scaled_size)
 from trtforge.comparator import Comparator, worst
 from trtforge.config import AxisRange, InputSpec
-from trtforge.feeds import random_feeds
 from trtforge.copymerge import CopyEngineMerge, Placed, reserve_bytes
 from trtforge.errors import UserError, exception_summary
+from trtforge.feeds import random_feeds
 from trtforge.graph import io_specs
 from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
