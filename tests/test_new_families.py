@@ -141,3 +141,26 @@ def test_merge_refusal_by_kind_and_shape():
     assert "rank 3" in merge_refusal(pooled, False, (1, 10, 4), 64, "seq")
     assert merge_refusal(dense, True, (1, 5, 16, 16), None, None) is None
     assert "rank 3" in merge_refusal(dense, True, (1, 10, 4), None, None)
+
+
+def test_largest_working_size_by_bisection():
+    from trtforge.axislimits import axis_limit_error, largest_working
+
+    tried = []
+
+    def works(n):
+        tried.append(n)
+        return n <= 128
+
+    assert largest_working(works, 67, 200) == 128 and len(tried) <= 9
+    assert largest_working(lambda n: False, 1, 200) is None and largest_working(works, 5, 5) is None
+    ort = ("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running Gather node. "
+           "Name:'/embeddings/Gather' Status Message: indices element out of data bounds, idx=512 must be within the "
+           "inclusive range [-512,511]")
+    message = str(axis_limit_error("ONNX Runtime on m.onnx", "seq", 512, ort, 510, {"batch": 2, "seq": 512}))
+    assert message == ("ONNX Runtime on m.onnx fails at seq=512 (the max of axis 'seq', with batch=2) in Gather node "
+                       "'/embeddings/Gather': indices element out of data bounds, idx=512, so the model's positions run "
+                       "out at seq 511; lower axes.seq.max to 510 and re-export.")
+    other = str(axis_limit_error("PyTorch", "height", 256, RuntimeError("shape mismatch"), 224, {"height": 256}))
+    assert other.startswith("PyTorch fails at height=256 (the max of axis 'height'): RuntimeError: shape mismatch, and "
+                            "the largest height that works is 224; lower axes.height.max")
