@@ -153,6 +153,7 @@ def test_largest_working_size_by_bisection():
         return n <= 128
 
     assert largest_working(works, 67, 200) == 128 and len(tried) <= 9
+    assert all(largest_working(lambda n, top=top: n <= top, 1, 64) == top for top in range(1, 64))
     assert largest_working(lambda n: False, 1, 200) is None and largest_working(works, 5, 5) is None
     ort = ("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Non-zero status code returned while running Gather node. "
            "Name:'/embeddings/Gather' Status Message: indices element out of data bounds, idx=512 must be within the "
