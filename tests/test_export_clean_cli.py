@@ -20,7 +20,8 @@ def test_minilm_export_sidecar(minilm_onnx):
     assert (minilm_onnx.with_name("minilm.tokenizer") / "tokenizer.json").is_file()
     assert len(side["graph_hash"]) == 64
     checked = {(c["axis"], c["size"]) for c in side["check"]}
-    assert checked == {("batch", 1), ("batch", 3), ("seq", 7), ("seq", 131)}
+    # the config's check sizes, then each axis at its configured max (where a model's own limits show)
+    assert checked == {("batch", 1), ("batch", 3), ("batch", 32), ("seq", 7), ("seq", 131), ("seq", 512)}
     assert all(m["rel_l2"] <= 1e-4 for c in side["check"] for m in c["metrics"].values())
 
 

@@ -20,8 +20,8 @@ from trtforge.graph import clean_file
 from trtforge.tokenize import find_tokenizer_dir
 
 ZOO = ("bert", "roberta", "gpt2", "vit", "resnet", "segformer", "distilbert", "deberta", "t5-encoder", "swin", "convnext",
-       "clip-vision")
-TEXT = ("bert", "roberta", "gpt2", "distilbert", "deberta", "t5-encoder")
+       "clip-vision", "mpnet", "dinov2", "detr", "wav2vec2")
+TEXT = ("bert", "roberta", "gpt2", "distilbert", "deberta", "t5-encoder", "mpnet")
 # torch 2.13's dynamo exporter cannot decompose T5's and Swin's attention (the reshape that merges the heads becomes a
 # view of a transposed tensor under symbolic sizes): they take the legacy exporter, and the dynamo failure is one
 # sentence with torch's reason (test_dynamo_failure_names_torchs_reason).

@@ -25,6 +25,7 @@ import numpy as np
 
 from trtforge import __version__, ui
 from trtforge.artifacts import ensure_writable_dir, onnx_graph_hash, publish, write_sidecar
+from trtforge.axislimits import axis_limit_error, failing_node, is_out_of_bounds, largest_working
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.config import AxisRange, InputSpec, ModelConfig
 from trtforge.errors import GateFailed, UserError, exception_summary
@@ -351,33 +352,69 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
 
 def check_against_torch(onnx_path: Path, call: Any, loaded: LoadedModel, config: ModelConfig,
                         output_names: list[str], seed: int = 0) -> list[AxisCheck]:
-    """Vary each dynamic axis alone over its check sizes and compare EVERY output with PyTorch; raise
-    UserError naming the axis on a mismatch, the outputs on a count/name mismatch, and the output whose
-    reference is all-zero or constant (a check that cannot fail)."""
+    """Vary each dynamic axis alone over its check sizes and then its configured max, and compare EVERY output with
+    PyTorch; raise UserError naming the axis on a mismatch, the outputs on a count/name mismatch, the output whose
+    reference is all-zero or constant (a check that cannot fail), and the axis, size and node where the model
+    itself fails at its max (axislimits: MPNet's positions run out before a seq max of 512)."""
     runner = OrtRunner(onnx_path)
     require_same_outputs(output_names, list(runner.output_names))
     base = example_axis_sizes(config, loaded)
-    plan = [(axis, size) for axis in config.axes for size in config.check_sizes_for(axis)]
+    plan = [(axis, size) for axis in config.axes for size in check_plan_sizes(config, axis)]
     if not plan:
         plan = [("(static)", 0)]
     checks = []
+    passed: dict[str, int] = {}  # the largest size of each axis checked so far: where a bisection starts
     for axis, size in plan:
         sizes = dict(base)
         if axis in sizes:
             sizes[axis] = size
+        at_max = axis in config.axes and size == config.axes[axis].max
         feeds = random_feeds(config.inputs, sizes, seed)
-        expected = _torch_forward(call, config, feeds, output_names)
+        try:
+            expected = _torch_forward(call, config, feeds, output_names)
+        except Exception as exc:
+            if not at_max:
+                raise UserError(f"PyTorch fails at {axis}={size} ({exception_summary(exc, 300)}); narrow axes.{axis} in the "
+                                "config or fix the model for that size.") from None
+            raise _limit_error("PyTorch", lambda n: _torch_forward(call, config, random_feeds(config.inputs, {**sizes, axis: n},
+                                                                                               seed), output_names),
+                               axis, size, exc, passed.get(axis, config.axes[axis].min), sizes) from None
         where = f"export check at {axis}={size}" if axis in sizes else "export check"
         try:
             got = runner.run(feeds)
         except Exception as exc:
+            if at_max and is_out_of_bounds(str(exc)):
+                raise _limit_error("ONNX Runtime", lambda n: runner.run(random_feeds(config.inputs, {**sizes, axis: n}, seed)),
+                                   axis, size, exc, passed.get(axis, config.axes[axis].min), sizes) from None
             raise UserError(
                 f"the exported graph is not dynamic in axis '{axis}': ONNX Runtime failed at {axis}={size} "
-                f"(exported at {base.get(axis)}) in {_failing_node(str(exc))}; the exporter baked this size into "
+                f"(exported at {base.get(axis)}) in {failing_node(str(exc))}; the exporter baked this size into "
                 "the graph, try --exporter dynamo or make the model's reshapes size-agnostic."
             ) from None
         checks.append(_compare_outputs(expected, got, AxisCheck(axis, size, sizes), config.export.tolerance, where))
+        passed[axis] = max(passed.get(axis, 0), size)
     return checks
+
+
+def check_plan_sizes(config: ModelConfig, axis: str) -> list[int]:
+    """The sizes an axis is checked at: its check sizes, then its configured max (where the model's own limits show,
+    e.g. a position table shorter than the range), the others kept at the example's sizes so this stays cheap."""
+    sizes = list(config.check_sizes_for(axis))
+    top = config.axes[axis].max
+    return sizes if top in sizes else sizes + [top]
+
+
+def _limit_error(what: str, run_at: Any, axis: str, size: int, exc: BaseException, good: int,
+                 sizes: dict[str, int]) -> UserError:
+    """The axis-limit sentence for a failure at the axis' max, with the largest size that works (bisection)."""
+    def works(n: int) -> bool:
+        try:
+            run_at(n)
+            return True
+        except Exception:
+            return False
+
+    return axis_limit_error(what, axis, size, exc, largest_working(works, min(good, size - 1), size), sizes)
 
 
 def require_same_outputs(torch_names: list[str], onnx_names: list[str]) -> None:
@@ -424,14 +461,6 @@ def _compare_outputs(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]
                 "a size was baked into the graph, try --exporter dynamo."
             )
     return check
-
-
-def _failing_node(message: str) -> str:
-    """'Reshape node /attn/Reshape_4' from an ORT error, else the error's first words."""
-    match = re.search(r"running (\w+) node\. Name:'([^']*)'", message)
-    if match:
-        return f"{match.group(1)} node '{match.group(2)}'"
-    return "the graph: " + " ".join(message.split())[:200]
 
 
 def output_specs(model: Any, config: ModelConfig, loaded: LoadedModel) -> list[dict[str, Any]]:

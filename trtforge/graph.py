@@ -11,13 +11,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
 
 from trtforge import __version__
 from trtforge.artifacts import onnx_graph_hash, read_sidecar, write_sidecar
+from trtforge.axislimits import axis_limit_error, largest_working
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import GateFailed, UserError
@@ -190,12 +191,40 @@ def io_specs(path: Path, model: onnx.ModelProto) -> tuple[list[InputSpec], dict[
     return specs, axes, sidecar
 
 
+def axis_max_shapes(path: Path, specs: list[InputSpec], axes: dict[str, AxisRange], seed: int = 0) -> list[dict[str, int]]:
+    """Each dynamic axis alone at its max (the others at their small check size), run on ONNX Runtime: the shapes,
+    for the parity check to compare at too. A failure is a UserError naming the axis, the size, the node and, by
+    bisection, the largest size that works (a position table shorter than the axis range)."""
+    runner = OrtRunner(path)
+    small = two_shapes(axes)[0]
+    shapes = []
+    for axis, rng in axes.items():
+        sizes = {**small, axis: rng.max}
+        if sizes == small:
+            continue
+        try:
+            runner.run(random_feeds(specs, sizes, seed))
+        except Exception as exc:
+            def works(n: int) -> bool:
+                try:
+                    runner.run(random_feeds(specs, {**sizes, axis: n}, seed))
+                    return True
+                except Exception:
+                    return False
+
+            largest = largest_working(works, small[axis], rng.max)
+            raise axis_limit_error(f"ONNX Runtime on {Path(path).name}", axis, rng.max, exc, largest, sizes) from None
+        shapes.append(sizes)
+    return shapes
+
+
 def verify_same(original: Path | bytes, cleaned: Path | bytes, specs: list[InputSpec],
-                axes: dict[str, AxisRange], seed: int = 0) -> dict[str, dict[str, Any]]:
-    """The comparator's metrics per output of the cleaned model against the original, over two random input shapes."""
+                axes: dict[str, AxisRange], seed: int = 0, extra_shapes: Sequence[dict[str, int]] = ()) -> dict[str, dict[str, Any]]:
+    """The comparator's metrics per output of the cleaned model against the original, over two random input shapes
+    (and `extra_shapes`)."""
     ref, new = OrtRunner(original), OrtRunner(cleaned)
     comparator = Comparator({name: None for name in ref.output_names})
-    for i, sizes in enumerate(two_shapes(axes)):
+    for i, sizes in enumerate([*two_shapes(axes), *extra_shapes]):
         feeds = random_feeds(specs, sizes, seed + i)
         comparator.add(ref.run(feeds), new.run(feeds))
     return comparator.result()
@@ -209,13 +238,14 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
     model = load_onnx(path)
     specs, axes, source_sidecar = io_specs(path, model)
     before = graph_stats(model)
+    maxima = axis_max_shapes(path, specs, axes)
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(str(path), load_external_data=False).graph.initializer)
     cleaned, counts = clean_model(model, fold_size_limit_mb)
     after = graph_stats(cleaned)
     graph_hash = onnx_graph_hash(cleaned)
     save_onnx(cleaned, output, external_data=True if external else None)
     try:
-        per_output = verify_same(path, output, specs, axes)
+        per_output = verify_same(path, output, specs, axes, extra_shapes=maxima)
         failures = check_outputs(per_output, [("rel_l2", "max", tolerance, "rel-L2", "clean.tolerance")],
                                  "clean's parity check", "the cleaned model")
     except BaseException:

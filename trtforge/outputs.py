@@ -163,3 +163,33 @@ def probe_sizes(layout: Layout, axes: dict[str, Any]) -> list[dict[str, int]]:
         if sizes != probes[0]:
             probes.append(sizes)
     return probes
+
+
+def merge_refusal(kind: OutputKind, image: bool, shape: tuple[int, ...] | None, positions: int | None,
+                  axis: str | None) -> str | None:
+    """Why this output's chunks cannot be merged back into one output per input, as the sentence to show, or None.
+
+    shape: the output's shape from a run at a probe size (batch first); positions: the chunked input axis' size in that
+    run (sequence models). Token outputs merge window by window along their positions, which must be the input's;
+    pooled and logits outputs merge one [batch, N] vector per window; image tiles merge dense maps and such vectors."""
+    name = kind.name
+    if image and kind.kind == "token":
+        return (f"output '{name}' is a token output of an image model, and token outputs cannot be merged across tiles "
+                f"yet; run whole images (without --chunk), or declare a kind tiles merge (--output-kind {name}=KIND: "
+                "dense for [N, C, H, W] maps, pooled or logits for [N, K] vectors).")
+    if kind.kind in ("pooled", "logits") and shape is not None and len(shape) != 2:
+        what = "class logits" if kind.kind == "logits" else "a pooled vector"
+        return (f"output '{name}' (shape {list(shape)}) is declared {kind.kind}, but chunks merge {what} only as one "
+                f"[batch, N] vector per input and this one has rank {len(shape)}; run whole inputs (without --chunk), or "
+                f"declare it token (--output-kind {name}=token) if it has one vector per input position.")
+    if kind.kind == "dense" and image and shape is not None and len(shape) != 4:
+        return (f"output '{name}' (shape {list(shape)}) is declared dense, but tiles merge dense outputs only as [N, C, H, W] "
+                f"maps and this one has rank {len(shape)}; run whole images (without --chunk), or declare the kind it has "
+                f"(--output-kind {name}=KIND).")
+    if kind.kind == "token" and not image and shape is not None and positions is not None and (
+            len(shape) < 2 or shape[1] != positions):
+        got = shape[1] if len(shape) >= 2 else "no"
+        return (f"output '{name}' has {got} positions for {positions} input positions along '{axis}' (it advances at a "
+                f"stride of the input, which trtforge does not support for chunked runs yet), so windows over the input "
+                f"cannot be mapped to its positions; run without --chunk (whole inputs, up to axes.{axis}.max).")
+    return None

@@ -60,12 +60,13 @@ from trtforge.chunking import (
 )
 from trtforge.config import AxisRange, InputSpec
 from trtforge.copymerge import CopyEngineMerge, Placed, reserve_bytes
-from trtforge.errors import UserError
+from trtforge.errors import UserError, exception_summary
+from trtforge.feeds import random_feeds
 from trtforge.graph import io_specs
 from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
 from trtforge.outpool import OutputPool, ReservedMemory
-from trtforge.outputs import OutputKind
+from trtforge.outputs import OutputKind, merge_refusal, probe_sizes
 from trtforge.outwriter import OutputWriter
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, latency_stats, target_precision
@@ -1020,6 +1021,8 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
 
         for doc in docs:
             refuse_padding(engine_sidecar, doc.name, doc.feeds, target_path.name)
+    if options.chunk is not None:
+        refuse_unmergeable(kinds, docs, options.chunk, reference, reference_path, specs, axes, layout)
     scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
     chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales, options.full_last) if plan else []
     batch_cap = options.batch_size
@@ -1033,6 +1036,33 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
                                 options.error_stat)
     return Prepared(target_path, is_engine, engine_sidecar, reference_path, specs, layout, limits, kinds, tokenizer, docs,
                     chunks, batch_cap, reference, tolerances)
+
+
+def cut_into_windows(doc: Document, chunk: int) -> bool:
+    """Whether --chunk cuts this input into more than one window (a text: assumed so, its special tokens count too)."""
+    if doc.kind == "image":
+        return max(doc.hw) > chunk
+    return doc.kind == "text" or doc.length > chunk
+
+
+def refuse_unmergeable(kinds: dict[str, OutputKind], docs: list[Document], chunk: int, reference: OrtRunner,
+                       reference_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange], layout: Layout) -> None:
+    """Before any window runs: an output whose windows cannot be merged back (outputs.merge_refusal) is a UserError,
+    where --chunk cuts some input into several windows. The outputs' shapes come from one reference run at a probe
+    size of the chunk axis (batch 1)."""
+    if not any(cut_into_windows(doc, chunk) for doc in docs):
+        return
+    sizes = probe_sizes(layout, axes)[0]
+    try:
+        shapes = {name: tuple(value.shape) for name, value in reference.run(random_feeds(specs, sizes, seed=0)).items()}
+    except Exception as exc:
+        raise UserError(f"ONNX Runtime fails on {reference_path.name} at {', '.join(f'{k}={v}' for k, v in sizes.items())} "
+                        f"({exception_summary(exc, 200)}); check the model's axis ranges.") from None
+    positions = sizes.get(layout.seq_axis) if layout.seq_axis else None
+    for name, kind in kinds.items():
+        why = merge_refusal(kind, layout.kind == "image", shapes.get(name), positions, layout.seq_axis)
+        if why:
+            raise UserError(why)
 
 
 def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:

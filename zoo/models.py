@@ -335,3 +335,78 @@ def qwen2(size: str = "small", layers: int | None = None) -> tuple:
                                           initializer_range=SMALL_INIT)
     module = transformers.Qwen2ForCausalLM(config).eval()
     return module, _text_examples(tok, ("input_ids",)), ["logits"], tok
+
+
+# -- more families: relative-position text encoders, self-supervised ViTs, detectors, audio ----------
+
+
+def mpnet(size: str = "small") -> tuple:
+    """transformers MPNetModel: RoBERTa-style positions (ids offset by the pad id 1, so a table of P rows takes
+    P - 2 tokens) plus a bucketed relative-position bias in every attention; BERT's vocabulary stands in for
+    MPNet's. Full: mpnet-base's 514 rows (512 tokens). Small: 130 rows, so the model takes at most 128 tokens."""
+    transformers = _hf()
+    _seed()
+    config = transformers.MPNetConfig(max_position_embeddings=514) if size == "full" else transformers.MPNetConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=130,
+        initializer_range=SMALL_INIT)
+    tok = _tokenizer("bert")
+    module = transformers.MPNetModel(config).eval()
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state", "pooler_output"], tok
+
+
+def dinov2(size: str = "small") -> tuple:
+    """transformers Dinov2Model (ViT-B/14 at full size): layer scale, position embeddings interpolated to any image
+    size; token states over the class token and the image patches, and the pooled class token. The example images
+    are twice the configured size: at that size the table is used as it is, a branch torch.export would
+    specialise (the dynamo exporter then fixes height and width)."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    config = transformers.Dinov2Config() if size == "full" else transformers.Dinov2Config(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2,
+        initializer_range=SMALL_INIT)
+    module = transformers.Dinov2Model(config).eval()
+    side = 2 * config.image_size
+    return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["last_hidden_state", "pooler_output"], None
+
+
+def detr(size: str = "small") -> tuple:
+    """transformers DetrForObjectDetection on transformers' own ResNet backbone (no timm, no torchvision): a fixed
+    set of object queries, each with class logits (the last class is 'no object') `[B, Q, C+1]` and a box
+    `[B, Q, 4]` (normalised cx, cy, w, h). Full: DETR-ResNet-50 (100 queries, 91 classes)."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    if size == "full":
+        backbone = transformers.ResNetConfig(out_features=["stage4"])
+        config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
+                                         num_labels=91)
+        side = 512
+    else:
+        backbone = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                                             layer_type="basic", out_features=["stage4"])
+        config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
+                                         d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4,
+                                         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                         num_queries=10, num_labels=5, init_std=SMALL_INIT)
+        side = 64
+    module = transformers.DetrForObjectDetection(config).eval()
+    return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits", "pred_boxes"], None
+
+
+def wav2vec2(size: str = "small") -> tuple:
+    """transformers Wav2Vec2Model: raw 16 kHz samples `[B, T]` through a strided convolution stack (one frame per
+    320 samples, 400 samples of receptive field) and a transformer with a convolutional position embedding:
+    `last_hidden_state [B, ~T/320, H]`. Full: wav2vec2-base."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    config = transformers.Wav2Vec2Config() if size == "full" else transformers.Wav2Vec2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32,) * 7,
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, initializer_range=SMALL_INIT)
+    module = transformers.Wav2Vec2Model(config).eval()
+    seconds = 2.0 if size == "full" else 1.0
+    return module, {"input_values": torch.randn(2, int(16000 * seconds))}, ["last_hidden_state"], None
