@@ -163,3 +163,53 @@ def test_an_epilogue_node_kept_fp32_for_another_reason_does_not_break_the_chain(
 
     keep = nodes_to_keep_fp32(_residual_block_qdq(), {"s": 1000.0})
     assert keep["add"].startswith("output 's' reached") and "epilogue" in keep["relu1"]
+
+
+def _bucket_model():
+    """MPNet's/T5's relative-position bucket: distance (int) -> float -> log, scale -> int bucket -> Gather of a bias
+    table, added to a float signal. Distances near a bucket edge round across it in fp16."""
+    table = numpy_helper.from_array(np.arange(32, dtype=np.float32).reshape(32, 1) * 0.5, "table")
+    scale = numpy_helper.from_array(np.array(31.0 / np.log(1025.0), np.float32), "scale")
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    nodes = [helper.make_node("Cast", ["dist"], ["dist_f"], name="to_float", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["dist_f", "one"], ["d1"], name="plus_one"),
+             helper.make_node("Log", ["d1"], ["logd"], name="log"),
+             helper.make_node("Mul", ["logd", "scale"], ["scaled"], name="scale_mul"),
+             helper.make_node("Cast", ["scaled"], ["bucket"], name="to_int", to=TensorProto.INT64),
+             helper.make_node("Gather", ["table", "bucket"], ["bias"], name="bias_gather"),
+             helper.make_node("Squeeze", ["bias"], ["bias_flat"], name="squeeze"),
+             helper.make_node("Add", ["x", "bias_flat"], ["y"], name="add_bias")]
+    graph = helper.make_graph(nodes, "bucket", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]),
+                                                helper.make_tensor_value_info("dist", TensorProto.INT64, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])], [table, scale, one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_integer_arithmetic_stays_fp32():
+    """MPNet-small's fp16 build missed its gate (rel-L2 0.03): `compare --layerwise` named the relative-position bias
+    Gather, whose bucket indices fp16 had moved. The float nodes that only compute an integer stay fp32."""
+    from trtforge.precision import integer_math_nodes
+
+    model = _bucket_model()
+    assert integer_math_nodes(model) == {"to_float", "plus_one", "log", "scale_mul", "to_int"}
+    dist = np.arange(500, dtype=np.int64)  # below the overflow guard's 512, so only this rule keeps them
+    feeds = [{"x": np.zeros(500, np.float32), "dist": dist}]
+    converted, report = convert_fp16(model, feeds)
+    assert "integer" in report.kept_fp32["scale_mul"] and "integer" in report.kept_fp32["plus_one"]
+    reference = OrtRunner(model.SerializeToString()).run(feeds[0])["y"]
+    got = OrtRunner(converted.SerializeToString()).run(feeds[0])["y"]
+    assert np.array_equal(reference, got)  # every bucket the same
+
+
+def test_integer_arithmetic_in_fp16_moves_buckets(monkeypatch):
+    """Without the rule the same model's buckets move: the check above can fail."""
+    import trtforge.precision as precision
+
+    monkeypatch.setattr(precision, "integer_math_nodes", lambda model: set())
+    feeds = [{"x": np.zeros(500, np.float32), "dist": np.arange(500, dtype=np.int64)}]
+    converted, _ = convert_fp16(_bucket_model(), feeds)
+    reference = OrtRunner(_bucket_model().SerializeToString()).run(feeds[0])["y"]
+    got = OrtRunner(converted.SerializeToString()).run(feeds[0])["y"]
+    assert not np.array_equal(reference, got)

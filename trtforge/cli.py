@@ -377,7 +377,7 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
               f"engine {side['engine_bytes'] / 1e6:.1f} MB, built in {side['build_seconds']:.1f} s")
     report = side.get("precision_report") or {}
     if report.get("fp32_nodes") is not None:
-        con.print(f"fp16 conversion: {report['fp16_nodes']} nodes fp16, {report['fp32_nodes']} kept fp32 (block list or observed overflow)")
+        con.print(f"fp16 conversion: {report['fp16_nodes']} nodes fp16, {report['fp32_nodes']} kept fp32 (block list, observed overflow or integer arithmetic; the sidecar says why for each)")
     if summary:
         source = f" (from the {side['layer_source']})" if side.get("layer_source") else ""
         con.print(ui.table(f"layers by type{source}", ["type", "count"], sorted(summary["by_type"].items(), key=lambda kv: -kv[1])))

@@ -113,6 +113,9 @@ def nodes_to_keep_fp32(model: onnx.ModelProto, peaks: dict[str, float], data_max
             keep[node.name] = f"output '{o}' reached {peaks[o]:.4g} > {data_max:g}"
         elif any(i in big_inits for i in node.input):
             keep[node.name] = f"initializer '{next(i for i in node.input if i in big_inits)}' exceeds {init_max:g}"
+    for name in integer_math_nodes(model):
+        keep.setdefault(name, "computes an integer (its result only reaches a cast to an integer type, e.g. a relative-"
+                              "position bucket): fp16 rounding would change the integer")
     # A GEMM reading a DequantizeLinear that stays fp32 stays fp32 too: a Cast between them blocks the fusion.
     kept_dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.name in keep}
     for node in model.graph.node:
@@ -136,6 +139,41 @@ def nodes_to_keep_fp32(model: onnx.ModelProto, peaks: dict[str, float], data_max
             epilogue.add(node.name)  # a node kept fp32 for another reason keeps that reason and the chain goes on
             keep.setdefault(node.name, "epilogue of an fp32 INT8 convolution (a Cast there blocks TensorRT's conv fusion)")
     return keep
+
+
+INTEGER_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+                 onnx.TensorProto.INT32, onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64,
+                 onnx.TensorProto.BOOL}
+
+
+def integer_math_nodes(model: onnx.ModelProto) -> set[str]:
+    """Nodes whose every output reaches only casts to an integer type (through other such nodes), and those casts:
+    float arithmetic that computes an index, e.g. MPNet's and T5's relative-position buckets (log of a distance, scaled, cast to int).
+    In fp16, a value near a bucket edge rounds across it and the model reads another bias row."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in model.graph.output}
+
+    def casts_to_integer(node: onnx.NodeProto) -> bool:
+        return node.op_type == "Cast" and any(a.name == "to" and a.i in INTEGER_TYPES for a in node.attribute)
+
+    found: set[str] = set()
+    changed = True
+    while changed:  # reverse topological order gets it in one pass; the loop makes any order work
+        changed = False
+        for node in reversed(model.graph.node):
+            if node.name in found or casts_to_integer(node) or not node.output:
+                continue
+            if all(o not in graph_outputs and consumers.get(o) and
+                   all(casts_to_integer(c) or c.name in found for c in consumers[o]) for o in node.output):
+                found.add(node.name)
+                changed = True
+    producers = {o: n.name for n in model.graph.node for o in n.output}
+    # the casts that end such arithmetic read its fp32 result, not an fp16 copy of it
+    found |= {n.name for n in model.graph.node if casts_to_integer(n) and producers.get(n.input[0]) in found}
+    return found
 
 
 def _scale_outside_fp16(init: onnx.TensorProto | None) -> bool:
