@@ -204,12 +204,13 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True) -> Any:
     """Export with explicit cache I/O, check ORT against the plain model at varied seq, past and batch."""
     import torch
 
-    from trtforge.export import AxisCheck, ExportResult, output_specs, save_tokenizer, tokenizer_source
+    from trtforge.export import AxisCheck, ExportResult, output_specs, refuse_export_overwrite, save_tokenizer, tokenizer_source
     from trtforge.models import load_model
     from trtforge.onnxio import load_onnx, save_onnx
 
     if config.export.exporter != "legacy":
         raise UserError("--kv-cache exports with the legacy exporter (checked at past 0); drop --exporter dynamo.")
+    refuse_export_overwrite(config, Path(output))
     start = time.perf_counter()
     loaded = load_model(config.model.source, config.model.kwargs, ["input_ids"])
     module = loaded.module.eval()

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import linked_path, read_sidecar, sidecar_chain, write_json_atomic
+from trtforge.artifacts import linked_path, read_sidecar, refuse_overwrite, sidecar_chain, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.chunking import (RowRun, StreamingMerge, Tile, Window, check_overlap, check_tile_scale, join_run, merge_logits,
                                merge_pooled, merge_tiles, plan_tiles, plan_windows, row_runs, scaled_size)
@@ -926,6 +926,8 @@ class Prepared:
 def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepared:
     """With plan=False, texts are not tokenized and `chunks` is empty: run() plans them while it runs."""
     target_path = Path(target_path)
+    refuse_overwrite("run", [target_path, options.reference, options.inputs, options.tokenizer],
+                     files=[options.report, options.save_outputs])
     is_engine = target_path.suffix != ".onnx"
     engine_sidecar = None
     if is_engine:
