@@ -236,7 +236,7 @@ class Pipeline:
                     self.log(f"{step}: skipped (inputs and options unchanged)")
                     continue
                 self.log(f"{step}: running" + (f" again: {why}" if why else ""))
-                detail = getattr(self, f"_{step}")()
+                detail = getattr(self, f"_{step}")() + (f" (ran again: {why})" if why else "")
                 self._stamp(step, fp)
                 results.append(StepResult(step, "ran", time.perf_counter() - t, 0, [str(o) for o in self._outputs(step)], detail))
             except GateFailed as exc:
