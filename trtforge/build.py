@@ -239,10 +239,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     tier_plan = parse_tiers(tiers, config_tiers or {}, axes, lengths, tier_count)
     profiles, phases = plan_kv_profiles(specs, axes, tier_plan, kv) if kv else (plan_profiles(specs, axes, tier_plan), None)
     output = Path(output) if output else default_engine_path(onnx_path, precision)
-    protected = lineage(onnx_path)  # never overwritten: the engine path may not be one, the converted graph goes elsewhere
-    if output.resolve() in protected:
-        raise UserError(f"-o {output} is {protected[output.resolve()]}; name the engine another file, "
-                        f"e.g. {default_engine_path(onnx_path, precision)}.")
+    protected = lineage(onnx_path)  # never overwritten (refuse_overwrite refused such an engine path): the converted graph goes elsewhere
     ensure_writable_dir(output)
     data = Path(options.calib_data).resolve() if options.calib_data else None  # the sidecar names it wherever it is read
     if options.fp8_min_top1_agreement is not None and data is None:
