@@ -79,24 +79,33 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
 @contextlib.contextmanager
 def output_lock(path: str | os.PathLike, waiting: Callable[[str], None] | None = None) -> Iterator[None]:
     """Serialise the final writes of concurrent steps aimed at the same output (an artifact and its
-    sidecar must come from the same run): an exclusive flock on a `.lock` file beside it. waiting(line) is told
-    when another process holds it, before this one waits for it."""
+    sidecar must come from the same run): an exclusive flock on a `.lock` file beside it, removed again by its holder
+    (a lock taken on a file its holder has just removed is taken again on the new one). waiting(line) is told when
+    another process holds it, before this one waits for it."""
     import fcntl
 
     path = Path(path)
     ensure_writable_dir(path)
     lock_path = path.with_name(f".{path.name}.lock")
-    with open(lock_path, "a") as fh:
+    told = False
+    while True:
+        fh = open(lock_path, "a")
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            if waiting is not None:
+            if waiting is not None and not told:
                 waiting(f"waiting for another trtforge process writing {path} to finish")
+                told = True
             fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+        if _inode(lock_path) == (os.fstat(fh.fileno()).st_dev, os.fstat(fh.fileno()).st_ino):
+            break
+        fh.close()  # its holder removed it while this process waited: lock the file now there
+    try:
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # while held: a waiter then finds its file gone and locks a new one
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
 
 
 @contextlib.contextmanager

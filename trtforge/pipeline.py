@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtforge import __version__
-from trtforge.artifacts import content_mismatch, content_sha256, read_sidecar, refuse_overwrite, sha256_file, write_json_atomic, write_sidecar
+from trtforge.artifacts import (content_mismatch, content_sha256, output_lock, read_sidecar, refuse_overwrite, sha256_file,
+                                write_json_atomic, write_sidecar)
 from trtforge.config import ModelConfig
 from trtforge.errors import GateFailed, TrtforgeError, UserError
 
@@ -218,6 +219,11 @@ class Pipeline:
 
             check_options(options_from_config(self.cfg.build), self.cfg.build.precision)
         self._refuse_overwrite()
+        # Two pipelines on one out-dir would interleave their steps' files: the second waits for the first.
+        with output_lock(self.paths["report"], waiting=self.log):
+            return self._execute(chosen, from_step, only)
+
+    def _execute(self, chosen: list[str], from_step: str | None, only: str | None) -> dict[str, Any]:
         start = time.perf_counter()
         results: list[StepResult] = []
         stopped = False
