@@ -62,6 +62,8 @@ def test_output_or_its_sidecar_over_an_input_sidecar_or_lineage(tmp_path):
     (data / "s0.npz").write_bytes(b"x")
     assert "a file of its input folder" in _refused("run", [raw, data], [], [data / "s0.npz"])
     refuse_overwrite("run", [raw, data], [tmp_path / "m.fp16.engine"], [data / "new.npz", tmp_path / "r.json"])
+    (data / "m.int8.onnx").write_bytes(b"an earlier output kept beside the data")  # not data: replaced as usual
+    refuse_overwrite("calibrate", [clean, data], [data / "m.int8.onnx", data / "m.calib.cache"])
     refuse_overwrite("calibrate", [clean, None], [tmp_path / "other.int8.onnx", tmp_path / "other.calib.cache"])
 
 

@@ -292,8 +292,14 @@ def _protected(inputs: Iterable[PathLike | None]) -> tuple[dict[str, str], dict[
     return by_path, by_inode, folders
 
 
+# Files trtforge itself writes: found in an input folder (a data folder that also holds the models), they are not data.
+OWN_SUFFIXES = (".onnx", ".data", ".engine", ".plan", ".cache", ".json", ".lock")
+
+
 def _in_folder(key: str, folders: dict[str, Path]) -> str | None:
-    """How a refusal names the input folder holding the existing file `key`, if one does."""
+    """How a refusal names the input folder holding the existing file `key`, if one does and it may be read as data."""
+    if key.endswith(OWN_SUFFIXES):
+        return None
     for folder_key, folder in folders.items():
         if key.startswith(folder_key.rstrip(os.sep) + os.sep) and os.path.exists(key):
             return f"a file of its input folder {folder}"
