@@ -171,6 +171,34 @@ def test_a_second_run_on_the_same_outputs_waits_for_the_first(work):
     _consistent(work)
 
 
+def test_output_lock_excludes_and_leaves_no_lock_file(tmp_path):
+    """Holders one at a time, waiters told, and the lock file gone once the last holder leaves (a holder removes it
+    while it still holds it; a waiter that then finds its file gone locks the new one)."""
+    import time
+
+    from trtforge.artifacts import output_lock
+
+    events = []
+
+    def hold(i):
+        with output_lock(tmp_path / "m.int8.onnx", waiting=lambda line: events.append(("waits", i))):
+            events.append(("in", i))
+            time.sleep(0.05)
+            events.append(("out", i))
+
+    threads = [threading.Thread(target=hold, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    inside = 0
+    for kind, _ in events:
+        inside += {"in": 1, "out": -1}.get(kind, 0)
+        assert inside in (0, 1), events
+    assert sum(kind == "in" for kind, _ in events) == 4 and any(kind == "waits" for kind, _ in events)
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- pipeline: an output changed since the step wrote it makes the step run again ---------------------------------
 
 def _pipeline(out):
