@@ -201,9 +201,9 @@ def test_a_build_never_writes_over_the_onnx_it_builds_or_its_parents(minilm_onnx
         assert all(Path(p).is_absolute() and Path(p).resolve() == (tmp_path / source).resolve() for p in recorded), recorded
     assert {name: digest(a / name) for name in names} == before
     (a / "m.onnx.json").unlink(missing_ok=True)
-    for source, engine, what in (("a/m.clean.onnx", "a/m.onnx", "is the file m.clean.onnx was made from"),
-                                 ("link/s.onnx", "a/m.onnx", "is the file s.onnx was made from"),
-                                 ("a/y.onnx", "a/x.onnx", "is the file y.onnx was made from"),
-                                 ("a/y.onnx", "a/y.onnx", "is the ONNX being built")):
-        assert_user_error(run_cli("build", source, *common, "-o", engine, cwd=tmp_path), f"-o {engine} {what}")
+    for source, engine, what in (("a/m.clean.onnx", "a/m.onnx", "which its input a/m.clean.onnx was made from"),
+                                 ("link/s.onnx", "a/m.onnx", "which its input link/s.onnx was made from"),
+                                 ("a/y.onnx", "a/x.onnx", "which its input a/y.onnx was made from"),
+                                 ("a/y.onnx", "a/y.onnx", "over its input a/y.onnx")):
+        assert_user_error(run_cli("build", source, *common, "-o", engine, cwd=tmp_path), f"build would write {engine} over", what)
     assert {name: digest(a / name) for name in names} == before

@@ -356,11 +356,14 @@ def test_cache_decision(tmp_path):
     opts = CalibrateOptions(data=tmp_path)
     fp = expected_fingerprint("g1", "d1", opts)
     assert cache_decision(cache, fp, False) == (None, "no cache yet")
-    write_cache(cache, {"a": 1.0}, "entropy")
+    sha = write_cache(cache, {"a": 1.0}, "entropy")
     reuse, why = cache_decision(cache, fp, False)
     assert reuse is None and "no sidecar" in why
     import json
-    (tmp_path / "m.calib.cache.json").write_text(json.dumps(fp))
+    (tmp_path / "m.calib.cache.json").write_text(json.dumps(fp))  # a sidecar that names no cache hash: not verified
+    reuse, why = cache_decision(cache, fp, False)
+    assert reuse is None and "records no content hash" in why
+    (tmp_path / "m.calib.cache.json").write_text(json.dumps({**fp, "cache_sha256": sha}))
     reuse, why = cache_decision(cache, fp, False)
     assert reuse is not None and why.startswith("reused")
     other = expected_fingerprint("g2", "d1", CalibrateOptions(data=tmp_path, method="minmax"))

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from trtforge.errors import UserError
 
@@ -77,20 +77,45 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def output_lock(path: str | os.PathLike) -> Iterator[None]:
+def output_lock(path: str | os.PathLike, waiting: Callable[[str], None] | None = None) -> Iterator[None]:
     """Serialise the final writes of concurrent steps aimed at the same output (an artifact and its
-    sidecar must come from the same run): an exclusive flock on a `.lock` file beside it."""
+    sidecar must come from the same run): an exclusive flock on a `.lock` file beside it, removed again by its holder
+    (a lock taken on a file its holder has just removed is taken again on the new one). waiting(line) is told when
+    another process holds it, before this one waits for it."""
     import fcntl
 
     path = Path(path)
     ensure_writable_dir(path)
     lock_path = path.with_name(f".{path.name}.lock")
-    with open(lock_path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    told = False
+    while True:
+        fh = open(lock_path, "a")
         try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None and not told:
+                waiting(f"waiting for another trtforge process writing {path} to finish")
+                told = True
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        if _inode(lock_path) == (os.fstat(fh.fileno()).st_dev, os.fstat(fh.fileno()).st_ino):
+            break
+        fh.close()  # its holder removed it while this process waited: lock the file now there
+    try:
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # while held: a waiter then finds its file gone and locks a new one
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
+
+
+@contextlib.contextmanager
+def output_locks(paths: Iterable[str | os.PathLike], waiting: Callable[[str], None] | None = None) -> Iterator[None]:
+    """output_lock on every path, taken in one order (by resolved path), so two steps sharing some outputs never
+    hold one lock each while waiting for the other's."""
+    with contextlib.ExitStack() as stack:
+        for path in sorted(dict.fromkeys(Path(p).resolve() for p in paths), key=str):
+            stack.enter_context(output_lock(path, waiting))
+        yield
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
@@ -221,6 +246,92 @@ def lineage(onnx_path: str | os.PathLike) -> dict[Path, str]:
     return found
 
 
+PathLike = str | os.PathLike
+
+
+def _file_key(path: Path) -> str:
+    """One spelling for every way of naming a file: symlinks, `..`, `./x` and `x` resolved."""
+    return os.path.realpath(path)
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of an existing file: the same file under another name (a hard link, a bind mount)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _protected(inputs: Iterable[PathLike | None]) -> tuple[dict[str, str], dict[tuple[int, int], str], dict[str, Path]]:
+    """What a step must not write over, each with how a refusal names it: every input, its sidecar (the symlink's
+    and its target's), an ONNX's external data (NAME.data), and every file up its `parent` lineage with theirs; and
+    the input folders ({resolved: as given}), whose files are inputs too."""
+    by_path: dict[str, str] = {}
+    folders: dict[str, Path] = {}
+
+    def add(path: Path, what: str) -> None:
+        by_path.setdefault(_file_key(path), what)
+
+    for given in inputs:
+        if given is None or str(given) == "":
+            continue
+        given = Path(given)
+        add(given, f"its input {given}")
+        if given.is_dir():
+            folders[_file_key(given)] = given
+        for side in dict.fromkeys([sidecar_path(given), sidecar_path(given.resolve())]):
+            add(side, f"{side}, the sidecar of its input {given}")
+        data = Path(str(given) + ".data")
+        if data.exists():
+            add(data, f"{data}, the external weights of its input {given}")
+        if given.is_file():
+            for path, _ in lineage(given).items():
+                add(path, f"{path}, which its input {given} was made from")
+                add(sidecar_path(path), f"{sidecar_path(path)}, the sidecar of {path} (which its input {given} was made from)")
+    by_inode = {ino: what for key, what in by_path.items() if (ino := _inode(Path(key))) is not None}
+    return by_path, by_inode, folders
+
+
+# Files trtforge itself writes: found in an input folder (a data folder that also holds the models), they are not data.
+OWN_SUFFIXES = (".onnx", ".data", ".engine", ".plan", ".cache", ".json", ".lock")
+
+
+def _in_folder(key: str, folders: dict[str, Path]) -> str | None:
+    """How a refusal names the input folder holding the existing file `key`, if one does and it may be read as data."""
+    if key.endswith(OWN_SUFFIXES):
+        return None
+    for folder_key, folder in folders.items():
+        if key.startswith(folder_key.rstrip(os.sep) + os.sep) and os.path.exists(key):
+            return f"a file of its input folder {folder}"
+    return None
+
+
+def refuse_overwrite(step: str, inputs: Iterable[PathLike | None], artifacts: Iterable[PathLike | None] = (),
+                     files: Iterable[PathLike | None] = ()) -> None:
+    """The one check every step that writes runs before any work: no file it writes may be one of its inputs, an input's
+    sidecar, or a file up an input's `parent` lineage (however spelled: symlinks, relative paths), and no two outputs may
+    be one file. artifacts: outputs written with their sidecar X.json (an .onnx also with X.data); files: outputs written
+    alone (a report, an .npz). A UserError names both paths."""
+    by_path, by_inode, folders = _protected(inputs)
+    written: dict[str, str] = {}
+    for out, with_sidecar in [(a, True) for a in artifacts] + [(f, False) for f in files]:
+        if out is None or str(out) == "":
+            continue
+        out = Path(out)
+        extra = [(sidecar_path(out), f"{sidecar_path(out)} (the sidecar of {out})")] if with_sidecar else []
+        if with_sidecar and out.suffix == ".onnx":
+            extra.append((Path(str(out) + ".data"), f"{out}.data (the external weights of {out})"))
+        for path, label in [(out, str(out)), *extra]:
+            key = _file_key(path)
+            what = by_path.get(key) or by_inode.get(_inode(path) or (-1, -1)) or _in_folder(key, folders)
+            if what is not None:
+                raise UserError(f"{step} would write {label} over {what}; choose another output path.")
+            if key in written:
+                raise UserError(f"{step} would write {label} and {written[key]} as one file; give each output its own path.")
+            written[key] = label
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -231,6 +342,28 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def content_sha256(path: str | os.PathLike) -> str:
+    """sha256 of an artifact's bytes, as its sidecar records them at write time; an ONNX whose weights sit in NAME.data
+    (onnxio.save_onnx) hashes both files, so edited weights count as an edit."""
+    path = Path(path)
+    data = Path(str(path) + ".data")
+    if path.suffix == ".onnx" and data.is_file():
+        return sha256_bytes((sha256_file(path) + sha256_file(data)).encode())
+    return sha256_file(path)
+
+
+def content_mismatch(path: str | os.PathLike, recorded: str | None) -> str | None:
+    """Why `path` is not the file its sidecar recorded (None: it is): missing, no hash recorded, or other bytes."""
+    path = Path(path)
+    if not path.is_file():
+        return f"{path} is missing"
+    if not recorded:
+        return f"{path}'s sidecar records no content hash (written by an older trtforge or by hand)"
+    if content_sha256(path) != recorded:
+        return f"{path} does not hold the bytes its sidecar recorded (edited, truncated or replaced after it was written)"
+    return None
 
 
 def onnx_graph_hash(model: Any) -> str:

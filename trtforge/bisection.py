@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from trtforge.artifacts import declared_output_kinds, ensure_writable_dir, read_sidecar, write_json_atomic
+from trtforge.artifacts import declared_output_kinds, ensure_writable_dir, read_sidecar, refuse_overwrite, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
 from trtforge.calibrate.cache import read_cache
@@ -204,6 +204,10 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
     from trtforge.calibrate.step import _max_length, _tokenizer_factory
 
     onnx_path = Path(onnx_path)
+    out_dir = options.out_dir or onnx_path.with_name(onnx_path.name.removesuffix(".onnx").removesuffix(".clean") + ".bisect")
+    report_path = options.report or out_dir / "bisect.json"
+    inputs = [onnx_path, options.cache, options.data]
+    refuse_overwrite("bisect", inputs, files=[report_path, out_dir])
     model = load_onnx(onnx_path)
     name_all_nodes(model)
     if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
@@ -241,8 +245,11 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
         mode, why = "none", why + "; build check turned off (--no-build-check)"
     if measure is None and mode in ("run", "build"):
         measure = trt_measure(why.split(" ")[0], specs, data_profile(specs, batches), options, execute=mode == "run")
-    out_dir = options.out_dir or onnx_path.with_name(onnx_path.name.removesuffix(".onnx").removesuffix(".clean") + ".bisect")
     ensure_writable_dir(out_dir / "bisect.json")  # a file named like the folder: one sentence, not FileExistsError
+    if measure is not None:  # the variant files an engine measurement writes into out_dir
+        refuse_overwrite("bisect", inputs, files=[report_path, *(out_dir / (_slug(name) + suffix) for name, _ in variants(groups, options.modes)
+                                                                 for suffix in (".onnx", ".engine", ".best.onnx", ".best.engine"))])
+    out_dir.mkdir(parents=True, exist_ok=True)
 
     rows = []
     for name, on in variants(groups, options.modes):
@@ -271,7 +278,6 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
               "precision": options.precision, "max_gap": options.max_gap, "engine": status,
               "groups": {g: len(nodes) for g, nodes in groups.items()}, "group_nodes": groups, "rows": rows,
               "suspects": named, "out_dir": str(out_dir)}
-    report_path = options.report or out_dir / "bisect.json"
     write_json_atomic(report_path, report)
     report["report"] = str(report_path)
     return BisectResult(rows, groups, named, status, report)

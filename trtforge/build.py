@@ -21,7 +21,7 @@ from typing import Any, Callable
 import onnx
 
 from trtforge import __version__, interrupts
-from trtforge.artifacts import (ensure_writable_dir, lineage, onnx_graph_hash, output_lock, publish, read_sidecar, sha256_bytes, sha256_file, write_bytes_atomic,
+from trtforge.artifacts import (ensure_writable_dir, lineage, onnx_graph_hash, output_lock, publish, read_sidecar, refuse_overwrite, sha256_bytes, sha256_file, write_bytes_atomic,
                                 write_json_atomic, write_sidecar)
 from trtforge.backends.tensorrt import (BuildOptions, BuildOutput, Tick, TrtModule, build_engine, engine_layers, load_trt, parse_layer_log,
                                        runtime_identity, summarize_layers, tensor_dtype)
@@ -231,6 +231,8 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
     check_options(options, precision)
+    refuse_overwrite("build", [onnx_path, lengths_file, options.calib_data, *(options.plugin_libraries or [])],
+                     [output or default_engine_path(onnx_path, precision)], [options.timing_cache])
     if options.fp8_min_top1_agreement is not None:
         _require_logits(onnx_path)
     mod = load_trt(backend)
@@ -249,10 +251,7 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     tier_plan = parse_tiers(tiers, config_tiers or {}, axes, lengths, tier_count)
     profiles, phases = plan_kv_profiles(specs, axes, tier_plan, kv) if kv else (plan_profiles(specs, axes, tier_plan), None)
     output = Path(output) if output else default_engine_path(onnx_path, precision)
-    protected = lineage(onnx_path)  # never overwritten: the engine path may not be one, the converted graph goes elsewhere
-    if output.resolve() in protected:
-        raise UserError(f"-o {output} is {protected[output.resolve()]}; name the engine another file, "
-                        f"e.g. {default_engine_path(onnx_path, precision)}.")
+    protected = lineage(onnx_path)  # never overwritten (refuse_overwrite refused such an engine path): the converted graph goes elsewhere
     ensure_writable_dir(output)
     data = Path(options.calib_data).resolve() if options.calib_data else None  # the sidecar names it wherever it is read
     if options.fp8_min_top1_agreement is not None and data is None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from trtforge import __version__, ui
-from trtforge.artifacts import ensure_writable_dir, onnx_graph_hash, publish, write_sidecar
+from trtforge.artifacts import ensure_writable_dir, onnx_graph_hash, publish, refuse_overwrite, write_sidecar
 from trtforge.axislimits import axis_limit_error, failing_node, is_out_of_bounds, largest_working
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.config import AxisRange, InputSpec, ModelConfig
@@ -499,6 +499,20 @@ def tokenizer_source(config: ModelConfig, loaded: LoadedModel) -> Any:
                         "point it at a folder with tokenizer.json or the tokenizer's vocabulary files.") from None
 
 
+def source_files(config: ModelConfig) -> list[Path]:
+    """The files an export reads besides the config: the model file (`file.py:factory`, TorchScript, .pt2) and the
+    tokenizer folder the config names. An export must never write over them."""
+    source = config.model.source
+    module_file = source.rpartition(":")[0] if ".py:" in source else source
+    files = [Path(module_file)] if Path(module_file).exists() else []
+    return files + ([Path(config.model.tokenizer)] if config.model.tokenizer else [])
+
+
+def refuse_export_overwrite(config: ModelConfig, output: Path) -> None:
+    """Before an export runs: its ONNX, sidecar, weights and tokenizer folder are none of the files it reads."""
+    refuse_overwrite("export", source_files(config), [output], [tokenizer_dir_for(Path(output))])
+
+
 def tokenizer_dir_for(onnx_path: Path) -> Path:
     """`NAME.tokenizer/` beside `NAME.onnx`: later steps find it through the sidecar's relative path."""
     return onnx_path.with_name(onnx_path.name.removesuffix(".onnx") + ".tokenizer")
@@ -670,6 +684,7 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool =
     import torch
 
     start = time.perf_counter()
+    refuse_export_overwrite(config, Path(output))
     loaded = load_model(config.model.source, config.model.kwargs, config.inputs, config.axes)
     output_names = config.output_names() or loaded.output_names or returned_output_names(loaded, config)
     call = keyword_call(loaded, [s.name for s in config.inputs], output_names)

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from trtforge import __version__
-from trtforge.artifacts import onnx_graph_hash, read_sidecar, write_sidecar
+from trtforge.artifacts import onnx_graph_hash, read_sidecar, refuse_overwrite, write_sidecar
 from trtforge.axislimits import axis_limit_error, largest_working
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.config import AxisRange, InputSpec
@@ -235,6 +235,7 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
     start = time.perf_counter()
     path = Path(path)
     output = Path(output) if output else path.with_name(path.name.removesuffix(".onnx") + ".clean.onnx")
+    refuse_overwrite("clean", [path], [output])
     model = load_onnx(path)
     specs, axes, source_sidecar = io_specs(path, model)
     before = graph_stats(model)

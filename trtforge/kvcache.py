@@ -272,6 +272,7 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[
         ExportResult,
         grouped_query_attention_unrolled,
         output_specs,
+        refuse_export_overwrite,
         save_tokenizer,
         stderr_note,
         tokenizer_source,
@@ -282,6 +283,7 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[
 
     if config.export.exporter != "legacy":
         raise UserError("--kv-cache exports with the legacy exporter (checked at past 0); drop --exporter dynamo.")
+    refuse_export_overwrite(config, Path(output))
     start = time.perf_counter()
     loaded = load_model(config.model.source, config.model.kwargs, ["input_ids"])
     module = loaded.module.eval()

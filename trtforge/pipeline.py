@@ -1,8 +1,10 @@
 """`trtforge pipeline`: export -> clean -> calibrate -> build -> run from one config, skipping what is done.
 
 Each step's output sidecar records a fingerprint: the content hashes of the step's inputs, its config
-section and the trtforge version. A step whose outputs exist with a matching fingerprint is skipped,
-so a second run of an unchanged pipeline only hashes files. A gate failure (exit 1) is recorded and
+section and the trtforge version, and the content hash of every file the step wrote. A step whose
+outputs exist with a matching fingerprint and still hold the bytes it wrote is skipped, so a second
+run of an unchanged pipeline only hashes files; an output edited, truncated or replaced since makes
+the step run again, and the log says which file. A gate failure (exit 1) is recorded and
 the later steps still run; bad input (exit 2) stops the pipeline, since later steps need the output.
 
 On a machine without a GPU the engine is built ahead of time with TensorRT-RTX and `run` checks the
@@ -20,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtforge import __version__
-from trtforge.artifacts import read_sidecar, sha256_file, write_json_atomic, write_sidecar
+from trtforge.artifacts import (content_mismatch, content_sha256, output_lock, read_sidecar, refuse_overwrite, sha256_file,
+                                write_json_atomic, write_sidecar)
 from trtforge.config import ModelConfig
 from trtforge.errors import GateFailed, TrtforgeError, UserError
 
@@ -105,17 +108,30 @@ class Pipeline:
         return {"export": [p["onnx"]], "clean": [p["clean"]], "calibrate": [p["int8"], p["cache"]],
                 "build": [p["engine"]], "run": [p["run"]]}[step]
 
-    def _up_to_date(self, step: str, fp: str) -> bool:
+    def _up_to_date(self, step: str, fp: str) -> tuple[bool, str]:
+        """(whether the step can be skipped, why not): its outputs exist, its fingerprint matches and every output
+        holds the bytes recorded when the step wrote it."""
         marker = self._outputs(step)[0]
         if not all(o.exists() for o in self._outputs(step)):
-            return False
-        side = read_sidecar(marker, required=False) or {}
-        return side.get("pipeline_fingerprint") == fp
+            return False, ""
+        try:
+            side = read_sidecar(marker, required=False) or {}
+        except UserError as exc:
+            return False, str(exc).rstrip(".")
+        if side.get("pipeline_fingerprint") != fp:
+            return False, ""
+        recorded = side.get("pipeline_outputs_sha256") or {}
+        for output in self._outputs(step):
+            why = content_mismatch(output, recorded.get(output.name))
+            if why:
+                return False, why
+        return True, ""
 
     def _stamp(self, step: str, fp: str) -> None:
         marker = self._outputs(step)[0]
         side = read_sidecar(marker, required=False) or {}
         side["pipeline_fingerprint"] = fp
+        side["pipeline_outputs_sha256"] = {o.name: content_sha256(o) for o in self._outputs(step)}
         write_sidecar(marker, side)
 
     # -- the steps -----------------------------------------------------------------------------
@@ -202,6 +218,12 @@ class Pipeline:
             from trtforge.build import check_options, options_from_config
 
             check_options(options_from_config(self.cfg.build), self.cfg.build.precision)
+        self._refuse_overwrite()
+        # Two pipelines on one out-dir would interleave their steps' files: the second waits for the first.
+        with output_lock(self.paths["report"], waiting=self.log):
+            return self._execute(chosen, from_step, only)
+
+    def _execute(self, chosen: list[str], from_step: str | None, only: str | None) -> dict[str, Any]:
         start = time.perf_counter()
         results: list[StepResult] = []
         stopped = False
@@ -213,13 +235,14 @@ class Pipeline:
             try:
                 fp = self._fp(step)
                 forced = step == only or step == from_step
-                if not forced and self._up_to_date(step, fp):
+                current, why = (False, "") if forced else self._up_to_date(step, fp)
+                if current:
                     results.append(StepResult(step, "skipped", time.perf_counter() - t, 0, [str(o) for o in self._outputs(step)],
                                               "inputs and options unchanged"))
                     self.log(f"{step}: skipped (inputs and options unchanged)")
                     continue
-                self.log(f"{step}: running")
-                detail = getattr(self, f"_{step}")()
+                self.log(f"{step}: running" + (f" again: {why}" if why else ""))
+                detail = getattr(self, f"_{step}")() + (f" (ran again: {why})" if why else "")
                 self._stamp(step, fp)
                 results.append(StepResult(step, "ran", time.perf_counter() - t, 0, [str(o) for o in self._outputs(step)], detail))
             except GateFailed as exc:
@@ -238,6 +261,15 @@ class Pipeline:
                   "steps": [vars(r) for r in results]}
         write_json_atomic(self.paths["report"], report)
         return report
+
+    def _refuse_overwrite(self) -> None:
+        """Before any step: none of the pipeline's files is a file the config names as an input (each step checks its
+        own files again)."""
+        c, p = self.cfg, self.paths
+        source = c.model.source.rpartition(":")[0] if ".py:" in c.model.source else c.model.source
+        inputs = [Path(source) if Path(source).exists() else None, c.model.tokenizer, c.calibrate.data, c.calibrate.eval_data,
+                  c.build.calib_data, c.run.inputs]
+        refuse_overwrite("pipeline", inputs, [p["onnx"], p["clean"], p["int8"], p["cache"], p["engine"]], [p["run"], p["report"]])
 
     def _stamp_failed(self, step: str) -> None:
         """A step that failed its gate is never skipped next time: drop any old fingerprint."""

@@ -37,6 +37,7 @@ from trtforge.artifacts import (
     linked_path,
     onnx_graph_hash,
     read_sidecar,
+    refuse_overwrite,
     sidecar_chain,
     write_json_atomic,
 )
@@ -977,6 +978,8 @@ class Prepared:
 def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepared:
     """With plan=False, texts are not tokenized and `chunks` is empty: run() plans them while it runs."""
     target_path = Path(target_path)
+    refuse_overwrite("run", [target_path, options.reference, options.inputs, options.tokenizer],
+                     files=[options.report, options.save_outputs])
     is_engine = target_path.suffix != ".onnx"
     engine_sidecar = None
     if is_engine:

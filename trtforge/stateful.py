@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import read_sidecar, write_json_atomic
+from trtforge.artifacts import read_sidecar, refuse_overwrite, write_json_atomic
 from trtforge.errors import UserError
 
 SCHEMA = "trtforge.stateful/1"
@@ -413,6 +413,7 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
     from trtforge.verify.gates import check_outputs
 
     start_all = time.perf_counter()
+    refuse_overwrite("run", [target_path, options.reference, options.inputs], files=[options.report])
     target = _resolve(target_path)
     layout = target.kv["layout"]
     kind = "logits" if layout["output"] == "logits" else None

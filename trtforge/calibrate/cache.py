@@ -6,7 +6,10 @@ Algorithm names: entropy -> EntropyCalibration2, minmax -> MinMaxCalibration, pe
 LegacyCalibration (TensorRT has no percentile calibrator; its legacy one is the percentile-style one).
 
 A cache is reused only when its sidecar matches the graph hash, the data manifest hash, the method
-and its parameters; it is never used silently otherwise.
+and its parameters, the cache's bytes are the ones the sidecar recorded (`cache_sha256`) and its
+header names the method's algorithm; it is never used silently otherwise. The cache is written
+first and its sidecar last, naming the cache's hash: a crash between the two leaves a sidecar that
+does not describe the cache, which the hash then tells.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 import struct
 from pathlib import Path
 
-from trtforge.artifacts import write_text_atomic
+from trtforge.artifacts import content_mismatch, sha256_bytes, write_text_atomic
 from trtforge.errors import UserError
 
 ALGORITHMS = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration", "percentile": "LegacyCalibration"}
@@ -36,8 +39,31 @@ def format_cache(amax: dict[str, float], method: str, trt_version: str = DEFAULT
     return "\n".join(lines) + "\n"
 
 
-def write_cache(path: Path, amax: dict[str, float], method: str, trt_version: str = DEFAULT_TRT_VERSION) -> None:
-    write_text_atomic(path, format_cache(amax, method, trt_version))
+def write_cache(path: Path, amax: dict[str, float], method: str, trt_version: str = DEFAULT_TRT_VERSION) -> str:
+    """Write the cache atomically; returns the sha256 of the bytes written, for its sidecar (written after it)."""
+    text = format_cache(amax, method, trt_version)
+    write_text_atomic(path, text)
+    return sha256_bytes(text.encode("utf-8"))
+
+
+def header_algorithm(header: str) -> str:
+    """The algorithm a `TRT-<version>-<Algorithm>` header names."""
+    return header.split("-", 2)[2] if header.count("-") >= 2 else header
+
+
+def cache_mismatch(path: Path, sidecar: dict, method: str) -> str | None:
+    """Why the cache at `path` is not the one `sidecar` describes for `method` (None: it is): other bytes than the
+    sidecar recorded at write time, or a header naming another algorithm. A corrupt cache is a mismatch too."""
+    why = content_mismatch(path, sidecar.get("cache_sha256"))
+    if why:
+        return f"cache {why}"
+    try:
+        header, _ = read_cache(path)
+    except UserError as exc:
+        return str(exc).rstrip(".")
+    if header_algorithm(header) != ALGORITHMS[method]:
+        return f"cache {path}'s header names {header_algorithm(header)}, not {method}'s {ALGORITHMS[method]}"
+    return None
 
 
 def read_cache(path: Path) -> tuple[str, dict[str, float]]:

@@ -2,17 +2,22 @@
 
 Order of work:
 1. samples from the data folder (any lengths), held-out samples from the eval folder;
-2. the cache, if its sidecar matches (graph, data, method, parameters): reused, nothing recomputed;
+2. the cache, if its sidecar matches (graph, data, method, parameters) and the cache is the file the sidecar
+   recorded (content hash, header algorithm): reused, nothing recomputed; when the Q/DQ ONNX beside it is also
+   the one its sidecar recorded, made from this cache for the same held-out data, its recorded results are
+   reused too and nothing is evaluated or rewritten;
 3. otherwise: optional SmoothQuant (one pass for per-channel abs-max, then migration), one streamed
    pass for histograms, amax per the method, then accuracy-driven fallback: while the held-out mean
    cosine misses the gate, the most sensitive quantized layer is kept in float, as long as the GEMM
    FLOPs left in INT8 stay above their floor. Layers are ranked by their local INT8 error from one
    ORT run (sensitivity.py); only the top few get an end-to-end leave-one-out check;
-4. the cache, its sidecar and NAME.int8.onnx, each written atomically.
+4. the cache, its sidecar (naming the cache's hash), NAME.int8.onnx and its sidecar (naming both files'
+   hashes), each written atomically, in that order, while the step holds its outputs' locks.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,11 +27,12 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from trtforge import __version__
-from trtforge.artifacts import onnx_graph_hash, read_sidecar, sha256_file, write_sidecar
+from trtforge import __version__, interrupts
+from trtforge.artifacts import (content_mismatch, content_sha256, onnx_graph_hash, output_locks, read_sidecar,
+                                refuse_overwrite, sha256_bytes, write_sidecar)
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
-from trtforge.calibrate.cache import read_cache, write_cache
+from trtforge.calibrate.cache import cache_mismatch, read_cache, write_cache
 from trtforge.calibrate.collect import (
     QuantPlan,
     collect,
@@ -145,19 +151,26 @@ def expected_fingerprint(graph_hash: str, manifest: str, options: CalibrateOptio
 
 
 def cache_decision(cache: Path, fingerprint: dict[str, Any], strict: bool) -> tuple[dict[str, Any] | None, str]:
-    """(the sidecar to reuse, or None; why). Never reuses silently: every outcome has a reason."""
+    """(the sidecar to reuse, or None; why). Never reuses silently: every outcome has a reason. Reused only when the
+    sidecar matches and the cache is the file it recorded (its bytes, its header's algorithm)."""
     if not cache.exists():
         return None, "no cache yet"
-    sidecar = read_sidecar(cache, required=False)
+    try:
+        sidecar = read_sidecar(cache, required=False)
+    except UserError as exc:
+        sidecar, unreadable = None, str(exc)
+    else:
+        unreadable = None
     if sidecar is None:
-        why = f"cache {cache} has no sidecar, so what it was computed from is unknown"
+        why = unreadable.rstrip(".") if unreadable else f"cache {cache} has no sidecar, so what it was computed from is unknown"
     else:
         diffs = [k for k in fingerprint if sidecar.get(k) != fingerprint[k]]
-        if not diffs:
-            return sidecar, f"reused {cache}: graph, data, method and parameters match"
         labels = {"graph_hash": "another model graph", "data_manifest_hash": "other calibration data", "method": "another method",
                   "params": "other parameters", "trtforge_version": "another trtforge version"}
-        why = f"cache {cache} was made for {', '.join(labels[d] for d in diffs)}"
+        mismatch = None if diffs else cache_mismatch(cache, sidecar, fingerprint["method"])
+        if not diffs and not mismatch:
+            return sidecar, f"reused {cache}: graph, data, method and parameters match and the cache is the file its sidecar recorded"
+        why = f"cache {cache} was made for {', '.join(labels[d] for d in diffs)}" if diffs else str(mismatch)
     if strict:
         raise UserError(f"{why}; delete it or run without --strict-cache to recalibrate.")
     return None, why + "; recalibrating"
@@ -314,25 +327,112 @@ def _refuse_quantized(onnx_path: Path, model: Any) -> None:
 def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool = False,
               progress: Callable[[str], None] = lambda _: None, progress_bar: Any = None,
               engine_hooks: Any = None) -> CalibrateResult:
-    """engine_hooks: engine_check.EngineHooks for the engine re-check (default: the real TensorRT runtime)."""
+    """engine_hooks: engine_check.EngineHooks for the engine re-check (default: the real TensorRT runtime).
+
+    Refuses outputs that would overwrite an input (artifacts.refuse_overwrite). Holds the Q/DQ ONNX's and the cache's
+    locks from its reuse decision to its last write: two runs aimed at the same files run one after the other, so the
+    files on disk always come from one run and the int8 sidecar's cache hash is the cache beside it."""
     start = time.perf_counter()
     onnx_path = Path(onnx_path)
     if options.method not in METHODS:
         raise UserError(f"unknown calibration method '{options.method}'; use entropy, percentile or minmax.")
+    int8_path, cache_path = paths_for(onnx_path, options.output)
+    refuse_overwrite("calibrate", [onnx_path, options.from_cache, options.data, options.eval_data], [int8_path, cache_path])
+    with output_locks([int8_path, cache_path], waiting=progress):
+        return _calibrate(onnx_path, int8_path, cache_path, options, compare_methods, progress, progress_bar, engine_hooks, start)
+
+
+@dataclass
+class RecordedAccuracy:
+    """Held-out accuracy as a sidecar recorded it (a verified reuse evaluates nothing): what Accuracy's readers use."""
+    mean_cosine: float
+    min_cosine: float
+    per_output: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def int8_reuse_key(cache_sha256: str, graph_hash: str, held_out_manifest: str, options: CalibrateOptions,
+                   parent: dict[str, Any] | None) -> str:
+    """What the Q/DQ ONNX's recorded results depend on beyond its cache (whose own sidecar covers graph, data, method
+    and parameters): the held-out data and its limit, the declared output kinds, and whether the engine re-check runs."""
+    return sha256_bytes(json.dumps({
+        "cache_sha256": cache_sha256, "parent_graph_hash": graph_hash, "held_out_manifest_hash": held_out_manifest,
+        "max_eval_samples": options.max_eval_samples, "outputs": (parent or {}).get("outputs"),
+        "engine_check": options.engine_check, "trtforge_version": __version__}, sort_keys=True, default=str).encode())
+
+
+def int8_decision(int8_path: Path, key: str, options: CalibrateOptions, hooks: Any) -> tuple[dict[str, Any] | None, str]:
+    """(the Q/DQ ONNX's sidecar whose results stand, or None; why). Its results stand when the sidecar was written for
+    `key` and the file (weights included) is the one it recorded. An engine re-check that was skipped for want of a
+    runtime is run now where one has appeared."""
+    if not int8_path.exists():
+        return None, f"no Q/DQ ONNX {int8_path} yet"
+    try:
+        side = read_sidecar(int8_path, required=False)
+    except UserError as exc:
+        return None, str(exc).rstrip(".")
+    if not side or side.get("step") != "calibrate":
+        return None, f"{int8_path} has no calibrate sidecar"
+    if side.get("reuse_key") != key:
+        return None, f"{int8_path} was made from another cache, held-out data or options"
+    why = content_mismatch(int8_path, side.get("sha256"))
+    if why:
+        return None, why
+    check = side.get("engine_check") or {}
+    if options.engine_check and check.get("status") == "skipped":
+        from trtforge.calibrate.engine_check import default_hooks
+
+        if (hooks or default_hooks()).available()[0]:
+            return None, f"{int8_path}'s engine re-check was skipped and can run here"
+    return side, f"{int8_path} is the file its sidecar recorded, made from this cache for the same held-out data"
+
+
+def _reuse_recorded(int8_path: Path, cache_path: Path, cache_sidecar: dict[str, Any], side: dict[str, Any], reason: str,
+                    options: CalibrateOptions, start: float) -> CalibrateResult:
+    """A verified reuse: the cache's scales and the Q/DQ ONNX's recorded results, nothing evaluated or rewritten but the
+    sidecar's account of this run (reused, why, the gates and held-out paths asked for now)."""
+    _, amax = read_cache(cache_path)
+    acc = side.get("accuracy") or {}
+    accuracy = RecordedAccuracy(acc["mean_cosine"], acc["min_cosine"], acc.get("per_output") or {}) if acc else None
+    result = MethodResult(side["method"], amax, list(side.get("float_nodes") or []), accuracy, side["int8_gemm_flops_fraction"],
+                          cache_sidecar.get("sensitivity", {}), cache_sidecar.get("layer_errors", {}))
+    side = {**side, "cache_reused": True, "cache_reason": reason,
+            "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops,
+                     "min_top1_agreement": options.min_top1_agreement, "min_pixel_agreement": options.min_pixel_agreement},
+            "held_out": {"data": str(options.eval_data or options.data), "max_samples": options.max_eval_samples,
+                         "calibration_data": str(options.data)}}
+    write_sidecar(int8_path, side)
+    return CalibrateResult(int8_path, cache_path, True, reason, result, side, [], time.perf_counter() - start)
+
+
+def _calibrate(onnx_path: Path, int8_path: Path, cache_path: Path, options: CalibrateOptions, compare_methods: bool,
+               progress: Callable[[str], None], progress_bar: Any, engine_hooks: Any, start: float) -> CalibrateResult:
     model = load_onnx(onnx_path)
     _refuse_quantized(onnx_path, model)
     name_all_nodes(model)
     specs, axes, parent = io_specs(onnx_path, model)
     graph_hash = (parent or {}).get("graph_hash") or onnx_graph_hash(model)
-    int8_path, cache_path = paths_for(onnx_path, options.output)
-    tokenizer = _tokenizer_factory(onnx_path)
-    max_len = _max_length(specs, axes)
     # Axis ranges a sidecar declares bound the data; those read off a bare graph (1..64) are placeholders.
     declared = axes if parent and "inputs" in parent else None
-    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples, declared)
+    dataset = data_mod.scan(options.data)
     fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
 
     reused_sidecar, reason = (None, f"imported {options.from_cache}") if options.from_cache else cache_decision(cache_path, fingerprint, options.strict_cache)
+    if reused_sidecar is None and not options.from_cache and cache_path.exists():
+        progress(reason)
+    held_out_manifest = data_mod.scan(options.eval_data).manifest_hash if options.eval_data else dataset.manifest_hash
+    if reused_sidecar is not None:
+        recorded, why = int8_decision(int8_path, int8_reuse_key(reused_sidecar["cache_sha256"], graph_hash, held_out_manifest,
+                                                                options, parent), options, engine_hooks)
+        if recorded is not None:
+            progress(f"reused {why}: its recorded held-out results stand, nothing re-evaluated")
+            return _reuse_recorded(int8_path, cache_path, reused_sidecar, recorded,
+                                   f"{reason}; reused {int8_path} and its recorded held-out results (verified)", options, start)
+        progress(f"{why}; writing it again from the reused cache")
+    tokenizer = _tokenizer_factory(onnx_path)
+    max_len = _max_length(specs, axes)
+    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples, declared)
+    if dataset.manifest_hash != fingerprint["data_manifest_hash"]:
+        raise UserError(f"calibration data {options.data} changed while calibrate read it; run it again once the folder is settled.")
     recalibrate = reused_sidecar is None and not options.from_cache
     calib_batches = list(data_mod.batches(samples, options.batch_size)) if recalibrate else []
     smooth_scales: dict[str, np.ndarray] = {}
@@ -391,41 +491,48 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
     int8_nodes = int8_gemm_nodes(qdq)
     result.int8_flops_fraction = _flops_fraction(flops, int8_nodes)
     float_shares = float_flops_shares(flops, int8_nodes, plan.excluded, set(result.float_nodes))
-    if reused_sidecar is None:
-        write_cache(cache_path, result.amax, result.method)
-        cache_sidecar = {**fingerprint, "kind": "calibration_cache", "tensors": result.amax,
-                         "smooth_scales": {k: v.tolist() for k, v in smooth_scales.items()},
-                         "float_nodes": result.float_nodes, "sensitivity": result.sensitivity,
-                         "layer_errors": result.layer_errors, "excluded": plan.excluded,
-                         "samples": len(samples), "data": str(options.data), "source_onnx": str(onnx_path)}
-        write_sidecar(cache_path, cache_sidecar)
-    save_onnx(qdq, int8_path)
     # Task metrics by output kind (top-1 / pixel agreement) on the held-out data, for the chosen model.
     accuracy_json = evaluate(OrtRunner(qdq.SerializeToString()), eval_batches, eval_refs, kinds).to_json()
     accuracy_json["output_kinds"] = kinds
-    sidecar = {
-        "kind": "onnx", "step": "calibrate", "trtforge_version": __version__,
-        "parent": os.path.abspath(onnx_path), "reference_onnx": os.path.abspath(onnx_path), "parent_graph_hash": graph_hash,
-        "graph_hash": onnx_graph_hash(qdq), "inputs": [s.model_dump() for s in specs],
-        "axes": {k: v.model_dump() for k, v in axes.items()}, "outputs": (parent or {}).get("outputs"),
-        "source": (parent or {}).get("source"), "config_name": (parent or {}).get("config_name"),
-        "cache": str(cache_path), "cache_sha256": sha256_file(cache_path), "cache_reused": reused_sidecar is not None,
-        "cache_reason": reason, "method": result.method, "smooth": options.smooth if smooth_scales else None,
-        "quantized_nodes": len(plan.targets) - len(result.float_nodes), "float_nodes": result.float_nodes,
-        "excluded": plan.excluded, "quantize_attention": options.quantize_attention,
-        "int8_gemm_flops_fraction": result.int8_flops_fraction, "float_gemm_flops": float_shares, "accuracy": accuracy_json,
-        "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops,
-                 "min_top1_agreement": options.min_top1_agreement, "min_pixel_agreement": options.min_pixel_agreement},
-        # What the gate was measured on, so that `build` can re-check it on the engine.
-        "held_out": {"data": str(options.eval_data or options.data), "max_samples": options.max_eval_samples,
-                     "calibration_data": str(options.data)},
-        "flops_at": opt_sizes,
-        "seconds": round(time.perf_counter() - start, 3),
-        "comparison": [{"method": r.method, "mean_cosine": r.accuracy.mean_cosine if r.accuracy else None,
-                        "min_cosine": r.accuracy.min_cosine if r.accuracy else None,
-                        "int8_gemm_flops_fraction": r.int8_flops_fraction, "float_nodes": len(r.float_nodes)} for r in comparison],
-    }
-    write_sidecar(int8_path, sidecar)
+    # One unit, in this order: the cache, its sidecar naming the cache's hash, the Q/DQ ONNX, its sidecar naming both
+    # hashes. A crash between any two leaves a sidecar that does not describe its file, which the next run's hash tells.
+    with interrupts.deferred():
+        if reused_sidecar is None:
+            cache_sha = write_cache(cache_path, result.amax, result.method)
+            cache_sidecar = {**fingerprint, "kind": "calibration_cache", "cache_sha256": cache_sha, "tensors": result.amax,
+                             "smooth_scales": {k: v.tolist() for k, v in smooth_scales.items()},
+                             "float_nodes": result.float_nodes, "sensitivity": result.sensitivity,
+                             "layer_errors": result.layer_errors, "excluded": plan.excluded,
+                             "samples": len(samples), "data": str(options.data), "source_onnx": str(onnx_path)}
+            write_sidecar(cache_path, cache_sidecar)
+        else:
+            cache_sha = reused_sidecar["cache_sha256"]
+        save_onnx(qdq, int8_path)
+        sidecar = {
+            "kind": "onnx", "step": "calibrate", "trtforge_version": __version__,
+            "parent": os.path.abspath(onnx_path), "reference_onnx": os.path.abspath(onnx_path), "parent_graph_hash": graph_hash,
+            "graph_hash": onnx_graph_hash(qdq), "sha256": content_sha256(int8_path),
+            "reuse_key": int8_reuse_key(cache_sha, graph_hash, held_out_manifest, options, parent),
+            "inputs": [s.model_dump() for s in specs],
+            "axes": {k: v.model_dump() for k, v in axes.items()}, "outputs": (parent or {}).get("outputs"),
+            "source": (parent or {}).get("source"), "config_name": (parent or {}).get("config_name"),
+            "cache": str(cache_path), "cache_sha256": cache_sha, "cache_reused": reused_sidecar is not None,
+            "cache_reason": reason, "method": result.method, "smooth": options.smooth if smooth_scales else None,
+            "quantized_nodes": len(plan.targets) - len(result.float_nodes), "float_nodes": result.float_nodes,
+            "excluded": plan.excluded, "quantize_attention": options.quantize_attention,
+            "int8_gemm_flops_fraction": result.int8_flops_fraction, "float_gemm_flops": float_shares, "accuracy": accuracy_json,
+            "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops,
+                     "min_top1_agreement": options.min_top1_agreement, "min_pixel_agreement": options.min_pixel_agreement},
+            # What the gate was measured on, so that `build` can re-check it on the engine.
+            "held_out": {"data": str(options.eval_data or options.data), "max_samples": options.max_eval_samples,
+                         "calibration_data": str(options.data)},
+            "flops_at": opt_sizes,
+            "seconds": round(time.perf_counter() - start, 3),
+            "comparison": [{"method": r.method, "mean_cosine": r.accuracy.mean_cosine if r.accuracy else None,
+                            "min_cosine": r.accuracy.min_cosine if r.accuracy else None,
+                            "int8_gemm_flops_fraction": r.int8_flops_fraction, "float_nodes": len(r.float_nodes)} for r in comparison],
+        }
+        write_sidecar(int8_path, sidecar)
     sidecar["engine_check"] = _engine_check(int8_path, sidecar, options, engine_hooks, eval_batches, progress)
     write_sidecar(int8_path, sidecar)
     return CalibrateResult(int8_path, cache_path, reused_sidecar is not None, reason, result, sidecar, comparison,
