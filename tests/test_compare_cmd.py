@@ -231,14 +231,14 @@ def test_bad_values_are_one_sentence(chains, cli, args, fragments):
     ("same.onnx", "gone.onnx", "in", [], "gone.onnx does not exist"),
     ("same.onnx", "ref.onnx", "none", [], "none does not exist"),
     ("model.engine", "ref.onnx", "in", [], "model.engine does not exist"),
-    ("same.onnx", "ref.onnx", "in", ["--report", "ref.onnx"], "would overwrite the input"),
-    ("same.onnx", "ref.onnx", "in", ["--report", "in/r.json"], "lies inside the inputs folder"),
+    ("same.onnx", "ref.onnx", "in", ["--report", "ref.onnx"], "over its input"),
+    ("same.onnx", "ref.onnx", "in", ["--report", "in/s0.npz"], "over a file of its input folder"),
     ("ref.onnx", "ref.onnx", "in", [], "is its own reference"),
 ])
 def test_missing_files_and_overwrites_are_one_sentence(chains, cli, target, reference, inputs, extra, fragment):
     before = (chains / "ref.onnx").read_bytes()
     proc = cli("compare", str(chains / target), str(chains / reference), "--inputs", str(chains / inputs),
-               *[str(chains / a) if a.endswith((".onnx", ".json")) else a for a in extra])
+               *[str(chains / a) if a.endswith((".onnx", ".json", ".npz")) else a for a in extra])
     assert_user_error(proc, fragment)
     assert (chains / "ref.onnx").read_bytes() == before and not (chains / "in" / "r.json").exists()
 
@@ -246,8 +246,10 @@ def test_missing_files_and_overwrites_are_one_sentence(chains, cli, target, refe
 def _fake_engine(folder: Path, precision: str = "fp16") -> Path:
     engine = folder / "chain.engine"
     engine.write_bytes(b"not a real engine")
-    (folder / "chain.engine.json").write_text(json.dumps({"kind": "engine", "backend": "fake", "precision": precision,
-                                                          "source_onnx": str(folder / "ref.onnx")}))
+    profile = {"index": 0, "shapes": {"x": {"min": [1, 8], "opt": [2, 8], "max": [4, 8]}}}
+    (folder / "chain.engine.json").write_text(json.dumps({
+        "kind": "engine", "backend": "fake", "tensorrt_version": "0", "precision": precision, "engine_bytes": 17,
+        "build_seconds": 0.0, "profiles": [profile], "source_onnx": str(folder / "ref.onnx")}))
     return engine
 
 
@@ -277,7 +279,8 @@ def test_an_engine_target_runs_through_its_runner_with_its_precision_gates(chain
     report = compare(engine, chains / "ref.onnx", CompareOptions(inputs=chains / "in"), access)
     assert report["passed"] and report["target_kind"] == "engine" and report["precision"] == "fp16"
     assert [g["source"] for g in report["gates"]["checked"]] == ["default for fp16 targets"] * 2 and opened[0].closed
-    (tmp_path / "chain.engine.json").write_text(json.dumps({"kind": "engine", "backend": "fake", "precision": "fp32", "ruined": True}))
+    side = json.loads((tmp_path / "chain.engine.json").read_text())
+    (tmp_path / "chain.engine.json").write_text(json.dumps({**side, "precision": "fp32", "ruined": True}))
     report = compare(engine, chains / "ref.onnx", CompareOptions(inputs=chains / "in"), access)
     assert not report["passed"] and "rel-L2 of 'y'" in report["gates"]["failures"][0]
     with pytest.raises(UserError, match="no TensorRT engine can execute on this machine"):

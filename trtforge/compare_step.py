@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from trtforge.artifacts import declared_output_kinds, read_sidecar, write_json_atomic
+from trtforge.artifacts import declared_output_kinds, read_sidecar, refuse_overwrite, write_json_atomic
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError, exception_summary
 from trtforge.graph import expose_tensors, float_tensor_types, io_specs, toposorted
@@ -102,21 +102,6 @@ def check_options(options: CompareOptions) -> tuple[dict[str | None, float], dic
     if options.max_samples is not None and options.max_samples < 1:
         raise UserError(f"--max-samples {options.max_samples} must be at least 1.")
     return atol, rtol, statistic
-
-
-def check_report_path(report: Path | None, target: Path, reference: Path, inputs: Path) -> None:
-    """The report never replaces an input: the two models, their sidecars or a file of the inputs folder."""
-    if report is None:
-        return
-    where = os.path.realpath(report)
-    for path in (target, reference):
-        for taken in (path, Path(str(path) + ".json")):
-            if where == os.path.realpath(taken):
-                raise UserError(f"--report {report} would overwrite the input {taken}; write the report elsewhere.")
-    folder = os.path.realpath(inputs)
-    if os.path.isdir(folder) and where.startswith(folder + os.sep):
-        raise UserError(f"--report {report} lies inside the inputs folder {inputs}, where it would become an input; "
-                        "write it elsewhere.")
 
 
 def load_inputs(reference: Path, model: onnx.ModelProto, folder: Path,
@@ -372,7 +357,7 @@ def compare(target: Path, reference: Path, options: CompareOptions, access: Engi
     if target.exists() and reference.exists() and os.path.samefile(target, reference):
         raise UserError(f"{target} is its own reference, so comparing it proves nothing; pass the model it was made from "
                         "as REFERENCE.")
-    check_report_path(options.report, target, reference, Path(options.inputs))
+    refuse_overwrite("compare", [target, reference, options.inputs], files=[options.report])
     ref_model = load_onnx(reference, load_external_data=options.layerwise)  # weights only where a copy is run
     runner, engine_sidecar = open_target(target, options.layerwise, access)
     try:

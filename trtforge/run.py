@@ -978,8 +978,8 @@ class Prepared:
 def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepared:
     """With plan=False, texts are not tokenized and `chunks` is empty: run() plans them while it runs."""
     target_path = Path(target_path)
-    refuse_overwrite("run", [target_path, options.reference, options.inputs, options.tokenizer],
-                     files=[options.report, options.save_outputs])
+    refuse_overwrite("run", [target_path, options.reference, options.inputs, options.tokenizer, options.load_reference],
+                     files=[options.report, options.save_outputs, options.save_reference])
     is_engine = target_path.suffix != ".onnx"
     engine_sidecar = None
     if is_engine:
