@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trtforge-installed
 
-.PHONY: install demo test bench clean-out
+.PHONY: install demo lint test bench clean-out
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,11 @@ bench: install
 	$(PY) benchmarks/calibration.py out/minilm.clean.onnx
 	$(PY) benchmarks/run.py out/minilm.clean.onnx --inputs calib_data/minilm_long --chunk 512 --overlap 64 --json out/bench/run_cpu_ort.json
 
-test: install
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean-out:

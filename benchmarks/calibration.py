@@ -38,7 +38,7 @@ def samples(count: int, tokens: int) -> list[dict[str, np.ndarray]]:
     body, stride = tokens - 2, (tokens - 2) * 3 // 4
     out = []
     for start in range(0, len(ids) - body, stride):
-        x = np.array([[tok.cls_token_id] + ids[start:start + body] + [tok.sep_token_id]], dtype=np.int64)
+        x = np.array([[tok.cls_token_id] + ids[start : start + body] + [tok.sep_token_id]], dtype=np.int64)
         out.append({"input_ids": x, "attention_mask": np.ones_like(x)})
         if len(out) == count:
             break
@@ -59,8 +59,12 @@ def run_trtforge(onnx_path: str, count: int, tokens: int) -> dict:
     tensors = plan.activation_tensors()
     stats = collect(model, list(batches(data, 16)), tensors)
     amax = {t: entropy_amax(stats.histograms[t]) for t in tensors}
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024, "amax": amax}
+    return {
+        "seconds": time.perf_counter() - start,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024,
+        "amax": amax,
+    }
 
 
 def run_ort(onnx_path: str, count: int, tokens: int) -> dict:
@@ -80,16 +84,25 @@ def run_ort(onnx_path: str, count: int, tokens: int) -> dict:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        calibrator = create_calibrator(onnx_path, op_types_to_calibrate=["MatMul"], augmented_model_path=f"{tmp}/aug.onnx",
-                                       calibrate_method=CalibrationMethod.Entropy, extra_options={"num_bins": 2048})
+        calibrator = create_calibrator(
+            onnx_path,
+            op_types_to_calibrate=["MatMul"],
+            augmented_model_path=f"{tmp}/aug.onnx",
+            calibrate_method=CalibrationMethod.Entropy,
+            extra_options={"num_bins": 2048},
+        )
         calibrator.collect_data(Reader())
         ranges = calibrator.compute_data()
     amax = {}
     for name, value in ranges.data.items():
-        low, high = (value.range_value if hasattr(value, "range_value") else value)
+        low, high = value.range_value if hasattr(value, "range_value") else value
         amax[name] = float(max(abs(float(np.asarray(low).max())), abs(float(np.asarray(high).max()))))
-    return {"seconds": time.perf_counter() - start, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024, "amax": amax}
+    return {
+        "seconds": time.perf_counter() - start,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024,
+        "amax": amax,
+    }
 
 
 def main() -> None:
@@ -105,8 +118,9 @@ def main() -> None:
     args = parser.parse_args()
     results = {}
     for side in ("trtforge", "onnxruntime"):
-        proc = subprocess.run([sys.executable, __file__, "_child", side, str(args.onnx), str(args.samples), str(args.tokens)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, "_child", side, str(args.onnx), str(args.samples), str(args.tokens)], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
         results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -114,10 +128,14 @@ def main() -> None:
     common = sorted(set(ours) & set(theirs))
     rel = np.array([abs(ours[t] - theirs[t]) / max(theirs[t], 1e-12) for t in common])
     summary = {
-        "samples": args.samples, "tokens": args.tokens, "tensors_compared": len(common),
-        "trtforge_seconds": results["trtforge"]["seconds"], "ort_seconds": results["onnxruntime"]["seconds"],
+        "samples": args.samples,
+        "tokens": args.tokens,
+        "tensors_compared": len(common),
+        "trtforge_seconds": results["trtforge"]["seconds"],
+        "ort_seconds": results["onnxruntime"]["seconds"],
         "time_ratio": results["trtforge"]["seconds"] / results["onnxruntime"]["seconds"],
-        "trtforge_peak_rss_mb": results["trtforge"]["peak_rss_mb"], "ort_peak_rss_mb": results["onnxruntime"]["peak_rss_mb"],
+        "trtforge_peak_rss_mb": results["trtforge"]["peak_rss_mb"],
+        "ort_peak_rss_mb": results["onnxruntime"]["peak_rss_mb"],
         "memory_ratio": results["trtforge"]["peak_rss_mb"] / results["onnxruntime"]["peak_rss_mb"],
         "amax_rel_diff_median": float(np.median(rel)) if rel.size else None,
         "amax_rel_diff_p90": float(np.percentile(rel, 90)) if rel.size else None,
@@ -128,8 +146,10 @@ def main() -> None:
     print(f"{'wall time (s)':28s}{summary['trtforge_seconds']:12.1f}{summary['ort_seconds']:12.1f}{summary['time_ratio']:10.3f}")
     print(f"{'peak RSS (MB)':28s}{summary['trtforge_peak_rss_mb']:12.0f}{summary['ort_peak_rss_mb']:12.0f}{summary['memory_ratio']:10.3f}")
     if rel.size:
-        print(f"amax relative difference: median {summary['amax_rel_diff_median']:.3f}, p90 {summary['amax_rel_diff_p90']:.3f}, "
-              f"within 10%: {summary['amax_within_10pct']:.0%}")
+        print(
+            f"amax relative difference: median {summary['amax_rel_diff_median']:.3f}, p90 {summary['amax_rel_diff_p90']:.3f}, "
+            f"within 10%: {summary['amax_within_10pct']:.0%}"
+        )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -29,14 +29,29 @@ def compare(a_path: Path, b_path: Path, atol: float) -> dict:
         nan_mismatch = int((np.isnan(x) != np.isnan(y)).sum())
         same_bits = x.dtype == y.dtype and x.dtype.kind in "fiub"
         unequal = (x.view(f"u{x.dtype.itemsize}") != y.view(f"u{y.dtype.itemsize}")) if same_bits else (x != y)
-        rows.append({"key": key, "shape": list(x.shape), "max_abs": worst, "not_bit_equal": int(unequal.sum()),
-                     "compared": "bit patterns" if same_bits else "values",
-                     "nan_mismatch": nan_mismatch, "ok": worst <= atol and nan_mismatch == 0})
-    return {"a": str(a_path), "b": str(b_path), "atol": atol, "only_in_a": sorted(keys_a - keys_b),
-            "only_in_b": sorted(keys_b - keys_a), "keys": len(rows), "elements": int(sum(np.prod(r["shape"]) for r in rows
-                                                                                       if r.get("max_abs") is not None)),
-            "worst": max((r.get("max_abs", float("inf")) for r in rows), default=0.0),
-            "ok": bool(rows) and all(r["ok"] for r in rows) and keys_a == keys_b, "rows": rows}
+        rows.append(
+            {
+                "key": key,
+                "shape": list(x.shape),
+                "max_abs": worst,
+                "not_bit_equal": int(unequal.sum()),
+                "compared": "bit patterns" if same_bits else "values",
+                "nan_mismatch": nan_mismatch,
+                "ok": worst <= atol and nan_mismatch == 0,
+            }
+        )
+    return {
+        "a": str(a_path),
+        "b": str(b_path),
+        "atol": atol,
+        "only_in_a": sorted(keys_a - keys_b),
+        "only_in_b": sorted(keys_b - keys_a),
+        "keys": len(rows),
+        "elements": int(sum(np.prod(r["shape"]) for r in rows if r.get("max_abs") is not None)),
+        "worst": max((r.get("max_abs", float("inf")) for r in rows), default=0.0),
+        "ok": bool(rows) and all(r["ok"] for r in rows) and keys_a == keys_b,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -50,9 +65,11 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     bad = [r for r in result["rows"] if not r["ok"]]
-    print(f"{result['keys']} keys, {result['elements']:,} elements, worst |a-b| {result['worst']:.3g}; "
-          f"{sum(r.get('not_bit_equal', 0) for r in result['rows']):,} not bit-equal; only in a/b: "
-          f"{len(result['only_in_a'])}/{len(result['only_in_b'])}; {'EQUAL within' if result['ok'] else 'DIFFERENT beyond'} atol {args.atol}")
+    print(
+        f"{result['keys']} keys, {result['elements']:,} elements, worst |a-b| {result['worst']:.3g}; "
+        f"{sum(r.get('not_bit_equal', 0) for r in result['rows']):,} not bit-equal; only in a/b: "
+        f"{len(result['only_in_a'])}/{len(result['only_in_b'])}; {'EQUAL within' if result['ok'] else 'DIFFERENT beyond'} atol {args.atol}"
+    )
     for r in bad[:10]:
         print("  ", r)
     sys.exit(0 if result["ok"] else 1)

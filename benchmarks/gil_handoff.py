@@ -68,8 +68,16 @@ def main() -> None:
             time.sleep(0.05)
             for label, lib in libs.items():
                 ms = sorted(measure(lib, args.calls, args.batches))
-                rows.append({"busy_threads": busy, "switch_interval_s": interval, "calls": label,
-                             "mean_ms": statistics.mean(ms), "p50_ms": ms[len(ms) // 2], "p95_ms": ms[int(len(ms) * 0.95)]})
+                rows.append(
+                    {
+                        "busy_threads": busy,
+                        "switch_interval_s": interval,
+                        "calls": label,
+                        "mean_ms": statistics.mean(ms),
+                        "p50_ms": ms[len(ms) // 2],
+                        "p95_ms": ms[int(len(ms) * 0.95)],
+                    }
+                )
             stop.set()
             for t in threads:
                 t.join()
@@ -77,9 +85,17 @@ def main() -> None:
     print(f"{args.calls} calls per batch, {args.batches} batches, {os.cpu_count()} CPUs ({platform.node()})")
     print(f"{'busy':>4} {'switch s':>8}  {'calls':<38} {'mean ms':>8} {'p50 ms':>8} {'p95 ms':>8}")
     for r in rows:
-        print(f"{r['busy_threads']:>4} {r['switch_interval_s']:>8g}  {r['calls']:<38} {r['mean_ms']:>8.3f} {r['p50_ms']:>8.3f} {r['p95_ms']:>8.3f}")
-    payload = {"host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0], "calls": args.calls,
-               "batches": args.batches, "rows": rows}
+        print(
+            f"{r['busy_threads']:>4} {r['switch_interval_s']:>8g}  {r['calls']:<38} {r['mean_ms']:>8.3f} {r['p50_ms']:>8.3f} {r['p95_ms']:>8.3f}"
+        )
+    payload = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "calls": args.calls,
+        "batches": args.batches,
+        "rows": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(args.out.suffix + ".tmp")
     tmp.write_text(json.dumps(payload, indent=1))

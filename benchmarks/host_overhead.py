@@ -31,7 +31,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 def _null_engine(onnx_path: Path, engine_path: Path) -> None:
     """Patch trtforge so that TrtTarget loads `engine_path` and executes nothing (test fakes, no GPU)."""
     import pytest
-
     from test_run_engine_emulated import NullEngine, _emulate
 
     emulated = _emulate(pytest.MonkeyPatch(), onnx_path, engine_path, NullEngine)
@@ -46,12 +45,26 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="timed runs per setting (median)")
     ap.add_argument("--merge-workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--plan-workers", type=int, default=None)
-    ap.add_argument("--plan-processes", type=int, nargs="+", default=[0],
-                    help="worker processes planning the text inputs (0: the planning threads); each a setting of its own")
-    ap.add_argument("--merge", nargs="+", default=["copy-engine", "host"], choices=["copy-engine", "host"],
-                    help="token outputs merged by the GPU's copy engine (--copy-engine-merge) or on the host")
-    ap.add_argument("--tokenizer", type=Path, default=None,
-                    help="pre-tokenize the documents with this tokenizer first (a .jsonl input: the loop without tokenizing)")
+    ap.add_argument(
+        "--plan-processes",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="worker processes planning the text inputs (0: the planning threads); each a setting of its own",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=["copy-engine", "host"],
+        choices=["copy-engine", "host"],
+        help="token outputs merged by the GPU's copy engine (--copy-engine-merge) or on the host",
+    )
+    ap.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="pre-tokenize the documents with this tokenizer first (a .jsonl input: the loop without tokenizing)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -68,31 +81,66 @@ def main() -> None:
     if args.tokenizer:
         import subprocess
 
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "pretokenize.py"), str(docs), str(args.tokenizer),
-                        str(work / "docs.jsonl")], check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "gpu" / "pretokenize.py"), str(docs), str(args.tokenizer), str(work / "docs.jsonl")],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+        )
         docs = work / "docs.jsonl"
     _null_engine(args.onnx, engine)
     rows = []
     settings = [(w, m, pp) for m in args.merge for w in args.merge_workers for pp in args.plan_processes]
     for workers, merge, processes in settings:
-        reports = [run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=16, precision_check=False,
-                                          chunking_check=False, merge_workers=workers, plan_workers=args.plan_workers, warmup=1,
-                                          copy_engine_merge=merge == "copy-engine", plan_processes=processes))
-                   for _ in range(args.runs)]
+        reports = [
+            run(
+                engine,
+                RunOptions(
+                    inputs=docs,
+                    chunk=256,
+                    overlap=32,
+                    batch_size=16,
+                    precision_check=False,
+                    chunking_check=False,
+                    merge_workers=workers,
+                    plan_workers=args.plan_workers,
+                    warmup=1,
+                    copy_engine_merge=merge == "copy-engine",
+                    plan_processes=processes,
+                ),
+            )
+            for _ in range(args.runs)
+        ]
         loop = statistics.median(r["runtime"]["host"]["loop_wall_s"] for r in reports)
         cpu = statistics.median(r["runtime"]["host"]["loop_cpu_s"] for r in reports)
         batches = reports[0]["batches"]
         windows = sum(i["chunks"] for i in reports[0]["inputs"])
-        rows.append({"merge": merge, "merge_workers": workers, "plan_processes": processes, "batches": batches, "windows": windows,
-                     "loop_s": loop, "host_ms_per_batch": loop / batches * 1e3, "loop_cpu_s": cpu,
-                     "cpu_us_per_window": cpu / windows * 1e6,
-                     "tokens_per_s": statistics.median(r["throughput"]["tokens_per_s"] for r in reports),
-                     "stages": reports[0]["runtime"]["host"]["stages"]})
-    print(f"{args.repeat} x {args.docs}{' (pre-tokenized)' if args.tokenizer else ''}, {os.cpu_count()} CPUs ({platform.node()}); null kernel, median of {args.runs}")
-    print(f"{'merge':>12}{'merge workers':>14}{'plan procs':>11}{'batches':>9}{'host ms/batch':>15}{'loop CPU us/window':>20}{'tokens/s':>12}")
+        rows.append(
+            {
+                "merge": merge,
+                "merge_workers": workers,
+                "plan_processes": processes,
+                "batches": batches,
+                "windows": windows,
+                "loop_s": loop,
+                "host_ms_per_batch": loop / batches * 1e3,
+                "loop_cpu_s": cpu,
+                "cpu_us_per_window": cpu / windows * 1e6,
+                "tokens_per_s": statistics.median(r["throughput"]["tokens_per_s"] for r in reports),
+                "stages": reports[0]["runtime"]["host"]["stages"],
+            }
+        )
+    print(
+        f"{args.repeat} x {args.docs}{' (pre-tokenized)' if args.tokenizer else ''}, {os.cpu_count()} CPUs ({platform.node()}); null kernel, median of {args.runs}"
+    )
+    print(
+        f"{'merge':>12}{'merge workers':>14}{'plan procs':>11}{'batches':>9}{'host ms/batch':>15}{'loop CPU us/window':>20}{'tokens/s':>12}"
+    )
     for r in rows:
-        print(f"{r['merge']:>12}{r['merge_workers']:>14}{r['plan_processes']:>11}{r['batches']:>9}{r['host_ms_per_batch']:>15.3f}"
-              f"{r['cpu_us_per_window']:>20.1f}{r['tokens_per_s']:>12,.0f}")
+        print(
+            f"{r['merge']:>12}{r['merge_workers']:>14}{r['plan_processes']:>11}{r['batches']:>9}{r['host_ms_per_batch']:>15.3f}"
+            f"{r['cpu_us_per_window']:>20.1f}{r['tokens_per_s']:>12,.0f}"
+        )
     args.out.write_text(json.dumps({"cpus": os.cpu_count(), "onnx": str(args.onnx), "rows": rows}, indent=1))
 
 

@@ -34,8 +34,15 @@ def export(path: Path) -> None:
     from trtforge.artifacts import write_sidecar
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-                        max_position_embeddings=TOKENS, attn_implementation="eager")
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=TOKENS,
+        attn_implementation="eager",
+    )
     model = BertModel(config).eval()
 
     class Wrap(torch.nn.Module):
@@ -48,22 +55,36 @@ def export(path: Path) -> None:
 
     ids = torch.randint(1000, 30000, (2, 64))
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(Wrap(model), (ids, torch.ones_like(ids)), str(path), dynamo=False, opset_version=17,
-                      input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
-                      dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}})
+    torch.onnx.export(
+        Wrap(model),
+        (ids, torch.ones_like(ids)),
+        str(path),
+        dynamo=False,
+        opset_version=17,
+        input_names=["input_ids", "attention_mask"],
+        output_names=["last_hidden_state"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
+    )
     spec = lambda n, r: {"name": n, "dtype": "int64", "shape": ["batch", "seq"], "value_range": r}  # noqa: E731
-    write_sidecar(path, {"kind": "onnx", "step": "export", "inputs": [spec("input_ids", [1000, 30000]), spec("attention_mask", [1, 2])],
-                         "axes": {"batch": {"min": 1, "opt": 8, "max": 16}, "seq": {"min": 1, "opt": 512, "max": TOKENS}}})
+    write_sidecar(
+        path,
+        {
+            "kind": "onnx",
+            "step": "export",
+            "inputs": [spec("input_ids", [1000, 30000]), spec("attention_mask", [1, 2])],
+            "axes": {"batch": {"min": 1, "opt": 8, "max": 16}, "seq": {"min": 1, "opt": 512, "max": TOKENS}},
+        },
+    )
 
 
 def _chunk_batches(batch: int = BATCH) -> list[dict[str, np.ndarray]]:
     from trtforge.chunking import plan_windows
-    from trtforge.run import make_batches, stack, Chunk
+    from trtforge.run import Chunk, make_batches, stack
 
     ids = np.random.default_rng(0).integers(1000, 30000, TOKENS)
     chunks = []
     for i, w in enumerate(plan_windows(TOKENS, CHUNK, OVERLAP)):
-        x = ids[w.start:w.end][None].astype(np.int64)
+        x = ids[w.start : w.end][None].astype(np.int64)
         chunks.append(Chunk(0, i, {"input_ids": x, "attention_mask": np.ones_like(x)}, w, w.length))
     return [stack(b) for b in make_batches(chunks, batch)]
 
@@ -103,7 +124,7 @@ def _ort_child(onnx_path: str, mode: str) -> None:
     small = {"input_ids": np.full((1, 8), 1000, np.int64), "attention_mask": np.ones((1, 8), np.int64)}
     runner.run(small)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    for feeds in (_chunk_batches() if mode == "chunked" else [_whole()]):
+    for feeds in _chunk_batches() if mode == "chunked" else [_whole()]:
         runner.run(feeds)
     print(json.dumps({"peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024}))
 
@@ -132,8 +153,10 @@ def main() -> None:
     result = measure_tensorrt(args.onnx) if args.backend == "tensorrt" else measure_ort(args.onnx)
     result["ratio_chunked_over_whole"] = result["chunked"]["peak_mb"] / result["whole"]["peak_mb"]
     result["backend"] = args.backend
-    print(f"(c) {args.backend}: chunked peak {result['chunked']['peak_mb']:.0f} MiB, whole 8192-token pass "
-          f"{result['whole']['peak_mb']:.0f} MiB, ratio {result['ratio_chunked_over_whole']:.3f} (target <= 0.1)")
+    print(
+        f"(c) {args.backend}: chunked peak {result['chunked']['peak_mb']:.0f} MiB, whole 8192-token pass "
+        f"{result['whole']['peak_mb']:.0f} MiB, ratio {result['ratio_chunked_over_whole']:.3f} (target <= 0.1)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -83,12 +83,20 @@ def make_corpus(source: Path, reference: Path, min_tokens: int, into: Path) -> t
 
 
 def summary(report: dict, total_s: float) -> dict:
-    return {"tokens_per_s": report["throughput"]["tokens_per_s"], "seconds": report["throughput"]["seconds"],
-            "total_s": total_s, "batches": report["batches"], "backend": report["backend"],
-            "precision_worst": report["precision_error"].get("worst"), "chunking_worst": report["chunking_error"].get("worst"),
-            "workers": [{k: w[k] for k in ("worker", "host", "devices", "documents", "chunks", "tokens_per_s", "busy_s")}
-                        for w in report.get("workers", [])],
-            "latency_p50_ms": report["latency"]["all"]["wall"].get("p50_ms")}
+    return {
+        "tokens_per_s": report["throughput"]["tokens_per_s"],
+        "seconds": report["throughput"]["seconds"],
+        "total_s": total_s,
+        "batches": report["batches"],
+        "backend": report["backend"],
+        "precision_worst": report["precision_error"].get("worst"),
+        "chunking_worst": report["chunking_error"].get("worst"),
+        "workers": [
+            {k: w[k] for k in ("worker", "host", "devices", "documents", "chunks", "tokens_per_s", "busy_s")}
+            for w in report.get("workers", [])
+        ],
+        "latency_p50_ms": report["latency"]["all"]["wall"].get("p50_ms"),
+    }
 
 
 def main() -> None:
@@ -120,8 +128,12 @@ def main() -> None:
         side = read_engine_sidecar(args.target)
         reference = Path(side.get("reference_onnx") or side["source_onnx"])
     gpus = gpu_count()
-    ray.init(include_dashboard=False, logging_level="WARNING", num_gpus=gpus,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}})
+    ray.init(
+        include_dashboard=False,
+        logging_level="WARNING",
+        num_gpus=gpus,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}},
+    )
     resources = ray.cluster_resources()
     n = args.actors or (int(resources.get("GPU", 0)) if is_engine else int(resources.get("CPU", 1)))
     print(f"Ray: {resources.get('CPU', 0):.0f} CPUs, {resources.get('GPU', 0):.0f} GPUs (nvidia-smi: {gpus}); N = {n}", flush=True)
@@ -130,8 +142,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tokens, docs = make_corpus(args.docs, reference, args.min_tokens, Path(tmp))
         print(f"corpus: {docs} documents, {tokens} tokens", flush=True)
-        options = RunOptions(inputs=Path(tmp), chunk=args.chunk, overlap=args.overlap, batch_size=args.batch_size, warmup=2,
-                             reference=args.reference, min_cosine=-1.0, max_rel_l2=1e9)
+        options = RunOptions(
+            inputs=Path(tmp),
+            chunk=args.chunk,
+            overlap=args.overlap,
+            batch_size=args.batch_size,
+            warmup=2,
+            reference=args.reference,
+            min_cosine=-1.0,
+            max_rel_l2=1e9,
+        )
         plan = [] if args.skip_single else [("single", None)]
         plan += [("ray x1", 1)] + ([(f"ray x{n}", n)] if n > 1 else [])
         for name, actors in plan:
@@ -152,12 +172,24 @@ def main() -> None:
             continue
         ratio = r["tokens_per_s"] / one if one else float("nan")
         rel = (r["precision_worst"] or {}).get("rel_l2")
-        print(f"{name:<10} {r['tokens_per_s']:>12.0f} {ratio:>9.2f} {r['seconds']:>9.2f} {r['total_s']:>9.1f} "
-              f"{(r['latency_p50_ms'] or 0):>8.2f}  {rel if rel is not None else 'not measured'}")
+        print(
+            f"{name:<10} {r['tokens_per_s']:>12.0f} {ratio:>9.2f} {r['seconds']:>9.2f} {r['total_s']:>9.1f} "
+            f"{(r['latency_p50_ms'] or 0):>8.2f}  {rel if rel is not None else 'not measured'}"
+        )
         r["ratio_to_ray_x1"] = ratio
-    out = {"target": str(args.target), "reference": str(reference), "tokens": tokens, "documents": docs, "gpus": gpus,
-           "actors": n, "chunk": args.chunk, "overlap": args.overlap, "batch_size": args.batch_size,
-           "ray_binaries_fixed": fixed, "rows": rows}
+    out = {
+        "target": str(args.target),
+        "reference": str(reference),
+        "tokens": tokens,
+        "documents": docs,
+        "gpus": gpus,
+        "actors": n,
+        "chunk": args.chunk,
+        "overlap": args.overlap,
+        "batch_size": args.batch_size,
+        "ray_binaries_fixed": fixed,
+        "rows": rows,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {args.json}")

@@ -51,8 +51,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("out/bench/run_results.json"))
     args = parser.parse_args()
 
-    common = dict(inputs=args.inputs, chunk=args.chunk, overlap=args.overlap, batch_size=args.batch_size,
-                  reference=args.reference, warmup=1, min_cosine=-1.0, max_rel_l2=1e9)
+    common = dict(
+        inputs=args.inputs,
+        chunk=args.chunk,
+        overlap=args.overlap,
+        batch_size=args.batch_size,
+        reference=args.reference,
+        warmup=1,
+        min_cosine=-1.0,
+        max_rel_l2=1e9,
+    )
     batched, naive = [], []
     for _ in range(args.repeats):
         batched.append(run(args.target, RunOptions(**common))["throughput"])
@@ -61,17 +69,27 @@ def main() -> None:
     bare_chunks_per_s, n_chunks = bare_throughput(args.target, RunOptions(**common), args.repeats)
     e2e_chunks_per_s = best(batched, "chunks_per_s")
     result = {
-        "target": str(args.target), "inputs": str(args.inputs), "chunk": args.chunk, "overlap": args.overlap,
-        "batch_size": args.batch_size, "chunks": n_chunks,
-        "batched_tokens_per_s": best(batched, "tokens_per_s"), "naive_tokens_per_s": best(naive, "tokens_per_s"),
+        "target": str(args.target),
+        "inputs": str(args.inputs),
+        "chunk": args.chunk,
+        "overlap": args.overlap,
+        "batch_size": args.batch_size,
+        "chunks": n_chunks,
+        "batched_tokens_per_s": best(batched, "tokens_per_s"),
+        "naive_tokens_per_s": best(naive, "tokens_per_s"),
         "a_batched_over_naive": best(batched, "tokens_per_s") / best(naive, "tokens_per_s"),
-        "end_to_end_chunks_per_s": e2e_chunks_per_s, "bare_chunks_per_s": bare_chunks_per_s,
+        "end_to_end_chunks_per_s": e2e_chunks_per_s,
+        "bare_chunks_per_s": bare_chunks_per_s,
         "b_end_to_end_over_bare": e2e_chunks_per_s / bare_chunks_per_s,
     }
-    rows = [("batched tokens/s", result["batched_tokens_per_s"]), ("naive tokens/s", result["naive_tokens_per_s"]),
-            ("(a) batched / naive (target >= 3)", result["a_batched_over_naive"]),
-            ("end-to-end chunks/s", e2e_chunks_per_s), ("bare backend chunks/s", bare_chunks_per_s),
-            ("(b) end-to-end / bare (target >= 0.90)", result["b_end_to_end_over_bare"])]
+    rows = [
+        ("batched tokens/s", result["batched_tokens_per_s"]),
+        ("naive tokens/s", result["naive_tokens_per_s"]),
+        ("(a) batched / naive (target >= 3)", result["a_batched_over_naive"]),
+        ("end-to-end chunks/s", e2e_chunks_per_s),
+        ("bare backend chunks/s", bare_chunks_per_s),
+        ("(b) end-to-end / bare (target >= 0.90)", result["b_end_to_end_over_bare"]),
+    ]
     print(f"{args.target.name}, {n_chunks} chunks of {args.chunk} (overlap {args.overlap}), batch {args.batch_size}")
     for label, value in rows:
         print(f"{label:42s} {value:12.2f}")

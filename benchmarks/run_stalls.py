@@ -23,17 +23,19 @@ def stall_profile(wall_ms: list[float], gpu_ms: list[float | None], edge: float 
     if not n:
         return {"batches": 0}
     k = max(1, int(n * edge)) if n >= 3 else 0
-    phases = {"startup": pairs[:k], "steady": pairs[k:n - k], "drain": pairs[n - k:] if k else []}
+    phases = {"startup": pairs[:k], "steady": pairs[k : n - k], "drain": pairs[n - k :] if k else []}
     out: dict = {"batches": n, "wall_ms": round(sum(w for w, _ in pairs), 3), "gpu_ms": round(sum(g for _, g in pairs), 3)}
     out["wall_over_gpu"] = round(out["wall_ms"] / out["gpu_ms"], 3) if out["gpu_ms"] > 0 else None
     for name, part in phases.items():
         excess = sum(max(0.0, w - g) for w, g in part)
         gpu = sum(g for _, g in part)
-        out[name] = {"batches": len(part), "excess_ms": round(excess, 3),
-                     "wall_over_gpu": round(sum(w for w, _ in part) / gpu, 3) if gpu > 0 else None}
+        out[name] = {
+            "batches": len(part),
+            "excess_ms": round(excess, 3),
+            "wall_over_gpu": round(sum(w for w, _ in part) / gpu, 3) if gpu > 0 else None,
+        }
     stalls = [(i, w - g) for i, w, g in indexed if w > 2 * g]
-    out["stalls"] = {"count": len(stalls), "excess_ms": round(sum(e for _, e in stalls), 3),
-                     "first_positions": [i for i, _ in stalls[:20]]}
+    out["stalls"] = {"count": len(stalls), "excess_ms": round(sum(e for _, e in stalls), 3), "first_positions": [i for i, _ in stalls[:20]]}
     return out
 
 
@@ -43,7 +45,9 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     rows = {}
-    print("| report | tokens/s | batches | wall / GPU | start-up excess ms (wall/GPU) | steady excess ms (wall/GPU) | drain excess ms (wall/GPU) | stalls > 2x GPU (excess ms) |")
+    print(
+        "| report | tokens/s | batches | wall / GPU | start-up excess ms (wall/GPU) | steady excess ms (wall/GPU) | drain excess ms (wall/GPU) | stalls > 2x GPU (excess ms) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for path in a.reports:
         report = json.loads(path.read_text())
@@ -61,8 +65,10 @@ def main() -> None:
             continue
         cell = lambda ph: f"{prof[ph]['excess_ms']:.1f} ({prof[ph]['wall_over_gpu']})"  # noqa: E731
         shown = f"{prof['batches']} of {timeline['batches']}" if prof["capped"] else prof["batches"]
-        print(f"| {path} | {tokens} | {shown} | {prof['wall_over_gpu']} | {cell('startup')} | {cell('steady')} | {cell('drain')} | "
-              f"{prof['stalls']['count']} ({prof['stalls']['excess_ms']:.1f}) |")
+        print(
+            f"| {path} | {tokens} | {shown} | {prof['wall_over_gpu']} | {cell('startup')} | {cell('steady')} | {cell('drain')} | "
+            f"{prof['stalls']['count']} ({prof['stalls']['excess_ms']:.1f}) |"
+        )
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
 

@@ -65,6 +65,7 @@ def _ids(batch: int, seq: int, seed: int = 0):
 
 # -- torch half (python3 with torch + CUDA) -------------------------------------------------------
 
+
 def _torch_model(name: str, device: str = "cuda"):
     """(fp16 module on the device, tokenizer, what the weights are)."""
     import torch
@@ -141,7 +142,7 @@ def torch_loop(module, tok, torch, texts: list[str], chunk: int, overlap: int, b
     with torch.inference_mode():
         for group in groups.values():
             for i in range(0, len(group), batch):
-                part = group[i:i + batch]
+                part = group[i : i + batch]
                 ids = torch.tensor([p[1] for p in part], dtype=torch.int64, device=device)
                 out = module(input_ids=ids, attention_mask=torch.ones_like(ids))
                 tokens = out.last_hidden_state.float().cpu().numpy()
@@ -196,17 +197,28 @@ def torch_half(args) -> None:
                     elif compiled is not None:
                         row["compile"] = {"skipped": f"compile budget of {args.compile_budget_s} s spent"}
                 entry["shapes"][shape] = row
-                print(f"{name} {shape}: eager {row['eager_sdpa']['median_ms']:.2f} ms"
-                      + (f", compile {row['compile']['median_ms']:.2f} ms" if "median_ms" in row.get("compile", {}) else ""), flush=True)
+                print(
+                    f"{name} {shape}: eager {row['eager_sdpa']['median_ms']:.2f} ms"
+                    + (f", compile {row['compile']['median_ms']:.2f} ms" if "median_ms" in row.get("compile", {}) else ""),
+                    flush=True,
+                )
             if args.e2e and not args.compile_only and name in E2E_MODELS:
                 torch_loop(module, tok, torch, texts[:1], args.chunk, args.overlap, args.batch, args.device)  # warm-up
-                runs = [torch_loop(module, tok, torch, texts, args.chunk, args.overlap, args.batch, args.device)
-                        for _ in range(args.e2e_runs)]
+                runs = [
+                    torch_loop(module, tok, torch, texts, args.chunk, args.overlap, args.batch, args.device) for _ in range(args.e2e_runs)
+                ]
                 best = statistics.median(r["tokens_per_s"] for r in runs)
-                entry["end_to_end"] = {"chunk": args.chunk, "overlap": args.overlap, "batch": args.batch, "docs": str(args.docs),
-                                       "repeat": args.repeat, "runs": runs, "tokens_per_s": best}
+                entry["end_to_end"] = {
+                    "chunk": args.chunk,
+                    "overlap": args.overlap,
+                    "batch": args.batch,
+                    "docs": str(args.docs),
+                    "repeat": args.repeat,
+                    "runs": runs,
+                    "tokens_per_s": best,
+                }
                 print(f"{name} torch loop: {best:,.0f} tokens/s over {runs[0]['tokens']} tokens", flush=True)
-            del module, compiled
+            module = compiled = None  # release the model before the next one loads
             if args.device == "cuda":
                 torch.cuda.empty_cache()
         except Exception as exc:  # one model failing leaves the other's figures
@@ -218,6 +230,7 @@ def torch_half(args) -> None:
 
 
 # -- engine half ($PY310 with TensorRT 8.6) -------------------------------------------------------
+
 
 def engine_half(args) -> None:
     import numpy as np
@@ -264,6 +277,7 @@ def engine_half(args) -> None:
 
 # -- table ---------------------------------------------------------------------------------------
 
+
 def table(args) -> None:
     torch_r = json.loads(Path(args.torch).read_text()) if args.torch and Path(args.torch).is_file() else {"models": {}}
     engines: dict = {}
@@ -287,9 +301,17 @@ def table(args) -> None:
             eng = ms(e.get("shapes", {}).get(shape))
             eager = ms(t.get("shapes", {}).get(shape, {}).get("eager_sdpa"))
             comp = ms(t.get("shapes", {}).get(shape, {}).get("compile"))
-            rows.append({"model": name, "shape": shape, "engine_ms": eng, "eager_sdpa_ms": eager, "compile_ms": comp,
-                         "eager_over_engine": eager / eng if eager and eng else None,
-                         "compile_over_engine": comp / eng if comp and eng else None})
+            rows.append(
+                {
+                    "model": name,
+                    "shape": shape,
+                    "engine_ms": eng,
+                    "eager_sdpa_ms": eager,
+                    "compile_ms": comp,
+                    "eager_over_engine": eager / eng if eager and eng else None,
+                    "compile_over_engine": comp / eng if comp and eng else None,
+                }
+            )
     for name, report in runs.items():
         torch_tps = torch_r["models"].get(name, {}).get("end_to_end", {}).get("tokens_per_s")
         if report is None:
@@ -297,33 +319,57 @@ def table(args) -> None:
             continue
         tps = report["throughput"]["tokens_per_s"]
         lat = report["latency"]["all"]
-        batches = (report.get("chunking", {}).get("batch_size"),
-                   torch_r["models"].get(name, {}).get("end_to_end", {}).get("batch"))  # a fair pair runs equal batches
-        e2e.append({"model": name, "trtforge_batch": batches[0], "torch_loop_batch": batches[1],
-                    "trtforge_tokens_per_s": tps, "torch_loop_tokens_per_s": torch_tps,
-                    "trtforge_over_torch": tps / torch_tps if torch_tps else None,
-                    "wall_over_gpu": lat.get("wall_over_gpu"), "wall_over_gpu_p50": lat.get("wall_over_gpu_p50"),
-                    "runtime": report.get("runtime"), "peak_gpu_mb": report["memory"].get("peak_gpu_mb")})
+        batches = (
+            report.get("chunking", {}).get("batch_size"),
+            torch_r["models"].get(name, {}).get("end_to_end", {}).get("batch"),
+        )  # a fair pair runs equal batches
+        e2e.append(
+            {
+                "model": name,
+                "trtforge_batch": batches[0],
+                "torch_loop_batch": batches[1],
+                "trtforge_tokens_per_s": tps,
+                "torch_loop_tokens_per_s": torch_tps,
+                "trtforge_over_torch": tps / torch_tps if torch_tps else None,
+                "wall_over_gpu": lat.get("wall_over_gpu"),
+                "wall_over_gpu_p50": lat.get("wall_over_gpu_p50"),
+                "runtime": report.get("runtime"),
+                "peak_gpu_mb": report["memory"].get("peak_gpu_mb"),
+            }
+        )
 
     f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
     x = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
     print("| model | batch x seq | engine ms | torch eager SDPA ms | torch.compile ms | eager / engine | compile / engine |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['shape']} | {f(r['engine_ms'])} | {f(r['eager_sdpa_ms'])} | {f(r['compile_ms'])} | "
-              f"{x(r['eager_over_engine'])} | {x(r['compile_over_engine'])} |")
+        print(
+            f"| {r['model']} | {r['shape']} | {f(r['engine_ms'])} | {f(r['eager_sdpa_ms'])} | {f(r['compile_ms'])} | "
+            f"{x(r['eager_over_engine'])} | {x(r['compile_over_engine'])} |"
+        )
     print()
-    print("| model | batch (run / torch loop) | trtforge run tokens/s | torch loop tokens/s | trtforge / torch | run wall / GPU (sum, p50) |")
+    print(
+        "| model | batch (run / torch loop) | trtforge run tokens/s | torch loop tokens/s | trtforge / torch | run wall / GPU (sum, p50) |"
+    )
     print("|---|---|---|---|---|---|")
     for r in e2e:
         if "error" in r:
             print(f"| {r['model']} | | {r['error']} | | | |")
             continue
         unequal = " (unequal!)" if r["trtforge_batch"] != r["torch_loop_batch"] else ""
-        print(f"| {r['model']} | {r['trtforge_batch']} / {r['torch_loop_batch']}{unequal} | {f(r['trtforge_tokens_per_s'], ',.0f')} | "
-              f"{f(r['torch_loop_tokens_per_s'], ',.0f')} | {x(r['trtforge_over_torch'])} | {f(r['wall_over_gpu'])}, {f(r['wall_over_gpu_p50'])} |")
-    _write(Path(args.out), {"kernels": rows, "end_to_end": e2e, "torch": {k: torch_r.get(k) for k in ("torch", "gpu")},
-                            "weights": {n: m.get("weights") for n, m in torch_r["models"].items()}})
+        print(
+            f"| {r['model']} | {r['trtforge_batch']} / {r['torch_loop_batch']}{unequal} | {f(r['trtforge_tokens_per_s'], ',.0f')} | "
+            f"{f(r['torch_loop_tokens_per_s'], ',.0f')} | {x(r['trtforge_over_torch'])} | {f(r['wall_over_gpu'])}, {f(r['wall_over_gpu_p50'])} |"
+        )
+    _write(
+        Path(args.out),
+        {
+            "kernels": rows,
+            "end_to_end": e2e,
+            "torch": {k: torch_r.get(k) for k in ("torch", "gpu")},
+            "weights": {n: m.get("weights") for n, m in torch_r["models"].items()},
+        },
+    )
 
 
 def main() -> None:

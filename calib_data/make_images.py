@@ -28,7 +28,7 @@ def scene(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
         size = rng.uniform(0.05, 0.35) * min(height, width)
         kind = rng.integers(0, 3)
         if kind == 0:
-            mask = (y - cy) ** 2 + (x - cx) ** 2 < size ** 2
+            mask = (y - cy) ** 2 + (x - cx) ** 2 < size**2
         elif kind == 1:
             mask = (abs(y - cy) < size) & (abs(x - cx) < size * rng.uniform(0.3, 1.5))
         else:
@@ -49,6 +49,6 @@ def write(folder: str, count: int, size: tuple[int, int], seed: int, fmt: str = 
 
 
 if __name__ == "__main__":
-    write("images", 32, (96, 96), seed=1)          # calibration
-    write("images_eval", 16, (96, 96), seed=2)     # held out
+    write("images", 32, (96, 96), seed=1)  # calibration
+    write("images_eval", 16, (96, 96), seed=2)  # held out
     write("images_large", 2, (1024, 1024), seed=3, fmt="jpg")  # tiled runs (segmentation)

@@ -37,7 +37,9 @@ def _packed_attention(qkv, seq, out, e, n, scale, causal, dtype, p, c):
     h = e // n
     nodes = [
         helper.make_node("Shape", [seq], [p + "S"]),
-        helper.make_node("Concat", [c("m1", np.array([-1], np.int64)), p + "S", c("n3h", np.array([n, 3, h], np.int64))], [p + "shape"], axis=0),
+        helper.make_node(
+            "Concat", [c("m1", np.array([-1], np.int64)), p + "S", c("n3h", np.array([n, 3, h], np.int64))], [p + "shape"], axis=0
+        ),
         helper.make_node("Cast", [qkv], [p + "qkv32"], to=onnx.TensorProto.FLOAT),
         helper.make_node("Reshape", [p + "qkv32", p + "shape"], [p + "bsn3h"]),
         helper.make_node("Transpose", [p + "bsn3h"], [p + "3bnsh"], perm=[3, 0, 2, 1, 4]),
@@ -50,11 +52,12 @@ def _packed_attention(qkv, seq, out, e, n, scale, causal, dtype, p, c):
     ]
     scores = p + "scores"
     if causal:
-        nodes += [helper.make_node("Concat", [p + "S", p + "S"], [p + "SS"], axis=0),
-                  helper.make_node("ConstantOfShape", [p + "SS"], [p + "neg"],
-                                   value=numpy_helper.from_array(np.array([-np.inf], np.float32))),
-                  helper.make_node("Trilu", [p + "neg", c("k1", np.array(1, np.int64))], [p + "mask"], upper=1),
-                  helper.make_node("Add", [scores, p + "mask"], [p + "masked"])]
+        nodes += [
+            helper.make_node("Concat", [p + "S", p + "S"], [p + "SS"], axis=0),
+            helper.make_node("ConstantOfShape", [p + "SS"], [p + "neg"], value=numpy_helper.from_array(np.array([-np.inf], np.float32))),
+            helper.make_node("Trilu", [p + "neg", c("k1", np.array(1, np.int64))], [p + "mask"], upper=1),
+            helper.make_node("Add", [scores, p + "mask"], [p + "masked"]),
+        ]
         scores = p + "masked"
     return nodes + [
         helper.make_node("Softmax", [scores], [p + "probs"], axis=-1),
@@ -69,8 +72,9 @@ def emulate_plugins(model: onnx.ModelProto, padded_head: int, dtype: int = onnx.
     """dtype: the plugin's I/O type in the graph (fp16 after trtforge's fp16 conversion); the math runs fp32."""
 
     def expand(node, a, p, c):
-        return _packed_attention(node.input[0], node.input[3], node.output[0], a["hidden_size"], a["num_heads"],
-                                 1 / np.sqrt(padded_head), False, dtype, p, c)
+        return _packed_attention(
+            node.input[0], node.input[3], node.output[0], a["hidden_size"], a["num_heads"], 1 / np.sqrt(padded_head), False, dtype, p, c
+        )
 
     return _expand(model, PLUGIN, expand)
 
@@ -83,8 +87,9 @@ def emulate_flash_plugins(model: onnx.ModelProto, dtype: int = onnx.TensorProto.
 
     def expand(node, a, p, c):
         assert len(node.input) == 2 and set(a) >= {"scale", "causal"}, node.name
-        return _packed_attention(node.input[0], node.input[1], node.output[0], a["hidden_size"], a["num_heads"],
-                                 a["scale"], a["causal"], dtype, p, c)
+        return _packed_attention(
+            node.input[0], node.input[1], node.output[0], a["hidden_size"], a["num_heads"], a["scale"], a["causal"], dtype, p, c
+        )
 
     return _expand(model, FLASH_PLUGIN, expand)
 
@@ -93,14 +98,17 @@ def gelu_tanh_nodes(t: str, p: str, c) -> tuple[list[onnx.NodeProto], str]:
     """ONNX nodes for 0.5t(1 + tanh(sqrt(2/pi)(t + 0.044715t^3))) on fp32 t (TensorRT's geluKernel.cu and cuBLASLt's
     GELU epilogue), constants made with c under the node's prefix p. Returns (nodes, output)."""
     f = lambda v: np.asarray(v, np.float32)  # noqa: E731
-    return [helper.make_node("Mul", [t, t], [p + "t2"]), helper.make_node("Mul", [p + "t2", t], [p + "t3"]),
-            helper.make_node("Mul", [p + "t3", c("k", f(0.044715))], [p + "kt3"]),
-            helper.make_node("Add", [t, p + "kt3"], [p + "in"]),
-            helper.make_node("Mul", [p + "in", c("s", f(np.sqrt(2.0 / np.pi)))], [p + "arg"]),
-            helper.make_node("Tanh", [p + "arg"], [p + "th"]),
-            helper.make_node("Add", [p + "th", c("one", f(1.0))], [p + "cdf2"]),
-            helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
-            helper.make_node("Mul", [t, p + "cdf"], [p + "gelu"])], p + "gelu"
+    return [
+        helper.make_node("Mul", [t, t], [p + "t2"]),
+        helper.make_node("Mul", [p + "t2", t], [p + "t3"]),
+        helper.make_node("Mul", [p + "t3", c("k", f(0.044715))], [p + "kt3"]),
+        helper.make_node("Add", [t, p + "kt3"], [p + "in"]),
+        helper.make_node("Mul", [p + "in", c("s", f(np.sqrt(2.0 / np.pi)))], [p + "arg"]),
+        helper.make_node("Tanh", [p + "arg"], [p + "th"]),
+        helper.make_node("Add", [p + "th", c("one", f(1.0))], [p + "cdf2"]),
+        helper.make_node("Mul", [p + "cdf2", c("half", f(0.5))], [p + "cdf"]),
+        helper.make_node("Mul", [t, p + "cdf"], [p + "gelu"]),
+    ], p + "gelu"
 
 
 def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -118,8 +126,15 @@ def emulate_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(helper.make_node("Add", [t, c("b", f(numpy_helper.to_array(a["bias"])))], [p + "xb"]))
             t = p + "xb"
         gelu, y = gelu_tanh_nodes(t, p, c)
-        return nodes + gelu + [helper.make_node("Cast", [y], [node.output[0]],
-                                                to=onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT)]
+        return (
+            nodes
+            + gelu
+            + [
+                helper.make_node(
+                    "Cast", [y], [node.output[0]], to=onnx.TensorProto.FLOAT16 if a["type_id"] == 1 else onnx.TensorProto.FLOAT
+                )
+            ]
+        )
 
     return _expand(model, GELU, expand)
 
@@ -134,10 +149,13 @@ def emulate_gemm_gelu_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
         b = numpy_helper.to_array(a["bias"]).astype(np.float32)
         assert a["weight"].data_type == a["bias"].data_type == onnx.TensorProto.FLOAT16, node.name
         gelu, y = gelu_tanh_nodes(p + "t", p, c)
-        return [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT),
-                helper.make_node("MatMul", [p + "x32", c("w", w)], [p + "xw"]),
-                helper.make_node("Add", [p + "xw", c("b", b)], [p + "t"]),
-                *gelu, helper.make_node("Cast", [y], [node.output[0]], to=onnx.TensorProto.FLOAT16)]
+        return [
+            helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("MatMul", [p + "x32", c("w", w)], [p + "xw"]),
+            helper.make_node("Add", [p + "xw", c("b", b)], [p + "t"]),
+            *gelu,
+            helper.make_node("Cast", [y], [node.output[0]], to=onnx.TensorProto.FLOAT16),
+        ]
 
     return _expand(model, GEMM_PLUGIN, expand)
 
@@ -160,8 +178,10 @@ def emulate_gemm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
     def expand(node, a, p, c):
         w = numpy_helper.to_array(a["weight"]).astype(np.float32).reshape(a["k"], a["n"])
         assert a["weight"].data_type == onnx.TensorProto.FLOAT16, node.name
-        nodes = [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT),
-                 helper.make_node("MatMul", [p + "x32", c("w", w)], [p + "y32"])]
+        nodes = [
+            helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("MatMul", [p + "x32", c("w", w)], [p + "y32"]),
+        ]
         if "bias" in a:
             assert a["bias"].data_type == onnx.TensorProto.FLOAT16, node.name
             nodes.append(helper.make_node("Add", [p + "y32", c("b", numpy_helper.to_array(a["bias"]).astype(np.float32))], [p + "yb"]))
@@ -184,9 +204,11 @@ def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
         weights = {k: numpy_helper.to_array(a[k]) for k in ("gamma", "beta", "bias") if k in a}
         # the plugin copies count x sizeof(its type) raw bytes: weights of another type would be garbage there
         assert all(a[k].data_type == dtype for k in weights), node.name
-        nodes = [helper.make_node("Cast", [node.input[0]], [p + "a"], to=onnx.TensorProto.FLOAT),
-                 helper.make_node("Cast", [node.input[1]], [p + "b"], to=onnx.TensorProto.FLOAT),
-                 helper.make_node("Add", [p + "a", p + "b"], [p + "x0"])]
+        nodes = [
+            helper.make_node("Cast", [node.input[0]], [p + "a"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Cast", [node.input[1]], [p + "b"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Add", [p + "a", p + "b"], [p + "x0"]),
+        ]
         x = p + "x0"
         if "bias" in weights:
             nodes.append(helper.make_node("Add", [x, c("bias", f(weights["bias"]))], [p + "xb"]))
@@ -205,12 +227,14 @@ def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
             helper.make_node("Div", [p + "centred", p + "std"], [p + "norm"]),
             helper.make_node("Mul", [p + "norm", c("gamma", f(weights["gamma"]))], [p + "scaled"]),
             helper.make_node("Add", [p + "scaled", c("beta", f(weights["beta"]))], [p + "y32"]),
-            helper.make_node("Cast", [p + "y32"], [node.output[0]], to=dtype)]
+            helper.make_node("Cast", [p + "y32"], [node.output[0]], to=dtype),
+        ]
 
     return _expand(model, SKIP_LN, expand)
 
 
 # -- helpers the fusion-pass tests share ---------------------------------------------------------------------------
+
 
 def load_zoo(zoo, key, seq=16):
     """(model, specs, axes, observation sizes) of one zoo export, as `trtforge build` would receive it."""
@@ -268,19 +292,21 @@ def e4m3_nodes(x: str, inv_scale: float, p: str, c) -> tuple[list[onnx.NodeProto
     2^-6), v rounded to it (ONNX Round is half-to-even), clipped. Returns (nodes, output). Constants are named under p too,
     so two roundings in one emulated node keep their own."""
     f = lambda v: np.asarray(v, np.float32)  # noqa: E731
-    nodes = [helper.make_node("Mul", [x, c(p + "inv", f(inv_scale))], [p + "v"]),
-             helper.make_node("Clip", [p + "v", c(p + "lo", f(-448.0)), c(p + "hi", f(448.0))], [p + "vc"]),
-             helper.make_node("Abs", [p + "vc"], [p + "a"]),
-             helper.make_node("Max", [p + "a", c(p + "tiny", f(2.0 ** -6))], [p + "am"]),
-             helper.make_node("Log", [p + "am"], [p + "ln"]),
-             helper.make_node("Div", [p + "ln", c(p + "ln2", f(np.log(2.0)))], [p + "l2"]),
-             helper.make_node("Floor", [p + "l2"], [p + "e"]),
-             helper.make_node("Sub", [p + "e", c(p + "three", f(3.0))], [p + "e3"]),
-             helper.make_node("Pow", [c(p + "two", f(2.0)), p + "e3"], [p + "step"]),
-             helper.make_node("Div", [p + "vc", p + "step"], [p + "m"]),
-             helper.make_node("Round", [p + "m"], [p + "mr"]),
-             helper.make_node("Mul", [p + "mr", p + "step"], [p + "r"]),
-             helper.make_node("Clip", [p + "r", c(p + "lo2", f(-448.0)), c(p + "hi2", f(448.0))], [p + "q"])]
+    nodes = [
+        helper.make_node("Mul", [x, c(p + "inv", f(inv_scale))], [p + "v"]),
+        helper.make_node("Clip", [p + "v", c(p + "lo", f(-448.0)), c(p + "hi", f(448.0))], [p + "vc"]),
+        helper.make_node("Abs", [p + "vc"], [p + "a"]),
+        helper.make_node("Max", [p + "a", c(p + "tiny", f(2.0**-6))], [p + "am"]),
+        helper.make_node("Log", [p + "am"], [p + "ln"]),
+        helper.make_node("Div", [p + "ln", c(p + "ln2", f(np.log(2.0)))], [p + "l2"]),
+        helper.make_node("Floor", [p + "l2"], [p + "e"]),
+        helper.make_node("Sub", [p + "e", c(p + "three", f(3.0))], [p + "e3"]),
+        helper.make_node("Pow", [c(p + "two", f(2.0)), p + "e3"], [p + "step"]),
+        helper.make_node("Div", [p + "vc", p + "step"], [p + "m"]),
+        helper.make_node("Round", [p + "m"], [p + "mr"]),
+        helper.make_node("Mul", [p + "mr", p + "step"], [p + "r"]),
+        helper.make_node("Clip", [p + "r", c(p + "lo2", f(-448.0)), c(p + "hi2", f(448.0))], [p + "q"]),
+    ]
     return nodes, p + "q"
 
 
@@ -295,11 +321,15 @@ def emulate_fp8_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
         f = lambda v: np.asarray(v, np.float32)  # noqa: E731
         w = numpy_helper.to_array(a["weight"]).astype(np.float32).reshape(a["k"], a["n"])
         # x as e4m3 values; a chained FC2 (in_fp8) receives them so
-        quantize, xq = ([], p + "x32") if a.get("in_fp8") else e4m3_nodes(p + "x32", np.float32(1.0 / np.float32(a["x_scale"])),
-                                                                          p + "q_", c)
-        nodes = [helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT), *quantize,
-                 helper.make_node("MatMul", [xq, c("w", quantize_e4m3(w, a["w_scale"]))], [p + "acc"]),
-                 helper.make_node("Mul", [p + "acc", c("ab", f(np.float32(a["x_scale"]) * np.float32(a["w_scale"])))], [p + "t"])]
+        quantize, xq = (
+            ([], p + "x32") if a.get("in_fp8") else e4m3_nodes(p + "x32", np.float32(1.0 / np.float32(a["x_scale"])), p + "q_", c)
+        )
+        nodes = [
+            helper.make_node("Cast", [node.input[0]], [p + "x32"], to=onnx.TensorProto.FLOAT),
+            *quantize,
+            helper.make_node("MatMul", [xq, c("w", quantize_e4m3(w, a["w_scale"]))], [p + "acc"]),
+            helper.make_node("Mul", [p + "acc", c("ab", f(np.float32(a["x_scale"]) * np.float32(a["w_scale"])))], [p + "t"]),
+        ]
         t = p + "t"
         if "bias" in a:
             nodes.append(helper.make_node("Add", [t, c("b", numpy_helper.to_array(a["bias"]).astype(np.float32))], [p + "tb"]))

@@ -26,8 +26,9 @@ def require(module: str):
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """Run the real `python -m trtforge` and capture its output."""
     full_env = dict(os.environ, CI="true", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", **(env or {}))
-    return subprocess.run([sys.executable, "-m", "trtforge", *args], cwd=cwd or ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trtforge", *args], cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def assert_user_error(proc: subprocess.CompletedProcess, *fragments: str, code: int = 2) -> str:

@@ -10,10 +10,10 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
-
 from attention_emulation import emulate_plugins, load_zoo, with_random_vectors
 from conftest import assert_user_error, export_zoo, require, run_cli
+from onnx import helper, numpy_helper
+
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
@@ -21,8 +21,15 @@ from trtforge.fusion.attention import Projection, find_candidates, fuse_attentio
 from trtforge.fusion.plugins import PLUGIN, attention_route, backend_route
 from trtforge.fusion.step import attention_fusion, describe, sm_of
 
-EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "legacy"), ("vit", "dynamo"),
-           ("gpt2", "legacy"), ("gpt2", "dynamo")]
+EXPORTS = [
+    ("bert", "legacy"),
+    ("bert", "dynamo"),
+    ("roberta", "legacy"),
+    ("vit", "legacy"),
+    ("vit", "dynamo"),
+    ("gpt2", "legacy"),
+    ("gpt2", "dynamo"),
+]
 # More architectures with attention written their own way: DistilBERT and CLIP's vision tower (the plugin takes them),
 # DeBERTa-v3's disentangled attention, T5's relative-position bias and Swin's window bias and shift mask (it must not).
 MORE = [("distilbert", "legacy"), ("clip-vision", "legacy"), ("deberta", "legacy"), ("t5-encoder", "legacy"), ("swin", "legacy")]
@@ -40,23 +47,30 @@ def _load(zoo, key, seq=16):
 
 def _fuse(model, sizes, specs, sm, qkv_projection="matmul"):
     feeds = random_feeds(specs, sizes)
-    return fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", sm, c.head_size, c.seq, c.causal), "8.6 plugin",
-                          qkv_projection=qkv_projection)
+    return fuse_attention(
+        model,
+        feeds,
+        lambda c: attention_route("tensorrt", "8.6.1", sm, c.head_size, c.seq, c.causal),
+        "8.6 plugin",
+        qkv_projection=qkv_projection,
+    )
 
 
 # "conv": the packed QKV projection as a 1x1 Conv on [tokens, E, 1, 1] (build --qkv-projection conv).
 PROJECTIONS = ["matmul", "conv"]
 
 
-@pytest.mark.parametrize("key,qkv_projection", [(k, "matmul") for k in EXPORTS if k[0] != "gpt2"]
-                         + [(("bert", "legacy"), "conv"), (("vit", "dynamo"), "conv")], ids=lambda k: ".".join(k) if isinstance(k, tuple) else k)
+@pytest.mark.parametrize(
+    "key,qkv_projection",
+    [(k, "matmul") for k in EXPORTS if k[0] != "gpt2"] + [(("bert", "legacy"), "conv"), (("vit", "dynamo"), "conv")],
+    ids=lambda k: ".".join(k) if isinstance(k, tuple) else k,
+)
 def test_encoder_attention_is_fused_and_equals_the_original(zoo, key, qkv_projection):
     """BERT, RoBERTa, ViT (SDPA from both exporters): every attention replaced by one plugin node; the plugin's
     computation on the packed weights equals the original graph at an unseen sequence length."""
     model, specs, axes, sizes = _load(zoo, key)
     fused, report = _fuse(model, sizes, specs, sm=80, qkv_projection=qkv_projection)  # sm_80: head-32 kernels (the zoo's head is 16)
-    assert sum(n.op_type == "Conv" and n.name.startswith("fused_attention") for n in fused.graph.node) == (
-        2 * (qkv_projection == "conv"))
+    assert sum(n.op_type == "Conv" and n.name.startswith("fused_attention") for n in fused.graph.node) == (2 * (qkv_projection == "conv"))
     softmaxes = sum(n.op_type == "Softmax" for n in model.graph.node)
     assert len(report.replaced) == softmaxes == 2 and not report.refused, report.to_json()
     assert not any(n.op_type == "Softmax" for n in fused.graph.node)
@@ -248,20 +262,34 @@ def _attention_model(heads=2, head=4, hidden_order="NH", seed=0, score_term=None
     for p in "qkv":
         init(f"w{p}", rng.standard_normal((e, e)).astype(np.float32))
         init(f"b{p}", rng.standard_normal(e).astype(np.float32))
-        nodes += [helper.make_node("MatMul", ["x", f"w{p}"], [f"{p}0"]), helper.make_node("Add", [f"{p}0", f"b{p}"], [f"{p}1"]),
-                  helper.make_node("Reshape", [f"{p}1", "split"], [f"{p}2"]), helper.make_node("Transpose", [f"{p}2"], [f"{p}3"], perm=perm)]
-    nodes += [helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
-              helper.make_node("MatMul", ["q3", "kt"], ["qk"]),
-              helper.make_node("Div", ["qk", init("sqrt_d", np.array(np.sqrt(head), np.float32))],
-                               ["scores" if score_term is None else "scaled"])]
+        nodes += [
+            helper.make_node("MatMul", ["x", f"w{p}"], [f"{p}0"]),
+            helper.make_node("Add", [f"{p}0", f"b{p}"], [f"{p}1"]),
+            helper.make_node("Reshape", [f"{p}1", "split"], [f"{p}2"]),
+            helper.make_node("Transpose", [f"{p}2"], [f"{p}3"], perm=perm),
+        ]
+    nodes += [
+        helper.make_node("Transpose", ["k3"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q3", "kt"], ["qk"]),
+        helper.make_node(
+            "Div", ["qk", init("sqrt_d", np.array(np.sqrt(head), np.float32))], ["scores" if score_term is None else "scaled"]
+        ),
+    ]
     if score_term is not None:
         nodes.append(helper.make_node("Add", ["scaled", init("score_term", score_term.astype(np.float32))], ["scores"]))
-    nodes += [helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
-              helper.make_node("MatMul", ["probs", "v3"], ["ctx4"]),
-              helper.make_node("Transpose", ["ctx4"], ["ctx_t"], perm=[0, 2, 1, 3]),
-              helper.make_node("Reshape", ["ctx_t", init("merge", np.array([0, 0, e], np.int64))], ["y"])]
-    graph = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "seq", e])],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", "seq", e])], inits)
+    nodes += [
+        helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "v3"], ["ctx4"]),
+        helper.make_node("Transpose", ["ctx4"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", init("merge", np.array([0, 0, e], np.int64))], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attn",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "seq", e])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", "seq", e])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -316,9 +344,13 @@ def test_a_layout_the_pass_does_not_model_is_refused_not_fused_wrong():
 
 def test_a_classifier_softmax_is_not_attention():
     w = numpy_helper.from_array(np.ones((8, 3), np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("Softmax", ["logits"], ["p"], axis=-1)],
-                              "cls", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8])],
-                              [helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [2, 3])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("Softmax", ["logits"], ["p"], axis=-1)],
+        "cls",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("p", onnx.TensorProto.FLOAT, [2, 3])],
+        [w],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     _, report = fuse_attention(model, {"x": np.ones((2, 8), np.float32)}, _route_any, "x")
     assert not report.replaced and "MatMul(probs, V)" in report.refused[0]["reason"]
@@ -394,12 +426,17 @@ def test_cli_build_records_the_fusion_and_rejects_a_bad_mode(minilm_clean, tmp_p
     """On tensorrt-rtx (CI's TensorRT) attention is left to TensorRT's own fusion, and the sidecar says so."""
     require("tensorrt_rtx")
     engine = tmp_path / "m.engine"
-    proc = run_cli("build", str(minilm_clean), "--precision", "fp16", "--tiers", "64", "--fuse-attention", "on", "-o", str(engine), "--json")
+    proc = run_cli(
+        "build", str(minilm_clean), "--precision", "fp16", "--tiers", "64", "--fuse-attention", "on", "-o", str(engine), "--json"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(proc.stdout)["attention_fusion"]
     assert record["mode"] == "on" and record["route"] == "native" and not record["replaced"]
-    assert_user_error(run_cli("build", str(minilm_clean), "--fuse-attention", "maybe", "-o", str(tmp_path / "x.engine")),
-                      "--fuse-attention 'maybe'", "build.fuse_attention")
+    assert_user_error(
+        run_cli("build", str(minilm_clean), "--fuse-attention", "maybe", "-o", str(tmp_path / "x.engine")),
+        "--fuse-attention 'maybe'",
+        "build.fuse_attention",
+    )
 
     # An engine whose sidecar says its attention is unmasked: `run` refuses a padded mask before any GPU work.
     side_path = tmp_path / "m.engine.json"
@@ -408,10 +445,17 @@ def test_cli_build_records_the_fusion_and_rejects_a_bad_mode(minilm_clean, tmp_p
     side_path.write_text(json.dumps(side))
     inputs = tmp_path / "padded"
     inputs.mkdir()
-    np.savez(inputs / "doc.npz", input_ids=np.full((1, 16), 2000, np.int64),
-             attention_mask=np.concatenate([np.ones((1, 12), np.int64), np.zeros((1, 4), np.int64)], 1))
-    assert_user_error(run_cli("run", str(engine), "--inputs", str(inputs), "--no-chunking", "--reference", str(minilm_clean)),
-                      "'doc' has zeros in 'attention_mask'", "m.engine", "--fuse-attention off")
+    np.savez(
+        inputs / "doc.npz",
+        input_ids=np.full((1, 16), 2000, np.int64),
+        attention_mask=np.concatenate([np.ones((1, 12), np.int64), np.zeros((1, 4), np.int64)], 1),
+    )
+    assert_user_error(
+        run_cli("run", str(engine), "--inputs", str(inputs), "--no-chunking", "--reference", str(minilm_clean)),
+        "'doc' has zeros in 'attention_mask'",
+        "m.engine",
+        "--fuse-attention off",
+    )
 
 
 @pytest.mark.parametrize("fusion", ["attention", "gelu", "skip_layernorm"])
@@ -430,9 +474,11 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
 
     feeds = {"batch": 2, "seq": 64}
     if fusion == "attention":
+
         def fused_attention(mod, identity, model, precision, options, specs, axes, profiles, onnx_path):
-            return step.attention_fusion(model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, random_feeds(specs, feeds),
-                                         onnx_path.name)
+            return step.attention_fusion(
+                model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, random_feeds(specs, feeds), onnx_path.name
+            )
 
         monkeypatch.setattr(build_mod, "_fuse_attention", fused_attention)
         monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", ())
@@ -441,15 +487,23 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
         real_fusion, real_skip = step.elementwise_fusion, step.elementwise_skip
         monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", (spec,))
         monkeypatch.setattr(tensorrt_mod, "plugin_registered", lambda mod, name, version: True)
-        monkeypatch.setattr(step, "elementwise_skip", lambda s, mode, precision, flavour, version, registered:
-                            real_skip(s, mode, precision, "tensorrt", "8.6.1", registered))
-        monkeypatch.setattr(step, "elementwise_fusion", lambda s, model, observe, mode, precision, flavour, version, registered,
-                            f, name, options=None: real_fusion(s, model, observe, mode, precision, "tensorrt", "8.6.1", True,
-                                                               f, name, options))
+        monkeypatch.setattr(
+            step,
+            "elementwise_skip",
+            lambda s, mode, precision, flavour, version, registered: real_skip(s, mode, precision, "tensorrt", "8.6.1", registered),
+        )
+        monkeypatch.setattr(
+            step,
+            "elementwise_fusion",
+            lambda s, model, observe, mode, precision, flavour, version, registered, f, name, options=None: real_fusion(
+                s, model, observe, mode, precision, "tensorrt", "8.6.1", True, f, name, options
+            ),
+        )
     key, word, plugin, original = {
         "attention": ("attention_fusion", "attention", PLUGIN, "Softmax"),
         "gelu": ("gelu_fusion", "GELU", GELU, "Erf"),
-        "skip_layernorm": ("skip_layernorm_fusion", "skip-LayerNorm", SKIP_LN, "LayerNormalization")}[fusion]
+        "skip_layernorm": ("skip_layernorm_fusion", "skip-LayerNorm", SKIP_LN, "LayerNormalization"),
+    }[fusion]
     warnings = []
     result = build_mod.build(minilm_clean, tmp_path / "m.engine", "fp16", "seq=64", backend="tensorrt_rtx", warn=warnings.append)
     record = result.sidecar[key]
@@ -467,11 +521,14 @@ def _dequantized_projections(model, dtype):
         w = numpy_helper.to_array(init)
         q = rng.integers(0, 256, w.shape) if dtype == np.uint8 else rng.integers(-127, 128, w.shape)
         g.initializer.remove(init)
-        g.initializer.extend([numpy_helper.from_array(q.astype(dtype), init.name + "_q"),
-                              numpy_helper.from_array(np.full(w.shape[1], 0.003, np.float32), init.name + "_s"),
-                              numpy_helper.from_array(np.zeros(w.shape[1], dtype), init.name + "_z")])
-        g.node.insert(0, helper.make_node("DequantizeLinear", [init.name + "_q", init.name + "_s", init.name + "_z"],
-                                          [init.name], axis=1))
+        g.initializer.extend(
+            [
+                numpy_helper.from_array(q.astype(dtype), init.name + "_q"),
+                numpy_helper.from_array(np.full(w.shape[1], 0.003, np.float32), init.name + "_s"),
+                numpy_helper.from_array(np.zeros(w.shape[1], dtype), init.name + "_z"),
+            ]
+        )
+        g.node.insert(0, helper.make_node("DequantizeLinear", [init.name + "_q", init.name + "_s", init.name + "_z"], [init.name], axis=1))
     return model
 
 
@@ -523,6 +580,7 @@ def test_fp32_projections_with_an_fp16_bias_give_a_valid_graph(qkv_projection):
 
 # -- what the engine shows (fusion/engine_evidence.py) ---------------------------------------------------------------
 
+
 def _layer(name, tactic="", kind="kgen"):
     return {"Name": name, "LayerType": kind, "TacticName": tactic}
 
@@ -530,20 +588,31 @@ def _layer(name, tactic="", kind="kgen"):
 def test_fused_attention_layers_are_counted_by_kernel_or_plugin_node_and_nothing_else():
     from trtforge.fusion.engine_evidence import fused_attention_layers
 
-    myelin = [_layer("_gemm_mha_v2_myl1_7", "_gemm_mha_v2_0x51"), _layer("_gemm_mha_v2_myl3_7", "_gemm_mha_v2_0x9b"),
-              _layer("__myl_SlicReshMulAddMaxrSubExpSumDivMul_myl1_23"),  # an unfused softmax
-              _layer("/bert/encoder/layer.0/attention/self/MatMul_myl1_6", kind="gemm")]
+    myelin = [
+        _layer("_gemm_mha_v2_myl1_7", "_gemm_mha_v2_0x51"),
+        _layer("_gemm_mha_v2_myl3_7", "_gemm_mha_v2_0x9b"),
+        _layer("__myl_SlicReshMulAddMaxrSubExpSumDivMul_myl1_23"),  # an unfused softmax
+        _layer("/bert/encoder/layer.0/attention/self/MatMul_myl1_6", kind="gemm"),
+    ]
     assert fused_attention_layers(myelin, profiles=2) == {"layers": 2, "kinds": {"_gemm_mha_v2": 2}, "by_profile": [1, 1]}
     # The model's own node names are not kernels, whatever they are called (TensorRT-RTX keeps them in layer names).
-    named = [_layer("/model/layers.0/flash_attn/MatMul_myl0_3", kind="gemm"), _layer("/enc/fused_mha/MatMul_myl0_4", kind="gemm"),
-             _layer("/enc/fmha_block/Softmax"), _layer("/vision/flashlight_head/Conv")]
+    named = [
+        _layer("/model/layers.0/flash_attn/MatMul_myl0_3", kind="gemm"),
+        _layer("/enc/fused_mha/MatMul_myl0_4", kind="gemm"),
+        _layer("/enc/fmha_block/Softmax"),
+        _layer("/vision/flashlight_head/Conv"),
+    ]
     assert fused_attention_layers(named)["layers"] == 0
-    tactics = [_layer("attn", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16"),
-               _layer("attn2", "fmha_v2_fp16_512_64_sm90_kernel")]
+    tactics = [
+        _layer("attn", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16"),
+        _layer("attn2", "fmha_v2_fp16_512_64_sm90_kernel"),
+    ]
     assert fused_attention_layers(tactics)["layers"] == 2
-    plugins = [_layer("fused_attention_0/qkv_to_context", kind="PluginV2"),
-               _layer("fused_attention_0/qkv_to_context [profile 1]", kind="PluginV2"),
-               _layer("fused_attention_0/x_to_tokens", kind="Shuffle")]
+    plugins = [
+        _layer("fused_attention_0/qkv_to_context", kind="PluginV2"),
+        _layer("fused_attention_0/qkv_to_context [profile 1]", kind="PluginV2"),
+        _layer("fused_attention_0/x_to_tokens", kind="Shuffle"),
+    ]
     found = fused_attention_layers(plugins, ["fused_attention_0/qkv_to_context"], profiles=2)
     assert found == {"layers": 2, "kinds": {"attention plugin layer": 2}, "by_profile": [1, 1]}
     assert fused_attention_layers(plugins)["layers"] == 0  # a plugin layer counts only as one the pass wrote
@@ -564,14 +633,17 @@ def test_attention_evidence_compares_each_profile_and_says_what_is_missing():
     assert evidence_lines(native, "fp16") == ["  in the engine: 2 of 2 attention(s) fused in every profile (_gemm_mha_v2 x4)"]
     assert shortfall_warning(native, "fp16", "m.engine") is None
     # A KV-cache engine: prefill profiles run _gemm_mha, the decode profile _gemv_mha; here its second one is unfused.
-    kv = [_layer(f"_gemm_mha_v2_myl{g}_{i}") for g in (1, 3) for i in (7, 18)] + [_layer("_gemv_mha_v1_myl5_7"),
-                                                                                 _layer("__myl_MulAddMaxrSubExpSumDiv_myl5_18")]
+    kv = [_layer(f"_gemm_mha_v2_myl{g}_{i}") for g in (1, 3) for i in (7, 18)] + [
+        _layer("_gemv_mha_v1_myl5_7"),
+        _layer("__myl_MulAddMaxrSubExpSumDiv_myl5_18"),
+    ]
     native["engine"] = attention_evidence(native, kv, profiles=3)
     assert native["engine"]["by_profile"] == [2, 2, 1] and not native["engine"]["complete"]
     line = evidence_lines(native, "fp16")[0]
     assert "not every attention is fused in every profile" in line and "by profile: 2, 2, 1" in line
-    assert "m.engine: not all of the graph's 2 attention(s) are fused in the engine in some optimization profile" in \
-        shortfall_warning(native, "fp16", "m.engine")
+    assert "m.engine: not all of the graph's 2 attention(s) are fused in the engine in some optimization profile" in shortfall_warning(
+        native, "fp16", "m.engine"
+    )
     # Profiles that cannot be told apart: totals against profiles x attentions, never a fraction.
     native["engine"] = attention_evidence(native, [_layer(f"_gemm_mha_v2_myl{g}_7") for g in (0, 2, 4, 6, 8)], profiles=3)
     assert native["engine"]["by_profile"] is None and not native["engine"]["complete"]

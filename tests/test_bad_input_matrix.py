@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import ROOT, assert_user_error
 
 from trtforge import cli
@@ -52,6 +51,7 @@ def plain_env(monkeypatch, tmp_path):
 
 # -- the world every case points into ------------------------------------------------------------------------------
 
+
 def _vec_onnx(path: Path) -> None:
     """x [batch, 4] -> MatMul -> Relu -> y [batch, 8]: the smallest model with a dynamic axis."""
     import onnx
@@ -59,9 +59,12 @@ def _vec_onnx(path: Path) -> None:
 
     w = numpy_helper.from_array(np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8), "w")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "vec",
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "vec",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [w])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [w],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
@@ -137,8 +140,19 @@ def world(tiny_fcn_clean, tmp_path_factory) -> dict:
     w["images"].mkdir()
     for src in sorted((ROOT / "calib_data" / "images").glob("*.png"))[:2]:
         shutil.copy(src, w["images"] / src.name)
-    proc = invoke("calibrate", fcn, "--data", w["images"], "--eval-data", w["images"], "--min-cosine", "0",
-                  "--min-int8-flops", "0", "--no-engine-check")
+    proc = invoke(
+        "calibrate",
+        fcn,
+        "--data",
+        w["images"],
+        "--eval-data",
+        w["images"],
+        "--min-cosine",
+        "0",
+        "--min-int8-flops",
+        "0",
+        "--no-engine-check",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     w["int8"] = root / "fcn.int8.onnx"
     w["data"] = _image_cases(root / "data")
@@ -172,6 +186,7 @@ def world(tiny_fcn_clean, tmp_path_factory) -> dict:
 
 # -- config files: (name, edit of tiny-fcn's config or raw text, what the sentence names) --------------------------
 
+
 def _set(path: str, value):
     def edit(cfg: dict) -> dict:
         node = cfg
@@ -180,6 +195,7 @@ def _set(path: str, value):
             node = node.setdefault(part, {})
         node[leaf] = value
         return cfg
+
     return edit
 
 
@@ -187,6 +203,7 @@ def _drop(key: str):
     def edit(cfg: dict) -> dict:
         cfg.pop(key)
         return cfg
+
     return edit
 
 
@@ -195,8 +212,10 @@ BASE_CONFIG = (ROOT / "configs" / "tiny-fcn.yaml").read_text()
 CONFIGS = {
     "duplicate_key": (BASE_CONFIG.replace("  opset: 17\n", "  opset: 17\n  opset: 18\n"), ["duplicate key 'opset'", ":17"]),
     "duplicate_top_key": (BASE_CONFIG + "name: other\n", ["duplicate key 'name'"]),
-    "duplicate_nested_key": (BASE_CONFIG.replace("  method: percentile\n", "  method: percentile\n  method: minmax\n"),
-                             ["duplicate key 'method'"]),
+    "duplicate_nested_key": (
+        BASE_CONFIG.replace("  method: percentile\n", "  method: percentile\n  method: minmax\n"),
+        ["duplicate key 'method'"],
+    ),
     "unknown_key": (BASE_CONFIG.replace("  opset: 17", "  opst: 17"), ["export.opst", "did you mean 'opset'"]),
     "unknown_section": (BASE_CONFIG.replace("build:", "buld:"), ["buld"]),
     "check_sizes_one": (_set("export.check_sizes.batch", [1]), ["export.check_sizes.batch", "two different sizes"]),
@@ -236,12 +255,13 @@ CONFIGS = {
     "axis_reversed": (_set("axes.height", {"min": 64, "opt": 32, "max": 16}), ["axes.height", "min <= opt <= max"]),
     "axis_zero": (_set("axes.width", {"min": 0, "opt": 1, "max": 2}), ["axes.width.min"]),
     "undeclared_axis": (_set("inputs", [{"name": "image", "shape": ["batch", 3, "depth", "width"]}]), ["depth"]),
-    "input_dtype": (_set("inputs", [{"name": "image", "dtype": "float64", "shape": ["batch", 3, "height", "width"]}]),
-                    ["inputs.0.dtype"]),
+    "input_dtype": (_set("inputs", [{"name": "image", "dtype": "float64", "shape": ["batch", 3, "height", "width"]}]), ["inputs.0.dtype"]),
     "fixed_dim_zero": (_set("inputs", [{"name": "image", "shape": ["batch", 0, "height", "width"]}]), ["inputs.0.shape.1"]),
     "duplicate_output": (_set("outputs", ["logits", "logits"]), ["'logits' more than once"]),
-    "value_range_reversed": (_set("inputs", [{"name": "image", "shape": ["batch", 3, "height", "width"],
-                                              "value_range": [1, 0]}]), ["inputs.0.value_range"]),
+    "value_range_reversed": (
+        _set("inputs", [{"name": "image", "shape": ["batch", 3, "height", "width"], "value_range": [1, 0]}]),
+        ["inputs.0.value_range"],
+    ),
     "output_scale_on_logits": (_set("outputs", [{"name": "logits", "kind": "logits", "scale": 2}]), ["scale"]),
     "missing_name": (_drop("name"), ["'name' is required"]),
     "not_a_mapping": ("- just\n- a list\n", ["must be a YAML mapping"]),
@@ -286,71 +306,143 @@ def test_bad_config(world, command, config):
 # -- option values: checked when parsed, before any file is read -----------------------------------------------------
 
 OPTIONS = {
-    "export": (["export", "--model", "tiny-fcn"], [
-        (["--opset", "3"], "--opset"), (["--opset", "99"], "--opset"), (["--exporter", "torchscript"], "--exporter"),
-        (["--opset", "seventeen"], "--opset"),
-    ]),
-    "clean": (["clean", "m.onnx"], [
-        (["--tolerance", "0"], "--tolerance"), (["--tolerance", "-1"], "--tolerance"), (["--tolerance", "1"], "--tolerance"),
-        (["--tolerance", "nan"], "--tolerance"), (["--fold-size-limit-mb", "0"], "--fold-size-limit-mb"),
-        (["--fold-size-limit-mb", "-5"], "--fold-size-limit-mb"),
-    ]),
-    "calibrate": (["calibrate", "m.onnx", "--data", "d"], [
-        (["--method", "kl"], "--method"), (["--percentile", "150"], "--percentile"), (["--percentile", "0"], "--percentile"),
-        (["--percentile", "-5"], "--percentile"), (["--smooth", "1.5"], "--smooth"), (["--smooth", "-0.1"], "--smooth"),
-        (["--max-samples", "-3"], "--max-samples"), (["--max-samples", "0"], "--max-samples"),
-        (["--max-eval-samples", "0"], "--max-eval-samples"), (["--min-cosine", "2"], "--min-cosine"),
-        (["--min-cosine", "-3"], "--min-cosine"), (["--min-int8-flops", "1.5"], "--min-int8-flops"),
-        (["--min-int8-flops", "-0.1"], "--min-int8-flops"), (["--min-top1-agreement", "2"], "--min-top1-agreement"),
-        (["--min-pixel-agreement", "-1"], "--min-pixel-agreement"), (["--ray-actors", "0"], "--ray-actors"),
-        (["--ray-actors", "2"], "--ray-actors"),
-        (["--from-cache", "missing.cache"], "--from-cache"), (["--percentile", "abc"], "--percentile"),
-    ]),
-    "build": (["build", "m.onnx"], [
-        (["--precision", "fp64"], "--precision"), (["--tier-count", "0"], "--tier-count"),
-        (["--tier-count", "100"], "--tier-count"), (["--lengths", "missing.txt"], "--lengths"),
-        (["--backend", "cuda"], "--backend"), (["--workspace-mb", "-1"], "--workspace-mb"),
-        (["--workspace-mb", "0"], "--workspace-mb"), (["--optimization-level", "9"], "--optimization-level"),
-        (["--optimization-level", "-1"], "--optimization-level"),
-        (["--hardware-compatibility", "any"], "--hardware-compatibility"), (["--fuse-attention", "maybe"], "--fuse-attention"),
-        (["--fuse-gelu", "2"], "--fuse-gelu"), (["--fuse-skip-layernorm", "sometimes"], "--fuse-skip-layernorm"),
-        (["--fuse-gemm", "x"], "--fuse-gemm"), (["--qkv-projection", "linear"], "--qkv-projection"),
-        (["--gemm-precision", "int4"], "--gemm-precision"), (["--fp8-min-cosine", "0"], "--fp8-min-cosine"),
-        (["--fp8-min-cosine", "1.5"], "--fp8-min-cosine"), (["--fp8-min-top1-agreement", "0"], "--fp8-min-top1-agreement"),
-        (["--fp8-chain-ffn", "sometimes"], "--fp8-chain-ffn"), (["--workspace-mb", "abc"], "--workspace-mb"),
-    ]),
-    "bisect": (["bisect", "m.onnx", "--data", "d"], [
-        (["--max-samples", "0"], "--max-samples"), (["--max-gap", "-0.1"], "--max-gap"),
-        (["--optimization-level", "7"], "--optimization-level"), (["--precision", "fp16"], "--precision"),
-        (["--modes", "both"], "--modes"),
-    ]),
-    "run": (["run", "m.onnx", "--inputs", "d"], [
-        (["--chunk", "0"], "--chunk"), (["--chunk", "-3"], "--chunk"), (["--overlap", "-1"], "--overlap"),
-        (["--batch-size", "0"], "--batch-size"), (["--warmup", "-1"], "--warmup"), (["--max-rel-l2", "-1"], "--max-rel-l2"),
-        (["--max-rel-l2", "0"], "--max-rel-l2"), (["--max-rel-l2", "inf"], "--max-rel-l2"), (["--min-cosine", "2"], "--min-cosine"),
-        (["--min-cosine", "-1.5"], "--min-cosine"), (["--min-cosine", "nan"], "--min-cosine"),
-        (["--min-chunk-cosine", "1.5"], "--min-chunk-cosine"), (["--min-top1-agreement", "1.2"], "--min-top1-agreement"),
-        (["--min-top1-agreement", "-0.1"], "--min-top1-agreement"), (["--min-pixel-agreement", "2"], "--min-pixel-agreement"),
-        (["--merge", "blend"], "--merge"), (["--gpu-wait", "poll"], "--gpu-wait"), (["--last-window", "half"], "--last-window"),
-        (["--backend", "cuda"], "--backend"), (["--provider", "CUDAExecutionProvider"], "--provider CUDAExecutionProvider"),
-        (["--provider", "TensorrtExecutionProvider"], "--provider TensorrtExecutionProvider"),
-        (["--ray-actors", "0"], "--ray-actors"), (["--ray-actors", "2"], "--ray-actors"), (["--generate", "-1"], "--generate"),
-        (["--slots", "0"], "--slots"),
-        (["--plan-ahead", "-1"], "--plan-ahead"), (["--plan-workers", "-1"], "--plan-workers"),
-        (["--merge-workers", "-2"], "--merge-workers"), (["--pinned-reserve-mb", "-1"], "--pinned-reserve-mb"),
-        (["--plan-processes", "-1"], "--plan-processes"), (["--switch-interval-us", "0"], "--switch-interval-us"),
-        (["--chunk", "abc"], "--chunk"), (["--warmup", "1.5"], "--warmup"), (["--output-kind", "y"], "y"),
-        (["--output-kind", "y=blob"], "blob"),
-    ]),
+    "export": (
+        ["export", "--model", "tiny-fcn"],
+        [
+            (["--opset", "3"], "--opset"),
+            (["--opset", "99"], "--opset"),
+            (["--exporter", "torchscript"], "--exporter"),
+            (["--opset", "seventeen"], "--opset"),
+        ],
+    ),
+    "clean": (
+        ["clean", "m.onnx"],
+        [
+            (["--tolerance", "0"], "--tolerance"),
+            (["--tolerance", "-1"], "--tolerance"),
+            (["--tolerance", "1"], "--tolerance"),
+            (["--tolerance", "nan"], "--tolerance"),
+            (["--fold-size-limit-mb", "0"], "--fold-size-limit-mb"),
+            (["--fold-size-limit-mb", "-5"], "--fold-size-limit-mb"),
+        ],
+    ),
+    "calibrate": (
+        ["calibrate", "m.onnx", "--data", "d"],
+        [
+            (["--method", "kl"], "--method"),
+            (["--percentile", "150"], "--percentile"),
+            (["--percentile", "0"], "--percentile"),
+            (["--percentile", "-5"], "--percentile"),
+            (["--smooth", "1.5"], "--smooth"),
+            (["--smooth", "-0.1"], "--smooth"),
+            (["--max-samples", "-3"], "--max-samples"),
+            (["--max-samples", "0"], "--max-samples"),
+            (["--max-eval-samples", "0"], "--max-eval-samples"),
+            (["--min-cosine", "2"], "--min-cosine"),
+            (["--min-cosine", "-3"], "--min-cosine"),
+            (["--min-int8-flops", "1.5"], "--min-int8-flops"),
+            (["--min-int8-flops", "-0.1"], "--min-int8-flops"),
+            (["--min-top1-agreement", "2"], "--min-top1-agreement"),
+            (["--min-pixel-agreement", "-1"], "--min-pixel-agreement"),
+            (["--ray-actors", "0"], "--ray-actors"),
+            (["--ray-actors", "2"], "--ray-actors"),
+            (["--from-cache", "missing.cache"], "--from-cache"),
+            (["--percentile", "abc"], "--percentile"),
+        ],
+    ),
+    "build": (
+        ["build", "m.onnx"],
+        [
+            (["--precision", "fp64"], "--precision"),
+            (["--tier-count", "0"], "--tier-count"),
+            (["--tier-count", "100"], "--tier-count"),
+            (["--lengths", "missing.txt"], "--lengths"),
+            (["--backend", "cuda"], "--backend"),
+            (["--workspace-mb", "-1"], "--workspace-mb"),
+            (["--workspace-mb", "0"], "--workspace-mb"),
+            (["--optimization-level", "9"], "--optimization-level"),
+            (["--optimization-level", "-1"], "--optimization-level"),
+            (["--hardware-compatibility", "any"], "--hardware-compatibility"),
+            (["--fuse-attention", "maybe"], "--fuse-attention"),
+            (["--fuse-gelu", "2"], "--fuse-gelu"),
+            (["--fuse-skip-layernorm", "sometimes"], "--fuse-skip-layernorm"),
+            (["--fuse-gemm", "x"], "--fuse-gemm"),
+            (["--qkv-projection", "linear"], "--qkv-projection"),
+            (["--gemm-precision", "int4"], "--gemm-precision"),
+            (["--fp8-min-cosine", "0"], "--fp8-min-cosine"),
+            (["--fp8-min-cosine", "1.5"], "--fp8-min-cosine"),
+            (["--fp8-min-top1-agreement", "0"], "--fp8-min-top1-agreement"),
+            (["--fp8-chain-ffn", "sometimes"], "--fp8-chain-ffn"),
+            (["--workspace-mb", "abc"], "--workspace-mb"),
+        ],
+    ),
+    "bisect": (
+        ["bisect", "m.onnx", "--data", "d"],
+        [
+            (["--max-samples", "0"], "--max-samples"),
+            (["--max-gap", "-0.1"], "--max-gap"),
+            (["--optimization-level", "7"], "--optimization-level"),
+            (["--precision", "fp16"], "--precision"),
+            (["--modes", "both"], "--modes"),
+        ],
+    ),
+    "run": (
+        ["run", "m.onnx", "--inputs", "d"],
+        [
+            (["--chunk", "0"], "--chunk"),
+            (["--chunk", "-3"], "--chunk"),
+            (["--overlap", "-1"], "--overlap"),
+            (["--batch-size", "0"], "--batch-size"),
+            (["--warmup", "-1"], "--warmup"),
+            (["--max-rel-l2", "-1"], "--max-rel-l2"),
+            (["--max-rel-l2", "0"], "--max-rel-l2"),
+            (["--max-rel-l2", "inf"], "--max-rel-l2"),
+            (["--min-cosine", "2"], "--min-cosine"),
+            (["--min-cosine", "-1.5"], "--min-cosine"),
+            (["--min-cosine", "nan"], "--min-cosine"),
+            (["--min-chunk-cosine", "1.5"], "--min-chunk-cosine"),
+            (["--min-top1-agreement", "1.2"], "--min-top1-agreement"),
+            (["--min-top1-agreement", "-0.1"], "--min-top1-agreement"),
+            (["--min-pixel-agreement", "2"], "--min-pixel-agreement"),
+            (["--merge", "blend"], "--merge"),
+            (["--gpu-wait", "poll"], "--gpu-wait"),
+            (["--last-window", "half"], "--last-window"),
+            (["--backend", "cuda"], "--backend"),
+            (["--provider", "CUDAExecutionProvider"], "--provider CUDAExecutionProvider"),
+            (["--provider", "TensorrtExecutionProvider"], "--provider TensorrtExecutionProvider"),
+            (["--ray-actors", "0"], "--ray-actors"),
+            (["--ray-actors", "2"], "--ray-actors"),
+            (["--generate", "-1"], "--generate"),
+            (["--slots", "0"], "--slots"),
+            (["--plan-ahead", "-1"], "--plan-ahead"),
+            (["--plan-workers", "-1"], "--plan-workers"),
+            (["--merge-workers", "-2"], "--merge-workers"),
+            (["--pinned-reserve-mb", "-1"], "--pinned-reserve-mb"),
+            (["--plan-processes", "-1"], "--plan-processes"),
+            (["--switch-interval-us", "0"], "--switch-interval-us"),
+            (["--chunk", "abc"], "--chunk"),
+            (["--warmup", "1.5"], "--warmup"),
+            (["--output-kind", "y"], "y"),
+            (["--output-kind", "y=blob"], "blob"),
+        ],
+    ),
     "doctor": (["doctor"], [(["--bogus"], "--bogus"), (["extra"], "extra"), (["--json", "--verbose"], "--verbose")]),
     "inspect": (["inspect"], [(["a.engine", "b.engine"], "b.engine"), (["a.engine", "--verbose"], "--verbose")]),
-    "pipeline": (["pipeline", "c.yaml"], [
-        (["--from", "bogus"], "--from"), (["--only", "deploy"], "--only"), (["--backend", "cuda"], "--backend"),
-    ]),
+    "pipeline": (
+        ["pipeline", "c.yaml"],
+        [
+            (["--from", "bogus"], "--from"),
+            (["--only", "deploy"], "--only"),
+            (["--backend", "cuda"], "--backend"),
+        ],
+    ),
 }
 
-OPTION_CASES = [pytest.param(command, extra, says, id=f"{command}:{' '.join(extra)}")
-                for command, (_, cases) in OPTIONS.items() for extra, says in cases]
+OPTION_CASES = [
+    pytest.param(command, extra, says, id=f"{command}:{' '.join(extra)}")
+    for command, (_, cases) in OPTIONS.items()
+    for extra, says in cases
+]
 
 
 @pytest.mark.parametrize("command, extra, says", OPTION_CASES)
@@ -374,11 +466,19 @@ def test_the_option_check_and_the_config_key_say_the_same(tmp_path):
 
 # -- folders that are files, files that are folders -------------------------------------------------------------------
 
+
 def test_out_dir_naming_a_file(world):
-    assert_user_error(invoke("bisect", world["fcn"], "--data", world["images"], "--no-engine", "--out-dir", world["file"]),
-                      "--out-dir", "plain_file", "is a file")
-    assert_user_error(invoke("bisect", world["fcn"], "--data", world["images"], "--no-engine",
-                             "--out-dir", world["file"] / "sub"), "plain_file", "is a file")
+    assert_user_error(
+        invoke("bisect", world["fcn"], "--data", world["images"], "--no-engine", "--out-dir", world["file"]),
+        "--out-dir",
+        "plain_file",
+        "is a file",
+    )
+    assert_user_error(
+        invoke("bisect", world["fcn"], "--data", world["images"], "--no-engine", "--out-dir", world["file"] / "sub"),
+        "plain_file",
+        "is a file",
+    )
     assert_user_error(invoke("pipeline", world["configs"]["duplicate_key"], "--out-dir", world["file"]), "plain_file")
 
 
@@ -387,8 +487,9 @@ def test_default_bisect_folder_is_a_file(world, tmp_path):
     shutil.copy(world["fcn"], onnx_path)
     shutil.copy(str(world["fcn"]) + ".json", str(onnx_path) + ".json")
     (tmp_path / "m.bisect").write_text("in the way\n")
-    assert_user_error(invoke("bisect", onnx_path, "--cache", world["root"] / "fcn.calib.cache", "--data", world["images"],
-                             "--no-engine"), "m.bisect")
+    assert_user_error(
+        invoke("bisect", onnx_path, "--cache", world["root"] / "fcn.calib.cache", "--data", world["images"], "--no-engine"), "m.bisect"
+    )
 
 
 # -- model files: missing, garbage, empty, text, a folder --------------------------------------------------------------
@@ -415,17 +516,35 @@ def test_bad_model_file(world, command, model):
 # -- data folders ---------------------------------------------------------------------------------------------------
 
 DATA = {  # case: what the sentence names besides the file or folder
-    "empty": [], "unrelated": [], "mixed": ["mixes"], "zero_batch": ["'image'", "empty"], "zero_width": ["'image'", "empty"],
-    "wrong_name": ["'image'"], "wrong_rank": ["'image'", "rank"], "wrong_channels": ["'image'", "dim 1"],
-    "wrong_dtype": ["'image'", "int64"], "complex": ["'image'", "complex64"], "strings": ["'image'"],
-    "nan": ["'image'", "NaN"], "inf": ["'image'", "NaN or Inf"], "bad_npz": ["a.npz"], "bad_npy": ["image.npy"],
-    "misnamed_npy": ["pixels.npy"], "object_npy": ["image.npy"], "bad_image": ["a.png"], "empty_image": ["a.png"],
-    "binary_jsonl": [], "bad_jsonl": [], "jsonl_no_text": [], "empty_text": [], "a_file": [], "missing": [],
+    "empty": [],
+    "unrelated": [],
+    "mixed": ["mixes"],
+    "zero_batch": ["'image'", "empty"],
+    "zero_width": ["'image'", "empty"],
+    "wrong_name": ["'image'"],
+    "wrong_rank": ["'image'", "rank"],
+    "wrong_channels": ["'image'", "dim 1"],
+    "wrong_dtype": ["'image'", "int64"],
+    "complex": ["'image'", "complex64"],
+    "strings": ["'image'"],
+    "nan": ["'image'", "NaN"],
+    "inf": ["'image'", "NaN or Inf"],
+    "bad_npz": ["a.npz"],
+    "bad_npy": ["image.npy"],
+    "misnamed_npy": ["pixels.npy"],
+    "object_npy": ["image.npy"],
+    "bad_image": ["a.png"],
+    "empty_image": ["a.png"],
+    "binary_jsonl": [],
+    "bad_jsonl": [],
+    "jsonl_no_text": [],
+    "empty_text": [],
+    "a_file": [],
+    "missing": [],
 }
 DATA_COMMANDS = {
     "calibrate": lambda w, d: ["calibrate", w["fcn"], "--data", d, "-o", w["root"] / "never.int8.onnx"],
-    "calibrate-eval": lambda w, d: ["calibrate", w["fcn"], "--data", w["images"], "--eval-data", d,
-                                    "-o", w["root"] / "never.int8.onnx"],
+    "calibrate-eval": lambda w, d: ["calibrate", w["fcn"], "--data", w["images"], "--eval-data", d, "-o", w["root"] / "never.int8.onnx"],
     "run": lambda w, d: ["run", w["fcn"], "--inputs", d],
     "bisect": lambda w, d: ["bisect", w["fcn"], "--data", d, "--no-engine", "--out-dir", w["root"] / "never.bisect"],
 }
@@ -459,9 +578,14 @@ def test_run_on_a_binary_jsonl(world, inputs):
 
 # -- quantized twice, lengths files, tiers ----------------------------------------------------------------------------
 
+
 def test_calibrating_a_quantized_model(world):
-    assert_user_error(invoke("calibrate", world["int8"], "--data", world["images"], "-o", world["root"] / "twice.int8.onnx"),
-                      "fcn.int8.onnx", "already quantized", "fcn.clean.onnx")
+    assert_user_error(
+        invoke("calibrate", world["int8"], "--data", world["images"], "-o", world["root"] / "twice.int8.onnx"),
+        "fcn.int8.onnx",
+        "already quantized",
+        "fcn.clean.onnx",
+    )
 
 
 def test_bisecting_a_quantized_model(world):
@@ -470,13 +594,21 @@ def test_bisecting_a_quantized_model(world):
 
 @pytest.mark.parametrize("lengths, says", [("binary_lengths", "lengths.txt"), ("negative_lengths", "neg_lengths.txt")])
 def test_bad_lengths_file(world, lengths, says):
-    assert_user_error(invoke("build", world["fcn"], "--tiers", "auto", "--lengths", world[lengths],
-                             "-o", world["root"] / "never.engine"), says)
+    assert_user_error(
+        invoke("build", world["fcn"], "--tiers", "auto", "--lengths", world[lengths], "-o", world["root"] / "never.engine"), says
+    )
 
 
-@pytest.mark.parametrize("tiers, says", [("depth=64", "'depth'"), ("height=64,32;width=64", "strictly increasing"),
-                                         ("height=4096;width=64", "1024"), ("height=a,b;width=64", "comma-separated"),
-                                         ("auto", "--lengths")])
+@pytest.mark.parametrize(
+    "tiers, says",
+    [
+        ("depth=64", "'depth'"),
+        ("height=64,32;width=64", "strictly increasing"),
+        ("height=4096;width=64", "1024"),
+        ("height=a,b;width=64", "comma-separated"),
+        ("auto", "--lengths"),
+    ],
+)
 def test_bad_tiers(world, tiers, says):
     assert_user_error(invoke("build", world["fcn"], "--tiers", tiers, "-o", world["root"] / "never.engine"), says)
 
@@ -487,16 +619,19 @@ def test_config_tiers_on_an_axis_the_model_lacks(world, tmp_path):
     cfg["axes"]["depth"] = {"min": 1, "opt": 2, "max": 4}
     cfg["build"]["tiers"] = {"depth": [2, 4]}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    assert_user_error(invoke("build", world["fcn"], "-c", tmp_path / "c.yaml", "-o", world["root"] / "never.engine"),
-                      "build.tiers", "'depth'")
+    assert_user_error(
+        invoke("build", world["fcn"], "-c", tmp_path / "c.yaml", "-o", world["root"] / "never.engine"), "build.tiers", "'depth'"
+    )
 
 
 # -- engines and their sidecars -------------------------------------------------------------------------------------
+
 
 def _without(key):
     def edit(side):
         side.pop(key)
         return side
+
     return edit
 
 
@@ -504,6 +639,7 @@ def _with(key, value):
     def edit(side):
         side[key] = value
         return side
+
     return edit
 
 
@@ -556,6 +692,20 @@ def test_the_matrix_is_large():
     commands = {"export", "clean", "calibrate", "build", "run", "pipeline", "inspect", "bisect", "doctor"}
     assert commands <= set(OPTIONS) | set(CONFIG_COMMANDS) | set(MODEL_COMMANDS)
     assert set(OPTIONS) == commands, set(OPTIONS) ^ commands
-    count = (len(CONFIGS) * len(CONFIG_COMMANDS) + len(OPTION_CASES) + len(MODEL_FILES) * len(MODEL_COMMANDS)
-             + len(DATA) * len(DATA_COMMANDS) + 4 + 2 + 2 + 2 + 2 + 5 + 1 + len(SIDECARS) * 2 + 3 + 3)
+    count = (
+        len(CONFIGS) * len(CONFIG_COMMANDS)
+        + len(OPTION_CASES)
+        + len(MODEL_FILES) * len(MODEL_COMMANDS)
+        + len(DATA) * len(DATA_COMMANDS)
+        + 4
+        + 2
+        + 2
+        + 2
+        + 2
+        + 5
+        + 1
+        + len(SIDECARS) * 2
+        + 3
+        + 3
+    )
     assert count >= 250, count

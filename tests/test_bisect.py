@@ -6,9 +6,9 @@ import json
 import numpy as np
 import onnx
 import pytest
+from conftest import ROOT, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import ROOT, run_cli
 from trtforge.bisection import BisectOptions, bisect, data_profile, suspects, table_rows
 from trtforge.calibrate.collect import gemm_shapes, plan_quantization
 from trtforge.calibrate.groups import float_nodes_for, role_groups, select_groups, variants
@@ -22,8 +22,22 @@ from trtforge.onnxio import load_onnx
 def minilm_cache(minilm_clean, tmp_path_factory):
     """A quick calibration (no fallback): bisect needs scales, not a passing gate."""
     out = tmp_path_factory.mktemp("bisect") / "m.int8.onnx"
-    proc = run_cli("calibrate", str(minilm_clean), "--data", "calib_data/minilm", "--max-samples", "32", "--max-eval-samples", "8",
-                   "--no-fallback", "--min-cosine", "0", "--no-engine-check", "-o", str(out))
+    proc = run_cli(
+        "calibrate",
+        str(minilm_clean),
+        "--data",
+        "calib_data/minilm",
+        "--max-samples",
+        "32",
+        "--max-eval-samples",
+        "8",
+        "--no-fallback",
+        "--min-cosine",
+        "0",
+        "--no-engine-check",
+        "-o",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out.with_name("m.calib.cache")
 
@@ -42,12 +56,18 @@ def test_transformer_roles_on_minilm(minilm_clean):
     groups = role_groups(model, plan, shapes)
     layers = 6  # MiniLM-L6
     assert {g: len(n) for g, n in groups.items()} == {
-        "qkv_projection": 3 * layers, "attention_qk": layers, "attention_av": layers, "attention_output": layers,
-        "ffn_up": layers, "ffn_down": layers}
+        "qkv_projection": 3 * layers,
+        "attention_qk": layers,
+        "attention_av": layers,
+        "attention_output": layers,
+        "ffn_up": layers,
+        "ffn_down": layers,
+    }
     assert all("attention/self/MatMul" in n and not n.endswith("_1") for n in groups["attention_qk"])
     assert all(n.endswith("attention/self/MatMul_1") for n in groups["attention_av"])
-    assert all("intermediate/dense" in n for n in groups["ffn_up"]) and all("/output/dense" in n and "attention" not in n
-                                                                             for n in groups["ffn_down"])
+    assert all("intermediate/dense" in n for n in groups["ffn_up"]) and all(
+        "/output/dense" in n and "attention" not in n for n in groups["ffn_down"]
+    )
 
 
 def _cnn() -> onnx.ModelProto:
@@ -70,10 +90,19 @@ def _cnn() -> onnx.ModelProto:
         helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
         helper.make_node("Gemm", ["f", "wfc", "bfc"], ["logits"], name="fc", transB=1),
     ]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 10])],
-                              [w("w0", 16, 3, 3, 3), w("w1", 16, 16, 3, 3), w("w2", 32, 16, 3, 3), w("wfc", 10, 32),
-                               numpy_helper.from_array(np.zeros(10, np.float32), "bfc")])
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 10])],
+        [
+            w("w0", 16, 3, 3, 3),
+            w("w1", 16, 16, 3, 3),
+            w("w2", 32, 16, 3, 3),
+            w("wfc", 10, 32),
+            numpy_helper.from_array(np.zeros(10, np.float32), "bfc"),
+        ],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -82,8 +111,13 @@ def test_cnn_roles_first_conv_stages_head_residual():
     shapes = gemm_shapes(model, {"x": np.ones((2, 3, 16, 16), np.float32)})
     plan = plan_quantization(model, shapes, rules=("gemv", "conv_channels"))  # keep the head: it is a group here
     groups = role_groups(model, plan, shapes)
-    assert groups == {"first_conv": ["stem"], "conv_16x16": ["block_conv"], "conv_8x8": ["down_conv"], "head": ["fc"],
-                      "residual_add": ["residual"]}
+    assert groups == {
+        "first_conv": ["stem"],
+        "conv_16x16": ["block_conv"],
+        "conv_8x8": ["down_conv"],
+        "head": ["fc"],
+        "residual_add": ["residual"],
+    }
     assert role_groups(model, plan, None)["conv"] == ["block_conv", "down_conv"]  # no shapes: one conv group
 
 
@@ -105,12 +139,14 @@ def test_selection_variants_and_float_nodes():
 
 
 def test_suspects_alone_gap_and_closing_gap():
-    rows = [{"variant": "all", "mode": "all", "group": None, "gap": 0.25},
-            {"variant": "without a", "mode": "off", "group": "a", "gap": 0.001},
-            {"variant": "only a", "mode": "alone", "group": "a", "gap": 0.2},
-            {"variant": "without b", "mode": "off", "group": "b", "gap": 0.24},
-            {"variant": "only b", "mode": "alone", "group": "b", "gap": 0.0},
-            {"variant": "only c", "mode": "alone", "group": "c"}]  # no engine figure: never named
+    rows = [
+        {"variant": "all", "mode": "all", "group": None, "gap": 0.25},
+        {"variant": "without a", "mode": "off", "group": "a", "gap": 0.001},
+        {"variant": "only a", "mode": "alone", "group": "a", "gap": 0.2},
+        {"variant": "without b", "mode": "off", "group": "b", "gap": 0.24},
+        {"variant": "only b", "mode": "alone", "group": "b", "gap": 0.0},
+        {"variant": "only c", "mode": "alone", "group": "c"},
+    ]  # no engine figure: never named
     assert suspects(rows, 0.005) == ["a"]
     assert suspects(rows, 0.3) == []
 
@@ -133,8 +169,9 @@ def test_bisect_names_the_group_a_fake_engine_breaks(minilm_clean, minilm_cache,
 
         calls.append(path.name)
         runner = OrtRunner(qdq.SerializeToString())
-        broken = any(n.op_type == "MatMul" and n.name.endswith("attention/self/MatMul_1")
-                     and n.input[0].endswith("_dq") for n in qdq.graph.node)
+        broken = any(
+            n.op_type == "MatMul" and n.name.endswith("attention/self/MatMul_1") and n.input[0].endswith("_dq") for n in qdq.graph.node
+        )
 
         class Engine:
             input_names, output_names = runner.input_names, runner.output_names
@@ -146,8 +183,9 @@ def test_bisect_names_the_group_a_fake_engine_breaks(minilm_clean, minilm_cache,
         acc = evaluate(Engine(), batches, refs, kinds)
         return {"built": True, "mean_cosine": acc.mean_cosine, "min_cosine": acc.min_cosine, "gpu_ms": 1.0}
 
-    options = BisectOptions(cache=minilm_cache, data=ROOT / "calib_data" / "minilm_eval",
-                            groups="attention_av,ffn_up", max_samples=16, out_dir=tmp_path / "b")
+    options = BisectOptions(
+        cache=minilm_cache, data=ROOT / "calib_data" / "minilm_eval", groups="attention_av,ffn_up", max_samples=16, out_dir=tmp_path / "b"
+    )
     result = bisect(minilm_clean, options, measure=fake_engine, availability=("run", "fake"))
     assert [r["variant"] for r in result.rows] == ["all", "without attention_av", "only attention_av", "without ffn_up", "only ffn_up"]
     assert result.suspects == ["attention_av"]
@@ -159,9 +197,22 @@ def test_bisect_names_the_group_a_fake_engine_breaks(minilm_clean, minilm_cache,
 
 
 def test_bisect_cli_without_engine_says_why(minilm_clean, minilm_cache, tmp_path):
-    proc = run_cli("bisect", str(minilm_clean), "--data", "calib_data/minilm_eval", "--max-samples", "8",
-                   "--groups", "attention_qk", "--no-build-check", "--cache", str(minilm_cache), "--out-dir", str(tmp_path / "b"),
-                   env={"COLUMNS": "300"})
+    proc = run_cli(
+        "bisect",
+        str(minilm_clean),
+        "--data",
+        "calib_data/minilm_eval",
+        "--max-samples",
+        "8",
+        "--groups",
+        "attention_qk",
+        "--no-build-check",
+        "--cache",
+        str(minilm_cache),
+        "--out-dir",
+        str(tmp_path / "b"),
+        env={"COLUMNS": "300"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "engine: absent:" in proc.stdout and "attention_qk" in proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.startswith("all "))
@@ -174,13 +225,20 @@ def test_bisect_cli_without_engine_says_why(minilm_clean, minilm_cache, tmp_path
 def test_bisect_cli_bad_input(minilm_clean, minilm_cache, tmp_path):
     from conftest import assert_user_error
 
-    assert_user_error(run_cli("bisect", str(minilm_clean), "--data", "calib_data/minilm_eval", "--groups", "conv_*", "--cache", str(minilm_cache)),
-                      "--groups", "unknown group(s) conv_*", "attention_qk")
-    assert_user_error(run_cli("bisect", str(minilm_clean), "--data", "calib_data/minilm_eval", "--cache", str(tmp_path / "no.cache")),
-                      "no.cache does not exist")
-    assert_user_error(run_cli("bisect", str(minilm_cache.with_name("m.int8.onnx")), "--data", "calib_data/minilm_eval",
-                              "--cache", str(minilm_cache)),
-                      "already holds Q/DQ")
+    assert_user_error(
+        run_cli("bisect", str(minilm_clean), "--data", "calib_data/minilm_eval", "--groups", "conv_*", "--cache", str(minilm_cache)),
+        "--groups",
+        "unknown group(s) conv_*",
+        "attention_qk",
+    )
+    assert_user_error(
+        run_cli("bisect", str(minilm_clean), "--data", "calib_data/minilm_eval", "--cache", str(tmp_path / "no.cache")),
+        "no.cache does not exist",
+    )
+    assert_user_error(
+        run_cli("bisect", str(minilm_cache.with_name("m.int8.onnx")), "--data", "calib_data/minilm_eval", "--cache", str(minilm_cache)),
+        "already holds Q/DQ",
+    )
 
 
 def test_a_variant_whose_engine_fails_is_recorded_and_the_rest_go_on(minilm_clean, minilm_cache, tmp_path):
@@ -189,14 +247,26 @@ def test_a_variant_whose_engine_fails_is_recorded_and_the_rest_go_on(minilm_clea
             raise RuntimeError("TensorRT execution failed on profile 0")
         return {"built": True}
 
-    options = BisectOptions(cache=minilm_cache, data=ROOT / "calib_data" / "minilm_eval", groups="ffn_up,ffn_down",
-                            modes=("alone",), max_samples=4, out_dir=tmp_path / "b")
+    options = BisectOptions(
+        cache=minilm_cache,
+        data=ROOT / "calib_data" / "minilm_eval",
+        groups="ffn_up,ffn_down",
+        modes=("alone",),
+        max_samples=4,
+        out_dir=tmp_path / "b",
+    )
     result = bisect(minilm_clean, options, measure=flaky, availability=("build", "fake"))
     assert list(result.groups) == ["ffn_up", "ffn_down"]  # found behind SmoothQuant's inserted Mul too (the cache is smoothed)
-    assert [r.get("engine") for r in result.rows] == [{"error": "RuntimeError: TensorRT execution failed on profile 0"},
-                                                     {"built": True}, {"built": True}]
-    assert [row[3] for row in table_rows(result)] == ["failed: RuntimeError: TensorRT execution failed on profile 0",
-                                                      "built (not run here)", "built (not run here)"]
+    assert [r.get("engine") for r in result.rows] == [
+        {"error": "RuntimeError: TensorRT execution failed on profile 0"},
+        {"built": True},
+        {"built": True},
+    ]
+    assert [row[3] for row in table_rows(result)] == [
+        "failed: RuntimeError: TensorRT execution failed on profile 0",
+        "built (not run here)",
+        "built (not run here)",
+    ]
     assert result.suspects == [] and result.engine_status == "built only: fake"
 
 
@@ -208,22 +278,50 @@ def test_tanh_gelu_ffn_and_a_pooler_before_a_classifier():
     def init(name, value):
         return numpy_helper.from_array(np.asarray(value, dtype=np.float32), name)
 
-    inits = [init("wup", rng.standard_normal((8, 16))), init("bup", np.zeros(16)), init("wdown", rng.standard_normal((16, 8))),
-             init("c3", 3.0), init("k", 0.044715), init("r", 0.79788), init("one", 1.0), init("half", 0.5),
-             init("wp", rng.standard_normal((8, 8))), init("bp", np.zeros(8)), init("wc", rng.standard_normal((8, 3))),
-             numpy_helper.from_array(np.array(0, np.int64), "cls")]
+    inits = [
+        init("wup", rng.standard_normal((8, 16))),
+        init("bup", np.zeros(16)),
+        init("wdown", rng.standard_normal((16, 8))),
+        init("c3", 3.0),
+        init("k", 0.044715),
+        init("r", 0.79788),
+        init("one", 1.0),
+        init("half", 0.5),
+        init("wp", rng.standard_normal((8, 8))),
+        init("bp", np.zeros(8)),
+        init("wc", rng.standard_normal((8, 3))),
+        numpy_helper.from_array(np.array(0, np.int64), "cls"),
+    ]
     n = helper.make_node
-    nodes = [n("MatMul", ["x", "wup"], ["u"], name="up"), n("Add", ["u", "bup"], ["h"], name="bias_up"),
-             n("Pow", ["h", "c3"], ["p"], name="pow"), n("Mul", ["p", "k"], ["m"], name="mul_k"), n("Add", ["h", "m"], ["a"], name="add_a"),
-             n("Mul", ["a", "r"], ["s"], name="mul_r"), n("Tanh", ["s"], ["t"], name="tanh"), n("Add", ["t", "one"], ["o"], name="add_one"),
-             n("Mul", ["h", "o"], ["g"], name="mul_g"), n("Mul", ["g", "half"], ["g2"], name="mul_half"),
-             n("MatMul", ["g2", "wdown"], ["d"], name="down"), n("Add", ["d", "x"], ["y"], name="residual"),
-             n("Gather", ["y", "cls"], ["c"], name="cls_token", axis=1), n("MatMul", ["c", "wp"], ["pd"], name="pooler"),
-             n("Add", ["pd", "bp"], ["pb"], name="bias_p"), n("Tanh", ["pb"], ["pooled"], name="pool_tanh"),
-             n("MatMul", ["pooled", "wc"], ["logits"], name="classifier")]
-    graph = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8]),
-                               helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3])], inits)
+    nodes = [
+        n("MatMul", ["x", "wup"], ["u"], name="up"),
+        n("Add", ["u", "bup"], ["h"], name="bias_up"),
+        n("Pow", ["h", "c3"], ["p"], name="pow"),
+        n("Mul", ["p", "k"], ["m"], name="mul_k"),
+        n("Add", ["h", "m"], ["a"], name="add_a"),
+        n("Mul", ["a", "r"], ["s"], name="mul_r"),
+        n("Tanh", ["s"], ["t"], name="tanh"),
+        n("Add", ["t", "one"], ["o"], name="add_one"),
+        n("Mul", ["h", "o"], ["g"], name="mul_g"),
+        n("Mul", ["g", "half"], ["g2"], name="mul_half"),
+        n("MatMul", ["g2", "wdown"], ["d"], name="down"),
+        n("Add", ["d", "x"], ["y"], name="residual"),
+        n("Gather", ["y", "cls"], ["c"], name="cls_token", axis=1),
+        n("MatMul", ["c", "wp"], ["pd"], name="pooler"),
+        n("Add", ["pd", "bp"], ["pb"], name="bias_p"),
+        n("Tanh", ["pb"], ["pooled"], name="pool_tanh"),
+        n("MatMul", ["pooled", "wc"], ["logits"], name="classifier"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ffn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 8]),
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 3]),
+        ],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     plan = plan_quantization(model, None, rules=())
     assert role_groups(model, plan, None) == {"ffn_up": ["up"], "ffn_down": ["down"], "head": ["pooler", "classifier"]}

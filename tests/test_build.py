@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, assert_user_error, require, run_cli
 
-from conftest import FIXTURES, assert_user_error, run_cli, require
 from trtforge.build import check_engine_compat, parse_tiers
 from trtforge.config import AxisRange
 from trtforge.errors import UserError
@@ -43,25 +43,38 @@ def test_minilm_engine_three_tiers(minilm_clean, tmp_path, precision):
 
 
 def test_timing_cache_is_a_noop_on_rtx(minilm_clean, tmp_path):
-    proc = run_cli("build", str(minilm_clean), "--tiers", "seq=64", "--timing-cache", str(tmp_path / "tc.bin"),
-                   "--compute-capability", "SM86", "-o", str(tmp_path / "e.engine"))
+    proc = run_cli(
+        "build",
+        str(minilm_clean),
+        "--tiers",
+        "seq=64",
+        "--timing-cache",
+        str(tmp_path / "tc.bin"),
+        "--compute-capability",
+        "SM86",
+        "-o",
+        str(tmp_path / "e.engine"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no-op" in proc.stdout and not (tmp_path / "tc.bin").exists()
     side = json.loads((tmp_path / "e.engine.json").read_text())
     assert side["target_compute_capabilities"] == ["SM86"]
 
 
-@pytest.mark.parametrize("args,fragments", [
-    (["--tiers", "128,1024"], ["axis 'seq'", "leave its range 1..512"]),
-    (["--tiers", "256,128"], ["strictly increasing"]),
-    (["--tiers", "tokens=128"], ["axis 'tokens'", "batch, seq"]),
-    (["--tiers", "12a"], ["comma-separated integers"]),
-    (["--tiers", "auto"], ["--lengths"]),
-    (["--precision", "int8"], ["no Q/DQ nodes", "trtforge calibrate"]),
-    (["--precision", "fp8"], ["--precision must be 'fp32', 'fp16', 'int8' or 'best', got 'fp8'"]),
-    (["--compute-capability", "SM1000"], ["SM1000"]),
-    (["--backend", "cuda"], ["--backend must be one of auto, tensorrt, tensorrt_rtx, got 'cuda'"]),
-])
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--tiers", "128,1024"], ["axis 'seq'", "leave its range 1..512"]),
+        (["--tiers", "256,128"], ["strictly increasing"]),
+        (["--tiers", "tokens=128"], ["axis 'tokens'", "batch, seq"]),
+        (["--tiers", "12a"], ["comma-separated integers"]),
+        (["--tiers", "auto"], ["--lengths"]),
+        (["--precision", "int8"], ["no Q/DQ nodes", "trtforge calibrate"]),
+        (["--precision", "fp8"], ["--precision must be 'fp32', 'fp16', 'int8' or 'best', got 'fp8'"]),
+        (["--compute-capability", "SM1000"], ["SM1000"]),
+        (["--backend", "cuda"], ["--backend must be one of auto, tensorrt, tensorrt_rtx, got 'cuda'"]),
+    ],
+)
 def test_build_bad_input(minilm_clean, tmp_path, args, fragments):
     proc = run_cli("build", str(minilm_clean), "-o", str(tmp_path / "x.engine"), *args)
     assert_user_error(proc, *fragments)
@@ -71,8 +84,19 @@ def test_build_bad_input(minilm_clean, tmp_path, args, fragments):
 def test_auto_tiers_from_lengths_file(minilm_clean, tmp_path):
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(str(n) for n in [12, 20, 31, 40, 55, 90, 130, 180, 300, 420] * 5))
-    proc = run_cli("build", str(minilm_clean), "--tiers", "auto", "--tier-count", "3", "--lengths", str(lengths),
-                   "-o", str(tmp_path / "a.engine"), "--json")
+    proc = run_cli(
+        "build",
+        str(minilm_clean),
+        "--tiers",
+        "auto",
+        "--tier-count",
+        "3",
+        "--lengths",
+        str(lengths),
+        "-o",
+        str(tmp_path / "a.engine"),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     profiles = json.loads(proc.stdout)["profiles"]
     bounds = [p["axes"]["seq"][2] for p in profiles]
@@ -107,8 +131,14 @@ def test_parse_tiers_default_axis_and_config():
 
 
 def _side(**kw):
-    base = {"kind": "engine", "backend": "tensorrt", "tensorrt_version": "8.6.0", "compute_capability": "9.0",
-            "gpu": "NVIDIA H200", "build_options": {"hardware_compatibility": "none", "version_compatible": False}}
+    base = {
+        "kind": "engine",
+        "backend": "tensorrt",
+        "tensorrt_version": "8.6.0",
+        "compute_capability": "9.0",
+        "gpu": "NVIDIA H200",
+        "build_options": {"hardware_compatibility": "none", "version_compatible": False},
+    }
     base.update(kw)
     return base
 
@@ -123,7 +153,9 @@ def test_engine_compat_refuses_other_version_and_gpu(tmp_path):
     with pytest.raises(UserError, match="built with tensorrt_rtx"):
         check_engine_compat(tmp_path / "e.engine", _side(backend="tensorrt_rtx"), here)
     # Hardware-compatible engines are allowed across compute capabilities.
-    check_engine_compat(tmp_path / "e.engine", _side(compute_capability="8.0", build_options={"hardware_compatibility": "ampere_plus"}), here)
+    check_engine_compat(
+        tmp_path / "e.engine", _side(compute_capability="8.0", build_options={"hardware_compatibility": "ampere_plus"}), here
+    )
 
 
 def test_minilm_int8_engine_three_tiers(minilm_int8, tmp_path):
@@ -144,10 +176,16 @@ def test_parser_error_names_the_node(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu0"),
-             helper.make_node("FancyOp", ["a"], ["y"], name="fancy_layer", domain="com.example")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu0"),
+        helper.make_node("FancyOp", ["a"], ["y"], name="fancy_layer", domain="com.example"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+    )
     path = tmp_path / "badop.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]), path)
     proc = run_cli("build", str(path), "-o", str(tmp_path / "b.engine"))
@@ -184,13 +222,15 @@ def test_a_build_never_writes_over_the_onnx_it_builds_or_its_parents(minilm_onnx
     names = ("m.onnx", "m.clean.onnx", "x.onnx", "y.onnx", "other.onnx")
     before = {name: digest(a / name) for name in names}
     common = ("--precision", "fp16", "--tiers", "64", "--fuse-attention", "off")
-    cases = (("a/m.clean.onnx", "m.clean.engine", "m.clean.fp16.onnx"),  # the source's own name
-             ("a/m.clean.onnx", "m.engine", "m.fp16.onnx"),  # its parent's, recorded relative to folder a
-             ("a/y.onnx", "x.engine", "x.fp16.onnx"),  # a parent that an earlier build wrote
-             ("link/s.onnx", "m.engine", "m.fp16.onnx"),  # through a symlink to m.clean.onnx
-             ("a/m.clean.onnx", "other.engine", "other.fp16.onnx"),  # a file no build wrote
-             ("a/m.clean.onnx", "free.engine", "free.onnx"),  # nothing there: the usual name
-             ("a/m.clean.onnx", "free.engine", "free.onnx"))  # its own earlier output: replaced
+    cases = (
+        ("a/m.clean.onnx", "m.clean.engine", "m.clean.fp16.onnx"),  # the source's own name
+        ("a/m.clean.onnx", "m.engine", "m.fp16.onnx"),  # its parent's, recorded relative to folder a
+        ("a/y.onnx", "x.engine", "x.fp16.onnx"),  # a parent that an earlier build wrote
+        ("link/s.onnx", "m.engine", "m.fp16.onnx"),  # through a symlink to m.clean.onnx
+        ("a/m.clean.onnx", "other.engine", "other.fp16.onnx"),  # a file no build wrote
+        ("a/m.clean.onnx", "free.engine", "free.onnx"),  # nothing there: the usual name
+        ("a/m.clean.onnx", "free.engine", "free.onnx"),
+    )  # its own earlier output: replaced
     for source, engine, converted in cases:  # run from tmp_path, not from folder a
         proc = run_cli("build", source, *common, "-o", f"a/{engine}", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -201,9 +241,11 @@ def test_a_build_never_writes_over_the_onnx_it_builds_or_its_parents(minilm_onnx
         assert all(Path(p).is_absolute() and Path(p).resolve() == (tmp_path / source).resolve() for p in recorded), recorded
     assert {name: digest(a / name) for name in names} == before
     (a / "m.onnx.json").unlink(missing_ok=True)
-    for source, engine, what in (("a/m.clean.onnx", "a/m.onnx", "which its input a/m.clean.onnx was made from"),
-                                 ("link/s.onnx", "a/m.onnx", "which its input link/s.onnx was made from"),
-                                 ("a/y.onnx", "a/x.onnx", "which its input a/y.onnx was made from"),
-                                 ("a/y.onnx", "a/y.onnx", "over its input a/y.onnx")):
+    for source, engine, what in (
+        ("a/m.clean.onnx", "a/m.onnx", "which its input a/m.clean.onnx was made from"),
+        ("link/s.onnx", "a/m.onnx", "which its input link/s.onnx was made from"),
+        ("a/y.onnx", "a/x.onnx", "which its input a/y.onnx was made from"),
+        ("a/y.onnx", "a/y.onnx", "over its input a/y.onnx"),
+    ):
         assert_user_error(run_cli("build", source, *common, "-o", engine, cwd=tmp_path), f"build would write {engine} over", what)
     assert {name: digest(a / name) for name in names} == before

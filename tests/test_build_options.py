@@ -12,11 +12,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_build_key_reaches_the_options_and_flags_override_them():
-    section = BuildSection(workspace_mb=512, optimization_level=5, timing_cache="t.cache", tactic_sources="-CUDNN",
-                           hardware_compatibility="ampere_plus", version_compatible=True, compute_capabilities=["SM89"],
-                           fuse_attention="off", fuse_gelu="on", fuse_skip_layernorm="off", fuse_gemm="on",
-                           qkv_projection="conv", plugin_libraries=["lib.so"], gemm_precision="fp8", fp8_min_cosine=0.95,
-                           fp8_chain_ffn="on", fp8_min_top1_agreement=0.9, calib_data="calib_data/images")
+    section = BuildSection(
+        workspace_mb=512,
+        optimization_level=5,
+        timing_cache="t.cache",
+        tactic_sources="-CUDNN",
+        hardware_compatibility="ampere_plus",
+        version_compatible=True,
+        compute_capabilities=["SM89"],
+        fuse_attention="off",
+        fuse_gelu="on",
+        fuse_skip_layernorm="off",
+        fuse_gemm="on",
+        qkv_projection="conv",
+        plugin_libraries=["lib.so"],
+        gemm_precision="fp8",
+        fp8_min_cosine=0.95,
+        fp8_chain_ffn="on",
+        fp8_min_top1_agreement=0.9,
+        calib_data="calib_data/images",
+    )
     options = options_from_config(section)
     shared = {f.name for f in fields(BuildOptions)} & set(BuildSection.model_fields)
     defaults = BuildOptions()

@@ -5,16 +5,22 @@ import json
 import re
 
 import pytest
+from conftest import require, run_cli
 
-from conftest import run_cli, require
-from trtforge.backends.tensorrt import (BuildProgress, InspectorParseError, parse_inspector_json, parse_layer_log, runs_int8,
-                                        summarize_layers)
+from trtforge.backends.tensorrt import (
+    BuildProgress,
+    InspectorParseError,
+    parse_inspector_json,
+    parse_layer_log,
+    runs_int8,
+    summarize_layers,
+)
 from trtforge.config import AxisRange, InputSpec
 from trtforge.doctor import engine_support, rtx_targets
 from trtforge.profiles import plan_profiles, slow_build_warning, tier_ranges
 
-
 # -- inspector JSON ----------------------------------------------------------------------------------
+
 
 def test_inspector_json_with_raw_control_characters():
     # TensorRT 8.6 wrote raw control characters inside layer names (ResNet-50: "Invalid control character").
@@ -70,14 +76,21 @@ def test_layer_log_rtx_format_and_inspector_na():
     assert runs_int8(layers[1]) and not runs_int8(layers[0])
     assert layers[1]["Outputs"] == [{"Name": "y", "Datatype": "Float", "Dimensions": [-1, 16, -1, -1]}]
     # The 8.6 inspector without concrete shapes: precision unknown, not a made-up one.
-    na = [{"Name": "c", "LayerType": "Convolution", "Inputs": [{"Format/Datatype": "N/A due to dynamic shapes"}],
-           "Outputs": [{"Format/Datatype": "N/A due to dynamic shapes"}]}]
+    na = [
+        {
+            "Name": "c",
+            "LayerType": "Convolution",
+            "Inputs": [{"Format/Datatype": "N/A due to dynamic shapes"}],
+            "Outputs": [{"Format/Datatype": "N/A due to dynamic shapes"}],
+        }
+    ]
     summary = summarize_layers(na)
     assert (summary["by_type"], summary["by_precision"], summary["int8_layers"]) == ({"Convolution": 1}, {"unknown": 1}, [])
     assert parse_layer_log("garbage\nLayer(: broken") == []
 
 
 # -- progress ----------------------------------------------------------------------------------------
+
 
 def test_progress_follows_the_monitor_phases():
     """Phase events as tensorrt_rtx 1.7 reported them for a 2-profile build (captured, shortened)."""
@@ -98,10 +111,14 @@ def test_progress_follows_the_monitor_phases():
 
 # -- slow build warning ------------------------------------------------------------------------------
 
+
 def _image_profiles(batch_max: int, tiers: list[int]):
     specs = [InputSpec(name="x", dtype="float32", shape=["batch", 3, "height", "width"])]
-    axes = {"batch": AxisRange(min=1, opt=1, max=batch_max), "height": AxisRange(min=64, opt=512, max=1024),
-            "width": AxisRange(min=64, opt=512, max=1024)}
+    axes = {
+        "batch": AxisRange(min=1, opt=1, max=batch_max),
+        "height": AxisRange(min=64, opt=512, max=1024),
+        "width": AxisRange(min=64, opt=512, max=1024),
+    }
     plan = {a: tier_ranges(tiers, axes[a], a) for a in ("height", "width")}
     return plan_profiles(specs, axes, plan)
 
@@ -109,8 +126,14 @@ def _image_profiles(batch_max: int, tiers: list[int]):
 def test_slow_build_warning_names_cause_and_remedies():
     warning = slow_build_warning(_image_profiles(1, [256, 1024]))  # DeepLabV3 of issue 9
     assert warning is not None and "\n" not in warning
-    for fragment in ("4 optimization profiles", "input 'x' 1x3x1024x1024", "fewer tiers", "smaller max",
-                     "--optimization-level", "--timing-cache"):
+    for fragment in (
+        "4 optimization profiles",
+        "input 'x' 1x3x1024x1024",
+        "fewer tiers",
+        "smaller max",
+        "--optimization-level",
+        "--timing-cache",
+    ):
         assert fragment in warning, warning
     assert slow_build_warning(_image_profiles(1, [1024])) is None  # one profile up to 1024x1024
     specs = [InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"])]
@@ -120,6 +143,7 @@ def test_slow_build_warning_names_cause_and_remedies():
 
 
 # -- which engines run where -------------------------------------------------------------------------
+
 
 def _gpu(cc: str, name: str = "GPU"):
     return {"name": name, "compute_capability": cc, "memory_gib": 24.0, "count": 1}
@@ -163,16 +187,24 @@ def test_pipeline_runs_rtx_engines_on_a_supported_gpu(monkeypatch):
 
 # -- real builds with tensorrt-rtx (CPU) -------------------------------------------------------------
 
+
 def _conv_onnx(path):
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv0"),
-             helper.make_node("Relu", ["c"], ["y"], name="relu0")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "h", "w"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, "h", "w"])], [w])
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv0"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu0"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, "h", "w"])],
+        [w],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
 
@@ -201,8 +233,7 @@ def test_engine_is_kept_when_the_inspector_fails(tmp_path, monkeypatch):
 def test_heartbeat_lines_under_ci(tmp_path):
     require("tensorrt_rtx")
     onnx_path = _conv_onnx(tmp_path / "c.onnx")
-    proc = run_cli("build", str(onnx_path), "--tiers", "h=16,64", "-o", str(tmp_path / "c.engine"),
-                   env={"TRTFORGE_HEARTBEAT_S": "0.01"})
+    proc = run_cli("build", str(onnx_path), "--tiers", "h=16,64", "-o", str(tmp_path / "c.engine"), env={"TRTFORGE_HEARTBEAT_S": "0.01"})
     assert proc.returncode == 0, proc.stderr
     beats = [l for l in proc.stderr.splitlines() if re.fullmatch(r"building c\.onnx: \d+ s elapsed, .*", l)]
     assert beats and all(re.search(r"profile [12] of 2", l) for l in beats), proc.stderr

@@ -5,7 +5,6 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import assert_user_error, run_cli
 
 
@@ -44,8 +43,22 @@ def test_changed_method_recalibrates_or_fails_strict(minilm_int8, tmp_path):
         shutil.copy(int8.with_name(name), work / name)
     proc = run_cli("calibrate", str(work / "minilm.clean.onnx"), "--data", "calib_data/minilm", "--method", "minmax", "--strict-cache")
     assert_user_error(proc, "minilm.calib.cache was made for another method", "--strict-cache")
-    proc = run_cli("calibrate", str(work / "minilm.clean.onnx"), "--data", "calib_data/minilm", "--method", "minmax",
-                   "--max-samples", "24", "--max-eval-samples", "24", "--no-fallback", "--min-cosine", "0.5", "--json")
+    proc = run_cli(
+        "calibrate",
+        str(work / "minilm.clean.onnx"),
+        "--data",
+        "calib_data/minilm",
+        "--method",
+        "minmax",
+        "--max-samples",
+        "24",
+        "--max-eval-samples",
+        "24",
+        "--no-fallback",
+        "--min-cosine",
+        "0.5",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert not report["cache_reused"] and "another method" in report["cache_reason"]
@@ -53,8 +66,22 @@ def test_changed_method_recalibrates_or_fails_strict(minilm_int8, tmp_path):
 
 
 def test_compare_methods_prints_all_three(minilm_clean, tmp_path):
-    proc = run_cli("calibrate", str(minilm_clean), "--data", "calib_data/minilm", "--compare-methods", "--max-samples", "16",
-                   "--max-eval-samples", "16", "--no-fallback", "--min-cosine", "0", "-o", str(tmp_path / "m.int8.onnx"))
+    proc = run_cli(
+        "calibrate",
+        str(minilm_clean),
+        "--data",
+        "calib_data/minilm",
+        "--compare-methods",
+        "--max-samples",
+        "16",
+        "--max-eval-samples",
+        "16",
+        "--no-fallback",
+        "--min-cosine",
+        "0",
+        "-o",
+        str(tmp_path / "m.int8.onnx"),
+    )
     assert proc.returncode == 0, proc.stderr
     for method in ("entropy", "percentile", "minmax"):
         assert method in proc.stdout
@@ -62,8 +89,22 @@ def test_compare_methods_prints_all_three(minilm_clean, tmp_path):
 
 
 def test_gate_failure_exits_1(minilm_clean, tmp_path):
-    proc = run_cli("calibrate", str(minilm_clean), "--data", "calib_data/minilm", "--no-smooth", "--no-fallback",
-                   "--max-samples", "16", "--max-eval-samples", "16", "--min-cosine", "0.9999", "-o", str(tmp_path / "m.int8.onnx"))
+    proc = run_cli(
+        "calibrate",
+        str(minilm_clean),
+        "--data",
+        "calib_data/minilm",
+        "--no-smooth",
+        "--no-fallback",
+        "--max-samples",
+        "16",
+        "--max-eval-samples",
+        "16",
+        "--min-cosine",
+        "0.9999",
+        "-o",
+        str(tmp_path / "m.int8.onnx"),
+    )
     assert_user_error(proc, "below the gate 0.9999", code=1)
 
 
@@ -71,10 +112,26 @@ def test_int8_flops_floor_failure_says_where_the_float_flops_are(minilm_clean, t
     """A DeBERTa-v3 at a small hidden size spends most GEMM FLOPs in its relative-position attention MatMuls and
     failed the floor with a bare percentage; the failure now names the float share by reason, and what to do."""
     out = tmp_path / "m.int8.onnx"
-    proc = run_cli("calibrate", str(minilm_clean), "--data", "calib_data/minilm", "--max-samples", "16", "--max-eval-samples", "16",
-                   "--min-int8-flops", "0.99", "-o", str(out))
-    assert_user_error(proc, "below the floor 99% (min_int8_flops); float: attention's activation x activation MatMuls "
-                      "(--quantize-attention quantizes them)", "lower --min-int8-flops", code=1)
+    proc = run_cli(
+        "calibrate",
+        str(minilm_clean),
+        "--data",
+        "calib_data/minilm",
+        "--max-samples",
+        "16",
+        "--max-eval-samples",
+        "16",
+        "--min-int8-flops",
+        "0.99",
+        "-o",
+        str(out),
+    )
+    assert_user_error(
+        proc,
+        "below the floor 99% (min_int8_flops); float: attention's activation x activation MatMuls (--quantize-attention quantizes them)",
+        "lower --min-int8-flops",
+        code=1,
+    )
     side = json.loads(out.with_name("m.int8.onnx.json").read_text())
     shares = side["float_gemm_flops"]
     assert set(shares) <= {"attention_bmm", "output_layer", "fallback", "gemv"} and shares["attention_bmm"] > 0.05
@@ -96,27 +153,41 @@ def _tiny_samples(folder, n=6, name="image", dtype=np.float32, rank=4):
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for i in range(n):
-        shape = (1, 3, 24 + 8 * (i % 2), 32)[4 - rank:]
+        shape = (1, 3, 24 + 8 * (i % 2), 32)[4 - rank :]
         np.savez(folder / f"s{i}.npz", **{name: rng.random(shape).astype(dtype)})
     return folder
 
 
 def test_tiny_fcn_with_arrays(tiny_fcn_clean, tmp_path):
     data = _tiny_samples(tmp_path / "data")
-    proc = run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "--method", "percentile", "--min-cosine", "0.95",
-                   "-o", str(tmp_path / "fcn.int8.onnx"), "--json")
+    proc = run_cli(
+        "calibrate",
+        str(tiny_fcn_clean),
+        "--data",
+        str(data),
+        "--method",
+        "percentile",
+        "--min-cosine",
+        "0.95",
+        "-o",
+        str(tmp_path / "fcn.int8.onnx"),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["accuracy"]["mean_cosine"] >= 0.95 and report["int8_gemm_flops_fraction"] > 0.8
     assert (tmp_path / "fcn.calib.cache").read_text().startswith("TRT-8600-LegacyCalibration")
 
 
-@pytest.mark.parametrize("make,fragments", [
-    (lambda d: d.mkdir(), ["holds no .npy/.npz"]),
-    (lambda d: _tiny_samples(d, name="pixels"), ["has no array 'image'", "pixels"]),
-    (lambda d: _tiny_samples(d, dtype=np.int32), ["dtype int32", "float32"]),
-    (lambda d: _tiny_samples(d, rank=2), ["rank 2", "rank 4"]),
-])
+@pytest.mark.parametrize(
+    "make,fragments",
+    [
+        (lambda d: d.mkdir(), ["holds no .npy/.npz"]),
+        (lambda d: _tiny_samples(d, name="pixels"), ["has no array 'image'", "pixels"]),
+        (lambda d: _tiny_samples(d, dtype=np.int32), ["dtype int32", "float32"]),
+        (lambda d: _tiny_samples(d, rank=2), ["rank 2", "rank 4"]),
+    ],
+)
 def test_calibrate_bad_data(tiny_fcn_clean, tmp_path, make, fragments):
     make(tmp_path / "data")
     proc = run_cli("calibrate", str(tiny_fcn_clean), "--data", str(tmp_path / "data"), "-o", str(tmp_path / "x.int8.onnx"))
@@ -147,15 +218,29 @@ def test_import_cache_from_elsewhere(tiny_fcn_clean, tmp_path):
     data = _tiny_samples(tmp_path / "data")
     proc = run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "-o", str(tmp_path / "a.int8.onnx"), "--min-cosine", "0.9")
     assert proc.returncode == 0, proc.stderr
-    proc = run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "--from-cache", str(tmp_path / "a.calib.cache"),
-                   "-o", str(tmp_path / "b.int8.onnx"), "--min-cosine", "0.9", "--json")
+    proc = run_cli(
+        "calibrate",
+        str(tiny_fcn_clean),
+        "--data",
+        str(data),
+        "--from-cache",
+        str(tmp_path / "a.calib.cache"),
+        "-o",
+        str(tmp_path / "b.int8.onnx"),
+        "--min-cosine",
+        "0.9",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["cache_reason"].startswith("imported")
 
 
 def test_unknown_method(tiny_fcn_clean, tmp_path):
     data = _tiny_samples(tmp_path / "data")
-    assert_user_error(run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "--method", "kl"), "--method must be 'entropy', 'percentile' or 'minmax', got 'kl'")
+    assert_user_error(
+        run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "--method", "kl"),
+        "--method must be 'entropy', 'percentile' or 'minmax', got 'kl'",
+    )
 
 
 def test_images_folder_for_a_cnn(tiny_fcn_clean, tmp_path):
@@ -168,7 +253,18 @@ def test_images_folder_for_a_cnn(tiny_fcn_clean, tmp_path):
         yy, xx = np.mgrid[0:h, 0:w]
         pixels = np.stack([(np.sin(xx / (3 + c + i)) + np.cos(yy / (4 + c))) * 60 + 128 for c in range(3)], -1)
         Image.fromarray(np.clip(pixels + rng.normal(0, 5, pixels.shape), 0, 255).astype(np.uint8)).save(data / f"img{i}.png")
-    proc = run_cli("calibrate", str(tiny_fcn_clean), "--data", str(data), "--method", "minmax", "--min-cosine", "0.95",
-                   "-o", str(tmp_path / "img.int8.onnx"), "--json")
+    proc = run_cli(
+        "calibrate",
+        str(tiny_fcn_clean),
+        "--data",
+        str(data),
+        "--method",
+        "minmax",
+        "--min-cosine",
+        "0.95",
+        "-o",
+        str(tmp_path / "img.int8.onnx"),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["accuracy"]["samples"] == 3

@@ -61,8 +61,13 @@ def _gelu(x):
 def test_entropy_matches_plain_reference(seed, dist):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=20000)
-    values = {"gaussian": x, "relu": np.maximum(x, 0), "gelu": _gelu(x), "laplace": rng.laplace(size=20000),
-              "outliers": np.concatenate([x, rng.normal(size=20) * 40])}[dist]
+    values = {
+        "gaussian": x,
+        "relu": np.maximum(x, 0),
+        "gelu": _gelu(x),
+        "laplace": rng.laplace(size=20000),
+        "outliers": np.concatenate([x, rng.normal(size=20) * 40]),
+    }[dist]
     hist = _hist(values, bins=512)  # 512 bins keeps the plain-Python reference fast
     ours = entropy_amax(hist)
     ref = reference_entropy_threshold(hist.counts, hist.bin_width)
@@ -142,8 +147,10 @@ def _split_merge(batches, order, bins=256):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=50), min_size=1, max_size=8),
-       st.randoms(use_true_random=False))
+@given(
+    st.lists(st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=50), min_size=1, max_size=8),
+    st.randoms(use_true_random=False),
+)
 def test_merged_shards_equal_one_pass(batches, random):
     """Issue 13: calibration shards merge exactly, in any order (zeros-only shards included)."""
     one = StreamingHistogram(256)

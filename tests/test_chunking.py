@@ -3,8 +3,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtforge.chunking import (Window, merge_logits, merge_tiles, merge_windows, plan_tiles, plan_windows, pooled_mean,
-                               tile_weight_maps, window_weights, windows_from_spans)
+from trtforge.chunking import (
+    Window,
+    merge_logits,
+    merge_tiles,
+    merge_windows,
+    plan_tiles,
+    plan_windows,
+    pooled_mean,
+    tile_weight_maps,
+    window_weights,
+    windows_from_spans,
+)
 from trtforge.errors import UserError
 
 lengths = st.integers(1, 3000)
@@ -26,7 +36,7 @@ def test_windows_cover_every_position_once_kept(length, chunk, data):
     assert all(type(w) is Window and len(w) == 4 for w in windows)  # real Windows (built without _make's frame)
     covered = np.zeros(length, int)
     for w in windows:
-        covered[w.keep_start:w.keep_end] += 1
+        covered[w.keep_start : w.keep_end] += 1
         assert w.start <= w.keep_start <= w.keep_end <= w.end
     assert (covered == 1).all()
 
@@ -63,11 +73,11 @@ def test_a_full_last_window_ends_the_sequence_at_full_length(length, chunk, data
         assert a.start < b.start <= a.end and a.keep_end == b.keep_start
     for w in full:
         assert w.start <= w.keep_start <= w.keep_end <= w.end
-        covered[w.keep_start:w.keep_end] += 1
+        covered[w.keep_start : w.keep_end] += 1
     assert (covered == 1).all()
     for merge in ("center", "linear"):  # a position-wise signal survives the merge
         signal = np.arange(length, dtype=np.float64)[:, None]
-        merged = merge_windows([signal[w.start:w.end] for w in full], full, length, merge)
+        merged = merge_windows([signal[w.start : w.end] for w in full], full, length, merge)
         np.testing.assert_allclose(merged, signal)
 
 
@@ -79,7 +89,7 @@ def test_blend_weights_sum_to_one(length, chunk, merge, data):
     total = np.zeros(length)
     for w, wt in zip(windows, window_weights(windows, length, merge)):
         assert (wt >= 0).all()
-        total[w.start:w.end] += wt
+        total[w.start : w.end] += wt
     np.testing.assert_allclose(total, 1.0, atol=1e-12)
 
 
@@ -87,7 +97,7 @@ def test_blend_weights_sum_to_one(length, chunk, merge, data):
 def test_merge_reconstructs_a_position_wise_signal(merge):
     signal = np.random.default_rng(0).normal(size=(1000, 3))
     windows = plan_windows(1000, 128, 32)
-    outs = [signal[w.start:w.end] for w in windows]
+    outs = [signal[w.start : w.end] for w in windows]
     np.testing.assert_allclose(merge_windows(outs, windows, 1000, merge), signal, atol=1e-12)
 
 
@@ -106,7 +116,7 @@ def test_issue_example_8192_tokens():
 def test_pooled_mean_equals_mean_of_merged_tokens():
     tokens = np.random.default_rng(1).normal(size=(700, 8))
     windows = plan_windows(700, 256, 32)
-    means = [tokens[w.keep_start:w.keep_end].mean(axis=0) for w in windows]
+    means = [tokens[w.keep_start : w.keep_end].mean(axis=0) for w in windows]
     counts = [w.keep_end - w.keep_start for w in windows]
     np.testing.assert_allclose(pooled_mean(means, counts), tokens.mean(axis=0), atol=1e-12)
 
@@ -124,14 +134,14 @@ def test_tile_weights_sum_to_one_and_cover(h, w, tile, merge, data):
     overlap = data.draw(st.integers(0, tile - 1))
     total = np.zeros((h, w))
     for t, wt in zip(plan_tiles(h, w, tile, overlap), tile_weight_maps(h, w, tile, overlap, merge)):
-        total[t.rows.start:t.rows.end, t.cols.start:t.cols.end] += wt
+        total[t.rows.start : t.rows.end, t.cols.start : t.cols.end] += wt
     np.testing.assert_allclose(total, 1.0, atol=1e-12)
 
 
 def test_merge_tiles_reconstructs_pixelwise_image():
     image = np.random.default_rng(2).normal(size=(4, 100, 77))
     tiles = plan_tiles(100, 77, 32, 8)
-    outs = [image[:, t.rows.start:t.rows.end, t.cols.start:t.cols.end] for t in tiles]
+    outs = [image[:, t.rows.start : t.rows.end, t.cols.start : t.cols.end] for t in tiles]
     for merge in ("center", "linear", "gaussian"):
         np.testing.assert_allclose(merge_tiles(outs, 100, 77, 32, 8, merge), image, atol=1e-12)
 
@@ -147,7 +157,7 @@ def test_tiled_tiny_fcn_equals_whole_image():
         whole = module(image).numpy()
         overlap = RECEPTIVE_FIELD - 1 + 8  # each kept pixel sits >= 8 pixels inside its tile
         tiles = plan_tiles(150, 130, 64, overlap)
-        outs = [module(image[..., t.rows.start:t.rows.end, t.cols.start:t.cols.end]).numpy() for t in tiles]
+        outs = [module(image[..., t.rows.start : t.rows.end, t.cols.start : t.cols.end]).numpy() for t in tiles]
     for merge, tol in (("center", 1e-5), ("linear", 2e-2), ("gaussian", 2e-2)):
         merged = merge_tiles(outs, 150, 130, 64, overlap, merge)
         rel = np.linalg.norm(merged - whole) / np.linalg.norm(whole)
@@ -175,7 +185,6 @@ def test_a_preallocated_merge_equals_the_lazy_one_and_refuses_another_shape():
         wrong.add(0, parts[0])
 
 
-
 @settings(max_examples=80, deadline=None)
 @given(st.integers(20, 400), st.integers(4, 64), st.data())
 def test_take_equals_adding_each_window(length, chunk, data):
@@ -196,13 +205,13 @@ def test_take_equals_adding_each_window(length, chunk, data):
     i = 0
     while i < len(windows):  # runs of 1-4 windows, each in a row of `chunk + 3` positions at a drawn offset
         n = data.draw(st.integers(1, 4))
-        run = parts[i:i + n]
+        run = parts[i : i + n]
         row = chunk + 3
         source = np.full((len(run) * row, 2), np.nan, source_dtype)
         offsets = []
         for k, p in enumerate(run):
             at = k * row + data.draw(st.integers(0, row - len(p)))
-            source[at:at + len(p)] = p
+            source[at : at + len(p)] = p
             offsets.append(at)
         by_take.take(i, source, offsets)
         i += len(run)
@@ -229,21 +238,21 @@ def test_run_copies_of_a_batchs_windows_equal_adding_each_window(length, chunk, 
     i = 0
     while i < len(windows):  # a batch's rows: runs of 1-5 windows, each in a row of `chunk` positions
         n = data.draw(st.integers(1, 5))
-        run = parts[i:i + n]
+        run = parts[i : i + n]
         first_row = data.draw(st.integers(0, 3))  # rows of other inputs before this run in the batch
         shift = chunk - max(len(p) for p in run) if data.draw(st.booleans()) else 0  # where positions start in a row
         source = np.full(((first_row + len(run)) * chunk, 2), np.nan, np.float32)
         for k, p in enumerate(run):
             at = (first_row + k) * chunk + shift
-            source[at:at + len(p)] = p
+            source[at : at + len(p)] = p
         copies = placed.run_copies(i, len(run), first_row * chunk + shift, chunk)
         listed = placed.segments(i, [(first_row + k) * chunk + shift for k in range(len(run))], source.shape[0])
         assert [(s + r * ss, d + r * ds, w) for s, d, w, c, ss, ds in copies for r in range(c)] == [x for x in listed if x[2]]
         for src, dst, width, count, src_step, dst_step in copies:
             assert count == 1 or (src_step >= width and dst_step >= width)  # 2-D pitches are at least the width
             for r in range(count):
-                merged[dst + r * dst_step:dst + r * dst_step + width] = source[src + r * src_step:src + r * src_step + width]
-                written[dst + r * dst_step:dst + r * dst_step + width] += 1
+                merged[dst + r * dst_step : dst + r * dst_step + width] = source[src + r * src_step : src + r * src_step + width]
+                written[dst + r * dst_step : dst + r * dst_step + width] += 1
         placed.mark(i, len(run))
         i += len(run)
     assert (written == 1).all()
@@ -338,8 +347,14 @@ def test_row_runs_join_consecutive_windows_of_one_input_in_consecutive_rows():
         return SimpleNamespace(doc=d, index=i, content=slice(start, start + n), window=Window(0, n, 0, n))
 
     batch = [chunk(0, 0), chunk(0, 1, n=3), chunk(1, 0), chunk(0, 2), chunk(2, 0), chunk(2, 1, start=0), chunk(0, 4)]
-    assert row_runs(batch) == [RowRun(0, 0, 0, 2, 1, 5), RowRun(1, 0, 2, 1, 1, 5), RowRun(0, 2, 3, 1, 1, 5),
-                               RowRun(2, 0, 4, 1, 1, 5), RowRun(2, 1, 5, 1, 0, 5), RowRun(0, 4, 6, 1, 1, 5)]
+    assert row_runs(batch) == [
+        RowRun(0, 0, 0, 2, 1, 5),
+        RowRun(1, 0, 2, 1, 1, 5),
+        RowRun(0, 2, 3, 1, 1, 5),
+        RowRun(2, 0, 4, 1, 1, 5),
+        RowRun(2, 1, 5, 1, 0, 5),
+        RowRun(0, 4, 6, 1, 1, 5),
+    ]
     assert row_runs(batch, [0, 1, 3]) == [RowRun(0, 0, 0, 2, 1, 5), RowRun(0, 2, 3, 1, 1, 5)]  # rows 1 and 3 are not adjacent
     assert row_runs(batch, []) == []
     tiles = [SimpleNamespace(doc=0, index=i, content=None, window=Tile(Window(0, 4, 0, 4), Window(0, 4, 0, 4))) for i in range(2)]

@@ -9,11 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, run_cli
 from test_bad_input_matrix import invoke
 
-from trtforge.errors import GateFailed, INTERNAL_ERROR, UserError
+from trtforge.errors import INTERNAL_ERROR, GateFailed, UserError
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +34,7 @@ def _doctor_raises(monkeypatch, exc: BaseException) -> None:
 def test_an_unexpected_exception_is_one_line_a_log_and_exit_3(monkeypatch, log_dir):
     _doctor_raises(monkeypatch, ZeroDivisionError("the probe divided by zero"))
     proc = invoke("doctor")
-    line = assert_user_error(proc, "internal error in 'doctor'", "ZeroDivisionError: the probe divided by zero",
-                             code=INTERNAL_ERROR)
+    line = assert_user_error(proc, "internal error in 'doctor'", "ZeroDivisionError: the probe divided by zero", code=INTERNAL_ERROR)
     logs = list(log_dir.iterdir())
     assert len(logs) == 1 and str(logs[0]) in line and not logs[0].name.startswith(".")
     text = logs[0].read_text()
@@ -54,9 +52,14 @@ def test_the_log_falls_back_when_the_log_dir_cannot_be_written(monkeypatch, tmp_
     assert str(tmp_path / "cache" / "trtforge" / "logs") in line
 
 
-@pytest.mark.parametrize("exc, kind, code", [(UserError("model m.onnx is missing; export it."), "user_error", 2),
-                                             (GateFailed("cosine 0.5 below the gate 0.99."), "gate_failed", 1),
-                                             (RuntimeError("unexpected"), "internal_error", INTERNAL_ERROR)])
+@pytest.mark.parametrize(
+    "exc, kind, code",
+    [
+        (UserError("model m.onnx is missing; export it."), "user_error", 2),
+        (GateFailed("cosine 0.5 below the gate 0.99."), "gate_failed", 1),
+        (RuntimeError("unexpected"), "internal_error", INTERNAL_ERROR),
+    ],
+)
 def test_json_errors_are_one_object_on_stdout(monkeypatch, log_dir, exc, kind, code):
     _doctor_raises(monkeypatch, exc)
     proc = invoke("doctor", "--json")
@@ -70,10 +73,12 @@ def test_json_errors_are_one_object_on_stdout(monkeypatch, log_dir, exc, kind, c
 
 def test_json_usage_errors_and_option_checks_print_an_object(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for args, says in ((["run", "m.onnx", "--inputs", "d", "--min-cosine", "2", "--json"], "--min-cosine"),
-                       (["run", "m.onnx", "--max-rel-l2", "-1", "--json"], "--max-rel-l2"),
-                       (["build", "m.onnx", "--bogus", "--json"], "--bogus"),
-                       (["clean", "missing.onnx", "--json"], "missing.onnx")):
+    for args, says in (
+        (["run", "m.onnx", "--inputs", "d", "--min-cosine", "2", "--json"], "--min-cosine"),
+        (["run", "m.onnx", "--max-rel-l2", "-1", "--json"], "--max-rel-l2"),
+        (["build", "m.onnx", "--bogus", "--json"], "--bogus"),
+        (["clean", "missing.onnx", "--json"], "missing.onnx"),
+    ):
         proc = invoke(*args)
         assert proc.returncode == 2, proc.stderr
         error = json.loads(proc.stdout)["error"]
@@ -120,9 +125,11 @@ def test_a_failed_legacy_export_keeps_torch_output_off_stdout(tmp_path):
         "        y = self.l(x)\n"
         "        return torch.linalg.eigh(y @ y.transpose(-1, -2))[0]\n"
         "def make():\n"
-        "    return M(), {'x': torch.randn(2, 8, 8)}\n")
-    proc = run_cli("export", "--model", f"{model}:make", "-o", str(tmp_path / "m.onnx"), "--json",
-                   env={"TRTFORGE_LOG_DIR": str(tmp_path / "logs")})
+        "    return M(), {'x': torch.randn(2, 8, 8)}\n"
+    )
+    proc = run_cli(
+        "export", "--model", f"{model}:make", "-o", str(tmp_path / "m.onnx"), "--json", env={"TRTFORGE_LOG_DIR": str(tmp_path / "logs")}
+    )
     line = assert_user_error(proc, "the legacy exporter failed", "linalg_eigh", "details in")
     error = json.loads(proc.stdout)["error"]  # nothing but the one object
     assert error["kind"] == "user_error" and error["log"] and error["log"] in line
@@ -134,12 +141,20 @@ def test_the_executable_exits_3_without_a_traceback(tmp_path):
     import os
     import sys
 
-    code = ("import sys, trtforge.doctor as d\n"
-            "def boom(): raise AttributeError(\"'NoneType' object has no attribute 'shape'\")\n"
-            "d.report = boom\nsys.argv = ['trtforge', 'doctor']\nfrom trtforge.cli import entry\nentry()\n")
+    code = (
+        "import sys, trtforge.doctor as d\n"
+        "def boom(): raise AttributeError(\"'NoneType' object has no attribute 'shape'\")\n"
+        "d.report = boom\nsys.argv = ['trtforge', 'doctor']\nfrom trtforge.cli import entry\nentry()\n"
+    )
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(root), "CI": "true", "TRTFORGE_LOG_DIR": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root), "CI": "true", "TRTFORGE_LOG_DIR": str(tmp_path)},
+    )
     assert_user_error(proc, "internal error in 'doctor'", "AttributeError", str(tmp_path), code=INTERNAL_ERROR)
 
 

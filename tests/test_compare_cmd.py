@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import assert_user_error, export_zoo, require, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import assert_user_error, export_zoo, require, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.compare_step import CompareOptions, EngineAccess, compare, first_jump, growth_factors
 from trtforge.errors import UserError
@@ -27,19 +27,29 @@ CHAIN_TENSORS = ["h1_mm", "h1", "h1_relu", "h2_mm", "h2", "h2_relu", "y"]
 def chain(w2_scale: float = 1.0, act1: str = "Relu") -> onnx.ModelProto:
     """x[batch, 8] -> MatMul -> Add -> act1 -> MatMul -> Add -> Relu -> MatMul -> y[batch, 4]."""
     rng = np.random.default_rng(0)
-    inits = {"W1": rng.standard_normal((8, 16)) / 3, "B1": rng.standard_normal(16) * 0.1,
-             "W2": rng.standard_normal((16, 16)) / 4 * w2_scale, "B2": rng.standard_normal(16) * 0.1,
-             "W3": rng.standard_normal((16, 4)) / 4}
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h1_mm"], name="mm1"),
-             helper.make_node("Add", ["h1_mm", "B1"], ["h1"], name="add1"),
-             helper.make_node(act1, ["h1"], ["h1_relu"], name="act1"),
-             helper.make_node("MatMul", ["h1_relu", "W2"], ["h2_mm"], name="mm2"),
-             helper.make_node("Add", ["h2_mm", "B2"], ["h2"], name="add2"),
-             helper.make_node("Relu", ["h2"], ["h2_relu"], name="act2"),
-             helper.make_node("MatMul", ["h2_relu", "W3"], ["y"], name="mm3")]
-    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    inits = {
+        "W1": rng.standard_normal((8, 16)) / 3,
+        "B1": rng.standard_normal(16) * 0.1,
+        "W2": rng.standard_normal((16, 16)) / 4 * w2_scale,
+        "B2": rng.standard_normal(16) * 0.1,
+        "W3": rng.standard_normal((16, 4)) / 4,
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1_mm"], name="mm1"),
+        helper.make_node("Add", ["h1_mm", "B1"], ["h1"], name="add1"),
+        helper.make_node(act1, ["h1"], ["h1_relu"], name="act1"),
+        helper.make_node("MatMul", ["h1_relu", "W2"], ["h2_mm"], name="mm2"),
+        helper.make_node("Add", ["h2_mm", "B2"], ["h2"], name="add2"),
+        helper.make_node("Relu", ["h2"], ["h2_relu"], name="act2"),
+        helper.make_node("MatMul", ["h2_relu", "W3"], ["y"], name="mm3"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -79,16 +89,25 @@ def cli(monkeypatch, capsys):
 def _compare(chains: Path, target: str, *args: str, cli=run_cli):
     report = chains / f"{target}.{abs(hash(args))}.json"
     report.unlink(missing_ok=True)
-    proc = cli("compare", str(chains / f"{target}.onnx"), str(chains / "ref.onnx"), "--inputs", str(chains / "in"),
-               "--report", str(report), *args)
+    proc = cli(
+        "compare", str(chains / f"{target}.onnx"), str(chains / "ref.onnx"), "--inputs", str(chains / "in"), "--report", str(report), *args
+    )
     return proc, (json.loads(report.read_text()) if report.exists() else None)
 
 
 # -- the rule, pure ----------------------------------------------------------------------------------------------
 
+
 def _row(tensor: str, rel_l2: float, cosine: float = 1.0, nonfinite: int = 0) -> dict:
-    return {"tensor": tensor, "op": "MatMul", "node": tensor, "rel_l2": rel_l2, "cosine": cosine,
-            "candidate_nonfinite": nonfinite, "values": 10}
+    return {
+        "tensor": tensor,
+        "op": "MatMul",
+        "node": tensor,
+        "rel_l2": rel_l2,
+        "cosine": cosine,
+        "candidate_nonfinite": nonfinite,
+        "values": 10,
+    }
 
 
 def test_first_jump_is_the_first_tensor_in_order_over_a_gate_or_nan():
@@ -137,6 +156,7 @@ def test_outputs_with_a_tolerance_leave_the_default_gates_to_the_others():
 
 
 # -- the command on the hand-made chain ----------------------------------------------------------------------------
+
 
 def test_an_unperturbed_copy_passes_layer_wise(chains):
     proc, report = _compare(chains, "same", "--layerwise")
@@ -211,34 +231,46 @@ def test_tolerances_pass_and_fail_as_set(chains, cli):
     assert report["gates"]["checked"][0]["source"] == "set"
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["--atol", "y:abc"], ["--atol 'y:abc'"]),
-    (["--rtol", "-1"], ["--rtol '-1'"]),
-    (["--atol", "logits:0.1"], ["--atol names output 'logits'", "outputs: y"]),
-    (["--error-stat", "q150", "--atol", "0.1"], ["--error-stat 'q150'"]),
-    (["--error-stat", "max"], ["--error-stat max needs a tolerance"]),
-    (["--min-cosine", "2"], ["--min-cosine 2 is outside [-1, 1]"]),
-    (["--max-rel-l2", "-1"], ["--max-rel-l2 -1"]),
-])
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--atol", "y:abc"], ["--atol 'y:abc'"]),
+        (["--rtol", "-1"], ["--rtol '-1'"]),
+        (["--atol", "logits:0.1"], ["--atol names output 'logits'", "outputs: y"]),
+        (["--error-stat", "q150", "--atol", "0.1"], ["--error-stat 'q150'"]),
+        (["--error-stat", "max"], ["--error-stat max needs a tolerance"]),
+        (["--min-cosine", "2"], ["--min-cosine 2 is outside [-1, 1]"]),
+        (["--max-rel-l2", "-1"], ["--max-rel-l2 -1"]),
+    ],
+)
 def test_bad_values_are_one_sentence(chains, cli, args, fragments):
     proc, report = _compare(chains, "pert", *args, cli=cli)
     assert_user_error(proc, *fragments)
     assert report is None
 
 
-@pytest.mark.parametrize("target, reference, inputs, extra, fragment", [
-    ("nope.onnx", "ref.onnx", "in", [], "nope.onnx does not exist"),
-    ("same.onnx", "gone.onnx", "in", [], "gone.onnx does not exist"),
-    ("same.onnx", "ref.onnx", "none", [], "none does not exist"),
-    ("model.engine", "ref.onnx", "in", [], "model.engine does not exist"),
-    ("same.onnx", "ref.onnx", "in", ["--report", "ref.onnx"], "over its input"),
-    ("same.onnx", "ref.onnx", "in", ["--report", "in/s0.npz"], "over a file of its input folder"),
-    ("ref.onnx", "ref.onnx", "in", [], "is its own reference"),
-])
+@pytest.mark.parametrize(
+    "target, reference, inputs, extra, fragment",
+    [
+        ("nope.onnx", "ref.onnx", "in", [], "nope.onnx does not exist"),
+        ("same.onnx", "gone.onnx", "in", [], "gone.onnx does not exist"),
+        ("same.onnx", "ref.onnx", "none", [], "none does not exist"),
+        ("model.engine", "ref.onnx", "in", [], "model.engine does not exist"),
+        ("same.onnx", "ref.onnx", "in", ["--report", "ref.onnx"], "over its input"),
+        ("same.onnx", "ref.onnx", "in", ["--report", "in/s0.npz"], "over a file of its input folder"),
+        ("ref.onnx", "ref.onnx", "in", [], "is its own reference"),
+    ],
+)
 def test_missing_files_and_overwrites_are_one_sentence(chains, cli, target, reference, inputs, extra, fragment):
     before = (chains / "ref.onnx").read_bytes()
-    proc = cli("compare", str(chains / target), str(chains / reference), "--inputs", str(chains / inputs),
-               *[str(chains / a) if a.endswith((".onnx", ".json", ".npz")) else a for a in extra])
+    proc = cli(
+        "compare",
+        str(chains / target),
+        str(chains / reference),
+        "--inputs",
+        str(chains / inputs),
+        *[str(chains / a) if a.endswith((".onnx", ".json", ".npz")) else a for a in extra],
+    )
     assert_user_error(proc, fragment)
     assert (chains / "ref.onnx").read_bytes() == before and not (chains / "in" / "r.json").exists()
 
@@ -247,9 +279,20 @@ def _fake_engine(folder: Path, precision: str = "fp16") -> Path:
     engine = folder / "chain.engine"
     engine.write_bytes(b"not a real engine")
     profile = {"index": 0, "shapes": {"x": {"min": [1, 8], "opt": [2, 8], "max": [4, 8]}}}
-    (folder / "chain.engine.json").write_text(json.dumps({
-        "kind": "engine", "backend": "fake", "tensorrt_version": "0", "precision": precision, "engine_bytes": 17,
-        "build_seconds": 0.0, "profiles": [profile], "source_onnx": str(folder / "ref.onnx")}))
+    (folder / "chain.engine.json").write_text(
+        json.dumps(
+            {
+                "kind": "engine",
+                "backend": "fake",
+                "tensorrt_version": "0",
+                "precision": precision,
+                "engine_bytes": 17,
+                "build_seconds": 0.0,
+                "profiles": [profile],
+                "source_onnx": str(folder / "ref.onnx"),
+            }
+        )
+    )
     return engine
 
 
@@ -314,6 +357,7 @@ def test_a_built_engine_is_refused_where_none_can_execute(chains, tmp_path, cli)
 
 # -- a zoo model against its fp16 conversion ---------------------------------------------------------------------
 
+
 def test_zoo_bert_layer_wise_against_its_fp16_conversion(tmp_path_factory):
     from trtforge.graph import io_specs
     from trtforge.onnxio import load_onnx, save_onnx
@@ -325,8 +369,18 @@ def test_zoo_bert_layer_wise_against_its_fp16_conversion(tmp_path_factory):
     fp16, _ = prepare_for_build(model, clean, specs, axes)
     target = save_onnx(fp16, clean.with_name("bert.fp16.onnx"))
     report_path = clean.with_name("compare.json")
-    proc = run_cli("compare", str(target), str(clean), "--inputs", "calib_data/minilm", "--max-samples", "3", "--layerwise",
-                   "--report", str(report_path))
+    proc = run_cli(
+        "compare",
+        str(target),
+        str(clean),
+        "--inputs",
+        "calib_data/minilm",
+        "--max-samples",
+        "3",
+        "--layerwise",
+        "--report",
+        str(report_path),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = json.loads(report_path.read_text())
     assert report["precision"] == "fp16" and report["inputs"]["kind"] == "text"

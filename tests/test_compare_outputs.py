@@ -20,8 +20,9 @@ def test_equal_files_pass_and_a_changed_element_or_key_fails(tmp_path):
     script = "benchmarks/compare_outputs.py"
 
     def compare(other, *flags):
-        return subprocess.run([sys.executable, script, str(tmp_path / "a.npz"), str(tmp_path / other), *flags],
-                              capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, script, str(tmp_path / "a.npz"), str(tmp_path / other), *flags], capture_output=True, text=True
+        )
 
     same = compare("same.npz", "--json", str(tmp_path / "r.json"))
     assert same.returncode == 0 and "EQUAL" in same.stdout and "0 not bit-equal" in same.stdout

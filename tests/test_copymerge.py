@@ -3,7 +3,6 @@
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,12 +19,12 @@ def _replay(copies, device: np.ndarray, slot: np.ndarray) -> None:
     """What the runtime issues: slot rows, then each strided copy row by row, byte for byte (as cuMemcpy2DAsync)."""
     raw = device.view(np.uint8).reshape(-1)
     for first, rows in copies.slot_rows:
-        slot[first:first + rows] = device[first:first + rows]
+        slot[first : first + rows] = device[first : first + rows]
     for address, pitch, offset, device_pitch, width, rows in copies.strided:
         assert rows == 1 or (pitch >= width and device_pitch >= width)
         for r in range(rows):
-            dst = (np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * width).from_address(address + r * pitch)))
-            dst[:] = raw[offset + r * device_pitch:offset + r * device_pitch + width]
+            dst = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * width).from_address(address + r * pitch))
+            dst[:] = raw[offset + r * device_pitch : offset + r * device_pitch + width]
 
 
 @settings(max_examples=60, deadline=None)
@@ -48,11 +47,14 @@ def test_copies_and_the_host_merge_of_the_rest_equal_merging_every_window_on_the
                 streams[d].merged[...] = np.nan
     # where a window's document positions start in its row: after 0-2 specials, or at 0 with no content slice
     start = data.draw(st.sampled_from([None, 0, 1, 2]))
-    chunks = [SimpleNamespace(doc=d, index=i, content=None if start is None else slice(start, start + w.length))
-              for d, ws in windows.items() for i, w in enumerate(ws)]
+    chunks = [
+        SimpleNamespace(doc=d, index=i, content=None if start is None else slice(start, start + w.length))
+        for d, ws in windows.items()
+        for i, w in enumerate(ws)
+    ]
     plan = CopyEngineMerge(["h"], {"h": np.float32}, lambda d, n: streams.get(d), lambda d: len(windows[d]))
     for at in range(0, len(chunks), batch_size):
-        batch = chunks[at:at + batch_size]
+        batch = chunks[at : at + batch_size]
         device = rng.standard_normal((len(batch), chunk, feature)).astype(np.float32)
         slot = np.full_like(device, np.nan)
         copies, placed = plan.place(batch, {"h": device.shape})
@@ -88,7 +90,9 @@ def test_a_window_past_its_row_or_another_layout_goes_through_the_host():
     assert placed["h"].rows == set(range(len(batch))) and copies["h"].slot_rows == []
     numpy_memory = StreamingMerge(ws, 200)
     numpy_memory.preallocate((3,), np.float32)  # not page-locked: an asynchronous copy may not write into it
-    copies, placed = CopyEngineMerge(["h"], {"h": np.float32}, lambda d, n: numpy_memory, lambda d: len(ws)).place(batch, {"h": (len(batch), 64, 3)})
+    copies, placed = CopyEngineMerge(["h"], {"h": np.float32}, lambda d, n: numpy_memory, lambda d: len(ws)).place(
+        batch, {"h": (len(batch), 64, 3)}
+    )
     assert not placed["h"].rows
 
 

@@ -1,4 +1,5 @@
 """cuda_async: GIL-holding driver calls and pinned staging (pure parts; the driver is faked)."""
+
 import ctypes
 from types import SimpleNamespace
 
@@ -16,11 +17,19 @@ def _lib(codes=None):
         def call(*args):
             seen.append((name, args))
             return codes.get(name, 0)
+
         return call
 
     lib = SimpleNamespace(seen=seen)
-    for name in ("cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpy2DAsync_v2", "cuEventRecord", "cuStreamWaitEvent", "cuGraphLaunch",
-                 "cuEventElapsedTime"):
+    for name in (
+        "cuMemcpyHtoDAsync_v2",
+        "cuMemcpyDtoHAsync_v2",
+        "cuMemcpy2DAsync_v2",
+        "cuEventRecord",
+        "cuStreamWaitEvent",
+        "cuGraphLaunch",
+        "cuEventElapsedTime",
+    ):
         setattr(lib, name, entry(name))
 
     def error_name(code, out):
@@ -67,11 +76,13 @@ def test_a_2d_copy_passes_cuda_h_s_struct():
 
     offsets = {name: getattr(Memcpy2D, name).offset for name, _ in Memcpy2D._fields_}
     assert ctypes.sizeof(Memcpy2D) == 128
-    assert [offsets[n] for n in ("srcMemoryType", "srcHost", "srcDevice", "srcPitch", "dstMemoryType", "dstHost", "dstPitch",
-                                 "WidthInBytes", "Height")] == [16, 24, 32, 48, 72, 80, 104, 112, 120]
+    assert [
+        offsets[n]
+        for n in ("srcMemoryType", "srcHost", "srcDevice", "srcPitch", "dstMemoryType", "dstHost", "dstPitch", "WidthInBytes", "Height")
+    ] == [16, 24, 32, 48, 72, 80, 104, 112, 120]
     cuda = AsyncCuda(_lib())
     cuda.copy_2d_to_host(0x1000, 896, 0x2000, 1024, 896, 15, 9)
-    (name, (pointer, stream)), = cuda.lib.seen
+    ((name, (pointer, stream)),) = cuda.lib.seen
     copy = pointer._obj
     assert name == "cuMemcpy2DAsync_v2" and stream == 9
     assert (copy.srcMemoryType, copy.srcDevice, copy.srcPitch, copy.srcXInBytes, copy.srcY) == (2, 0x2000, 1024, 0, 0)
@@ -83,8 +94,9 @@ def test_the_cuda_python_fallback_passes_a_2d_copys_pitches_in_cudas_order():
     from trtforge.backends.cuda_async import CudaPythonCalls
 
     seen = []
-    cudart = SimpleNamespace(cudaMemcpyKind=SimpleNamespace(cudaMemcpyDeviceToHost=2),
-                             cudaMemcpy2DAsync=lambda *args: (seen.append(args), (0,))[1])
+    cudart = SimpleNamespace(
+        cudaMemcpyKind=SimpleNamespace(cudaMemcpyDeviceToHost=2), cudaMemcpy2DAsync=lambda *args: (seen.append(args), (0,))[1]
+    )
     CudaPythonCalls(cudart, lambda result: None).copy_2d_to_host(0x1000, 896, 0x2000, 1024, 896, 15, 9)
     assert seen == [(0x1000, 896, 0x2000, 1024, 896, 15, 2, 9)]
 

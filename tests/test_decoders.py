@@ -13,7 +13,7 @@ from conftest import ROOT, assert_user_error, run_cli
 
 # GPT-2 as published: its 50,257-token vocabulary and 1,024 positions (GPT2Config's defaults); one narrow layer
 # keeps the CPU export in seconds, and the positions are what the cache ranges must fit.
-STOCK_GPT2 = '''
+STOCK_GPT2 = """
 import torch
 import transformers
 
@@ -24,7 +24,7 @@ def stock_gpt2():
     assert config.n_positions == 1024 and config.vocab_size == 50257
     module = transformers.GPT2LMHeadModel(config).eval()
     return module, {"input_ids": torch.randint(0, config.vocab_size, (2, 9))}, ["logits"]
-'''
+"""
 
 
 def _sidecar(onnx: Path) -> dict:
@@ -42,11 +42,15 @@ def test_gqa_attention_runs_unrolled_with_the_same_values():
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 6, 5, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16)
     mask = torch.randn(2, 1, 5, 7)
-    expected = [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
-                F.scaled_dot_product_attention(q[..., :7, :], k, v, is_causal=True, enable_gqa=True)]
+    expected = [
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+        F.scaled_dot_product_attention(q[..., :7, :], k, v, is_causal=True, enable_gqa=True),
+    ]
     with grouped_query_attention_unrolled() as rewritten:
-        got = [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
-               F.scaled_dot_product_attention(q[..., :7, :], k, v, is_causal=True, enable_gqa=True)]
+        got = [
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+            F.scaled_dot_product_attention(q[..., :7, :], k, v, is_causal=True, enable_gqa=True),
+        ]
         F.scaled_dot_product_attention(q, q, q)
     assert rewritten == [2]
     for want, have in zip(expected, got):
@@ -115,7 +119,7 @@ def test_kv_cache_without_a_section_fits_the_models_positions(model, tmp_path):
 def _kv_config(tmp_path: Path, kv_cache: str) -> Path:
     path = tmp_path / "qwen2-kv.yaml"
     path.write_text(f"""name: qwen2-kv
-model: {{source: {ROOT / 'zoo/models.py'}:qwen2}}
+model: {{source: {ROOT / "zoo/models.py"}:qwen2}}
 inputs:
   - {{name: input_ids, dtype: int64, shape: [batch, seq]}}
 axes:
@@ -146,8 +150,12 @@ def test_unset_ranges_reads_what_the_config_file_sets(tmp_path):
 def _bare(seq_max: int = 512):
     from trtforge.config import ModelConfig
 
-    return ModelConfig(name="m", model={"source": "m.py:f"}, inputs=[{"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"]}],
-                       axes={"batch": {"min": 1, "opt": 1, "max": 8}, "seq": {"min": 1, "opt": 128, "max": seq_max}})
+    return ModelConfig(
+        name="m",
+        model={"source": "m.py:f"},
+        inputs=[{"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"]}],
+        axes={"batch": {"min": 1, "opt": 1, "max": 8}, "seq": {"min": 1, "opt": 128, "max": seq_max}},
+    )
 
 
 def test_fit_ranges_keeps_defaults_that_fit_and_shares_small_position_tables():

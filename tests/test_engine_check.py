@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, require, run_cli
+
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import engine_check
 from trtforge.calibrate.engine_check import SKIPPED, EngineHooks
@@ -91,7 +91,10 @@ def test_a_q_dq_onnx_that_does_not_build_fails_the_check(tiny_fcn_clean, tmp_pat
     hooks = EngineHooks(lambda: (True, "tensorrt"), no_build, lambda engine, side: None)
     result = calibrate(tiny_fcn_clean, _options(tmp_path), engine_hooks=hooks)
     check = result.sidecar["engine_check"]
-    assert check["status"] == "failed" and "could not build an engine from fcn.int8.onnx: the tensorrt 8.6.0 ONNX parser" in check["failures"][0]
+    assert (
+        check["status"] == "failed"
+        and "could not build an engine from fcn.int8.onnx: the tensorrt 8.6.0 ONNX parser" in check["failures"][0]
+    )
     assert gate_failures(result.sidecar, _options(tmp_path)) == check["failures"]
     assert engine_check.render_lines(check)[0].startswith("engine re-check: FAILED: the engine re-check could not build")
 
@@ -118,8 +121,24 @@ def test_cli_exits_1_when_only_the_engine_fails(tiny_fcn_clean, tmp_path, monkey
     from trtforge import cli
 
     monkeypatch.setattr(engine_check, "default_hooks", lambda *a: _hooks(tiny_fcn_clean, ruin=True, built=[]))
-    monkeypatch.setattr(sys, "argv", ["trtforge", "calibrate", str(tiny_fcn_clean), "--data", str(DATA), "--method", "percentile",
-                                      "--min-cosine", "0.95", "--no-fallback", "-o", str(tmp_path / "fcn.int8.onnx")])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "trtforge",
+            "calibrate",
+            str(tiny_fcn_clean),
+            "--data",
+            str(DATA),
+            "--method",
+            "percentile",
+            "--min-cosine",
+            "0.95",
+            "--no-fallback",
+            "-o",
+            str(tmp_path / "fcn.int8.onnx"),
+        ],
+    )
     monkeypatch.setenv("COLUMNS", "200")
     with pytest.raises(SystemExit) as exc:
         cli.main()
@@ -132,8 +151,19 @@ def test_cli_exits_1_when_only_the_engine_fails(tiny_fcn_clean, tmp_path, monkey
 def test_cli_says_the_recheck_was_skipped_without_a_gpu(tiny_fcn_clean, tmp_path):
     if engine_check.runtime_here()[0]:
         pytest.skip("this machine executes engines: the re-check runs instead")
-    proc = run_cli("calibrate", str(tiny_fcn_clean), "--data", str(DATA), "--method", "percentile", "--min-cosine", "0.95",
-                   "--no-fallback", "-o", str(tmp_path / "fcn.int8.onnx"))
+    proc = run_cli(
+        "calibrate",
+        str(tiny_fcn_clean),
+        "--data",
+        str(DATA),
+        "--method",
+        "percentile",
+        "--min-cosine",
+        "0.95",
+        "--no-fallback",
+        "-o",
+        str(tmp_path / "fcn.int8.onnx"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert SKIPPED in proc.stdout
     check = json.loads((tmp_path / "fcn.int8.onnx.json").read_text())["engine_check"]

@@ -4,8 +4,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import FIXTURES, ROOT, assert_user_error, run_cli
+
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.verify.metrics import rel_l2
 
@@ -37,7 +37,7 @@ def test_minilm_clean_matches_torch_at_seq_16_and_384(minilm_clean):
     for seq in (16, 384):
         ids = rng.integers(1000, 30000, size=(2, seq)).astype(np.int64)
         mask = np.ones((2, seq), dtype=np.int64)
-        mask[1, seq // 2:] = 0  # padding in the second row
+        mask[1, seq // 2 :] = 0  # padding in the second row
         with torch.no_grad():
             ref = loaded.module(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         got = runner.run({"input_ids": ids, "attention_mask": mask})["last_hidden_state"]
@@ -87,15 +87,18 @@ def test_baked_sequence_length_is_detected_and_named(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("args,fragments", [
-    (["--model", "missing/model.py:factory"], ["missing/model.py", "does not exist"]),
-    (["--model", f"{FIXTURES}/user_models.py:broken_factory"], ["raised RuntimeError: weights file corrupted"]),
-    (["--model", f"{FIXTURES}/user_models.py:wrong_return"], ["must return (module"]),
-    (["--model", f"{FIXTURES}/user_models.py:no_such"], ["has no function 'no_such'"]),
-    (["--model", "resnet9000"], ["unknown model 'resnet9000'", "minilm"]),
-    (["--model", f"{FIXTURES}/user_models.py:small_mlp", "--opset", "99"], ["--opset must be at most", "got 99"]),
-    (["--model", "missing.pt2"], ["missing.pt2 does not exist"]),
-])
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--model", "missing/model.py:factory"], ["missing/model.py", "does not exist"]),
+        (["--model", f"{FIXTURES}/user_models.py:broken_factory"], ["raised RuntimeError: weights file corrupted"]),
+        (["--model", f"{FIXTURES}/user_models.py:wrong_return"], ["must return (module"]),
+        (["--model", f"{FIXTURES}/user_models.py:no_such"], ["has no function 'no_such'"]),
+        (["--model", "resnet9000"], ["unknown model 'resnet9000'", "minilm"]),
+        (["--model", f"{FIXTURES}/user_models.py:small_mlp", "--opset", "99"], ["--opset must be at most", "got 99"]),
+        (["--model", "missing.pt2"], ["missing.pt2 does not exist"]),
+    ],
+)
 def test_export_bad_input(args, fragments, tmp_path):
     proc = run_cli("export", *args, "-o", str(tmp_path / "x.onnx"))
     assert_user_error(proc, *fragments)
@@ -109,10 +112,13 @@ def test_export_misspelled_config_key(tmp_path):
     assert_user_error(proc, str(cfg), "'export.exproter'", "did you mean 'exporter'")
 
 
-@pytest.mark.parametrize("content,fragment", [
-    (b"", "holds no graph nodes"),
-    (b"\x08\x07garbage-not-protobuf" * 10, "ONNX"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        (b"", "holds no graph nodes"),
+        (b"\x08\x07garbage-not-protobuf" * 10, "ONNX"),
+    ],
+)
 def test_clean_corrupt_onnx(tmp_path, content, fragment):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(content)

@@ -7,14 +7,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import FIXTURES, assert_user_error, run_cli
 from onnx import TensorProto, helper
 
-from conftest import FIXTURES, assert_user_error, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
 
-
 # -- outputs: every kind of return, mapped to the declared names ----------------------------------
+
 
 def test_named_outputs_of_model_output_dict_tuple_and_tensor():
     from transformers.modeling_outputs import BaseModelOutputWithPooling
@@ -84,13 +84,13 @@ def test_check_against_torch_refuses_an_onnx_with_an_extra_output(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
     extra = helper.make_tensor_value_info("extra", TensorProto.FLOAT, ["batch", 3])
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["extra"])],
-                              "g", [x], [y, extra])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["extra"])], "g", [x], [y, extra])
     path = tmp_path / "two.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     loaded = LoadedModel(torch.nn.ReLU().eval(), {"x": torch.randn(2, 3)}, ["y"], "relu")
-    cfg = ModelConfig(name="r", model={"source": "relu"}, inputs=[{"name": "x", "shape": ["batch", 3]}],
-                      axes={"batch": {"min": 1, "opt": 2, "max": 4}})
+    cfg = ModelConfig(
+        name="r", model={"source": "relu"}, inputs=[{"name": "x", "shape": ["batch", 3]}], axes={"batch": {"min": 1, "opt": 2, "max": 4}}
+    )
     call = keyword_call(loaded, ["x"], ["y"])
     with pytest.raises(UserError, match="only the ONNX graph returns extra"):
         check_against_torch(path, call, loaded, cfg, ["y"])
@@ -101,9 +101,8 @@ def test_keywords_where_the_forward_takes_the_input_names_else_positional():
     import sys
 
     sys.path.insert(0, str(FIXTURES.parent.parent))
-    from zoo.models import gpt2
-
     from trtforge.models import called_positionally
+    from zoo.models import gpt2
 
     module, examples, _, _ = gpt2()
     assert not called_positionally(module, list(examples))  # its 2nd positional parameter is past_key_values
@@ -117,6 +116,7 @@ def test_keywords_where_the_forward_takes_the_input_names_else_positional():
 
 
 # -- vacuous references ---------------------------------------------------------------------------
+
 
 def test_vacuous_reason_definitions():
     from trtforge.verify.guards import vacuous_reason
@@ -133,7 +133,9 @@ def test_vacuous_reason_definitions():
     # a random-init MobileViT's logits: activations shrink layer by layer to float32 subnormals (~1e-41),
     # which fp16 and INT8 engines turn into zeros; the spread test alone passed them
     assert vacuous_reason(rng.normal(0, 2e-41, (2, 10)).astype(np.float32)).startswith("too small to measure")
-    assert vacuous_reason(rng.normal(0, 1e-25, (2, 10)).astype(np.float32)).startswith("too small to measure")  # normal floats, but their products underflow
+    assert vacuous_reason(rng.normal(0, 1e-25, (2, 10)).astype(np.float32)).startswith(
+        "too small to measure"
+    )  # normal floats, but their products underflow
     assert vacuous_reason(rng.normal(0, 1e-17, (2, 10)).astype(np.float32)) is None
 
 
@@ -168,6 +170,7 @@ def test_clean_refuses_constant_reference_output(tmp_path):
 
 # -- error text -----------------------------------------------------------------------------------
 
+
 def test_exception_summary_strips_ansi_and_keeps_root_cause():
     from trtforge.errors import exception_summary
 
@@ -184,13 +187,18 @@ def test_exception_summary_strips_ansi_and_keeps_root_cause():
     assert "\x1b" not in text and text.endswith("the end: Constraints violated (seq)") and len(text) < 140
     # torch's FX interpreter puts the failing node and the traced code AFTER the reason (T5 and Swin under the dynamo
     # exporter): the summary ended in the traceback and lost the reason
-    fx = ValueError("Cannot view a tensor with shape torch.Size([s21, s22, 4, 16]) and strides (64*s22, 16, 16*s22, 1) "
-                    "as a tensor with shape (s21, s22, 64)!\nWhile executing %view_4 : [num_users=1] = call_function["
-                    "target=torch.ops.aten.view.default](args = (%transpose_3, [%sym_size_int_9, -1]), kwargs = {})\n"
-                    "Original traceback:\n" + '  File "modeling_t5.py", line 368, in forward\n    x = x.reshape()\n' * 20
-                    + "Use tlparse to see full graph.")
-    assert exception_summary(fx) == ("ValueError: Cannot view a tensor with shape torch.Size([s21, s22, 4, 16]) and strides "
-                                     "(64*s22, 16, 16*s22, 1) as a tensor with shape (s21, s22, 64)!")
+    fx = ValueError(
+        "Cannot view a tensor with shape torch.Size([s21, s22, 4, 16]) and strides (64*s22, 16, 16*s22, 1) "
+        "as a tensor with shape (s21, s22, 64)!\nWhile executing %view_4 : [num_users=1] = call_function["
+        "target=torch.ops.aten.view.default](args = (%transpose_3, [%sym_size_int_9, -1]), kwargs = {})\n"
+        "Original traceback:\n"
+        + '  File "modeling_t5.py", line 368, in forward\n    x = x.reshape()\n' * 20
+        + "Use tlparse to see full graph."
+    )
+    assert exception_summary(fx) == (
+        "ValueError: Cannot view a tensor with shape torch.Size([s21, s22, 4, 16]) and strides "
+        "(64*s22, 16, 16*s22, 1) as a tensor with shape (s21, s22, 64)!"
+    )
 
 
 def test_exporter_error_keeps_root_cause_without_ansi(tmp_path):
@@ -201,6 +209,7 @@ def test_exporter_error_keeps_root_cause_without_ansi(tmp_path):
 
 
 # -- TorchScript ----------------------------------------------------------------------------------
+
 
 class _TwoInputs(torch.nn.Module):
     def __init__(self):
@@ -250,6 +259,7 @@ def test_torchscript_without_config_says_what_to_do(tmp_path):
 
 # -- clean: Shape(start, end) for TensorRT 8.6 -----------------------------------------------------
 
+
 def _shape_slice_model(path):
     """y = x reshaped to [x.shape[0] * x.shape[1], x.shape[2]], the shape read with Shape(start, end)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["a", "b", "c"])
@@ -293,6 +303,7 @@ def test_split_shape_slices_keeps_plain_shapes():
 
 # -- opset repairs of the dynamo exporter ---------------------------------------------------------
 
+
 def test_opset_17_graph_loses_opset_18_attributes():
     """onnx's 18 -> 17 converter leaves Split's num_outputs (GPT-2) and ReduceMean's noop_with_empty_axes
     (ResNet): ONNX Runtime refuses such a graph. conform_to_opset drops them and says so."""
@@ -300,8 +311,10 @@ def test_opset_17_graph_loses_opset_18_attributes():
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, None]) for n in ("a", "b", "c")]
-    nodes = [helper.make_node("Split", ["x"], ["a", "b"], axis=1, num_outputs=2),
-             helper.make_node("ReduceMean", ["x"], ["c"], axes=[1], keepdims=1, noop_with_empty_axes=0)]
+    nodes = [
+        helper.make_node("Split", ["x"], ["a", "b"], axis=1, num_outputs=2),
+        helper.make_node("ReduceMean", ["x"], ["c"], axes=[1], keepdims=1, noop_with_empty_axes=0),
+    ]
     model = helper.make_model(helper.make_graph(nodes, "g", [x], outs), opset_imports=[helper.make_opsetid("", 17)])
     fixed, repairs = conform_to_opset(model, 17)
     assert repairs == ["dropped 'noop_with_empty_axes' from 1 ReduceMean node(s)", "dropped 'num_outputs' from 1 Split node(s)"]
@@ -312,6 +325,7 @@ def test_opset_17_graph_loses_opset_18_attributes():
 
 
 # -- no-config specs --------------------------------------------------------------------------------
+
 
 def test_specs_from_examples_makes_text_seq_dynamic_and_masks_all_ones():
     from trtforge.export import specs_from_examples

@@ -11,16 +11,32 @@ import os
 
 import onnx
 import pytest
+from conftest import ROOT, require, run_cli
 
-from conftest import ROOT, run_cli, require
 from trtforge.config import apply_overrides, load_config
 from trtforge.errors import UserError
 from trtforge.export import export_model
 from trtforge.graph import clean_file
 from trtforge.tokenize import find_tokenizer_dir
 
-ZOO = ("bert", "roberta", "gpt2", "vit", "resnet", "segformer", "distilbert", "deberta", "t5-encoder", "swin", "convnext",
-       "clip-vision", "mpnet", "dinov2", "detr", "wav2vec2")
+ZOO = (
+    "bert",
+    "roberta",
+    "gpt2",
+    "vit",
+    "resnet",
+    "segformer",
+    "distilbert",
+    "deberta",
+    "t5-encoder",
+    "swin",
+    "convnext",
+    "clip-vision",
+    "mpnet",
+    "dinov2",
+    "detr",
+    "wav2vec2",
+)
 TEXT = ("bert", "roberta", "gpt2", "distilbert", "deberta", "t5-encoder", "mpnet")
 # torch 2.13's dynamo exporter cannot decompose T5's and Swin's attention (the reshape that merges the heads becomes a
 # view of a transposed tensor under symbolic sizes): they take the legacy exporter, and the dynamo failure is one
@@ -86,8 +102,11 @@ def test_zoo_model_exports_and_cleans(name, exporter, zoo_dir):
 def test_dynamo_failure_names_torchs_reason(name, tmp_path):
     """The reason sits before torch's FX trace in its message; the summary used to keep the trace's end instead."""
     cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / f"{name}.yaml"), {"export.exporter": "dynamo"})
-    with pytest.raises(UserError, match=r"the dynamo exporter failed at opset 17: ValueError: Cannot view a tensor with "
-                                        r"shape .*; try another --opset or --exporter\.$") as err:
+    with pytest.raises(
+        UserError,
+        match=r"the dynamo exporter failed at opset 17: ValueError: Cannot view a tensor with "
+        r"shape .*; try another --opset or --exporter\.$",
+    ) as err:
         export_model(cfg, tmp_path / "m.onnx")
     assert "Original traceback" not in str(err.value) and not (tmp_path / "m.onnx").exists()
 
@@ -97,8 +116,9 @@ def test_segformer_dynamo_export_names_the_axis_range_torch_can_prove(tmp_path):
     for, 3x the time); trtforge reports torch.export's constraint violation and its suggested range."""
     # At 32 px SegFormer's last feature map is 1 pixel, which torch.export specialises (the shipped config
     # therefore starts its image axes at 64).
-    cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / "segformer.yaml"),
-                          {"export.exporter": "dynamo", "axes.height.min": 32, "axes.width.min": 32})
+    cfg = apply_overrides(
+        load_config(ROOT / "zoo" / "configs" / "segformer.yaml"), {"export.exporter": "dynamo", "axes.height.min": 32, "axes.width.min": 32}
+    )
     with pytest.raises(UserError, match=r"ConstraintViolationError.*Suggested fixes: height = Dim\('height', min=33.*under 'axes'"):
         export_model(cfg, tmp_path / "s.onnx")
     assert not (tmp_path / "s.onnx").exists()

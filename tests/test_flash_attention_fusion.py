@@ -9,10 +9,10 @@ batch and sequence length the pass never saw. The plugin itself runs on the H200
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
-
 from attention_emulation import emulate_flash_plugins, emulate_plugins, load_zoo
 from conftest import export_zoo
+from onnx import helper
+
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
@@ -20,8 +20,7 @@ from trtforge.fusion.attention import fuse_attention
 from trtforge.fusion.plugins import FLASH_PLUGIN, PLUGIN, attention_route
 from trtforge.fusion.step import attention_fusion, describe
 
-EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "dynamo"), ("gpt2", "legacy"),
-           ("gpt2", "dynamo")]
+EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "dynamo"), ("gpt2", "legacy"), ("gpt2", "dynamo")]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +59,9 @@ def _flash_nodes(model):
 
 
 @pytest.mark.parametrize("qkv_projection", ["conv", "matmul"])
-@pytest.mark.parametrize("key", [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "dynamo")],
-                         ids=lambda k: ".".join(k))
+@pytest.mark.parametrize(
+    "key", [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "dynamo")], ids=lambda k: ".".join(k)
+)
 def test_encoders_take_the_flash_plugin_on_sm90_and_equal_the_original(zoo, key, qkv_projection):
     """Head size 16, for which TensorRT 8.6 ships no sm_90 kernel, is fused by the flash plugin; the graph with the
     plugin's computation in its place equals the original at an unseen batch and length."""
@@ -156,8 +156,7 @@ def test_flash_route_table():
 def test_build_step_with_only_the_flash_plugin_registered(zoo):
     model, specs, _, sizes = _load(zoo, ("bert", "legacy"))
     feeds = random_feeds(specs, sizes)
-    fused, rec = attention_fusion(model, "auto", "fp16", "tensorrt", "8.6.1", "9.0", False, feeds, "m.onnx",
-                                  flash_registered=True)
+    fused, rec = attention_fusion(model, "auto", "fp16", "tensorrt", "8.6.1", "9.0", False, feeds, "m.onnx", flash_registered=True)
     assert fused is not None and len(rec["replaced"]) == 2 and rec["plugins"] == [f"{FLASH_PLUGIN} v1"]
     assert FLASH_PLUGIN in rec["why"] and f"by {FLASH_PLUGIN} v1" in "\n".join(describe(rec))
     # Without either plugin, `on` fails loudly and names both.
@@ -171,14 +170,17 @@ def test_build_step_with_only_the_flash_plugin_registered(zoo):
 def test_v2_route_kept_when_flash_is_registered_but_v2_is_not_and_flash_cannot_take_it(zoo):
     """sm_75 (no cuDNN flash attention) with only the flash plugin loaded: refused, saying why neither applies."""
     model, specs, _, sizes = _load(zoo, ("bert", "legacy"))
-    _, rec = attention_fusion(model, "auto", "fp16", "tensorrt", "8.6.1", "7.5", False, random_feeds(specs, sizes),
-                              "m.onnx", flash_registered=True)
-    assert not rec["replaced"] and all("not in this TensorRT's plugin registry" in r["reason"] and "sm_80" in r["reason"]
-                                       for r in rec["refused"])
+    _, rec = attention_fusion(
+        model, "auto", "fp16", "tensorrt", "8.6.1", "7.5", False, random_feeds(specs, sizes), "m.onnx", flash_registered=True
+    )
+    assert not rec["replaced"] and all(
+        "not in this TensorRT's plugin registry" in r["reason"] and "sm_80" in r["reason"] for r in rec["refused"]
+    )
 
 
-@pytest.mark.parametrize("key", [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "dynamo")],
-                         ids=lambda k: ".".join(k))
+@pytest.mark.parametrize(
+    "key", [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "dynamo")], ids=lambda k: ".".join(k)
+)
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
 def test_flash_nodes_share_one_sequence_tensor(zoo, key, fp16):
     """Every layer's flash node reads the first one's [S] tensor (one fill kernel in the engine, not one per layer),
@@ -207,17 +209,33 @@ def test_gpt2_flash_nodes_keep_their_own_sequence_tensor(zoo):
 
 def test_same_leading_dims_needs_every_path_to_keep_them():
     from onnx import TensorProto, numpy_helper
+
     from trtforge.fusion.attention import _Graph, same_leading_dims
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 4])
-    inits = [numpy_helper.from_array(np.ones((4, 4), np.float32), "W"), numpy_helper.from_array(np.ones(4, np.float32), "b"),
-             numpy_helper.from_array(np.ones((1, 2, 4), np.float32), "b3"), numpy_helper.from_array(np.array([0, -1, 4]), "shape")]
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h"]),
-             helper.make_node("Add", ["h", "x"], ["r"]), helper.make_node("LayerNormalization", ["r", "b", "b"], ["ln"]),
-             helper.make_node("Reshape", ["ln", "shape"], ["flat"]), helper.make_node("Add", ["ln", "flat"], ["mixed"]),
-             helper.make_node("Add", ["ln", "b3"], ["wide"]), helper.make_node("LayerNormalization", ["r", "b", "b"], ["ln0"], axis=0)]
-    g = _Graph(helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
-                                                                       for o in ("mixed", "wide", "ln0")], inits)))
+    inits = [
+        numpy_helper.from_array(np.ones((4, 4), np.float32), "W"),
+        numpy_helper.from_array(np.ones(4, np.float32), "b"),
+        numpy_helper.from_array(np.ones((1, 2, 4), np.float32), "b3"),
+        numpy_helper.from_array(np.array([0, -1, 4]), "shape"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["h"]),
+        helper.make_node("Add", ["h", "x"], ["r"]),
+        helper.make_node("LayerNormalization", ["r", "b", "b"], ["ln"]),
+        helper.make_node("Reshape", ["ln", "shape"], ["flat"]),
+        helper.make_node("Add", ["ln", "flat"], ["mixed"]),
+        helper.make_node("Add", ["ln", "b3"], ["wide"]),
+        helper.make_node("LayerNormalization", ["r", "b", "b"], ["ln0"], axis=0),
+    ]
+    g = _Graph(
+        helper.make_model(
+            helper.make_graph(
+                nodes, "g", [x], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("mixed", "wide", "ln0")], inits
+            )
+        )
+    )
     assert same_leading_dims(g, "ln", {"x"})
     assert not same_leading_dims(g, "mixed", {"x"})  # one path goes through a Reshape
     assert not same_leading_dims(g, "wide", {"x"})  # a 3-D constant can broadcast the leading axes

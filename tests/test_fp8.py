@@ -6,11 +6,20 @@ compared with the fp32 original on feeds the scales never saw."""
 import numpy as np
 import onnx
 import pytest
+from attention_emulation import (
+    e4m3_nodes,
+    emulate_fp8_plugins,
+    emulate_gelu_plugins,
+    emulate_gemm_gelu_plugins,
+    emulate_gemm_plugins,
+    emulate_skip_layernorm_plugins,
+    fp16_plugin_chain,
+    rel_l2,
+    zoo_sizes,
+)
+from conftest import ROOT, assert_user_error, export_zoo, run_cli
 from onnx import helper, numpy_helper
 
-from attention_emulation import (e4m3_nodes, emulate_fp8_plugins, emulate_gelu_plugins, emulate_gemm_gelu_plugins, emulate_gemm_plugins,
-                                 emulate_skip_layernorm_plugins, fp16_plugin_chain, rel_l2, zoo_sizes)
-from conftest import ROOT, assert_user_error, export_zoo, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.feeds import random_feeds
 from trtforge.fusion import fp8
@@ -29,8 +38,10 @@ def test_quantize_e4m3_rounds_to_nearest_even_and_saturates():
 def test_the_emulation_rounds_as_ml_dtypes_does():
     """The ONNX-op e4m3 rounding the graph tests use equals ml_dtypes' cast (and so ONNX's own FLOAT8E4M3FN Cast)."""
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.normal(0, s, 20000) for s in (1e-3, 0.1, 1, 30, 300)] +
-                       [2.0 ** np.arange(-12, 9), -(2.0 ** np.arange(-12, 9)) * 1.0625, [0.0, 447.9, 449, 465, 1e4]]).astype(np.float32)
+    x = np.concatenate(
+        [rng.normal(0, s, 20000) for s in (1e-3, 0.1, 1, 30, 300)]
+        + [2.0 ** np.arange(-12, 9), -(2.0 ** np.arange(-12, 9)) * 1.0625, [0.0, 447.9, 449, 465, 1e4]]
+    ).astype(np.float32)
     inits = []
 
     def const(name, value):
@@ -38,8 +49,13 @@ def test_the_emulation_rounds_as_ml_dtypes_does():
         return name
 
     nodes, out = e4m3_nodes("x", np.float32(1 / 0.7), "q_", const)
-    graph = helper.make_graph(nodes, "e4m3", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None])],
-                              [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, [None])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "e4m3",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None])],
+        [helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, [None])],
+        inits,
+    )
     got = OrtRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()).run({"x": x})[out]
     np.testing.assert_array_equal(got, fp8.quantize_e4m3(x, 0.7))
 
@@ -76,8 +92,7 @@ def _fused(path):
 
 
 def _emulate(model):
-    return emulate_gelu_plugins(emulate_skip_layernorm_plugins(emulate_gemm_plugins(emulate_gemm_gelu_plugins(
-        emulate_fp8_plugins(model)))))
+    return emulate_gelu_plugins(emulate_skip_layernorm_plugins(emulate_gemm_plugins(emulate_gemm_gelu_plugins(emulate_fp8_plugins(model)))))
 
 
 def test_every_gemm_plugin_becomes_fp8_and_the_graph_stays_close_to_fp32(bert):
@@ -154,8 +169,7 @@ class _Engine:
 
     def run(self, feeds):
         rng = np.random.default_rng(1)
-        return {k: v + self.noise * rng.normal(size=v.shape).astype(np.float32) * np.abs(v).mean()
-                for k, v in self.ort.run(feeds).items()}
+        return {k: v + self.noise * rng.normal(size=v.shape).astype(np.float32) * np.abs(v).mean() for k, v in self.ort.run(feeds).items()}
 
 
 @pytest.mark.parametrize("noise, status", [(0.01, "passed"), (3.0, "failed")])
@@ -189,8 +203,7 @@ def test_builds_fp8_step_converts_the_fused_graph_and_records_it(bert, monkeypat
     monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
     model, converted, fused, specs, axes = _fused(bert)
     mod = SimpleNamespace(flavour="tensorrt", version="8.6.1")
-    out, record, feeds = build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, fused, converted, model, "fp16", bert,
-                                             specs, axes, 0.99)
+    out, record, feeds = build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, fused, converted, model, "fp16", bert, specs, axes, 0.99)
     assert [n.op_type for n in out.graph.node].count(fp8.PLUGIN) == len(fp8.plugin_gemms(fused)) == len(record["replaced"])
     assert record["precision"] == "fp8" and record["gate"]["min_cosine"] == 0.99
     assert record["magnitudes_from"].startswith(("random feeds", "calibration data"))
@@ -286,9 +299,14 @@ def test_an_engine_that_cannot_execute_fails_its_fp8_gate(bert, tmp_path):
     assert check["status"] == "failed" and "did not execute (TensorRT execution failed on profile 0)" in check["failures"][0]
 
 
-@pytest.mark.parametrize("flags, says", [(["--gemm-precision", "fp8", "--fp8-min-cosine", "0"], "must be in (0, 1]"),
-                                         (["--gemm-precision", "fp8", "--fp8-min-cosine", "nan"], "must be in (0, 1]"),
-                                         (["--fp8-min-cosine", "0.9"], "gates FP8 GEMMs")])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--gemm-precision", "fp8", "--fp8-min-cosine", "0"], "must be in (0, 1]"),
+        (["--gemm-precision", "fp8", "--fp8-min-cosine", "nan"], "must be in (0, 1]"),
+        (["--fp8-min-cosine", "0.9"], "gates FP8 GEMMs"),
+    ],
+)
 def test_fp8_gates_that_cannot_fail_or_gate_nothing_are_user_errors(bert, tmp_path, flags, says):
     r = run_cli("build", str(bert), "--precision", "fp16", *flags, "-o", str(tmp_path / "e.engine"))
     assert_user_error(r, says)
@@ -307,9 +325,11 @@ def test_chaining_is_the_default_and_on_without_a_pair_says_so(bert, monkeypatch
     monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
     model, converted, stages, specs, axes = fp16_plugin_chain(bert)
     mod = SimpleNamespace(flavour="tensorrt", version="8.6.1")
+
     def fp8_record(stage, chain):
-        return build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, stages[stage][0], converted, model, "fp16", bert,
-                                   specs, axes, 0.99, chain=chain)[1]
+        return build_mod._gemm_fp8(
+            mod, {"compute_capability": "9.0"}, stages[stage][0], converted, model, "fp16", bert, specs, axes, 0.99, chain=chain
+        )[1]
 
     def chained(record):
         return sum(bool(r.get("in_fp8")) for r in record["replaced"])
@@ -372,8 +392,18 @@ def test_a_graph_without_gemm_plugin_nodes_gets_no_fp8_engine(zoo_exports, monke
     model, converted, _, specs, axes = fp16_plugin_chain(path)
     assert not fp8.plugin_gemms(converted)
     with pytest.raises(UserError, match="found no GEMM plugin node"):
-        build_mod._gemm_fp8(SimpleNamespace(flavour="tensorrt", version="8.6.1"), {"compute_capability": "9.0"},
-                            converted, converted, model, "fp16", path, specs, axes, 0.99)
+        build_mod._gemm_fp8(
+            SimpleNamespace(flavour="tensorrt", version="8.6.1"),
+            {"compute_capability": "9.0"},
+            converted,
+            converted,
+            model,
+            "fp16",
+            path,
+            specs,
+            axes,
+            0.99,
+        )
 
 
 class _LiftedRunnerUp:
@@ -395,14 +425,19 @@ class _LiftedRunnerUp:
         return {**out, "logits": logits}
 
 
-@pytest.mark.parametrize("lift, min_top1, real, status, top1, says",
-                         [(None, 0.99, 1, "passed", 1.0, None),
-                          ("random", 0.99, 1, "passed", 1.0, None),  # judged on the real batch alone
-                          ("all", 0.99, 1, "failed", 0.0, "of the real inputs, under the gate 0.99"),
-                          ("random", None, 0, "passed", 0.2, None),  # reported on every feed: 4 of 20 rows agree
-                          ("random", 0.99, 0, "failed", 0.2, "judged on real inputs, and this build had none")])
-def test_the_fp8_gate_reports_a_classifiers_top1_and_gates_it_on_real_inputs(zoo_exports, tmp_path, lift, min_top1, real,
-                                                                               status, top1, says):
+@pytest.mark.parametrize(
+    "lift, min_top1, real, status, top1, says",
+    [
+        (None, 0.99, 1, "passed", 1.0, None),
+        ("random", 0.99, 1, "passed", 1.0, None),  # judged on the real batch alone
+        ("all", 0.99, 1, "failed", 0.0, "of the real inputs, under the gate 0.99"),
+        ("random", None, 0, "passed", 0.2, None),  # reported on every feed: 4 of 20 rows agree
+        ("random", 0.99, 0, "failed", 0.2, "judged on real inputs, and this build had none"),
+    ],
+)
+def test_the_fp8_gate_reports_a_classifiers_top1_and_gates_it_on_real_inputs(
+    zoo_exports, tmp_path, lift, min_top1, real, status, top1, says
+):
     """Top-1 is judged on the real inputs (the first `real` batches: one of 4 images here, then two random feeds of 8)
     only: random ones give flat logits, whose top-1 any rounding flips. Without real inputs it is reported as on random
     feeds, and a gate asked for fails as not evaluated."""
@@ -425,11 +460,16 @@ def test_the_fp8_gate_reports_a_classifiers_top1_and_gates_it_on_real_inputs(zoo
     assert says is None or says in check["failures"][0]
 
 
-@pytest.mark.parametrize("flags, says", [(["--gemm-precision", "fp8", "--fp8-min-top1-agreement", "0.9"], "declares none (outputs: last_hidden_state"),
-                                         (["--gemm-precision", "fp8", "--fp8-min-top1-agreement", "0"], "must be in (0, 1]"),
-                                         (["--calib-data", "calib_data/minilm", "--precision", "fp32"], "precision fp32 has neither"),
-                                         (["--calib-data", "no/such/folder"], "--calib-data 'no/such/folder' (config key build.calib_data) is not a folder"),
-                                         (["--calib-data", ""], "--calib-data '' (config key build.calib_data) is not a folder")])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--gemm-precision", "fp8", "--fp8-min-top1-agreement", "0.9"], "declares none (outputs: last_hidden_state"),
+        (["--gemm-precision", "fp8", "--fp8-min-top1-agreement", "0"], "must be in (0, 1]"),
+        (["--calib-data", "calib_data/minilm", "--precision", "fp32"], "precision fp32 has neither"),
+        (["--calib-data", "no/such/folder"], "--calib-data 'no/such/folder' (config key build.calib_data) is not a folder"),
+        (["--calib-data", ""], "--calib-data '' (config key build.calib_data) is not a folder"),
+    ],
+)
 def test_a_top1_gate_with_nothing_to_judge_and_calib_data_that_cannot_apply_are_user_errors(bert, tmp_path, flags, says):
     args = ["build", str(bert), *flags, "-o", str(tmp_path / "e.engine")]
     r = run_cli(*(args if "--precision" in flags else args + ["--precision", "fp16"]))
@@ -439,8 +479,18 @@ def test_a_top1_gate_with_nothing_to_judge_and_calib_data_that_cannot_apply_are_
 def test_a_top1_gate_without_real_inputs_is_refused_before_the_build(zoo_exports, tmp_path):
     """ViT declares logits, but without --calib-data (or a calibration cache) the gate would judge top-1 on random
     images: refused up front, naming what to give."""
-    r = run_cli("build", str(zoo_exports[("vit", "legacy")]), "--precision", "fp16", "--gemm-precision", "fp8",
-                "--fp8-min-top1-agreement", "0.9", "-o", str(tmp_path / "e.engine"))
+    r = run_cli(
+        "build",
+        str(zoo_exports[("vit", "legacy")]),
+        "--precision",
+        "fp16",
+        "--gemm-precision",
+        "fp8",
+        "--fp8-min-top1-agreement",
+        "0.9",
+        "-o",
+        str(tmp_path / "e.engine"),
+    )
     assert_user_error(r, "is judged on real inputs", "give --calib-data DIR")
 
 
@@ -488,8 +538,22 @@ def test_build_hands_calib_data_and_the_top1_gate_to_each_step(vit_calib, monkey
         seen["prepare"] = data
         return real_prepare(model, precision, onnx_path, specs, axes, data)
 
-    def gemm_fp8(mod, identity, fused, observe_model, source_model, precision, onnx_path, specs, axes, min_cosine,
-                 chain="auto", data=None, min_top1=None, sampled=None):
+    def gemm_fp8(
+        mod,
+        identity,
+        fused,
+        observe_model,
+        source_model,
+        precision,
+        onnx_path,
+        specs,
+        axes,
+        min_cosine,
+        chain="auto",
+        data=None,
+        min_top1=None,
+        sampled=None,
+    ):
         seen["fp8"] = (data, min_top1, chain)
         return observe_model, {"precision": "fp8", "replaced": [], "gate": {"real_batches": 3}}, ["feeds"]
 

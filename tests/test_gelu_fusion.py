@@ -2,14 +2,13 @@
 exporters) becomes one CustomGeluPluginDynamic node, its bias folded in; the plugin is emulated on ORT
 (tests/attention_emulation.py) and compared with the ORIGINAL graph at a sequence length the pass never saw."""
 
-
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from attention_emulation import emulate_gelu_plugins, rel_l2, with_random_vectors, zoo_sizes
 from conftest import export_zoo
+from onnx import TensorProto, helper, numpy_helper
+
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.feeds import random_feeds
 from trtforge.fusion.gelu import PLUGIN, fuse_gelu, gelu_erf, gelu_tanh
@@ -74,8 +73,13 @@ def _elementwise_model(build):
         return name
 
     build(nodes, const)
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -86,9 +90,14 @@ def test_what_is_not_a_gelu_is_refused_with_its_reason():
     assert not report.replaced and "not multiplied back" in report.refused[0]["reason"]
 
     def wrong_scale(n, c):  # x * 0.5 * (1 + erf(x / 2)): GELU's shape, not its function
-        n += [helper.make_node("Div", ["x", c("two", 2.0)], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
-              helper.make_node("Add", ["e", c("one", 1.0)], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
-              helper.make_node("Mul", ["m", c("half", 0.5)], ["y"])]
+        n += [
+            helper.make_node("Div", ["x", c("two", 2.0)], ["d"]),
+            helper.make_node("Erf", ["d"], ["e"]),
+            helper.make_node("Add", ["e", c("one", 1.0)], ["a"]),
+            helper.make_node("Mul", ["x", "a"], ["m"]),
+            helper.make_node("Mul", ["m", c("half", 0.5)], ["y"]),
+        ]
+
     _, report = fuse_gelu(_elementwise_model(wrong_scale), {"x": x})
     assert not report.replaced and "numeric check" in report.refused[0]["reason"]
 
@@ -117,14 +126,18 @@ def test_build_step_modes(zoo):
     assert "replaced 2 GELU(s)" in describe_gelu(record)[0]
     fused, record = gelu_fusion(model, model, "auto", "fp16", "tensorrt", "8.6.0", True, feeds, "m.onnx")
     assert sum(n.op_type == PLUGIN for n in fused.graph.node) == 2 and record["route"] == "plugin"
-    for args, fragment in [(("auto", "best", "tensorrt", "8.6.0", True), "measured faster only in fp16"),
-                           (("auto", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses GELU itself"),
-                           (("auto", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry")]:
+    for args, fragment in [
+        (("auto", "best", "tensorrt", "8.6.0", True), "measured faster only in fp16"),
+        (("auto", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses GELU itself"),
+        (("auto", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry"),
+    ]:
         none, record = gelu_fusion(model, model, *args, feeds, "m.onnx")
         assert none is None and record["route"] == "none" and fragment in record["why"], record
-    for args, fragment in [(("on", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses GELU itself"),
-                           (("on", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry"),
-                           (("maybe", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_gelu")]:
+    for args, fragment in [
+        (("on", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses GELU itself"),
+        (("on", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry"),
+        (("maybe", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_gelu"),
+    ]:
         with pytest.raises(UserError, match=fragment):
             gelu_fusion(model, model, *args, feeds, "m.onnx")
 
@@ -133,6 +146,7 @@ def test_gelu_after_attention_fusion_observes_the_unfused_graph(zoo):
     """build fuses attention first: the GELU pass then reads its numbers from the graph before that pass
     (ORT cannot run the attention plugin) and applies to the fused one."""
     from attention_emulation import emulate_plugins
+
     from trtforge.fusion.attention import fuse_attention
     from trtforge.fusion.plugins import attention_route
 
@@ -166,6 +180,7 @@ def test_int8_best_graph_gelus_are_fused(zoo):
     a Cast to fp32 before the next layer's QuantizeLinear, and the rest of a deep network below each GELU (the
     first layer's was once refused because the search for its descendants stopped early)."""
     from test_attention_fusion import _quantized
+
     from trtforge.precision import prepare_for_build
 
     key = ("bert", "legacy")
@@ -186,6 +201,7 @@ def test_fp16_gelu_takes_its_gemm_into_trtforge_gemm_gelu(zoo, key):
     """With libtrtforge_plugins loaded, FC1's MatMul + bias + GELU of an fp16 graph become one TrtforgeGemmGelu node
     (cuBLASLt GELU_BIAS); emulated, the graph stays within the fp16 gate of the fp32 original."""
     from attention_emulation import emulate_gemm_gelu_plugins, reverse_weight_rows
+
     from trtforge.fusion.gelu import GEMM_PLUGIN
     from trtforge.precision import prepare_for_build
 

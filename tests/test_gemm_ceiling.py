@@ -34,13 +34,15 @@ def test_each_variant_computes_its_gemm(variant):
 
 
 def test_tactic_summary_names_the_fastest_tactic_per_layer():
-    log = "\n".join([
-        "Tactic Name: sm80_xmma_fprop_implicit_gemm_interleaved_i8f16_i8i32_f32_nchw Tactic: 0x00000000000a1b2c Time: 0.061",
-        "Tactic Name: sm90_xmma_fprop_implicit_gemm_i8i8_i8i32_f32_nhwckrsc Tactic: 0x0000000000000002 Time: 0.070",
-        "Tactic Name: sm90_xmma_gemm_f16f16_f16f16_f16_nn_n Tactic: 0x0000000000000001 Time: 0.05",
-        "Fastest Tactic: 0x00000000000A1B2C Time: 0.061",
-        "Fastest Tactic: 0x0000000000000099 Time: 0.001",  # a tactic without a name line (a reformat)
-    ])
+    log = "\n".join(
+        [
+            "Tactic Name: sm80_xmma_fprop_implicit_gemm_interleaved_i8f16_i8i32_f32_nchw Tactic: 0x00000000000a1b2c Time: 0.061",
+            "Tactic Name: sm90_xmma_fprop_implicit_gemm_i8i8_i8i32_f32_nhwckrsc Tactic: 0x0000000000000002 Time: 0.070",
+            "Tactic Name: sm90_xmma_gemm_f16f16_f16f16_f16_nn_n Tactic: 0x0000000000000001 Time: 0.05",
+            "Fastest Tactic: 0x00000000000A1B2C Time: 0.061",
+            "Fastest Tactic: 0x0000000000000099 Time: 0.001",  # a tactic without a name line (a reformat)
+        ]
+    )
     summary = gemm_ceiling.tactic_summary(log)
     assert summary["timed_tactics"] == 3
     assert summary["by_arch"] == {"sm80": {"int8": 1}, "sm90": {"int8": 1, "float": 1}}

@@ -6,10 +6,10 @@ graph compared with the fp32 ORIGINAL at a shape the pass never saw."""
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from attention_emulation import emulate_gemm_plugins, fp16_plugin_chain, rel_l2, reverse_weight_rows, with_random_vectors, zoo_sizes
 from conftest import assert_user_error, export_zoo, run_cli
+from onnx import TensorProto, helper, numpy_helper
+
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.feeds import random_feeds
 from trtforge.fusion.gemm import PLUGIN, fuse_gemm, gemm_candidates
@@ -80,8 +80,10 @@ def _tiny(w_dtype=np.float16, reuse_product=False, bias_shape=(4,)):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT16 if w_dtype == np.float16 else TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT16 if w_dtype == np.float16 else TensorProto.FLOAT, None)
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.normal(size=(3, 4)).astype(w_dtype), "W"),
-             numpy_helper.from_array(rng.normal(size=bias_shape).astype(w_dtype), "b")]
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(3, 4)).astype(w_dtype), "W"),
+        numpy_helper.from_array(rng.normal(size=bias_shape).astype(w_dtype), "b"),
+    ]
     nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"], name="mm"), helper.make_node("Add", ["xw", "b"], ["y0"], name="add")]
     if reuse_product:  # the product is read twice: its bias cannot go into the plugin
         nodes.append(helper.make_node("Mul", ["xw", "y0"], ["y"], name="mul"))
@@ -121,8 +123,11 @@ def _tiny_gemm(c_shape=(4,), trans_b=0, c_is_input=False, **attrs):
     return helper.make_model(helper.make_graph([node], "g", inputs, [y], inits), opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"trans_b": 1}, {"c_shape": (1, 4)}, {"c_shape": None}, {"alpha": 1.0, "beta": 1.0}],
-                         ids=["bias", "transB", "bias-1xN", "no-bias", "explicit-1"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"trans_b": 1}, {"c_shape": (1, 4)}, {"c_shape": None}, {"alpha": 1.0, "beta": 1.0}],
+    ids=["bias", "transB", "bias-1xN", "no-bias", "explicit-1"],
+)
 def test_a_plain_gemm_becomes_trtforge_gemm_with_its_bias(kwargs):
     model = _tiny_gemm(**kwargs)
     fused, report = fuse_gemm(model)
@@ -136,11 +141,16 @@ def test_a_plain_gemm_becomes_trtforge_gemm_with_its_bias(kwargs):
         assert (report.replaced[0]["k"], report.replaced[0]["n"]) == (3, 4)
 
 
-@pytest.mark.parametrize("kwargs, says", [({"transA": 1}, "transposes its input (transA)"),
-                                          ({"alpha": 0.5}, "scales the product (alpha 0.5)"),
-                                          ({"beta": 2.0}, "scales its bias (beta 2)"),
-                                          ({"c_shape": (2, 4)}, "bias C is float16 [2, 4]"),
-                                          ({"c_is_input": True}, "bias C is not a constant")])
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        ({"transA": 1}, "transposes its input (transA)"),
+        ({"alpha": 0.5}, "scales the product (alpha 0.5)"),
+        ({"beta": 2.0}, "scales its bias (beta 2)"),
+        ({"c_shape": (2, 4)}, "bias C is float16 [2, 4]"),
+        ({"c_is_input": True}, "bias C is not a constant"),
+    ],
+)
 def test_a_gemm_that_is_not_x_at_w_plus_bias_is_refused_with_the_reason(kwargs, says):
     fused, report = fuse_gemm(_tiny_gemm(**kwargs))
     assert not report.replaced and [n.op_type for n in fused.graph.node] == ["Gemm"]
@@ -178,8 +188,7 @@ def test_auto_fuses_fp16_builds_only_and_on_needs_the_plugin():
 
 
 def test_cli_fuse_gemm_rejects_an_unknown_mode(zoo, tmp_path):
-    proc = run_cli("build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--fuse-gemm", "maybe",
-                   "-o", str(tmp_path / "g.engine"))
+    proc = run_cli("build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--fuse-gemm", "maybe", "-o", str(tmp_path / "g.engine"))
     assert_user_error(proc, "--fuse-gemm 'maybe' is not one of auto, on, off")
 
 
@@ -222,8 +231,9 @@ def test_qkv_projection_auto_is_matmul_only_where_trtforge_gemm_takes_it():
 
 
 def test_cli_rejects_an_unknown_qkv_projection_naming_auto(zoo, tmp_path):
-    proc = run_cli("build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--qkv-projection", "gemm",
-                   "-o", str(tmp_path / "g.engine"))
+    proc = run_cli(
+        "build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--qkv-projection", "gemm", "-o", str(tmp_path / "g.engine")
+    )
     assert_user_error(proc, "--qkv-projection 'gemm' is not one of auto, matmul, conv")
 
 

@@ -24,8 +24,7 @@ def test_validate_lists_suites_and_refuses_an_unknown_one(tmp_path):
     for suite in ("zoo", "vs-torch", "int8", "fp8", "attention", "runloop", "stateful", "ray"):
         assert suite in listed.stdout
     work = tmp_path / "w"
-    bad = subprocess.run(["bash", str(GPU / "validate.sh"), "-w", str(work), "zoo", "nope"], cwd=ROOT, capture_output=True,
-                         text=True)
+    bad = subprocess.run(["bash", str(GPU / "validate.sh"), "-w", str(work), "zoo", "nope"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown suite 'nope'" in bad.stderr
     assert not work.exists()  # refused before any step ran
 
@@ -33,14 +32,23 @@ def test_validate_lists_suites_and_refuses_an_unknown_one(tmp_path):
 def test_zoo_table_reads_validate_layout(tmp_path):
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "bert.clean.onnx.json").write_text("{}")
-    (tmp_path / "bert" / "bert.fp16.engine.json").write_text(json.dumps({"build_seconds": 12.5, "engine_bytes": 3 * 2**20,
-                                                                        "profiles": [{}, {}]}))
-    report = {"precision_error": {"worst": {"rel_l2": 0.0031, "cosine": 0.99999}},
-              "latency": {"all": {}, "profile 1": {"gpu_compute": {"count": 40, "p50_ms": 1.25}}},
-              "chunking": {"batch_size": 64}, "gates": {"passed": True}}
+    (tmp_path / "bert" / "bert.fp16.engine.json").write_text(
+        json.dumps({"build_seconds": 12.5, "engine_bytes": 3 * 2**20, "profiles": [{}, {}]})
+    )
+    report = {
+        "precision_error": {"worst": {"rel_l2": 0.0031, "cosine": 0.99999}},
+        "latency": {"all": {}, "profile 1": {"gpu_compute": {"count": 40, "p50_ms": 1.25}}},
+        "chunking": {"batch_size": 64},
+        "gates": {"passed": True},
+    }
     (tmp_path / "bert" / "run_ref_fp16.json").write_text(json.dumps(report))
-    steps = [{"step": "export-bert", "rc": 0}, {"step": "clean-bert", "rc": 0}, {"step": "build-fp16-bert", "rc": 0},
-             {"step": "run-ref-fp16-bert", "rc": 1}, {"step": "build-fp16-gpt2", "rc": 0}]
+    steps = [
+        {"step": "export-bert", "rc": 0},
+        {"step": "clean-bert", "rc": 0},
+        {"step": "build-fp16-bert", "rc": 0},
+        {"step": "run-ref-fp16-bert", "rc": 1},
+        {"step": "build-fp16-gpt2", "rc": 0},
+    ]
     (tmp_path / "steps.jsonl").write_text("\n".join(json.dumps(s) for s in steps) + "\n")
     proc = subprocess.run([sys.executable, str(GPU / "zoo_table.py"), str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -11,7 +11,8 @@ from trtforge.onnxio import load_onnx, save_onnx
 
 def _model(nodes, initializers, outputs=("y",)):
     graph = helper.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
         initializer=initializers,
@@ -28,13 +29,16 @@ def _w(name, shape, seed=0):
 
 
 def test_identity_and_dropout_removed_outputs_unchanged():
-    model = _model([
-        helper.make_node("Identity", ["x"], ["a"]),
-        helper.make_node("MatMul", ["a", "w"], ["b"]),
-        helper.make_node("Dropout", ["b"], ["c"]),
-        helper.make_node("Relu", ["c"], ["d"]),
-        helper.make_node("Identity", ["d"], ["y"]),  # feeds the graph output: name must survive
-    ], [_w("w", (4, 4))])
+    model = _model(
+        [
+            helper.make_node("Identity", ["x"], ["a"]),
+            helper.make_node("MatMul", ["a", "w"], ["b"]),
+            helper.make_node("Dropout", ["b"], ["c"]),
+            helper.make_node("Relu", ["c"], ["d"]),
+            helper.make_node("Identity", ["d"], ["y"]),  # feeds the graph output: name must survive
+        ],
+        [_w("w", (4, 4))],
+    )
     cleaned, counts = clean_model(model)
     ops = graph_stats(cleaned).ops
     assert "Identity" not in ops and "Dropout" not in ops
@@ -45,11 +49,14 @@ def test_identity_and_dropout_removed_outputs_unchanged():
 
 
 def test_dead_nodes_and_unused_initializers_removed():
-    model = _model([
-        helper.make_node("MatMul", ["x", "w"], ["y"]),
-        helper.make_node("MatMul", ["x", "w_dead"], ["dead"]),
-        helper.make_node("Relu", ["dead"], ["dead2"]),
-    ], [_w("w", (4, 4)), _w("w_dead", (4, 4), 1), _w("unused", (100,), 2)])
+    model = _model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            helper.make_node("MatMul", ["x", "w_dead"], ["dead"]),
+            helper.make_node("Relu", ["dead"], ["dead2"]),
+        ],
+        [_w("w", (4, 4)), _w("w_dead", (4, 4), 1), _w("unused", (100,), 2)],
+    )
     cleaned, _ = clean_model(model)
     assert graph_stats(cleaned).nodes == 1
     assert {t.name for t in cleaned.graph.initializer} == {"w"}
@@ -69,10 +76,13 @@ def test_constant_folding_respects_size_threshold():
 
 def test_toposort_and_shape_inference():
     # Nodes listed out of order still produce a valid, sorted graph with inferred value_info.
-    model = _model([
-        helper.make_node("Relu", ["b"], ["y"]),
-        helper.make_node("MatMul", ["x", "w"], ["b"]),
-    ], [_w("w", (4, 4))])
+    model = _model(
+        [
+            helper.make_node("Relu", ["b"], ["y"]),
+            helper.make_node("MatMul", ["x", "w"], ["b"]),
+        ],
+        [_w("w", (4, 4))],
+    )
     cleaned, _ = clean_model(model)
     assert [n.op_type for n in cleaned.graph.node] == ["MatMul", "Relu"]
     assert any(v.name == "b" for v in cleaned.graph.value_info)
@@ -85,6 +95,5 @@ def test_external_data_roundtrip(tmp_path):
     save_onnx(model, path, external_data=True)
     assert (tmp_path / "m.onnx.data").is_file()
     loaded = load_onnx(path)
-    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]),
-                                  numpy_helper.to_array(model.graph.initializer[0]))
+    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), numpy_helper.to_array(model.graph.initializer[0]))
     assert not list(tmp_path.glob(".*"))  # no temp leftovers

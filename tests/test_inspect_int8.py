@@ -23,12 +23,20 @@ def test_paren_format_gives_types_and_dims():
 
 
 def test_int8_kernel_names():
-    for name in ("sm90_xmma_gemm_i8i8_i8i32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1",
-                 "sm80_xmma_fprop_implicit_gemm_interleaved_i8i8_i8i32_f32_nchw_vect_c_32kcrs_vect_c_32_nchw",
-                 "volta_int8_i8816cudnn_int8_256x64_ldg16_relu_singleBuffer_medium_nt_v1", "imma_gemm_nt"):
+    for name in (
+        "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1",
+        "sm80_xmma_fprop_implicit_gemm_interleaved_i8i8_i8i32_f32_nchw_vect_c_32kcrs_vect_c_32_nchw",
+        "volta_int8_i8816cudnn_int8_256x64_ldg16_relu_singleBuffer_medium_nt_v1",
+        "imma_gemm_nt",
+    ):
         assert int8_kernel(name), name
-    for name in ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x256x64", "ampere_h16816gemm_256x128_ldg8_stages_32x3_tn",
-                 "cutlass_80_tensorop_s1688gemm_128x128_16x4_tn_align4", "__myl_GathMulAddCastMeanSubMul_myl0_0", ""):
+    for name in (
+        "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x256x64",
+        "ampere_h16816gemm_256x128_ldg8_stages_32x3_tn",
+        "cutlass_80_tensorop_s1688gemm_128x128_16x4_tn_align4",
+        "__myl_GathMulAddCastMeanSubMul_myl0_0",
+        "",
+    ):
         assert not int8_kernel(name), name
     assert runs_int8({"LayerType": "CaskGemmConvolution", "TacticName": "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n", "Inputs": []})
 
@@ -49,7 +57,13 @@ def test_myelin_layers_are_opaque_not_float():
 
 def test_inspector_tactic_names_complete_the_build_log():
     layers = parse_layer_log(LOG_PAREN)
-    inspector = [{"Name": "/conv1/Conv + /relu/Relu", "TacticName": "sm80_xmma_fprop_implicit_gemm_i8i8_i8i32_f32",
-                  "Inputs": [{"Format/Datatype": "N/A due to dynamic shapes"}]}, "a bare name"]
+    inspector = [
+        {
+            "Name": "/conv1/Conv + /relu/Relu",
+            "TacticName": "sm80_xmma_fprop_implicit_gemm_i8i8_i8i32_f32",
+            "Inputs": [{"Format/Datatype": "N/A due to dynamic shapes"}],
+        },
+        "a bare name",
+    ]
     _add_tactic_names(layers, [l for l in inspector if isinstance(l, dict)])
     assert layers[1]["TacticName"].startswith("sm80_xmma") and "TacticName" not in layers[2]

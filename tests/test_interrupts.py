@@ -1,4 +1,5 @@
 """Ctrl-C inside native callbacks (trtforge.interrupts): TensorRT catches what its Python callbacks raise."""
+
 import os
 import signal
 import threading
@@ -142,12 +143,20 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     import time
     from pathlib import Path
 
-    code = ("from trtforge import interrupts\nimport time\nwith interrupts.deferred():\n    print('ready', flush=True)\n"
-            "    time.sleep(60)  # native work that never returns early\n")
+    code = (
+        "from trtforge import interrupts\nimport time\nwith interrupts.deferred():\n    print('ready', flush=True)\n"
+        "    time.sleep(60)  # native work that never returns early\n"
+    )
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**__import__("os").environ, "PYTHONPATH": str(root)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": str(root)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert proc.stdout.readline().strip() == "ready"
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -186,8 +195,13 @@ def test_this_module_passes_when_started_with_sigint_ignored():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(root), "TRTFORGE_INNER_INTERRUPT_RUN": "1"},
-                          capture_output=True, text=True, timeout=300,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "TRTFORGE_INNER_INTERRUPT_RUN": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, assert_user_error, require, run_cli
+
 from trtforge.config import AxisRange, CacheRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.kvcache import plan_kv_profiles, select_phase_profile, suggest_tier
@@ -89,9 +89,15 @@ def test_onnx_matches_transformers_dynamic_cache(name, request):
 
 
 def _kv_setup():
-    specs = [InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]),
-             InputSpec(name="past_key_0", shape=["batch", 2, "past", 16])]
-    axes = {"batch": AxisRange(min=1, opt=1, max=4), "seq": AxisRange(min=1, opt=128, max=512), "past": CacheRange(min=0, opt=512, max=4096)}
+    specs = [
+        InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]),
+        InputSpec(name="past_key_0", shape=["batch", 2, "past", 16]),
+    ]
+    axes = {
+        "batch": AxisRange(min=1, opt=1, max=4),
+        "seq": AxisRange(min=1, opt=128, max=512),
+        "past": CacheRange(min=0, opt=512, max=4096),
+    }
     kv = {"seq_axis": "seq", "past_axis": "past", "tiers": {"seq": [512], "past": [0, 4096]}}
     return specs, axes, kv
 
@@ -121,8 +127,11 @@ def test_phase_profile_errors_say_what_to_rebuild():
     profiles, phases = plan_kv_profiles(specs, axes, {}, kv)
     with pytest.raises(UserError, match=r"chunk 600 is larger than the prefill seq max of the engine \(512\); pass --chunk 512"):
         select_phase_profile(profiles, phases, "prefill", 600, 0)
-    with pytest.raises(UserError, match=r"cache of 5000 tokens .* past max of the engine is 4096; add a past tier of 5120 "
-                                        r"\(rebuild with --tiers 'past=0,4096,5120'\)"):
+    with pytest.raises(
+        UserError,
+        match=r"cache of 5000 tokens .* past max of the engine is 4096; add a past tier of 5120 "
+        r"\(rebuild with --tiers 'past=0,4096,5120'\)",
+    ):
         select_phase_profile(profiles, phases, "prefill", 128, 5000)
     with pytest.raises(UserError, match="re-export with kv_cache.past.max >= 5120"):
         select_phase_profile(profiles, phases, "decode", 1, 5000, where="the export of m.onnx", engine=False)
@@ -146,8 +155,9 @@ def test_cache_engine_builds_with_prefill_and_decode_profiles(llama_kv, tmp_path
     phases = side["phases"]
     assert len(phases["prefill"]) == 6 and len(phases["decode"]) == 1
     by_index = {p["index"]: p for p in side["profiles"]}
-    assert sorted((by_index[i]["axes"]["seq"][2], by_index[i]["axes"]["past"][0], by_index[i]["axes"]["past"][2]) for i in phases["prefill"]) == [
-        (64, 0, 0), (64, 1, 512), (64, 513, 1536), (128, 0, 0), (128, 1, 512), (128, 513, 1536)]
+    assert sorted(
+        (by_index[i]["axes"]["seq"][2], by_index[i]["axes"]["past"][0], by_index[i]["axes"]["past"][2]) for i in phases["prefill"]
+    ) == [(64, 0, 0), (64, 1, 512), (64, 513, 1536), (128, 0, 0), (128, 1, 512), (128, 513, 1536)]
     decode = by_index[phases["decode"][0]]
     assert decode["axes"]["seq"] == [1, 1, 1] and decode["shapes"]["past_key_0"]["max"] == [4, 2, 1536, 16]
     io = {t["name"]: t for t in side["io"]}
@@ -158,8 +168,9 @@ def test_an_fp16_cache_engine_fuses_attention_in_prefill_and_decode(llama_kv, tm
     """TensorRT-RTX fuses the cache engine's attentions in every profile, the decode profile (one query against the
     cache) with its own kernel; the build counts them per profile from the engine's layers."""
     require("tensorrt_rtx")
-    proc = run_cli("build", str(llama_kv), "--precision", "fp16", "--tiers", "seq=64;past=0,512", "-o",
-                   str(tmp_path / "kv16.engine"), "--json")
+    proc = run_cli(
+        "build", str(llama_kv), "--precision", "fp16", "--tiers", "seq=64;past=0,512", "-o", str(tmp_path / "kv16.engine"), "--json"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(proc.stdout)["attention_fusion"]
     engine = record["engine"]

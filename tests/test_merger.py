@@ -42,7 +42,7 @@ def test_batches_mixing_inputs_merge_like_each_input_alone(merge, order, full_la
     index = np.arange(len(chunks)) if order == "in_order" else rng.permutation(len(chunks))
     parts: dict[tuple[int, str], list] = {}
     for start in range(0, len(chunks), 5):  # batches of 5 straddle inputs; rows merged in two groups, like 2 threads
-        batch = [chunks[k] for k in index[start:start + 5]]
+        batch = [chunks[k] for k in index[start : start + 5]]
         out = _outputs(batch, rng)
         for j, c in enumerate(batch):
             parts.setdefault((c.doc, "t"), []).append((c, out["last_hidden_state"][j, c.content]))
@@ -56,8 +56,9 @@ def test_batches_mixing_inputs_merge_like_each_input_alone(merge, order, full_la
         np.testing.assert_allclose(merged[d]["last_hidden_state"], expected, rtol=1e-6, atol=1e-6)
         assert not np.isnan(merged[d]["last_hidden_state"]).any()
         p = sorted(parts[(d, "p")], key=lambda p: p[0].index)
-        np.testing.assert_allclose(merged[d]["pooler_output"], merge_pooled([v for _, v in p], [kept_size(c.window) for c, _ in p]),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            merged[d]["pooler_output"], merge_pooled([v for _, v in p], [kept_size(c.window) for c, _ in p]), rtol=1e-6
+        )
 
 
 def test_center_merge_copies_a_run_of_windows_at_once(monkeypatch):
@@ -67,7 +68,11 @@ def test_center_merge_copies_a_run_of_windows_at_once(monkeypatch):
     docs, chunks = _plan([60, 30])
     calls = []
     take = chunking.StreamingMerge.take
-    monkeypatch.setattr(chunking.StreamingMerge, "take", lambda self, first, source, offsets: (calls.append((first, len(offsets))), take(self, first, source, offsets))[1])
+    monkeypatch.setattr(
+        chunking.StreamingMerge,
+        "take",
+        lambda self, first, source, offsets: (calls.append((first, len(offsets))), take(self, first, source, offsets))[1],
+    )
     kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token")}
     merger = _Merger(docs, chunks, kinds, SimpleNamespace(merge="center", chunk=12, overlap=4))
     first_doc = [c for c in chunks if c.doc == 0]
@@ -84,7 +89,7 @@ def test_a_pooled_output_weighs_each_window_by_what_it_keeps(length, full_last):
     neighbour) counted the document's end twice (0.077 of the ramp's range at 477 tokens, 0.043 at 1,000)."""
     docs, chunks = _plan([length], chunk=256, overlap=32, full_last=full_last)
     signal = np.arange(length, dtype=np.float64)[:, None] * np.ones((1, 3))
-    parts = [(c, signal[c.window.start:c.window.end].mean(axis=0)) for c in chunks]
+    parts = [(c, signal[c.window.start : c.window.end].mean(axis=0)) for c in chunks]
     merged = merge_document(docs[0], OutputKind("pooler_output", "pooled"), parts, SimpleNamespace(merge="center"))
     truth = signal.mean(axis=0)
     assert np.abs(merged - truth).max() / length < 0.01  # errors relative to the ramp's range
@@ -114,7 +119,7 @@ def test_each_input_is_handed_on_once_when_finished_and_its_memory_serves_later_
     kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token"), "pooler_output": OutputKind("pooler_output", "pooled")}
     options = SimpleNamespace(merge=merge, chunk=12, overlap=4)
     rng = np.random.default_rng(3)
-    batches = [chunks[k:k + 5] for k in range(0, len(chunks), 5)]
+    batches = [chunks[k : k + 5] for k in range(0, len(chunks), 5)]
     outs = [_outputs(b, rng) for b in batches]
     reference = _Merger(docs, chunks, kinds, options)  # no pool, no on_done: every input kept to the end
     for b, o in zip(batches, outs):
@@ -122,6 +127,7 @@ def test_each_input_is_handed_on_once_when_finished_and_its_memory_serves_later_
     expected = reference.results()
 
     pool, got, finished_after = OutputPool(), {}, {}
+
     def on_done(d, outputs, release):
         assert d not in got, f"input {d} handed on twice"
         got[d] = {k: v.copy() for k, v in outputs.items()}
@@ -156,7 +162,7 @@ def test_two_threads_finishing_one_input_at_once_hand_it_on_exactly_once():
     for trial in range(20):
         docs, chunks = _plan([40, 41, 43, 38])
         rng = np.random.default_rng(trial)
-        batches = [chunks[k:k + 6] for k in range(0, len(chunks), 6)]
+        batches = [chunks[k : k + 6] for k in range(0, len(chunks), 6)]
         outs = [_outputs(b, rng) for b in batches]
         reference = _Merger(docs, chunks, kinds, options)
         for b, o in zip(batches, outs):
@@ -183,8 +189,10 @@ def test_two_threads_finishing_one_input_at_once_hand_it_on_exactly_once():
                 errors.append(exc)
                 barrier.abort()
 
-        threads = [threading.Thread(target=half, args=(lambda n: range(0, n // 2),)),
-                   threading.Thread(target=half, args=(lambda n: range(n // 2, n),))]
+        threads = [
+            threading.Thread(target=half, args=(lambda n: range(0, n // 2),)),
+            threading.Thread(target=half, args=(lambda n: range(n // 2, n),)),
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -208,8 +216,11 @@ def test_batches_of_block_runs_merge_like_each_input_alone(merge):
     lengths = [40, 9, 23, 3, 61, 14]
     plans = _text_plans(lengths)
     docs = [Document(f"d{d}", "text", {}, n) for d, n in enumerate(lengths)]
-    kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token"), "pooler_output": OutputKind("pooler_output", "pooled"),
-             "logits": OutputKind("logits", "logits")}
+    kinds = {
+        "last_hidden_state": OutputKind("last_hidden_state", "token"),
+        "pooler_output": OutputKind("pooler_output", "pooled"),
+        "logits": OutputKind("logits", "logits"),
+    }
     options = SimpleNamespace(merge=merge, chunk=16, overlap=4)
     batcher = Batcher(5, shape_key, group=Batch)
     batches = [b for plan in plans for b in batcher.add_many(plan)] + batcher.flush()

@@ -4,7 +4,8 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trtforge.outpool import OutputPool, capacity_for
 
@@ -151,8 +152,13 @@ def test_reserved_memory_carves_page_aligned_pieces_then_allocates_beyond_and_fr
     assert freed == []  # a carved piece goes back with the block, not on its own
     free_c()
     assert freed == [4096]
-    assert reserved.report() == {"carved": 2, "beyond": 1, "reserved_mb": round(3 * 4096 / 2**20, 3), "used_mb": round(3 * 4096 / 2**20, 3),
-                                 "beyond_mb": round(4096 / 2**20, 3)}
+    assert reserved.report() == {
+        "carved": 2,
+        "beyond": 1,
+        "reserved_mb": round(3 * 4096 / 2**20, 3),
+        "used_mb": round(3 * 4096 / 2**20, 3),
+        "beyond_mb": round(4096 / 2**20, 3),
+    }
     reserved.close(), reserved.close()
     assert freed == [4096, 3 * 4096]  # the block freed once
     nothing = ReservedMemory(0, allocate)  # no reserve: every buffer from the allocator

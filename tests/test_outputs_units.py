@@ -4,14 +4,17 @@ import numpy as np
 import pytest
 
 from trtforge.chunking import merge_pooled, merge_tiles, plan_tiles, scaled_tiles
-from trtforge.verify.compare import compare_outputs
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.layout import model_layout
 from trtforge.outputs import Probe, parse_override, probe_sizes, resolve
+from trtforge.verify.compare import compare_outputs
 from trtforge.verify.gates import evaluate_gates, gates_from
 
-TEXT = [InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]), InputSpec(name="attention_mask", dtype="int64", shape=["batch", "seq"])]
+TEXT = [
+    InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]),
+    InputSpec(name="attention_mask", dtype="int64", shape=["batch", "seq"]),
+]
 IMAGE = [InputSpec(name="pixel_values", shape=["batch", 3, "height", "width"])]
 
 
@@ -31,8 +34,10 @@ def test_token_and_dense_kinds_are_inferred_from_probes():
     probes = [Probe({"batch": 1, "seq": 64}, {"h": (1, 64, 384)}), Probe({"batch": 1, "seq": 128}, {"h": (1, 128, 384)})]
     assert resolve(["h"], {}, text, probes)["h"].kind == "token"
     image = model_layout(IMAGE)
-    probes = [Probe({"height": 64, "width": 64}, {"seg": (1, 5, 16, 16), "sr": (1, 3, 128, 128)}),
-              Probe({"height": 128, "width": 128}, {"seg": (1, 5, 32, 32), "sr": (1, 3, 256, 256)})]
+    probes = [
+        Probe({"height": 64, "width": 64}, {"seg": (1, 5, 16, 16), "sr": (1, 3, 128, 128)}),
+        Probe({"height": 128, "width": 128}, {"seg": (1, 5, 32, 32), "sr": (1, 3, 256, 256)}),
+    ]
     kinds = resolve(["seg", "sr"], {}, image, probes)
     assert (kinds["seg"].kind, kinds["seg"].scale, kinds["sr"].scale) == ("dense", 0.25, 2.0)
 
@@ -40,8 +45,11 @@ def test_token_and_dense_kinds_are_inferred_from_probes():
 def test_rank2_is_ambiguous_unless_declared():
     text = model_layout(TEXT)
     probes = [Probe({"seq": 64}, {"pooler_output": (1, 384)}), Probe({"seq": 128}, {"pooler_output": (1, 384)})]
-    with pytest.raises(UserError, match=r"output 'pooler_output' \(shape \[1, 384\]\) may be a pooled vector or class logits.*"
-                                        r"outputs: \[\{name: pooler_output, kind: pooled\|logits\}\]"):
+    with pytest.raises(
+        UserError,
+        match=r"output 'pooler_output' \(shape \[1, 384\]\) may be a pooled vector or class logits.*"
+        r"outputs: \[\{name: pooler_output, kind: pooled\|logits\}\]",
+    ):
         resolve(["pooler_output"], {}, text, probes)
     assert resolve(["pooler_output"], {"pooler_output": ("pooled", None)}, text, probes)["pooler_output"].kind == "pooled"
     assert resolve(["pooler_output"], {}, text, probes, strict=False)["pooler_output"].kind is None
@@ -69,7 +77,7 @@ def test_tile_merge_at_output_scale_reconstructs_the_image(scale):
     oh, ow = int(h * scale), int(w * scale)
     image = np.random.default_rng(0).normal(size=(2, oh, ow)).astype(np.float32)
     tiles = scaled_tiles(plan_tiles(h, w, tile, overlap), scale)
-    outs = [image[:, t.rows.start:t.rows.end, t.cols.start:t.cols.end] for t in tiles]
+    outs = [image[:, t.rows.start : t.rows.end, t.cols.start : t.cols.end] for t in tiles]
     for merge in ("center", "linear", "gaussian"):
         np.testing.assert_allclose(merge_tiles(outs, h, w, tile, overlap, merge, scale), image, rtol=1e-5, atol=1e-5)
 
@@ -103,14 +111,21 @@ def test_comparator_picks_metrics_by_kind():
 
 def _report(measured=True, per_output=None, reason="target is its own reference"):
     section = {"measured": True, "per_output": per_output or {}} if measured else {"measured": False, "reason": reason}
-    return {"outputs": {"h": {"kind": "token"}}, "precision_error": section, "chunking_error": {"measured": False, "reason": "no input was chunked"}}
+    return {
+        "outputs": {"h": {"kind": "token"}},
+        "precision_error": section,
+        "chunking_error": {"measured": False, "reason": "no input was chunked"},
+    }
 
 
 def test_gates_set_but_unevaluable_fail_defaults_do_not():
     defaults = evaluate_gates(_report(measured=False), gates_from({}))
     assert defaults["passed"] and {c["status"] for c in defaults["checked"]} == {"not evaluated"}
     explicit = evaluate_gates(_report(measured=False), gates_from({"max_rel_l2": 1e-2}))
-    assert not explicit["passed"] and "max_rel_l2 0.01 could not be evaluated: precision error not measured: target is its own reference" in explicit["failures"][0]
+    assert (
+        not explicit["passed"]
+        and "max_rel_l2 0.01 could not be evaluated: precision error not measured: target is its own reference" in explicit["failures"][0]
+    )
     chunk = evaluate_gates(_report(per_output={"h": {"rel_l2": 0.0, "cosine": 1.0}}), gates_from({"min_chunk_cosine": 0.9}))
     assert chunk["failures"] == ["min_chunk_cosine 0.9 could not be evaluated: chunking error not measured: no input was chunked"]
 
@@ -118,7 +133,9 @@ def test_gates_set_but_unevaluable_fail_defaults_do_not():
 def test_a_gate_naming_a_metric_no_output_has_fails():
     result = evaluate_gates(_report(per_output={"h": {"rel_l2": 0.0, "cosine": 1.0}}), gates_from({"min_top1_agreement": 0.9}))
     assert result["failures"] == ["min_top1_agreement 0.9 could not be evaluated: no output has top1_agreement (outputs: h (token))"]
-    ok = evaluate_gates(_report(per_output={"h": {"rel_l2": 0.0, "cosine": 1.0, "top1_agreement": 0.5}}), gates_from({"min_top1_agreement": 0.9}))
+    ok = evaluate_gates(
+        _report(per_output={"h": {"rel_l2": 0.0, "cosine": 1.0, "top1_agreement": 0.5}}), gates_from({"min_top1_agreement": 0.9})
+    )
     assert "precision top-1 agreement of 'h' 0.5 < 0.9" in ok["failures"][0]
 
 

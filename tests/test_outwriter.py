@@ -13,8 +13,11 @@ from trtforge.outwriter import OutputWriter
 
 def test_an_npz_written_array_by_array_loads_as_np_savez_writes_it(tmp_path):
     rng = np.random.default_rng(0)
-    arrays = {"doc/a": rng.standard_normal((5, 3)).astype(np.float32), "doc/b": np.arange(4, dtype=np.int64),
-              "other/a": rng.standard_normal((2, 2, 2)).astype(np.float16)}
+    arrays = {
+        "doc/a": rng.standard_normal((5, 3)).astype(np.float32),
+        "doc/b": np.arange(4, dtype=np.int64),
+        "other/a": rng.standard_normal((2, 2, 2)).astype(np.float16),
+    }
     np.savez(tmp_path / "ref.npz", **arrays)
     stream = NpzStream(tmp_path / "out.npz")
     for k, v in arrays.items():

@@ -9,11 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, run_cli
 
-
 # -- the check itself ---------------------------------------------------------------------------------------------
+
 
 def _artifact(path, parent=None):
     path.write_bytes(b"model " + path.name.encode())
@@ -69,6 +68,7 @@ def test_output_or_its_sidecar_over_an_input_sidecar_or_lineage(tmp_path):
 
 # -- every command, on tiny-fcn -----------------------------------------------------------------------------------
 
+
 @pytest.fixture()
 def work(tiny_fcn_clean, tmp_path):
     """A copy of the exported and cleaned tiny-fcn (t.onnx, t.clean.onnx, sidecars), calibration data and one input."""
@@ -103,12 +103,16 @@ def test_the_issue_paths_are_refused(work, case):
     args, fragments = {
         "clean": (["clean", str(onnx), "-o", str(onnx)], ["clean would write", "its input"]),
         "calibrate": (["calibrate", str(clean), *data, "-o", str(clean)], ["calibrate would write", "its input"]),
-        "from_cache": (["calibrate", str(clean), *data, "--from-cache", str(work / "c.cache"), "-o", str(work / "c.cache")],
-                       ["c.cache", "its input"]),
+        "from_cache": (
+            ["calibrate", str(clean), *data, "--from-cache", str(work / "c.cache"), "-o", str(work / "c.cache")],
+            ["c.cache", "its input"],
+        ),
         "run_report": (["run", str(onnx), "--inputs", str(work / "in"), "--report", str(onnx)], ["run would write", "its input"]),
         "run_save_outputs": (["run", str(onnx), "--inputs", str(work / "in"), "--save-outputs", str(onnx)], ["its input"]),
-        "bisect_report": (["bisect", str(clean), *data, "--cache", str(work / "c.calib.cache"), "--no-engine", "--report", str(clean)],
-                          ["bisect would write", "its input"]),
+        "bisect_report": (
+            ["bisect", str(clean), *data, "--cache", str(work / "c.calib.cache"), "--no-engine", "--report", str(clean)],
+            ["bisect would write", "its input"],
+        ),
         "build_sidecar": (["build", str(onnx), "-o", str(onnx) + ".json"], ["build would write", "the sidecar of its input"]),
     }[case]
     assert_user_error(run_cli(*args), *fragments)
@@ -121,5 +125,6 @@ def test_relative_and_symlinked_spellings_through_the_cli(work):
     assert_user_error(run_cli("clean", "./t.onnx", "-o", str(work / "t.onnx"), cwd=work), f"write {work / 't.onnx'} over its input t.onnx")
     assert_user_error(run_cli("clean", "t.onnx", "-o", "alias.onnx", cwd=work), "alias.onnx", "its input t.onnx")
     # the parent of the input, by the sidecar's lineage
-    assert_user_error(run_cli("calibrate", "t.clean.onnx", "--data", "data", "-o", "t.onnx", cwd=work),
-                      "which its input t.clean.onnx was made from")
+    assert_user_error(
+        run_cli("calibrate", "t.clean.onnx", "--data", "data", "-o", "t.onnx", cwd=work), "which its input t.clean.onnx was made from"
+    )

@@ -4,8 +4,7 @@ import json
 import shutil
 
 import pytest
-
-from conftest import ROOT, assert_user_error, run_cli, require
+from conftest import ROOT, assert_user_error, require, run_cli
 
 require("tensorrt_rtx")
 
@@ -25,8 +24,15 @@ def pipeline_dir(tmp_path_factory):
 
 
 def test_all_steps_ran_and_wrote_their_files(pipeline_dir):
-    for name in ("tiny-fcn.onnx", "tiny-fcn.clean.onnx", "tiny-fcn.int8.onnx", "tiny-fcn.calib.cache", "tiny-fcn.fp16.engine",
-                 "tiny-fcn.run.json", "tiny-fcn.pipeline.json"):
+    for name in (
+        "tiny-fcn.onnx",
+        "tiny-fcn.clean.onnx",
+        "tiny-fcn.int8.onnx",
+        "tiny-fcn.calib.cache",
+        "tiny-fcn.fp16.engine",
+        "tiny-fcn.run.json",
+        "tiny-fcn.pipeline.json",
+    ):
         assert (pipeline_dir / name).is_file(), name
     run = json.loads((pipeline_dir / "tiny-fcn.run.json").read_text())
     assert run["gates"]["passed"] and run["chunking_error"]["worst"]["rel_l2"] < 1e-5
@@ -58,7 +64,9 @@ def test_from_and_only(pipeline_dir, tmp_path):
     assert _statuses(report) == {"export": "not-run", "clean": "not-run", "calibrate": "not-run", "build": "ran", "run": "skipped"}
     report = json.loads(run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(out), "--only", "clean", "--json").stdout)
     assert _statuses(report)["clean"] == "ran" and _statuses(report)["build"] == "not-run"
-    assert_user_error(run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(out), "--only", "deploy"), "--only 'deploy' is not a step")
+    assert_user_error(
+        run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(out), "--only", "deploy"), "--only 'deploy' is not a step"
+    )
 
 
 def test_only_a_step_whose_input_is_missing(tmp_path):
@@ -107,8 +115,9 @@ def test_the_build_steps_fingerprint_covers_calib_datas_files(tmp_path):
     # without build.calib_data they come from the calibration cache's data: calibrate.data's files count too
     calib = tmp_path / "calib"
     shutil.copytree(ROOT / "calib_data" / "tiny_fcn", calib)
-    pipe = Pipeline(apply_overrides(load_config(ROOT / "configs" / "tiny-fcn.yaml"), {"calibrate.data": str(calib)}),
-                    tmp_path / "out", backend="auto")
+    pipe = Pipeline(
+        apply_overrides(load_config(ROOT / "configs" / "tiny-fcn.yaml"), {"calibrate.data": str(calib)}), tmp_path / "out", backend="auto"
+    )
     before = pipe._fp("build")
     first = sorted(p for p in calib.iterdir() if p.is_file())[0]
     first.write_bytes(first.read_bytes()[::-1])

@@ -53,8 +53,9 @@ def test_planning_processes_are_all_up_after_start_and_plan_as_the_planning_thre
     as_text = {d: doc for d, doc in enumerate(p.docs)}
     tok = p.tokenizer
     n = len(p.docs)
-    as_ids = {n + d: Document(doc.name, "text", {}, *(lambda ids: (int(ids.size), ids))(tok.document(doc.text)))
-              for d, doc in enumerate(p.docs)}
+    as_ids = {
+        n + d: Document(doc.name, "text", {}, *(lambda ids: (int(ids.size), ids))(tok.document(doc.text))) for d, doc in enumerate(p.docs)
+    }
     procs = PlanningProcesses(tok.directory, 3, _settings(p))
     try:
         procs.start()

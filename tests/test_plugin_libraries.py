@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, run_cli
+
 from trtforge.backends import tensorrt as trt_backend
-from trtforge.backends.tensorrt import (CUDNN_LIB_ENV, TrtModule, cudnn_lib_dirs, load_engine_plugin_libraries,
-                                        load_plugin_libraries)
+from trtforge.backends.tensorrt import CUDNN_LIB_ENV, TrtModule, cudnn_lib_dirs, load_engine_plugin_libraries, load_plugin_libraries
 from trtforge.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +110,8 @@ def test_the_plugin_source_and_its_build_script_agree_with_the_pass():
     assert f'kPluginName = "{GEMM_PLUGIN}"' in src and f'kPluginVersion = "{GEMM_VERSION}"' in src
     for field in ("weight", "bias", "k", "n"):  # the attributes fusion.gelu writes on the node
         assert f'PluginField("{field}"' in src
-    from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY, PLUGIN_VERSION as GEMM_ONLY_VERSION
+    from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY
+    from trtforge.fusion.gemm import PLUGIN_VERSION as GEMM_ONLY_VERSION
 
     assert f'kGemmPluginName = "{GEMM_ONLY}"' in src and GEMM_ONLY_VERSION == GEMM_VERSION  # one kPluginVersion for both
     assert "REGISTER_TENSORRT_PLUGIN(GemmPluginCreator)" in src and "REGISTER_TENSORRT_PLUGIN(GemmGeluPluginCreator)" in src

@@ -4,20 +4,30 @@ real command. The compile runs trtforge/native/build.sh for real with a fake nvc
 their arguments: no CUDA compile of the plugins happens here."""
 
 import json
-import os
 import stat
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_user_error, run_cli
+
 from trtforge import plugins_build
 from trtforge.artifacts import sha256_file
 from trtforge.backends import tensorrt as trt_backend
 from trtforge.backends.tensorrt import TrtModule, cudnn_lib_dirs
 from trtforge.errors import UserError
-from trtforge.plugin_discovery import (LIBRARY_NAME, SIDECAR_KIND, Inputs, cache_key, cache_root, cache_state,
-                                       chosen_libraries, discover, library_path, parse_arch, sources_digest)
+from trtforge.plugin_discovery import (
+    LIBRARY_NAME,
+    SIDECAR_KIND,
+    Inputs,
+    cache_key,
+    cache_root,
+    cache_state,
+    chosen_libraries,
+    discover,
+    library_path,
+    parse_arch,
+    sources_digest,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "trtforge" / "native"
@@ -57,11 +67,16 @@ def _trt(include: Path, version=(8, 6, 1)) -> Path:
 def _site(site: Path, cudnn_major: int = 9) -> Path:
     """The layout `pip install 'trtforge[plugins]'` leaves in a site-packages."""
     _write(site / "nvidia/cudnn/include/cudnn.h")
-    _write(site / "nvidia/cudnn/include/cudnn_version.h", f"#define CUDNN_MAJOR {cudnn_major}\n#define CUDNN_MINOR 1\n#define CUDNN_PATCHLEVEL 0\n")
+    _write(
+        site / "nvidia/cudnn/include/cudnn_version.h",
+        f"#define CUDNN_MAJOR {cudnn_major}\n#define CUDNN_MINOR 1\n#define CUDNN_PATCHLEVEL 0\n",
+    )
     _write(site / "nvidia/cudnn/lib/libcudnn.so.9")
     _write(site / "include/cudnn_frontend.h")
-    _write(site / "include/cudnn_frontend_version.h", "#define CUDNN_FRONTEND_MAJOR_VERSION 1\n#define CUDNN_FRONTEND_MINOR_VERSION 14\n"
-                                                       "#define CUDNN_FRONTEND_PATCH_VERSION 0\n")
+    _write(
+        site / "include/cudnn_frontend_version.h",
+        "#define CUDNN_FRONTEND_MAJOR_VERSION 1\n#define CUDNN_FRONTEND_MINOR_VERSION 14\n#define CUDNN_FRONTEND_PATCH_VERSION 0\n",
+    )
     _write(site / "nvidia/cublas/include/cublasLt.h")
     _write(site / "nvidia/cublas/lib/libcublasLt.so.12")
     _write(site / "nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
@@ -71,29 +86,52 @@ def _site(site: Path, cudnn_major: int = 9) -> Path:
 @pytest.fixture
 def tree(tmp_path):
     """A CUDA toolkit, TensorRT 8.6.1's headers, the plugins extra's wheels, a fake C++ compiler, an empty system root."""
-    return {"cuda": _cuda(tmp_path / "cuda"), "trt": _trt(tmp_path / "trt" / "include"), "site": _site(tmp_path / "site"),
-            "cxx": _tool(tmp_path / "bin" / "g++", "cxx"), "system": tmp_path / "sysroot", "root": tmp_path}
+    return {
+        "cuda": _cuda(tmp_path / "cuda"),
+        "trt": _trt(tmp_path / "trt" / "include"),
+        "site": _site(tmp_path / "site"),
+        "cxx": _tool(tmp_path / "bin" / "g++", "cxx"),
+        "system": tmp_path / "sysroot",
+        "root": tmp_path,
+    }
 
 
 def _inputs(tree, flags=None, env=None, path_tools=("nvcc", "g++"), search=None) -> Inputs:
     tools = {"nvcc": str(tree["cuda"] / "bin" / "nvcc"), "g++": str(tree["cxx"])}
-    return Inputs(flags=flags or {}, env=env or {}, search_path=[str(tree["site"])] if search is None else search,
-                  which=lambda name: tools.get(name) if name in path_tools else None, system=(str(tree["system"]),))
+    return Inputs(
+        flags=flags or {},
+        env=env or {},
+        search_path=[str(tree["site"])] if search is None else search,
+        which=lambda name: tools.get(name) if name in path_tools else None,
+        system=(str(tree["system"]),),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- discovery (pure)
+
 
 def test_everything_is_found_from_path_and_the_plugins_extras_wheels(tree):
     found = discover(_inputs(tree, flags={"tensorrt_include": str(tree["trt"])}))
     assert found.ok, found.missing
     f = found.found
     assert (f["cuda_home"].path, f["cuda_home"].version) == (tree["cuda"], "12.4")
-    assert (f["tensorrt_include"].path, f["tensorrt_include"].source, f["tensorrt_include"].version) == (tree["trt"], "--tensorrt-include", "8.6.1")
-    assert (f["cudnn_include"].path, f["cudnn_include"].source, f["cudnn_include"].version) == (tree["site"] / "nvidia/cudnn/include", "package", "9.1.0")
+    assert (f["tensorrt_include"].path, f["tensorrt_include"].source, f["tensorrt_include"].version) == (
+        tree["trt"],
+        "--tensorrt-include",
+        "8.6.1",
+    )
+    assert (f["cudnn_include"].path, f["cudnn_include"].source, f["cudnn_include"].version) == (
+        tree["site"] / "nvidia/cudnn/include",
+        "package",
+        "9.1.0",
+    )
     assert f["cudnn_lib"].path == tree["site"] / "nvidia/cudnn/lib"
     assert (f["cudnn_frontend_include"].path, f["cudnn_frontend_include"].version) == (tree["site"] / "include", "1.14.0")
     assert f["cublas_include"].path == tree["site"] / "nvidia/cublas/include"
-    assert found.runtime_libraries == [tree["site"] / "nvidia/cublas/lib/libcublasLt.so.12", tree["site"] / "nvidia/cuda_nvrtc/lib/libnvrtc.so.12"]
+    assert found.runtime_libraries == [
+        tree["site"] / "nvidia/cublas/lib/libcublasLt.so.12",
+        tree["site"] / "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+    ]
 
 
 def test_a_flag_beats_the_environment_which_beats_the_wheels(tree, tmp_path):
@@ -163,13 +201,16 @@ def test_nothing_found_gives_one_sentence_per_missing_thing(tmp_path):
     inputs = Inputs(flags={}, env={}, search_path=[str(tmp_path / "site")], which=lambda name: None, system=(str(tmp_path),))
     missing = discover(inputs).missing
     assert len(missing) == 7, missing  # CUDA, C++, TensorRT, cuDNN headers, cuDNN library, cudnn-frontend, cuBLASLt
-    for sentence, fix in zip(missing, ("--cuda-home", "set CXX", "--tensorrt-include", "nvidia-cudnn-cu12", "--cudnn-lib",
-                                       "nvidia-cudnn-frontend", "nvidia-cublas-cu12")):
+    for sentence, fix in zip(
+        missing,
+        ("--cuda-home", "set CXX", "--tensorrt-include", "nvidia-cudnn-cu12", "--cudnn-lib", "nvidia-cudnn-frontend", "nvidia-cublas-cu12"),
+    ):
         assert fix in sentence and sentence.endswith(".") and sentence.count(": ") >= 1, sentence
         assert "\n" not in sentence
 
 
 # ---------------------------------------------------------------------------------------------------- the cache (pure)
+
 
 def test_cache_key_root_and_arch():
     assert cache_key("8.6.1.6", "12.4", 90) == "trt8.6.1-cuda12.4-sm90"
@@ -246,6 +287,7 @@ def test_sources_digest_follows_the_native_sources(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- default loading
 
+
 @pytest.fixture
 def cache_here(tmp_path, monkeypatch):
     """This process sees an sm_90 GPU and a cache under tmp_path/cache with a library built from the shipped sources."""
@@ -313,16 +355,32 @@ def test_doctor_command_prints_the_plugin_library_line(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- the real command
 
+
 def _flags(tree) -> list[str]:
     site = tree["site"]
-    return ["--cuda-home", str(tree["cuda"]), "--tensorrt-include", str(tree["trt"]),
-            "--cudnn-include", str(site / "nvidia/cudnn/include"), "--cudnn-lib", str(site / "nvidia/cudnn/lib"),
-            "--cudnn-frontend-include", str(site / "include"), "--cublas-include", str(site / "nvidia/cublas/include")]
+    return [
+        "--cuda-home",
+        str(tree["cuda"]),
+        "--tensorrt-include",
+        str(tree["trt"]),
+        "--cudnn-include",
+        str(site / "nvidia/cudnn/include"),
+        "--cudnn-lib",
+        str(site / "nvidia/cudnn/lib"),
+        "--cudnn-frontend-include",
+        str(site / "include"),
+        "--cublas-include",
+        str(site / "nvidia/cublas/include"),
+    ]
 
 
 def _env(tree, **extra) -> dict:
-    return {"TRTFORGE_CACHE_DIR": str(tree["root"] / "cache"), "CXX": str(tree["cxx"]),
-            "FAKE_LOG": str(tree["root"] / "tools.log"), **extra}
+    return {
+        "TRTFORGE_CACHE_DIR": str(tree["root"] / "cache"),
+        "CXX": str(tree["cxx"]),
+        "FAKE_LOG": str(tree["root"] / "tools.log"),
+        **extra,
+    }
 
 
 def test_plugins_build_runs_build_sh_with_what_it_found_and_caches_the_result(tree):
@@ -340,8 +398,14 @@ def test_plugins_build_runs_build_sh_with_what_it_found_and_caches_the_result(tr
     assert "arch=compute_90,code=sm_90" in nvcc and str(NATIVE / "fp8_quantize.cu") in nvcc
     link = next(c for c in calls if c.startswith("cxx ") and "sdpa_plugin.cpp" in c)
     site = tree["site"]
-    for part in (f"-I{tree['trt']}", f"-I{site / 'nvidia/cudnn/include'}", f"-I{site / 'include'}",
-                 f"-I{site / 'nvidia/cublas/include'}", f"-L{site / 'nvidia/cudnn/lib'}", f"-I{tree['cuda'] / 'include'}"):
+    for part in (
+        f"-I{tree['trt']}",
+        f"-I{site / 'nvidia/cudnn/include'}",
+        f"-I{site / 'include'}",
+        f"-I{site / 'nvidia/cublas/include'}",
+        f"-L{site / 'nvidia/cudnn/lib'}",
+        f"-I{tree['cuda'] / 'include'}",
+    ):
         assert part in link, (part, link)
     again = run_cli("plugins", "build", *_flags(tree), "--arch", "sm_90", env=_env(tree))
     assert again.returncode == 0 and "up to date" in again.stdout, again.stderr
@@ -356,10 +420,17 @@ def test_a_failed_compile_is_one_sentence_with_the_log_and_leaves_no_library(tre
     assert sorted(p.name for p in key_dir.iterdir()) == ["build.log"]
 
 
-@pytest.mark.parametrize("flag, what", [("--cuda-home", "no CUDA toolkit"), ("--tensorrt-include", "TensorRT 8.6's headers"),
-                                        ("--cudnn-include", "cuDNN 9's headers"), ("--cudnn-lib", "cuDNN 9's library"),
-                                        ("--cudnn-frontend-include", "cudnn-frontend's headers"),
-                                        ("--cublas-include", "cuBLASLt's header")])
+@pytest.mark.parametrize(
+    "flag, what",
+    [
+        ("--cuda-home", "no CUDA toolkit"),
+        ("--tensorrt-include", "TensorRT 8.6's headers"),
+        ("--cudnn-include", "cuDNN 9's headers"),
+        ("--cudnn-lib", "cuDNN 9's library"),
+        ("--cudnn-frontend-include", "cudnn-frontend's headers"),
+        ("--cublas-include", "cuBLASLt's header"),
+    ],
+)
 def test_each_missing_requirement_is_one_sentence_and_exit_2(tree, tmp_path, flag, what):
     empty = tmp_path / "empty" / "include"
     empty.mkdir(parents=True)
@@ -378,7 +449,8 @@ def test_no_gpu_and_no_arch_and_no_compiler_are_said_each_then_summed_up(tree):
     assert [l for l in lines if l.startswith("missing: ")] == [
         "missing: no C++17 compiler was found ($CXX=no-such-compiler is not on PATH): install g++ (e.g. `apt-get install g++`) or set CXX.",
         "missing: no GPU was found to build for (cuda-python sees none): pass --arch with the compute capability of the GPU "
-        "that will run the library, e.g. --arch sm_90 for an H100."]
+        "that will run the library, e.g. --arch sm_90 for an H100.",
+    ]
     assert_user_error(proc, "2 things the plugin library needs are missing (listed above)")
     bad_arch = run_cli("plugins", "build", *_flags(tree), "--arch", "hopper", env=_env(tree))
     assert_user_error(bad_arch, "--arch 'hopper' is not a compute capability")
@@ -394,8 +466,16 @@ def test_plugins_status_and_path(tree):
 
 
 def test_build_turns_plugins_off_with_none_alone(tiny_fcn_clean, tmp_path):
-    proc = run_cli("build", str(tiny_fcn_clean), "-o", str(tmp_path / "m.engine"), "--plugin-library", "none",
-                   "--plugin-library", str(tmp_path / "x.so"))
+    proc = run_cli(
+        "build",
+        str(tiny_fcn_clean),
+        "-o",
+        str(tmp_path / "m.engine"),
+        "--plugin-library",
+        "none",
+        "--plugin-library",
+        str(tmp_path / "x.so"),
+    )
     assert_user_error(proc, "--plugin-library none turns plugin libraries off", "give it alone")
 
 

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import onnx
 import pytest
+from conftest import require, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import run_cli, require
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate.collect import plan_quantization
 from trtforge.feeds import random_feeds
@@ -51,11 +51,15 @@ def test_fp16_conversion_without_onnxruntime_converter(fixture, request, monkeyp
 
 def _scaled_model(tmp_path):
     """y = (x * 100) @ w: the Mul exceeds the fp16 guard (512) only on the real data (x from 6 to 8)."""
-    inits = [numpy_helper.from_array(np.array(100.0, np.float32), "k"),
-             numpy_helper.from_array(np.eye(4, dtype=np.float32) * 1e-3, "w")]
+    inits = [numpy_helper.from_array(np.array(100.0, np.float32), "k"), numpy_helper.from_array(np.eye(4, dtype=np.float32) * 1e-3, "w")]
     nodes = [helper.make_node("Mul", ["x", "k"], ["big"], name="scale"), helper.make_node("MatMul", ["big", "w"], ["y"], name="mm")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        inits,
+    )
     path = tmp_path / "scaled.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     data = tmp_path / "data"
@@ -77,12 +81,23 @@ def test_keep_list_observes_calibration_data(tmp_path):
 
 def _mlp_qdq(opset):
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.normal(size=(8, 16)).astype(np.float32), "w1"),
-             numpy_helper.from_array(rng.normal(size=(16, 4)).astype(np.float32), "w2")]
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
-             helper.make_node("MatMul", ["r", "w2"], ["m"], name="mm2"), helper.make_node("Relu", ["m"], ["y"], name="out")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], inits)
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(8, 16)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(size=(16, 4)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["m"], name="mm2"),
+        helper.make_node("Relu", ["m"], ["y"], name="out"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     return insert_qdq(model, plan_quantization(model), {"x": 3.0, "r": 8.0})
 
@@ -121,14 +136,21 @@ def _residual_block_qdq():
     calibrate's placement (its residual rule gives the Add's skip input a Q/DQ) and Q/DQ insertion."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array((rng.normal(size=(16, 16, 3, 3)) * 0.1).astype(np.float32), f"w{i}") for i in range(3)]
-    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
-             helper.make_node("Conv", ["r0", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-             helper.make_node("Add", ["c1", "x"], ["s"], name="add"),
-             helper.make_node("Relu", ["s"], ["r1"], name="relu1"),
-             helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16, 6, 6])], inits)
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+        helper.make_node("Conv", ["r0", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c1", "x"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16, 6, 6])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     plan = plan_quantization(model)
     return insert_qdq(model, plan, {t: 4.0 for t in plan.activation_tensors()})
@@ -171,17 +193,23 @@ def _bucket_model():
     table = numpy_helper.from_array(np.arange(32, dtype=np.float32).reshape(32, 1) * 0.5, "table")
     scale = numpy_helper.from_array(np.array(31.0 / np.log(1025.0), np.float32), "scale")
     one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
-    nodes = [helper.make_node("Cast", ["dist"], ["dist_f"], name="to_float", to=TensorProto.FLOAT),
-             helper.make_node("Add", ["dist_f", "one"], ["d1"], name="plus_one"),
-             helper.make_node("Log", ["d1"], ["logd"], name="log"),
-             helper.make_node("Mul", ["logd", "scale"], ["scaled"], name="scale_mul"),
-             helper.make_node("Cast", ["scaled"], ["bucket"], name="to_int", to=TensorProto.INT64),
-             helper.make_node("Gather", ["table", "bucket"], ["bias"], name="bias_gather"),
-             helper.make_node("Squeeze", ["bias"], ["bias_flat"], name="squeeze"),
-             helper.make_node("Add", ["x", "bias_flat"], ["y"], name="add_bias")]
-    graph = helper.make_graph(nodes, "bucket", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]),
-                                                helper.make_tensor_value_info("dist", TensorProto.INT64, ["n"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])], [table, scale, one])
+    nodes = [
+        helper.make_node("Cast", ["dist"], ["dist_f"], name="to_float", to=TensorProto.FLOAT),
+        helper.make_node("Add", ["dist_f", "one"], ["d1"], name="plus_one"),
+        helper.make_node("Log", ["d1"], ["logd"], name="log"),
+        helper.make_node("Mul", ["logd", "scale"], ["scaled"], name="scale_mul"),
+        helper.make_node("Cast", ["scaled"], ["bucket"], name="to_int", to=TensorProto.INT64),
+        helper.make_node("Gather", ["table", "bucket"], ["bias"], name="bias_gather"),
+        helper.make_node("Squeeze", ["bias"], ["bias_flat"], name="squeeze"),
+        helper.make_node("Add", ["x", "bias_flat"], ["y"], name="add_bias"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bucket",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]), helper.make_tensor_value_info("dist", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+        [table, scale, one],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model

@@ -40,10 +40,16 @@ def test_cache_text_parsed_by_independent_reader(tmp_path):
     assert header == "TRT-8600-EntropyCalibration2" and back["x:0"] == pytest.approx(0.001, rel=1e-6)
 
 
-@pytest.mark.parametrize("content,fragment", [
-    ("", "header"), ("garbage\n", "header"), ("TRT-8600-EntropyCalibration2\nx: zzzzzzzz\n", "not hex"),
-    ("TRT-8600-EntropyCalibration2\nx 3f800000\n", "line 2"), ("TRT-8600-MinMaxCalibration\nx: 3f80\n", "line 2"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        ("", "header"),
+        ("garbage\n", "header"),
+        ("TRT-8600-EntropyCalibration2\nx: zzzzzzzz\n", "not hex"),
+        ("TRT-8600-EntropyCalibration2\nx 3f800000\n", "line 2"),
+        ("TRT-8600-MinMaxCalibration\nx: 3f80\n", "line 2"),
+    ],
+)
 def test_corrupt_cache_is_a_user_error(tmp_path, content, fragment):
     path = tmp_path / "bad.cache"
     path.write_text(content)
@@ -64,13 +70,24 @@ def _mlp(with_ln=False):
     x = "x"
     inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")]
     if with_ln:
-        inits += [numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "g"), numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "b")]
+        inits += [
+            numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "g"),
+            numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "b"),
+        ]
         nodes.append(helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], name="ln", axis=-1))
         x = "ln"
-    nodes += [helper.make_node("MatMul", [x, "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
-              helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], inits)
+    nodes += [
+        helper.make_node("MatMul", [x, "w1"], ["h"], name="mm1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -127,8 +144,13 @@ def _matmul_model(weight_shape, how="init", x_shape=None):
     nodes.append(helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"))
     nodes.append(helper.make_node("Relu", ["h"], ["y"], name="relu"))
     x_shape = x_shape or ["n"] + list(weight_shape[:-2]) + ["s", weight_shape[-2]]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, x_shape[:-1] + [weight_shape[-1]])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, x_shape[:-1] + [weight_shape[-1]])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w
 
 
@@ -186,11 +208,20 @@ def test_int8_flops_count_only_gemms_with_both_inputs_quantized():
 
 def _conv_residual():
     w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(16, 16, 1, 1)).astype(np.float32), "w")
-    nodes = [helper.make_node("Relu", ["x"], ["x1"], name="pre"), helper.make_node("Conv", ["x1", "w"], ["c"], name="conv"),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"), helper.make_node("Add", ["r", "x1"], ["a"], name="add"),
-             helper.make_node("Relu", ["a"], ["y"], name="post")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["x1"], name="pre"),
+        helper.make_node("Conv", ["x1", "w"], ["c"], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", "x1"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["y"], name="post"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -212,11 +243,20 @@ def _downsample_block():
     """ResNet's downsampling block: conv3's output plus the downsample conv's (`out += identity`), then ReLU."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(size=(16, 16, 1, 1)).astype(np.float32), n) for n in ("w3", "wd")]
-    nodes = [helper.make_node("Relu", ["x"], ["x1"], name="pre"), helper.make_node("Conv", ["x1", "w3"], ["c3"], name="conv3"),
-             helper.make_node("Conv", ["x1", "wd"], ["d"], name="down"), helper.make_node("Add", ["c3", "d"], ["a"], name="add"),
-             helper.make_node("Relu", ["a"], ["y"], name="post")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    nodes = [
+        helper.make_node("Relu", ["x"], ["x1"], name="pre"),
+        helper.make_node("Conv", ["x1", "w3"], ["c3"], name="conv3"),
+        helper.make_node("Conv", ["x1", "wd"], ["d"], name="down"),
+        helper.make_node("Add", ["c3", "d"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["y"], name="post"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -263,18 +303,32 @@ def test_two_conv_residual_quantizes_the_branch_read_elsewhere():
     TensorRT can fuse the Add into p's conv; input 1 would round p and fuse nothing."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(size=(16, 16, 1, 1)).astype(np.float32), n) for n in ("wp0", "we", "wp")]
-    nodes = [helper.make_node("Conv", ["x0", "wp0"], ["x"], name="proj_prev"),
-             helper.make_node("Conv", ["x", "we"], ["e"], name="expand"), helper.make_node("Relu", ["e"], ["r"], name="relu"),
-             helper.make_node("Conv", ["r", "wp"], ["p"], name="proj"), helper.make_node("Add", ["p", "x"], ["y"], name="add")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [1, 16, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    nodes = [
+        helper.make_node("Conv", ["x0", "wp0"], ["x"], name="proj_prev"),
+        helper.make_node("Conv", ["x", "we"], ["e"], name="expand"),
+        helper.make_node("Relu", ["e"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "wp"], ["p"], name="proj"),
+        helper.make_node("Add", ["p", "x"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     plan = plan_quantization(model)
     assert plan.residual_adds == {"add": "x"} and plan.residual_convs == {"add": "proj"}
     assert plan.residual_skip_convs == {"add": "proj_prev"}
-    flipped = plan_quantization(helper.make_model(helper.make_graph(
-        nodes[:4] + [helper.make_node("Add", ["x", "p"], ["y"], name="add")], "g", list(graph.input), list(graph.output),
-        inits), opset_imports=[helper.make_opsetid("", 17)]))
+    flipped = plan_quantization(
+        helper.make_model(
+            helper.make_graph(
+                nodes[:4] + [helper.make_node("Add", ["x", "p"], ["y"], name="add")], "g", list(graph.input), list(graph.output), inits
+            ),
+            opset_imports=[helper.make_opsetid("", 17)],
+        )
+    )
     assert flipped.residual_adds == {"add": "x"}  # whatever the operand order
 
 
@@ -282,13 +336,23 @@ def _bmm_model():
     """Attention-like: q = x Wq, k = x Wk, s = q k^T (two activations), y = s x; plus a Conv-free tail."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), n) for n in ("wq", "wk", "wo")]
-    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"), helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
-             helper.make_node("Transpose", ["k"], ["kt"], name="t", perm=[0, 2, 1]),
-             helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"), helper.make_node("Softmax", ["s"], ["p"], name="sm", axis=-1),
-             helper.make_node("MatMul", ["p", "x"], ["ctx"], name="pv"), helper.make_node("MatMul", ["ctx", "wo"], ["o"], name="out"),
-             helper.make_node("Relu", ["o"], ["y"], name="relu")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"], name="q"),
+        helper.make_node("MatMul", ["x", "wk"], ["k"], name="k"),
+        helper.make_node("Transpose", ["k"], ["kt"], name="t", perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
+        helper.make_node("Softmax", ["s"], ["p"], name="sm", axis=-1),
+        helper.make_node("MatMul", ["p", "x"], ["ctx"], name="pv"),
+        helper.make_node("MatMul", ["ctx", "wo"], ["o"], name="out"),
+        helper.make_node("Relu", ["o"], ["y"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -320,9 +384,18 @@ def test_modelopt_conv_channel_and_output_layer_rules():
         inits.append(w)
     flat = helper.make_node("Flatten", ["wide_y"], ["f"], name="flat")
     inits += [numpy_helper.from_array(np.ones((64 * 4, 10), np.float32), "fc_w"), numpy_helper.from_array(np.ones(10, np.float32), "fc_b")]
-    nodes += [flat, helper.make_node("MatMul", ["f", "fc_w"], ["fc"], name="fc"), helper.make_node("Add", ["fc", "fc_b"], ["logits"], name="bias")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 2, 2])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)], inits)
+    nodes += [
+        flat,
+        helper.make_node("MatMul", ["f", "fc_w"], ["fc"], name="fc"),
+        helper.make_node("Add", ["fc", "fc_b"], ["logits"], name="bias"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 2, 2])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+        inits,
+    )
     plan = plan_quantization(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert plan.excluded == {"thin": "conv_channels", "fc": "output_layer"}
     assert [t.node for t in plan.targets] == ["stem", "body", "wide"]
@@ -360,6 +433,7 @@ def test_cache_decision(tmp_path):
     reuse, why = cache_decision(cache, fp, False)
     assert reuse is None and "no sidecar" in why
     import json
+
     (tmp_path / "m.calib.cache.json").write_text(json.dumps(fp))  # a sidecar that names no cache hash: not verified
     reuse, why = cache_decision(cache, fp, False)
     assert reuse is None and "records no content hash" in why
@@ -382,15 +456,24 @@ def test_cache_decision(tmp_path):
 def _tied_model():
     """ALBERT-like: two LayerNorm -> MatMul blocks sharing one weight and one LayerNorm's gamma/beta."""
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w"),
-             numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "g"),
-             numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "b")]
-    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln1"], name="ln1", axis=-1),
-             helper.make_node("MatMul", ["ln1", "w"], ["h1"], name="mm1"),
-             helper.make_node("LayerNormalization", ["h1", "g", "b"], ["ln2"], name="ln2", axis=-1),
-             helper.make_node("MatMul", ["ln2", "w"], ["y"], name="mm2")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])], inits)
+    inits = [
+        numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.uniform(0.5, 2, 8).astype(np.float32), "g"),
+        numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln1"], name="ln1", axis=-1),
+        helper.make_node("MatMul", ["ln1", "w"], ["h1"], name="mm1"),
+        helper.make_node("LayerNormalization", ["h1", "g", "b"], ["ln2"], name="ln2", axis=-1),
+        helper.make_node("MatMul", ["ln2", "w"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

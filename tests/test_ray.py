@@ -11,13 +11,34 @@ import json
 
 import numpy as np
 import pytest
+from conftest import ROOT, require, run_cli
 
-from conftest import ROOT, run_cli, require
-
-RUN_ARGS = ("--inputs", "calib_data/minilm_long", "--chunk", "256", "--overlap", "32", "--warmup", "1",
-            "--min-cosine", "0", "--max-rel-l2", "1")
-CALIB_ARGS = ("--data", "calib_data/minilm", "--max-samples", "48", "--max-eval-samples", "16", "--no-fallback",
-              "--min-cosine", "0", "--json")
+RUN_ARGS = (
+    "--inputs",
+    "calib_data/minilm_long",
+    "--chunk",
+    "256",
+    "--overlap",
+    "32",
+    "--warmup",
+    "1",
+    "--min-cosine",
+    "0",
+    "--max-rel-l2",
+    "1",
+)
+CALIB_ARGS = (
+    "--data",
+    "calib_data/minilm",
+    "--max-samples",
+    "48",
+    "--max-eval-samples",
+    "16",
+    "--no-fallback",
+    "--min-cosine",
+    "0",
+    "--json",
+)
 EXACT = ("min_row_cosine", "max_abs", "min_item_cosine", "items")  # maxima, minima, counts: order-free
 
 
@@ -25,8 +46,7 @@ EXACT = ("min_row_cosine", "max_abs", "min_item_cosine", "items")  # maxima, min
 def ray_cluster():
     """One local cluster of 2 CPUs for the module; CLI subprocesses join it through RAY_ADDRESS."""
     ray = require("ray")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
@@ -37,8 +57,9 @@ def calibrated(minilm_clean, ray_cluster, tmp_path_factory):
     out = {}
     for name, extra in (("single", ()), ("ray", ("--ray", "auto", "--ray-actors", "2"))):
         folder = tmp_path_factory.mktemp(name)
-        proc = run_cli("calibrate", str(minilm_clean), *CALIB_ARGS, "-o", str(folder / "m.int8.onnx"), *extra,
-                       env={"RAY_ADDRESS": ray_cluster})
+        proc = run_cli(
+            "calibrate", str(minilm_clean), *CALIB_ARGS, "-o", str(folder / "m.int8.onnx"), *extra, env={"RAY_ADDRESS": ray_cluster}
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = folder
     return out
@@ -48,8 +69,17 @@ def calibrated(minilm_clean, ray_cluster, tmp_path_factory):
 def single_run(calibrated, minilm_clean, tmp_path_factory):
     """The INT8 ONNX run in one process, checked against the fp32 ONNX: the figures Ray must reproduce."""
     folder = tmp_path_factory.mktemp("single_run")
-    proc = run_cli("run", str(calibrated["single"] / "m.int8.onnx"), *RUN_ARGS, "--reference", str(minilm_clean),
-                   "--report", str(folder / "r.json"), "--save-outputs", str(folder / "o.npz"))
+    proc = run_cli(
+        "run",
+        str(calibrated["single"] / "m.int8.onnx"),
+        *RUN_ARGS,
+        "--reference",
+        str(minilm_clean),
+        "--report",
+        str(folder / "r.json"),
+        "--save-outputs",
+        str(folder / "o.npz"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((folder / "r.json").read_text()), dict(np.load(folder / "o.npz"))
 
@@ -84,14 +114,29 @@ def _assert_same_run(report, outputs, single):
 
 
 def test_run_on_two_actors_equals_one_process(calibrated, minilm_clean, single_run, ray_cluster, tmp_path):
-    proc = run_cli("run", str(calibrated["single"] / "m.int8.onnx"), *RUN_ARGS, "--reference", str(minilm_clean),
-                   "--report", str(tmp_path / "r.json"), "--save-outputs", str(tmp_path / "o.npz"),
-                   "--ray", "auto", "--ray-actors", "2", env={"RAY_ADDRESS": ray_cluster})
+    proc = run_cli(
+        "run",
+        str(calibrated["single"] / "m.int8.onnx"),
+        *RUN_ARGS,
+        "--reference",
+        str(minilm_clean),
+        "--report",
+        str(tmp_path / "r.json"),
+        "--save-outputs",
+        str(tmp_path / "o.npz"),
+        "--ray",
+        "auto",
+        "--ray-actors",
+        "2",
+        env={"RAY_ADDRESS": ray_cluster},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
     _assert_same_run(report, dict(np.load(tmp_path / "o.npz")), single_run)
     assert report["ray"]["actors"] == 2 and report["ray"]["lost_workers"] == 0 and report["ray"]["retried_units"] == 0
-    assert [w["worker"] for w in report["workers"]] == [0, 1] and all(w["documents"] > 0 and w["tokens_per_s"] > 0 for w in report["workers"])
+    assert [w["worker"] for w in report["workers"]] == [0, 1] and all(
+        w["documents"] > 0 and w["tokens_per_s"] > 0 for w in report["workers"]
+    )
     assert report["throughput"]["unit"] == "tokens"
     # Per worker: the same figures over its own share, which add up to the whole.
     items = [w["precision_error"]["per_output"]["last_hidden_state"]["items"] for w in report["workers"]]
@@ -104,8 +149,16 @@ def test_killed_actor_is_retried_and_no_document_is_lost_or_doubled(calibrated, 
     from trtforge.run import RunOptions
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
-    options = RunOptions(inputs=ROOT / "calib_data/minilm_long", chunk=256, overlap=32, warmup=1, min_cosine=0, max_rel_l2=1,
-                         reference=minilm_clean, save_outputs=tmp_path / "o.npz")
+    options = RunOptions(
+        inputs=ROOT / "calib_data/minilm_long",
+        chunk=256,
+        overlap=32,
+        warmup=1,
+        min_cosine=0,
+        max_rel_l2=1,
+        reference=minilm_clean,
+        save_outputs=tmp_path / "o.npz",
+    )
     report = run_ray(calibrated["single"] / "m.int8.onnx", options, RayOptions("auto", actors=2, die_after_batches=2))
     assert report["ray"]["lost_workers"] == 1 and report["ray"]["retried_units"] >= 1
     first = report["workers"][0]
@@ -161,11 +214,25 @@ def test_an_actors_units_run_under_the_loops_interpreter_settings(minilm_clean, 
     from trtforge.run import RunOptions, prepare
     from trtforge.scaleout.ray_run import RunWorker
 
-    options = RunOptions(inputs=ROOT / "calib_data/minilm_long", chunk=256, overlap=32, batch_size=8, warmup=0,
-                         precision_check=False, chunking_check=False, gc_pause=pause, switch_interval_us=300)
+    options = RunOptions(
+        inputs=ROOT / "calib_data/minilm_long",
+        chunk=256,
+        overlap=32,
+        batch_size=8,
+        warmup=0,
+        precision_check=False,
+        chunking_check=False,
+        gc_pause=pause,
+        switch_interval_us=300,
+    )
     p = prepare(minilm_clean, options)
-    worker = RunWorker(replace(p, docs=[], chunks=[], reference=None, tokenizer=None), options,
-                       str(p.tokenizer.directory) if p.tokenizer else None, 1, None)
+    worker = RunWorker(
+        replace(p, docs=[], chunks=[], reference=None, tokenizer=None),
+        options,
+        str(p.tokenizer.directory) if p.tokenizer else None,
+        1,
+        None,
+    )
     interval = sys.getswitchinterval()
     try:
         worker.setup([], 0)

@@ -27,17 +27,20 @@ from trtforge.errors import UserError
 
 NIGHTLY = os.environ.get("TRTFORGE_NIGHTLY", "") not in ("", "0")
 EXAMPLES = 10_000 if NIGHTLY else 200
-PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=not NIGHTLY,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                           HealthCheck.data_too_large])
+PROPERTY = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not NIGHTLY,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 IMAGE_SPEC = [InputSpec(name="image", dtype="float32", shape=["batch", 3, "height", "width"])]
 VEC_SPECS = [InputSpec(name="x", dtype="float32", shape=["batch", 4]), InputSpec(name="ids", dtype="int64", shape=["batch", "seq"])]
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(), st.text(max_size=12))
-json_like = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                          st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                         max_leaves=16)
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=12))
+json_like = st.recursive(
+    scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=16
+)
 
 
 def _fresh(folder: Path) -> Path:
@@ -56,7 +59,7 @@ def _mutations(draw, valid: bytes) -> bytes:
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(["cut", "flip", "insert"]))
         if kind == "cut":
-            del blob[draw(st.integers(0, len(blob))):]
+            del blob[draw(st.integers(0, len(blob))) :]
         elif blob and kind == "flip":
             blob[draw(st.integers(0, len(blob) - 1))] = draw(st.integers(0, 255))
         else:
@@ -86,9 +89,12 @@ def _valid_samples(samples, specs) -> None:
 
 npz_arrays = st.dictionaries(
     st.sampled_from(["image", "x", "ids", "other"]),
-    hnp.arrays(st.sampled_from([np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_, np.complex64]),
-               hnp.array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=4)),
-    max_size=3)
+    hnp.arrays(
+        st.sampled_from([np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_, np.complex64]),
+        hnp.array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=4),
+    ),
+    max_size=3,
+)
 
 
 @PROPERTY
@@ -126,8 +132,9 @@ def _npy_bytes(array) -> bytes:
 
 
 @PROPERTY
-@given(st.one_of(st.binary(max_size=400), _mutations(_npy_bytes(np.ones((2, 4), np.float32)))),
-       st.sampled_from(["x.npy", "ids.npy", "y.npy"]))
+@given(
+    st.one_of(st.binary(max_size=400), _mutations(_npy_bytes(np.ones((2, 4), np.float32)))), st.sampled_from(["x.npy", "ids.npy", "y.npy"])
+)
 def test_npy_of_any_bytes(tmp_path, blob, name):
     folder = _fresh(tmp_path / "d")
     (folder / "s0").mkdir()
@@ -142,6 +149,7 @@ def test_npy_of_any_bytes(tmp_path, blob, name):
 
 # -- text and JSON lines ----------------------------------------------------------------------------------------------
 
+
 class _Tokenizer:
     """Stands in for the model's tokenizer: a token per character, specials 101/102."""
 
@@ -151,13 +159,17 @@ class _Tokenizer:
 
 
 TEXT_SPECS = [InputSpec(name="ids", dtype="int64", shape=["batch", "seq"])]
-jsonl_lines = st.lists(st.one_of(json_like.map(json.dumps), st.text(max_size=30),
-                                 st.fixed_dictionaries({"text": st.text(max_size=30)}).map(json.dumps)), max_size=6)
+jsonl_lines = st.lists(
+    st.one_of(json_like.map(json.dumps), st.text(max_size=30), st.fixed_dictionaries({"text": st.text(max_size=30)}).map(json.dumps)),
+    max_size=6,
+)
 
 
 @PROPERTY
-@given(st.one_of(st.binary(max_size=400), jsonl_lines.map(lambda ls: "\n".join(ls).encode("utf-8", "surrogatepass"))),
-       st.sampled_from(["a.jsonl", "a.txt"]))
+@given(
+    st.one_of(st.binary(max_size=400), jsonl_lines.map(lambda ls: "\n".join(ls).encode("utf-8", "surrogatepass"))),
+    st.sampled_from(["a.jsonl", "a.txt"]),
+)
 def test_text_and_jsonl_of_any_bytes(tmp_path, blob, name):
     folder = _fresh(tmp_path / "d")
     (folder / name).write_bytes(blob)
@@ -169,10 +181,18 @@ def test_text_and_jsonl_of_any_bytes(tmp_path, blob, name):
 
 
 @PROPERTY
-@given(st.one_of(st.binary(max_size=400),
-                 st.lists(st.one_of(json_like, st.fixed_dictionaries({"input_ids": st.lists(st.integers(-5, 2 ** 40), max_size=5)},
-                                                                     optional={"name": json_like})),
-                          min_size=1, max_size=5).map(lambda items: "\n".join(map(json.dumps, items)).encode())))
+@given(
+    st.one_of(
+        st.binary(max_size=400),
+        st.lists(
+            st.one_of(
+                json_like, st.fixed_dictionaries({"input_ids": st.lists(st.integers(-5, 2**40), max_size=5)}, optional={"name": json_like})
+            ),
+            min_size=1,
+            max_size=5,
+        ).map(lambda items: "\n".join(map(json.dumps, items)).encode()),
+    )
+)
 def test_pretokenized_jsonl_of_any_bytes(tmp_path, blob):
     """run's pre-tokenized inputs ({"input_ids": [...]} per line) and its first-line sniffing."""
     from trtforge.layout import Layout  # noqa: F401 - run's module imports it
@@ -198,6 +218,7 @@ def test_pretokenized_jsonl_of_any_bytes(tmp_path, blob):
 
 # -- images ---------------------------------------------------------------------------------------------------------
 
+
 def _image_bytes(mode: str, size: tuple[int, int], fmt: str) -> bytes:
     from PIL import Image
 
@@ -206,21 +227,27 @@ def _image_bytes(mode: str, size: tuple[int, int], fmt: str) -> bytes:
     return buf.getvalue()
 
 
-image_files = st.builds(_image_bytes, st.sampled_from(["RGB", "L", "RGBA", "P", "1"]),
-                        st.tuples(st.integers(1, 40), st.integers(1, 40)), st.sampled_from(["PNG", "BMP"]))
+image_files = st.builds(
+    _image_bytes,
+    st.sampled_from(["RGB", "L", "RGBA", "P", "1"]),
+    st.tuples(st.integers(1, 40), st.integers(1, 40)),
+    st.sampled_from(["PNG", "BMP"]),
+)
 
 
 @PROPERTY
-@given(st.one_of(st.binary(max_size=400), image_files, _mutations(_image_bytes("RGB", (8, 8), "PNG")),
-                 _mutations(_image_bytes("RGB", (8, 8), "BMP"))),
-       st.sampled_from(["a.png", "a.jpg", "a.bmp"]))
+@given(
+    st.one_of(
+        st.binary(max_size=400), image_files, _mutations(_image_bytes("RGB", (8, 8), "PNG")), _mutations(_image_bytes("RGB", (8, 8), "BMP"))
+    ),
+    st.sampled_from(["a.png", "a.jpg", "a.bmp"]),
+)
 def test_images_of_any_bytes(tmp_path, blob, name):
     from trtforge.config import AxisRange
 
     folder = _fresh(tmp_path / "d")
     (folder / name).write_bytes(blob)
-    axes = {"batch": AxisRange(min=1, opt=1, max=4), "height": AxisRange(min=2, opt=8, max=32),
-            "width": AxisRange(min=2, opt=8, max=32)}
+    axes = {"batch": AxisRange(min=1, opt=1, max=4), "height": AxisRange(min=2, opt=8, max=32), "width": AxisRange(min=2, opt=8, max=32)}
     try:
         _valid_samples(_load(folder, IMAGE_SPEC, axes=axes)[1], IMAGE_SPEC)
     except UserError:
@@ -233,8 +260,13 @@ BASE_CONFIG = (Path(__file__).resolve().parents[1] / "configs" / "tiny-fcn.yaml"
 
 
 @PROPERTY
-@given(st.one_of(st.binary(max_size=400), _mutations(BASE_CONFIG),
-                 st.lists(st.sampled_from(BASE_CONFIG.splitlines(keepends=True)), max_size=40).map(b"".join)))
+@given(
+    st.one_of(
+        st.binary(max_size=400),
+        _mutations(BASE_CONFIG),
+        st.lists(st.sampled_from(BASE_CONFIG.splitlines(keepends=True)), max_size=40).map(b"".join),
+    )
+)
 def test_yaml_config_of_any_bytes(tmp_path, blob):
     from trtforge.config import ModelConfig, load_config
 
@@ -249,9 +281,13 @@ def test_yaml_config_of_any_bytes(tmp_path, blob):
 # -- calibration caches ---------------------------------------------------------------------------------------------
 
 VALID_CACHE = b"TRT-8600-EntropyCalibration2\nx: 3c010204\nlayer/out: 3d4ccccd\n"
-cache_lines = st.lists(st.one_of(st.text(max_size=20), st.builds(lambda n, h: f"{n}: {h}", st.text(max_size=8),
-                                                                 st.text("0123456789abcdefABCDEF", min_size=6, max_size=10))),
-                       max_size=6).map(lambda ls: ("TRT-8600-MinMaxCalibration\n" + "\n".join(ls)).encode("utf-8", "surrogatepass"))
+cache_lines = st.lists(
+    st.one_of(
+        st.text(max_size=20),
+        st.builds(lambda n, h: f"{n}: {h}", st.text(max_size=8), st.text("0123456789abcdefABCDEF", min_size=6, max_size=10)),
+    ),
+    max_size=6,
+).map(lambda ls: ("TRT-8600-MinMaxCalibration\n" + "\n".join(ls)).encode("utf-8", "surrogatepass"))
 
 
 @PROPERTY
@@ -270,8 +306,9 @@ def test_calibration_cache_of_any_bytes(tmp_path, blob):
 
 # -- sidecars -------------------------------------------------------------------------------------------------------
 
-sidecar_bytes = st.one_of(st.binary(max_size=300), json_like.map(lambda v: json.dumps(v).encode()),
-                          st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n))
+sidecar_bytes = st.one_of(
+    st.binary(max_size=300), json_like.map(lambda v: json.dumps(v).encode()), st.integers(1, 3000).map(lambda n: b"[" * n + b"]" * n)
+)
 
 
 @PROPERTY
@@ -286,10 +323,15 @@ def test_any_sidecar(tmp_path, blob):
         pass
 
 
-ENGINE_SIDECAR = {"kind": "engine", "backend": "tensorrt_rtx", "tensorrt_version": "1.0", "precision": "fp16",
-                  "engine_bytes": 4, "build_seconds": 1.0,
-                  "profiles": [{"index": 0, "shapes": {"image": {"min": [1, 3, 16, 16], "opt": [1, 3, 64, 64],
-                                                                  "max": [1, 3, 64, 64]}}}]}
+ENGINE_SIDECAR = {
+    "kind": "engine",
+    "backend": "tensorrt_rtx",
+    "tensorrt_version": "1.0",
+    "precision": "fp16",
+    "engine_bytes": 4,
+    "build_seconds": 1.0,
+    "profiles": [{"index": 0, "shapes": {"image": {"min": [1, 3, 16, 16], "opt": [1, 3, 64, 64], "max": [1, 3, 64, 64]}}}],
+}
 
 
 @st.composite
@@ -297,10 +339,19 @@ def _engine_sidecars(draw) -> bytes:
     """The engine sidecar build writes, one key (at any depth) replaced by any JSON value or dropped."""
     side = json.loads(json.dumps(ENGINE_SIDECAR))
     shape = side["profiles"][0]["shapes"]["image"]
-    parent, key = draw(st.sampled_from([(side, k) for k in side] + [(side["profiles"], 0), (side["profiles"][0], "index"),
-                                                                    (side["profiles"][0], "shapes"),
-                                                                    (side["profiles"][0]["shapes"], "image")]
-                                       + [(shape, k) for k in shape] + [(shape["max"], 2)]))
+    parent, key = draw(
+        st.sampled_from(
+            [(side, k) for k in side]
+            + [
+                (side["profiles"], 0),
+                (side["profiles"][0], "index"),
+                (side["profiles"][0], "shapes"),
+                (side["profiles"][0]["shapes"], "image"),
+            ]
+            + [(shape, k) for k in shape]
+            + [(shape["max"], 2)]
+        )
+    )
     if draw(st.booleans()) or isinstance(parent, list):
         parent[key] = draw(json_like)
     else:
@@ -332,9 +383,12 @@ def test_any_onnx_sidecar_input_specs(tmp_path, blob):
 
     from trtforge.graph import io_specs
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+    )
     model = helper.make_model(graph)
     (tmp_path / "m.onnx.json").write_bytes(blob)
     try:
@@ -347,9 +401,15 @@ def test_any_onnx_sidecar_input_specs(tmp_path, blob):
 
 # -- lengths files and tokenizer folders ----------------------------------------------------------------------------
 
+
 @PROPERTY
-@given(st.one_of(st.binary(max_size=200), json_like.map(lambda v: json.dumps(v).encode()),
-                 st.lists(st.integers(-5, 10 ** 6), max_size=8).map(lambda v: "\n".join(map(str, v)).encode())))
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        json_like.map(lambda v: json.dumps(v).encode()),
+        st.lists(st.integers(-5, 10**6), max_size=8).map(lambda v: "\n".join(map(str, v)).encode()),
+    )
+)
 def test_lengths_file_of_any_bytes(tmp_path, blob):
     from trtforge.build import read_lengths
 
@@ -362,15 +422,26 @@ def test_lengths_file_of_any_bytes(tmp_path, blob):
         pass
 
 
-TOKENIZER_JSON = json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-                             "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
-                             "decoder": None, "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1},
-                                                        "unk_token": "[UNK]"}}).encode()
+TOKENIZER_JSON = json.dumps(
+    {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1}, "unk_token": "[UNK]"},
+    }
+).encode()
 
 
 @settings(PROPERTY, max_examples=max(EXAMPLES // 4, 50))
-@given(st.one_of(st.binary(max_size=300), _mutations(TOKENIZER_JSON), json_like.map(lambda v: json.dumps(v).encode())),
-       st.one_of(st.none(), st.binary(max_size=100), json_like.map(lambda v: json.dumps(v).encode())))
+@given(
+    st.one_of(st.binary(max_size=300), _mutations(TOKENIZER_JSON), json_like.map(lambda v: json.dumps(v).encode())),
+    st.one_of(st.none(), st.binary(max_size=100), json_like.map(lambda v: json.dumps(v).encode())),
+)
 def test_tokenizer_folder_of_any_bytes(tmp_path, tokenizer_json, tokenizer_config):
     pytest.importorskip("tokenizers")
     from trtforge.tokenize import TextTokenizer

@@ -12,7 +12,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, require, run_cli
 
 
@@ -120,7 +119,9 @@ def test_verified_reuse_evaluates_nothing_and_rewrites_nothing(work, monkeypatch
     result = _calibrate(work)
     assert result.reused and "recorded held-out results" in result.reason
     assert (int8.stat().st_mtime_ns, _sha(int8)) == before
-    assert result.sidecar["accuracy"] == first.sidecar["accuracy"] and result.result.accuracy.mean_cosine == first.result.accuracy.mean_cosine
+    assert (
+        result.sidecar["accuracy"] == first.sidecar["accuracy"] and result.result.accuracy.mean_cosine == first.result.accuracy.mean_cosine
+    )
     assert _side(int8)["cache_reused"] is True
     _consistent(work)
 
@@ -150,9 +151,27 @@ def test_a_second_run_on_the_same_outputs_waits_for_the_first(work):
     int8 = work / "t.int8.onnx"
     env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true")
     with output_lock(int8):
-        proc = subprocess.Popen([sys.executable, "-m", "trtforge", "calibrate", str(work / "t.clean.onnx"), "--data",
-                                 str(work / "data"), "--method", "minmax", "--min-cosine", "0.5", "--no-engine-check"],
-                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trtforge",
+                "calibrate",
+                str(work / "t.clean.onnx"),
+                "--data",
+                str(work / "data"),
+                "--method",
+                "minmax",
+                "--min-cosine",
+                "0.5",
+                "--no-engine-check",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         seen, waiting = [], threading.Event()
 
         def read():
@@ -200,6 +219,7 @@ def test_output_lock_excludes_and_leaves_no_lock_file(tmp_path):
 
 
 # -- pipeline: an output changed since the step wrote it makes the step run again ---------------------------------
+
 
 def _pipeline(out):
     proc = run_cli("pipeline", "configs/tiny-fcn.yaml", "--out-dir", str(out))

@@ -7,14 +7,27 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from conftest import ROOT, assert_user_error, run_cli, require
+from conftest import ROOT, assert_user_error, require, run_cli
 
 
 def test_minilm_long_documents_report(minilm_clean, tmp_path):
     report_path = tmp_path / "run.json"
-    proc = run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "256", "--overlap", "32",
-                   "--reference", str(minilm_clean), "--report", str(report_path), "--warmup", "1")
+    proc = run_cli(
+        "run",
+        str(minilm_clean),
+        "--inputs",
+        "calib_data/minilm_long",
+        "--chunk",
+        "256",
+        "--overlap",
+        "32",
+        "--reference",
+        str(minilm_clean),
+        "--report",
+        str(report_path),
+        "--warmup",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(report_path.read_text())
     assert report["schema"] == "trtforge.run/2"
@@ -61,8 +74,20 @@ def test_int8_onnx_is_gated_by_cosine_by_default(minilm_int8, minilm_clean, tmp_
     alone (its rel-L2 is INT8 rounding, several percent on healthy models), and the output says so."""
     int8, _ = minilm_int8
     report_path = tmp_path / "r.json"
-    args = ("run", str(int8), "--inputs", "calib_data/minilm_long", "--chunk", "256", "--overlap", "32",
-            "--reference", str(minilm_clean), "--warmup", "0")
+    args = (
+        "run",
+        str(int8),
+        "--inputs",
+        "calib_data/minilm_long",
+        "--chunk",
+        "256",
+        "--overlap",
+        "32",
+        "--reference",
+        str(minilm_clean),
+        "--warmup",
+        "0",
+    )
     proc = run_cli(*args, "--report", str(report_path))
     assert proc.returncode == 0, proc.stderr
     gates = json.loads(report_path.read_text())["gates"]
@@ -88,10 +113,26 @@ def test_int8_onnx_is_gated_by_cosine_by_default(minilm_int8, minilm_clean, tmp_
 def test_chunk_equal_to_model_max_cannot_measure_chunking(minilm_clean, tmp_path):
     """Issue 9: with chunk = the model's max, the 'whole' pass was one chunk and the error always 0.
     Now it is not measurable, and the built-in config's chunk gate (0.85) fails saying so."""
-    proc = run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "512", "--overlap", "0",
-                   "--warmup", "0", "--report", str(tmp_path / "r.json"))
-    assert_user_error(proc, "min_chunk_cosine 0.85 could not be evaluated: chunking error not measured: not measurable: chunk (512)",
-                      "the longest input the model takes whole (512)", code=1)
+    proc = run_cli(
+        "run",
+        str(minilm_clean),
+        "--inputs",
+        "calib_data/minilm_long",
+        "--chunk",
+        "512",
+        "--overlap",
+        "0",
+        "--warmup",
+        "0",
+        "--report",
+        str(tmp_path / "r.json"),
+    )
+    assert_user_error(
+        proc,
+        "min_chunk_cosine 0.85 could not be evaluated: chunking error not measured: not measurable: chunk (512)",
+        "the longest input the model takes whole (512)",
+        code=1,
+    )
     assert json.loads((tmp_path / "r.json").read_text())["chunking_error"]["measured"] is False
 
 
@@ -112,26 +153,52 @@ def test_tiny_fcn_tiles_match_whole_image(tiny_fcn_clean, tmp_path):
     assert report["outputs"]["logits"] == {"kind": "dense", "scale": 1.0, "source": "inferred"}
     assert report["chunking_error"]["worst"]["rel_l2"] < 1e-5  # overlap 16 >= receptive field 9: centre merge is exact
     assert report["inputs"][0]["chunks"] == 6  # 3 rows x 2 columns of 128-pixel tiles, stride 112
-    proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--chunk", "128", "--overlap", "32", "--merge", "gaussian",
-                   "--json", "--warmup", "0")
+    proc = run_cli(
+        "run",
+        str(tiny_fcn_clean),
+        "--inputs",
+        str(data),
+        "--chunk",
+        "128",
+        "--overlap",
+        "32",
+        "--merge",
+        "gaussian",
+        "--json",
+        "--warmup",
+        "0",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["chunking_error"]["worst"]["rel_l2"] < 2e-2  # blends weigh some edge pixels too: close, not exact
 
 
 def test_bad_run_inputs(minilm_clean, tiny_fcn_clean, tmp_path):
-    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--no-chunking"),
-                      "tokens but the model takes at most 512", "--chunk")
-    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "128", "--overlap", "128"),
-                      "overlap (128) must be >= 0 and smaller than the chunk size (128)")
-    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "1024"),
-                      "--chunk 1024 is larger than the model's axis 'seq' (512)")
-    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--last-window", "sideways"),
-                      "--last-window must be 'full' or 'short', got 'sideways'")
-    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--ray", "auto", "--tokenize-processes", "2"),
-                      "--plan-processes applies to one process's loop")
+    assert_user_error(
+        run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--no-chunking"),
+        "tokens but the model takes at most 512",
+        "--chunk",
+    )
+    assert_user_error(
+        run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "128", "--overlap", "128"),
+        "overlap (128) must be >= 0 and smaller than the chunk size (128)",
+    )
+    assert_user_error(
+        run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--chunk", "1024"),
+        "--chunk 1024 is larger than the model's axis 'seq' (512)",
+    )
+    assert_user_error(
+        run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--last-window", "sideways"),
+        "--last-window must be 'full' or 'short', got 'sideways'",
+    )
+    assert_user_error(
+        run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--ray", "auto", "--tokenize-processes", "2"),
+        "--plan-processes applies to one process's loop",
+    )
     for flag, value in (("--plan-workers", "0"), ("--merge-workers", "2")):
-        assert_user_error(run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--ray", "auto", flag, value),
-                          f"{flag} applies to one process's loop; with --ray the driver plans every input")
+        assert_user_error(
+            run_cli("run", str(minilm_clean), "--inputs", "calib_data/minilm_long", "--ray", "auto", flag, value),
+            f"{flag} applies to one process's loop; with --ray the driver plans every input",
+        )
     data = tmp_path / "nan"
     data.mkdir()
     bad = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
@@ -139,8 +206,10 @@ def test_bad_run_inputs(minilm_clean, tiny_fcn_clean, tmp_path):
     np.savez(data / "x.npz", image=bad)
     assert_user_error(run_cli("run", str(tiny_fcn_clean), "--inputs", str(data)), "NaN")
     # I/O names that differ between the target and the reference ONNX.
-    assert_user_error(run_cli("run", str(tiny_fcn_clean), "--inputs", "calib_data/minilm_long", "--reference", str(minilm_clean)),
-                      "pass the ONNX the engine was built from")
+    assert_user_error(
+        run_cli("run", str(tiny_fcn_clean), "--inputs", "calib_data/minilm_long", "--reference", str(minilm_clean)),
+        "pass the ONNX the engine was built from",
+    )
 
 
 def test_logits_are_merged_as_token_weighted_softmax(tmp_path):
@@ -155,8 +224,12 @@ def test_logits_are_merged_as_token_weighted_softmax(tmp_path):
         np.savez(data / f"s{i}.npz", tokens=rng.integers(0, 50, (1, n)))
     args = ("run", str(onnx_path), "--inputs", str(data), "--chunk", "32", "--overlap", "0", "--json", "--warmup", "0")
     # A rank-2 output is a pooled vector or logits: only a declaration can tell (issue 9).
-    assert_user_error(run_cli(*args), "output 'logits' (shape [1, 3]) may be a pooled vector or class logits",
-                      "outputs: [{name: logits, kind: pooled|logits}]", "--output-kind logits=KIND")
+    assert_user_error(
+        run_cli(*args),
+        "output 'logits' (shape [1, 3]) may be a pooled vector or class logits",
+        "outputs: [{name: logits, kind: pooled|logits}]",
+        "--output-kind logits=KIND",
+    )
     proc = run_cli(*args, "--output-kind", "logits=logits")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -177,8 +250,23 @@ def test_pooled_output_is_merged_as_a_weighted_mean_not_softmaxed(tmp_path):
     data.mkdir()
     np.savez(data / "s0.npz", tokens=np.random.default_rng(1).integers(0, 50, (1, 150)))
     saved = tmp_path / "out.npz"
-    proc = run_cli("run", str(onnx_path), "--inputs", str(data), "--chunk", "32", "--overlap", "0", "--warmup", "0", "--json",
-                   "--output-kind", "logits=pooled", "--save-outputs", str(saved))
+    proc = run_cli(
+        "run",
+        str(onnx_path),
+        "--inputs",
+        str(data),
+        "--chunk",
+        "32",
+        "--overlap",
+        "0",
+        "--warmup",
+        "0",
+        "--json",
+        "--output-kind",
+        "logits=pooled",
+        "--save-outputs",
+        str(saved),
+    )
     assert proc.returncode == 0, proc.stderr
     with np.load(saved) as merged:
         vector = merged["s0/logits"]
@@ -190,8 +278,20 @@ def test_image_chunk_gate_is_evaluated(tiny_fcn_clean, tmp_path):
     data = tmp_path / "images"
     data.mkdir()
     np.savez(data / "img.npz", image=np.random.default_rng(0).random((1, 3, 300, 200), dtype=np.float32))
-    proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--chunk", "32", "--overlap", "0", "--min-chunk-cosine", "0.99999",
-                   "--warmup", "0")
+    proc = run_cli(
+        "run",
+        str(tiny_fcn_clean),
+        "--inputs",
+        str(data),
+        "--chunk",
+        "32",
+        "--overlap",
+        "0",
+        "--min-chunk-cosine",
+        "0.99999",
+        "--warmup",
+        "0",
+    )
     assert_user_error(proc, "chunking item cosine of 'logits'", "< 0.99999 (min_chunk_cosine)", code=1)
 
 
@@ -202,8 +302,18 @@ def test_explicit_precision_gate_on_its_own_reference_fails(tiny_fcn_clean, tmp_
     proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--max-rel-l2", "1e-3", "--warmup", "0")
     assert_user_error(proc, "max_rel_l2 0.001 could not be evaluated: precision error not measured: target is its own reference", code=1)
     # A task gate no output can be judged by: tiny-fcn's only output is dense, it has no top-1 agreement.
-    proc = run_cli("run", str(tiny_fcn_clean), "--inputs", str(data), "--reference", str(tiny_fcn_clean.with_name("tiny-fcn.onnx")),
-                   "--min-top1-agreement", "0.9", "--warmup", "0")
+    proc = run_cli(
+        "run",
+        str(tiny_fcn_clean),
+        "--inputs",
+        str(data),
+        "--reference",
+        str(tiny_fcn_clean.with_name("tiny-fcn.onnx")),
+        "--min-top1-agreement",
+        "0.9",
+        "--warmup",
+        "0",
+    )
     assert_user_error(proc, "min_top1_agreement 0.9 could not be evaluated: no output has top1_agreement (outputs: logits (dense))", code=1)
 
 
@@ -218,12 +328,23 @@ def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(min
     from trtforge.run import RunOptions, run
 
     saved = {}
-    for name, check, workers, warmup, processes in (("serial", True, 1, 0, 0), ("parallel", False, 3, 1, 0),
-                                                     ("processes", False, 2, 1, 2)):
+    for name, check, workers, warmup, processes in (("serial", True, 1, 0, 0), ("parallel", False, 3, 1, 0), ("processes", False, 2, 1, 2)):
         saved[name] = tmp_path / f"{name}.npz"
-        report = run(minilm_clean, RunOptions(inputs=Path("calib_data/minilm_long"), chunk=48, overlap=16, batch_size=5,
-                                              merge=merge, warmup=warmup, precision_check=check, merge_workers=workers,
-                                              plan_processes=processes, save_outputs=saved[name]))
+        report = run(
+            minilm_clean,
+            RunOptions(
+                inputs=Path("calib_data/minilm_long"),
+                chunk=48,
+                overlap=16,
+                batch_size=5,
+                merge=merge,
+                warmup=warmup,
+                precision_check=check,
+                merge_workers=workers,
+                plan_processes=processes,
+                save_outputs=saved[name],
+            ),
+        )
         stages = report["runtime"]["host"]["stages"]
         assert report["runtime"]["merge_workers"] == workers and (stages.get("prepare_outputs", {}).get("count", 0) > 0) == (warmup > 0)
         assert report["runtime"]["plan_processes"] == processes
@@ -259,8 +380,9 @@ def test_saved_outputs_are_written_as_inputs_finish_and_their_memory_serves_late
 
     rng = np.random.default_rng(0)
     docs = tmp_path / "docs.jsonl"  # 24 inputs of 160 distinct random tokens: 5 windows of 48 each, equal sizes
-    docs.write_text("".join(json_mod.dumps({"name": f"doc{k:02d}", "input_ids": rng.integers(2000, 20000, 160).tolist()}) + "\n"
-                            for k in range(24)))
+    docs.write_text(
+        "".join(json_mod.dumps({"name": f"doc{k:02d}", "input_ids": rng.integers(2000, 20000, 160).tolist()}) + "\n" for k in range(24))
+    )
     common = dict(inputs=docs, chunk=48, overlap=16, batch_size=4, warmup=1, precision_check=False, chunking_check=False)
     run(minilm_clean, RunOptions(**common, plan_ahead=0, save_outputs=tmp_path / "unbounded.npz"))
     write = NpzStream.write
@@ -292,8 +414,12 @@ def test_plan_processes_from_ids_equal_the_planning_threads(minilm_clean, tmp_pa
 
     rng = np.random.default_rng(1)
     docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json_mod.dumps({"name": f"doc{k}", "input_ids": rng.integers(2000, 20000, n).tolist()}) + "\n"
-                            for k, n in enumerate((20, 160, 333, 47, 96, 1000))))
+    docs.write_text(
+        "".join(
+            json_mod.dumps({"name": f"doc{k}", "input_ids": rng.integers(2000, 20000, n).tolist()}) + "\n"
+            for k, n in enumerate((20, 160, 333, 47, 96, 1000))
+        )
+    )
     common = dict(inputs=docs, chunk=48, overlap=16, batch_size=7, warmup=1, precision_check=False, chunking_check=False)
     reports = {}
     for processes in (0, 2):
@@ -326,8 +452,9 @@ def test_a_merged_batchs_windows_are_let_go_without_the_precision_check(minilm_c
 
     rng = np.random.default_rng(2)
     docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json_mod.dumps({"name": f"doc{k}", "input_ids": rng.integers(2000, 20000, 200).tolist()}) + "\n"
-                            for k in range(12)))
+    docs.write_text(
+        "".join(json_mod.dumps({"name": f"doc{k}", "input_ids": rng.integers(2000, 20000, 200).tolist()}) + "\n" for k in range(12))
+    )
     blocks: dict[int, list] = {}
     plan_document = run_module.plan_document
 
@@ -347,8 +474,12 @@ def test_a_merged_batchs_windows_are_let_go_without_the_precision_check(minilm_c
 
     monkeypatch.setattr(run_module, "plan_document", watched)
     monkeypatch.setattr(run_module._Merger, "_finish", counted)
-    report = run_module.run(minilm_clean, run_module.RunOptions(inputs=docs, chunk=48, overlap=16, batch_size=4, warmup=1,
-                                                                precision_check=precision_check, chunking_check=False))
+    report = run_module.run(
+        minilm_clean,
+        run_module.RunOptions(
+            inputs=docs, chunk=48, overlap=16, batch_size=4, warmup=1, precision_check=precision_check, chunking_check=False
+        ),
+    )
     assert report["batches"] > 12 and len(alive_at_end) == 1
     assert (alive_at_end[0] > 0) == precision_check, alive_at_end
 
@@ -357,8 +488,11 @@ def test_saving_outputs_of_inputs_that_share_a_name_is_refused(minilm_clean, tmp
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"name": "a", "input_ids": [2000, 2001, 2002]}\n{"name": "a", "input_ids": [2003, 2004]}\n')
     out = tmp_path / "o.npz"
-    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", str(docs), "--save-outputs", str(out)),
-                      "inputs 0 and 1 are both named 'a'", "give the inputs distinct names")
+    assert_user_error(
+        run_cli("run", str(minilm_clean), "--inputs", str(docs), "--save-outputs", str(out)),
+        "inputs 0 and 1 are both named 'a'",
+        "give the inputs distinct names",
+    )
     assert not out.exists()
 
 
@@ -376,8 +510,19 @@ def test_a_failed_save_stops_the_run_and_leaves_no_file(minilm_clean, tmp_path, 
 
     monkeypatch.setattr(NpzStream, "write", full_disk)
     with pytest.raises(UserError, match="No space left on device"):
-        run(minilm_clean, RunOptions(inputs=Path("calib_data/minilm_long"), chunk=128, overlap=16, batch_size=8, warmup=1,
-                                     precision_check=False, chunking_check=False, save_outputs=tmp_path / "o.npz"))
+        run(
+            minilm_clean,
+            RunOptions(
+                inputs=Path("calib_data/minilm_long"),
+                chunk=128,
+                overlap=16,
+                batch_size=8,
+                warmup=1,
+                precision_check=False,
+                chunking_check=False,
+                save_outputs=tmp_path / "o.npz",
+            ),
+        )
     assert list(tmp_path.iterdir()) == []
     assert not [t for t in threading.enumerate() if t.name == "trtforge-save"]
 
@@ -385,9 +530,12 @@ def test_a_failed_save_stops_the_run_and_leaves_no_file(minilm_clean, tmp_path, 
 def test_an_empty_input_is_refused(minilm_clean, tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"name": "full", "input_ids": [2000, 2001, 2002]}\n{"name": "hollow", "input_ids": []}\n')
-    assert_user_error(run_cli("run", str(minilm_clean), "--inputs", str(docs), "--chunk", "48", "--overlap", "8",
-                              "--save-outputs", str(tmp_path / "o.npz")),
-                      "input 'hollow' is empty (no tokens or positions)")
+    assert_user_error(
+        run_cli(
+            "run", str(minilm_clean), "--inputs", str(docs), "--chunk", "48", "--overlap", "8", "--save-outputs", str(tmp_path / "o.npz")
+        ),
+        "input 'hollow' is empty (no tokens or positions)",
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
 
 
@@ -431,8 +579,16 @@ def test_the_garbage_collector_is_off_while_the_loop_runs_and_back_after(minilm_
         return plan_document(d, *args)
 
     monkeypatch.setattr(run_mod, "plan_document", recording)
-    common = dict(inputs=Path("calib_data/minilm_long"), chunk=256, overlap=32, batch_size=8, warmup=0, precision_check=False,
-                  chunking_check=False, gc_pause=pause)
+    common = dict(
+        inputs=Path("calib_data/minilm_long"),
+        chunk=256,
+        overlap=32,
+        batch_size=8,
+        warmup=0,
+        precision_check=False,
+        chunking_check=False,
+        gc_pause=pause,
+    )
     assert gc.isenabled()
     report = run(minilm_clean, RunOptions(**common))
     assert seen and set(seen) == {not pause} and gc.isenabled()
@@ -456,8 +612,9 @@ def test_the_garbage_collector_stays_off_where_the_caller_had_it_off_and_merge_w
     from trtforge.errors import UserError
     from trtforge.run import RunOptions, run
 
-    common = dict(inputs=Path("calib_data/minilm_long"), chunk=256, overlap=32, batch_size=8, warmup=0, precision_check=False,
-                  chunking_check=False)
+    common = dict(
+        inputs=Path("calib_data/minilm_long"), chunk=256, overlap=32, batch_size=8, warmup=0, precision_check=False, chunking_check=False
+    )
     gc.disable()
     try:
         run(minilm_clean, RunOptions(**common))

@@ -15,15 +15,16 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from conftest import require
 from test_runloop import FakeCudart, FakeLogger, fake_driver
+
 from trtforge.artifacts import read_sidecar
 from trtforge.backends.onnxruntime import OrtRunner
 
 
 class OrtEngine:
     """A deserialized engine whose execution is ONNX Runtime on `onnx_path` (I/O names and types from the sidecar)."""
+
     device_memory_size = 1 << 16
 
     def __init__(self, onnx_path, io, cudart):
@@ -115,7 +116,7 @@ class NullEngine(OrtEngine):
         output dim equal to the first input shape's batch or sequence follows the new one."""
         if not self.shapes_for:
             return super().output_shapes(inputs)
-        (first_in, first_out), = list(self.shapes_for.items())[:1]
+        ((first_in, first_out),) = list(self.shapes_for.items())[:1]
         (b0, s0), (b, s) = next(iter(dict(first_in).values()))[:2], next(iter(inputs.values()))[:2]
         swap = {b0: b, s0: s} if b0 != s0 else {b0: b}
         return {k: tuple(swap.get(d, d) if i < 2 else d for i, d in enumerate(v)) for k, v in first_out.items()}
@@ -150,6 +151,7 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
             side = read_sidecar(engine_path)
             engines.append((engine_cls or OrtEngine)(onnx_path, side["io"], cudart))
             return engines[-1]
+
         return SimpleNamespace(deserialize_cuda_engine=deserialize)
 
     trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="input"), nptype=lambda t: t, Runtime=runtime)
@@ -164,15 +166,30 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     return emulated
 
 
-@pytest.mark.parametrize("precision_check,overlap_merges,copy_engine,reserve,threads",
-                         [(False, True, True, None, 2), (False, True, True, 0, 2), (False, True, False, None, 2),
-                          (False, False, True, None, 2), (True, True, True, None, 2), (False, True, True, None, 0),
-                          (False, True, False, None, 0)],
-                         ids=["copy-engine-merge", "copy-engine-merge-nothing-reserved", "merged-from-the-slot",
-                              "merged-from-the-slot-waiting", "with-reference", "copy-engine-merge-no-threads",
-                              "merged-from-the-slot-no-threads"])
-def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges,
-                                                            copy_engine, reserve, threads):
+@pytest.mark.parametrize(
+    "precision_check,overlap_merges,copy_engine,reserve,threads",
+    [
+        (False, True, True, None, 2),
+        (False, True, True, 0, 2),
+        (False, True, False, None, 2),
+        (False, False, True, None, 2),
+        (True, True, True, None, 2),
+        (False, True, True, None, 0),
+        (False, True, False, None, 0),
+    ],
+    ids=[
+        "copy-engine-merge",
+        "copy-engine-merge-nothing-reserved",
+        "merged-from-the-slot",
+        "merged-from-the-slot-waiting",
+        "with-reference",
+        "copy-engine-merge-no-threads",
+        "merged-from-the-slot-no-threads",
+    ],
+)
+def test_run_on_an_engine_merges_what_onnx_runtime_computes(
+    engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges, copy_engine, reserve, threads
+):
     """threads: planning and merging threads each (0: planned on the submitting thread, merged on the collecting one)."""
     from trtforge.run import RunOptions, run
 
@@ -186,7 +203,9 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
     (docs / "short.txt").write_text(text[:300])
     (docs / "middle.txt").write_text(text[:2500])
     common = dict(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1)
-    want = run(minilm_clean, RunOptions(**common, merge_workers=2, plan_workers=2, precision_check=False, save_outputs=tmp_path / "ort.npz"))
+    want = run(
+        minilm_clean, RunOptions(**common, merge_workers=2, plan_workers=2, precision_check=False, save_outputs=tmp_path / "ort.npz")
+    )
     common.update(merge_workers=threads, plan_workers=threads)
     emulated = _emulate(monkeypatch, minilm_clean, engine)
     import trtforge.run as run_mod
@@ -209,10 +228,19 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(engine, minilm_clean
         return raw, lambda: (freed.append(raw.ctypes.data), free())
 
     monkeypatch.setattr(rt, "allocate_pinned", recording_allocate)
-    report = run(engine, RunOptions(**common, reference=minilm_clean, precision_check=precision_check, overlap_merges=overlap_merges,
-                                    copy_engine_merge=copy_engine, pinned_reserve_mb=reserve,
-                                    save_outputs=tmp_path / "engine.npz",
-                                    report=tmp_path / "report.json"))
+    report = run(
+        engine,
+        RunOptions(
+            **common,
+            reference=minilm_clean,
+            precision_check=precision_check,
+            overlap_merges=overlap_merges,
+            copy_engine_merge=copy_engine,
+            pinned_reserve_mb=reserve,
+            save_outputs=tmp_path / "engine.npz",
+            report=tmp_path / "report.json",
+        ),
+    )
     ort, got = np.load(tmp_path / "ort.npz"), np.load(tmp_path / "engine.npz")
     assert sorted(ort.files) == sorted(got.files) and len(got.files) == len(list(docs.iterdir())) * len(want["outputs"])
     for key in ort.files:
@@ -280,8 +308,7 @@ def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path
 
     monkeypatch.setattr(run_mod._Merger, "add", failing_add)
     with pytest.raises(RuntimeError, match="merge failed"):
-        run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, plan_workers=1,
-                               precision_check=False))
+        run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, plan_workers=1, precision_check=False))
     at_failure = len(planned)
     time.sleep(0.3)  # a planning thread left running would plan more documents meanwhile (~40 ms each)
     assert 0 < at_failure == len(planned) < len(list(docs.iterdir()))  # planning stopped with the loop
@@ -320,8 +347,11 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
 
     def watching_runtime(logger):
         real = runtime(logger)
-        return SimpleNamespace(deserialize_cuda_engine=lambda data: loaded_at_deserialize.append(
-            str(lib.resolve()) in tensorrt_mod._PLUGIN_LIBRARIES) or real.deserialize_cuda_engine(data))
+        return SimpleNamespace(
+            deserialize_cuda_engine=lambda data: (
+                loaded_at_deserialize.append(str(lib.resolve()) in tensorrt_mod._PLUGIN_LIBRARIES) or real.deserialize_cuda_engine(data)
+            )
+        )
 
     monkeypatch.setattr(tensorrt_mod.load_trt().trt, "Runtime", watching_runtime)
     report = run(copy, RunOptions(**options, plugin_libraries=[str(lib)]))
@@ -336,8 +366,12 @@ def test_pre_tokenized_inputs_on_an_engine_are_planned_on_the_thread_feeding_it_
 
     rng = np.random.default_rng(0)
     ids = tmp_path / "ids.jsonl"
-    ids.write_text("".join(json.dumps({"name": f"d{i}", "input_ids": rng.integers(1000, 5000, n).tolist()}) + "\n"
-                           for i, n in enumerate([1, 30, 251, 252, 253, 700, 2000, 5])))
+    ids.write_text(
+        "".join(
+            json.dumps({"name": f"d{i}", "input_ids": rng.integers(1000, 5000, n).tolist()}) + "\n"
+            for i, n in enumerate([1, 30, 251, 252, 253, 700, 2000, 5])
+        )
+    )
     common = dict(inputs=ids, chunk=256, overlap=32, batch_size=4, warmup=1, precision_check=False, chunking_check=False)
     want = run(minilm_clean, RunOptions(**common, save_outputs=tmp_path / "ort.npz"))
     assert want["runtime"]["plan_workers"] == min(2, os.cpu_count() or 2)

@@ -9,25 +9,43 @@ replays (as TensorRT's shape host-to-device copies do), with its buffer addresse
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from trtforge.backends.cuda_async import submit_calls
-from trtforge.runloop import (CAPTURE, ENQUEUE, LAUNCH, Batcher, GraphCache, batch_timeline, completion_intervals, padded_batch,
-                              slot_bytes, stream_batches, wall_over_gpu)
-
+from trtforge.runloop import (
+    CAPTURE,
+    ENQUEUE,
+    LAUNCH,
+    Batcher,
+    GraphCache,
+    batch_timeline,
+    completion_intervals,
+    padded_batch,
+    slot_bytes,
+    stream_batches,
+    wall_over_gpu,
+)
 
 # -- GraphCache ------------------------------------------------------------------------------------
 
+
 def test_graph_cache_captures_after_a_plain_enqueue_and_replays_only_on_the_shape_last_enqueued():
     g = GraphCache()
-    steps = [((0, "A", 0), ENQUEUE), ((0, "A", 1), CAPTURE), ((0, "A", 0), CAPTURE), ((0, "A", 1), LAUNCH),
-             ((0, "B", 0), ENQUEUE), ((0, "A", 1), ENQUEUE),  # the context last ran B: A needs a plain enqueue first
-             ((0, "A", 0), LAUNCH), ((1, "A", 0), ENQUEUE)]  # another profile's context has its own state
+    steps = [
+        ((0, "A", 0), ENQUEUE),
+        ((0, "A", 1), CAPTURE),
+        ((0, "A", 0), CAPTURE),
+        ((0, "A", 1), LAUNCH),
+        ((0, "B", 0), ENQUEUE),
+        ((0, "A", 1), ENQUEUE),  # the context last ran B: A needs a plain enqueue first
+        ((0, "A", 0), LAUNCH),
+        ((1, "A", 0), ENQUEUE),
+    ]  # another profile's context has its own state
     for (profile, shape, slot), expected in steps:
         action = g.action(profile, shape, slot)
         assert action == expected, (profile, shape, slot)
@@ -59,6 +77,7 @@ def test_completion_intervals_sum_to_the_loop_and_wall_over_gpu():
 
 
 # -- batching as documents are planned ---------------------------------------------------------------
+
 
 def _chunks(doc_lengths):
     """(doc, index, shape) triples: each document's chunks, the last one shorter."""
@@ -137,7 +156,7 @@ def test_batch_parts_are_block_slices_that_stack_to_the_batch():
 
     def block_chunks(d, rows, base):
         block = {"input_ids": np.arange(rows * 4).reshape(rows, 4) + base, "attention_mask": np.ones((rows, 4), np.int64)}
-        return [Chunk(d, r, {k: v[r:r + 1] for k, v in block.items()}, None, 4, block=block, row=r) for r in range(rows)]
+        return [Chunk(d, r, {k: v[r : r + 1] for k, v in block.items()}, None, 4, block=block, row=r) for r in range(rows)]
 
     a, b = block_chunks(0, 5, 0), block_chunks(1, 3, 100)
     loose = Chunk(2, 0, {"input_ids": np.full((1, 4), 7), "attention_mask": np.ones((1, 4), np.int64)}, None, 4)
@@ -298,8 +317,10 @@ def test_a_planning_error_reaches_the_consumer(ahead):
 
 # -- TrtRunner through a fake CUDA + TensorRT ----------------------------------------------------------
 
+
 class FakeCudart:
     """cuda.bindings.runtime, executed on the host at once. Memory is host memory; capture records ops."""
+
     cudaMemcpyKind = SimpleNamespace(cudaMemcpyHostToDevice=1, cudaMemcpyDeviceToHost=2)
     cudaStreamCaptureMode = SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
 
@@ -413,6 +434,7 @@ def fake_driver(cudart):
         def call(*args):
             calls.append(name)
             return fn(*args)
+
         return call
 
     lib = SimpleNamespace(calls=calls)
@@ -535,8 +557,10 @@ def _runner(monkeypatch, tmp_path, **kwargs):
     monkeypatch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
     path = tmp_path / "fake.engine"
     path.write_bytes(b"engine")
-    profiles = [{"index": i, "axes": {"batch": [1, 4, 4], "seq": [lo, hi, hi]},
-                 "shapes": {"x": {"min": [1, lo], "opt": [4, hi], "max": [4, hi]}}} for i, (lo, hi) in enumerate([(1, 8), (9, 16)])]
+    profiles = [
+        {"index": i, "axes": {"batch": [1, 4, 4], "seq": [lo, hi, hi]}, "shapes": {"x": {"min": [1, lo], "opt": [4, hi], "max": [4, hi]}}}
+        for i, (lo, hi) in enumerate([(1, 8), (9, 16)])
+    ]
     sidecar = {"profiles": profiles, "inputs": [{"name": "x", "shape": ["batch", "seq"]}]}
     if "io" in kwargs:  # the engine's I/O shapes as the build's sidecar records them (padding reads them)
         sidecar["io"] = kwargs.pop("io")
@@ -578,8 +602,12 @@ def test_replaying_a_graph_after_the_context_ran_another_shape_would_be_wrong(mo
     """The fake is strict enough to catch the hazard GraphCache avoids: a cache that replays a graph
     whatever shape the context last ran gives wrong outputs."""
     runner, _ = _runner(monkeypatch, tmp_path, slots=2, pad_batches=False)  # padded, the (2, 8) batch would replay (4, 8)
-    careless = lambda profile, shape, slot: (LAUNCH if (profile, shape, slot) in runner.graphs.graphs  # noqa: E731
-                                              else CAPTURE if runner.graphs.current.get(profile) == shape else ENQUEUE)
+
+    def careless(profile, shape, slot):
+        if (profile, shape, slot) in runner.graphs.graphs:
+            return LAUNCH
+        return CAPTURE if runner.graphs.current.get(profile) == shape else ENQUEUE
+
     monkeypatch.setattr(runner.graphs, "action", careless)
     batches = [(i, {"x": np.full(shape, i, np.int64)}) for i, shape in enumerate([(4, 8), (4, 8), (4, 8), (2, 8), (4, 8)])]
     outs = dict(runner.run_many(batches))
@@ -599,8 +627,10 @@ def test_a_partial_last_batch_replays_the_full_batchs_graph_and_hands_on_its_own
     rng = np.random.default_rng(1)
     shapes = [(4, 8)] * 5 + [(3, 8), (1, 12), (4, 12)]  # (1, 12): nothing ran at seq 12 before it, so it runs as it is
     batches = [(i, {"x": rng.integers(0, 1000, size=shape).astype(np.int32)}) for i, shape in enumerate(shapes)]
-    fed = [(tag, {"x": [x[j:j + 1] for j in range(len(x))]} if parts else {"x": x}) for tag, x in
-           ((tag, feeds["x"]) for tag, feeds in batches)]
+    fed = [
+        (tag, {"x": [x[j : j + 1] for j in range(len(x))]} if parts else {"x": x})
+        for tag, x in ((tag, feeds["x"]) for tag, feeds in batches)
+    ]
     results = {}
     for pad in (True, False):
         runner, engine = _runner(monkeypatch, tmp_path, slots=2, pad_batches=pad, io=BATCH_LEADING)
@@ -625,8 +655,11 @@ BATCH_LEADING = [{"name": "x", "mode": "in", "shape": [-1, -1]}, {"name": "y", "
 def test_a_partial_batch_is_not_padded_where_rows_might_not_stay_rows(monkeypatch, tmp_path, why):
     """Padding only where every input leads with the one batch axis and every output's axis 0 is dynamic (a static or
     flattened leading axis would mix the padding rows into what is handed on), and never on a profile the caller chose."""
-    io = {"output-not-batch-leading": [{"name": "y", "mode": "output", "shape": [4, -1, 2]}], "no-io-shapes": None,
-          "profile-given": BATCH_LEADING}[why]
+    io = {
+        "output-not-batch-leading": [{"name": "y", "mode": "output", "shape": [4, -1, 2]}],
+        "no-io-shapes": None,
+        "profile-given": BATCH_LEADING,
+    }[why]
     runner, _ = _runner(monkeypatch, tmp_path, slots=2, pad_batches=True, **({"io": io} if io is not None else {}))
     batches = [(i, {"x": np.full(shape, i, np.int32)}) for i, shape in enumerate([(4, 8), (4, 8), (3, 8)])]
     outs = dict(runner.run_many(batches, profile=0 if why == "profile-given" else None))
@@ -864,8 +897,19 @@ def test_the_loops_switch_interval_is_set_while_it_runs_and_restored(minilm_clea
     before = sys.getswitchinterval()
     run_mod._Merger.add = recording_add
     try:
-        report = run(minilm_clean, RunOptions(inputs=Path("calib_data/minilm_long"), chunk=256, overlap=32, batch_size=16, warmup=0,
-                                              precision_check=False, chunking_check=False, switch_interval_us=50))
+        report = run(
+            minilm_clean,
+            RunOptions(
+                inputs=Path("calib_data/minilm_long"),
+                chunk=256,
+                overlap=32,
+                batch_size=16,
+                warmup=0,
+                precision_check=False,
+                chunking_check=False,
+                switch_interval_us=50,
+            ),
+        )
     finally:
         run_mod._Merger.add = merge_add
     assert seen and all(abs(s - 50e-6) < 2e-6 for s in seen)  # Python keeps it in whole microseconds
@@ -903,10 +947,9 @@ def test_placed_outputs_go_where_place_says_and_the_slot_gets_only_its_rows(monk
         np.testing.assert_array_equal(seen[tag], want[1:])  # the slot's rows 1.. at their own offsets
         rows = (b + 1) // 2
         got = pinned[tag].view(np.float32, (rows, s - 2, 2))
-        np.testing.assert_array_equal(got, want[0::2, 1:s - 1])  # every other row's positions 1..s-1, packed
+        np.testing.assert_array_equal(got, want[0::2, 1 : s - 1])  # every other row's positions 1..s-1, packed
     with pytest.raises(ValueError, match="place needs consume"):
         list(runner.run_many(batches[:1], place=place))
-
 
 
 def test_planning_threads_default_to_none_on_an_engine_and_two_on_onnx_runtime_unless_they_tokenize():
@@ -920,13 +963,15 @@ def test_planning_threads_default_to_none_on_an_engine_and_two_on_onnx_runtime_u
 
 # -- a text input's windows as blocks: batches of runs, never a window at a time ---------------------------------------
 
+
 def _text_plans(lengths, chunk=16, overlap=4):
     """Real plans (run.plan_document) of pre-tokenized inputs of `lengths` tokens, with [CLS]/[SEP]-like specials."""
     from trtforge.config import InputSpec
     from trtforge.run import Document, Limits, plan_document
 
-    tokenizer = SimpleNamespace(prefix=[101], suffix=[102], specials=2, capacity=lambda c, o: c - 2,
-                                type_ids=lambda block: np.zeros_like(block))
+    tokenizer = SimpleNamespace(
+        prefix=[101], suffix=[102], specials=2, capacity=lambda c, o: c - 2, type_ids=lambda block: np.zeros_like(block)
+    )
     specs = [InputSpec(name=n, dtype="int64", shape=["batch", "seq"]) for n in ("input_ids", "attention_mask")]
     plans = []
     for d, n in enumerate(lengths):

@@ -6,10 +6,10 @@ Pre-LN blocks (GPT-2, ViT), whose residual sum is read again, must be refused.""
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from attention_emulation import emulate_skip_layernorm_plugins, rel_l2, with_random_vectors, zoo_sizes
 from conftest import export_zoo
+from onnx import TensorProto, helper, numpy_helper
+
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.feeds import random_feeds
 from trtforge.fusion.skip_layernorm import PLUGIN, fuse_skip_layernorm, plugin_layernorm
@@ -74,12 +74,19 @@ def test_fp16_graph_absorbs_the_casts_around_the_fp32_layernorm(zoo):
 
 def _residual_ln_model(scale: float, offset: float = 0.0):
     """y = LayerNorm(x * scale + offset + r * scale) over [2, 8]."""
-    inits = [numpy_helper.from_array(np.full(8, 1.5, np.float32), "gamma"), numpy_helper.from_array(np.full(8, 0.25, np.float32), "beta"),
-             numpy_helper.from_array(np.float32(scale), "scale"), numpy_helper.from_array(np.float32(offset), "offset")]
-    nodes = [helper.make_node("Mul", ["x", "scale"], ["xs0"]), helper.make_node("Add", ["xs0", "offset"], ["xs"]),
-             helper.make_node("Mul", ["r", "scale"], ["rs"]),
-             helper.make_node("Add", ["xs", "rs"], ["sum"]),
-             helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12, name="ln")]
+    inits = [
+        numpy_helper.from_array(np.full(8, 1.5, np.float32), "gamma"),
+        numpy_helper.from_array(np.full(8, 0.25, np.float32), "beta"),
+        numpy_helper.from_array(np.float32(scale), "scale"),
+        numpy_helper.from_array(np.float32(offset), "offset"),
+    ]
+    nodes = [
+        helper.make_node("Mul", ["x", "scale"], ["xs0"]),
+        helper.make_node("Add", ["xs0", "offset"], ["xs"]),
+        helper.make_node("Mul", ["r", "scale"], ["rs"]),
+        helper.make_node("Add", ["xs", "rs"], ["sum"]),
+        helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12, name="ln"),
+    ]
     io = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8])  # noqa: E731
     graph = helper.make_graph(nodes, "g", [io("x"), io("r")], [io("y")], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -101,8 +108,12 @@ def test_the_plugin_arithmetic_replay():
     from trtforge.fusion.skip_layernorm import _block_sum
 
     rng = np.random.default_rng(1)
-    for ld, scale, dtype, low, high in [(384, 1.0, np.float32, 0, 1e-6), (768, 1.0, np.float32, 0, 1e-6),
-                                        (384, 1.0, np.float16, 2e-4, 2e-3), (768, 0.3, np.float16, 1.5e-3, 4e-3)]:
+    for ld, scale, dtype, low, high in [
+        (384, 1.0, np.float32, 0, 1e-6),
+        (768, 1.0, np.float32, 0, 1e-6),
+        (384, 1.0, np.float16, 2e-4, 2e-3),
+        (768, 0.3, np.float16, 1.5e-3, 4e-3),
+    ]:
         a, b = (rng.normal(size=(64, ld)) * scale).astype(dtype), (rng.normal(size=(64, ld)) * scale).astype(dtype)
         x = a.astype(np.float64) + b
         ref = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)
@@ -124,13 +135,12 @@ def test_a_layernorm_whose_statistics_are_read_is_refused():
     assert not report.replaced and "mean or inverse deviation" in report.refused[0]["reason"] and fused is model
 
 
-
-
 def test_build_step_modes_and_all_three_passes_together(zoo):
     """auto fuses the precisions the H200 measured it faster in (fp16, best) and leaves others alone, saying why; on fuses where the plugin is
     registered and says in one sentence why it cannot elsewhere; off never. After attention and GELU fusion the
     pass still finds every block (it reads its numbers from the unfused graph) and the emulated engine matches."""
     from attention_emulation import emulate_gelu_plugins, emulate_plugins
+
     from trtforge.errors import UserError
     from trtforge.fusion.attention import fuse_attention
     from trtforge.fusion.gelu import fuse_gelu
@@ -148,9 +158,11 @@ def test_build_step_modes_and_all_three_passes_together(zoo):
     assert none is None and "measured faster only in fp16 and INT8 best" in record["why"], record
     fused, record = run(model, "auto", "fp16", "tensorrt", "8.6.0", True)
     assert record["route"] == "plugin" and sum(n.op_type == PLUGIN for n in fused.graph.node) == 4
-    for args, fragment in [(("on", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses skip-LayerNorm itself"),
-                           (("on", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry"),
-                           (("maybe", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_skip_layernorm")]:
+    for args, fragment in [
+        (("on", "fp16", "tensorrt_rtx", "1.7.1", False), "fuses skip-LayerNorm itself"),
+        (("on", "fp16", "tensorrt", "8.6.0", False), "not in this TensorRT's plugin registry"),
+        (("maybe", "fp16", "tensorrt", "8.6.0", True), "config key build.fuse_skip_layernorm"),
+    ]:
         with pytest.raises(UserError, match=fragment):
             run(model, *args)
     attn, _ = fuse_attention(model, feeds, lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, c.causal), "x")

@@ -5,9 +5,9 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, assert_user_error, run_cli
 from test_kvcache import gpt2_kv, llama_kv  # noqa: F401  (session fixtures: one export per model)
+
 from trtforge.errors import UserError
 from trtforge.stateful import SCHEMA, OrtStepper, cache_plan, ping_pong, plan_steps
 
@@ -22,7 +22,7 @@ def _docs(tmp_path, tokens):
     for f in sorted((ROOT / "calib_data/minilm_long").iterdir())[:3]:
         text = f.read_text()
         enc = tok.encode(text, add_special_tokens=False)
-        (folder / f.name).write_text(text[:enc.offsets[tokens - 1][1]])
+        (folder / f.name).write_text(text[: enc.offsets[tokens - 1][1]])
     return folder
 
 
@@ -31,8 +31,19 @@ def test_stateful_equals_full_pass_and_generates_exactly(name, request, tmp_path
     """CI done-when: ~1000-token inputs, chunk 128: rel-L2 <= 1e-4; --generate 32 = full recompute."""
     onnx_path = request.getfixturevalue(f"{name}_kv")
     report = tmp_path / "r.json"
-    proc = run_cli("run", str(onnx_path), "--inputs", str(_docs(tmp_path, 1000)), "--chunk", "128", "--stateful",
-                   "--generate", "32", "--report", str(report))
+    proc = run_cli(
+        "run",
+        str(onnx_path),
+        "--inputs",
+        str(_docs(tmp_path, 1000)),
+        "--chunk",
+        "128",
+        "--stateful",
+        "--generate",
+        "32",
+        "--report",
+        str(report),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(report.read_text())
     assert r["schema"] == SCHEMA and r["chunk"] == 128
@@ -62,12 +73,12 @@ def test_chunk_boundaries_do_not_matter_and_a_lost_cache_is_caught(llama_kv):  #
     full = s.full(ids)
     for chunk in (1, 37, 128):
         s.reset()
-        got = np.concatenate([s.step(ids[a:a + chunk], a) for a in range(0, ids.size, chunk)])
+        got = np.concatenate([s.step(ids[a : a + chunk], a) for a in range(0, ids.size, chunk)])
         assert np.linalg.norm(got - full) / np.linalg.norm(full) <= 1e-5
     parts = []
     for a in range(0, ids.size, 128):
         s.reset()
-        parts.append(s.step(ids[a:a + 128], a))
+        parts.append(s.step(ids[a : a + 128], a))
     assert np.linalg.norm(np.concatenate(parts) - full) / np.linalg.norm(full) > 1e-2
 
 
@@ -80,7 +91,12 @@ def test_plan_steps_phases_and_profiles():
 
     steps = plan_steps(300, 128, generate=3, choose=choose)
     assert [(s.phase, s.start, s.end, s.profile) for s in steps] == [
-        ("prefill", 0, 128, 0), ("prefill", 128, 256, 0), ("prefill", 256, 300, 0), ("decode", 300, 301, 9), ("decode", 301, 302, 9)]
+        ("prefill", 0, 128, 0),
+        ("prefill", 128, 256, 0),
+        ("prefill", 256, 300, 0),
+        ("decode", 300, 301, 9),
+        ("decode", 301, 302, 9),
+    ]
     assert seen[2] == ("prefill", 44, 256) and seen[-1] == ("decode", 1, 301)
     with pytest.raises(UserError, match="--chunk must be >= 1"):
         plan_steps(10, 0)

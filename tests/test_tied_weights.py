@@ -15,8 +15,15 @@ def albert_onnx(tmp_path_factory):
     from transformers import AlbertConfig, AlbertModel
 
     torch.manual_seed(0)
-    config = AlbertConfig(vocab_size=120, embedding_size=16, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                          intermediate_size=128, max_position_embeddings=64)
+    config = AlbertConfig(
+        vocab_size=120,
+        embedding_size=16,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
     module = AlbertModel(config).eval()
 
     class Wrapper(torch.nn.Module):
@@ -30,10 +37,20 @@ def albert_onnx(tmp_path_factory):
     folder = tmp_path_factory.mktemp("albert")
     path = folder / "albert.onnx"
     ids = torch.randint(5, 120, (2, 16))
-    torch.onnx.export(Wrapper(), (ids, torch.ones_like(ids)), str(path), input_names=["input_ids", "attention_mask"],
-                      output_names=["last_hidden_state"], opset_version=17, dynamo=False,
-                      dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"},
-                                    "last_hidden_state": {0: "batch", 1: "seq"}})
+    torch.onnx.export(
+        Wrapper(),
+        (ids, torch.ones_like(ids)),
+        str(path),
+        input_names=["input_ids", "attention_mask"],
+        output_names=["last_hidden_state"],
+        opset_version=17,
+        dynamo=False,
+        dynamic_axes={
+            "input_ids": {0: "batch", 1: "seq"},
+            "attention_mask": {0: "batch", 1: "seq"},
+            "last_hidden_state": {0: "batch", 1: "seq"},
+        },
+    )
     from trtforge.graph import clean_file
 
     clean_file(path)  # folds the exporter's Identity copies: every layer then reads the same initializers
@@ -58,8 +75,9 @@ def test_albert_shares_weights_and_smoothquant_int8_holds(albert_onnx, tmp_path)
         if node.op_type == "MatMul" and node.input[1] in inits:
             readers[node.input[1]] = readers.get(node.input[1], 0) + 1
     assert max(readers.values()) == 4  # the export really shares each weight across the 4 layers
-    options = CalibrateOptions(data=data, method="percentile", smooth=0.8, fallback=False, min_cosine=0.99,
-                               output=tmp_path / "albert.int8.onnx")
+    options = CalibrateOptions(
+        data=data, method="percentile", smooth=0.8, fallback=False, min_cosine=0.99, output=tmp_path / "albert.int8.onnx"
+    )
     result = calibrate(path, options)
     assert result.sidecar["smooth"] == 0.8
     assert result.result.accuracy.mean_cosine >= 0.99, result.result.accuracy

@@ -19,7 +19,9 @@ def _minilm_dir() -> Path:
     return Path(gt.__file__).resolve().parent / "model"
 
 
-@pytest.mark.parametrize("which, prefix, suffix, pad", [("minilm", [101], [102], 0), ("roberta-bpe", [0], [2], 1), ("gpt2-bpe", [], [], None)])
+@pytest.mark.parametrize(
+    "which, prefix, suffix, pad", [("minilm", [101], [102], 0), ("roberta-bpe", [0], [2], 1), ("gpt2-bpe", [], [], None)]
+)
 def test_specials_and_windows_come_from_the_tokenizer(which, prefix, suffix, pad):
     tok = TextTokenizer(_minilm_dir() if which == "minilm" else ROOT / "zoo/tokenizers" / which)
     assert (tok.prefix, tok.suffix, tok.pad_id) == (prefix, suffix, pad)
@@ -29,15 +31,21 @@ def test_specials_and_windows_come_from_the_tokenizer(which, prefix, suffix, pad
     planned = plan_windows(doc.size, 64 - len(prefix) - len(suffix), 16)
     assert [w.span for w in windows] == [(p.start, p.end) for p in planned]
     for w in windows:
-        assert list(w.ids[:len(prefix)]) == prefix and (not suffix or list(w.ids[-len(suffix):]) == suffix)
-        np.testing.assert_array_equal(w.ids[w.content], doc[w.span[0]:w.span[1]])  # exact map back to the document
+        assert list(w.ids[: len(prefix)]) == prefix and (not suffix or list(w.ids[-len(suffix) :]) == suffix)
+        np.testing.assert_array_equal(w.ids[w.content], doc[w.span[0] : w.span[1]])  # exact map back to the document
 
 
 def test_map_windows_uses_offsets_and_ids():
     doc_ids, offsets = [5, 6, 7, 5, 6], [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
     # Two windows with a [CLS]-like 9 in front; the second starts at the repeated "5 6".
-    windows = map_windows(doc_ids, offsets, [([9, 5, 6, 7], [0] * 4, [1, 0, 0, 0], [(0, 0), (0, 1), (1, 2), (2, 3)]),
-                                             ([9, 7, 5, 6], [0] * 4, [1, 0, 0, 0], [(0, 0), (2, 3), (3, 4), (4, 5)])])
+    windows = map_windows(
+        doc_ids,
+        offsets,
+        [
+            ([9, 5, 6, 7], [0] * 4, [1, 0, 0, 0], [(0, 0), (0, 1), (1, 2), (2, 3)]),
+            ([9, 7, 5, 6], [0] * 4, [1, 0, 0, 0], [(0, 0), (2, 3), (3, 4), (4, 5)]),
+        ],
+    )
     assert [w.span for w in windows] == [(0, 3), (2, 5)] and windows[1].content == slice(1, 4)
 
 
@@ -61,8 +69,9 @@ def test_a_dangling_tokenizer_pointer_falls_back_up_the_sidecar_chain(tmp_path):
     export_dir.mkdir(), copy_dir.mkdir()
     shutil.copytree(ROOT / "zoo" / "tokenizers" / "roberta-bpe", export_dir / "m.tokenizer")
     write_sidecar(export_dir / "m.onnx", {"kind": "onnx", "step": "export", "tokenizer": "m.tokenizer"})
-    write_sidecar(copy_dir / "m.clean.onnx", {"kind": "onnx", "step": "clean", "tokenizer": "m.tokenizer",
-                                             "parent": str(export_dir / "m.onnx")})
+    write_sidecar(
+        copy_dir / "m.clean.onnx", {"kind": "onnx", "step": "clean", "tokenizer": "m.tokenizer", "parent": str(export_dir / "m.onnx")}
+    )
     assert find_tokenizer_dir(copy_dir / "m.clean.onnx") == export_dir / "m.tokenizer"
     shutil.rmtree(export_dir / "m.tokenizer")
     with pytest.raises(UserError, match="m.clean.onnx.json names tokenizer directory"):
@@ -149,8 +158,10 @@ def test_run_plans_the_tokenizers_own_windows(which, tmp_path):
     specs = [SimpleNamespace(name="input_ids", dtype=np.int64), SimpleNamespace(name="token_type_ids", dtype=np.int64)]
     for chunk, overlap in [(256, 32), (64, 16), (512, 0), (37, 5)]:
         reference = tok.windows(text, chunk, overlap)
-        planned = {full: plan_document(0, Document("t", "text", text=text), specs, None, chunk, overlap, Limits(), tok, [], full)
-                   for full in (False, True)}
+        planned = {
+            full: plan_document(0, Document("t", "text", text=text), specs, None, chunk, overlap, Limits(), tok, [], full)
+            for full in (False, True)
+        }
         assert len(planned[False]) == len(planned[True]) == len(reference) > 1
         for c, r in zip(planned[False], reference):
             np.testing.assert_array_equal(c.feeds["input_ids"][0], r.ids)
@@ -162,7 +173,7 @@ def test_run_plans_the_tokenizers_own_windows(which, tmp_path):
             np.testing.assert_array_equal(c.feeds["token_type_ids"], short.feeds["token_type_ids"])
         last = planned[True][-1]
         assert last.window.end == ids.size and last.window.length == chunk - tok.specials
-        np.testing.assert_array_equal(last.feeds["input_ids"][0], [*tok.prefix, *ids[ids.size - last.window.length:], *tok.suffix])
+        np.testing.assert_array_equal(last.feeds["input_ids"][0], [*tok.prefix, *ids[ids.size - last.window.length :], *tok.suffix])
     short = plan_document(0, Document("t", "text", text="a short text."), specs, None, 64, 16, Limits(), tok, [], True)
     assert len(short) == 1 and short[0].window.length == tok.document("a short text.").size
 
@@ -185,8 +196,11 @@ def test_wrap_spans_puts_equal_length_windows_in_one_block():
     np.testing.assert_array_equal(no_specials[0], [[1003, 1004]])
 
 
-@pytest.mark.parametrize("spans", [[(0, 8), (6, 14), (12, 20)], [(0, 8), (5, 13), (12, 20)], [(4, 8), (4, 8), (4, 8)],
-                                   [(2, 6), (1, 5)]], ids=["even", "uneven", "repeated", "backwards"])
+@pytest.mark.parametrize(
+    "spans",
+    [[(0, 8), (6, 14), (12, 20)], [(0, 8), (5, 13), (12, 20)], [(4, 8), (4, 8), (4, 8)], [(2, 6), (1, 5)]],
+    ids=["even", "uneven", "repeated", "backwards"],
+)
 def test_wrap_spans_rows_are_the_spans_ids_however_the_windows_are_spaced(spans):
     """Evenly spaced windows are gathered through one strided view, others by indexing: the same rows either way,
     also from ids that are a strided (non-contiguous) view."""
@@ -241,8 +255,10 @@ def test_text_feeds_use_the_ids_uncopied_and_share_one_read_only_block_of_ones_f
     from trtforge.config import InputSpec
     from trtforge.run import text_feeds
 
-    specs = [InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]),
-             InputSpec(name="attention_mask", dtype="int64", shape=["batch", "seq"])]
+    specs = [
+        InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]),
+        InputSpec(name="attention_mask", dtype="int64", shape=["batch", "seq"]),
+    ]
     block = np.arange(12, dtype=np.int64).reshape(3, 4)
     first, second = text_feeds(block, None, specs), text_feeds(block[:2] + 1, None, specs)
     assert first["input_ids"] is block or np.shares_memory(first["input_ids"], block)

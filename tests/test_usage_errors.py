@@ -3,15 +3,19 @@ are user errors: one message, exit 2, no traceback. With typer 0.29, which carri
 traceback and exit 1, because only click's own exception types were caught."""
 
 import pytest
-
 from conftest import run_cli
 
 
-@pytest.mark.parametrize("args, says", [(["build", "m.onnx", "--bogus"], "No such option: --bogus"),
-                                        (["build"], "Missing argument 'ONNX'"),
-                                        (["build", "m.onnx", "--fp8-chain-ffn"], "'--fp8-chain-ffn' requires an argument"),
-                                        (["rebuild"], "No such command 'rebuild'")],
-                         ids=["unknown-option", "missing-argument", "option-without-value", "unknown-command"])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["build", "m.onnx", "--bogus"], "No such option: --bogus"),
+        (["build"], "Missing argument 'ONNX'"),
+        (["build", "m.onnx", "--fp8-chain-ffn"], "'--fp8-chain-ffn' requires an argument"),
+        (["rebuild"], "No such command 'rebuild'"),
+    ],
+    ids=["unknown-option", "missing-argument", "option-without-value", "unknown-command"],
+)
 def test_usage_errors_exit_2_with_one_message(args, says):
     proc = run_cli(*args)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-1500:])

@@ -147,8 +147,11 @@ def test_check_outputs_names_the_nan_output_and_skips_its_metrics():
 
 
 def _report(per_output):
-    return {"outputs": {n: {"kind": "token"} for n in per_output}, "precision_error": {"measured": True, "per_output": per_output},
-            "chunking_error": {"measured": False, "reason": "no input was chunked"}}
+    return {
+        "outputs": {n: {"kind": "token"} for n in per_output},
+        "precision_error": {"measured": True, "per_output": per_output},
+        "chunking_error": {"measured": False, "reason": "no input was chunked"},
+    }
 
 
 def test_run_gates_fail_on_a_nan_second_output():
@@ -197,7 +200,9 @@ def test_tolerances_elementwise_and_by_statistic():
 def test_tolerance_parsing_and_errors():
     assert parse_tolerances(["logits:1e-3", "2e-2"], "--atol") == {"logits": 1e-3, None: 2e-2}
     assert tolerances_for(["logits", "h"], {"logits": 1e-3}, {None: 0.1}, "max") == {
-        "logits": Tolerance(1e-3, 0.1, "max"), "h": Tolerance(0.0, 0.1, "max")}
+        "logits": Tolerance(1e-3, 0.1, "max"),
+        "h": Tolerance(0.0, 0.1, "max"),
+    }
     for bad in ("x:-1", "x:nan", "x:abc"):
         with pytest.raises(UserError, match="--atol"):
             parse_tolerances([bad], "--atol")

@@ -8,10 +8,32 @@ import sys
 
 def _table(tmp_path, torch_batch):
     (tmp_path / "t.json").write_text(json.dumps({"models": {"minilm": {"end_to_end": {"tokens_per_s": 100.0, "batch": torch_batch}}}}))
-    (tmp_path / "r.json").write_text(json.dumps({"throughput": {"tokens_per_s": 500.0}, "memory": {}, "chunking": {"batch_size": 64},
-                                                 "latency": {"all": {"wall_over_gpu": 1.5, "wall_over_gpu_p50": 1.1}}}))
-    out = subprocess.run([sys.executable, "benchmarks/vs_torch.py", "table", "--torch", str(tmp_path / "t.json"), "--run",
-                          f"minilm={tmp_path / 'r.json'}", "--out", str(tmp_path / "o.json")], capture_output=True, text=True, check=True)
+    (tmp_path / "r.json").write_text(
+        json.dumps(
+            {
+                "throughput": {"tokens_per_s": 500.0},
+                "memory": {},
+                "chunking": {"batch_size": 64},
+                "latency": {"all": {"wall_over_gpu": 1.5, "wall_over_gpu_p50": 1.1}},
+            }
+        )
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/vs_torch.py",
+            "table",
+            "--torch",
+            str(tmp_path / "t.json"),
+            "--run",
+            f"minilm={tmp_path / 'r.json'}",
+            "--out",
+            str(tmp_path / "o.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout, json.loads((tmp_path / "o.json").read_text())["end_to_end"][0]
 
 
@@ -27,13 +49,35 @@ def test_an_engine_named_model_variant_is_compared_with_the_models_torch_figures
     name that is no model's variant gets none."""
     shape = {"64x512": {"eager_sdpa": {"median_ms": 16.5}}}
     (tmp_path / "t.json").write_text(json.dumps({"models": {"bert-base": {"shapes": shape}}}))
-    (tmp_path / "e.json").write_text(json.dumps({"models": {
-        "bert-base": {"shapes": {"64x512": {"median_ms": 11.0}}},
-        "bert-base-fp8": {"shapes": {"64x512": {"median_ms": 10.0}}, "gemm_precision": "fp8"},
-        "bertbase": {"shapes": {"64x512": {"median_ms": 10.0}}}}}))
-    subprocess.run([sys.executable, "benchmarks/vs_torch.py", "table", "--torch", str(tmp_path / "t.json"), "--engine",
-                    str(tmp_path / "e.json"), "--shapes", "64x512", "--out", str(tmp_path / "o.json")], capture_output=True,
-                   text=True, check=True)
+    (tmp_path / "e.json").write_text(
+        json.dumps(
+            {
+                "models": {
+                    "bert-base": {"shapes": {"64x512": {"median_ms": 11.0}}},
+                    "bert-base-fp8": {"shapes": {"64x512": {"median_ms": 10.0}}, "gemm_precision": "fp8"},
+                    "bertbase": {"shapes": {"64x512": {"median_ms": 10.0}}},
+                }
+            }
+        )
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/vs_torch.py",
+            "table",
+            "--torch",
+            str(tmp_path / "t.json"),
+            "--engine",
+            str(tmp_path / "e.json"),
+            "--shapes",
+            "64x512",
+            "--out",
+            str(tmp_path / "o.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     rows = {r["model"]: r for r in json.loads((tmp_path / "o.json").read_text())["kernels"]}
     assert rows["bert-base"]["eager_over_engine"] == 1.5 and rows["bert-base-fp8"]["eager_over_engine"] == 1.65
     assert rows["bertbase"]["eager_over_engine"] is None

@@ -12,15 +12,28 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, require, run_cli
 
 require("tensorrt_rtx")
 
 # DETR and wav2vec2 are in test_export_zoo and test_new_families: DETR's outputs have no kind yet, and no audio
 # calibration set exists.
-ZOO = ("bert", "roberta", "gpt2", "vit", "resnet", "segformer", "distilbert", "deberta", "t5-encoder", "swin", "convnext",
-       "clip-vision", "dinov2", "mpnet")
+ZOO = (
+    "bert",
+    "roberta",
+    "gpt2",
+    "vit",
+    "resnet",
+    "segformer",
+    "distilbert",
+    "deberta",
+    "t5-encoder",
+    "swin",
+    "convnext",
+    "clip-vision",
+    "dinov2",
+    "mpnet",
+)
 TASK_METRIC = {"logits": "top1_agreement", "dense": "pixel_agreement", "token": "mean_item_cosine", "pooled": "mean_item_cosine"}
 
 
@@ -93,7 +106,7 @@ def test_text_models_use_their_own_special_tokens(zoo_runs):
         window = tok.windows("The module is imported once. " * 40, 64, 16)[1]
         ids = window.ids.tolist()
         assert (tok.prefix, tok.suffix) == (prefix, suffix), name
-        assert ids[:len(prefix)] == prefix and ids[len(ids) - len(suffix):] == suffix, (name, ids)
+        assert ids[: len(prefix)] == prefix and ids[len(ids) - len(suffix) :] == suffix, (name, ids)
 
 
 def test_int8_gate_can_fail_on_the_zoo(zoo_runs, tmp_path):
@@ -102,8 +115,27 @@ def test_int8_gate_can_fail_on_the_zoo(zoo_runs, tmp_path):
     folder, proc = zoo_runs["bert"]
     assert proc.returncode == 0
     clean = folder / "zoo-bert.clean.onnx"
-    res = run_cli("calibrate", str(clean), "--data", "calib_data/minilm", "--eval-data", "calib_data/minilm_eval",
-                  "--max-samples", "32", "--max-eval-samples", "32", "--method", "percentile", "--percentile", "90",
-                  "--no-smooth", "--no-fallback", "--quantize-attention", "--min-cosine", "0.999",
-                  "-o", str(tmp_path / "bad.int8.onnx"))
+    res = run_cli(
+        "calibrate",
+        str(clean),
+        "--data",
+        "calib_data/minilm",
+        "--eval-data",
+        "calib_data/minilm_eval",
+        "--max-samples",
+        "32",
+        "--max-eval-samples",
+        "32",
+        "--method",
+        "percentile",
+        "--percentile",
+        "90",
+        "--no-smooth",
+        "--no-fallback",
+        "--quantize-attention",
+        "--min-cosine",
+        "0.999",
+        "-o",
+        str(tmp_path / "bad.int8.onnx"),
+    )
     assert res.returncode == 1, (res.returncode, res.stdout[-1500:], res.stderr[-1500:])

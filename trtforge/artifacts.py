@@ -17,7 +17,6 @@ from typing import Any, Callable, Iterable, Iterator
 
 from trtforge.errors import UserError
 
-
 _published: list[Path] = []
 
 
@@ -191,8 +190,7 @@ def linked_path(artifact: Path, recorded: str) -> Path:
     return next((p for p in linked_paths(artifact, recorded) if sidecar_path(p).exists()), Path(recorded))
 
 
-def sidecar_chain(path: str | os.PathLike, first: dict[str, Any] | None = None,
-                  strict: bool = False) -> list[tuple[Path, dict[str, Any]]]:
+def sidecar_chain(path: str | os.PathLike, first: dict[str, Any] | None = None, strict: bool = False) -> list[tuple[Path, dict[str, Any]]]:
     """(file, its sidecar) for this ONNX or engine and every file it was made from, nearest first, as far as readable
     sidecars lead (`parent`, else `source_onnx`; a relative one found by linked_path; a file seen before, however
     spelled, ends it). `first`: the start's sidecar where the caller holds it already. strict: a sidecar up the chain
@@ -307,8 +305,9 @@ def _in_folder(key: str, folders: dict[str, Path]) -> str | None:
     return None
 
 
-def refuse_overwrite(step: str, inputs: Iterable[PathLike | None], artifacts: Iterable[PathLike | None] = (),
-                     files: Iterable[PathLike | None] = ()) -> None:
+def refuse_overwrite(
+    step: str, inputs: Iterable[PathLike | None], artifacts: Iterable[PathLike | None] = (), files: Iterable[PathLike | None] = ()
+) -> None:
     """The one check every step that writes runs before any work: no file it writes may be one of its inputs, an input's
     sidecar, or a file up an input's `parent` lineage (however spelled: symlinks, relative paths), and no two outputs may
     be one file. artifacts: outputs written with their sidecar X.json (an .onnx also with X.data); files: outputs written

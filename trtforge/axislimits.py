@@ -49,8 +49,7 @@ def largest_working(works: Callable[[int], bool], good: int, bad: int) -> int | 
     return good if bad - good <= 1 else None
 
 
-def axis_limit_error(what: str, axis: str, size: int, error: BaseException | str,
-                     largest: int | None, others: dict[str, int]) -> UserError:
+def axis_limit_error(what: str, axis: str, size: int, error: BaseException | str, largest: int | None, others: dict[str, int]) -> UserError:
     """One sentence: which run failed at which size of which axis, in which node, and the config key to lower."""
     message = error if isinstance(error, str) else exception_summary(error, 300)
     # ONNX Runtime names the node and its status; PyTorch's message is the reason itself
@@ -60,8 +59,11 @@ def axis_limit_error(what: str, axis: str, size: int, error: BaseException | str
     rest = ", ".join(f"{name}={value}" for name, value in others.items() if name != axis)
     at = f"{axis}={size} (the max of axis '{axis}'" + (f", with {rest})" if rest else ")")
     if largest is not None and is_out_of_bounds(message):
-        return UserError(f"{what} fails at {at}{where}, so the model's positions run out at {axis} {largest + 1}; "
-                         f"lower axes.{axis}.max to {largest} and re-export.")
+        return UserError(
+            f"{what} fails at {at}{where}, so the model's positions run out at {axis} {largest + 1}; "
+            f"lower axes.{axis}.max to {largest} and re-export."
+        )
     hint = f"the largest {axis} that works is {largest}" if largest is not None else f"no smaller {axis} tried works"
-    return UserError(f"{what} fails at {at}{where}, and {hint}; lower axes.{axis}.max in the config and re-export, "
-                     "or fix the model for that size.")
+    return UserError(
+        f"{what} fails at {at}{where}, and {hint}; lower axes.{axis}.max in the config and re-export, or fix the model for that size."
+    )

@@ -107,6 +107,7 @@ def data_profile(specs: list[InputSpec], batches: list[dict[str, np.ndarray]]) -
 def suspects(rows: list[dict[str, Any]], max_gap: float) -> list[str]:
     """Groups TensorRT executes differently from the ONNX (pure): alone, the engine falls more than
     `max_gap` below ORT; or all-on has such a gap and leaving the group out closes it."""
+
     def gap(row: dict[str, Any]) -> float | None:
         """ORT - engine cosine; an engine that computed NaN is as far off as an engine can be."""
         value = row.get("gap")
@@ -159,8 +160,12 @@ def trt_measure(flavour: str, specs: list[InputSpec], profile: Profile, options:
             path = save_onnx(model, path.with_name(path.name.removesuffix(".onnx") + ".best.onnx"))
         has_fp16, has_qdq = model_traits(model)
         start = time.perf_counter()
-        out = build_engine(mod, path, [profile], BuildOptions(tactic_sources=tactics, has_fp16=has_fp16, has_qdq=has_qdq,
-                                                                    optimization_level=options.optimization_level))
+        out = build_engine(
+            mod,
+            path,
+            [profile],
+            BuildOptions(tactic_sources=tactics, has_fp16=has_fp16, has_qdq=has_qdq, optimization_level=options.optimization_level),
+        )
         engine = path.with_name(path.name.removesuffix(".onnx") + ".engine")
         engine.write_bytes(out.engine)
         result: dict[str, Any] = {"built": True, "build_s": round(time.perf_counter() - start, 1)}
@@ -176,9 +181,12 @@ def trt_measure(flavour: str, specs: list[InputSpec], profile: Profile, options:
             runner.timings.clear()
             for _ in range(options.repeat):
                 runner.run(timed)
-            result.update(mean_cosine=acc.mean_cosine, min_cosine=acc.min_cosine,
-                          gpu_ms=statistics.median(t.gpu_ms for t in runner.timings),
-                          timed_shape={k: list(v.shape) for k, v in timed.items()})
+            result.update(
+                mean_cosine=acc.mean_cosine,
+                min_cosine=acc.min_cosine,
+                gpu_ms=statistics.median(t.gpu_ms for t in runner.timings),
+                timed_shape={k: list(v.shape) for k, v in timed.items()},
+            )
         finally:
             runner.close()
         return result
@@ -194,12 +202,19 @@ def _scales(working: onnx.ModelProto, plan, amax: dict[str, float], method: str,
         return amax
     progress(f"the cache lacks scales for {len(missing)} tensors (e.g. attention inputs): measuring them with {method}")
     stats = collect(working, calib, missing, None, 2048, None)
-    return {**amax, **{t: compute_amax(stats.histograms[t], method if method in ("entropy", "percentile", "minmax") else "entropy")
-                       for t in missing}}
+    return {
+        **amax,
+        **{t: compute_amax(stats.histograms[t], method if method in ("entropy", "percentile", "minmax") else "entropy") for t in missing},
+    }
 
 
-def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | None = None,
-           availability: tuple[str, str] | None = None, progress: Callable[[str], None] = lambda _: None) -> BisectResult:
+def bisect(
+    onnx_path: Path,
+    options: BisectOptions,
+    measure: EngineMeasure | None = None,
+    availability: tuple[str, str] | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> BisectResult:
     """Run the bisection (module doc). `measure`/`availability` replace the TensorRT runtime in tests."""
     from trtforge.calibrate.step import _max_length, _tokenizer_factory
 
@@ -232,8 +247,13 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
     if not groups:
         raise UserError(f"{onnx_path} has no quantizable ops in any group; nothing to bisect.")
     calib_folder = Path(cache_side["data"]) if cache_side.get("data") and Path(cache_side["data"]).is_dir() else options.data
-    calib = batches if calib_folder == options.data else list(data_mod.batches(
-        data_mod.load_samples(calib_folder, specs, tokenizer, _max_length(specs, axes), 64)[1], options.batch_size))
+    calib = (
+        batches
+        if calib_folder == options.data
+        else list(
+            data_mod.batches(data_mod.load_samples(calib_folder, specs, tokenizer, _max_length(specs, axes), 64)[1], options.batch_size)
+        )
+    )
     amax = _scales(working, plan, amax, str(method).lower(), calib, progress)
 
     reference = OrtRunner(model.SerializeToString())
@@ -247,8 +267,18 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
         measure = trt_measure(why.split(" ")[0], specs, data_profile(specs, batches), options, execute=mode == "run")
     ensure_writable_dir(out_dir / "bisect.json")  # a file named like the folder: one sentence, not FileExistsError
     if measure is not None:  # the variant files an engine measurement writes into out_dir
-        refuse_overwrite("bisect", inputs, files=[report_path, *(out_dir / (_slug(name) + suffix) for name, _ in variants(groups, options.modes)
-                                                                 for suffix in (".onnx", ".engine", ".best.onnx", ".best.engine"))])
+        refuse_overwrite(
+            "bisect",
+            inputs,
+            files=[
+                report_path,
+                *(
+                    out_dir / (_slug(name) + suffix)
+                    for name, _ in variants(groups, options.modes)
+                    for suffix in (".onnx", ".engine", ".best.onnx", ".best.engine")
+                ),
+            ],
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
 
     rows = []
@@ -258,10 +288,15 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
         qdq = insert_qdq(working, plan, amax, float_nodes)
         acc = evaluate(OrtRunner(qdq.SerializeToString()), batches, refs, kinds)
         mode_of = {"without": "off", "only": "alone"}
-        row: dict[str, Any] = {"variant": name, "mode": mode_of.get(name.split(" ")[0], "all"),
-                               "group": name.split(" ", 1)[1] if " " in name else None, "groups_on": sorted(on),
-                               "quantized_nodes": len({t.node for t in plan.targets} - float_nodes),
-                               "ort_mean_cosine": acc.mean_cosine, "ort_min_cosine": acc.min_cosine}
+        row: dict[str, Any] = {
+            "variant": name,
+            "mode": mode_of.get(name.split(" ")[0], "all"),
+            "group": name.split(" ", 1)[1] if " " in name else None,
+            "groups_on": sorted(on),
+            "quantized_nodes": len({t.node for t in plan.targets} - float_nodes),
+            "ort_mean_cosine": acc.mean_cosine,
+            "ort_min_cosine": acc.min_cosine,
+        }
         if measure is not None:
             path = save_onnx(qdq, out_dir / (_slug(name) + ".onnx"))
             try:
@@ -274,10 +309,20 @@ def bisect(onnx_path: Path, options: BisectOptions, measure: EngineMeasure | Non
         rows.append(row)
     named = suspects(rows, options.max_gap)
     status = {"run": "measured", "build": f"built only: {why}", "none": f"absent: {why}"}[mode]
-    report = {"onnx": str(onnx_path), "cache": str(options.cache), "data": str(options.data), "samples": len(samples),
-              "precision": options.precision, "max_gap": options.max_gap, "engine": status,
-              "groups": {g: len(nodes) for g, nodes in groups.items()}, "group_nodes": groups, "rows": rows,
-              "suspects": named, "out_dir": str(out_dir)}
+    report = {
+        "onnx": str(onnx_path),
+        "cache": str(options.cache),
+        "data": str(options.data),
+        "samples": len(samples),
+        "precision": options.precision,
+        "max_gap": options.max_gap,
+        "engine": status,
+        "groups": {g: len(nodes) for g, nodes in groups.items()},
+        "group_nodes": groups,
+        "rows": rows,
+        "suspects": named,
+        "out_dir": str(out_dir),
+    }
     write_json_atomic(report_path, report)
     report["report"] = str(report_path)
     return BisectResult(rows, groups, named, status, report)

@@ -21,10 +21,33 @@ from typing import Any, Callable
 import onnx
 
 from trtforge import __version__, interrupts
-from trtforge.artifacts import (ensure_writable_dir, lineage, onnx_graph_hash, output_lock, publish, read_sidecar, refuse_overwrite, sha256_bytes, sha256_file, write_bytes_atomic,
-                                write_json_atomic, write_sidecar)
-from trtforge.backends.tensorrt import (BuildOptions, BuildOutput, Tick, TrtModule, build_engine, engine_layers, load_trt, parse_layer_log,
-                                       runtime_identity, summarize_layers, tensor_dtype)
+from trtforge.artifacts import (
+    ensure_writable_dir,
+    lineage,
+    onnx_graph_hash,
+    output_lock,
+    publish,
+    read_sidecar,
+    refuse_overwrite,
+    sha256_bytes,
+    sha256_file,
+    write_bytes_atomic,
+    write_json_atomic,
+    write_sidecar,
+)
+from trtforge.backends.tensorrt import (
+    BuildOptions,
+    BuildOutput,
+    Tick,
+    TrtModule,
+    build_engine,
+    engine_layers,
+    load_trt,
+    parse_layer_log,
+    runtime_identity,
+    summarize_layers,
+    tensor_dtype,
+)
 from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
@@ -55,8 +78,9 @@ def options_from_config(section: Any, **given: Any) -> BuildOptions:
     values = {key: getattr(section, key) for key in keys}
     values.update({key: value for key, value in given.items() if value is not None})
     for key in ("fp8_min_cosine", "fp8_min_top1_agreement"):
-        if values.get("gemm_precision") != "fp8" and (given.get(key) is not None
-                                                        or (key in section.model_fields_set and getattr(section, key) is not None)):
+        if values.get("gemm_precision") != "fp8" and (
+            given.get(key) is not None or (key in section.model_fields_set and getattr(section, key) is not None)
+        ):
             raise _fp8_only(key)
     if values.get("timing_cache") is not None:
         values["timing_cache"] = Path(values["timing_cache"])
@@ -67,8 +91,9 @@ def options_from_config(section: Any, **given: Any) -> BuildOptions:
 
 def _fp8_only(key: str) -> UserError:
     """An FP8 gate asked for on a build without FP8 GEMMs (it would gate nothing)."""
-    return UserError(f"--{key.replace('_', '-')} (config key build.{key}) gates FP8 GEMMs; build with --gemm-precision fp8 "
-                     "too, or leave it out.")
+    return UserError(
+        f"--{key.replace('_', '-')} (config key build.{key}) gates FP8 GEMMs; build with --gemm-precision fp8 too, or leave it out."
+    )
 
 
 def model_traits(model: onnx.ModelProto) -> tuple[bool, bool]:
@@ -81,14 +106,17 @@ def model_traits(model: onnx.ModelProto) -> tuple[bool, bool]:
     return has_fp16, has_qdq
 
 
-def parse_tiers(spec: str | None, config_tiers: dict[str, list[int]], axes: dict[str, AxisRange],
-                lengths: list[int] | None = None, count: int = 3) -> dict[str, list[Tier]]:
+def parse_tiers(
+    spec: str | None, config_tiers: dict[str, list[int]], axes: dict[str, AxisRange], lengths: list[int] | None = None, count: int = 3
+) -> dict[str, list[Tier]]:
     """'128,256,512' (the sequence axis), 'seq=128,512;batch=8,32', 'auto', or the config's tiers."""
     if not spec:
         unknown = [axis for axis in config_tiers if axis not in axes]
         if unknown:
-            raise UserError(f"config key build.tiers names axis '{unknown[0]}', which the model does not have; its axes are: "
-                            f"{', '.join(axes) or 'none'}.")
+            raise UserError(
+                f"config key build.tiers names axis '{unknown[0]}', which the model does not have; its axes are: "
+                f"{', '.join(axes) or 'none'}."
+            )
         return {axis: tier_ranges(bounds, axes[axis], axis) for axis, bounds in config_tiers.items()}
     if spec.strip() == "auto":
         if lengths is None:
@@ -125,8 +153,12 @@ def read_lengths(path: Path) -> list[int]:
     try:
         text = path.read_text(encoding="utf-8").strip()
         values = json.loads(text) if text.startswith("[") else [int(line) for line in text.split() if line]
-        lengths = [int(v) for v in values] if isinstance(values, list) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in values) else None
+        lengths = (
+            [int(v) for v in values]
+            if isinstance(values, list)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in values)
+            else None
+        )
     except (ValueError, TypeError, UnicodeDecodeError, OverflowError, RecursionError):
         lengths = None
     if lengths is None:
@@ -150,9 +182,11 @@ def _require_logits(onnx_path: Path) -> None:
     kinds = declared_output_kinds(onnx_path)
     if "logits" not in kinds.values():
         named = ", ".join(f"{n} ({k or 'kind unknown'})" for n, k in kinds.items()) or "none declared"
-        raise UserError(f"--fp8-min-top1-agreement (config key build.fp8_min_top1_agreement) judges logits outputs, and "
-                        f"{onnx_path.name} declares none (outputs: {named}); declare the kind in the config's `outputs` "
-                        "and export again, or leave the gate out.")
+        raise UserError(
+            f"--fp8-min-top1-agreement (config key build.fp8_min_top1_agreement) judges logits outputs, and "
+            f"{onnx_path.name} declares none (outputs: {named}); declare the kind in the config's `outputs` "
+            "and export again, or leave the gate out."
+        )
 
 
 def _require_real_inputs(onnx_path: Path, model: onnx.ModelProto) -> None:
@@ -161,12 +195,15 @@ def _require_real_inputs(onnx_path: Path, model: onnx.ModelProto) -> None:
     from trtforge.precision import calibration_data_of
 
     if calibration_data_of(onnx_path, model) is None:
-        raise UserError(f"--fp8-min-top1-agreement (config key build.fp8_min_top1_agreement) is judged on real inputs, and "
-                        f"{onnx_path.name} has none: give --calib-data DIR (config key build.calib_data), or calibrate it first.")
+        raise UserError(
+            f"--fp8-min-top1-agreement (config key build.fp8_min_top1_agreement) is judged on real inputs, and "
+            f"{onnx_path.name} has none: give --calib-data DIR (config key build.calib_data), or calibrate it first."
+        )
 
 
-def _prepare_precision(model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
-                       axes: dict[str, AxisRange], data: Path | None = None) -> tuple[onnx.ModelProto | None, dict[str, Any], Any]:
+def _prepare_precision(
+    model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange], data: Path | None = None
+) -> tuple[onnx.ModelProto | None, dict[str, Any], Any]:
     """The model to build (None: the input as it is), what was done to it, and the sample feeds with their source
     (None for fp32 / int8), which the FP8 step reuses rather than reading and tokenizing the data again."""
     from trtforge.precision import prepare_for_build, sample_feeds
@@ -190,32 +227,52 @@ def check_options(options: BuildOptions, precision: str) -> None:
     from trtforge.fusion.fp8 import CHAIN_MODES, GEMM_PRECISIONS
 
     if options.gemm_precision not in GEMM_PRECISIONS:
-        raise UserError(f"--gemm-precision '{options.gemm_precision}' is not one of {', '.join(GEMM_PRECISIONS)} "
-                        "(config key build.gemm_precision).")
+        raise UserError(
+            f"--gemm-precision '{options.gemm_precision}' is not one of {', '.join(GEMM_PRECISIONS)} (config key build.gemm_precision)."
+        )
     if options.fp8_chain_ffn not in CHAIN_MODES:
-        raise UserError(f"--fp8-chain-ffn '{options.fp8_chain_ffn}' is not one of {', '.join(CHAIN_MODES)} "
-                        "(config key build.fp8_chain_ffn).")
+        raise UserError(
+            f"--fp8-chain-ffn '{options.fp8_chain_ffn}' is not one of {', '.join(CHAIN_MODES)} (config key build.fp8_chain_ffn)."
+        )
     if options.fp8_chain_ffn == "on" and options.gemm_precision != "fp8":
-        raise UserError("--fp8-chain-ffn on (config key build.fp8_chain_ffn) chains FP8 GEMMs; build with --gemm-precision "
-                        "fp8 too, or leave it at auto.")
+        raise UserError(
+            "--fp8-chain-ffn on (config key build.fp8_chain_ffn) chains FP8 GEMMs; build with --gemm-precision "
+            "fp8 too, or leave it at auto."
+        )
     for key, value in (("fp8_min_cosine", options.fp8_min_cosine), ("fp8_min_top1_agreement", options.fp8_min_top1_agreement)):
         if value is not None and not 0 < value <= 1:  # NaN too: a gate that cannot fail, or cannot pass, is refused up front
             raise UserError(f"--{key.replace('_', '-')} {value} (config key build.{key}) must be in (0, 1], e.g. 0.99.")
     if options.fp8_min_top1_agreement is not None and options.gemm_precision != "fp8":  # its default is None: any value was asked for
         raise _fp8_only("fp8_min_top1_agreement")
     if options.calib_data is not None and precision not in ("fp16", "best"):
-        raise UserError(f"--calib-data (config key build.calib_data) feeds the fp16 conversion's magnitudes and FP8's scales; "
-                        f"precision {precision} has neither (INT8 scales come from `trtforge calibrate`): build with "
-                        "--precision fp16 or best, or leave it out.")
+        raise UserError(
+            f"--calib-data (config key build.calib_data) feeds the fp16 conversion's magnitudes and FP8's scales; "
+            f"precision {precision} has neither (INT8 scales come from `trtforge calibrate`): build with "
+            "--precision fp16 or best, or leave it out."
+        )
     if options.calib_data is not None and not (str(options.calib_data).strip() and Path(options.calib_data).is_dir()):
-        raise UserError(f"--calib-data '{options.calib_data}' (config key build.calib_data) is not a folder; give a folder "
-                        "of inputs in calibrate's formats.")
+        raise UserError(
+            f"--calib-data '{options.calib_data}' (config key build.calib_data) is not a folder; give a folder "
+            "of inputs in calibrate's formats."
+        )
 
 
-def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", tiers: str | None = None,
-          config_tiers: dict[str, list[int]] | None = None, backend: str = "auto", options: BuildOptions | None = None,
-          lengths_file: Path | None = None, tier_count: int = 3, on_tick: Tick | None = None, tick_s: float = 15.0,
-          warn: Callable[[str], None] | None = None, engine_check: bool = True, engine_hooks: Any = None) -> BuildResult:
+def build(
+    onnx_path: Path,
+    output: Path | None = None,
+    precision: str = "fp32",
+    tiers: str | None = None,
+    config_tiers: dict[str, list[int]] | None = None,
+    backend: str = "auto",
+    options: BuildOptions | None = None,
+    lengths_file: Path | None = None,
+    tier_count: int = 3,
+    on_tick: Tick | None = None,
+    tick_s: float = 15.0,
+    warn: Callable[[str], None] | None = None,
+    engine_check: bool = True,
+    engine_hooks: Any = None,
+) -> BuildResult:
     """Build an engine. 'fp32' is IEEE fp32 (TF32 off) unless options.tf32.
 
     An int8/best engine built from calibrate's Q/DQ ONNX gets calibrate's held-out gate re-checked on the
@@ -231,8 +288,12 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
     check_options(options, precision)
-    refuse_overwrite("build", [onnx_path, lengths_file, options.calib_data, *(options.plugin_libraries or [])],
-                     [output or default_engine_path(onnx_path, precision)], [options.timing_cache])
+    refuse_overwrite(
+        "build",
+        [onnx_path, lengths_file, options.calib_data, *(options.plugin_libraries or [])],
+        [output or default_engine_path(onnx_path, precision)],
+        [options.timing_cache],
+    )
     if options.fp8_min_top1_agreement is not None:
         _require_logits(onnx_path)
     mod = load_trt(backend)
@@ -261,14 +322,28 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     before_fusion = converted if converted is not None else model
     attention_fused, fusion = _fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
     passes = (specs, axes, profiles, onnx_path)
-    elementwise_fused, elementwise = _fuse_elementwise(mod, attention_fused if attention_fused is not None else before_fusion,
-                                                       before_fusion, precision, options, *passes)
+    elementwise_fused, elementwise = _fuse_elementwise(
+        mod, attention_fused if attention_fused is not None else before_fusion, before_fusion, precision, options, *passes
+    )
     fused = elementwise_fused if elementwise_fused is not None else attention_fused
     fp8_record, fp8_check_feeds = None, None
     if options.gemm_precision == "fp8":  # the GEMM plugins' nodes as TrtforgeGemmFp8 (trtforge.fusion.fp8)
-        fused, fp8_record, fp8_check_feeds = _gemm_fp8(mod, identity, fused, before_fusion, model, precision, onnx_path,
-                                                       specs, axes, options.fp8_min_cosine, options.fp8_chain_ffn, data,
-                                                       options.fp8_min_top1_agreement, sampled)
+        fused, fp8_record, fp8_check_feeds = _gemm_fp8(
+            mod,
+            identity,
+            fused,
+            before_fusion,
+            model,
+            precision,
+            onnx_path,
+            specs,
+            axes,
+            options.fp8_min_cosine,
+            options.fp8_chain_ffn,
+            data,
+            options.fp8_min_top1_agreement,
+            sampled,
+        )
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -290,8 +365,11 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
         except UserError as exc:
             drop_attention = attention_fused is not None and options.fuse_attention == "auto"
-            drop_elementwise = [spec for spec in ELEMENTWISE_PASSES
-                                if elementwise[spec.key]["route"] == "plugin" and elementwise[spec.key]["mode"] == "auto"]
+            drop_elementwise = [
+                spec
+                for spec in ELEMENTWISE_PASSES
+                if elementwise[spec.key]["route"] == "plugin" and elementwise[spec.key]["mode"] == "auto"
+            ]
             if not (drop_attention or drop_elementwise) or fp8_record is not None:  # fp8 was asked for: no quiet fallback
                 raise
             # auto promised a faster engine, not a failed build: record why and build without what auto added
@@ -303,8 +381,9 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
                 fusion.update(route="none", why=why, replaced=[], padding_allowed=True, mask_inputs=[])
             base = attention_fused if attention_fused is not None and not drop_attention else unfused
             refused = {spec.key: why for spec in drop_elementwise}
-            again, records = _fuse_elementwise(mod, base if base is not None else before_fusion, before_fusion, precision,
-                                               options, *passes, refused=refused)
+            again, records = _fuse_elementwise(
+                mod, base if base is not None else before_fusion, before_fusion, precision, options, *passes, refused=refused
+            )
             elementwise.update(records)
             base = again if again is not None else base
             converted = base
@@ -316,8 +395,25 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
                 model = converted
             options.has_fp16, options.has_qdq = model_traits(model)
             out = build_engine(mod, source, profiles, options, on_tick, tick_s)
-        sidecar = _engine_sidecar(mod, identity, precision, profiles, phases, out, specs, axes, onnx_path, parent, built_onnx,
-                                  source, precision_report, fusion, elementwise, options, start)
+        sidecar = _engine_sidecar(
+            mod,
+            identity,
+            precision,
+            profiles,
+            phases,
+            out,
+            specs,
+            axes,
+            onnx_path,
+            parent,
+            built_onnx,
+            source,
+            precision_report,
+            fusion,
+            elementwise,
+            options,
+            start,
+        )
         if fp8_record is not None:
             sidecar["gemm_precision"] = fp8_record
         # Every plugin library in the process (the registry is shared: an earlier build's serves this one too); run
@@ -328,8 +424,17 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
                 with output_lock(built_onnx):
                     for staged in staging.iterdir():
                         publish(staged, built_onnx.parent / staged.name)
-                    write_sidecar(built_onnx, {**(parent or {}), "step": "precision", "precision": precision,
-                                               "parent": os.path.abspath(onnx_path), "graph_hash": onnx_graph_hash(converted), **precision_report})
+                    write_sidecar(
+                        built_onnx,
+                        {
+                            **(parent or {}),
+                            "step": "precision",
+                            "precision": precision,
+                            "parent": os.path.abspath(onnx_path),
+                            "graph_hash": onnx_graph_hash(converted),
+                            **precision_report,
+                        },
+                    )
             with output_lock(output):  # engine and sidecar of one build, even when two builds target one path
                 write_bytes_atomic(output, out.engine)
                 if out.timing_cache is not None and options.timing_cache is not None:
@@ -354,18 +459,36 @@ def build(onnx_path: Path, output: Path | None = None, precision: str = "fp32", 
     if engine_check and fp8_record is not None:
         from trtforge.calibrate.engine_check import after_fp8_build
 
-        sidecar["engine_check"] = after_fp8_build(output, sidecar, fp8_check_feeds, options.fp8_min_cosine, engine_hooks,
-                                                  options.fp8_min_top1_agreement, fp8_record["gate"]["real_batches"])
+        sidecar["engine_check"] = after_fp8_build(
+            output,
+            sidecar,
+            fp8_check_feeds,
+            options.fp8_min_cosine,
+            engine_hooks,
+            options.fp8_min_top1_agreement,
+            fp8_record["gate"]["real_batches"],
+        )
         with output_lock(output):
             write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
 
 
-def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto | None, observe_model: onnx.ModelProto,
-              source_model: onnx.ModelProto, precision: str, onnx_path: Path, specs: list[InputSpec],
-              axes: dict[str, AxisRange], min_cosine: float,
-              chain: str = "auto", data: Path | None = None, min_top1: float | None = None,
-              sampled: Any = None) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
+def _gemm_fp8(
+    mod: TrtModule,
+    identity: dict[str, Any],
+    fused: onnx.ModelProto | None,
+    observe_model: onnx.ModelProto,
+    source_model: onnx.ModelProto,
+    precision: str,
+    onnx_path: Path,
+    specs: list[InputSpec],
+    axes: dict[str, AxisRange],
+    min_cosine: float,
+    chain: str = "auto",
+    data: Path | None = None,
+    min_top1: float | None = None,
+    sampled: Any = None,
+) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
     """--gemm-precision fp8: (the fused graph with its GEMM plugin nodes as TrtforgeGemmFp8, the sidecar's
     `gemm_precision`, the held-out feeds the engine is gated on). Scales come from the same samples as the fp16
     conversion's magnitudes (calibration data, else random feeds); the gate adds two random feeds no scale saw.
@@ -375,16 +498,19 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
     from trtforge.fusion.fp8 import HEADROOM, PLUGIN, PLUGIN_VERSION, fp8_chains, fp8_skip, observe_peaks, plugin_gemms, to_fp8
     from trtforge.precision import sample_feeds
 
-    why = fp8_skip(precision, mod.flavour, mod.version, identity.get("compute_capability"),
-                   plugin_registered(mod, PLUGIN, PLUGIN_VERSION))
+    why = fp8_skip(precision, mod.flavour, mod.version, identity.get("compute_capability"), plugin_registered(mod, PLUGIN, PLUGIN_VERSION))
     if why:
         raise UserError(f"--gemm-precision fp8 cannot apply to {onnx_path.name}: {why}.")
     gemms = plugin_gemms(fused) if fused is not None else []
     if not gemms:
-        raise UserError(f"--gemm-precision fp8 found no GEMM plugin node in {onnx_path.name}'s fused graph (the GEMM and GELU "
-                        "passes replaced no MatMul; see their lines in the build output, build.fuse_gemm / build.fuse_gelu).")
-    no_pair = UserError(f"--fp8-chain-ffn on found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
-                        "whose output one FP8 GEMM alone reads); build with --fp8-chain-ffn auto or off.")
+        raise UserError(
+            f"--gemm-precision fp8 found no GEMM plugin node in {onnx_path.name}'s fused graph (the GEMM and GELU "
+            "passes replaced no MatMul; see their lines in the build output, build.fuse_gemm / build.fuse_gelu)."
+        )
+    no_pair = UserError(
+        f"--fp8-chain-ffn on found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
+        "whose output one FP8 GEMM alone reads); build with --fp8-chain-ffn auto or off."
+    )
     if chain == "on" and not fp8_chains(fused, {g.node.name for g in gemms}):  # before sampling: the graph alone says so
         raise no_pair
     feeds, source = sampled or sample_feeds(onnx_path, source_model, specs, axes, data)
@@ -399,18 +525,37 @@ def _gemm_fp8(mod: TrtModule, identity: dict[str, Any], fused: onnx.ModelProto |
     real = len(feeds) if source.startswith("calibration data") else 0  # the gate's first `real` batches; top-1 is judged on them
     if real:
         held_out, check_from = feeds + held_out, f"{source} and {check_from}"
-    record = {"precision": "fp8", "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "headroom": HEADROOM, "magnitudes_from": source,
-              "chain_ffn": chain,
-              "gate": {"min_cosine": min_cosine, "min_top1_agreement": min_top1, "feeds": check_from, "real_batches": real},
-              **report.to_json()}
+    record = {
+        "precision": "fp8",
+        "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
+        "headroom": HEADROOM,
+        "magnitudes_from": source,
+        "chain_ffn": chain,
+        "gate": {"min_cosine": min_cosine, "min_top1_agreement": min_top1, "feeds": check_from, "real_batches": real},
+        **report.to_json(),
+    }
     return out, record, held_out
 
 
-def _engine_sidecar(mod: TrtModule, identity: dict[str, Any], precision: str, profiles: list[Profile], phases: Any,
-                    out: BuildOutput, specs: list[InputSpec], axes: dict[str, AxisRange], onnx_path: Path,
-                    parent: dict[str, Any] | None, built_onnx: Path, source: Path, precision_report: dict[str, Any],
-                    fusion: dict[str, Any], elementwise: dict[str, dict[str, Any]], options: BuildOptions,
-                    start: float) -> dict[str, Any]:
+def _engine_sidecar(
+    mod: TrtModule,
+    identity: dict[str, Any],
+    precision: str,
+    profiles: list[Profile],
+    phases: Any,
+    out: BuildOutput,
+    specs: list[InputSpec],
+    axes: dict[str, AxisRange],
+    onnx_path: Path,
+    parent: dict[str, Any] | None,
+    built_onnx: Path,
+    source: Path,
+    precision_report: dict[str, Any],
+    fusion: dict[str, Any],
+    elementwise: dict[str, dict[str, Any]],
+    options: BuildOptions,
+    start: float,
+) -> dict[str, Any]:
     """The engine's sidecar as written with the engine; layer info and the engine check are added later."""
     return {
         "kind": "engine",
@@ -438,8 +583,11 @@ def _engine_sidecar(mod: TrtModule, identity: dict[str, Any], precision: str, pr
         "attention_fusion": fusion,
         **{f"{key}_fusion": record for key, record in elementwise.items()},  # gelu_fusion, skip_layernorm_fusion
         "build_options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
-        "timing_cache": {"path": str(options.timing_cache) if options.timing_cache else None,
-                         "loaded": out.timing_cache_loaded, "saved": out.timing_cache is not None},
+        "timing_cache": {
+            "path": str(options.timing_cache) if options.timing_cache else None,
+            "loaded": out.timing_cache_loaded,
+            "saved": out.timing_cache is not None,
+        },
         "build_seconds": round(out.seconds, 3),
         "total_seconds": round(time.perf_counter() - start, 3),
         "engine_bytes": len(out.engine),
@@ -453,9 +601,17 @@ def _engine_sidecar(mod: TrtModule, identity: dict[str, Any], precision: str, pr
     }
 
 
-def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelProto, precision: str, options: BuildOptions,
-                    specs: list[InputSpec], axes: dict[str, AxisRange], profiles: list[Profile],
-                    onnx_path: Path) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+def _fuse_attention(
+    mod: TrtModule,
+    identity: dict[str, Any],
+    model: onnx.ModelProto,
+    precision: str,
+    options: BuildOptions,
+    specs: list[InputSpec],
+    axes: dict[str, AxisRange],
+    profiles: list[Profile],
+    onnx_path: Path,
+) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """Run trtforge.fusion's attention pass for this TensorRT and GPU: (fused model or None, sidecar record)."""
     from trtforge.backends.tensorrt import plugin_registered
     from trtforge.fusion.plugins import FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, backend_route
@@ -471,18 +627,38 @@ def _fuse_attention(mod: TrtModule, identity: dict[str, Any], model: onnx.ModelP
         from trtforge.fusion.step import GEMM_PASS, qkv_gemm_applies, resolve_qkv_projection
 
         registered_gemm = precision == "fp16" and plugin_registered(mod, GEMM_PASS.plugin, GEMM_PASS.version)
-        projection = resolve_qkv_projection(projection, qkv_gemm_applies(options.fuse_gemm, precision, mod.flavour,
-                                                                         mod.version, registered_gemm))
-    fused, record = attention_fusion(model, options.fuse_attention, precision, mod.flavour, mod.version,
-                                     identity.get("compute_capability"), registered, feeds, onnx_path.name, projection,
-                                     flash_registered=flash)
+        projection = resolve_qkv_projection(
+            projection, qkv_gemm_applies(options.fuse_gemm, precision, mod.flavour, mod.version, registered_gemm)
+        )
+    fused, record = attention_fusion(
+        model,
+        options.fuse_attention,
+        precision,
+        mod.flavour,
+        mod.version,
+        identity.get("compute_capability"),
+        registered,
+        feeds,
+        onnx_path.name,
+        projection,
+        flash_registered=flash,
+    )
     record["qkv_projection_choice"] = options.qkv_projection
     return fused, record
 
 
-def _fuse_elementwise(mod: TrtModule, model: onnx.ModelProto, observe_model: onnx.ModelProto, precision: str,
-                      options: BuildOptions, specs: list[InputSpec], axes: dict[str, AxisRange], profiles: list[Profile],
-                      onnx_path: Path, refused: dict[str, str] | None = None) -> tuple[onnx.ModelProto | None, dict[str, dict[str, Any]]]:
+def _fuse_elementwise(
+    mod: TrtModule,
+    model: onnx.ModelProto,
+    observe_model: onnx.ModelProto,
+    precision: str,
+    options: BuildOptions,
+    specs: list[InputSpec],
+    axes: dict[str, AxisRange],
+    profiles: list[Profile],
+    onnx_path: Path,
+    refused: dict[str, str] | None = None,
+) -> tuple[onnx.ModelProto | None, dict[str, dict[str, Any]]]:
     """trtforge.fusion's elementwise plugin passes in order (bias+GELU, then skip-LayerNorm; --fuse-gelu,
     --fuse-skip-layernorm auto|on|off), each on the previous one's graph: (fused model or None, sidecar record per
     pass). `refused`: passes that auto must leave out this time, with the reason (a fused graph that failed to build)."""
@@ -499,11 +675,22 @@ def _fuse_elementwise(mod: TrtModule, model: onnx.ModelProto, observe_model: onn
         registered = plugin_registered(mod, spec.plugin, spec.version) if wants else False
         if wants and registered and feeds is None:
             feeds = random_feeds(specs, observation_sizes(axes, profiles))
-        fuse_options = {kw: plugin_registered(mod, name, version) for kw, name, version in spec.optional_plugins
-                        } if wants and registered else {}
-        fused, records[spec.key] = elementwise_fusion(spec, current if current is not None else model, observe_model, mode,
-                                                      precision, mod.flavour, mod.version, registered,
-                                                      feeds if wants and registered else None, onnx_path.name, fuse_options)
+        fuse_options = (
+            {kw: plugin_registered(mod, name, version) for kw, name, version in spec.optional_plugins} if wants and registered else {}
+        )
+        fused, records[spec.key] = elementwise_fusion(
+            spec,
+            current if current is not None else model,
+            observe_model,
+            mode,
+            precision,
+            mod.flavour,
+            mod.version,
+            registered,
+            feeds if wants and registered else None,
+            onnx_path.name,
+            fuse_options,
+        )
         current = fused if fused is not None else current
     return current, records
 
@@ -530,12 +717,12 @@ def converted_onnx_path(output: Path, precision: str, protected: dict[Path, str]
                 taken.append(f"{candidate} is a file no build wrote")
                 continue
         return candidate
-    raise UserError(f"the {precision} graph cannot be saved beside the engine ({'; '.join(taken)}); name the engine "
-                    "another file with -o.")
+    raise UserError(f"the {precision} graph cannot be saved beside the engine ({'; '.join(taken)}); name the engine another file with -o.")
 
 
-def _attention_evidence(sidecar: dict[str, Any], layers: list[dict[str, Any]] | None, profiles: int, output: Path,
-                        warn: Callable[[str], None]) -> None:
+def _attention_evidence(
+    sidecar: dict[str, Any], layers: list[dict[str, Any]] | None, profiles: int, output: Path, warn: Callable[[str], None]
+) -> None:
     """The engine's fused-attention layers against the graph's attentions (fusion/engine_evidence.py), into the
     sidecar's attention_fusion["engine"]; a warning where an fp16 or best engine left some unfused."""
     from trtforge.fusion.engine_evidence import attention_evidence, shortfall_warning
@@ -549,8 +736,9 @@ def _attention_evidence(sidecar: dict[str, Any], layers: list[dict[str, Any]] | 
         warn(message)
 
 
-def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], output: Path,
-                warn: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+def _layer_info(
+    mod: TrtModule, out: BuildOutput, profiles: list[Profile], output: Path, warn: Callable[[str], None]
+) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
     """Sidecar fields describing the engine's layers, and the layers (None where there are none); writes
     ENGINE.layers.json. Never raises.
 
@@ -572,13 +760,18 @@ def _layer_info(mod: TrtModule, out: BuildOutput, profiles: list[Profile], outpu
     if layers and source == "build log" and inspector_layers:
         _add_tactic_names(layers, inspector_layers)
     inspector = {"error": inspector_error} if inspector_error else {"ok": inspector_layers is not None, "unavailable": why_not}
-    fields: dict[str, Any] = {"inspector": inspector, "layer_info": None, "layer_summary": None,
-                              "layer_info_unavailable": None if layers else (inspector_error or why_not or "no layer information")}
+    fields: dict[str, Any] = {
+        "inspector": inspector,
+        "layer_info": None,
+        "layer_summary": None,
+        "layer_info_unavailable": None if layers else (inspector_error or why_not or "no layer information"),
+    }
     if layers:
         layers_file = output.with_name(output.name + ".layers.json")
         # The raw report too (capped): its format differs between TensorRT versions and is undocumented.
-        write_json_atomic(layers_file, {"source": source, "inspector": inspector, "layers": layers,
-                                        "build_log": out.layer_log[:LAYER_LOG_KEEP]})
+        write_json_atomic(
+            layers_file, {"source": source, "inspector": inspector, "layers": layers, "build_log": out.layer_log[:LAYER_LOG_KEEP]}
+        )
         fields.update(layer_info=layers_file.name, layer_source=source, layer_summary=summarize_layers(layers))
     return fields, (layers or None)
 
@@ -595,9 +788,11 @@ def _add_tactic_names(layers: list[dict[str, Any]], inspector_layers: list[dict[
             layer["TacticName"] = names[str(layer.get("Name"))]
 
 
-def _best_layers(inspector_layers: list[dict[str, Any]] | None,
-                 log_layers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]] | None, str | None]:
+def _best_layers(
+    inspector_layers: list[dict[str, Any]] | None, log_layers: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]] | None, str | None]:
     """The inspector's layers when they state precisions, else the build log's, else whatever exists."""
+
     def knows_precision(layers: list[dict[str, Any]] | None) -> bool:
         return bool(layers) and any(tensor_dtype(t) for layer in layers for t in layer.get("Outputs") or [] if isinstance(t, dict))
 
@@ -627,16 +822,26 @@ def check_engine_compat(engine_path: Path, sidecar: dict[str, Any], identity: di
             f"{identity['version']}; rebuild it here or build with --version-compatible."
         )
     built_cc = sidecar.get("compute_capability")
-    if (built_cc and identity.get("compute_capability") and built_cc != identity["compute_capability"]
-            and sidecar.get("build_options", {}).get("hardware_compatibility", "none") == "none"):
+    if (
+        built_cc
+        and identity.get("compute_capability")
+        and built_cc != identity["compute_capability"]
+        and sidecar.get("build_options", {}).get("hardware_compatibility", "none") == "none"
+    ):
         raise UserError(
             f"{engine_path.name} was built for compute capability {built_cc} ({sidecar.get('gpu')}) but this GPU is "
             f"{identity['compute_capability']} ({identity.get('gpu')}); rebuild it here or build with --hardware-compatibility."
         )
 
 
-_ENGINE_SIDECAR_FIELDS = {"backend": str, "tensorrt_version": str, "precision": str, "engine_bytes": int,
-                          "build_seconds": (int, float), "profiles": list}
+_ENGINE_SIDECAR_FIELDS = {
+    "backend": str,
+    "tensorrt_version": str,
+    "precision": str,
+    "engine_bytes": int,
+    "build_seconds": (int, float),
+    "profiles": list,
+}
 
 
 def engine_sidecar_problem(sidecar: dict[str, Any]) -> str | None:
@@ -653,8 +858,10 @@ def engine_sidecar_problem(sidecar: dict[str, Any]) -> str | None:
         if not isinstance(profile, dict) or not isinstance(profile.get("index"), int) or not isinstance(shapes, dict):
             return f"has a malformed profile {i} (needs 'index' and 'shapes')"
         for name, shape in shapes.items():
-            if not (isinstance(shape, dict) and all(isinstance(shape.get(k), list) and all(isinstance(n, int) for n in shape[k])
-                                                    for k in ("min", "opt", "max"))):
+            if not (
+                isinstance(shape, dict)
+                and all(isinstance(shape.get(k), list) and all(isinstance(n, int) for n in shape[k]) for k in ("min", "opt", "max"))
+            ):
                 return f"has a malformed shape for input '{name}' in profile {i} (needs min, opt and max lists of sizes)"
     return None
 
@@ -674,7 +881,9 @@ def read_engine_sidecar(engine_path: Path, verify: bool = False) -> dict[str, An
     if verify:
         size = engine_path.stat().st_size
         if sidecar.get("engine_bytes") is not None and size != sidecar["engine_bytes"]:
-            raise UserError(f"engine {engine_path} is truncated or altered ({size} bytes, its sidecar says {sidecar['engine_bytes']}); rebuild it.")
+            raise UserError(
+                f"engine {engine_path} is truncated or altered ({size} bytes, its sidecar says {sidecar['engine_bytes']}); rebuild it."
+            )
         if sidecar.get("engine_sha256") and sha256_file(engine_path) != sidecar["engine_sha256"]:
             raise UserError(f"engine {engine_path} does not match its sidecar's hash (corrupt or replaced); rebuild it.")
     return sidecar

@@ -13,7 +13,7 @@ import itertools
 import operator
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,7 @@ class Window(NamedTuple):
     """A window over positions [start, end). A named tuple, not a frozen dataclass: `run` makes one per window of every
     input on its planning threads, and a frozen dataclass took ~3x as long to construct (their Python contends for the
     GIL with the thread feeding the GPU)."""
+
     start: int
     end: int
     keep_start: int  # the part this window contributes under 'center' merging
@@ -81,8 +82,12 @@ def check_center_cover(windows: list[Window], length: int) -> None:
     """'center' keep ranges must tile [0, length): each position kept by exactly one window (pure)."""
     if windows:  # windows in order (every plan's): checked column-wise, without Python per window
         _, _, keep_starts, keep_ends = zip(*windows)
-        if (keep_starts[0] == 0 and keep_ends[-1] == length and keep_starts[1:] == keep_ends[:-1]
-                and all(map(operator.le, keep_starts, keep_ends))):
+        if (
+            keep_starts[0] == 0
+            and keep_ends[-1] == length
+            and keep_starts[1:] == keep_ends[:-1]
+            and all(map(operator.le, keep_starts, keep_ends))
+        ):
             return
     at = 0
     for w in sorted(windows, key=lambda w: (w.keep_start, w.keep_end)):
@@ -107,7 +112,7 @@ def window_weights(windows: list[Window], length: int, merge: str) -> list[np.nd
     for i, w in enumerate(windows):
         weights = np.zeros(w.length)
         if merge == "center":
-            weights[w.keep_start - w.start: w.keep_end - w.start] = 1.0
+            weights[w.keep_start - w.start : w.keep_end - w.start] = 1.0
         elif merge == "gaussian":  # a Gaussian bump per window (sigma = length / 4), normalised below
             x = np.arange(w.length, dtype=np.float64)
             weights[:] = np.exp(-0.5 * ((x - (w.length - 1) / 2.0) / max(w.length / 4.0, 1.0)) ** 2)
@@ -118,14 +123,14 @@ def window_weights(windows: list[Window], length: int, merge: str) -> list[np.nd
                 weights[:left] = np.minimum(weights[:left], _ramp(left, merge))
             if i < len(windows) - 1:
                 right = w.end - windows[i + 1].start
-                weights[w.length - right:] = np.minimum(weights[w.length - right:], _ramp(right, merge)[::-1])
+                weights[w.length - right :] = np.minimum(weights[w.length - right :], _ramp(right, merge)[::-1])
         raw.append(weights)
     total = np.zeros(length)
     for w, weights in zip(windows, raw):
-        total[w.start:w.end] += weights
+        total[w.start : w.end] += weights
     if np.any(total <= 0):
         raise ValueError("windows leave positions uncovered")
-    return [weights / total[w.start:w.end] for w, weights in zip(windows, raw)]
+    return [weights / total[w.start : w.end] for w, weights in zip(windows, raw)]
 
 
 class StreamingMerge:
@@ -198,11 +203,11 @@ class StreamingMerge:
             raise ValueError(f"window output has {part.shape[0]} positions, the window {w.length}")
         self._merged_for(part)
         if self.weights is None:
-            self.merged[w.keep_start:w.keep_end] = part[w.keep_start - w.start:w.keep_end - w.start]
+            self.merged[w.keep_start : w.keep_end] = part[w.keep_start - w.start : w.keep_end - w.start]
         else:
             wt = self.weights[index].astype(self.merged.dtype).reshape((-1,) + (1,) * (part.ndim - 1))
             with self._lock:
-                self.merged[w.start:w.end] += part * wt
+                self.merged[w.start : w.end] += part * wt
         self.seen.add(index)
 
     def segments(self, first: int, offsets: list[int], source_positions: int) -> list[tuple[int, int, int]]:
@@ -211,7 +216,7 @@ class StreamingMerge:
         positions) per window. Their kept slices tile one contiguous range of the merged output (pure)."""
         if self.weights is not None:
             raise ValueError("only 'center' windows are placed by copies; blends accumulate with add")
-        windows = self.windows[first:first + len(offsets)]
+        windows = self.windows[first : first + len(offsets)]
         if len(windows) != len(offsets) or first < 0:
             raise ValueError(f"windows {first}..{first + len(offsets) - 1} are not all in this merge of {len(self.windows)}")
         if any(o < 0 or o + w.length > source_positions for o, w in zip(offsets, windows)):
@@ -237,8 +242,16 @@ class StreamingMerge:
             lo, n, offset, length, destination, step = self._stretches[at]
             take = min(end, lo + n) - first
             if length > 0:
-                out.append((source_start + offset, destination + (first - lo) * step, length, take,
-                            source_step if take > 1 else 0, step if take > 1 else 0))
+                out.append(
+                    (
+                        source_start + offset,
+                        destination + (first - lo) * step,
+                        length,
+                        take,
+                        source_step if take > 1 else 0,
+                        step if take > 1 else 0,
+                    )
+                )
             source_start += take * source_step
             first += take
             at += 1
@@ -283,6 +296,7 @@ class StreamingMerge:
 class RowRun(NamedTuple):
     """Batch rows row .. row + count - 1: windows first .. first + count - 1 of input `doc`, each window's positions
     from `content_start` in its row, at most `length` positions each (None: not known here)."""
+
     doc: int
     first: int
     row: int
@@ -296,8 +310,12 @@ def join_run(runs: list[RowRun], run: RowRun) -> None:
     next rows, the same content offset). Pure."""
     if runs:
         last = runs[-1]
-        if (last.doc == run.doc and last.first + last.count == run.first and last.row + last.count == run.row
-                and last.content_start == run.content_start):
+        if (
+            last.doc == run.doc
+            and last.first + last.count == run.first
+            and last.row + last.count == run.row
+            and last.content_start == run.content_start
+        ):
             length = None if last.length is None or run.length is None else max(last.length, run.length)
             runs[-1] = last._replace(count=last.count + run.count, length=length)
             return
@@ -312,11 +330,15 @@ def row_runs(batch: Any, rows: list[int] | None = None) -> list[RowRun]:
     if rows is None and hasattr(batch, "row_runs"):
         return batch.row_runs()
     out: list[RowRun] = []
-    for j in (range(len(batch)) if rows is None else rows):
+    for j in range(len(batch)) if rows is None else rows:
         c = batch[j]
         window = getattr(c, "window", None)
-        join_run(out, RowRun(c.doc, c.index, j, 1, c.content.start if c.content is not None else 0,
-                             window.length if isinstance(window, Window) else None))
+        join_run(
+            out,
+            RowRun(
+                c.doc, c.index, j, 1, c.content.start if c.content is not None else 0, window.length if isinstance(window, Window) else None
+            ),
+        )
     return out
 
 
@@ -381,6 +403,7 @@ def merge_logits(chunk_logits: list[np.ndarray], token_counts: list[int], mode: 
 
 # -- 2-D tiles ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Tile:
     rows: Window
@@ -405,8 +428,9 @@ def tile_weight_maps(height: int, width: int, tile: int, overlap: int, merge: st
     return [np.outer(rw, cw) for rw in row_w for cw in col_w]
 
 
-def merge_tiles(outputs: list[np.ndarray], height: int, width: int, tile: int, overlap: int, merge: str = "linear",
-                scale: float = 1.0) -> np.ndarray:
+def merge_tiles(
+    outputs: list[np.ndarray], height: int, width: int, tile: int, overlap: int, merge: str = "linear", scale: float = 1.0
+) -> np.ndarray:
     """Tile outputs [..., h*scale, w*scale] back into [..., height*scale, width*scale].
 
     A dense output at `scale` (0.25 for a 1/4 segmentation map, 2 for super-resolution) covers each
@@ -423,7 +447,7 @@ def merge_tiles(outputs: list[np.ndarray], height: int, width: int, tile: int, o
         if out.shape[-2:] != (t.rows.length, t.cols.length):
             raise ValueError(f"tile output is {out.shape[-2:]}, expected {(t.rows.length, t.cols.length)} at scale {scale}")
         wt = np.outer(row_w[(t.rows.start, t.rows.end)], col_w[(t.cols.start, t.cols.end)])
-        merged[..., t.rows.start:t.rows.end, t.cols.start:t.cols.end] += out.astype(np.float64) * wt
+        merged[..., t.rows.start : t.rows.end, t.cols.start : t.cols.end] += out.astype(np.float64) * wt
     return merged.astype(outputs[0].dtype)
 
 
@@ -432,8 +456,10 @@ def scaled_size(size: int, scale: float, what: str = "size") -> int:
     value = size * scale
     if abs(value - round(value)) > 1e-6:
         step = 1 / scale if scale < 1 else 1
-        raise UserError(f"{what} {size} at output scale {scale:g} is {value:g} output pixels, not a whole number; "
-                        f"use chunk and overlap sizes (and images) that are multiples of {step:g}.")
+        raise UserError(
+            f"{what} {size} at output scale {scale:g} is {value:g} output pixels, not a whole number; "
+            f"use chunk and overlap sizes (and images) that are multiples of {step:g}."
+        )
     return int(round(value))
 
 
@@ -441,8 +467,10 @@ def scaled_tiles(tiles: list[Tile], scale: float) -> list[Tile]:
     """Input tiles mapped to an output at `scale`; every edge must land on a whole output pixel."""
     if scale == 1:
         return tiles
+
     def span(w: Window) -> tuple[int, int]:
         return scaled_size(w.start, scale, "a tile edge"), scaled_size(w.end, scale, "a tile edge")
+
     rows = {(t.rows.start, t.rows.end): span(t.rows) for t in tiles}
     cols = {(t.cols.start, t.cols.end): span(t.cols) for t in tiles}
     row_w = dict(zip(sorted(rows.values()), windows_from_spans(sorted(rows.values()))))

@@ -68,6 +68,7 @@ class CompareOptions:
 class EngineAccess:
     """How an engine target executes: (can one execute here, why not) and engine + sidecar -> a runner. The defaults
     are the TensorRT runtime's (calibrate/engine_check.py); tests inject a fake."""
+
     available: Callable[[], tuple[bool, str]]
     runner: Callable[[Path, dict[str, Any]], Any]
 
@@ -104,8 +105,7 @@ def check_options(options: CompareOptions) -> tuple[dict[str | None, float], dic
     return atol, rtol, statistic
 
 
-def load_inputs(reference: Path, model: onnx.ModelProto, folder: Path,
-                max_samples: int | None) -> tuple[list[dict[str, np.ndarray]], str]:
+def load_inputs(reference: Path, model: onnx.ModelProto, folder: Path, max_samples: int | None) -> tuple[list[dict[str, np.ndarray]], str]:
     """The samples of `folder` as `calibrate` reads them (the reference's input specs and tokenizer), and their kind."""
     from trtforge.calibrate import data as data_mod
     from trtforge.calibrate.step import _max_length, _tokenizer_factory
@@ -139,39 +139,48 @@ def open_target(target: Path, layerwise: bool, access: EngineAccess | None) -> t
         load_onnx(target, load_external_data=False)  # a missing or unreadable file: one sentence
         return _OnnxTarget(target), None
     if layerwise:
-        raise UserError(f"--layerwise is not supported for an engine ({target.name}): it needs the engine rebuilt with every "
-                        "intermediate tensor marked as an output; compare the ONNX it was built from layer-wise instead.")
+        raise UserError(
+            f"--layerwise is not supported for an engine ({target.name}): it needs the engine rebuilt with every "
+            "intermediate tensor marked as an output; compare the ONNX it was built from layer-wise instead."
+        )
     from trtforge.build import read_engine_sidecar
 
     sidecar = read_engine_sidecar(target, verify=True)
     access = access or default_engine_access()
     ok, why = access.available()
     if not ok:
-        raise UserError(f"{target.name} is an engine and no TensorRT engine can execute on this machine ({why}); compare its "
-                        f"ONNX ({sidecar.get('built_onnx') or sidecar.get('source_onnx')}) here, or run this on a GPU machine.")
+        raise UserError(
+            f"{target.name} is an engine and no TensorRT engine can execute on this machine ({why}); compare its "
+            f"ONNX ({sidecar.get('built_onnx') or sidecar.get('source_onnx')}) here, or run this on a GPU machine."
+        )
     return access.runner(target, sidecar), sidecar
 
 
-def run_sample(runner: Any, feeds: dict[str, np.ndarray], what: str, index: int,
-               outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+def run_sample(runner: Any, feeds: dict[str, np.ndarray], what: str, index: int, outputs: list[str] | None = None) -> dict[str, np.ndarray]:
     """One sample through a runner; a runtime's failure (a shape or value the model does not take) is one sentence."""
     try:
         return runner.run(feeds, outputs) if outputs is not None else runner.run(feeds)
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"{what} failed on input sample {index} ({exception_summary(exc, 300)}); check that the inputs "
-                        "fit the model (names, shapes, value ranges).") from None
+        raise UserError(
+            f"{what} failed on input sample {index} ({exception_summary(exc, 300)}); check that the inputs "
+            "fit the model (names, shapes, value ranges)."
+        ) from None
 
 
 def _check_io(target: Any, reference: OrtRunner, target_path: Path, reference_path: Path) -> None:
     if sorted(target.input_names) != sorted(reference.input_names):
-        raise UserError(f"{target_path.name} takes inputs {sorted(target.input_names)} but {reference_path.name} takes "
-                        f"{sorted(reference.input_names)}; compare two versions of the same model.")
+        raise UserError(
+            f"{target_path.name} takes inputs {sorted(target.input_names)} but {reference_path.name} takes "
+            f"{sorted(reference.input_names)}; compare two versions of the same model."
+        )
     missing = [n for n in reference.output_names if n not in target.output_names]
     if missing:
-        raise UserError(f"{target_path.name} has no output '{missing[0]}' of {reference_path.name} (it has "
-                        f"{', '.join(target.output_names)}); compare two versions of the same model.")
+        raise UserError(
+            f"{target_path.name} has no output '{missing[0]}' of {reference_path.name} (it has "
+            f"{', '.join(target.output_names)}); compare two versions of the same model."
+        )
 
 
 def output_kinds(target: Path, reference: Path, names: list[str]) -> dict[str, str | None]:
@@ -180,8 +189,13 @@ def output_kinds(target: Path, reference: Path, names: list[str]) -> dict[str, s
     return {name: declared.get(name) for name in names}
 
 
-def judge(per_output: dict[str, dict[str, Any]], kinds: dict[str, str | None], tolerances: dict[str, Tolerance],
-          values: dict[str, float | None], precision: str) -> dict[str, Any]:
+def judge(
+    per_output: dict[str, dict[str, Any]],
+    kinds: dict[str, str | None],
+    tolerances: dict[str, Tolerance],
+    values: dict[str, float | None],
+    precision: str,
+) -> dict[str, Any]:
     """The outputs' verdict: NaN/Inf screen and tolerances on every output, the gates set on every output, and the
     precision's default gates on the outputs without a tolerance. {precision, passed, failures, checked, notes}."""
     gates = gates_from(values, precision)
@@ -189,8 +203,7 @@ def judge(per_output: dict[str, dict[str, Any]], kinds: dict[str, str | None], t
     defaults = [g for g in gates if g.source != "set"]
 
     def section(outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        return {"precision_error": {"measured": True, "per_output": outputs},
-                "outputs": {n: {"kind": kinds.get(n)} for n in outputs}}
+        return {"precision_error": {"measured": True, "per_output": outputs}, "outputs": {n: {"kind": kinds.get(n)} for n in outputs}}
 
     verdict = evaluate_gates(section(per_output), set_gates + ([] if tolerances else defaults), where="compare")
     untoleranced = {n: m for n, m in per_output.items() if n not in tolerances}
@@ -220,8 +233,11 @@ def over_gates(metrics: dict[str, Any], gates: list[Gate]) -> list[str]:
         value = metrics.get(spec.metric)
         if value is not None and not passes(value, spec.bound, gate.threshold):
             label = METRIC_LABELS[spec.metric]
-            why.append(f"{label} is NaN ({gate.key} {gate.threshold:g})" if value != value else
-                       f"{label} {value:.3g} {'>' if spec.bound == 'max' else '<'} {gate.threshold:g} ({gate.key})")
+            why.append(
+                f"{label} is NaN ({gate.key} {gate.threshold:g})"
+                if value != value
+                else f"{label} {value:.3g} {'>' if spec.bound == 'max' else '<'} {gate.threshold:g} ({gate.key})"
+            )
     return why
 
 
@@ -231,9 +247,16 @@ def first_jump(rows: list[dict[str, Any]], gates: list[Gate]) -> dict[str, Any] 
     for index, row in enumerate(rows):
         why = over_gates(row, gates)
         if why:
-            return {"tensor": row["tensor"], "op": row["op"], "target_op": row.get("target_op", row["op"]), "node": row["node"],
-                    "index": index, "reasons": why,
-                    "rel_l2": row["rel_l2"], "growth": row.get("growth")}
+            return {
+                "tensor": row["tensor"],
+                "op": row["op"],
+                "target_op": row.get("target_op", row["op"]),
+                "node": row["node"],
+                "index": index,
+                "reasons": why,
+                "rel_l2": row["rel_l2"],
+                "growth": row.get("growth"),
+            }
     return None
 
 
@@ -260,6 +283,7 @@ def skip_counts(skipped: dict[str, str]) -> dict[str, int]:
 @dataclass
 class _Layers:
     """The reference graph in topological order: each node output's producing op, node and that node's inputs."""
+
     order: list[str]
     op: dict[str, str]
     node: dict[str, str]
@@ -290,8 +314,9 @@ def _session_source(model: onnx.ModelProto, spill: Path) -> bytes | Path:
     return save_onnx(model, spill, external_data=True)
 
 
-def _compare_tensors(reference: OrtRunner, target: "_OnnxTarget", names: list[str], samples: list[dict[str, np.ndarray]],
-                     skipped: dict[str, str]) -> dict[str, dict[str, Any]]:
+def _compare_tensors(
+    reference: OrtRunner, target: "_OnnxTarget", names: list[str], samples: list[dict[str, np.ndarray]], skipped: dict[str, str]
+) -> dict[str, dict[str, Any]]:
     """The comparator's metrics of every named tensor over the samples; a tensor that is no float or whose shapes differ
     goes to `skipped` with why."""
     comparator = Comparator({t: None for t in names})
@@ -311,8 +336,13 @@ def _compare_tensors(reference: OrtRunner, target: "_OnnxTarget", names: list[st
         return comparator.result()
 
 
-def layerwise(reference_model: onnx.ModelProto, target_model: onnx.ModelProto, samples: list[dict[str, np.ndarray]],
-              gates: list[Gate], progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def layerwise(
+    reference_model: onnx.ModelProto,
+    target_model: onnx.ModelProto,
+    samples: list[dict[str, np.ndarray]],
+    gates: list[Gate],
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
     """Every tensor both graphs produce under one name, compared in the reference's topological order (module docstring)."""
     ref = _layers(reference_model)
     target_ops = {o: n.op_type for n in target_model.graph.node for o in n.output if o}
@@ -321,8 +351,10 @@ def layerwise(reference_model: onnx.ModelProto, target_model: onnx.ModelProto, s
     non_float = _non_float(reference_model) | _non_float(target_model)
     names = [t for t in matched if t not in non_float]
     skipped: dict[str, str] = {t: "not a float tensor" for t in matched if t in non_float}
-    progress(f"layer-wise: {len(matched)} tensors matched by name ({len(ref.order)} in the reference, "
-             f"{len(target_tensors)} in the target); comparing {len(names)} float tensors")
+    progress(
+        f"layer-wise: {len(matched)} tensors matched by name ({len(ref.order)} in the reference, "
+        f"{len(target_tensors)} in the target); comparing {len(names)} float tensors"
+    )
     with tempfile.TemporaryDirectory(prefix="trtforge-layerwise-") as scratch:
         spill = Path(scratch)
         ref_runner = OrtRunner(_session_source(expose_tensors(reference_model, names, typed=False), spill / "reference.onnx"))
@@ -336,27 +368,48 @@ def layerwise(reference_model: onnx.ModelProto, target_model: onnx.ModelProto, s
         if m["reference_problem"]:
             skipped[t] = f"the reference proves nothing there: {m['reference_problem']}"
             continue
-        rows.append({"tensor": t, "op": ref.op[t], "target_op": target_ops[t], "node": ref.node[t], "rel_l2": m["rel_l2"],
-                     "cosine": m["cosine"], "max_abs": m["max_abs"], "candidate_nonfinite": m["candidate_nonfinite"],
-                     "values": m["values"]})
+        rows.append(
+            {
+                "tensor": t,
+                "op": ref.op[t],
+                "target_op": target_ops[t],
+                "node": ref.node[t],
+                "rel_l2": m["rel_l2"],
+                "cosine": m["cosine"],
+                "max_abs": m["max_abs"],
+                "candidate_nonfinite": m["candidate_nonfinite"],
+                "values": m["values"],
+            }
+        )
     growth_factors(rows, ref.inputs_of)
     jump = first_jump(rows, gates)
     for row in rows:
         row["status"] = "over gates" if over_gates(row, gates) else "ok"
-    return {"matched": len(matched), "reference_tensors": len(ref.order), "target_tensors": len(target_tensors),
-            "compared": len(rows), "skipped": skipped, "skipped_counts": skip_counts(skipped),
-            "gates": [{"gate": g.key, "threshold": g.threshold, "source": g.source} for g in gates],
-            "rows": rows, "first_jump": jump}
+    return {
+        "matched": len(matched),
+        "reference_tensors": len(ref.order),
+        "target_tensors": len(target_tensors),
+        "compared": len(rows),
+        "skipped": skipped,
+        "skipped_counts": skip_counts(skipped),
+        "gates": [{"gate": g.key, "threshold": g.threshold, "source": g.source} for g in gates],
+        "rows": rows,
+        "first_jump": jump,
+    }
 
 
-def compare(target: Path, reference: Path, options: CompareOptions, access: EngineAccess | None = None,
-            progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def compare(
+    target: Path,
+    reference: Path,
+    options: CompareOptions,
+    access: EngineAccess | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
     """The comparison's report (schema trtforge.compare/1); `report["passed"]` is the outputs' verdict."""
     target, reference = Path(target), Path(reference)
     atol, rtol, statistic = check_options(options)
     if target.exists() and reference.exists() and os.path.samefile(target, reference):
-        raise UserError(f"{target} is its own reference, so comparing it proves nothing; pass the model it was made from "
-                        "as REFERENCE.")
+        raise UserError(f"{target} is its own reference, so comparing it proves nothing; pass the model it was made from as REFERENCE.")
     refuse_overwrite("compare", [target, reference, options.inputs], files=[options.report])
     ref_model = load_onnx(reference, load_external_data=options.layerwise)  # weights only where a copy is run
     runner, engine_sidecar = open_target(target, options.layerwise, access)
@@ -373,9 +426,11 @@ def compare(target: Path, reference: Path, options: CompareOptions, access: Engi
             out = run_sample(runner, {k: v for k, v in feeds.items() if k in runner.input_names}, f"the target {target.name}", i)
             for name in kinds:
                 if np.shape(ref_out[name]) != np.shape(out[name]):
-                    raise UserError(f"output '{name}' has shape {list(np.shape(out[name]))} in {target.name} but "
-                                    f"{list(np.shape(ref_out[name]))} in {reference.name} on sample {i}; compare two "
-                                    "versions of the same model.")
+                    raise UserError(
+                        f"output '{name}' has shape {list(np.shape(out[name]))} in {target.name} but "
+                        f"{list(np.shape(ref_out[name]))} in {reference.name} on sample {i}; compare two "
+                        "versions of the same model."
+                    )
             comparator.add(ref_out, {k: np.asarray(v) for k, v in out.items()}, feeds.get("attention_mask"))
     finally:
         close = getattr(runner, "close", None)
@@ -387,11 +442,18 @@ def compare(target: Path, reference: Path, options: CompareOptions, access: Engi
     values = {"max_rel_l2": options.max_rel_l2, "min_cosine": options.min_cosine}
     gates = judge(per_output, kinds, tolerances, values, precision)
     report: dict[str, Any] = {
-        "schema": SCHEMA, "target": str(target), "target_kind": "engine" if engine_sidecar else "onnx",
-        "reference": str(reference), "inputs": {"path": str(options.inputs), "kind": data_kind, "samples": len(samples)},
-        "precision": precision, "outputs": {n: {"kind": k} for n, k in kinds.items()},
+        "schema": SCHEMA,
+        "target": str(target),
+        "target_kind": "engine" if engine_sidecar else "onnx",
+        "reference": str(reference),
+        "inputs": {"path": str(options.inputs), "kind": data_kind, "samples": len(samples)},
+        "precision": precision,
+        "outputs": {n: {"kind": k} for n, k in kinds.items()},
         "tolerances": {n: {"atol": t.atol, "rtol": t.rtol, "statistic": t.statistic} for n, t in tolerances.items()},
-        "per_output": per_output, "gates": gates, "passed": gates["passed"]}
+        "per_output": per_output,
+        "gates": gates,
+        "passed": gates["passed"],
+    }
     if options.layerwise:
         report["layerwise"] = layerwise(ref_model, load_onnx(target), samples, layer_gates(values, precision), progress)
     if options.report:

@@ -123,7 +123,6 @@ class ExportSection(Strict):
         return value
 
 
-
 class CleanSection(Strict):
     # Constants larger than this are not folded (they would bloat the file).
     fold_size_limit_mb: float = Field(64.0, gt=0)
@@ -207,6 +206,7 @@ class RunSection(Strict):
 
 class CacheRange(Strict):
     """A cache-length range; unlike other axes it may start at 0 (the first chunk has no past)."""
+
     min: int = Field(0, ge=0)
     opt: int = Field(512, ge=0)
     max: int = Field(1024, ge=1)
@@ -220,6 +220,7 @@ class CacheRange(Strict):
 
 class KVCacheSection(Strict):
     """Export a causal decoder with explicit past/present key-value tensors (trtforge/kvcache.py)."""
+
     enabled: bool = False
     # Name of the cache-length axis of past_key_<i>/past_value_<i> [batch, kv_heads, past, head_dim].
     past_axis: str = "past"
@@ -274,19 +275,20 @@ class ModelConfig(Strict):
             if outside:
                 raise ValueError(f"export.check_sizes.{axis} has {outside} outside the axis range {rng.min}..{rng.max}")
             if len(set(sizes)) < min(2, rng.max - rng.min + 1):
-                raise ValueError(f"export.check_sizes.{axis} needs at least two different sizes (got {sizes}): one size "
-                                 "cannot show that the exported graph follows the axis")
+                raise ValueError(
+                    f"export.check_sizes.{axis} needs at least two different sizes (got {sizes}): one size "
+                    "cannot show that the exported graph follows the axis"
+                )
         for axis in self.build.tiers:
             if axis not in self.axes:
-                raise ValueError(f"build.tiers names axis '{axis}' which is not declared under 'axes' "
-                                 f"(declared: {', '.join(self.axes) or 'none'})")
+                raise ValueError(
+                    f"build.tiers names axis '{axis}' which is not declared under 'axes' (declared: {', '.join(self.axes) or 'none'})"
+                )
         return self
 
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
         """{input name: {dim index: axis name}} for torch.onnx.export."""
-        return {
-            spec.name: {i: d for i, d in enumerate(spec.shape) if isinstance(d, str)} for spec in self.inputs
-        }
+        return {spec.name: {i: d for i, d in enumerate(spec.shape) if isinstance(d, str)} for spec in self.inputs}
 
     def check_sizes_for(self, axis: str) -> list[int]:
         """Sizes to test an axis at: from the config, else min-ish and a larger odd size within range."""
@@ -361,8 +363,11 @@ def _describe(error: dict[str, Any], source: str) -> str:
     if error["type"] == "missing":
         return f"{source}: config key '{key}' is required; add it."
     where = f"config key '{key}'" if key else "config"
-    got = f", got {_shown(error['input'])}" if error["type"] not in ("value_error", "assertion_error") and \
-        isinstance(error.get("input"), (int, float, str)) else ""
+    got = (
+        f", got {_shown(error['input'])}"
+        if error["type"] not in ("value_error", "assertion_error") and isinstance(error.get("input"), (int, float, str))
+        else ""
+    )
     return f"{source}: {where} {requirement(error)}{got}."
 
 
@@ -412,7 +417,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     break
                 if first is not None:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key '{key}' (first on line {first + 1})", key_node.start_mark)
+                        None, None, f"duplicate key '{key}' (first on line {first + 1})", key_node.start_mark
+                    )
                 seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 

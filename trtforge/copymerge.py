@@ -40,6 +40,7 @@ class OutputCopies:
     """Where one output of a batch goes (TrtRunner.run_many's `place`): `strided` copies straight into page-locked
     memory, each (host address, host pitch, offset in the output, output pitch, width, rows) in bytes, one 2-D copy
     each; the staging slot gets only the `slot_rows` ranges (first row, rows) instead of the whole output."""
+
     strided: list[tuple[int, int, int, int, int, int]]
     slot_rows: list[tuple[int, int]]
 
@@ -48,12 +49,14 @@ class OutputCopies:
 class Placed:
     """What the copies of one output of a batch wrote: the batch rows, and (input, first window, windows) runs,
     which the merge then counts as added (StreamingMerge.mark) instead of copying them from the slot."""
+
     rows: set[int]
     runs: list[tuple[int, int, int]]
 
 
-def reserve_bytes(position_bounds: list[int], bytes_per_position: int, windows_in_flight: int | None, chunk: int,
-                  factor: float = 2.5) -> int:
+def reserve_bytes(
+    position_bounds: list[int], bytes_per_position: int, windows_in_flight: int | None, chunk: int, factor: float = 2.5
+) -> int:
     """Page-locked bytes to reserve before the loop for the merged token outputs (pure): `factor` x the positions of the
     windows in flight (queued, on the GPU, merging) x their bytes per position, at most what every input's merged
     output could take (each input's upper bound of positions, rounded up as the pool rounds it). factor 2.5: the pool's
@@ -72,8 +75,13 @@ class CopyEngineMerge:
 
     `windows_of(doc)` is how many windows an input has (single-window inputs are not streamed: host merge)."""
 
-    def __init__(self, names: list[str], dtypes: dict[str, np.dtype], stream: Callable[[int, str], StreamingMerge | None],
-                 windows_of: Callable[[int], int]):
+    def __init__(
+        self,
+        names: list[str],
+        dtypes: dict[str, np.dtype],
+        stream: Callable[[int, str], StreamingMerge | None],
+        windows_of: Callable[[int], int],
+    ):
         self.names, self.dtypes, self.stream, self.windows_of = names, dtypes, stream, windows_of
         self.counts = {"batches": 0, "copies": 0, "rows": 0, "host_rows": 0, "bytes": 0}
 
@@ -108,8 +116,9 @@ class CopyEngineMerge:
         self.counts["batches"] += 1
         return copies, placed
 
-    def _place_run(self, run: RowRun, name: str, shape: tuple[int, ...], row_bytes: int,
-                   strided: list[tuple[int, int, int, int, int, int]]) -> bool:
+    def _place_run(
+        self, run: RowRun, name: str, shape: tuple[int, ...], row_bytes: int, strided: list[tuple[int, int, int, int, int, int]]
+    ) -> bool:
         """Copies for one run into its input's merged output; False (host merge) where there is none to write into (none
         yet, or not from a page-locked pool), of this output's layout, or a window would need positions past its row
         (the host merge then says so)."""
@@ -119,13 +128,23 @@ class CopyEngineMerge:
         if merged is None or merged.dtype != np.dtype(self.dtypes[name]) or merged.shape[1:] != tuple(shape[2:]):
             return False
         length = shape[1]
-        longest = run.length if run.length is not None else max(w.length for w in stream.windows[run.first:run.first + run.count])
+        longest = run.length if run.length is not None else max(w.length for w in stream.windows[run.first : run.first + run.count])
         if run.content_start + longest > length:
             return False
         base = int(merged.__array_interface__["data"][0])
-        for src, dst, width, rows, src_step, dst_step in stream.run_copies(run.first, run.count, run.row * length + run.content_start, length):
-            strided.append((base + dst * row_bytes, max(dst_step, width) * row_bytes, src * row_bytes,
-                            max(src_step, width) * row_bytes, width * row_bytes, rows))
+        for src, dst, width, rows, src_step, dst_step in stream.run_copies(
+            run.first, run.count, run.row * length + run.content_start, length
+        ):
+            strided.append(
+                (
+                    base + dst * row_bytes,
+                    max(dst_step, width) * row_bytes,
+                    src * row_bytes,
+                    max(src_step, width) * row_bytes,
+                    width * row_bytes,
+                    rows,
+                )
+            )
         return True
 
     def report(self) -> dict[str, Any]:

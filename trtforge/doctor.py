@@ -33,8 +33,12 @@ def _gpu() -> dict[str, Any] | None:
         if int(err) != 0:
             return None
         name = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
-        return {"name": name.strip("\x00 "), "compute_capability": f"{props.major}.{props.minor}",
-                "memory_gib": round(props.totalGlobalMem / 1024**3, 1), "count": count}
+        return {
+            "name": name.strip("\x00 "),
+            "compute_capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.totalGlobalMem / 1024**3, 1),
+            "count": count,
+        }
     except Exception:
         return None
 
@@ -46,12 +50,16 @@ def gpu_info() -> dict[str, Any] | None:
 
 def plugin_library_state() -> dict[str, Any]:
     """libtrtforge_plugins for this TensorRT and GPU: found (with its path), not built, stale, or unavailable (why)."""
-    from trtforge.plugins_build import cache_dir, state_here
     from trtforge.plugin_discovery import plugins_dir
+    from trtforge.plugins_build import cache_dir, state_here
 
     state = state_here()
-    return {"state": state.status, "path": str(state.path) if state.path else None, "detail": state.detail,
-            "cache_dir": str(plugins_dir(cache_dir()))}
+    return {
+        "state": state.status,
+        "path": str(state.path) if state.path else None,
+        "detail": state.detail,
+        "cache_dir": str(plugins_dir(cache_dir())),
+    }
 
 
 # TensorRT-RTX's documented targets (support matrix 1.0-1.5), used when the installed module cannot say.
@@ -67,8 +75,13 @@ def rtx_targets(trt_rtx: Any = None) -> tuple[str, ...]:
     return tuple(found) or RTX_DOCUMENTED_TARGETS
 
 
-def engine_support(gpu: dict[str, Any] | None, tensorrt: bool, tensorrt_rtx: bool, cuda_python: bool,
-                   rtx_supported: tuple[str, ...] = RTX_DOCUMENTED_TARGETS) -> dict[str, tuple[bool, str]]:
+def engine_support(
+    gpu: dict[str, Any] | None,
+    tensorrt: bool,
+    tensorrt_rtx: bool,
+    cuda_python: bool,
+    rtx_supported: tuple[str, ...] = RTX_DOCUMENTED_TARGETS,
+) -> dict[str, tuple[bool, str]]:
     """Per TensorRT flavour: can this machine execute its engines, and why (not). Pure.
 
     A GPU with only TensorRT-RTX runs engines when RTX supports its compute capability (consumer
@@ -89,8 +102,11 @@ def engine_support(gpu: dict[str, Any] | None, tensorrt: bool, tensorrt_rtx: boo
     elif common:
         out["tensorrt_rtx"] = (False, common)
     elif gpu["compute_capability"] not in rtx_supported:
-        out["tensorrt_rtx"] = (False, f"no: TensorRT-RTX does not support compute capability {gpu['compute_capability']} "
-                                      f"({gpu['name']}); it runs on {', '.join(rtx_supported)}")
+        out["tensorrt_rtx"] = (
+            False,
+            f"no: TensorRT-RTX does not support compute capability {gpu['compute_capability']} "
+            f"({gpu['name']}); it runs on {', '.join(rtx_supported)}",
+        )
     else:
         out["tensorrt_rtx"] = (True, f"yes: on {where}")
     return out
@@ -151,6 +167,13 @@ def report() -> dict[str, Any]:
         "run TensorRT engines": support["tensorrt"][0],
         "run TensorRT-RTX engines": support["tensorrt_rtx"][0],
     }
-    return {"platform": f"{platform.system()} {platform.machine()}", "executable": sys.executable,
-            "versions": versions, "onnxruntime_providers": providers, "gpu": gpu, "features": features,
-            "engines": {flavour: why for flavour, (_, why) in support.items()}, "plugin_library": plugin_library_state()}
+    return {
+        "platform": f"{platform.system()} {platform.machine()}",
+        "executable": sys.executable,
+        "versions": versions,
+        "onnxruntime_providers": providers,
+        "gpu": gpu,
+        "features": features,
+        "engines": {flavour: why for flavour, (_, why) in support.items()},
+        "plugin_library": plugin_library_state(),
+    }

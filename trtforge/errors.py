@@ -77,5 +77,5 @@ def exception_summary(exc: BaseException, limit: int = 600) -> str:
     text = " ".join(" ".join(lines).split())
     if len(text) > limit:
         tail = text[-limit:]
-        text = "... " + tail[tail.find(" ") + 1:] if " " in tail[:80] else "... " + tail
+        text = "... " + tail[tail.find(" ") + 1 :] if " " in tail[:80] else "... " + tail
     return f"{type(cause).__name__}: {text}" if text else type(cause).__name__

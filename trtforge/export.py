@@ -105,7 +105,9 @@ def example_axis_sizes(config: ModelConfig, loaded: LoadedModel) -> dict[str, in
                 "fix the input names in the config."
             )
         if len(tensor.shape) != len(spec.shape):
-            raise UserError(f"input '{spec.name}' has rank {len(tensor.shape)} in the example but {len(spec.shape)} in the config; fix 'inputs'.")
+            raise UserError(
+                f"input '{spec.name}' has rank {len(tensor.shape)} in the example but {len(spec.shape)} in the config; fix 'inputs'."
+            )
         for dim, size in zip(spec.shape, tensor.shape):
             if isinstance(dim, str):
                 sizes.setdefault(dim, int(size))
@@ -157,7 +159,7 @@ def select_outputs(pairs: list[tuple[str | None, Any]], declared: list[str], sou
         return [by_name[n] for n in declared]
     if len(declared) > len(pairs):
         raise UserError(
-            f"outputs {', '.join(declared[len(pairs):])} are declared but {source} returns only {len(pairs)} "
+            f"outputs {', '.join(declared[len(pairs) :])} are declared but {source} returns only {len(pairs)} "
             "tensor(s); fix 'outputs' in the config (or the factory's output names)."
         )
     return [tensor for _, tensor in pairs[: len(declared)]]
@@ -265,8 +267,10 @@ def _torch_export(call: Any, args: tuple, config: ModelConfig) -> Any:
         if "Suggested fixes" in summary:
             hint = "narrow the ranges under 'axes' as torch.export suggests (its Dim names are the axis names)"
         elif "Constraints violated" in summary:
-            hint = ("raise the 'min' of those axes under 'axes' (a size at which a feature map shrinks to 1 is "
-                    "specialised by torch.export) or use --exporter legacy")
+            hint = (
+                "raise the 'min' of those axes under 'axes' (a size at which a feature map shrinks to 1 is "
+                "specialised by torch.export) or use --exporter legacy"
+            )
         else:
             hint = "try --exporter legacy"
         raise UserError(f"torch.export could not trace the model for the dynamo exporter: {summary}; {hint}.") from None
@@ -311,8 +315,12 @@ def unrolled_attention_rewrites(count: int) -> list[str]:
     """The sidecar's `exporter_rewrites` entry for `count` calls rewritten by grouped_query_attention_unrolled."""
     if not count:
         return []
-    return [(f"{count} scaled_dot_product_attention call(s) with enable_gqa exported with K/V repeated to the query heads "
-             "(enable_gqa has no legacy conversion)")]
+    return [
+        (
+            f"{count} scaled_dot_product_attention call(s) with enable_gqa exported with K/V repeated to the query heads "
+            "(enable_gqa has no legacy conversion)"
+        )
+    ]
 
 
 def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: list[str], path: Path) -> list[str]:
@@ -324,8 +332,12 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
     sink = io.StringIO()
     native: list[str] = []
     try:
-        with warnings.catch_warnings(), ui.native_output_captured() as native, contextlib.redirect_stdout(sink), \
-                contextlib.redirect_stderr(sink):
+        with (
+            warnings.catch_warnings(),
+            ui.native_output_captured() as native,
+            contextlib.redirect_stdout(sink),
+            contextlib.redirect_stderr(sink),
+        ):
             warnings.simplefilter("ignore")
             logging.getLogger("torch.onnx").setLevel(logging.ERROR)
             if config.export.exporter == "dynamo":
@@ -335,8 +347,9 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
             else:
                 dynamic_axes = {k: v for k, v in config.dynamic_axes().items() if v}
                 with grouped_query_attention_unrolled() as rewritten:
-                    torch.onnx.export(call, args, str(path), dynamo=False, do_constant_folding=True,
-                                      dynamic_axes=dynamic_axes or None, **common)
+                    torch.onnx.export(
+                        call, args, str(path), dynamo=False, do_constant_folding=True, dynamic_axes=dynamic_axes or None, **common
+                    )
                 return unrolled_attention_rewrites(rewritten[0])
     except UserError:
         raise
@@ -345,13 +358,15 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
         printed = "".join(native) + sink.getvalue()
         raise UserError(
             f"the {config.export.exporter} exporter failed at opset {config.export.opset}: {exception_summary(exc)}; "
-            "try another --opset or --exporter.", detail=printed or None
+            "try another --opset or --exporter.",
+            detail=printed or None,
         ) from None
     return []
 
 
-def check_against_torch(onnx_path: Path, call: Any, loaded: LoadedModel, config: ModelConfig,
-                        output_names: list[str], seed: int = 0) -> list[AxisCheck]:
+def check_against_torch(
+    onnx_path: Path, call: Any, loaded: LoadedModel, config: ModelConfig, output_names: list[str], seed: int = 0
+) -> list[AxisCheck]:
     """Vary each dynamic axis alone over its check sizes and then its configured max, and compare EVERY output with
     PyTorch; raise UserError naming the axis on a mismatch, the outputs on a count/name mismatch, the output whose
     reference is all-zero or constant (a check that cannot fail), and the axis, size and node where the model
@@ -374,18 +389,33 @@ def check_against_torch(onnx_path: Path, call: Any, loaded: LoadedModel, config:
             expected = _torch_forward(call, config, feeds, output_names)
         except Exception as exc:
             if not at_max:
-                raise UserError(f"PyTorch fails at {axis}={size} ({exception_summary(exc, 300)}); narrow axes.{axis} in the "
-                                "config or fix the model for that size.") from None
-            raise _limit_error("PyTorch", lambda n: _torch_forward(call, config, random_feeds(config.inputs, {**sizes, axis: n},
-                                                                                               seed), output_names),
-                               axis, size, exc, passed.get(axis, config.axes[axis].min), sizes) from None
+                raise UserError(
+                    f"PyTorch fails at {axis}={size} ({exception_summary(exc, 300)}); narrow axes.{axis} in the "
+                    "config or fix the model for that size."
+                ) from None
+            raise _limit_error(
+                "PyTorch",
+                lambda n: _torch_forward(call, config, random_feeds(config.inputs, {**sizes, axis: n}, seed), output_names),
+                axis,
+                size,
+                exc,
+                passed.get(axis, config.axes[axis].min),
+                sizes,
+            ) from None
         where = f"export check at {axis}={size}" if axis in sizes else "export check"
         try:
             got = runner.run(feeds)
         except Exception as exc:
             if at_max and is_out_of_bounds(str(exc)):
-                raise _limit_error("ONNX Runtime", lambda n: runner.run(random_feeds(config.inputs, {**sizes, axis: n}, seed)),
-                                   axis, size, exc, passed.get(axis, config.axes[axis].min), sizes) from None
+                raise _limit_error(
+                    "ONNX Runtime",
+                    lambda n: runner.run(random_feeds(config.inputs, {**sizes, axis: n}, seed)),
+                    axis,
+                    size,
+                    exc,
+                    passed.get(axis, config.axes[axis].min),
+                    sizes,
+                ) from None
             raise UserError(
                 f"the exported graph is not dynamic in axis '{axis}': ONNX Runtime failed at {axis}={size} "
                 f"(exported at {base.get(axis)}) in {failing_node(str(exc))}; the exporter baked this size into "
@@ -404,9 +434,9 @@ def check_plan_sizes(config: ModelConfig, axis: str) -> list[int]:
     return sizes if top in sizes else sizes + [top]
 
 
-def _limit_error(what: str, run_at: Any, axis: str, size: int, exc: BaseException, good: int,
-                 sizes: dict[str, int]) -> UserError:
+def _limit_error(what: str, run_at: Any, axis: str, size: int, exc: BaseException, good: int, sizes: dict[str, int]) -> UserError:
     """The axis-limit sentence for a failure at the axis' max, with the largest size that works (bisection)."""
+
     def works(n: int) -> bool:
         try:
             run_at(n)
@@ -424,11 +454,15 @@ def require_same_outputs(torch_names: list[str], onnx_names: list[str]) -> None:
         return
     only_torch = [n for n in torch_names if n not in onnx_names]
     only_onnx = [n for n in onnx_names if n not in torch_names]
-    detail = "; ".join(part for part in (
-        f"only PyTorch returns {', '.join(only_torch)}" if only_torch else "",
-        f"only the ONNX graph returns {', '.join(only_onnx)}" if only_onnx else "",
-        "the order differs" if not (only_torch or only_onnx) else "",
-    ) if part)
+    detail = "; ".join(
+        part
+        for part in (
+            f"only PyTorch returns {', '.join(only_torch)}" if only_torch else "",
+            f"only the ONNX graph returns {', '.join(only_onnx)}" if only_onnx else "",
+            "the order differs" if not (only_torch or only_onnx) else "",
+        )
+        if part
+    )
     raise UserError(
         f"PyTorch returns {len(torch_names)} output(s) ({', '.join(torch_names)}) but the exported graph "
         f"{len(onnx_names)} ({', '.join(onnx_names)}): {detail}; declare each output once under 'outputs' "
@@ -436,8 +470,9 @@ def require_same_outputs(torch_names: list[str], onnx_names: list[str]) -> None:
     )
 
 
-def _compare_outputs(expected: dict[str, np.ndarray], got: dict[str, np.ndarray], check: AxisCheck,
-                     tolerance: float, where: str) -> AxisCheck:
+def _compare_outputs(
+    expected: dict[str, np.ndarray], got: dict[str, np.ndarray], check: AxisCheck, tolerance: float, where: str
+) -> AxisCheck:
     """Every output of ONNX Runtime against PyTorch's: NaN/Inf fails (exit 1), a reference that proves nothing is an
     error, and a rel-L2 above the tolerance means a size was baked into the graph."""
     axis, size = check.axis, check.size
@@ -475,8 +510,15 @@ def output_specs(model: Any, config: ModelConfig, loaded: LoadedModel) -> list[d
         dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in tensor.shape.dim]
         spec = declared.get(value.name)
         kind = spec.kind if spec and spec.kind else loaded.output_kinds.get(value.name)
-        specs.append({"name": value.name, "dtype": ONNX_DTYPES.get(tensor.elem_type, str(tensor.elem_type)), "shape": dims,
-                      "kind": kind, "scale": spec.scale if spec else None})
+        specs.append(
+            {
+                "name": value.name,
+                "dtype": ONNX_DTYPES.get(tensor.elem_type, str(tensor.elem_type)),
+                "shape": dims,
+                "kind": kind,
+                "scale": spec.scale if spec else None,
+            }
+        )
     return specs
 
 
@@ -495,8 +537,10 @@ def tokenizer_source(config: ModelConfig, loaded: LoadedModel) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:
-        raise UserError(f"config key 'model.tokenizer': {folder} is not a loadable tokenizer ({exception_summary(exc, 200)}); "
-                        "point it at a folder with tokenizer.json or the tokenizer's vocabulary files.") from None
+        raise UserError(
+            f"config key 'model.tokenizer': {folder} is not a loadable tokenizer ({exception_summary(exc, 200)}); "
+            "point it at a folder with tokenizer.json or the tokenizer's vocabulary files."
+        ) from None
 
 
 def source_files(config: ModelConfig) -> list[Path]:
@@ -627,7 +671,7 @@ def strip_wrapper_scope(model: Any) -> None:
     for name in names:
         for prefix in scope_prefixes:
             if name.startswith(prefix):
-                short = ("/" if prefix.startswith("/") else "") + name[len(prefix):]
+                short = ("/" if prefix.startswith("/") else "") + name[len(prefix) :]
                 if short not in names:
                     renamed[name] = short
     if renamed:
@@ -666,8 +710,9 @@ def _dry_run(call: Any, args: tuple) -> None:
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"calling the model with its example inputs failed: {exception_summary(exc)}; fix the model "
-                        "or its example inputs.") from None
+        raise UserError(
+            f"calling the model with its example inputs failed: {exception_summary(exc)}; fix the model or its example inputs."
+        ) from None
 
 
 def stderr_note(message: str) -> None:
@@ -675,8 +720,9 @@ def stderr_note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr, flush=True)
 
 
-def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool = True,
-                 note: Callable[[str], None] | None = None) -> ExportResult:
+def export_model(
+    config: ModelConfig, output: Path, seed: int = 0, check: bool = True, note: Callable[[str], None] | None = None
+) -> ExportResult:
     """Export, check against PyTorch, write the ONNX and its sidecar. `note` gets one line for each
     rewrite made so that the exporter could convert the model (default: stderr)."""
     import tempfile
@@ -721,9 +767,7 @@ def export_model(config: ModelConfig, output: Path, seed: int = 0, check: bool =
             "outputs": output_specs(model, config, loaded),
             "tokenizer": None,
             "graph_hash": onnx_graph_hash(model),
-            "check": [
-                {"axis": c.axis, "size": c.size, "sizes": c.sizes, "metrics": c.metrics} for c in checks
-            ],
+            "check": [{"axis": c.axis, "size": c.size, "sizes": c.sizes, "metrics": c.metrics} for c in checks],
             "check_tolerance": config.export.tolerance,
             "checked": check,
         }

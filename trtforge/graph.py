@@ -205,6 +205,7 @@ def axis_max_shapes(path: Path, specs: list[InputSpec], axes: dict[str, AxisRang
         try:
             runner.run(random_feeds(specs, sizes, seed))
         except Exception as exc:
+
             def works(n: int) -> bool:
                 try:
                     runner.run(random_feeds(specs, {**sizes, axis: n}, seed))
@@ -218,8 +219,14 @@ def axis_max_shapes(path: Path, specs: list[InputSpec], axes: dict[str, AxisRang
     return shapes
 
 
-def verify_same(original: Path | bytes, cleaned: Path | bytes, specs: list[InputSpec],
-                axes: dict[str, AxisRange], seed: int = 0, extra_shapes: Sequence[dict[str, int]] = ()) -> dict[str, dict[str, Any]]:
+def verify_same(
+    original: Path | bytes,
+    cleaned: Path | bytes,
+    specs: list[InputSpec],
+    axes: dict[str, AxisRange],
+    seed: int = 0,
+    extra_shapes: Sequence[dict[str, int]] = (),
+) -> dict[str, dict[str, Any]]:
     """The comparator's metrics per output of the cleaned model against the original, over two random input shapes
     (and `extra_shapes`)."""
     ref, new = OrtRunner(original), OrtRunner(cleaned)
@@ -230,8 +237,7 @@ def verify_same(original: Path | bytes, cleaned: Path | bytes, specs: list[Input
     return comparator.result()
 
 
-def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float = 64.0,
-               tolerance: float = 1e-5) -> CleanResult:
+def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float = 64.0, tolerance: float = 1e-5) -> CleanResult:
     start = time.perf_counter()
     path = Path(path)
     output = Path(output) if output else path.with_name(path.name.removesuffix(".onnx") + ".clean.onnx")
@@ -247,8 +253,9 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
     save_onnx(cleaned, output, external_data=True if external else None)
     try:
         per_output = verify_same(path, output, specs, axes, extra_shapes=maxima)
-        failures = check_outputs(per_output, [("rel_l2", "max", tolerance, "rel-L2", "clean.tolerance")],
-                                 "clean's parity check", "the cleaned model")
+        failures = check_outputs(
+            per_output, [("rel_l2", "max", tolerance, "rel-L2", "clean.tolerance")], "clean's parity check", "the cleaned model"
+        )
     except BaseException:
         output.unlink(missing_ok=True)
         raise
@@ -268,9 +275,12 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
         "fold_size_limit_mb": fold_size_limit_mb,
         "removed": {k: v for k, v in counts.items() if k != "rewritten"},
         "rewritten": counts["rewritten"],
-        "nodes_before": before.nodes, "nodes_after": after.nodes,
-        "initializer_bytes_before": before.initializer_bytes, "initializer_bytes_after": after.initializer_bytes,
-        "verify_rel_l2": worst, "verify_tolerance": tolerance,
+        "nodes_before": before.nodes,
+        "nodes_after": after.nodes,
+        "initializer_bytes_before": before.initializer_bytes,
+        "initializer_bytes_after": after.initializer_bytes,
+        "verify_rel_l2": worst,
+        "verify_tolerance": tolerance,
         "seconds": round(time.perf_counter() - start, 3),
     }
     for key in ("source", "config_name", "opset", "exporter"):
@@ -311,8 +321,9 @@ def expose_tensors(model: onnx.ModelProto, names: list[str], typed: bool = True)
     types = float_tensor_types(model) if typed else {}
     for name in names:
         if name not in existing:
-            exposed.graph.output.append(helper_value_info(name, types.get(name, onnx.TensorProto.FLOAT)) if typed
-                                        else onnx.ValueInfoProto(name=name))
+            exposed.graph.output.append(
+                helper_value_info(name, types.get(name, onnx.TensorProto.FLOAT)) if typed else onnx.ValueInfoProto(name=name)
+            )
     return exposed
 
 

@@ -13,6 +13,7 @@ Hand-written: the standard library has no "defer SIGINT" helper, and the signal 
 main thread install handlers, so elsewhere `deferred()` leaves the current handler alone. The flag is a plain
 bool (a threading.Event's lock could deadlock a handler that interrupts its own clear()).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,7 @@ from typing import Iterator
 _pending = False
 _depth = 0
 FIRST = "Ctrl-C: stopping once TensorRT returns (press Ctrl-C again to abort now)"
-SECOND = ("Ctrl-C again: aborting now; files already written are complete, temporary files (.NAME.*) may remain "
-          "beside the outputs")
+SECOND = "Ctrl-C again: aborting now; files already written are complete, temporary files (.NAME.*) may remain beside the outputs"
 
 
 def requested() -> bool:

@@ -70,14 +70,20 @@ def cache_layout(module: Any, source: str) -> CacheLayout:
     params = inspect.signature(module.forward).parameters
     causal = {getattr(m, "is_causal", None) for m in module.modules() if hasattr(m, "is_causal")}  # attention modules say it
     if config is None or not ({"cache", "past_key_values"} & set(params)) or True not in causal:
-        raise UserError(f"model {source} is not a causal decoder with a key/value cache (no 'past_key_values' argument or no causal attention); --kv-cache needs a "
-                        "transformers causal decoder such as GPT2LMHeadModel or LlamaForCausalLM.")
+        raise UserError(
+            f"model {source} is not a causal decoder with a key/value cache (no 'past_key_values' argument or no causal attention); --kv-cache needs a "
+            "transformers causal decoder such as GPT2LMHeadModel or LlamaForCausalLM."
+        )
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     heads = int(text.num_attention_heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
     max_positions = int(getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", 0) or 1 << 20)
-    output = "logits" if hasattr(module, "lm_head") or "ForCausalLM" in type(module).__name__ or "LMHead" in type(module).__name__ else "last_hidden_state"
+    output = (
+        "logits"
+        if hasattr(module, "lm_head") or "ForCausalLM" in type(module).__name__ or "LMHead" in type(module).__name__
+        else "last_hidden_state"
+    )
     return CacheLayout(int(text.num_hidden_layers), kv_heads, heads, head_dim, max_positions, int(text.vocab_size), output)
 
 
@@ -131,8 +137,12 @@ def reference_forward(module: Any, layout: CacheLayout, feeds: dict[str, np.ndar
     past = [torch.from_numpy(feeds[n]) for n in layout.past_names()]
     cache = make_cache(module, past)
     with torch.no_grad():
-        out = module(input_ids=torch.from_numpy(feeds["input_ids"]), position_ids=torch.from_numpy(feeds["position_ids"]),
-                     use_cache=True, **{_cache_kwarg(module): cache})
+        out = module(
+            input_ids=torch.from_numpy(feeds["input_ids"]),
+            position_ids=torch.from_numpy(feeds["position_ids"]),
+            use_cache=True,
+            **{_cache_kwarg(module): cache},
+        )
     presents = []
     for i in range(layout.layers):
         presents += [cache.layers[i].keys.numpy(), cache.layers[i].values.numpy()]
@@ -142,8 +152,10 @@ def reference_forward(module: Any, layout: CacheLayout, feeds: dict[str, np.ndar
 def kv_feeds(layout: CacheLayout, batch: int, past: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Random tokens, positions past..past+seq-1 and a random cache of `past` positions."""
     rng = np.random.default_rng(seed)
-    feeds = {"input_ids": rng.integers(0, layout.vocab_size, (batch, seq), dtype=np.int64),
-             "position_ids": np.broadcast_to(np.arange(past, past + seq, dtype=np.int64), (batch, seq)).copy()}
+    feeds = {
+        "input_ids": rng.integers(0, layout.vocab_size, (batch, seq), dtype=np.int64),
+        "position_ids": np.broadcast_to(np.arange(past, past + seq, dtype=np.int64), (batch, seq)).copy(),
+    }
     for name in layout.past_names():
         feeds[name] = rng.standard_normal((batch, layout.kv_heads, past, layout.head_dim)).astype(np.float32)
     return feeds
@@ -151,11 +163,13 @@ def kv_feeds(layout: CacheLayout, batch: int, past: int, seq: int, seed: int = 0
 
 # -- config ----------------------------------------------------------------------------------------
 
+
 def _seq_axes(config: ModelConfig) -> tuple[str, str]:
     spec = next((s for s in config.inputs if s.name == "input_ids"), None)
     if spec is None or len(spec.shape) != 2 or not all(isinstance(d, str) for d in spec.shape):
-        raise UserError(f"config '{config.name}': --kv-cache needs an input 'input_ids' with shape [batch, seq] "
-                        "(two named axes) under 'inputs'.")
+        raise UserError(
+            f"config '{config.name}': --kv-cache needs an input 'input_ids' with shape [batch, seq] (two named axes) under 'inputs'."
+        )
     return str(spec.shape[0]), str(spec.shape[1])
 
 
@@ -168,9 +182,12 @@ def kv_config(model: str | None, config_path: Path | None) -> ModelConfig:
     elif model is None:
         raise UserError("no model given; pass --model file.py:factory or --config configs/NAME.yaml.")
     else:
-        cfg = ModelConfig(name=Path(model.split(":")[0]).stem if ":" in model else model, model={"source": model},
-                          inputs=[{"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"]}],
-                          axes={"batch": {"min": 1, "opt": 1, "max": 8}, "seq": {"min": 1, "opt": 128, "max": 512}})
+        cfg = ModelConfig(
+            name=Path(model.split(":")[0]).stem if ":" in model else model,
+            model={"source": model},
+            inputs=[{"name": "input_ids", "dtype": "int64", "shape": ["batch", "seq"]}],
+            axes={"batch": {"min": 1, "opt": 1, "max": 8}, "seq": {"min": 1, "opt": 128, "max": 512}},
+        )
     return cfg.model_copy(update={"kv_cache": cfg.kv_cache.model_copy(update={"enabled": True})})
 
 
@@ -203,31 +220,42 @@ def fit_ranges(config: ModelConfig, positions: int, unset: set[str]) -> tuple[Mo
         room = positions - (past.max if "past.max" not in unset else 0)
         seq_max = min(seq.max, room if "past.max" not in unset else max(1, positions // 2))
         if seq_max < 1:
-            raise UserError(f"config '{config.name}': kv_cache.past.max {past.max} leaves no position for new tokens in the "
-                            f"model's {positions}; lower kv_cache.past.max.")
+            raise UserError(
+                f"config '{config.name}': kv_cache.past.max {past.max} leaves no position for new tokens in the "
+                f"model's {positions}; lower kv_cache.past.max."
+            )
         if seq_max != seq.max:
             seq = AxisRange(min=min(seq.min, seq_max), opt=min(seq.opt, seq_max), max=seq_max)
             chosen.append(f"axes.{seq_axis}.max {seq_max}")
     if "past.max" in unset:
         past_max = min(past.max, positions - seq.max)
         if past_max < 1:
-            raise UserError(f"config '{config.name}': axes.{seq_axis}.max {seq.max} leaves no position for a cache in the "
-                            f"model's {positions}; lower axes.{seq_axis}.max.")
+            raise UserError(
+                f"config '{config.name}': axes.{seq_axis}.max {seq.max} leaves no position for a cache in the "
+                f"model's {positions}; lower axes.{seq_axis}.max."
+            )
         if past.min > past_max:
-            raise UserError(f"config '{config.name}': kv_cache.past.min {past.min} exceeds the {past_max} cache positions that "
-                            f"fit beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past.min.")
+            raise UserError(
+                f"config '{config.name}': kv_cache.past.min {past.min} exceeds the {past_max} cache positions that "
+                f"fit beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past.min."
+            )
         if past.opt > past_max and "past.opt" not in unset:
-            raise UserError(f"config '{config.name}': kv_cache.past.opt {past.opt} exceeds the {past_max} cache positions that "
-                            f"fit beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past.opt.")
+            raise UserError(
+                f"config '{config.name}': kv_cache.past.opt {past.opt} exceeds the {past_max} cache positions that "
+                f"fit beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past.opt."
+            )
         tiers = config.kv_cache.past_tiers
         if tiers and max(tiers) > past_max:
-            raise UserError(f"config '{config.name}': kv_cache.past_tiers go up to {max(tiers)} but {past_max} cache positions fit "
-                            f"beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past_tiers.")
+            raise UserError(
+                f"config '{config.name}': kv_cache.past_tiers go up to {max(tiers)} but {past_max} cache positions fit "
+                f"beside axes.{seq_axis}.max {seq.max} in the model's {positions}; lower kv_cache.past_tiers."
+            )
         if past_max != past.max:
             past = CacheRange(min=past.min, opt=min(past.opt, past_max), max=past_max)
             chosen.insert(0, f"kv_cache.past.max {past_max}")
-    fitted = config.model_copy(update={"axes": {**config.axes, seq_axis: seq},
-                                       "kv_cache": config.kv_cache.model_copy(update={"past": past})})
+    fitted = config.model_copy(
+        update={"axes": {**config.axes, seq_axis: seq}, "kv_cache": config.kv_cache.model_copy(update={"past": past})}
+    )
     return fitted, chosen
 
 
@@ -245,21 +273,32 @@ def kv_specs(config: ModelConfig, layout: CacheLayout) -> tuple[list[InputSpec],
         raise UserError(f"config '{config.name}': kv_cache.past_axis '{past_axis}' clashes with an axis under 'axes'; pick another name.")
     seq_max = config.axes[seq].max
     if kv.past.max + seq_max > layout.max_positions:
-        raise UserError(f"config '{config.name}': kv_cache.past.max {kv.past.max} plus seq max {seq_max} exceeds the model's "
-                        f"{layout.max_positions} positions; lower kv_cache.past.max.")
-    specs = [InputSpec(name="input_ids", dtype="int64", shape=[batch, seq], value_range=(0, layout.vocab_size)),
-             InputSpec(name="position_ids", dtype="int64", shape=[batch, seq], value_range=(0, layout.max_positions - seq_max))]
-    specs += [InputSpec(name=n, dtype="float32", shape=[batch, layout.kv_heads, past_axis, layout.head_dim], value_range=(-1.0, 1.0))
-              for n in layout.past_names()]
-    axes = {batch: config.axes[batch], seq: config.axes[seq],
-            past_axis: AxisRange(min=max(1, kv.past.min), opt=max(1, kv.past.opt), max=kv.past.max)}
+        raise UserError(
+            f"config '{config.name}': kv_cache.past.max {kv.past.max} plus seq max {seq_max} exceeds the model's "
+            f"{layout.max_positions} positions; lower kv_cache.past.max."
+        )
+    specs = [
+        InputSpec(name="input_ids", dtype="int64", shape=[batch, seq], value_range=(0, layout.vocab_size)),
+        InputSpec(name="position_ids", dtype="int64", shape=[batch, seq], value_range=(0, layout.max_positions - seq_max)),
+    ]
+    specs += [
+        InputSpec(name=n, dtype="float32", shape=[batch, layout.kv_heads, past_axis, layout.head_dim], value_range=(-1.0, 1.0))
+        for n in layout.past_names()
+    ]
+    axes = {
+        batch: config.axes[batch],
+        seq: config.axes[seq],
+        past_axis: AxisRange(min=max(1, kv.past.min), opt=max(1, kv.past.opt), max=kv.past.max),
+    }
     return specs, axes, kv.past
 
 
 # -- export ----------------------------------------------------------------------------------------
 
-def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[str] | None = None,
-              note: Callable[[str], None] | None = None) -> Any:
+
+def export_kv(
+    config: ModelConfig, output: Path, check: bool = True, unset: set[str] | None = None, note: Callable[[str], None] | None = None
+) -> Any:
     """Export with explicit cache I/O, check ORT against the plain model at varied seq, past and batch.
     `unset`: the range keys (RANGE_KEYS) the user left to trtforge, chosen to fit the model's positions
     (fit_ranges); `note` gets one line for what was chosen and one for each rewrite made for the exporter
@@ -291,9 +330,11 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[
     config, chosen = fit_ranges(config, layout.max_positions, unset or set())
     if chosen:
         _, seq_name = _seq_axes(config)
-        (note or stderr_note)(f"{' and '.join(chosen)} chosen so that a cache of {config.kv_cache.past.max} plus a chunk of "
-                              f"{config.axes[seq_name].max} tokens fits the model's {layout.max_positions} positions; set "
-                              f"kv_cache.past.max and axes.{seq_name}.max to choose others.")
+        (note or stderr_note)(
+            f"{' and '.join(chosen)} chosen so that a cache of {config.kv_cache.past.max} plus a chunk of "
+            f"{config.axes[seq_name].max} tokens fits the model's {layout.max_positions} positions; set "
+            f"kv_cache.past.max and axes.{seq_name}.max to choose others."
+        )
     specs, axes, past_range = kv_specs(config, layout)
     batch_axis, seq_axis = _seq_axes(config)
     adapter = _adapter(module, layout)
@@ -313,11 +354,22 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[
                 warnings.simplefilter("ignore")
                 logging.getLogger("torch.onnx").setLevel(logging.ERROR)
                 with grouped_query_attention_unrolled() as rewritten:
-                    torch.onnx.export(adapter, args, str(raw), input_names=names, output_names=outputs, dynamic_axes=dynamic,
-                                      opset_version=config.export.opset, dynamo=False, do_constant_folding=True)
+                    torch.onnx.export(
+                        adapter,
+                        args,
+                        str(raw),
+                        input_names=names,
+                        output_names=outputs,
+                        dynamic_axes=dynamic,
+                        opset_version=config.export.opset,
+                        dynamo=False,
+                        do_constant_folding=True,
+                    )
         except Exception as exc:
-            raise UserError(f"exporting {config.model.source} with a KV cache failed at opset {config.export.opset}: "
-                            f"{exception_summary(exc)}; try another --opset.") from None
+            raise UserError(
+                f"exporting {config.model.source} with a KV cache failed at opset {config.export.opset}: "
+                f"{exception_summary(exc)}; try another --opset."
+            ) from None
         finally:
             adapter.eval()  # the exporter restores the adapter's train flag onto the inner module
             module.eval()
@@ -334,26 +386,46 @@ def export_kv(config: ModelConfig, output: Path, check: bool = True, unset: set[
     out_specs = output_specs(model, config, loaded)
     for spec in out_specs:
         spec["kind"], spec["scale"] = ("token" if spec["name"] == layout.output else None), None
-    kv_meta = {"layout": asdict(layout), "batch_axis": batch_axis, "seq_axis": seq_axis, "past_axis": config.kv_cache.past_axis,
-               "total_axis": TOTAL_AXIS, "past": past_range.model_dump(), "position_input": "position_ids",
-               "ranges_chosen": chosen,
-               "tiers": {seq_axis: config.kv_cache.seq_tiers or [config.axes[seq_axis].max],
-                         config.kv_cache.past_axis: config.kv_cache.past_tiers or sorted({past_range.min, past_range.max})}}
+    kv_meta = {
+        "layout": asdict(layout),
+        "batch_axis": batch_axis,
+        "seq_axis": seq_axis,
+        "past_axis": config.kv_cache.past_axis,
+        "total_axis": TOTAL_AXIS,
+        "past": past_range.model_dump(),
+        "position_input": "position_ids",
+        "ranges_chosen": chosen,
+        "tiers": {
+            seq_axis: config.kv_cache.seq_tiers or [config.axes[seq_axis].max],
+            config.kv_cache.past_axis: config.kv_cache.past_tiers or sorted({past_range.min, past_range.max}),
+        },
+    }
     sidecar = {
-        "kind": "onnx", "step": "export", "trtforge_version": __version__, "source": config.model.source,
-        "config_name": config.name, "torch_version": torch.__version__, "exporter": "legacy", "opset": config.export.opset,
+        "kind": "onnx",
+        "step": "export",
+        "trtforge_version": __version__,
+        "source": config.model.source,
+        "config_name": config.name,
+        "torch_version": torch.__version__,
+        "exporter": "legacy",
+        "opset": config.export.opset,
         "exporter_rewrites": rewrites,
-        "inputs": [s.model_dump() for s in specs], "axes": {k: v.model_dump() for k, v in axes.items()},
-        "outputs": out_specs, "graph_hash": onnx_graph_hash(model),
+        "inputs": [s.model_dump() for s in specs],
+        "axes": {k: v.model_dump() for k, v in axes.items()},
+        "outputs": out_specs,
+        "graph_hash": onnx_graph_hash(model),
         "tokenizer": output.name.removesuffix(".onnx") + ".tokenizer" if tokenizer is not None else None,
         "kv_cache": kv_meta,
         "check": [{"axis": c.axis, "size": c.size, "sizes": c.sizes, "metrics": c.metrics} for c in checks],
-        "check_tolerance": config.export.tolerance, "checked": check,
+        "check_tolerance": config.export.tolerance,
+        "checked": check,
     }
     seconds = time.perf_counter() - start
     sidecar["seconds"] = round(seconds, 3)
     write_sidecar(output, sidecar)
-    return ExportResult(output, sidecar, [AxisCheck(**{k: c[k] for k in ("axis", "size", "sizes", "metrics")}) for c in sidecar["check"]], seconds)
+    return ExportResult(
+        output, sidecar, [AxisCheck(**{k: c[k] for k in ("axis", "size", "sizes", "metrics")}) for c in sidecar["check"]], seconds
+    )
 
 
 def check_plan(config: ModelConfig, past_range: CacheRange) -> list[tuple[str, dict[str, int]]]:
@@ -385,15 +457,19 @@ def _check(onnx_path: Path, module: Any, layout: CacheLayout, config: ModelConfi
         try:
             got = runner.run(feeds)
         except Exception as exc:
-            raise UserError(f"the KV-cache graph fails in ONNX Runtime at {axis}={sizes[axis]} "
-                            f"({' '.join(str(exc).split())[:200]}); the exporter baked a size into the graph.") from None
+            raise UserError(
+                f"the KV-cache graph fails in ONNX Runtime at {axis}={sizes[axis]} "
+                f"({' '.join(str(exc).split())[:200]}); the exporter baked a size into the graph."
+            ) from None
         check = AxisCheck(axis, sizes[axis], dict(sizes))
         references = dict(zip([layout.output, *layout.present_names()], expected))
         for name, ref in references.items():
             cand = got[name]
             if cand.shape != ref.shape:
-                raise UserError(f"the KV-cache graph is not dynamic in axis '{axis}': at {axis}={sizes[axis]} output '{name}' "
-                                f"has shape {list(cand.shape)} in ONNX Runtime but {list(ref.shape)} in PyTorch.")
+                raise UserError(
+                    f"the KV-cache graph is not dynamic in axis '{axis}': at {axis}={sizes[axis]} output '{name}' "
+                    f"has shape {list(cand.shape)} in ONNX Runtime but {list(ref.shape)} in PyTorch."
+                )
         check.metrics.update(compare_outputs({name: None for name in references}, references, got))
         where = f"the KV-cache export check at {axis}={sizes[axis]}"
         nonfinite = screen(check.metrics, where, "the KV-cache graph (ONNX Runtime)")
@@ -401,13 +477,16 @@ def _check(onnx_path: Path, module: Any, layout: CacheLayout, config: ModelConfi
             raise GateFailed(f"{where}: {nonfinite[0]}; the export was not kept.")
         for name in references:
             if not check.metrics[name]["rel_l2"] <= config.export.tolerance:
-                raise UserError(f"the KV-cache graph differs from PyTorch at {axis}={sizes[axis]}: output '{name}' rel-L2 "
-                                f"{check.metrics[name]['rel_l2']:.2e} > {config.export.tolerance:.0e}; a size was baked into the graph.")
+                raise UserError(
+                    f"the KV-cache graph differs from PyTorch at {axis}={sizes[axis]}: output '{name}' rel-L2 "
+                    f"{check.metrics[name]['rel_l2']:.2e} > {config.export.tolerance:.0e}; a size was baked into the graph."
+                )
         checks.append(check)
     return checks
 
 
 # -- sidecars and profiles -------------------------------------------------------------------------
+
 
 def kv_meta(path: Path, sidecar: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, dict[str, Any] | None, Path | None]:
     """(kv_cache metadata, export sidecar, export ONNX path): the nearest export up the sidecar chain that records one.
@@ -423,8 +502,9 @@ def kv_axes(axes: dict[str, Any], kv: dict[str, Any]) -> dict[str, Any]:
     return {**axes, kv["past_axis"]: CacheRange(**kv["past"])}
 
 
-def plan_kv_profiles(specs: list[InputSpec], axes: dict[str, Any], tiers: dict[str, list[Tier]],
-                     kv: dict[str, Any]) -> tuple[list[Profile], dict[str, Any]]:
+def plan_kv_profiles(
+    specs: list[InputSpec], axes: dict[str, Any], tiers: dict[str, list[Tier]], kv: dict[str, Any]
+) -> tuple[list[Profile], dict[str, Any]]:
     """Prefill profiles: seq (chunk) tiers x past tiers (the given ones, else the export config's);
     one decode profile: seq = 1 over past 1..max. Returns the profiles and which phase each serves."""
     seq_axis, past_axis = kv["seq_axis"], kv["past_axis"]
@@ -441,8 +521,7 @@ def plan_kv_profiles(specs: list[InputSpec], axes: dict[str, Any], tiers: dict[s
     for i, profile in enumerate(profiles):
         profile.index = i
     validate_profiles(profiles, specs, axes)
-    phases = {"prefill": [p.index for p in prefill], "decode": [p.index for p in decode],
-              "seq_axis": seq_axis, "past_axis": past_axis}
+    phases = {"prefill": [p.index for p in prefill], "decode": [p.index for p in decode], "seq_axis": seq_axis, "past_axis": past_axis}
     return profiles, phases
 
 
@@ -452,8 +531,16 @@ def suggest_tier(length: int) -> int:
     return int(math.ceil(length / step) * step)
 
 
-def select_phase_profile(profiles: list[Profile], phases: dict[str, Any], phase: str, seq: int, past: int,
-                         batch: dict[str, int] | None = None, where: str = "the engine", engine: bool = True) -> Profile:
+def select_phase_profile(
+    profiles: list[Profile],
+    phases: dict[str, Any],
+    phase: str,
+    seq: int,
+    past: int,
+    batch: dict[str, int] | None = None,
+    where: str = "the engine",
+    engine: bool = True,
+) -> Profile:
     """The profile of this phase for a step of `seq` new tokens over a cache of `past`; one-sentence
     errors name the chunk or the cache length and what to rebuild with."""
     pool = [p for p in profiles if p.index in phases[phase]]
@@ -461,21 +548,37 @@ def select_phase_profile(profiles: list[Profile], phases: dict[str, Any], phase:
     seq_max = max(p.axes[seq_axis].max for p in pool)
     past_max = max(p.axes[past_axis].max for p in pool)
     if seq > seq_max:
-        raise UserError(f"chunk {seq} is larger than the {phase} seq max of {where} ({seq_max}); pass --chunk {seq_max} or less, "
-                        f"or {'rebuild with a seq tier of' if engine else 're-export with a seq axis max of'} {seq}.")
+        raise UserError(
+            f"chunk {seq} is larger than the {phase} seq max of {where} ({seq_max}); pass --chunk {seq_max} or less, "
+            f"or {'rebuild with a seq tier of' if engine else 're-export with a seq axis max of'} {seq}."
+        )
     if past > past_max:
         tiers = sorted({p.axes[past_axis].max for p in pool})
-        fix = (f"rebuild with --tiers '{past_axis}={','.join(map(str, tiers + [suggest_tier(past)]))}'" if engine else
-               f"re-export with kv_cache.past.max >= {suggest_tier(past)}")
-        raise UserError(f"a {phase} step needs a cache of {past} tokens but the past max of {where} is {past_max}; add a past tier "
-                        f"of {suggest_tier(past)} ({fix}) or shorten the input.")
+        fix = (
+            f"rebuild with --tiers '{past_axis}={','.join(map(str, tiers + [suggest_tier(past)]))}'"
+            if engine
+            else f"re-export with kv_cache.past.max >= {suggest_tier(past)}"
+        )
+        raise UserError(
+            f"a {phase} step needs a cache of {past} tokens but the past max of {where} is {past_max}; add a past tier "
+            f"of {suggest_tier(past)} ({fix}) or shorten the input."
+        )
     return select_profile(pool, {seq_axis: seq, past_axis: past, **(batch or {})})
 
 
 # -- command line ----------------------------------------------------------------------------------
 
-def export_command(model: str | None, config: Path | None, output: Path | None, opset: int | None,
-                   exporter: str | None, external_data: bool | None, check: bool, json_out: bool) -> None:
+
+def export_command(
+    model: str | None,
+    config: Path | None,
+    output: Path | None,
+    opset: int | None,
+    exporter: str | None,
+    external_data: bool | None,
+    check: bool,
+    json_out: bool,
+) -> None:
     """`trtforge export --kv-cache` (or a config with kv_cache.enabled): export, then render."""
     from trtforge import ui
     from trtforge.config import apply_overrides
@@ -488,9 +591,18 @@ def export_command(model: str | None, config: Path | None, output: Path | None, 
         ui.print_json({"path": str(result.path), **result.sidecar})
         return
     con = ui.console()
-    rows = [[c.axis, c.size, name, m["rel_l2"], m["max_abs"]] for c in result.checks for name, m in c.metrics.items()
-            if not name.startswith("present_") or name.endswith("_0")]
-    con.print(ui.table("ONNX Runtime vs PyTorch (DynamicCache), one axis varied at a time", ["axis", "size", "output", "rel-L2", "max-abs"], rows))
+    rows = [
+        [c.axis, c.size, name, m["rel_l2"], m["max_abs"]]
+        for c in result.checks
+        for name, m in c.metrics.items()
+        if not name.startswith("present_") or name.endswith("_0")
+    ]
+    con.print(
+        ui.table("ONNX Runtime vs PyTorch (DynamicCache), one axis varied at a time", ["axis", "size", "output", "rel-L2", "max-abs"], rows)
+    )
     lay = result.sidecar["kv_cache"]["layout"]
-    con.print(f"wrote {result.path}: {lay['layers']} layers x (past_key, past_value) [batch, {lay['kv_heads']}, past, {lay['head_dim']}] "
-              f"in {result.seconds:.1f} s", markup=False)
+    con.print(
+        f"wrote {result.path}: {lay['layers']} layers x (past_key, past_value) [batch, {lay['kv_heads']}, past, {lay['head_dim']}] "
+        f"in {result.seconds:.1f} s",
+        markup=False,
+    )

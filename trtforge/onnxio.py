@@ -47,8 +47,9 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bo
     try:
         tmp_model = tmpdir / path.name
         if use_external:
-            onnx.save_model(model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=0)
+            onnx.save_model(
+                model, str(tmp_model), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=0
+            )
             publish(tmpdir / data_name, path.parent / data_name)
             # save_model moved the weights out of `model`; read them back so the caller's model stays whole.
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))

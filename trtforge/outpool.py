@@ -97,7 +97,9 @@ class OutputPool:
                 return
             entry = self._live.pop(_address(array), None)
             if entry is None:
-                raise ValueError("OutputPool.give: this array was not taken from the pool (or does not start where the taken one does), or was given back already")
+                raise ValueError(
+                    "OutputPool.give: this array was not taken from the pool (or does not start where the taken one does), or was given back already"
+                )
             key, buffer = entry
             self._serial += 1  # negated: of equal sizes the one given back last is taken first (its pages are warmest)
             bisect.insort(self._idle.setdefault(key, []), (buffer.shape[0], -self._serial, buffer))
@@ -130,8 +132,13 @@ class OutputPool:
 
     def report(self) -> dict[str, Any]:
         with self._lock:
-            return {**self.counts, "fresh_mb": round(self.fresh_bytes / 2**20, 3), "peak_mb": round(self.peak_bytes / 2**20, 3),
-                    "idle_limit_mb": round(self.idle_limit / 2**20, 3), "memory": "numpy" if self.allocate is None else "page-locked"}
+            return {
+                **self.counts,
+                "fresh_mb": round(self.fresh_bytes / 2**20, 3),
+                "peak_mb": round(self.peak_bytes / 2**20, 3),
+                "idle_limit_mb": round(self.idle_limit / 2**20, 3),
+                "memory": "numpy" if self.allocate is None else "page-locked",
+            }
 
 
 def _address(array: np.ndarray) -> int:
@@ -157,7 +164,7 @@ class ReservedMemory:
         size = -(-int(nbytes) // self.align) * self.align
         with self._lock:
             if self.block is not None and self.used + size <= self.block.nbytes:
-                piece = self.block[self.used:self.used + int(nbytes)]
+                piece = self.block[self.used : self.used + int(nbytes)]
                 self.used += size
                 self.counts["carved"] += 1
                 return piece, _keep
@@ -174,8 +181,12 @@ class ReservedMemory:
 
     def report(self) -> dict[str, Any]:
         with self._lock:
-            return {**self.counts, "reserved_mb": round(self.reserved / 2**20, 3), "used_mb": round(self.used / 2**20, 3),
-                    "beyond_mb": round(self.beyond_bytes / 2**20, 3)}
+            return {
+                **self.counts,
+                "reserved_mb": round(self.reserved / 2**20, 3),
+                "used_mb": round(self.used / 2**20, 3),
+                "beyond_mb": round(self.beyond_bytes / 2**20, 3),
+            }
 
 
 def _keep() -> None:

@@ -38,12 +38,14 @@ class OutputKind:
 @dataclass(frozen=True)
 class Probe:
     """One run of the model: the size given to each axis, and the shape of every output."""
+
     sizes: dict[str, int]
     shapes: dict[str, tuple[int, ...]]
 
 
-def declared_kinds(sidecar_outputs: list[Any] | None, overrides: dict[str, tuple[str, float | None]] | None = None
-                   ) -> dict[str, tuple[str | None, float | None]]:
+def declared_kinds(
+    sidecar_outputs: list[Any] | None, overrides: dict[str, tuple[str, float | None]] | None = None
+) -> dict[str, tuple[str | None, float | None]]:
     """{output: (kind or None, scale or None)} from the export sidecar's `outputs`, then overrides."""
     declared: dict[str, tuple[str | None, float | None]] = {}
     for entry in sidecar_outputs or []:
@@ -77,8 +79,10 @@ def needs_probe(names: list[str], declared: dict[str, tuple[str | None, float | 
 
 def _ask(name: str, shape: tuple[int, ...] | None, why: str, choices: str = "token|pooled|logits|dense") -> UserError:
     dims = f" (shape {list(shape)})" if shape is not None else ""
-    return UserError(f"output '{name}'{dims} {why}; declare its kind in the config (`outputs: [{{name: {name}, kind: {choices}}}]`) "
-                     f"and re-export, or pass --output-kind {name}=KIND.")
+    return UserError(
+        f"output '{name}'{dims} {why}; declare its kind in the config (`outputs: [{{name: {name}, kind: {choices}}}]`) "
+        f"and re-export, or pass --output-kind {name}=KIND."
+    )
 
 
 def _dense_scale(name: str, layout: Layout, probes: list[Probe]) -> float:
@@ -91,14 +95,17 @@ def _dense_scale(name: str, layout: Layout, probes: list[Probe]) -> float:
             ratios.update({Fraction(shape[2], layout.fixed_hw[0]), Fraction(shape[3], layout.fixed_hw[1])})
     if len(ratios) != 1:
         shown = ", ".join(f"{r.numerator}/{r.denominator}" for r in sorted(ratios))
-        raise UserError(f"output '{name}' does not scale consistently with the input image (output/input sizes {shown}); "
-                        f"declare it in the config (`outputs: [{{name: {name}, kind: dense, scale: S}}]`) and re-export, "
-                        f"or pass --output-kind {name}=dense:S.")
+        raise UserError(
+            f"output '{name}' does not scale consistently with the input image (output/input sizes {shown}); "
+            f"declare it in the config (`outputs: [{{name: {name}, kind: dense, scale: S}}]`) and re-export, "
+            f"or pass --output-kind {name}=dense:S."
+        )
     return float(ratios.pop())
 
 
-def resolve(names: list[str], declared: dict[str, tuple[str | None, float | None]], layout: Layout,
-            probes: list[Probe], strict: bool = True) -> dict[str, OutputKind]:
+def resolve(
+    names: list[str], declared: dict[str, tuple[str | None, float | None]], layout: Layout, probes: list[Probe], strict: bool = True
+) -> dict[str, OutputKind]:
     """The kind of every output: declared ones as given (dense scales measured if missing), the rest
     inferred. strict=False (metrics only, no merging) gives kind None where run would raise."""
     kinds: dict[str, OutputKind] = {}
@@ -165,8 +172,7 @@ def probe_sizes(layout: Layout, axes: dict[str, Any]) -> list[dict[str, int]]:
     return probes
 
 
-def merge_refusal(kind: OutputKind, image: bool, shape: tuple[int, ...] | None, positions: int | None,
-                  axis: str | None) -> str | None:
+def merge_refusal(kind: OutputKind, image: bool, shape: tuple[int, ...] | None, positions: int | None, axis: str | None) -> str | None:
     """Why this output's chunks cannot be merged back into one output per input, as the sentence to show, or None.
 
     shape: the output's shape from a run at a probe size (batch first); positions: the chunked input axis' size in that
@@ -174,22 +180,29 @@ def merge_refusal(kind: OutputKind, image: bool, shape: tuple[int, ...] | None, 
     pooled and logits outputs merge one [batch, N] vector per window; image tiles merge dense maps and such vectors."""
     name = kind.name
     if image and kind.kind == "token":
-        return (f"output '{name}' is a token output of an image model, and token outputs cannot be merged across tiles "
-                f"yet; run whole images (without --chunk), or declare a kind tiles merge (--output-kind {name}=KIND: "
-                "dense for [N, C, H, W] maps, pooled or logits for [N, K] vectors).")
+        return (
+            f"output '{name}' is a token output of an image model, and token outputs cannot be merged across tiles "
+            f"yet; run whole images (without --chunk), or declare a kind tiles merge (--output-kind {name}=KIND: "
+            "dense for [N, C, H, W] maps, pooled or logits for [N, K] vectors)."
+        )
     if kind.kind in ("pooled", "logits") and shape is not None and len(shape) != 2:
         what = "class logits" if kind.kind == "logits" else "a pooled vector"
-        return (f"output '{name}' (shape {list(shape)}) is declared {kind.kind}, but chunks merge {what} only as one "
-                f"[batch, N] vector per input and this one has rank {len(shape)}; run whole inputs (without --chunk), or "
-                f"declare it token (--output-kind {name}=token) if it has one vector per input position.")
+        return (
+            f"output '{name}' (shape {list(shape)}) is declared {kind.kind}, but chunks merge {what} only as one "
+            f"[batch, N] vector per input and this one has rank {len(shape)}; run whole inputs (without --chunk), or "
+            f"declare it token (--output-kind {name}=token) if it has one vector per input position."
+        )
     if kind.kind == "dense" and image and shape is not None and len(shape) != 4:
-        return (f"output '{name}' (shape {list(shape)}) is declared dense, but tiles merge dense outputs only as [N, C, H, W] "
-                f"maps and this one has rank {len(shape)}; run whole images (without --chunk), or declare the kind it has "
-                f"(--output-kind {name}=KIND).")
-    if kind.kind == "token" and not image and shape is not None and positions is not None and (
-            len(shape) < 2 or shape[1] != positions):
+        return (
+            f"output '{name}' (shape {list(shape)}) is declared dense, but tiles merge dense outputs only as [N, C, H, W] "
+            f"maps and this one has rank {len(shape)}; run whole images (without --chunk), or declare the kind it has "
+            f"(--output-kind {name}=KIND)."
+        )
+    if kind.kind == "token" and not image and shape is not None and positions is not None and (len(shape) < 2 or shape[1] != positions):
         got = shape[1] if len(shape) >= 2 else "no"
-        return (f"output '{name}' has {got} positions for {positions} input positions along '{axis}' (it advances at a "
-                f"stride of the input, which trtforge does not support for chunked runs yet), so windows over the input "
-                f"cannot be mapped to its positions; run without --chunk (whole inputs, up to axes.{axis}.max).")
+        return (
+            f"output '{name}' has {got} positions for {positions} input positions along '{axis}' (it advances at a "
+            f"stride of the input, which trtforge does not support for chunked runs yet), so windows over the input "
+            f"cannot be mapped to its positions; run without --chunk (whole inputs, up to axes.{axis}.max)."
+        )
     return None

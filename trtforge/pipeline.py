@@ -22,8 +22,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtforge import __version__
-from trtforge.artifacts import (content_mismatch, content_sha256, output_lock, read_sidecar, refuse_overwrite, sha256_file,
-                                write_json_atomic, write_sidecar)
+from trtforge.artifacts import (
+    content_mismatch,
+    content_sha256,
+    output_lock,
+    read_sidecar,
+    refuse_overwrite,
+    sha256_file,
+    write_json_atomic,
+    write_sidecar,
+)
 from trtforge.config import ModelConfig
 from trtforge.errors import GateFailed, TrtforgeError, UserError
 
@@ -76,37 +84,71 @@ class Pipeline:
         self.cfg, self.out, self.backend, self.log = cfg, Path(out_dir), backend, log
         name = cfg.name
         self.paths = {
-            "onnx": self.out / f"{name}.onnx", "clean": self.out / f"{name}.clean.onnx", "int8": self.out / f"{name}.int8.onnx",
-            "cache": self.out / f"{name}.calib.cache", "engine": self.out / f"{name}.{cfg.build.precision}.engine",
-            "run": self.out / f"{name}.run.json", "report": self.out / f"{name}.pipeline.json",
+            "onnx": self.out / f"{name}.onnx",
+            "clean": self.out / f"{name}.clean.onnx",
+            "int8": self.out / f"{name}.int8.onnx",
+            "cache": self.out / f"{name}.calib.cache",
+            "engine": self.out / f"{name}.{cfg.build.precision}.engine",
+            "run": self.out / f"{name}.run.json",
+            "report": self.out / f"{name}.pipeline.json",
         }
 
     # -- fingerprints of each step's inputs ----------------------------------------------------
     def _fp(self, step: str) -> str:
         c, p = self.cfg, self.paths
         if step == "export":
-            return fingerprint(__version__, c.model.model_dump(), [i.model_dump() for i in c.inputs],
-                               {k: v.model_dump() for k, v in c.axes.items()}, [o.model_dump() for o in c.outputs], c.export.model_dump(), _source_hash(c), _torch())
+            return fingerprint(
+                __version__,
+                c.model.model_dump(),
+                [i.model_dump() for i in c.inputs],
+                {k: v.model_dump() for k, v in c.axes.items()},
+                [o.model_dump() for o in c.outputs],
+                c.export.model_dump(),
+                _source_hash(c),
+                _torch(),
+            )
         if step == "clean":
             return fingerprint(__version__, sha256_file(p["onnx"]), c.clean.model_dump())
         if step == "calibrate":
-            return fingerprint(__version__, sha256_file(p["clean"]), c.calibrate.model_dump(),
-                               _folder_hash(c.calibrate.data), _folder_hash(c.calibrate.eval_data))
+            return fingerprint(
+                __version__,
+                sha256_file(p["clean"]),
+                c.calibrate.model_dump(),
+                _folder_hash(c.calibrate.data),
+                _folder_hash(c.calibrate.eval_data),
+            )
         if step == "build":
             src = p["int8"] if c.build.precision in ("int8", "best") else p["clean"]
             # the fp16 magnitudes and FP8 scales come from build.calib_data's files, else from the calibration cache's
             # data (calibrate.data): other files, another engine
-            return fingerprint(__version__, sha256_file(src), c.build.model_dump(), self.backend, _folder_hash(c.build.calib_data),
-                               _folder_hash(c.calibrate.data))
+            return fingerprint(
+                __version__,
+                sha256_file(src),
+                c.build.model_dump(),
+                self.backend,
+                _folder_hash(c.build.calib_data),
+                _folder_hash(c.calibrate.data),
+            )
         if step == "run":
-            return fingerprint(__version__, sha256_file(p["engine"]), sha256_file(p["clean"]), c.run.model_dump(), _folder_hash(c.run.inputs),
-                               _engine_runs_here())
+            return fingerprint(
+                __version__,
+                sha256_file(p["engine"]),
+                sha256_file(p["clean"]),
+                c.run.model_dump(),
+                _folder_hash(c.run.inputs),
+                _engine_runs_here(),
+            )
         raise ValueError(step)
 
     def _outputs(self, step: str) -> list[Path]:
         p = self.paths
-        return {"export": [p["onnx"]], "clean": [p["clean"]], "calibrate": [p["int8"], p["cache"]],
-                "build": [p["engine"]], "run": [p["run"]]}[step]
+        return {
+            "export": [p["onnx"]],
+            "clean": [p["clean"]],
+            "calibrate": [p["int8"], p["cache"]],
+            "build": [p["engine"]],
+            "run": [p["run"]],
+        }[step]
 
     def _up_to_date(self, step: str, fp: str) -> tuple[bool, str]:
         """(whether the step can be skipped, why not): its outputs exist, its fingerprint matches and every output
@@ -157,9 +199,11 @@ class Pipeline:
         result = calibrate(self.paths["clean"], options, progress=self.log)
         acc = result.sidecar["accuracy"] or {}
         check = result.sidecar.get("engine_check") or {}
-        detail = (f"mean cosine {acc.get('mean_cosine', float('nan')):.4f}, INT8 GEMM FLOPs "
-                  f"{result.sidecar['int8_gemm_flops_fraction']:.1%} ({result.reason}); engine re-check {check.get('status')}"
-                  + (f" ({check.get('reason')})" if check.get("status") == "skipped" else ""))
+        detail = (
+            f"mean cosine {acc.get('mean_cosine', float('nan')):.4f}, INT8 GEMM FLOPs "
+            f"{result.sidecar['int8_gemm_flops_fraction']:.1%} ({result.reason}); engine re-check {check.get('status')}"
+            + (f" ({check.get('reason')})" if check.get("status") == "skipped" else "")
+        )
         failures = gate_failures(result.sidecar, options)
         if failures:
             raise GateFailed("; ".join(failures))
@@ -174,8 +218,18 @@ class Pipeline:
         from trtforge import ui
 
         with ui.build_progress(f"building {src.name}") as tick:
-            result = build(src, self.paths["engine"], b.precision, None, b.tiers, self.backend, options,
-                           on_tick=tick, tick_s=ui.heartbeat_interval(), warn=ui.warn)
+            result = build(
+                src,
+                self.paths["engine"],
+                b.precision,
+                None,
+                b.tiers,
+                self.backend,
+                options,
+                on_tick=tick,
+                tick_s=ui.heartbeat_interval(),
+                warn=ui.warn,
+            )
         check = result.sidecar.get("engine_check") or {}
         if check.get("status") == "failed":
             raise GateFailed("; ".join(check["failures"]))
@@ -194,12 +248,23 @@ class Pipeline:
             target = Path(side.get("built_onnx") or self.paths["clean"])
             note = f" (engine not executable here: ran {target.name} on ONNX Runtime)"
         # Only gates the YAML sets are 'set' (fail when unevaluable); the rest take defaults (report.py).
-        gates = {key: getattr(r, key) if key in r.model_fields_set else None
-                 for key in ("max_rel_l2", "min_cosine", "min_chunk_cosine", "min_top1_agreement", "min_pixel_agreement")}
-        options = RunOptions(inputs=Path(r.inputs), chunk=r.chunk, overlap=r.overlap, batch_size=r.batch_size, merge=r.merge,
-                             last_window=r.last_window,
-                             warmup=r.warmup, reference=self.paths["clean"], report=self.paths["run"],
-                             tokenizer=Path(self.cfg.model.tokenizer) if self.cfg.model.tokenizer else None, **gates)
+        gates = {
+            key: getattr(r, key) if key in r.model_fields_set else None
+            for key in ("max_rel_l2", "min_cosine", "min_chunk_cosine", "min_top1_agreement", "min_pixel_agreement")
+        }
+        options = RunOptions(
+            inputs=Path(r.inputs),
+            chunk=r.chunk,
+            overlap=r.overlap,
+            batch_size=r.batch_size,
+            merge=r.merge,
+            last_window=r.last_window,
+            warmup=r.warmup,
+            reference=self.paths["clean"],
+            report=self.paths["run"],
+            tokenizer=Path(self.cfg.model.tokenizer) if self.cfg.model.tokenizer else None,
+            **gates,
+        )
         report = run(target, options, progress=self.log)
         precision = report["precision_error"]
         measured = f"precision rel-L2 {precision['worst']['rel_l2']:.2e}" if precision["measured"] else f"precision {precision['reason']}"
@@ -213,7 +278,7 @@ class Pipeline:
         for name, value in (("--from", from_step), ("--only", only)):
             if value is not None and value not in STEPS:
                 raise UserError(f"{name} '{value}' is not a step; use one of {', '.join(STEPS)}.")
-        chosen = [only] if only else list(STEPS[STEPS.index(from_step):] if from_step else STEPS)
+        chosen = [only] if only else list(STEPS[STEPS.index(from_step) :] if from_step else STEPS)
         if "build" in chosen:  # a build section that contradicts itself fails now, not after export and calibrate
             from trtforge.build import check_options, options_from_config
 
@@ -237,8 +302,16 @@ class Pipeline:
                 forced = step == only or step == from_step
                 current, why = (False, "") if forced else self._up_to_date(step, fp)
                 if current:
-                    results.append(StepResult(step, "skipped", time.perf_counter() - t, 0, [str(o) for o in self._outputs(step)],
-                                              "inputs and options unchanged"))
+                    results.append(
+                        StepResult(
+                            step,
+                            "skipped",
+                            time.perf_counter() - t,
+                            0,
+                            [str(o) for o in self._outputs(step)],
+                            "inputs and options unchanged",
+                        )
+                    )
                     self.log(f"{step}: skipped (inputs and options unchanged)")
                     continue
                 self.log(f"{step}: running" + (f" again: {why}" if why else ""))
@@ -249,16 +322,30 @@ class Pipeline:
                 self._stamp_failed(step)
                 results.append(StepResult(step, "gate-failed", time.perf_counter() - t, 1, [], str(exc)))
             except FileNotFoundError as exc:
-                results.append(StepResult(step, "error", time.perf_counter() - t, 2, [], f"{exc.filename} is missing; run the earlier steps (drop --only/--from)."))
+                results.append(
+                    StepResult(
+                        step,
+                        "error",
+                        time.perf_counter() - t,
+                        2,
+                        [],
+                        f"{exc.filename} is missing; run the earlier steps (drop --only/--from).",
+                    )
+                )
                 stopped = True
             except TrtforgeError as exc:
                 results.append(StepResult(step, "error", time.perf_counter() - t, exc.exit_code, [], str(exc)))
                 stopped = True
         codes = [r.exit_code for r in results]
         exit_code = 2 if 2 in codes else (1 if 1 in codes else 0)
-        report = {"schema": "trtforge.pipeline/1", "trtforge_version": __version__, "config": self.cfg.name,
-                  "seconds": time.perf_counter() - start, "exit_code": exit_code,
-                  "steps": [vars(r) for r in results]}
+        report = {
+            "schema": "trtforge.pipeline/1",
+            "trtforge_version": __version__,
+            "config": self.cfg.name,
+            "seconds": time.perf_counter() - start,
+            "exit_code": exit_code,
+            "steps": [vars(r) for r in results],
+        }
         write_json_atomic(self.paths["report"], report)
         return report
 
@@ -267,8 +354,14 @@ class Pipeline:
         own files again)."""
         c, p = self.cfg, self.paths
         source = c.model.source.rpartition(":")[0] if ".py:" in c.model.source else c.model.source
-        inputs = [Path(source) if Path(source).exists() else None, c.model.tokenizer, c.calibrate.data, c.calibrate.eval_data,
-                  c.build.calib_data, c.run.inputs]
+        inputs = [
+            Path(source) if Path(source).exists() else None,
+            c.model.tokenizer,
+            c.calibrate.data,
+            c.calibrate.eval_data,
+            c.build.calib_data,
+            c.run.inputs,
+        ]
         refuse_overwrite("pipeline", inputs, [p["onnx"], p["clean"], p["int8"], p["cache"], p["engine"]], [p["run"], p["report"]])
 
     def _stamp_failed(self, step: str) -> None:

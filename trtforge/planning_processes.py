@@ -31,6 +31,7 @@ from trtforge.errors import UserError
 @dataclass(frozen=True)
 class PlanSettings:
     """What run.plan_document needs besides the input: the same for every input of a run."""
+
     specs: list[Any]  # config.InputSpec
     layout: Any  # layout.Layout
     chunk: int | None
@@ -50,8 +51,9 @@ class PlanningProcesses:
         from concurrent.futures import ProcessPoolExecutor
 
         self.processes = max(1, int(processes))
-        self.pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_worker_init, initargs=(str(directory), settings))
+        self.pool = ProcessPoolExecutor(
+            self.processes, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init, initargs=(str(directory), settings)
+        )
         self.ahead = max(1, int(ahead or 2 * self.processes))
         self.futures: dict[int, Any] = {}  # handed to the workers, not yet taken by plan()
         self.queued: deque[tuple[int, Any]] = deque()  # submitted, not yet handed to the workers
@@ -74,8 +76,10 @@ class PlanningProcesses:
                 self.ready.update(f.result() for f in answers)
         except BrokenProcessPool as exc:
             self.close()
-            raise UserError(f"the {self.processes} planning processes could not start ({exc}; their error is printed above); "
-                            "run without --plan-processes.") from None
+            raise UserError(
+                f"the {self.processes} planning processes could not start ({exc}; their error is printed above); "
+                "run without --plan-processes."
+            ) from None
 
     def submit(self, docs: dict[int, Any]) -> None:
         """Inputs by index (run.Document of kind text: its text, or its ids), planned in that order, `ahead` at a
@@ -116,8 +120,9 @@ class PlanningProcesses:
 
 def _died() -> UserError:
     # the input named would be a guess: a dead worker fails every input the pool holds
-    return UserError("a planning process died (out of memory?) while inputs were being planned; run without "
-                     "--plan-processes, or with fewer.")
+    return UserError(
+        "a planning process died (out of memory?) while inputs were being planned; run without --plan-processes, or with fewer."
+    )
 
 
 _WORKER: dict[str, Any] = {}

@@ -146,6 +146,7 @@ def _site(inputs: Inputs, *parts: str) -> list[Path]:
 
 # ---------------------------------------------------------------------------------------------------- requirements
 
+
 def find_cuda(inputs: Inputs, out: Discovery) -> None:
     """The CUDA toolkit: nvcc 12+, include/cuda_runtime_api.h and the static runtime (lib64/libcudart_static.a)."""
     given = _given(inputs, "cuda_home", "--cuda-home", "CUDA_HOME")
@@ -172,10 +173,9 @@ def find_cuda(inputs: Inputs, out: Discovery) -> None:
         nvcc_env = inputs.env.get("NVCC")
         out.found["nvcc"] = Found(Path(nvcc_env) if nvcc_env else home / "bin" / "nvcc", "$NVCC" if nvcc_env else source, version)
         return
-    where = ("; ".join(problems) if problems else f"no nvcc on PATH and nothing at {_looked(candidates)}")
+    where = "; ".join(problems) if problems else f"no nvcc on PATH and nothing at {_looked(candidates)}"
     fix = f"fix {source}" if given else "install the CUDA toolkit 12 or newer or pass --cuda-home DIR"
-    out.missing.append(f"no CUDA toolkit (nvcc 12+, include/cuda_runtime_api.h, lib64/libcudart_static.a) was found "
-                       f"({where}): {fix}.")
+    out.missing.append(f"no CUDA toolkit (nvcc 12+, include/cuda_runtime_api.h, lib64/libcudart_static.a) was found ({where}): {fix}.")
 
 
 def find_cxx(inputs: Inputs, out: Discovery) -> None:
@@ -210,17 +210,23 @@ def find_tensorrt(inputs: Inputs, out: Discovery, runtime_version: str | None) -
             others.append(f"{include} holds TensorRT {version or 'headers of unknown version'}")
             continue
         if runtime_version and _version_tuple(runtime_version)[:2] != _version_tuple(version)[:2]:
-            out.missing.append(f"the TensorRT headers at {include} are {version} but the installed tensorrt is "
-                               f"{runtime_version}: the plugins are written for TensorRT {wanted}; install tensorrt=={wanted}.* "
-                               "or point --tensorrt-include at its headers.")
+            out.missing.append(
+                f"the TensorRT headers at {include} are {version} but the installed tensorrt is "
+                f"{runtime_version}: the plugins are written for TensorRT {wanted}; install tensorrt=={wanted}.* "
+                "or point --tensorrt-include at its headers."
+            )
             return
-        out.found["tensorrt_include"] = Found(include, source if given else ("package" if include.parent.name in ("tensorrt", "tensorrt_libs") else "system"), version)
+        out.found["tensorrt_include"] = Found(
+            include, source if given else ("package" if include.parent.name in ("tensorrt", "tensorrt_libs") else "system"), version
+        )
         return
     seen = f"{'; '.join(others)}; " if others else ""
     fix = f"fix {source} with" if given else "the tensorrt wheel ships none; pass --tensorrt-include DIR with"
-    out.missing.append(f"TensorRT {wanted}'s headers (NvInfer.h) were not found ({seen}looked in {_looked(candidates)}): {fix} "
-                       f"the include/ of the TensorRT {wanted} tarball, of libnvinfer-dev, or of github.com/NVIDIA/TensorRT "
-                       "at tag v8.6.0.")
+    out.missing.append(
+        f"TensorRT {wanted}'s headers (NvInfer.h) were not found ({seen}looked in {_looked(candidates)}): {fix} "
+        f"the include/ of the TensorRT {wanted} tarball, of libnvinfer-dev, or of github.com/NVIDIA/TensorRT "
+        "at tag v8.6.0."
+    )
 
 
 def _first_with(candidates: list[Path], *markers: str) -> Path | None:
@@ -237,8 +243,16 @@ def find_cudnn(inputs: Inputs, out: Discovery) -> None:
     """cuDNN 9: its headers (cudnn.h, cudnn_version.h) and its library directory (libcudnn.so.9)."""
     cuda = out.found.get("cuda_home")
     given = _given(inputs, "cudnn_include", "--cudnn-include", "CUDNN_INCLUDE")
-    candidates = [given[0]] if given else (_site(inputs, "nvidia", "cudnn", "include") + ([cuda.path / "include"] if cuda else [])
-                                           + _sys(inputs, "usr", "include", "x86_64-linux-gnu") + _sys(inputs, "usr", "include"))
+    candidates = (
+        [given[0]]
+        if given
+        else (
+            _site(inputs, "nvidia", "cudnn", "include")
+            + ([cuda.path / "include"] if cuda else [])
+            + _sys(inputs, "usr", "include", "x86_64-linux-gnu")
+            + _sys(inputs, "usr", "include")
+        )
+    )
     include = _first_with(candidates, "cudnn.h", "cudnn_version.h")
     version = cudnn_header_version(include) if include else None
     if include is None or _version_tuple(version)[:1] != (9,):
@@ -250,8 +264,16 @@ def find_cudnn(inputs: Inputs, out: Discovery) -> None:
         out.found["cudnn_include"] = Found(include, _source(given, include, inputs), version)
     given_lib = _given(inputs, "cudnn_lib", "--cudnn-lib", "CUDNN_LIB")
     beside = [include.parent / "lib"] if include is not None else []
-    libs = [given_lib[0]] if given_lib else (beside + _site(inputs, "nvidia", "cudnn", "lib") + ([cuda.path / "lib64"] if cuda else [])
-                                             + _sys(inputs, "usr", "lib", "x86_64-linux-gnu"))
+    libs = (
+        [given_lib[0]]
+        if given_lib
+        else (
+            beside
+            + _site(inputs, "nvidia", "cudnn", "lib")
+            + ([cuda.path / "lib64"] if cuda else [])
+            + _sys(inputs, "usr", "lib", "x86_64-linux-gnu")
+        )
+    )
     lib = _first_with(libs, "libcudnn.so.9")
     if lib is None:
         fix = f"fix {given_lib[1]}" if given_lib else f"{EXTRA} (nvidia-cudnn-cu12) or pass --cudnn-lib DIR"
@@ -263,15 +285,18 @@ def find_cudnn(inputs: Inputs, out: Discovery) -> None:
 def find_frontend(inputs: Inputs, out: Discovery) -> None:
     """cudnn-frontend's header-only include/ (its headers include "../include/...", so the directory keeps that name)."""
     given = _given(inputs, "cudnn_frontend_include", "--cudnn-frontend-include", "CUDNN_FRONTEND_INCLUDE")
-    candidates = [given[0]] if given else (_site(inputs, "include") + _sys(inputs, "usr", "local", "include")
-                                           + _sys(inputs, "usr", "include"))
+    candidates = (
+        [given[0]] if given else (_site(inputs, "include") + _sys(inputs, "usr", "local", "include") + _sys(inputs, "usr", "include"))
+    )
     include = _first_with(candidates, "cudnn_frontend.h")
     if include is None:
         fix = f"fix {given[1]}" if given else f"{EXTRA} (nvidia-cudnn-frontend 1.14) or pass --cudnn-frontend-include DIR"
         out.missing.append(f"cudnn-frontend's headers (cudnn_frontend.h) were not found (looked in {_looked(candidates)}): {fix}.")
     elif include.resolve().name != "include":
-        out.missing.append(f"cudnn-frontend's headers at {include} must sit in a directory named include/ (they include "
-                           "\"../include/...\"): pass the include/ directory of its source tree or wheel.")
+        out.missing.append(
+            f"cudnn-frontend's headers at {include} must sit in a directory named include/ (they include "
+            '"../include/..."): pass the include/ directory of its source tree or wheel.'
+        )
     else:
         out.found["cudnn_frontend_include"] = Found(include, _source(given, include, inputs), frontend_header_version(include))
 
@@ -280,8 +305,15 @@ def find_cublas(inputs: Inputs, out: Discovery) -> None:
     """cublasLt.h (the GEMM plugin's declarations; the library itself is opened at run time)."""
     cuda = out.found.get("cuda_home")
     given = _given(inputs, "cublas_include", "--cublas-include", "CUBLAS_INCLUDE")
-    candidates = [given[0]] if given else (_site(inputs, "nvidia", "cublas", "include") + _site(inputs, "nvidia", "cu13", "include")
-                                           + ([cuda.path / "include"] if cuda else []))
+    candidates = (
+        [given[0]]
+        if given
+        else (
+            _site(inputs, "nvidia", "cublas", "include")
+            + _site(inputs, "nvidia", "cu13", "include")
+            + ([cuda.path / "include"] if cuda else [])
+        )
+    )
     include = _first_with(candidates, "cublasLt.h")
     if include is None:
         fix = f"fix {given[1]}" if given else f"{EXTRA} (nvidia-cublas-cu12) or pass --cublas-include DIR"
@@ -294,11 +326,17 @@ def find_runtime_libraries(inputs: Inputs, out: Discovery) -> None:
     """cuBLASLt and nvrtc from the wheels, which the plugin (dlopen of libcublasLt) and cuDNN (nvrtc) open at run time by
     name: preloaded by full path they resolve without LD_LIBRARY_PATH. Optional: a system install is found by the loader."""
     cublas = out.found.get("cublas_include")
-    dirs = ([cublas.path.parent / "lib"] if cublas else []) + _site(inputs, "nvidia", "cublas", "lib") \
-        + _site(inputs, "nvidia", "cu13", "lib") + _site(inputs, "nvidia", "cuda_nvrtc", "lib")
+    dirs = (
+        ([cublas.path.parent / "lib"] if cublas else [])
+        + _site(inputs, "nvidia", "cublas", "lib")
+        + _site(inputs, "nvidia", "cu13", "lib")
+        + _site(inputs, "nvidia", "cuda_nvrtc", "lib")
+    )
     for prefix in ("libcublasLt.so.", "libnvrtc.so."):
         for d in dirs:
-            hits = sorted(d.glob(prefix + "[0-9]*"), key=lambda p: _version_tuple(p.name[len(prefix):]), reverse=True) if d.is_dir() else []
+            hits = (
+                sorted(d.glob(prefix + "[0-9]*"), key=lambda p: _version_tuple(p.name[len(prefix) :]), reverse=True) if d.is_dir() else []
+            )
             hits = [h for h in hits if re.fullmatch(re.escape(prefix) + r"\d+", h.name)]
             if hits:
                 out.runtime_libraries.append(hits[0])
@@ -320,13 +358,21 @@ def discover(inputs: Inputs, runtime_tensorrt: str | None = None) -> Discovery:
 
 def build_environment(found: dict[str, Found]) -> dict[str, str]:
     """The variables trtforge/native/build.sh reads, from what discovery found."""
-    names = {"tensorrt_include": "TRT_INCLUDE", "cudnn_include": "CUDNN_INCLUDE", "cudnn_lib": "CUDNN_LIB",
-             "cudnn_frontend_include": "CUDNN_FRONTEND_INCLUDE", "cublas_include": "CUBLAS_INCLUDE",
-             "cuda_home": "CUDA_HOME", "nvcc": "NVCC", "cxx": "CXX"}
+    names = {
+        "tensorrt_include": "TRT_INCLUDE",
+        "cudnn_include": "CUDNN_INCLUDE",
+        "cudnn_lib": "CUDNN_LIB",
+        "cudnn_frontend_include": "CUDNN_FRONTEND_INCLUDE",
+        "cublas_include": "CUBLAS_INCLUDE",
+        "cuda_home": "CUDA_HOME",
+        "nvcc": "NVCC",
+        "cxx": "CXX",
+    }
     return {var: str(found[key].path) for key, var in names.items() if key in found}
 
 
 # ---------------------------------------------------------------------------------------------------- the cache
+
 
 def parse_arch(text: str) -> int:
     """'sm_90', 'SM90', '9.0' or '90' -> 90; ValueError for anything else."""
@@ -388,17 +434,30 @@ def _key_parts(name: str) -> tuple[str, tuple[int, ...], int] | None:
     return (m.group(1), _version_tuple(m.group(2)), int(m.group(3))) if m else None
 
 
-def cache_state(root: Path, tensorrt_version: str, sm: int, sources: str, driver_cuda: str | None,
-                read_record: Callable[[Path], dict | None], library_hash: Callable[[Path], str]) -> CacheState:
+def cache_state(
+    root: Path,
+    tensorrt_version: str,
+    sm: int,
+    sources: str,
+    driver_cuda: str | None,
+    read_record: Callable[[Path], dict | None],
+    library_hash: Callable[[Path], str],
+) -> CacheState:
     """Which cached library build and run load for this TensorRT and GPU: among trt<ver>-cuda*-sm<sm>, the newest CUDA
     the driver runs (any, when the driver's version is unknown) whose sidecar names these sources and whose bytes match
     the hash it records. read_record and library_hash are injected so the decision is tested without a library."""
     trt = normalize_tensorrt_version(tensorrt_version)
     base = plugins_dir(root)
     wanted = f"trt{trt}-cuda*-sm{sm}"
-    entries = sorted(((parts, d) for d in (base.glob(wanted) if base.is_dir() else [])
-                      if (parts := _key_parts(d.name)) is not None and parts[0] == trt and parts[2] == sm),
-                     key=lambda e: e[0][1], reverse=True)
+    entries = sorted(
+        (
+            (parts, d)
+            for d in (base.glob(wanted) if base.is_dir() else [])
+            if (parts := _key_parts(d.name)) is not None and parts[0] == trt and parts[2] == sm
+        ),
+        key=lambda e: e[0][1],
+        reverse=True,
+    )
     stale: list[str] = []
     for (_, cuda, _), d in entries:
         lib = d / LIBRARY_NAME
@@ -417,10 +476,10 @@ def cache_state(root: Path, tensorrt_version: str, sm: int, sources: str, driver
             continue
         return CacheState("found", lib, f"{lib} ({d.name}) matches TensorRT {trt} on sm_{sm}", record)
     if stale:
-        return CacheState("stale", Path(str(entries[0][1] / LIBRARY_NAME)),
-                          f"{stale[0]}; run `trtforge plugins build` to rebuild it")
-    return CacheState("not built", None, f"no plugin library for TensorRT {trt} on sm_{sm} under {base}; "
-                                         "`trtforge plugins build` makes one")
+        return CacheState("stale", Path(str(entries[0][1] / LIBRARY_NAME)), f"{stale[0]}; run `trtforge plugins build` to rebuild it")
+    return CacheState(
+        "not built", None, f"no plugin library for TensorRT {trt} on sm_{sm} under {base}; `trtforge plugins build` makes one"
+    )
 
 
 NO_PLUGINS = "none"
@@ -432,8 +491,10 @@ def chosen_libraries(given: list[str], cached: CacheState | None) -> tuple[list[
     if given:
         if NO_PLUGINS in given:
             if len(given) > 1:
-                raise UserError("--plugin-library none turns plugin libraries off (config key build.plugin_libraries: "
-                                "[none]); give it alone, without paths.")
+                raise UserError(
+                    "--plugin-library none turns plugin libraries off (config key build.plugin_libraries: "
+                    "[none]); give it alone, without paths."
+                )
             return [], "turned off (--plugin-library none)"
         return list(given), "given"
     if cached is not None and cached.status == "found" and cached.path is not None:

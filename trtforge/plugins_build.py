@@ -16,10 +16,26 @@ from typing import Any, Callable
 
 from trtforge.artifacts import ensure_writable_dir, publish, sha256_file, sidecar_path, write_sidecar, write_text_atomic
 from trtforge.errors import UserError
-from trtforge.plugin_discovery import (CACHE_ENV, LIBRARY_NAME, SIDECAR_KIND, SIDECAR_SCHEMA, CacheState, Discovery,
-                                       Inputs, cache_key, cache_root, cache_state, chosen_libraries, discover,
-                                       build_environment, library_path, normalize_tensorrt_version, parse_arch,
-                                       plugins_dir, sources_digest)
+from trtforge.plugin_discovery import (
+    CACHE_ENV,
+    LIBRARY_NAME,
+    SIDECAR_KIND,
+    SIDECAR_SCHEMA,
+    CacheState,
+    Discovery,
+    Inputs,
+    build_environment,
+    cache_key,
+    cache_root,
+    cache_state,
+    chosen_libraries,
+    discover,
+    library_path,
+    normalize_tensorrt_version,
+    parse_arch,
+    plugins_dir,
+    sources_digest,
+)
 
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
 FLAG_KEYS = ("cuda_home", "tensorrt_include", "cudnn_include", "cudnn_lib", "cudnn_frontend_include", "cublas_include")
@@ -30,9 +46,12 @@ class MissingRequirements(UserError):
 
     def __init__(self, sentences: list[str]):
         self.sentences = sentences
-        super().__init__(sentences[0] if len(sentences) == 1 else
-                         f"{len(sentences)} things the plugin library needs are missing (listed above); provide them and "
-                         "run `trtforge plugins build` again.")
+        super().__init__(
+            sentences[0]
+            if len(sentences) == 1
+            else f"{len(sentences)} things the plugin library needs are missing (listed above); provide them and "
+            "run `trtforge plugins build` again."
+        )
 
 
 def runtime_tensorrt_version() -> str | None:
@@ -81,15 +100,14 @@ def _read_record(path: Path) -> dict | None:
 def state_for(tensorrt_version: str | None, sm: int | None) -> CacheState:
     """The cache's state for this TensorRT and GPU; 'unavailable' (with why) when either is unknown."""
     if tensorrt_version is None:
-        return CacheState("unavailable", None, "the plugin library needs TensorRT 8.6 (the full tensorrt package), "
-                                              "which is not installed")
+        return CacheState("unavailable", None, "the plugin library needs TensorRT 8.6 (the full tensorrt package), which is not installed")
     if sm is None:
         return CacheState("unavailable", None, "no GPU found: the cached plugin library is chosen by the GPU's architecture")
     if not NATIVE_DIR.is_dir():
-        return CacheState("unavailable", None, f"this installation lacks the plugin sources ({NATIVE_DIR}), which a cached "
-                                              "library must match")
-    return cache_state(cache_dir(), tensorrt_version, sm, sources_digest(NATIVE_DIR), driver_cuda_version(),
-                       _read_record, sha256_file)
+        return CacheState(
+            "unavailable", None, f"this installation lacks the plugin sources ({NATIVE_DIR}), which a cached library must match"
+        )
+    return cache_state(cache_dir(), tensorrt_version, sm, sources_digest(NATIVE_DIR), driver_cuda_version(), _read_record, sha256_file)
 
 
 def state_here() -> CacheState:
@@ -110,8 +128,10 @@ def libraries_for_build(flavour: str, version: str, given: list[str], warn: Call
 def native_sources() -> Path:
     """trtforge/native/ of this installation, or the one sentence saying it is absent."""
     if not (NATIVE_DIR / "build.sh").is_file() or not any(NATIVE_DIR.glob("*.cpp")):
-        raise UserError(f"the plugin sources are not in this installation ({NATIVE_DIR} lacks build.sh or its .cpp files); "
-                        "install a trtforge wheel that ships trtforge/native/, or run from a checkout.")
+        raise UserError(
+            f"the plugin sources are not in this installation ({NATIVE_DIR} lacks build.sh or its .cpp files); "
+            "install a trtforge wheel that ships trtforge/native/, or run from a checkout."
+        )
     return NATIVE_DIR
 
 
@@ -138,8 +158,10 @@ def _arch(arch: str | None, missing: list[str]) -> int | None:
             raise UserError(f"--arch '{arch}' is not a compute capability; use e.g. sm_90 or 9.0.") from None
     sm = gpu_sm()
     if sm is None:
-        missing.append("no GPU was found to build for (cuda-python sees none): pass --arch with the compute capability of "
-                       "the GPU that will run the library, e.g. --arch sm_90 for an H100.")
+        missing.append(
+            "no GPU was found to build for (cuda-python sees none): pass --arch with the compute capability of "
+            "the GPU that will run the library, e.g. --arch sm_90 for an H100."
+        )
     return sm
 
 
@@ -147,19 +169,27 @@ def _record(found: Discovery, key: str, sm: int, trt: str, runtime: str | None, 
     from trtforge import __version__
 
     f = found.found
-    return {"kind": SIDECAR_KIND, "schema": SIDECAR_SCHEMA, "key": key, "sha256": sha, "sources_sha256": sources,
-            "tensorrt_version": trt, "tensorrt_runtime": runtime,
-            "tensorrt_include": {"path": str(f["tensorrt_include"].path), "version": f["tensorrt_include"].version},
-            "cuda": {"path": str(f["cuda_home"].path), "version": f["cuda_home"].version, "nvcc": str(f["nvcc"].path)},
-            "cxx": str(f["cxx"].path), "sm": sm,
-            "cudnn": {"include": str(f["cudnn_include"].path), "lib": str(f["cudnn_lib"].path),
-                      "version": f["cudnn_include"].version},
-            "cudnn_frontend": {"include": str(f["cudnn_frontend_include"].path), "version": f["cudnn_frontend_include"].version},
-            "cublas_include": str(f["cublas_include"].path),
-            "runtime_libraries": [str(p) for p in found.runtime_libraries],
-            "sources": {k: v.source for k, v in f.items()},
-            "trtforge_version": __version__, "build_seconds": round(seconds, 1),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "kind": SIDECAR_KIND,
+        "schema": SIDECAR_SCHEMA,
+        "key": key,
+        "sha256": sha,
+        "sources_sha256": sources,
+        "tensorrt_version": trt,
+        "tensorrt_runtime": runtime,
+        "tensorrt_include": {"path": str(f["tensorrt_include"].path), "version": f["tensorrt_include"].version},
+        "cuda": {"path": str(f["cuda_home"].path), "version": f["cuda_home"].version, "nvcc": str(f["nvcc"].path)},
+        "cxx": str(f["cxx"].path),
+        "sm": sm,
+        "cudnn": {"include": str(f["cudnn_include"].path), "lib": str(f["cudnn_lib"].path), "version": f["cudnn_include"].version},
+        "cudnn_frontend": {"include": str(f["cudnn_frontend_include"].path), "version": f["cudnn_frontend_include"].version},
+        "cublas_include": str(f["cublas_include"].path),
+        "runtime_libraries": [str(p) for p in found.runtime_libraries],
+        "sources": {k: v.source for k, v in f.items()},
+        "trtforge_version": __version__,
+        "build_seconds": round(seconds, 1),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def _last_error(text: str) -> str:
@@ -171,18 +201,18 @@ def _last_error(text: str) -> str:
 def compile_library(native: Path, env: dict[str, str], out: Path, log: Path) -> None:
     """Run trtforge/native/build.sh into `out` (a temp name beside the final one) and keep its output in `log`."""
     try:
-        proc = subprocess.run(["bash", str(native / "build.sh"), str(out)], env={**os.environ, **env},
-                              capture_output=True, text=True)
+        proc = subprocess.run(["bash", str(native / "build.sh"), str(out)], env={**os.environ, **env}, capture_output=True, text=True)
     except OSError as exc:
         raise UserError(f"cannot run bash for {native / 'build.sh'}: {exc.strerror or exc}; install bash.") from None
     write_text_atomic(log, f"$ bash {native / 'build.sh'} {out}\n{proc.stdout}{proc.stderr}")
     if proc.returncode != 0 or not out.is_file():
-        raise UserError(f"compiling the plugin library failed (exit {proc.returncode}): {_last_error(proc.stderr + proc.stdout)}; "
-                        f"the compiler's output is in {log}.")
+        raise UserError(
+            f"compiling the plugin library failed (exit {proc.returncode}): {_last_error(proc.stderr + proc.stdout)}; "
+            f"the compiler's output is in {log}."
+        )
 
 
-def build_plugins(flags: dict[str, str | None], packages_dirs: list[str], arch: str | None = None,
-                  force: bool = False) -> BuildReport:
+def build_plugins(flags: dict[str, str | None], packages_dirs: list[str], arch: str | None = None, force: bool = False) -> BuildReport:
     """Find everything, then compile into <cache>/plugins/<key>/ and write the library's sidecar; an up-to-date
     library for the same key and sources is reused unless `force`."""
     native = native_sources()
@@ -220,7 +250,15 @@ def status(flags: dict[str, str | None], packages_dirs: list[str]) -> dict[str, 
     sm = gpu_sm()
     found = discovery_here(flags, packages_dirs, runtime)
     state = state_for(runtime, sm)
-    return {"cache_dir": str(plugins_dir(cache_dir())), "cache_env": CACHE_ENV, "tensorrt": runtime,
-            "sm": sm, "state": state.status, "path": str(state.path) if state.path else None, "detail": state.detail,
-            "found": {k: {"path": str(v.path), "source": v.source, "version": v.version} for k, v in found.found.items()},
-            "missing": found.missing, "runtime_libraries": [str(p) for p in found.runtime_libraries]}
+    return {
+        "cache_dir": str(plugins_dir(cache_dir())),
+        "cache_env": CACHE_ENV,
+        "tensorrt": runtime,
+        "sm": sm,
+        "state": state.status,
+        "path": str(state.path) if state.path else None,
+        "detail": state.detail,
+        "found": {k: {"path": str(v.path), "source": v.source, "version": v.version} for k, v in found.found.items()},
+        "missing": found.missing,
+        "runtime_libraries": [str(p) for p in found.runtime_libraries],
+    }

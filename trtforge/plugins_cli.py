@@ -10,30 +10,66 @@ import typer
 from trtforge import ui
 from trtforge.errors import UserError
 
-plugins_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                          help="libtrtforge_plugins (cuDNN flash attention, cuBLASLt GEMMs for TensorRT 8.6): build it "
-                               "into the per-user cache that build and run load by default.")
+plugins_app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="libtrtforge_plugins (cuDNN flash attention, cuBLASLt GEMMs for TensorRT 8.6): build it "
+    "into the per-user cache that build and run load by default.",
+)
 
 JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
-CudaHome = typer.Option(None, "--cuda-home", help="The CUDA toolkit (bin/nvcc, include/, lib64/libcudart_static.a; default: $CUDA_HOME, the nvcc on PATH, /usr/local/cuda*).")
-TrtInclude = typer.Option(None, "--tensorrt-include", help="TensorRT 8.6's include/ with NvInfer.h (default: $TRT_INCLUDE, $TENSORRT_ROOT/include, the tensorrt package, /usr/include, /usr/local/TensorRT*/include).")
-CudnnInclude = typer.Option(None, "--cudnn-include", help="cuDNN 9's include/ (default: $CUDNN_INCLUDE, the nvidia-cudnn-cu12 wheel's nvidia/cudnn/include, the CUDA toolkit, /usr/include).")
-CudnnLib = typer.Option(None, "--cudnn-lib", help="The directory of libcudnn.so.9 (default: $CUDNN_LIB, beside the cuDNN headers, the wheel's nvidia/cudnn/lib).")
-FrontendInclude = typer.Option(None, "--cudnn-frontend-include", help="cudnn-frontend's include/ (default: $CUDNN_FRONTEND_INCLUDE, the nvidia-cudnn-frontend wheel's site-packages/include).")
-CublasInclude = typer.Option(None, "--cublas-include", help="The directory of cublasLt.h (default: $CUBLAS_INCLUDE, the nvidia-cublas wheels, the CUDA toolkit).")
-PackagesDir = typer.Option(None, "--packages-dir", help="Another site-packages to search for the nvidia-* wheels (repeatable), e.g. another Python's.")
+CudaHome = typer.Option(
+    None,
+    "--cuda-home",
+    help="The CUDA toolkit (bin/nvcc, include/, lib64/libcudart_static.a; default: $CUDA_HOME, the nvcc on PATH, /usr/local/cuda*).",
+)
+TrtInclude = typer.Option(
+    None,
+    "--tensorrt-include",
+    help="TensorRT 8.6's include/ with NvInfer.h (default: $TRT_INCLUDE, $TENSORRT_ROOT/include, the tensorrt package, /usr/include, /usr/local/TensorRT*/include).",
+)
+CudnnInclude = typer.Option(
+    None,
+    "--cudnn-include",
+    help="cuDNN 9's include/ (default: $CUDNN_INCLUDE, the nvidia-cudnn-cu12 wheel's nvidia/cudnn/include, the CUDA toolkit, /usr/include).",
+)
+CudnnLib = typer.Option(
+    None,
+    "--cudnn-lib",
+    help="The directory of libcudnn.so.9 (default: $CUDNN_LIB, beside the cuDNN headers, the wheel's nvidia/cudnn/lib).",
+)
+FrontendInclude = typer.Option(
+    None,
+    "--cudnn-frontend-include",
+    help="cudnn-frontend's include/ (default: $CUDNN_FRONTEND_INCLUDE, the nvidia-cudnn-frontend wheel's site-packages/include).",
+)
+CublasInclude = typer.Option(
+    None, "--cublas-include", help="The directory of cublasLt.h (default: $CUBLAS_INCLUDE, the nvidia-cublas wheels, the CUDA toolkit)."
+)
+PackagesDir = typer.Option(
+    None, "--packages-dir", help="Another site-packages to search for the nvidia-* wheels (repeatable), e.g. another Python's."
+)
 
 
 def _flags(cuda_home, tensorrt_include, cudnn_include, cudnn_lib, cudnn_frontend_include, cublas_include) -> dict:
-    return {"cuda_home": cuda_home, "tensorrt_include": tensorrt_include, "cudnn_include": cudnn_include,
-            "cudnn_lib": cudnn_lib, "cudnn_frontend_include": cudnn_frontend_include, "cublas_include": cublas_include}
+    return {
+        "cuda_home": cuda_home,
+        "tensorrt_include": tensorrt_include,
+        "cudnn_include": cudnn_include,
+        "cudnn_lib": cudnn_lib,
+        "cudnn_frontend_include": cudnn_frontend_include,
+        "cublas_include": cublas_include,
+    }
 
 
 @plugins_app.command("build")
 def build_cmd(
-    cuda_home: Optional[str] = CudaHome, tensorrt_include: Optional[str] = TrtInclude,
-    cudnn_include: Optional[str] = CudnnInclude, cudnn_lib: Optional[str] = CudnnLib,
-    cudnn_frontend_include: Optional[str] = FrontendInclude, cublas_include: Optional[str] = CublasInclude,
+    cuda_home: Optional[str] = CudaHome,
+    tensorrt_include: Optional[str] = TrtInclude,
+    cudnn_include: Optional[str] = CudnnInclude,
+    cudnn_lib: Optional[str] = CudnnLib,
+    cudnn_frontend_include: Optional[str] = FrontendInclude,
+    cublas_include: Optional[str] = CublasInclude,
     packages_dir: Optional[list[str]] = PackagesDir,
     arch: Optional[str] = typer.Option(None, "--arch", help="The GPU architecture to build for, e.g. sm_90 (default: GPU 0's)."),
     force: bool = typer.Option(False, "--force", help="Compile again even when the cached library is up to date."),
@@ -65,17 +101,21 @@ def build_cmd(
 
 @plugins_app.command("status")
 def status_cmd(
-    cuda_home: Optional[str] = CudaHome, tensorrt_include: Optional[str] = TrtInclude,
-    cudnn_include: Optional[str] = CudnnInclude, cudnn_lib: Optional[str] = CudnnLib,
-    cudnn_frontend_include: Optional[str] = FrontendInclude, cublas_include: Optional[str] = CublasInclude,
+    cuda_home: Optional[str] = CudaHome,
+    tensorrt_include: Optional[str] = TrtInclude,
+    cudnn_include: Optional[str] = CudnnInclude,
+    cudnn_lib: Optional[str] = CudnnLib,
+    cudnn_frontend_include: Optional[str] = FrontendInclude,
+    cublas_include: Optional[str] = CublasInclude,
     packages_dir: Optional[list[str]] = PackagesDir,
     json_out: bool = JsonOpt,
 ) -> None:
     """The cached library for this TensorRT and GPU (found, not built, stale) and what `plugins build` would use."""
     from trtforge.plugins_build import status
 
-    data = status(_flags(cuda_home, tensorrt_include, cudnn_include, cudnn_lib, cudnn_frontend_include, cublas_include),
-                  list(packages_dir or []))
+    data = status(
+        _flags(cuda_home, tensorrt_include, cudnn_include, cudnn_lib, cudnn_frontend_include, cublas_include), list(packages_dir or [])
+    )
     if json_out:
         ui.print_json(data)
         return

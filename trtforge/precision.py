@@ -39,19 +39,42 @@ from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError
 from trtforge.graph import expose_tensors, name_all_nodes, toposorted
 
-FP32_OP_BLOCK_LIST = ("LayerNormalization", "Pow", "ReduceMean", "ReduceSum", "ReduceSumSquare", "Sqrt",
-                      "Reciprocal", "Exp", "Log", "Softplus")
+FP32_OP_BLOCK_LIST = (
+    "LayerNormalization",
+    "Pow",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "Sqrt",
+    "Reciprocal",
+    "Exp",
+    "Log",
+    "Softplus",
+)
 # Ops whose output type is set by an attribute, or that hold subgraphs: left fp32 rather than rewritten.
-_OPAQUE_OPS = ("EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-               "If", "Loop", "Scan")
+_OPAQUE_OPS = ("EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "If", "Loop", "Scan")
 # Inputs that stay fp32 even on an fp16 node (their own type parameter in the ONNX schema).
 _FP32_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 GEMM_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 CONV_OPS = ("Conv", "ConvTranspose")
 # Elementwise ops TensorRT fuses after an int8 convolution (activation, residual Add, BatchNorm, scaling).
-CONV_EPILOGUE_OPS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Add", "Sub", "Mul",
-                     "BatchNormalization", "PRelu", "Max", "Min")
+CONV_EPILOGUE_OPS = (
+    "Relu",
+    "LeakyRelu",
+    "Clip",
+    "Sigmoid",
+    "HardSigmoid",
+    "HardSwish",
+    "Tanh",
+    "Add",
+    "Sub",
+    "Mul",
+    "BatchNormalization",
+    "PRelu",
+    "Max",
+    "Min",
+)
 DATA_MAX = 512.0
 INIT_MAX = 65504.0
 FP16_MIN_NORMAL = 6.104e-05
@@ -66,8 +89,12 @@ class Fp16Report:
     magnitudes_from: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"fp16_nodes": self.converted_nodes, "fp32_nodes": len(self.kept_fp32), "kept_fp32": self.kept_fp32,
-                "magnitudes_from": self.magnitudes_from}
+        return {
+            "fp16_nodes": self.converted_nodes,
+            "fp32_nodes": len(self.kept_fp32),
+            "kept_fp32": self.kept_fp32,
+            "magnitudes_from": self.magnitudes_from,
+        }
 
 
 def observe(model: onnx.ModelProto, feeds_list: list[dict[str, np.ndarray]]) -> tuple[dict[str, float], dict[str, np.dtype]]:
@@ -87,8 +114,13 @@ def observe(model: onnx.ModelProto, feeds_list: list[dict[str, np.ndarray]]) -> 
     return peaks, types
 
 
-def nodes_to_keep_fp32(model: onnx.ModelProto, peaks: dict[str, float], data_max: float = DATA_MAX,
-                       init_max: float = INIT_MAX, op_block_list: tuple[str, ...] = FP32_OP_BLOCK_LIST) -> dict[str, str]:
+def nodes_to_keep_fp32(
+    model: onnx.ModelProto,
+    peaks: dict[str, float],
+    data_max: float = DATA_MAX,
+    init_max: float = INIT_MAX,
+    op_block_list: tuple[str, ...] = FP32_OP_BLOCK_LIST,
+) -> dict[str, str]:
     """Pure decision: node name -> why it stays fp32."""
     inits = {i.name: i for i in model.graph.initializer}
     big_inits = set()
@@ -114,8 +146,11 @@ def nodes_to_keep_fp32(model: onnx.ModelProto, peaks: dict[str, float], data_max
         elif any(i in big_inits for i in node.input):
             keep[node.name] = f"initializer '{next(i for i in node.input if i in big_inits)}' exceeds {init_max:g}"
     for name in integer_math_nodes(model):
-        keep.setdefault(name, "computes an integer (its result only reaches a cast to an integer type, e.g. a relative-"
-                              "position bucket): fp16 rounding would change the integer")
+        keep.setdefault(
+            name,
+            "computes an integer (its result only reaches a cast to an integer type, e.g. a relative-"
+            "position bucket): fp16 rounding would change the integer",
+        )
     # A GEMM reading a DequantizeLinear that stays fp32 stays fp32 too: a Cast between them blocks the fusion.
     kept_dq = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.name in keep}
     for node in model.graph.node:
@@ -126,8 +161,7 @@ def nodes_to_keep_fp32(model: onnx.ModelProto, peaks: dict[str, float], data_max
     # between (H200, 8.6: ResNet-50's Casts left every ReLU and residual Add a separate layer, 2x fp16's time).
     producer = {o: n for n in model.graph.node for o in n.output}
     constants = set(inits) | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
-    kept_conv = {n.name for n in model.graph.node if n.op_type in CONV_OPS and n.name in keep and
-                 any(i in kept_dq for i in n.input)}
+    kept_conv = {n.name for n in model.graph.node if n.op_type in CONV_OPS and n.name in keep and any(i in kept_dq for i in n.input)}
     epilogue: set[str] = set()
     for node in model.graph.node:  # topological order: a chain grows from its convolution forward
         if node.op_type not in CONV_EPILOGUE_OPS:
@@ -141,9 +175,17 @@ def nodes_to_keep_fp32(model: onnx.ModelProto, peaks: dict[str, float], data_max
     return keep
 
 
-INTEGER_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
-                 onnx.TensorProto.INT32, onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64,
-                 onnx.TensorProto.BOOL}
+INTEGER_TYPES = {
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.UINT16,
+    onnx.TensorProto.INT32,
+    onnx.TensorProto.UINT32,
+    onnx.TensorProto.INT64,
+    onnx.TensorProto.UINT64,
+    onnx.TensorProto.BOOL,
+}
 
 
 def integer_math_nodes(model: onnx.ModelProto) -> set[str]:
@@ -166,8 +208,10 @@ def integer_math_nodes(model: onnx.ModelProto) -> set[str]:
         for node in reversed(model.graph.node):
             if node.name in found or casts_to_integer(node) or not node.output:
                 continue
-            if all(o not in graph_outputs and consumers.get(o) and
-                   all(casts_to_integer(c) or c.name in found for c in consumers[o]) for o in node.output):
+            if all(
+                o not in graph_outputs and consumers.get(o) and all(casts_to_integer(c) or c.name in found for c in consumers[o])
+                for o in node.output
+            ):
                 found.add(node.name)
                 changed = True
     producers = {o: n.name for n in model.graph.node for o in n.output}
@@ -183,8 +227,13 @@ def _scale_outside_fp16(init: onnx.TensorProto | None) -> bool:
     return bool(scale.size and (scale.min() < FP16_MIN_NORMAL or scale.max() > INIT_MAX))
 
 
-def convert_fp16(model: onnx.ModelProto, feeds_list: list[dict[str, np.ndarray]], data_max: float = DATA_MAX,
-                 init_max: float = INIT_MAX, magnitudes_from: str = "random feeds") -> tuple[onnx.ModelProto, Fp16Report]:
+def convert_fp16(
+    model: onnx.ModelProto,
+    feeds_list: list[dict[str, np.ndarray]],
+    data_max: float = DATA_MAX,
+    init_max: float = INIT_MAX,
+    magnitudes_from: str = "random feeds",
+) -> tuple[onnx.ModelProto, Fp16Report]:
     """fp16 copy of `model` with fp32 I/O; nodes that must stay fp32 (and why) in the report."""
     work = toposorted(model)
     name_all_nodes(work)
@@ -193,8 +242,10 @@ def convert_fp16(model: onnx.ModelProto, feeds_list: list[dict[str, np.ndarray]]
     for node in work.graph.node:
         missing = [o for o in node.output if o and o not in types]
         if missing:
-            raise UserError(f"cannot observe tensor '{missing[0]}' of node '{node.name}' ({node.op_type}) on the sample inputs, "
-                            "so the fp16 overflow guard cannot check it; build with --precision fp32 or fix the model.")
+            raise UserError(
+                f"cannot observe tensor '{missing[0]}' of node '{node.name}' ({node.op_type}) on the sample inputs, "
+                "so the fp16 overflow guard cannot check it; build with --precision fp32 or fix the model."
+            )
     converted = _rewrite(work, keep, types)
     return converted, Fp16Report(keep, len(work.graph.node) - len(keep), len(work.graph.node), magnitudes_from)
 
@@ -268,8 +319,9 @@ def _retype_attributes(node: onnx.NodeProto) -> None:
             raise UserError(f"Constant node '{node.name}' uses {attr.name}; run trtforge clean first (it folds constants).")
 
 
-def sample_feeds(onnx_path: Path, model: onnx.ModelProto, specs: list, axes: dict, data: Path | None = None,
-                 max_samples: int = 16) -> tuple[list[dict[str, np.ndarray]], str]:
+def sample_feeds(
+    onnx_path: Path, model: onnx.ModelProto, specs: list, axes: dict, data: Path | None = None, max_samples: int = 16
+) -> tuple[list[dict[str, np.ndarray]], str]:
     """Feeds for the magnitude guard and where they come from: `data`, else the calibration data this model
     (or the model it was calibrated from) was calibrated on, else two random feeds at the opt shapes."""
     from trtforge.feeds import random_feeds
@@ -280,12 +332,13 @@ def sample_feeds(onnx_path: Path, model: onnx.ModelProto, specs: list, axes: dic
         from trtforge.calibrate.step import _max_length, _tokenizer_factory
 
         # The tokenizer through this ONNX's sidecar chain: its directory is relative to the export's ONNX.
-        _, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(onnx_path),
-                                           _max_length(specs, axes), max_samples)
+        _, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(onnx_path), _max_length(specs, axes), max_samples)
         size = _batch_size(specs, axes, 4, samples[0] if samples else {})
         return list(data_mod.batches(samples, size)), f"calibration data {folder} ({len(samples)} samples)"
     opt = {name: rng.opt for name, rng in axes.items()}
-    return [random_feeds(specs, opt, seed) for seed in range(2)], "random feeds (no calibration data found; outliers of real data may not show)"
+    return [
+        random_feeds(specs, opt, seed) for seed in range(2)
+    ], "random feeds (no calibration data found; outliers of real data may not show)"
 
 
 def _batch_size(specs: list, axes: dict, wanted: int, sample: dict[str, np.ndarray]) -> int:
@@ -320,8 +373,14 @@ def calibration_data_of(onnx_path: Path, model: onnx.ModelProto) -> Path | None:
     return folder if folder.exists() else None
 
 
-def prepare_for_build(model: onnx.ModelProto, onnx_path: Path, specs: list, axes: dict, data: Path | None = None,
-                      sampled: tuple[list[dict[str, np.ndarray]], str] | None = None) -> tuple[onnx.ModelProto, dict[str, Any]]:
+def prepare_for_build(
+    model: onnx.ModelProto,
+    onnx_path: Path,
+    specs: list,
+    axes: dict,
+    data: Path | None = None,
+    sampled: tuple[list[dict[str, np.ndarray]], str] | None = None,
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """What `trtforge build --precision fp16|best` does: sample feeds (data > calibration data > random; or `sampled`,
     sample_feeds' answer already in hand), then the conversion; the report (with where the magnitudes came from) goes
     into the engine sidecar."""

@@ -13,9 +13,16 @@ from trtforge.layout import Layout
 from trtforge.outputs import OutputKind, Probe, declared_kinds, needs_probe, probe_sizes, resolve
 
 
-def output_kinds(reference: OrtRunner, reference_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange],
-                 layout: Layout, overrides: dict[str, tuple[str, float | None]] | None = None,
-                 chain: list[tuple[Path, dict]] | None = None, strict: bool = True) -> dict[str, OutputKind]:
+def output_kinds(
+    reference: OrtRunner,
+    reference_path: Path,
+    specs: list[InputSpec],
+    axes: dict[str, AxisRange],
+    layout: Layout,
+    overrides: dict[str, tuple[str, float | None]] | None = None,
+    chain: list[tuple[Path, dict]] | None = None,
+    strict: bool = True,
+) -> dict[str, OutputKind]:
     """Each output's kind: declared in the sidecar chain (or overridden), else inferred from probe runs
     (the reference at two sizes of its chunk axis). strict=False leaves undecidable kinds None."""
     chain = chain if chain is not None else sidecar_chain(reference_path)
@@ -25,8 +32,10 @@ def output_kinds(reference: OrtRunner, reference_path: Path, specs: list[InputSp
     declared.update(overrides or {})
     unknown = [n for n in (overrides or {}) if n not in reference.output_names]
     if unknown:
-        raise UserError(f"--output-kind names '{unknown[0]}', which is not an output of {reference_path.name} "
-                        f"(outputs: {', '.join(reference.output_names)}).")
+        raise UserError(
+            f"--output-kind names '{unknown[0]}', which is not an output of {reference_path.name} "
+            f"(outputs: {', '.join(reference.output_names)})."
+        )
     probes = []
     if needs_probe(reference.output_names, declared):
         for sizes in probe_sizes(layout, axes):

@@ -49,8 +49,11 @@ class Profile:
         return all(self.axes[a].min <= s <= self.axes[a].max for a, s in sizes.items() if a in self.axes)
 
     def to_json(self) -> dict:
-        return {"index": self.index, "axes": {a: [t.min, t.opt, t.max] for a, t in self.axes.items()},
-                "shapes": {n: {"min": list(s[0]), "opt": list(s[1]), "max": list(s[2])} for n, s in self.shapes.items()}}
+        return {
+            "index": self.index,
+            "axes": {a: [t.min, t.opt, t.max] for a, t in self.axes.items()},
+            "shapes": {n: {"min": list(s[0]), "opt": list(s[1]), "max": list(s[2])} for n, s in self.shapes.items()},
+        }
 
 
 def tier_ranges(bounds: list[int], axis: AxisRange, axis_name: str = "axis") -> list[Tier]:
@@ -180,7 +183,9 @@ def slow_build_warning(profiles: list[Profile]) -> str | None:
         return None
     count, name, shape = max(largest)
     index = largest.index((count, name, shape))
-    return (f"slow build ahead: {len(profiles)} optimization profiles, the largest max shape is input '{name}' "
-            f"{'x'.join(map(str, shape))} (profile {profiles[index].index}, {count / 1e6:.1f}M elements), about "
-            f"{cost:.1f}x the work of one 512x512 image; TensorRT tunes each profile separately: use fewer tiers, "
-            "a smaller max, --optimization-level 2 or lower, or --timing-cache FILE to reuse timings.")
+    return (
+        f"slow build ahead: {len(profiles)} optimization profiles, the largest max shape is input '{name}' "
+        f"{'x'.join(map(str, shape))} (profile {profiles[index].index}, {count / 1e6:.1f}M elements), about "
+        f"{cost:.1f}x the work of one 512x512 image; TensorRT tunes each profile separately: use fewer tiers, "
+        "a smaller max, --optimization-level 2 or lower, or --timing-cache FILE to reuse timings."
+    )

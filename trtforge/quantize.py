@@ -67,12 +67,25 @@ def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], 
                 raise UserError(f"the calibration cache has no scale for tensor '{tensor}'; recalibrate without --from-cache or add it.")
             scale = max(float(amax[tensor]) / INT8_MAX, 1e-12)
             base = _safe(tensor)
-            out.graph.initializer.extend([
-                numpy_helper.from_array(np.array(scale, dtype=np.float32), f"{base}_scale"),
-                numpy_helper.from_array(np.array(0, dtype=np.int8), f"{base}_zero_point"),
-            ])
-            new_nodes.append(helper.make_node("QuantizeLinear", [tensor, f"{base}_scale", f"{base}_zero_point"], [f"{base}_q"], name=f"{base}_QuantizeLinear"))
-            new_nodes.append(helper.make_node("DequantizeLinear", [f"{base}_q", f"{base}_scale", f"{base}_zero_point"], [f"{base}_dq"], name=f"{base}_DequantizeLinear"))
+            out.graph.initializer.extend(
+                [
+                    numpy_helper.from_array(np.array(scale, dtype=np.float32), f"{base}_scale"),
+                    numpy_helper.from_array(np.array(0, dtype=np.int8), f"{base}_zero_point"),
+                ]
+            )
+            new_nodes.append(
+                helper.make_node(
+                    "QuantizeLinear", [tensor, f"{base}_scale", f"{base}_zero_point"], [f"{base}_q"], name=f"{base}_QuantizeLinear"
+                )
+            )
+            new_nodes.append(
+                helper.make_node(
+                    "DequantizeLinear",
+                    [f"{base}_q", f"{base}_scale", f"{base}_zero_point"],
+                    [f"{base}_dq"],
+                    name=f"{base}_DequantizeLinear",
+                )
+            )
             dq_of[tensor] = f"{base}_dq"
         return dq_of[tensor]
 
@@ -97,12 +110,30 @@ def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], 
             out.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), source))
         axis = target.axis if target.axis is not None else weight_axis(node.op_type, value.ndim, index, node)
         scales = per_channel_scales(value.astype(np.float32), axis)
-        out.graph.initializer.extend([
-            numpy_helper.from_array(scales, f"{base}_wscale"),
-            numpy_helper.from_array(np.zeros_like(scales, dtype=np.int8), f"{base}_wzero_point"),
-        ])
-        new_nodes.append(helper.make_node("QuantizeLinear", [source, f"{base}_wscale", f"{base}_wzero_point"], [f"{base}_wq"], name=f"{base}_wQuantizeLinear", axis=axis))
-        new_nodes.append(helper.make_node("DequantizeLinear", [f"{base}_wq", f"{base}_wscale", f"{base}_wzero_point"], [f"{base}_wdq"], name=f"{base}_wDequantizeLinear", axis=axis))
+        out.graph.initializer.extend(
+            [
+                numpy_helper.from_array(scales, f"{base}_wscale"),
+                numpy_helper.from_array(np.zeros_like(scales, dtype=np.int8), f"{base}_wzero_point"),
+            ]
+        )
+        new_nodes.append(
+            helper.make_node(
+                "QuantizeLinear",
+                [source, f"{base}_wscale", f"{base}_wzero_point"],
+                [f"{base}_wq"],
+                name=f"{base}_wQuantizeLinear",
+                axis=axis,
+            )
+        )
+        new_nodes.append(
+            helper.make_node(
+                "DequantizeLinear",
+                [f"{base}_wq", f"{base}_wscale", f"{base}_wzero_point"],
+                [f"{base}_wdq"],
+                name=f"{base}_wDequantizeLinear",
+                axis=axis,
+            )
+        )
         node.input[index] = f"{base}_wdq"
     for add_name, tensor in residual_adds(plan, float_nodes).items():
         node = nodes_by_name[add_name]
@@ -117,8 +148,11 @@ def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], 
 def int8_gemm_nodes(model: onnx.ModelProto) -> set[str]:
     """GEMM nodes whose two inputs both come out of a DequantizeLinear: what really runs int8."""
     dq_outputs = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-    return {n.name for n in model.graph.node if n.op_type in GEMM_OPS and len(n.input) >= 2
-            and n.input[0] in dq_outputs and n.input[1] in dq_outputs}
+    return {
+        n.name
+        for n in model.graph.node
+        if n.op_type in GEMM_OPS and len(n.input) >= 2 and n.input[0] in dq_outputs and n.input[1] in dq_outputs
+    }
 
 
 def _prune_dead(model: onnx.ModelProto) -> None:

@@ -23,13 +23,20 @@ def latency_stats(samples_ms: list[float]) -> dict[str, float]:
     if not samples_ms:
         return {"count": 0}
     values = np.asarray(samples_ms, dtype=np.float64)
-    return {"count": int(values.size), "mean_ms": float(values.mean()), "p50_ms": float(np.percentile(values, 50)),
-            "p90_ms": float(np.percentile(values, 90)), "p99_ms": float(np.percentile(values, 99)),
-            "min_ms": float(values.min()), "max_ms": float(values.max())}
+    return {
+        "count": int(values.size),
+        "mean_ms": float(values.mean()),
+        "p50_ms": float(np.percentile(values, 50)),
+        "p90_ms": float(np.percentile(values, 90)),
+        "p99_ms": float(np.percentile(values, 99)),
+        "min_ms": float(values.min()),
+        "max_ms": float(values.max()),
+    }
 
 
-def target_precision(engine_sidecar: dict[str, Any] | None, onnx_sidecar: dict[str, Any] | None,
-                     onnx_path: str | Path | None = None) -> str:
+def target_precision(
+    engine_sidecar: dict[str, Any] | None, onnx_sidecar: dict[str, Any] | None, onnx_path: str | Path | None = None
+) -> str:
     """The target's precision, which sets its default gates (verify/gates.py): an engine's build precision ('fp8'
     for an fp16 engine whose GEMMs are FP8, 'tf32' for fp32 with TF32 allowed); for an ONNX, 'int8' when
     calibrate wrote it, else what its sidecar or, failing that, its graph says (Q/DQ nodes: int8; float16
@@ -55,7 +62,10 @@ def onnx_model_precision(path: str | Path) -> str:
         return "int8"
     half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     typed = [*graph.input, *graph.output, *graph.value_info]
-    if any(t.data_type in half for t in graph.initializer) or any(v.type.tensor_type.elem_type in half for v in typed) \
-            or any(n.op_type == "Cast" and any(a.name == "to" and a.i in half for a in n.attribute) for n in graph.node):
+    if (
+        any(t.data_type in half for t in graph.initializer)
+        or any(v.type.tensor_type.elem_type in half for v in typed)
+        or any(n.op_type == "Cast" and any(a.name == "to" and a.i in half for a in n.attribute) for n in graph.node)
+    ):
         return "fp16"
     return "fp32"

@@ -132,8 +132,18 @@ class BlockChunk(Chunk):
     feeds, that row's views, are made when read. `run` makes one per window on its planning threads, and building each
     window's dict of views there was ~a third of planning's Python (batches are staged from block slices: batch_parts)."""
 
-    def __init__(self, doc: int, index: int, feeds: Any = None, window: Any = None, tokens: int = 0, content: slice | None = None,
-                 block: dict[str, np.ndarray] | None = None, row: int = 0, key: tuple | None = None):
+    def __init__(
+        self,
+        doc: int,
+        index: int,
+        feeds: Any = None,
+        window: Any = None,
+        tokens: int = 0,
+        content: slice | None = None,
+        block: dict[str, np.ndarray] | None = None,
+        row: int = 0,
+        key: tuple | None = None,
+    ):
         """Chunk's signature (dataclasses.replace passes every field); `feeds` is ignored: always the block row's views."""
         if block is None:
             raise ValueError("a BlockChunk is a row of a block: give block")
@@ -148,7 +158,7 @@ class BlockChunk(Chunk):
 
     @property  # type: ignore[override]
     def feeds(self) -> dict[str, np.ndarray]:  # noqa: D102
-        return {k: v[self.row:self.row + 1] for k, v in self.block.items()}
+        return {k: v[self.row : self.row + 1] for k, v in self.block.items()}
 
 
 @dataclass(eq=False)
@@ -158,6 +168,7 @@ class WindowBlock:
     time (Batch, batch_parts, chunking.row_runs), never one window at a time: Python per window on the threads that
     share the GIL with the one feeding the GPU held MiniLM's loop at 2.1-2.9x its GPU time on the H200 box (~3 ms of
     it per batch of 64 against 1.5 ms of GPU; benchmarks/RESULTS.md, 2026-12-04 w27)."""
+
     doc: int
     first: int
     windows: list[Window]
@@ -271,8 +282,17 @@ class Batch(Sequence):
                     join_run(out, RowRun(item.doc, item.first + first, row, n, item.content.start, item.windows[first].length))
                 else:
                     window = item.window
-                    join_run(out, RowRun(item.doc, item.index, row, 1, item.content.start if item.content is not None else 0,
-                                         window.length if isinstance(window, Window) else None))
+                    join_run(
+                        out,
+                        RowRun(
+                            item.doc,
+                            item.index,
+                            row,
+                            1,
+                            item.content.start if item.content is not None else 0,
+                            window.length if isinstance(window, Window) else None,
+                        ),
+                    )
             self._row_runs = out
         return self._row_runs
 
@@ -348,8 +368,10 @@ class RunOptions:
     def __post_init__(self) -> None:
         check_statistic(self.error_stat)
         if self.save_reference and self.load_reference:
-            raise UserError("--save-reference and --load-reference do not combine: a stored reference is saved from a run "
-                            "that computes it; pass one of them.")
+            raise UserError(
+                "--save-reference and --load-reference do not combine: a stored reference is saved from a run "
+                "that computes it; pass one of them."
+            )
         if (self.save_reference or self.load_reference) and not self.precision_check:
             raise UserError("--save-reference/--load-reference belong to the precision check; drop --no-precision-check.")
         if self.last_window not in ("full", "short"):
@@ -371,14 +393,21 @@ class RunOptions:
         return self.last_window == "full"
 
     def gate_values(self) -> dict[str, float | None]:
-        return {"max_rel_l2": self.max_rel_l2, "min_cosine": self.min_cosine, "min_chunk_cosine": self.min_chunk_cosine,
-                "min_top1_agreement": self.min_top1_agreement, "min_pixel_agreement": self.min_pixel_agreement}
+        return {
+            "max_rel_l2": self.max_rel_l2,
+            "min_cosine": self.min_cosine,
+            "min_chunk_cosine": self.min_chunk_cosine,
+            "min_top1_agreement": self.min_top1_agreement,
+            "min_pixel_agreement": self.min_pixel_agreement,
+        }
 
 
 # -- inputs --------------------------------------------------------------------------------------
 
-def load_documents(path: Path, specs: list[InputSpec], layout: Layout, tokenizer: TextTokenizer | None,
-                   tokenize: bool = True) -> list[Document]:
+
+def load_documents(
+    path: Path, specs: list[InputSpec], layout: Layout, tokenizer: TextTokenizer | None, tokenize: bool = True
+) -> list[Document]:
     """Inputs read from `path`. With tokenize=False, texts stay untokenized (ids None, length 0) and
     plan_document tokenizes them, so that run() overlaps tokenization with execution."""
     from trtforge.calibrate import data as data_mod
@@ -393,8 +422,10 @@ def load_documents(path: Path, specs: list[InputSpec], layout: Layout, tokenizer
         files, kind = dataset.files, dataset.kind
     if kind == "text":
         if tokenizer is None:
-            raise UserError(f"{path} holds text, but no tokenizer was found for this model; pass --tokenizer DIR "
-                            "(a Hugging Face tokenizer directory with tokenizer.json) or give .npy/.npz inputs.")
+            raise UserError(
+                f"{path} holds text, but no tokenizer was found for this model; pass --tokenizer DIR "
+                "(a Hugging Face tokenizer directory with tokenizer.json) or give .npy/.npz inputs."
+            )
         fake = data_mod.Dataset(path if path.is_dir() else path.parent, files, "text", "")
         names = [f.stem for f in files] if all(f.suffix == ".txt" for f in files) else None
         docs = []
@@ -428,8 +459,10 @@ def _pretokenized(path: Path, tokenizer: TextTokenizer | None) -> list[Document]
     import json
 
     if tokenizer is None:
-        raise UserError(f"{path} holds pre-tokenized ids, but no tokenizer was found to add this model's special tokens; "
-                        "pass --tokenizer DIR (a Hugging Face tokenizer directory with tokenizer.json).")
+        raise UserError(
+            f"{path} holds pre-tokenized ids, but no tokenizer was found to add this model's special tokens; "
+            "pass --tokenizer DIR (a Hugging Face tokenizer directory with tokenizer.json)."
+        )
     from trtforge.calibrate.data import read_utf8
 
     docs = []
@@ -440,7 +473,7 @@ def _pretokenized(path: Path, tokenizer: TextTokenizer | None) -> list[Document]
             item = json.loads(line)
             ids = np.asarray(item["input_ids"], dtype=np.int64)
         except (ValueError, KeyError, TypeError):
-            raise UserError(f"{path}:{lineno} is not {{\"input_ids\": [ints]}}; fix the line.") from None
+            raise UserError(f'{path}:{lineno} is not {{"input_ids": [ints]}}; fix the line.') from None
         docs.append(Document(item.get("name", f"text_{len(docs)}"), "text", {}, int(ids.size), ids))
     return docs
 
@@ -486,15 +519,27 @@ def _ones(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 # -- chunk plans ---------------------------------------------------------------------------------
 
+
 @dataclass
 class Limits:
     """What the model (or the engine's profiles) takes: the longest sequence, the largest tile."""
+
     seq: int | None = None
     tile: int | None = None
 
 
-def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout, chunk: int | None, overlap: int,
-                  limits: Limits, tokenizer: TextTokenizer | None, scales: list[float], full_last: bool = False) -> list[Chunk]:
+def plan_document(
+    d: int,
+    doc: Document,
+    specs: list[InputSpec],
+    layout: Layout,
+    chunk: int | None,
+    overlap: int,
+    limits: Limits,
+    tokenizer: TextTokenizer | None,
+    scales: list[float],
+    full_last: bool = False,
+) -> list[Chunk]:
     """Document d's chunks. full_last: a sequence's last window is as long as the others (chunking.plan_windows)."""
     if doc.kind == "text":
         assert tokenizer is not None
@@ -504,7 +549,9 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
         total = doc.length + tokenizer.specials
         if chunk is None:
             if limits.seq is not None and total > limits.seq:
-                raise UserError(f"input '{doc.name}' has {total} tokens but the model takes at most {limits.seq}; enable chunking with --chunk.")
+                raise UserError(
+                    f"input '{doc.name}' has {total} tokens but the model takes at most {limits.seq}; enable chunking with --chunk."
+                )
             w = tokenizer.wrap(doc.ids)
             return [Chunk(d, 0, text_feeds(w.ids, w.type_ids, specs), Window(0, doc.length, 0, doc.length), doc.length, w.content)]
         # from the ids alone: the windows the tokenizer's truncation with stride cuts (tests/test_tokenize.py), the
@@ -518,7 +565,7 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
             key = tuple((k, (1, *v.shape[1:])) for k, v in sorted(feeds.items()))  # shape_key of every row
             rows = block.shape[0]
             n = block.shape[1] - len(tokenizer.prefix) - len(tokenizer.suffix)
-            blocks.append(WindowBlock(d, i, windows[i:i + rows], feeds, slice(p, p + n), key))
+            blocks.append(WindowBlock(d, i, windows[i : i + rows], feeds, slice(p, p + n), key))
             i += rows
         return DocumentPlan(blocks)
     if doc.kind == "seq":
@@ -528,16 +575,22 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
                 raise _no_chunk_axis(layout)
             return [Chunk(d, 0, doc.feeds, Window(0, 1, 0, 1), 1)]
         if chunk is None and limits.seq is not None and doc.length > limits.seq:
-            raise UserError(f"input '{doc.name}' has {doc.length} positions but the model takes at most {limits.seq}; enable chunking with --chunk.")
-        return [Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length)
-                for i, w in enumerate(plan_windows(doc.length, chunk or doc.length, overlap if chunk else 0, full_last))]
+            raise UserError(
+                f"input '{doc.name}' has {doc.length} positions but the model takes at most {limits.seq}; enable chunking with --chunk."
+            )
+        return [
+            Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length)
+            for i, w in enumerate(plan_windows(doc.length, chunk or doc.length, overlap if chunk else 0, full_last))
+        ]
     h, w_ = doc.hw
     if not layout.chunk_axes:
         if chunk is not None:
             raise _no_chunk_axis(layout)
         return [Chunk(d, 0, doc.feeds, Tile(Window(0, h, 0, h), Window(0, w_, 0, w_)), h * w_)]
     if chunk is None and limits.tile is not None and max(h, w_) > limits.tile:
-        raise UserError(f"image '{doc.name}' is {h}x{w_} but the model takes at most {limits.tile}x{limits.tile}; enable tiling with --chunk.")
+        raise UserError(
+            f"image '{doc.name}' is {h}x{w_} but the model takes at most {limits.tile}x{limits.tile}; enable tiling with --chunk."
+        )
     size = chunk or max(h, w_)
     tiles = plan_tiles(h, w_, size, overlap if chunk else 0)
     if len(tiles) > 1:
@@ -546,19 +599,38 @@ def plan_document(d: int, doc: Document, specs: list[InputSpec], layout: Layout,
             scaled_size(h, scale, f"image '{doc.name}' height")
             scaled_size(w_, scale, f"image '{doc.name}' width")
     ha, wa = layout.chunk_axes
-    return [Chunk(d, i, layout.sliced(doc.feeds, {ha: (t.rows.start, t.rows.end), wa: (t.cols.start, t.cols.end)}), t,
-                  t.rows.length * t.cols.length) for i, t in enumerate(tiles)]
+    return [
+        Chunk(
+            d,
+            i,
+            layout.sliced(doc.feeds, {ha: (t.rows.start, t.rows.end), wa: (t.cols.start, t.cols.end)}),
+            t,
+            t.rows.length * t.cols.length,
+        )
+        for i, t in enumerate(tiles)
+    ]
 
 
 def _no_chunk_axis(layout: Layout) -> UserError:
     if layout.ambiguous:
-        return UserError(f"the model's inputs have several dynamic axes ({', '.join(layout.ambiguous)}), so which one to chunk "
-                         "is unclear; run without --chunk (--no-chunking).")
+        return UserError(
+            f"the model's inputs have several dynamic axes ({', '.join(layout.ambiguous)}), so which one to chunk "
+            "is unclear; run without --chunk (--no-chunking)."
+        )
     return UserError("the model's inputs have no dynamic sequence or image axis to chunk; run without --chunk (--no-chunking).")
 
 
-def make_chunks(docs: list[Document], specs: list[InputSpec], layout: Layout, chunk: int | None, overlap: int, limits: Limits,
-                tokenizer: TextTokenizer | None, scales: list[float], full_last: bool = False) -> list[Chunk]:
+def make_chunks(
+    docs: list[Document],
+    specs: list[InputSpec],
+    layout: Layout,
+    chunk: int | None,
+    overlap: int,
+    limits: Limits,
+    tokenizer: TextTokenizer | None,
+    scales: list[float],
+    full_last: bool = False,
+) -> list[Chunk]:
     chunks: list[Chunk] = []
     for d, doc in enumerate(docs):
         chunks += plan_document(d, doc, specs, layout, chunk, overlap, limits, tokenizer, scales, full_last)
@@ -574,7 +646,7 @@ def make_batches(chunks: list[Chunk], batch_size: int, naive: bool = False) -> l
         groups.setdefault(shape_key(c), []).append(c)
     batches = []
     for group in groups.values():
-        batches += [group[i:i + batch_size] for i in range(0, len(group), batch_size)]
+        batches += [group[i : i + batch_size] for i in range(0, len(group), batch_size)]
     return batches
 
 
@@ -594,8 +666,10 @@ def batch_parts(batch: Sequence[Chunk]) -> dict[str, list[np.ndarray]]:
     (the staging's per-part work was a per-window cost on the thread feeding the GPU). Pure."""
     if isinstance(batch, Batch):
         first = batch.runs[0][0]
-        return {k: [item.feeds[k][r:r + n] if isinstance(item, WindowBlock) else item.feeds[k] for item, r, n in batch.runs]
-                for k in first.feeds}
+        return {
+            k: [item.feeds[k][r : r + n] if isinstance(item, WindowBlock) else item.feeds[k] for item, r, n in batch.runs]
+            for k in first.feeds
+        }
     runs: list[tuple[Chunk, int]] = []  # (first chunk, rows)
     for c in batch:
         if runs and c.block is not None:
@@ -605,11 +679,14 @@ def batch_parts(batch: Sequence[Chunk]) -> dict[str, list[np.ndarray]]:
                 continue
         runs.append((c, 1))
     first = batch[0]
-    return {k: [c.feeds[k] if c.block is None else c.block[k][c.row:c.row + n] for c, n in runs]
-            for k in (first.block if first.block is not None else first.feeds)}
+    return {
+        k: [c.feeds[k] if c.block is None else c.block[k][c.row : c.row + n] for c, n in runs]
+        for k in (first.block if first.block is not None else first.feeds)
+    }
 
 
 # -- targets -------------------------------------------------------------------------------------
+
 
 class OrtTarget:
     backend = "onnxruntime"
@@ -645,8 +722,17 @@ class TrtTarget:
     backend = "tensorrt"
     accepts_parts = True  # a batch's feeds may be its chunks' arrays: stacked straight into pinned memory
 
-    def __init__(self, engine: Path, backend: str, slots: int = 3, cuda_graphs: bool = True, shared_device_memory: bool = True,
-                 plugin_libraries: list[str] | None = None, pad_batches: bool = True, gpu_wait: str = "spin"):
+    def __init__(
+        self,
+        engine: Path,
+        backend: str,
+        slots: int = 3,
+        cuda_graphs: bool = True,
+        shared_device_memory: bool = True,
+        plugin_libraries: list[str] | None = None,
+        pad_batches: bool = True,
+        gpu_wait: str = "spin",
+    ):
         from trtforge.backends.tensorrt import load_trt, runtime_identity
         from trtforge.backends.tensorrt_runtime import TrtRunner
         from trtforge.build import check_engine_compat, read_engine_sidecar
@@ -659,12 +745,24 @@ class TrtTarget:
         try:
             mod = load_trt(backend if backend != "auto" else self.sidecar.get("backend", "auto"))
         except UserError:
-            raise UserError(f"{engine.name} was built with {built}, which is not installed here; rebuild the engine on this machine.") from None
+            raise UserError(
+                f"{engine.name} was built with {built}, which is not installed here; rebuild the engine on this machine."
+            ) from None
         check_engine_compat(engine, self.sidecar, runtime_identity(mod))
         if _gpu() is None:
-            raise UserError(f"{engine.name} needs a GPU to run and this machine has none; run its ONNX ({self.sidecar.get('built_onnx')}) on ONNX Runtime instead.")
-        self.runner = TrtRunner(mod, engine, self.sidecar, slots=slots, cuda_graphs=cuda_graphs,
-                                shared_device_memory=shared_device_memory, pad_batches=pad_batches, gpu_wait=gpu_wait)
+            raise UserError(
+                f"{engine.name} needs a GPU to run and this machine has none; run its ONNX ({self.sidecar.get('built_onnx')}) on ONNX Runtime instead."
+            )
+        self.runner = TrtRunner(
+            mod,
+            engine,
+            self.sidecar,
+            slots=slots,
+            cuda_graphs=cuda_graphs,
+            shared_device_memory=shared_device_memory,
+            pad_batches=pad_batches,
+            gpu_wait=gpu_wait,
+        )
         self.warm_batches = len(self.runner.slots) + 1  # a plain enqueue, then one graph capture per slot
         self.input_names, self.output_names = self.runner.input_names, self.runner.output_names
         self.label = f"{mod.flavour} {mod.version} ({self.sidecar.get('precision')})"
@@ -673,8 +771,16 @@ class TrtTarget:
     @classmethod
     def for_options(cls, engine: Path, options: RunOptions) -> "TrtTarget":
         """The engine as `run`'s options set up its loop (run, scaleout/ray_run.py)."""
-        return cls(engine, options.backend, options.slots, options.cuda_graphs, options.shared_device_memory,
-                   options.plugin_libraries, options.pad_batches, options.gpu_wait)
+        return cls(
+            engine,
+            options.backend,
+            options.slots,
+            options.cuda_graphs,
+            options.shared_device_memory,
+            options.plugin_libraries,
+            options.pad_batches,
+            options.gpu_wait,
+        )
 
     def run_many(self, batches, consume=None, place=None):
         """consume, place: see TrtRunner.run_many (the outputs are views of pinned memory, valid inside the call)."""
@@ -685,7 +791,11 @@ class TrtTarget:
             self.timings.append((f"profile {t.profile}", t.wall_ms, t.gpu_ms))
 
     def memory(self) -> dict[str, Any]:
-        return {"device": "gpu", "peak_gpu_mb": self.runner.peak_bytes / 2**20, "sampled": "after every batch that was not a CUDA-graph replay (replays allocate nothing)"}
+        return {
+            "device": "gpu",
+            "peak_gpu_mb": self.runner.peak_bytes / 2**20,
+            "sampled": "after every batch that was not a CUDA-graph replay (replays allocate nothing)",
+        }
 
     def reset_host_clock(self) -> None:
         self.runner.host = StageClock()
@@ -695,6 +805,7 @@ class TrtTarget:
 
 
 # -- merging by output kind ----------------------------------------------------------------------
+
 
 def chunk_part(kind: OutputKind, chunk: Chunk, value: np.ndarray) -> np.ndarray:
     """One chunk's share of one output, batch axis dropped: token outputs keep only the document's
@@ -761,9 +872,16 @@ class _Merger:
     the end (the memory of all of them held until then). A batch is read as runs of consecutive windows of one input
     (chunking.row_runs), so a batch of a few inputs' windows costs a few steps, not one per window."""
 
-    def __init__(self, docs: list[Document], chunks: Sequence[Chunk], kinds: dict[str, OutputKind], options: RunOptions,
-                 templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None, pool: OutputPool | None = None,
-                 on_done: Callable[[int, dict[str, np.ndarray], Callable[[], None]], None] | None = None):
+    def __init__(
+        self,
+        docs: list[Document],
+        chunks: Sequence[Chunk],
+        kinds: dict[str, OutputKind],
+        options: RunOptions,
+        templates: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None,
+        pool: OutputPool | None = None,
+        on_done: Callable[[int, dict[str, np.ndarray], Callable[[], None]], None] | None = None,
+    ):
         self.docs, self.kinds, self.options = docs, kinds, options
         self.templates = templates or {}  # token output -> (shape per position, dtype), seen in the warm-up
         self.pool, self.on_done = pool, on_done
@@ -804,8 +922,14 @@ class _Merger:
         with self._lock:
             self.remaining[d] += len(chunks)
 
-    def add(self, batch: Sequence[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None,
-            copy: bool = False, placed: dict[str, Placed] | None = None) -> None:
+    def add(
+        self,
+        batch: Sequence[Chunk],
+        out: dict[str, np.ndarray],
+        rows: Iterable[int] | None = None,
+        copy: bool = False,
+        placed: dict[str, Placed] | None = None,
+    ) -> None:
         """Merge a batch's rows (all of them, or `rows`) from its outputs. copy: the outputs are views that are
         reused after this call (TensorRT's pinned slots), so the parts kept for merging per input are copied.
         Token outputs under 'center' go in runs of consecutive windows of one input, one copy each
@@ -826,7 +950,7 @@ class _Merger:
             if kind.kind in ("pooled", "logits"):  # a row per window: a run's rows kept as one array, merged when done
                 kept = self.rows
                 for r in left:
-                    part = value[r.row:r.row + r.count]
+                    part = value[r.row : r.row + r.count]
                     kept.setdefault((r.doc, name), []).append((r.first, part.copy() if copy else part))
                 continue
             for r in left:  # row by row: dense tiles, and token rows of blends and of single-window inputs
@@ -835,7 +959,7 @@ class _Merger:
                     if kind.kind != "token":
                         self.parts.setdefault((c.doc, name), []).append((c, value[j].copy() if copy else value[j]))
                         continue
-                    part = chunk_part(kind, c, value[j:j + 1])
+                    part = chunk_part(kind, c, value[j : j + 1])
                     if self.counts[c.doc] > 1:
                         self._stream(c.doc, name).add(c.index, part)
                     else:
@@ -901,10 +1025,12 @@ class _Merger:
             if self.counts[r.doc] <= 1:
                 left.append(r)
                 continue
-            longest = r.length if r.length is not None else max(w.length for w in self.windows[r.doc][r.first:r.first + r.count])
+            longest = r.length if r.length is not None else max(w.length for w in self.windows[r.doc][r.first : r.first + r.count])
             if r.content_start + longest > length:  # take checks the batch's bounds only: a short row would read the next one
-                raise ValueError(f"output '{name}' has {length} positions per row, windows {r.first}..{r.first + r.count - 1} of "
-                                 f"input {r.doc} need {longest} from position {r.content_start}")
+                raise ValueError(
+                    f"output '{name}' has {length} positions per row, windows {r.first}..{r.first + r.count - 1} of "
+                    f"input {r.doc} need {longest} from position {r.content_start}"
+                )
             offsets = [(r.row + k) * length + r.content_start for k in range(r.count)]
             self._stream(r.doc, name).take(r.first, flat, offsets)
         return left
@@ -926,6 +1052,7 @@ class _Merger:
 
 # -- the step ------------------------------------------------------------------------------------
 
+
 def _limits(layout: Layout, axes: dict[str, AxisRange], engine_sidecar: dict | None) -> Limits:
     def largest(axis: str) -> int | None:
         if engine_sidecar:
@@ -933,6 +1060,7 @@ def _limits(layout: Layout, axes: dict[str, AxisRange], engine_sidecar: dict | N
             if values:
                 return max(values)
         return axes[axis].max if axis in axes else None
+
     if layout.kind == "image" and layout.chunk_axes:
         h, w = layout.chunk_axes
         if engine_sidecar:
@@ -955,6 +1083,7 @@ def _check_io(target: Any, reference: OrtRunner, target_path: Path, reference_pa
 @dataclass
 class Prepared:
     """Everything a run needs before inference: paths, specs, output kinds, documents and chunks."""
+
     target_path: Path
     is_engine: bool
     engine_sidecar: dict | None
@@ -978,8 +1107,11 @@ class Prepared:
 def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepared:
     """With plan=False, texts are not tokenized and `chunks` is empty: run() plans them while it runs."""
     target_path = Path(target_path)
-    refuse_overwrite("run", [target_path, options.reference, options.inputs, options.tokenizer, options.load_reference],
-                     files=[options.report, options.save_outputs, options.save_reference])
+    refuse_overwrite(
+        "run",
+        [target_path, options.reference, options.inputs, options.tokenizer, options.load_reference],
+        files=[options.report, options.save_outputs, options.save_reference],
+    )
     is_engine = target_path.suffix != ".onnx"
     engine_sidecar = None
     if is_engine:
@@ -1007,8 +1139,11 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
             raise _no_chunk_axis(layout)
         limit = limits.seq if layout.kind == "sequence" else limits.tile
         if limit is not None and options.chunk > limit:
-            where = f"engine {target_path.name}'s largest profile" if is_engine else (
-                f"the model's axis '{layout.seq_axis}'" if layout.kind == "sequence" else "the model's image axes")
+            where = (
+                f"engine {target_path.name}'s largest profile"
+                if is_engine
+                else (f"the model's axis '{layout.seq_axis}'" if layout.kind == "sequence" else "the model's image axes")
+            )
             what = f"--chunk {options.chunk}" + ("" if layout.kind == "sequence" else " (tile size)")
             raise UserError(f"{what} is larger than {where} ({limit}); rebuild with larger tiers or lower --chunk.")
     reference = OrtRunner(reference_path)
@@ -1035,10 +1170,25 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
         batch_cap = min(batch_cap, cap) if cap else batch_cap
     else:
         batch_cap = 1
-    tolerances = tolerances_for(list(kinds), parse_tolerances(options.atol, "--atol"), parse_tolerances(options.rtol, "--rtol"),
-                                options.error_stat)
-    return Prepared(target_path, is_engine, engine_sidecar, reference_path, specs, layout, limits, kinds, tokenizer, docs,
-                    chunks, batch_cap, reference, tolerances)
+    tolerances = tolerances_for(
+        list(kinds), parse_tolerances(options.atol, "--atol"), parse_tolerances(options.rtol, "--rtol"), options.error_stat
+    )
+    return Prepared(
+        target_path,
+        is_engine,
+        engine_sidecar,
+        reference_path,
+        specs,
+        layout,
+        limits,
+        kinds,
+        tokenizer,
+        docs,
+        chunks,
+        batch_cap,
+        reference,
+        tolerances,
+    )
 
 
 def cut_into_windows(doc: Document, chunk: int) -> bool:
@@ -1048,8 +1198,16 @@ def cut_into_windows(doc: Document, chunk: int) -> bool:
     return doc.kind == "text" or doc.length > chunk
 
 
-def refuse_unmergeable(kinds: dict[str, OutputKind], docs: list[Document], chunk: int, reference: OrtRunner,
-                       reference_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange], layout: Layout) -> None:
+def refuse_unmergeable(
+    kinds: dict[str, OutputKind],
+    docs: list[Document],
+    chunk: int,
+    reference: OrtRunner,
+    reference_path: Path,
+    specs: list[InputSpec],
+    axes: dict[str, AxisRange],
+    layout: Layout,
+) -> None:
     """Before any window runs: an output whose windows cannot be merged back (outputs.merge_refusal) is a UserError,
     where --chunk cuts some input into several windows. The outputs' shapes come from one reference run at a probe
     size of the chunk axis (batch 1)."""
@@ -1059,8 +1217,10 @@ def refuse_unmergeable(kinds: dict[str, OutputKind], docs: list[Document], chunk
     try:
         shapes = {name: tuple(value.shape) for name, value in reference.run(random_feeds(specs, sizes, seed=0)).items()}
     except Exception as exc:
-        raise UserError(f"ONNX Runtime fails on {reference_path.name} at {', '.join(f'{k}={v}' for k, v in sizes.items())} "
-                        f"({exception_summary(exc, 200)}); check the model's axis ranges.") from None
+        raise UserError(
+            f"ONNX Runtime fails on {reference_path.name} at {', '.join(f'{k}={v}' for k, v in sizes.items())} "
+            f"({exception_summary(exc, 200)}); check the model's axis ranges."
+        ) from None
     positions = sizes.get(layout.seq_axis) if layout.seq_axis else None
     for name, kind in kinds.items():
         why = merge_refusal(kind, layout.kind == "image", shapes.get(name), positions, layout.seq_axis)
@@ -1075,15 +1235,19 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # the precision check); ONNX Runtime's outputs are the batch's own, so its rows are split over the threads.
     overlap = options.overlap_merges and not options.precision_check and p.is_engine
     if options.merge_workers == 0 and not overlap:
-        raise UserError("--merge-workers 0 (merging on the collecting thread) needs an engine run without the precision "
-                        "check and with --overlap-merges; give 1 or more merge workers.")
+        raise UserError(
+            "--merge-workers 0 (merging on the collecting thread) needs an engine run without the precision "
+            "check and with --overlap-merges; give 1 or more merge workers."
+        )
     if p.is_engine:
         target: Any = TrtTarget.for_options(p.target_path, options)
     else:
         target = OrtTarget(p.target_path, options.providers)
     _check_io(target, p.reference, p.target_path, p.reference_path)
-    progress(f"{len(p.docs)} inputs on {target.label}; outputs "
-             + ", ".join(f"{k.name} ({k.kind}{f' x{k.scale:g}' if k.scale not in (None, 1.0) else ''})" for k in p.kinds.values()))
+    progress(
+        f"{len(p.docs)} inputs on {target.label}; outputs "
+        + ", ".join(f"{k.name} ({k.kind}{f' x{k.scale:g}' if k.scale not in (None, 1.0) else ''})" for k in p.kinds.values())
+    )
     warm = _warm_up(p, options, target)
     untokenized = {d for d, doc in enumerate(p.docs) if doc.kind == "text" and doc.ids is None}
     texts = {d: doc for d, doc in enumerate(p.docs) if doc.kind == "text"}
@@ -1091,8 +1255,11 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     if options.plan_processes and texts and p.tokenizer is not None:
         from trtforge.planning_processes import PlanningProcesses, PlanSettings
 
-        planning = PlanningProcesses(p.tokenizer.directory, options.plan_processes,
-                                     PlanSettings(p.specs, p.layout, options.chunk, options.overlap, p.limits, options.full_last))
+        planning = PlanningProcesses(
+            p.tokenizer.directory,
+            options.plan_processes,
+            PlanSettings(p.specs, p.layout, options.chunk, options.overlap, p.limits, options.full_last),
+        )
         planning.start()  # spawned and loaded before the clock, like the engine (closes itself if it fails)
 
     copy_names, copy_off = _copy_merge_outputs(p, options, warm, overlap)
@@ -1104,6 +1271,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     try:
         if copy_names:  # page-locked once here, before the clock: page-locking inside the loop stalled it (copymerge.py)
             from trtforge.backends.tensorrt_runtime import allocate_pinned
+
             reserve_start = time.perf_counter()
             reserved = ReservedMemory(_pinned_reserve(p, options, warm, copy_names), allocate_pinned)
             reserve_s = time.perf_counter() - reserve_start
@@ -1140,8 +1308,9 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                 p.docs[d].ids, p.docs[d].length = ids, int(ids.size)
         else:
             with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
-                chunks = plan_document(d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer,
-                                       p.scales, options.full_last)
+                chunks = plan_document(
+                    d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last
+                )
         if not chunks:  # it would never be finished (nor merged)
             raise UserError(f"input '{p.docs[d].name}' is empty (no tokens or positions); remove it or give it content.")
         if merger.templates:
@@ -1153,13 +1322,23 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # 0: on the thread that collects each batch (no merging threads); valid only where merging overlaps (below)
     merge_workers = options.merge_workers if options.merge_workers is not None else min(2, os.cpu_count() or 2)
 
-    def merge(batch: list[Chunk], out: dict[str, np.ndarray], rows: Iterable[int] | None = None, copy: bool = False,
-              placed: dict[str, Placed] | None = None) -> None:
+    def merge(
+        batch: list[Chunk],
+        out: dict[str, np.ndarray],
+        rows: Iterable[int] | None = None,
+        copy: bool = False,
+        placed: dict[str, Placed] | None = None,
+    ) -> None:
         with host.stage("merge"):  # worker threads: summed over them
             merger.add(batch, out, rows, copy, placed)
 
-    copy_merge = (CopyEngineMerge(copy_names, {n: warm[n][1] for n in copy_names}, lambda d, n: merger.streams.get((d, n)),
-                                  lambda d: merger.counts[d]) if copy_names else None)
+    copy_merge = (
+        CopyEngineMerge(
+            copy_names, {n: warm[n][1] for n in copy_names}, lambda d, n: merger.streams.get((d, n)), lambda d: merger.counts[d]
+        )
+        if copy_names
+        else None
+    )
     placements: dict[int, dict[str, Placed]] = {}
 
     def place(tag: int, shapes: dict[str, tuple[int, ...]]) -> Any:
@@ -1176,12 +1355,16 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     # Tokenizing releases the GIL: documents in parallel. With plans from worker processes as well (the threads wait
     # for them): 2 planning threads starved the loop on the H200 box (their page-in of merged outputs under GIL
     # contention, with ids from tokenizing processes; 2026-12-02 w11).
-    workers = (options.plan_workers if options.plan_workers is not None else
-               default_plan_workers(bool(untokenized) or planning is not None, os.cpu_count() or 2, p.is_engine))
+    workers = (
+        options.plan_workers
+        if options.plan_workers is not None
+        else default_plan_workers(bool(untokenized) or planning is not None, os.cpu_count() or 2, p.is_engine)
+    )
 
     def feeds() -> Any:
-        stream = stream_batches(len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive, Batch), workers, on_plan,
-                                options.plan_ahead)
+        stream = stream_batches(
+            len(p.docs), plan, Batcher(p.batch_cap, shape_key, options.naive, Batch), workers, on_plan, options.plan_ahead
+        )
         while True:
             # the submitting thread waiting for planned chunks; planning here instead, its time is the plan stages'
             with host.stage("wait_plan") if workers else nullcontext():
@@ -1207,6 +1390,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                     planning.submit(texts)
                 with ThreadPoolExecutor(max_workers=max(1, merge_workers), thread_name_prefix="trtforge-merge") as pool:
                     if not options.precision_check:
+
                         def consume(tag: int, views: dict[str, np.ndarray]) -> Any:
                             # release: nothing reads a batch's chunks after its merge here, so the list lets go of them
                             # and their windows' arrays are freed once merged. Kept to the end of the loop, every input's
@@ -1223,8 +1407,11 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
                                 future.result()
                             return None
 
-                        for _ in (target.run_many(stream, consume=consume, place=place) if copy_merge is not None else
-                                  target.run_many(stream, consume=consume)):
+                        for _ in (
+                            target.run_many(stream, consume=consume, place=place)
+                            if copy_merge is not None
+                            else target.run_many(stream, consume=consume)
+                        ):
                             pass
                     else:
                         pending = []
@@ -1245,8 +1432,11 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
             close_start = time.perf_counter()
             closing, writer = writer, None  # close() removes the file itself if it fails
             closing.close()
-            saving = {"path": str(options.save_outputs), "write_s": round(closing.seconds, 6),
-                      "after_loop_s": round(time.perf_counter() - close_start, 6)}
+            saving = {
+                "path": str(options.save_outputs),
+                "write_s": round(closing.seconds, 6),
+                "after_loop_s": round(time.perf_counter() - close_start, 6),
+            }
     except BaseException:
         if writer is not None:
             writer.abort()  # the temp file removed; what was queued is released, not written
@@ -1259,32 +1449,57 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     progress(f"{len(p.docs)} inputs -> {sum(chunk_counts)} chunks -> {len(batches)} batches")
 
     report = {
-        "schema": SCHEMA, "trtforge_version": __version__,
-        "target": str(p.target_path), "backend": target.label, "reference": str(p.reference_path),
+        "schema": SCHEMA,
+        "trtforge_version": __version__,
+        "target": str(p.target_path),
+        "backend": target.label,
+        "reference": str(p.reference_path),
         "outputs": {name: k.to_json() for name, k in p.kinds.items()},
         "tokenizer": str(p.tokenizer.directory) if p.tokenizer else None,
-        "chunking": {"chunk": options.chunk, "overlap": options.overlap, "merge": options.merge, "batch_size": p.batch_cap,
-                     "max_length": p.limits.seq, "max_tile": p.limits.tile, "naive": options.naive,
-                     "last_window": options.last_window},
+        "chunking": {
+            "chunk": options.chunk,
+            "overlap": options.overlap,
+            "merge": options.merge,
+            "batch_size": p.batch_cap,
+            "max_length": p.limits.seq,
+            "max_tile": p.limits.tile,
+            "naive": options.naive,
+            "last_window": options.last_window,
+        },
         "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": chunk_counts[i]} for i, d in enumerate(p.docs)],
         "batches": len(batches),
-        "precision_error": _precision_error(p, batches, results, options) if options.precision_check else
-        {"measured": False, "reason": "--no-precision-check"},
+        "precision_error": _precision_error(p, batches, results, options)
+        if options.precision_check
+        else {"measured": False, "reason": "--no-precision-check"},
         "chunking_error": _chunking_error(p, options, chunk_counts),
         "latency": _latency(target.timings),
-        "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": sum(d.length for d in p.docs) / wall,
-                       "unit": length_unit({d.kind for d in p.docs}),
-                       "chunks_per_s": sum(chunk_counts) / wall, "clock": "tokenize, chunk, batch, run, merge (warm-up excluded; --save-outputs writes overlap it, the rest after the loop is runtime.saved_outputs.after_loop_s)"},
+        "throughput": {
+            "seconds": wall,
+            "inputs_per_s": len(p.docs) / wall,
+            "tokens_per_s": sum(d.length for d in p.docs) / wall,
+            "unit": length_unit({d.kind for d in p.docs}),
+            "chunks_per_s": sum(chunk_counts) / wall,
+            "clock": "tokenize, chunk, batch, run, merge (warm-up excluded; --save-outputs writes overlap it, the rest after the loop is runtime.saved_outputs.after_loop_s)",
+        },
         "memory": target.memory(),
-        "runtime": {**_runtime(workers, merge_workers, target.runtime(), host, wall, loop_cpu, target.timings, loop_faults),
-                    "plan_processes": planning.processes if planning is not None else 0, "plan_ahead": options.plan_ahead,
-                    "overlap_merges": overlap, "switch_interval_us": options.switch_interval_us,
-                    "gc": {"paused_in_loop": options.gc_pause, "collect_before_loop_s": gc_before_s},
-                    "copy_engine_merge": copy_merge.report() if copy_merge is not None else {"enabled": False, "reason": copy_off},
-                    "output_pool": {**output_pool.report(), **({"reserved": {**reserved.report(), "seconds": round(reserve_s, 6),
-                                                                              "note": "page-locked before the clock"}}
-                                                                if reserved is not None else {})},
-                    "saved_outputs": saving},
+        "runtime": {
+            **_runtime(workers, merge_workers, target.runtime(), host, wall, loop_cpu, target.timings, loop_faults),
+            "plan_processes": planning.processes if planning is not None else 0,
+            "plan_ahead": options.plan_ahead,
+            "overlap_merges": overlap,
+            "switch_interval_us": options.switch_interval_us,
+            "gc": {"paused_in_loop": options.gc_pause, "collect_before_loop_s": gc_before_s},
+            "copy_engine_merge": copy_merge.report() if copy_merge is not None else {"enabled": False, "reason": copy_off},
+            "output_pool": {
+                **output_pool.report(),
+                **(
+                    {"reserved": {**reserved.report(), "seconds": round(reserve_s, 6), "note": "page-locked before the clock"}}
+                    if reserved is not None
+                    else {}
+                ),
+            },
+            "saved_outputs": saving,
+        },
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:
@@ -1306,8 +1521,9 @@ def default_plan_workers(mostly_waiting: bool, cpus: int, engine: bool = False) 
     return 0 if engine else min(2, max(1, cpus))
 
 
-def _copy_merge_outputs(p: Prepared, options: RunOptions, warm: dict[str, tuple[tuple[int, ...], np.dtype]] | None,
-                        overlap: bool) -> tuple[list[str], str | None]:
+def _copy_merge_outputs(
+    p: Prepared, options: RunOptions, warm: dict[str, tuple[tuple[int, ...], np.dtype]] | None, overlap: bool
+) -> tuple[list[str], str | None]:
     """The token outputs the copy engine merges (copymerge.py), or none and why."""
     if not options.copy_engine_merge:
         return [], "off (--no-copy-engine-merge)"
@@ -1321,8 +1537,7 @@ def _copy_merge_outputs(p: Prepared, options: RunOptions, warm: dict[str, tuple[
     return (names, None) if names else ([], "no token output laid out [batch, positions, ...]")
 
 
-def _pinned_reserve(p: Prepared, options: RunOptions, warm: dict[str, tuple[tuple[int, ...], np.dtype]] | None,
-                    names: list[str]) -> int:
+def _pinned_reserve(p: Prepared, options: RunOptions, warm: dict[str, tuple[tuple[int, ...], np.dtype]] | None, names: list[str]) -> int:
     """Bytes of page-locked memory to reserve for the copy-engine merge's outputs: --pinned-reserve-mb, else
     copymerge.reserve_bytes over the batches in flight (queued ahead, in the slots, one merging)."""
     if options.pinned_reserve_mb is not None:
@@ -1344,8 +1559,10 @@ def _check_save_outputs(docs: list[Document], path: Path | None) -> None:
     seen: dict[str, int] = {}
     for d, doc in enumerate(docs):
         if doc.name in seen:
-            raise UserError(f"inputs {seen[doc.name]} and {d} are both named '{doc.name}', so --save-outputs {path} would keep "
-                            "only one of them; give the inputs distinct names.")
+            raise UserError(
+                f"inputs {seen[doc.name]} and {d} are both named '{doc.name}', so --save-outputs {path} would keep "
+                "only one of them; give the inputs distinct names."
+            )
         seen[doc.name] = d
 
 
@@ -1385,34 +1602,53 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _runtime(workers: int, merge_workers: int, target_runtime: dict[str, Any], host: StageClock, wall: float, cpu: float,
-             timings: list[tuple[str, float, float | None]], faults: int) -> dict[str, Any]:
+def _runtime(
+    workers: int,
+    merge_workers: int,
+    target_runtime: dict[str, Any],
+    host: StageClock,
+    wall: float,
+    cpu: float,
+    timings: list[tuple[str, float, float | None]],
+    faults: int,
+) -> dict[str, Any]:
     """The target's runtime figures plus where the host's time went: the loop's wall and this process's CPU seconds
     (every thread's; planning processes' not), seconds per stage of the loop (plan, wait_plan, merge) and of the target
     (submit incl. stage_inputs, wait_slot, wait_gpu, copy_out), and each batch's wall and GPU ms in order (the timeline)."""
     target_runtime = dict(target_runtime)
     stages = {**host.report(), **target_runtime.pop("host_seconds", {})}
-    return {"plan_workers": workers, "merge_workers": merge_workers, **target_runtime,
-            "host": {"loop_wall_s": round(wall, 6), "loop_cpu_s": round(cpu, 6), "loop_minor_faults": faults, "stages": stages,
-                     "note": "seconds each stage took, summed over the threads that ran it (threads overlap); cpu_seconds: "
-                             "the CPU time those threads used meanwhile (the rest is waiting: for the GIL, a core, or the GPU where "
-                             "its synchronisation blocks; a spinning wait for the GPU counts as CPU time)"},
-            "timeline": batch_timeline([w for _, w, _ in timings], [g for _, _, g in timings])}
+    return {
+        "plan_workers": workers,
+        "merge_workers": merge_workers,
+        **target_runtime,
+        "host": {
+            "loop_wall_s": round(wall, 6),
+            "loop_cpu_s": round(cpu, 6),
+            "loop_minor_faults": faults,
+            "stages": stages,
+            "note": "seconds each stage took, summed over the threads that ran it (threads overlap); cpu_seconds: "
+            "the CPU time those threads used meanwhile (the rest is waiting: for the GIL, a core, or the GPU where "
+            "its synchronisation blocks; a spinning wait for the GPU counts as CPU time)",
+        },
+        "timeline": batch_timeline([w for _, w, _ in timings], [g for _, _, g in timings]),
+    }
 
 
 def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[str, Any]:
     """The report's gates, with the defaults of the target's precision (verify/gates.py), which the report names."""
     onnx_sidecar = None if p.is_engine else read_sidecar(p.target_path, required=False)
-    precision = target_precision(p.engine_sidecar if p.is_engine else None, onnx_sidecar,
-                                 None if p.is_engine else p.target_path)
+    precision = target_precision(p.engine_sidecar if p.is_engine else None, onnx_sidecar, None if p.is_engine else p.target_path)
     gates = evaluate_gates(report, gates_from(options.gate_values(), precision), tolerated=frozenset(p.tolerances))
     notes = gate_notes(options.gate_values(), precision)
     if p.tolerances:
         notes = [*notes, f"--atol/--rtol replace the default gates for {', '.join(p.tolerances)}"]
         if not (report.get("precision_error") or {}).get("measured"):
             why = (report.get("precision_error") or {}).get("reason", "not measured")
-            gates = {**gates, "passed": False,
-                     "failures": [*gates["failures"], f"--atol/--rtol could not be evaluated: precision error not measured: {why}"]}
+            gates = {
+                **gates,
+                "passed": False,
+                "failures": [*gates["failures"], f"--atol/--rtol could not be evaluated: precision error not measured: {why}"],
+            }
     gates = {"precision": precision, **gates}
     return {**gates, "notes": notes} if notes else gates
 
@@ -1440,8 +1676,9 @@ def _warm_up(p: Prepared, options: RunOptions, target: Any) -> dict[str, tuple[t
     return templates
 
 
-def _precision_error(p: Prepared, batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]],
-                     options: RunOptions) -> dict[str, Any]:
+def _precision_error(
+    p: Prepared, batches: list[list[Chunk]], results: dict[int, dict[str, np.ndarray]], options: RunOptions
+) -> dict[str, Any]:
     """The target against ONNX Runtime fp32 on the reference ONNX (or the outputs --load-reference stored), batch by
     batch on identical chunks; with --save-reference, the reference's outputs are kept for a later run."""
     if self_referenced(p) and not options.load_reference:
@@ -1464,8 +1701,10 @@ def _precision_error(p: Prepared, batches: list[list[Chunk]], results: dict[int,
         reference.save(options.save_reference)
         summary["saved_reference"] = str(options.save_reference)
     if isinstance(reference, StoredReference):
-        summary["scope"] = (f"target vs the reference outputs stored in {options.load_reference} "
-                            f"(from {reference.meta.get('reference_onnx')}, {reference.meta.get('made')}) on identical chunks")
+        summary["scope"] = (
+            f"target vs the reference outputs stored in {options.load_reference} "
+            f"(from {reference.meta.get('reference_onnx')}, {reference.meta.get('made')}) on identical chunks"
+        )
     return summary
 
 
@@ -1481,8 +1720,12 @@ def add_precision(comparator: Comparator, reference: Any, batch: list[Chunk], ou
 
 def precision_summary(comparator: Comparator) -> dict[str, Any]:
     per_output = comparator.result()
-    return {"measured": True, "scope": "target vs ONNX Runtime fp32 on identical chunks", "per_output": per_output,
-            "worst": worst(per_output)}
+    return {
+        "measured": True,
+        "scope": "target vs ONNX Runtime fp32 on identical chunks",
+        "per_output": per_output,
+        "worst": worst(per_output),
+    }
 
 
 def _latency(timings: list[tuple[str, float, float | None]]) -> dict[str, Any]:
@@ -1545,11 +1788,16 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
     if not options.chunking_check:
         return {"name": doc.name, "scope": "--no-chunking-check", "measured": False}, None
     sub, scope = _measurement_input(doc, p)
-    sub_chunks = plan_document(0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last)
+    sub_chunks = plan_document(
+        0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last
+    )
     if len(sub_chunks) < 2:
         longest = p.limits.seq if doc.kind != "image" else p.limits.tile
-        return {"name": doc.name, "scope": f"not measurable: chunk ({options.chunk}) is not smaller than the longest "
-                                           f"input the model takes whole ({longest})", "measured": False}, None
+        return {
+            "name": doc.name,
+            "scope": f"not measurable: chunk ({options.chunk}) is not smaller than the longest input the model takes whole ({longest})",
+            "measured": False,
+        }, None
     comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
     whole_chunk = plan_document(0, sub, p.specs, p.layout, None, 0, Limits(), p.tokenizer, p.scales)[0]
     whole = p.reference.run(whole_chunk.feeds)
@@ -1576,5 +1824,10 @@ def chunking_summary(parts: list[tuple[dict[str, Any], Comparator | None]], kind
         if part is not None:
             comparator.merge(part)
     per_output = comparator.result()
-    return {"measured": True, "scope": "chunked+merged vs one whole pass, both ONNX Runtime fp32", "per_input": per_input,
-            "per_output": per_output, "worst": worst(per_output)}
+    return {
+        "measured": True,
+        "scope": "chunked+merged vs one whole pass, both ONNX Runtime fp32",
+        "per_input": per_input,
+        "per_output": per_output,
+        "worst": worst(per_output),
+    }

@@ -20,8 +20,8 @@ import queue
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Sequence
 
@@ -33,6 +33,7 @@ ENQUEUE, CAPTURE, LAUNCH = "enqueue", "capture", "launch"
 @dataclass
 class GraphCache:
     """Per (profile, shape, slot) CUDA graphs; `action` says what the next batch does, `done` records it."""
+
     enabled: bool = True
     graphs: dict[tuple[int, Hashable, int], Any] = field(default_factory=dict)
     current: dict[int, Hashable] = field(default_factory=dict)  # shape each profile's context last enqueued
@@ -57,9 +58,14 @@ class GraphCache:
         self.counts[action] += 1
 
     def report(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"enabled": self.enabled, "graphs": len(self.graphs), "captured": self.counts[CAPTURE],
-                               "replayed": self.counts[LAUNCH], "plain_enqueues": self.counts[ENQUEUE],
-                               "fallbacks": [{"profile": p, "shape": _jsonable(s), "reason": r} for (p, s), r in self.failed.items()]}
+        out: dict[str, Any] = {
+            "enabled": self.enabled,
+            "graphs": len(self.graphs),
+            "captured": self.counts[CAPTURE],
+            "replayed": self.counts[LAUNCH],
+            "plain_enqueues": self.counts[ENQUEUE],
+            "fallbacks": [{"profile": p, "shape": _jsonable(s), "reason": r} for (p, s), r in self.failed.items()],
+        }
         if self.disabled_reason:
             out["reason"] = self.disabled_reason
         return out
@@ -93,8 +99,9 @@ class StageClock:
 
     def report(self) -> dict[str, dict[str, float]]:
         with self._lock:
-            return {k: {"seconds": round(v, 6), "cpu_seconds": round(self.cpu[k], 6), "count": self.counts[k]}
-                    for k, v in self.seconds.items()}
+            return {
+                k: {"seconds": round(v, 6), "cpu_seconds": round(self.cpu[k], 6), "count": self.counts[k]} for k, v in self.seconds.items()
+            }
 
 
 def _jsonable(shape: Any) -> Any:
@@ -135,8 +142,12 @@ def batch_timeline(wall_ms: Sequence[float], gpu_ms: Sequence[float | None], lim
     """Each batch's wall and GPU ms in collection order (the first `limit`): shows when the loop stalled
     (start-up, drain, periodic), which the percentiles cannot."""
     shown = min(len(wall_ms), max(0, int(limit)))
-    return {"batches": len(wall_ms), "shown": shown, "wall_ms": [round(float(w), 3) for w in wall_ms[:shown]],
-            "gpu_ms": [None if g is None else round(float(g), 3) for g in gpu_ms[:shown]]}
+    return {
+        "batches": len(wall_ms),
+        "shown": shown,
+        "wall_ms": [round(float(w), 3) for w in wall_ms[:shown]],
+        "gpu_ms": [None if g is None else round(float(g), 3) for g in gpu_ms[:shown]],
+    }
 
 
 GPU_WAITS = ("spin", "block")  # how the collector waits for a batch (tensorrt_runtime.TrtRunner)
@@ -216,7 +227,7 @@ class Batcher:
                 group = self._group(key)
                 take = min(rows - done, self.size - len(group))
                 if isinstance(item, tuple):  # a slice of the plain chunks
-                    group.extend(chunks[item[0] + done:item[0] + done + take])
+                    group.extend(chunks[item[0] + done : item[0] + done + take])
                 else:
                     group.add_rows(item, done, take)
                 done += take
@@ -247,8 +258,14 @@ _END = object()
 _PLANNING = "trtforge-plan"  # the planning threads' names
 
 
-def stream_batches(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batcher, workers: int = 2,
-                   on_plan: Callable[[int, list[Any]], None] = lambda d, chunks: None, ahead: int = 0) -> Iterator[list[Any]]:
+def stream_batches(
+    n_docs: int,
+    plan: Callable[[int], list[Any]],
+    batcher: Batcher,
+    workers: int = 2,
+    on_plan: Callable[[int, list[Any]], None] = lambda d, chunks: None,
+    ahead: int = 0,
+) -> Iterator[list[Any]]:
     """Batches as documents are planned on `workers` threads (document order kept): `on_plan(d, chunks)`
     runs before any chunk of document d is handed out, so a consumer may rely on it. A planning error
     is raised in the consumer. Closing the iterator early stops planning: documents not yet started are
@@ -313,8 +330,9 @@ def stream_batches(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batch
             thread.join()
 
 
-def _planned_inline(n_docs: int, plan: Callable[[int], list[Any]], batcher: Batcher,
-                    on_plan: Callable[[int, list[Any]], None]) -> Iterator[list[Any]]:
+def _planned_inline(
+    n_docs: int, plan: Callable[[int], list[Any]], batcher: Batcher, on_plan: Callable[[int, list[Any]], None]
+) -> Iterator[list[Any]]:
     """stream_batches with no planning threads: each document planned on the consumer's thread when its batches are
     needed, so no thread contends with it for the GIL."""
     for d in range(n_docs):

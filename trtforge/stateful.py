@@ -48,6 +48,7 @@ class StatefulOptions:
 
 # -- planning (pure) -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Step:
     phase: str  # prefill | decode
@@ -64,8 +65,9 @@ class Step:
         return self.end - self.start
 
 
-def plan_steps(length: int, chunk: int, generate: int = 0,
-               choose: Callable[[str, int, int], int | None] = lambda phase, seq, past: None) -> list[Step]:
+def plan_steps(
+    length: int, chunk: int, generate: int = 0, choose: Callable[[str, int, int], int | None] = lambda phase, seq, past: None
+) -> list[Step]:
     """Prefill chunks [0, c), [c, 2c), ... then `generate` decode steps of one token each; `choose`
     picks (or refuses, raising UserError) the profile of each step from its phase, seq and past."""
     if chunk < 1:
@@ -87,8 +89,7 @@ def cache_plan(layout: dict[str, Any], max_past: int, max_seq: int, itemsize: in
     max_total = max_past + max_seq
     per = batch * layout["kv_heads"] * max_total * layout["head_dim"] * itemsize
     tensors = 2 * layout["layers"]
-    return {"max_total": max_total, "bytes_per_buffer": per, "tensors": tensors, "buffers_per_tensor": 2,
-            "total_bytes": 2 * tensors * per}
+    return {"max_total": max_total, "bytes_per_buffer": per, "tensors": tensors, "buffers_per_tensor": 2, "total_bytes": 2 * tensors * per}
 
 
 def ping_pong(step_index: int) -> tuple[int, int]:
@@ -97,6 +98,7 @@ def ping_pong(step_index: int) -> tuple[int, int]:
 
 
 # -- inputs ----------------------------------------------------------------------------------------
+
 
 def load_token_docs(path: Path, encode: Callable[[str], list[int]] | None, max_tokens: int | None = None) -> list[tuple[str, np.ndarray]]:
     """(name, ids) per input: a folder of .txt, a .txt file, or .jsonl lines {"text"} or {"input_ids"}."""
@@ -139,7 +141,7 @@ def tokenizer_encoder(export_side: dict[str, Any] | None, export_path: Path | No
     rel = (export_side or {}).get("tokenizer")
     if not rel or export_path is None:
         return None
-    folder = (export_path.parent / rel)
+    folder = export_path.parent / rel
     if not (folder / "tokenizer.json").is_file():
         raise UserError(f"tokenizer {folder} (named by {export_path}.json) has no tokenizer.json; re-run trtforge export --kv-cache.")
     import tokenizers
@@ -149,6 +151,7 @@ def tokenizer_encoder(export_side: dict[str, Any] | None, export_path: Path | No
 
 
 # -- memory ----------------------------------------------------------------------------------------
+
 
 class RssPeak:
     """Peak resident memory above the level at entry, sampled every ms in a thread (ONNX Runtime
@@ -181,6 +184,7 @@ class RssPeak:
 
 
 # -- runtimes --------------------------------------------------------------------------------------
+
 
 class OrtStepper:
     """A KV-cache ONNX on ONNX Runtime; the cache lives in OrtValues bound through IOBinding."""
@@ -275,8 +279,16 @@ class TrtStepper:
         self.cache = [[DeviceBuffer(self.plan["bytes_per_buffer"]) for _ in self.past_names] for _ in range(2)]
         out_width = int(self.engine.get_tensor_shape(self.output)[-1])
         self.out_bytes = max_seq * out_width * self.dtypes[self.output].itemsize
-        self.bufs = {"input_ids": DeviceBuffer(max_seq * 8), "position_ids": DeviceBuffer(max_seq * 8), self.output: DeviceBuffer(self.out_bytes)}
-        self.host = {"input_ids": PinnedBuffer(max_seq * 8), "position_ids": PinnedBuffer(max_seq * 8), self.output: PinnedBuffer(self.out_bytes)}
+        self.bufs = {
+            "input_ids": DeviceBuffer(max_seq * 8),
+            "position_ids": DeviceBuffer(max_seq * 8),
+            self.output: DeviceBuffer(self.out_bytes),
+        }
+        self.host = {
+            "input_ids": PinnedBuffer(max_seq * 8),
+            "position_ids": PinnedBuffer(max_seq * 8),
+            self.output: PinnedBuffer(self.out_bytes),
+        }
         self.index = 0  # steps since reset: which buffer holds the past
         self.peak_bytes = 0
         self._note()
@@ -311,8 +323,10 @@ class TrtStepper:
         seq = int(ids.size)
         src, dst = ping_pong(self.index)
         h2d, d2h = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        feeds = {"input_ids": ids.astype(self.dtypes["input_ids"]),
-                 "position_ids": np.arange(past, past + seq).astype(self.dtypes["position_ids"])}
+        feeds = {
+            "input_ids": ids.astype(self.dtypes["input_ids"]),
+            "position_ids": np.arange(past, past + seq).astype(self.dtypes["position_ids"]),
+        }
         for name, array in feeds.items():
             self.host[name].view(array.dtype, array.shape)[...] = array
             ok(cudart.cudaMemcpyAsync(self.bufs[name].ptr, self.host[name].ptr, array.nbytes, h2d, self.stream))
@@ -351,6 +365,7 @@ class TrtStepper:
 
 # -- the run ---------------------------------------------------------------------------------------
 
+
 @dataclass
 class _Target:
     path: Path
@@ -378,14 +393,17 @@ def _resolve(path: Path) -> _Target:
     kind = "engine" if (side or {}).get("kind") == "engine" or path.suffix in (".engine", ".plan") else "onnx"
     kv, export_side, export_path = kv_meta(path, side)
     if kv is None:
-        raise UserError(f"{path.name} has no cache inputs (past_key_<i>/past_value_<i>); --stateful needs a model exported "
-                        "with `trtforge export --kv-cache`.")
+        raise UserError(
+            f"{path.name} has no cache inputs (past_key_<i>/past_value_<i>); --stateful needs a model exported "
+            "with `trtforge export --kv-cache`."
+        )
     assert export_side is not None and export_path is not None
     if kind == "engine":
         if not (side or {}).get("phases"):
             raise UserError(f"{path.name} was built without prefill/decode profiles; rebuild it with this trtforge's `trtforge build`.")
-        return _Target(path, kind, side, kv, export_side, export_path, profiles_from_json(side["profiles"]), side["phases"],
-                       f"engine {path.name}")
+        return _Target(
+            path, kind, side, kv, export_side, export_path, profiles_from_json(side["profiles"]), side["phases"], f"engine {path.name}"
+        )
     specs = [InputSpec(**s) for s in export_side["inputs"]]
     axes = kv_axes({k: AxisRange(**v) for k, v in export_side["axes"].items()}, kv)
     from trtforge.kvcache import tier_ranges
@@ -424,19 +442,26 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
     docs = load_token_docs(options.inputs, encode, options.max_tokens)
 
     def choose_for(t: _Target) -> Callable[[str, int, int], int]:
-        return lambda phase, seq, past: select_phase_profile(t.profiles, t.phases, phase, seq, past, where=t.where, engine=t.kind == "engine").index
+        return lambda phase, seq, past: (
+            select_phase_profile(t.profiles, t.phases, phase, seq, past, where=t.where, engine=t.kind == "engine").index
+        )
 
     plans = []
     for name, ids in docs:  # every input planned before anything runs: a bad input fails in one sentence, fast
         if ids.size + options.generate > layout["max_positions"]:
-            raise UserError(f"input {name} plus --generate {options.generate} is {ids.size + options.generate} tokens, "
-                            f"beyond the model's {layout['max_positions']} positions; shorten it.")
+            raise UserError(
+                f"input {name} plus --generate {options.generate} is {ids.size + options.generate} tokens, "
+                f"beyond the model's {layout['max_positions']} positions; shorten it."
+            )
         plans.append(plan_steps(int(ids.size), options.chunk, options.generate, choose_for(target)))
     full_profiles = []
     for name, ids in docs:
         if reference.kind == "engine":
-            full_profiles.append(select_phase_profile(reference.profiles, reference.phases, "prefill", int(ids.size), 0,
-                                                      where=reference.where, engine=True).index)
+            full_profiles.append(
+                select_phase_profile(
+                    reference.profiles, reference.phases, "prefill", int(ids.size), 0, where=reference.where, engine=True
+                ).index
+            )
         else:
             full_profiles.append(None)
 
@@ -446,7 +471,7 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
     decode_tokens, decode_seconds, prefill_tokens, prefill_seconds = 0, 0.0, 0, 0.0
     rss = RssPeak() if target.kind == "onnx" and options.measure_memory else None
     try:
-        with (rss or _Null()):
+        with rss or _Null():
             for (name, ids), steps in zip(docs, plans):
                 progress(f"stateful: {name}, {ids.size} tokens in {sum(s.phase == 'prefill' for s in steps)} chunks")
                 stepper.reset()
@@ -454,7 +479,7 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
                 for step in steps:
                     if step.phase == "prefill":
                         t0 = time.perf_counter()
-                        out = stepper.step(ids[step.start:step.end], step.past, step.profile)
+                        out = stepper.step(ids[step.start : step.end], step.past, step.profile)
                         dt = time.perf_counter() - t0
                         parts.append(out)
                         prefill_tokens += step.seq
@@ -474,8 +499,9 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
                 if options.generate and not generated:
                     generated.append(int(parts[-1][-1].argmax()))
                 logits_all.append(np.concatenate(parts, axis=0))
-                docs_out.append({"name": name, "tokens": int(ids.size), "chunks": sum(s.phase == "prefill" for s in steps),
-                                 "generated": generated})
+                docs_out.append(
+                    {"name": name, "tokens": int(ids.size), "chunks": sum(s.phase == "prefill" for s in steps), "generated": generated}
+                )
         stateful_peak = rss.peak if rss else stepper.peak_bytes
     finally:
         stepper.close()
@@ -488,7 +514,7 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
     full_tokens, full_seconds = 0, 0.0
     per_doc, agreement = [], []
     try:
-        with (rss_full or _Null()):
+        with rss_full or _Null():
             for i, (name, ids) in enumerate(docs):
                 t0 = time.perf_counter()
                 full = full_stepper.full(ids, full_profiles[i]) if reference.kind == "engine" else full_stepper.full(ids)
@@ -502,9 +528,17 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
             for i, (name, ids) in enumerate(docs):
                 gen = docs_out[i]["generated"]
                 seq = np.concatenate([ids, np.asarray(gen[:-1], dtype=np.int64)])
-                full = full_stepper.full(seq, select_phase_profile(reference.profiles, reference.phases, "prefill", int(seq.size), 0,
-                                                                   where=reference.where).index) if reference.kind == "engine" else full_stepper.full(seq)
-                expected = [int(v) for v in full[ids.size - 1:].argmax(axis=-1)]
+                full = (
+                    full_stepper.full(
+                        seq,
+                        select_phase_profile(
+                            reference.profiles, reference.phases, "prefill", int(seq.size), 0, where=reference.where
+                        ).index,
+                    )
+                    if reference.kind == "engine"
+                    else full_stepper.full(seq)
+                )
+                expected = [int(v) for v in full[ids.size - 1 :].argmax(axis=-1)]
                 match = [int(a == b) for a, b in zip(gen, expected)]
                 first = next((k for k, m in enumerate(match) if not m), None)
                 docs_out[i]["generation"] = {"expected": expected, "agreement": float(np.mean(match)), "first_mismatch": first}
@@ -516,12 +550,19 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
     got_all = np.concatenate([g for _, g in per_doc])
     per_input = {f"input {i} ({docs[i][0]})": d["chunking_error"] for i, d in enumerate(docs_out)}
     worst_name = max(per_input, key=lambda n: per_input[n]["rel_l2"] if per_input[n]["rel_l2"] == per_input[n]["rel_l2"] else np.inf)
-    chunk_err = {"output": layout["output"], **compare_arrays(ref_all, got_all, kind),
-                 "worst_input_rel_l2": per_input[worst_name]["rel_l2"],
-                 "reference": f"one full pass (past 0) on {reference.path.name} ({reference.kind})"}
+    chunk_err = {
+        "output": layout["output"],
+        **compare_arrays(ref_all, got_all, kind),
+        "worst_input_rel_l2": per_input[worst_name]["rel_l2"],
+        "reference": f"one full pass (past 0) on {reference.path.name} ({reference.kind})",
+    }
     gate = options.max_rel_l2 if options.max_rel_l2 is not None else (1e-4 if target.kind == "onnx" else 1e-2)
-    failures = check_outputs(per_input, [("rel_l2", "max", gate, "stateful chunking error rel-L2", "--max-rel-l2")],
-                             "stateful run's check against one full pass", "the stateful run")
+    failures = check_outputs(
+        per_input,
+        [("rel_l2", "max", gate, "stateful chunking error rel-L2", "--max-rel-l2")],
+        "stateful run's check against one full pass",
+        "the stateful run",
+    )
     profiles_by_index = {p.index: p for p in target.profiles}
     report = {
         "schema": SCHEMA,
@@ -532,7 +573,9 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
         "chunk": options.chunk,
         "inputs": docs_out,
         "chunking_error": chunk_err,
-        "generation": None if not options.generate else {
+        "generation": None
+        if not options.generate
+        else {
             "tokens_per_input": options.generate,
             "agreement": float(np.mean([m for ms in agreement for m in ms])),
             "exact": all(all(ms) for ms in agreement),
@@ -543,18 +586,28 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
         "throughput": {
             "prefill_tokens_per_s": prefill_tokens / prefill_seconds if prefill_seconds else None,
             "full_pass_tokens_per_s": full_tokens / full_seconds if full_seconds else None,
-            "per_profile": [{"profile": idx, "phase": "prefill", "axes": {a: [t.min, t.opt, t.max] for a, t in profiles_by_index[idx].axes.items()},
-                             **rec, "tokens_per_s": rec["tokens"] / rec["seconds"] if rec["seconds"] else None}
-                            for idx, rec in sorted(per_profile.items())],
-            "profiles_note": None if target.kind == "engine" else "ONNX Runtime has no profiles: steps are grouped by the profile a build from this export would use",
+            "per_profile": [
+                {
+                    "profile": idx,
+                    "phase": "prefill",
+                    "axes": {a: [t.min, t.opt, t.max] for a, t in profiles_by_index[idx].axes.items()},
+                    **rec,
+                    "tokens_per_s": rec["tokens"] / rec["seconds"] if rec["seconds"] else None,
+                }
+                for idx, rec in sorted(per_profile.items())
+            ],
+            "profiles_note": None
+            if target.kind == "engine"
+            else "ONNX Runtime has no profiles: steps are grouped by the profile a build from this export would use",
         },
         "memory": {
-            "method": "peak RSS above the level before the phase, sampled every ms, ONNX Runtime arena off" if target.kind == "onnx"
+            "method": "peak RSS above the level before the phase, sampled every ms, ONNX Runtime arena off"
+            if target.kind == "onnx"
             else "device memory in use (cudaMemGetInfo) from engine load: contexts, activations and the cache buffers",
             "stateful_prefill_peak_mb": stateful_peak / 2**20,
             "full_pass_peak_mb": full_peak / 2**20,
-            "cache_plan": getattr(stepper, "plan", None) or cache_plan(layout, max(d["tokens"] for d in docs_out) + options.generate,
-                                                                      options.chunk, 4),
+            "cache_plan": getattr(stepper, "plan", None)
+            or cache_plan(layout, max(d["tokens"] for d in docs_out) + options.generate, options.chunk, 4),
         },
         "gates": {"max_rel_l2": gate, "passed": not failures, "failures": failures},
         "seconds": time.perf_counter() - start_all,
@@ -572,16 +625,34 @@ class _Null:
         return None
 
 
-def run_command(target: Path, inputs: Path | None, chunk: int | None, generate: int, reference: Path | None,
-                report: Path | None, backend: str, providers: list[str] | None, max_rel_l2: float | None, json_out: bool) -> None:
+def run_command(
+    target: Path,
+    inputs: Path | None,
+    chunk: int | None,
+    generate: int,
+    reference: Path | None,
+    report: Path | None,
+    backend: str,
+    providers: list[str] | None,
+    max_rel_l2: float | None,
+    json_out: bool,
+) -> None:
     """`trtforge run --stateful [--generate N]`: run, render, gate (exit 1 on a failed gate)."""
     from trtforge import ui
     from trtforge.errors import GateFailed
 
     if inputs is None:
         raise UserError("no inputs given; pass --inputs FOLDER (texts) for --stateful.")
-    options = StatefulOptions(inputs=inputs, chunk=chunk or 128, generate=generate or 0, reference=reference, backend=backend,
-                              providers=list(providers or []), max_rel_l2=max_rel_l2, report=report)
+    options = StatefulOptions(
+        inputs=inputs,
+        chunk=chunk or 128,
+        generate=generate or 0,
+        reference=reference,
+        backend=backend,
+        providers=list(providers or []),
+        max_rel_l2=max_rel_l2,
+        report=report,
+    )
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
     r = run_stateful(target, options, log)
     if json_out:
@@ -589,19 +660,32 @@ def run_command(target: Path, inputs: Path | None, chunk: int | None, generate: 
     else:
         con = ui.console()
         c = r["chunking_error"]
-        con.print(f"{len(r['inputs'])} inputs, {sum(i['tokens'] for i in r['inputs'])} tokens, chunk {r['chunk']} on {r['backend']}", markup=False)
-        con.print(f"chunking error (stateful vs one full pass): rel-L2 {c['rel_l2']:.2e} (worst input {c['worst_input_rel_l2']:.2e}), "
-                  f"max-abs {c['max_abs']:.2e}, top-1 {c.get('top1_agreement', float('nan')):.4f}", markup=False)
-        rows = [[p["profile"], " ".join(f"{a} {v[0]}..{v[2]}" for a, v in p["axes"].items()), p["steps"], p["tokens"],
-                 p["tokens_per_s"]] for p in r["throughput"]["per_profile"]]
+        con.print(
+            f"{len(r['inputs'])} inputs, {sum(i['tokens'] for i in r['inputs'])} tokens, chunk {r['chunk']} on {r['backend']}", markup=False
+        )
+        con.print(
+            f"chunking error (stateful vs one full pass): rel-L2 {c['rel_l2']:.2e} (worst input {c['worst_input_rel_l2']:.2e}), "
+            f"max-abs {c['max_abs']:.2e}, top-1 {c.get('top1_agreement', float('nan')):.4f}",
+            markup=False,
+        )
+        rows = [
+            [p["profile"], " ".join(f"{a} {v[0]}..{v[2]}" for a, v in p["axes"].items()), p["steps"], p["tokens"], p["tokens_per_s"]]
+            for p in r["throughput"]["per_profile"]
+        ]
         con.print(ui.table("prefill per profile", ["profile", "axes", "steps", "tokens", "tokens/s"], rows))
         m = r["memory"]
-        con.print(f"prefill {r['throughput']['prefill_tokens_per_s']:.0f} tokens/s stateful, {r['throughput']['full_pass_tokens_per_s']:.0f} "
-                  f"tokens/s full pass; peak memory {m['stateful_prefill_peak_mb']:.1f} MiB stateful vs {m['full_pass_peak_mb']:.1f} MiB full", markup=False)
+        con.print(
+            f"prefill {r['throughput']['prefill_tokens_per_s']:.0f} tokens/s stateful, {r['throughput']['full_pass_tokens_per_s']:.0f} "
+            f"tokens/s full pass; peak memory {m['stateful_prefill_peak_mb']:.1f} MiB stateful vs {m['full_pass_peak_mb']:.1f} MiB full",
+            markup=False,
+        )
         if r["generation"]:
             g = r["generation"]
-            con.print(f"generate: agreement with full recompute {g['agreement']:.4f} (exact: {g['exact']}), "
-                      f"decode {g['decode_tokens_per_s'] or 0:.0f} tokens/s", markup=False)
+            con.print(
+                f"generate: agreement with full recompute {g['agreement']:.4f} (exact: {g['exact']}), "
+                f"decode {g['decode_tokens_per_s'] or 0:.0f} tokens/s",
+                markup=False,
+            )
         con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])), markup=False)
     if not r["gates"]["passed"]:
         raise GateFailed("; ".join(r["gates"]["failures"]) + (f"; see {report}" if report else "") + ".")

@@ -40,8 +40,10 @@ class TextTokenizer:
         directory = Path(directory)
         path = directory / "tokenizer.json"
         if not path.is_file():
-            raise UserError(f"tokenizer directory {directory} has no tokenizer.json; save the tokenizer there with "
-                            "save_pretrained (a 'fast' tokenizer) or point --tokenizer / model.tokenizer elsewhere.")
+            raise UserError(
+                f"tokenizer directory {directory} has no tokenizer.json; save the tokenizer there with "
+                "save_pretrained (a 'fast' tokenizer) or point --tokenizer / model.tokenizer elsewhere."
+            )
         try:
             from tokenizers import Tokenizer
         except ImportError:
@@ -93,8 +95,8 @@ class TextTokenizer:
     def type_ids(self, block: np.ndarray) -> np.ndarray:
         """Token types for windows wrapped in the specials (rows of `block`): as the tokenizer's own encoding gives them."""
         types = np.full(block.shape, self.content_type, np.int64)
-        types[:, :len(self.prefix_types)] = self.prefix_types
-        types[:, block.shape[1] - len(self.suffix_types):] = self.suffix_types
+        types[:, : len(self.prefix_types)] = self.prefix_types
+        types[:, block.shape[1] - len(self.suffix_types) :] = self.suffix_types
         return types
 
     def windows(self, text: str, chunk: int, overlap: int) -> list[TextWindow]:
@@ -108,15 +110,18 @@ class TextTokenizer:
             first = self.tok.encode(text)
         finally:
             self.tok.no_truncation()
-        return map_windows(doc.ids, doc.offsets, [(e.ids, e.type_ids, e.special_tokens_mask, e.offsets)
-                                                   for e in [first, *first.overflowing]])
+        return map_windows(
+            doc.ids, doc.offsets, [(e.ids, e.type_ids, e.special_tokens_mask, e.offsets) for e in [first, *first.overflowing]]
+        )
 
     def capacity(self, chunk: int, overlap: int) -> int:
         """Document tokens a window of `chunk` holds beside the specials; an error unless it exceeds `overlap`."""
         capacity = chunk - self.specials
         if capacity <= overlap:
-            raise UserError(f"--chunk {chunk} leaves {capacity} tokens beside the model's {self.specials} special tokens, "
-                            f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap.")
+            raise UserError(
+                f"--chunk {chunk} leaves {capacity} tokens beside the model's {self.specials} special tokens, "
+                f"which must exceed --overlap {overlap}; use a larger chunk or a smaller overlap."
+            )
         return capacity
 
     def encode(self, text: str, max_length: int) -> dict[str, np.ndarray]:
@@ -152,14 +157,15 @@ def wrap_spans(ids: np.ndarray, spans: list[tuple[int, int]], prefix: list[int],
         block[:, :p] = prefix
         if n:  # row k of the strided view: the n ids from position k, so the rows are gathered by one indexing
             windows = np.lib.stride_tricks.as_strided(ids, (len(ids) - n + 1, n), (ids.strides[0], ids.strides[0]), writeable=False)
-            block[:, p:p + n] = windows[starts[i:j]]
-        block[:, p + n:] = suffix
+            block[:, p : p + n] = windows[starts[i:j]]
+        block[:, p + n :] = suffix
         blocks.append(block)
     return blocks
 
 
-def map_windows(doc_ids: list[int], doc_offsets: list[tuple[int, int]],
-                encodings: list[tuple[list[int], list[int], list[int], list[tuple[int, int]]]]) -> list[TextWindow]:
+def map_windows(
+    doc_ids: list[int], doc_offsets: list[tuple[int, int]], encodings: list[tuple[list[int], list[int], list[int], list[tuple[int, int]]]]
+) -> list[TextWindow]:
     """Windows (ids, type ids, special mask, offsets) -> document spans, found by the offset of each
     window's first content token and checked token by token against the document. Pure."""
     windows, cursor = [], 0
@@ -171,8 +177,14 @@ def map_windows(doc_ids: list[int], doc_offsets: list[tuple[int, int]],
         if hi - lo != len(content):
             raise ValueError("a window's document tokens are not contiguous")
         body = list(ids[lo:hi])
-        start = next((s for s in range(cursor, len(doc_ids))
-                      if tuple(doc_offsets[s]) == tuple(offsets[lo]) and list(doc_ids[s:s + len(body)]) == body), None)
+        start = next(
+            (
+                s
+                for s in range(cursor, len(doc_ids))
+                if tuple(doc_offsets[s]) == tuple(offsets[lo]) and list(doc_ids[s : s + len(body)]) == body
+            ),
+            None,
+        )
         if start is None:
             raise ValueError("a tokenizer window does not match the document's tokens")
         windows.append(TextWindow(np.asarray(ids, np.int64), np.asarray(type_ids, np.int64), slice(lo, hi), (start, start + len(body))))
@@ -197,6 +209,7 @@ def _read_config(directory: Path) -> dict[str, Any]:
 
 # -- where a model's tokenizer lives ---------------------------------------------------------------
 
+
 def find_tokenizer_dir(onnx_path: str | Path | None, chain: list[tuple[Path, dict[str, Any]]] | None = None) -> Path | None:
     """The tokenizer directory the nearest sidecar names (relative to its ONNX), or the built-in MiniLM's.
 
@@ -218,8 +231,10 @@ def find_tokenizer_dir(onnx_path: str | Path | None, chain: list[tuple[Path, dic
 
             return model_dir()
     if missing:
-        raise UserError(f"sidecar {missing[0]}.json names tokenizer directory {missing[1]}, which has no tokenizer.json; "
-                        "copy the tokenizer folder beside the ONNX, re-run trtforge export, or pass --tokenizer DIR.")
+        raise UserError(
+            f"sidecar {missing[0]}.json names tokenizer directory {missing[1]}, which has no tokenizer.json; "
+            "copy the tokenizer folder beside the ONNX, re-run trtforge export, or pass --tokenizer DIR."
+        )
     return None
 
 

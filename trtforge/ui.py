@@ -19,8 +19,14 @@ def plain_mode() -> bool:
 
 def console(stderr: bool = False) -> Console:
     plain = plain_mode() if not stderr else (os.environ.get("CI", "").lower() in ("1", "true", "yes") or not sys.stderr.isatty())
-    return Console(stderr=stderr, color_system=None if plain else "auto", force_terminal=False if plain else None,
-                   highlight=False, soft_wrap=plain, width=200 if plain else None)
+    return Console(
+        stderr=stderr,
+        color_system=None if plain else "auto",
+        force_terminal=False if plain else None,
+        highlight=False,
+        soft_wrap=plain,
+        width=200 if plain else None,
+    )
 
 
 _json_held: list[Any] | None = None
@@ -129,8 +135,14 @@ def progress(description: str, total: int | None) -> Iterator[Any]:
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console(stderr=True), transient=True) as bar:
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console(stderr=True),
+        transient=True,
+    ) as bar:
         task = bar.add_task(description, total=total)
         yield _RichProgress(bar, task)
 
@@ -174,6 +186,7 @@ def build_progress(label: str) -> Iterator[Any]:
     """A tick(elapsed_s, progress) callback for a TensorRT build: a rich spinner line on a terminal, a plain
     stderr line per tick under CI. `progress.describe()` says what the builder reports ("profile 2 of 4, ...")."""
     if plain_mode():
+
         def plain_tick(elapsed: float, progress: Any) -> None:
             print(f"{label}: {elapsed:.0f} s elapsed, {progress.describe()}", file=sys.stderr, flush=True)
 
@@ -181,8 +194,9 @@ def build_progress(label: str) -> Iterator[Any]:
         return
     from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
 
-    with Progress(SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(),
-                  console=console(stderr=True), transient=True) as bar:
+    with Progress(
+        SpinnerColumn(), "[progress.description]{task.description}", TimeElapsedColumn(), console=console(stderr=True), transient=True
+    ) as bar:
         task = bar.add_task(label, total=None)
 
         def rich_tick(_elapsed: float, progress: Any) -> None:

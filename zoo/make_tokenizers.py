@@ -40,8 +40,20 @@ def main() -> None:
     roberta._tokenizer.post_processor = RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
     gpt2 = train(["<|endoftext|>"])  # GPT-2 adds no special tokens to a text
     for name, raw, specials, max_len in (
-        ("roberta-bpe", roberta, dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
-                                      pad_token="<pad>", unk_token="<unk>", mask_token="<mask>"), 512),
+        (
+            "roberta-bpe",
+            roberta,
+            dict(
+                bos_token="<s>",
+                eos_token="</s>",
+                cls_token="<s>",
+                sep_token="</s>",
+                pad_token="<pad>",
+                unk_token="<unk>",
+                mask_token="<mask>",
+            ),
+            512,
+        ),
         ("gpt2-bpe", gpt2, dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"), 1024),
     ):
         out = ROOT / "tokenizers" / name

@@ -67,9 +67,18 @@ def bert(size: str = "small") -> tuple:
     """transformers BertModel: token output `last_hidden_state` and a pooled vector `pooler_output`."""
     transformers = _hf()
     _seed()
-    config = transformers.BertConfig() if size == "full" else transformers.BertConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=512,
-        initializer_range=SMALL_INIT)
+    config = (
+        transformers.BertConfig()
+        if size == "full"
+        else transformers.BertConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=512,
+            initializer_range=SMALL_INIT,
+        )
+    )
     tok = _tokenizer("bert")
     module = transformers.BertModel(config).eval()
     return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state", "pooler_output"], tok
@@ -108,9 +117,19 @@ def roberta(size: str = "small") -> tuple:
     _seed()
     tok = _tokenizer("roberta-bpe")
     common = dict(vocab_size=max(len(tok), 50265) if size == "full" else len(tok), pad_token_id=1, bos_token_id=0, eos_token_id=2)
-    config = transformers.RobertaConfig(**common) if size == "full" else transformers.RobertaConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=514,
-        initializer_range=SMALL_INIT, **common)
+    config = (
+        transformers.RobertaConfig(**common)
+        if size == "full"
+        else transformers.RobertaConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=514,
+            initializer_range=SMALL_INIT,
+            **common,
+        )
+    )
     module = transformers.RobertaModel(config, add_pooling_layer=False).eval()
     return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
 
@@ -123,8 +142,9 @@ def gpt2(size: str = "small", layers: int | None = None) -> tuple:
     if size == "full":
         config = transformers.GPT2Config(n_layer=layers or 12, use_cache=False)
     else:
-        config = transformers.GPT2Config(vocab_size=len(tok), n_positions=1024, n_embd=64, n_layer=layers or 2, n_head=4,
-                                         use_cache=False, initializer_range=SMALL_INIT)
+        config = transformers.GPT2Config(
+            vocab_size=len(tok), n_positions=1024, n_embd=64, n_layer=layers or 2, n_head=4, use_cache=False, initializer_range=SMALL_INIT
+        )
     module = transformers.GPT2Model(config).eval()
     return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
 
@@ -135,9 +155,20 @@ def vit(size: str = "small") -> tuple:
 
     transformers = _hf()
     _seed()
-    config = transformers.ViTConfig(num_labels=1000) if size == "full" else transformers.ViTConfig(
-        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        num_labels=10, initializer_range=SMALL_INIT)
+    config = (
+        transformers.ViTConfig(num_labels=1000)
+        if size == "full"
+        else transformers.ViTConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            num_labels=10,
+            initializer_range=SMALL_INIT,
+        )
+    )
     module = transformers.ViTForImageClassification(config).eval()
     side = config.image_size
     return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits"], None
@@ -158,8 +189,13 @@ def resnet(size: str = "small") -> tuple:
         except ImportError:
             pass
     transformers = _hf()
-    config = transformers.ResNetConfig(num_labels=1000) if size == "full" else transformers.ResNetConfig(
-        embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic", num_labels=10)
+    config = (
+        transformers.ResNetConfig(num_labels=1000)
+        if size == "full"
+        else transformers.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic", num_labels=10
+        )
+    )
     module = transformers.ResNetForImageClassification(config).eval()
     side = 224 if size == "full" else 64
     return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits"], None
@@ -171,9 +207,19 @@ def segformer(size: str = "small") -> tuple:
 
     transformers = _hf()
     _seed()
-    config = transformers.SegformerConfig(num_labels=19) if size == "full" else transformers.SegformerConfig(
-        num_encoder_blocks=4, depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 48, 64], num_attention_heads=[1, 2, 2, 4],
-        decoder_hidden_size=64, num_labels=5, initializer_range=SMALL_INIT)
+    config = (
+        transformers.SegformerConfig(num_labels=19)
+        if size == "full"
+        else transformers.SegformerConfig(
+            num_encoder_blocks=4,
+            depths=[1, 1, 1, 1],
+            hidden_sizes=[16, 32, 48, 64],
+            num_attention_heads=[1, 2, 2, 4],
+            decoder_hidden_size=64,
+            num_labels=5,
+            initializer_range=SMALL_INIT,
+        )
+    )
     module = transformers.SegformerForSemanticSegmentation(config).eval()
     return module, {"pixel_values": torch.rand(1, 3, 64, 64)}, ["logits"], None
 
@@ -182,8 +228,11 @@ def distilbert(size: str = "small") -> tuple:
     """transformers DistilBertModel: no token types, no pooler; its attention is written apart from BERT's."""
     transformers = _hf()
     _seed()
-    config = transformers.DistilBertConfig() if size == "full" else transformers.DistilBertConfig(
-        dim=64, n_layers=2, n_heads=4, hidden_dim=128, initializer_range=SMALL_INIT)
+    config = (
+        transformers.DistilBertConfig()
+        if size == "full"
+        else transformers.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, initializer_range=SMALL_INIT)
+    )
     tok = _tokenizer("bert")
     module = transformers.DistilBertModel(config).eval()
     return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
@@ -195,10 +244,22 @@ def deberta(size: str = "small") -> tuple:
     SentencePiece one (the weights are random)."""
     transformers = _hf()
     _seed()
-    v3 = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=-1, position_buckets=256,
-              norm_rel_ebd="layer_norm", share_att_key=True, vocab_size=30522)
-    config = transformers.DebertaV2Config(**v3) if size == "full" else transformers.DebertaV2Config(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, initializer_range=SMALL_INIT, **v3)
+    v3 = dict(
+        relative_attention=True,
+        pos_att_type=["p2c", "c2p"],
+        max_relative_positions=-1,
+        position_buckets=256,
+        norm_rel_ebd="layer_norm",
+        share_att_key=True,
+        vocab_size=30522,
+    )
+    config = (
+        transformers.DebertaV2Config(**v3)
+        if size == "full"
+        else transformers.DebertaV2Config(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, initializer_range=SMALL_INIT, **v3
+        )
+    )
     tok = _tokenizer("bert")
     module = transformers.DebertaV2Model(config).eval()
     return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
@@ -209,8 +270,11 @@ def t5_encoder(size: str = "small") -> tuple:
     bias, ReLU FFN; BERT's vocabulary stands in for T5's SentencePiece one."""
     transformers = _hf()
     _seed()
-    config = transformers.T5Config(vocab_size=30522) if size == "full" else transformers.T5Config(
-        d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=30522)
+    config = (
+        transformers.T5Config(vocab_size=30522)
+        if size == "full"
+        else transformers.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=30522)
+    )
     tok = _tokenizer("bert")
     module = transformers.T5EncoderModel(config).eval()
     return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok
@@ -224,9 +288,20 @@ def swin(size: str = "small") -> tuple:
 
     transformers = _hf()
     _seed()
-    config = transformers.SwinConfig(num_labels=1000) if size == "full" else transformers.SwinConfig(
-        image_size=32, patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=10,
-        initializer_range=SMALL_INIT)
+    config = (
+        transformers.SwinConfig(num_labels=1000)
+        if size == "full"
+        else transformers.SwinConfig(
+            image_size=32,
+            patch_size=2,
+            embed_dim=16,
+            depths=[2, 2],
+            num_heads=[2, 4],
+            window_size=4,
+            num_labels=10,
+            initializer_range=SMALL_INIT,
+        )
+    )
     module = transformers.SwinForImageClassification(config).eval()
     with torch.no_grad():
         for name, param in module.named_parameters():
@@ -244,9 +319,13 @@ def convnext(size: str = "small") -> tuple:
 
     transformers = _hf()
     _seed()
-    config = transformers.ConvNextConfig(num_labels=1000) if size == "full" else transformers.ConvNextConfig(
-        hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_labels=10, layer_scale_init_value=1.0,
-        initializer_range=SMALL_INIT)
+    config = (
+        transformers.ConvNextConfig(num_labels=1000)
+        if size == "full"
+        else transformers.ConvNextConfig(
+            hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1], num_labels=10, layer_scale_init_value=1.0, initializer_range=SMALL_INIT
+        )
+    )
     module = transformers.ConvNextForImageClassification(config).eval()
     side = 224 if size == "full" else 32
     return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits"], None
@@ -259,9 +338,19 @@ def clip_vision(size: str = "small") -> tuple:
 
     transformers = _hf()
     _seed()
-    config = transformers.CLIPVisionConfig() if size == "full" else transformers.CLIPVisionConfig(
-        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-        initializer_range=SMALL_INIT)
+    config = (
+        transformers.CLIPVisionConfig()
+        if size == "full"
+        else transformers.CLIPVisionConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            initializer_range=SMALL_INIT,
+        )
+    )
     module = transformers.CLIPVisionModel(config).eval()
     side = config.image_size
     return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["last_hidden_state", "pooler_output"], None
@@ -273,8 +362,7 @@ def deeplabv3(size: str = "full") -> tuple:
     import torchvision
 
     _seed()
-    module = torchvision.models.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=21,
-                                                                aux_loss=False).eval()
+    module = torchvision.models.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=21, aux_loss=False).eval()
     side = 256 if size == "full" else 64
     return module, {"x": torch.rand(1, 3, side, side)}, ["out"], None
 
@@ -303,13 +391,25 @@ def llama(size: str = "small", layers: int | None = None) -> tuple:
     _seed()
     tok = _tokenizer("gpt2-bpe")
     if size == "full":
-        config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=1024, intermediate_size=2816,
-                                          num_hidden_layers=layers or 8, num_attention_heads=16, num_key_value_heads=4,
-                                          max_position_embeddings=16384)
+        config = transformers.LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=layers or 8,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            max_position_embeddings=16384,
+        )
     else:
-        config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                                          num_hidden_layers=layers or 2, num_attention_heads=4, num_key_value_heads=2,
-                                          max_position_embeddings=4096)
+        config = transformers.LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers or 2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+        )
     module = transformers.LlamaForCausalLM(config).eval()
     return module, _text_examples(tok, ("input_ids",)), ["logits"], tok
 
@@ -325,14 +425,29 @@ def qwen2(size: str = "small", layers: int | None = None) -> tuple:
     _seed()
     tok = _tokenizer("gpt2-bpe")
     if size == "full":
-        config = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=896, intermediate_size=4864,
-                                          num_hidden_layers=layers or 24, num_attention_heads=14, num_key_value_heads=2,
-                                          max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True)
+        config = transformers.Qwen2Config(
+            vocab_size=len(tok),
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=layers or 24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            rope_theta=1000000.0,
+            tie_word_embeddings=True,
+        )
     else:
-        config = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=96, intermediate_size=192,
-                                          num_hidden_layers=layers or 2, num_attention_heads=6, num_key_value_heads=2,
-                                          max_position_embeddings=1024, tie_word_embeddings=True,
-                                          initializer_range=SMALL_INIT)
+        config = transformers.Qwen2Config(
+            vocab_size=len(tok),
+            hidden_size=96,
+            intermediate_size=192,
+            num_hidden_layers=layers or 2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+            initializer_range=SMALL_INIT,
+        )
     module = transformers.Qwen2ForCausalLM(config).eval()
     return module, _text_examples(tok, ("input_ids",)), ["logits"], tok
 
@@ -346,9 +461,18 @@ def mpnet(size: str = "small") -> tuple:
     MPNet's. Full: mpnet-base's 514 rows (512 tokens). Small: 130 rows, so the model takes at most 128 tokens."""
     transformers = _hf()
     _seed()
-    config = transformers.MPNetConfig(max_position_embeddings=514) if size == "full" else transformers.MPNetConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=130,
-        initializer_range=SMALL_INIT)
+    config = (
+        transformers.MPNetConfig(max_position_embeddings=514)
+        if size == "full"
+        else transformers.MPNetConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=130,
+            initializer_range=SMALL_INIT,
+        )
+    )
     tok = _tokenizer("bert")
     module = transformers.MPNetModel(config).eval()
     return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state", "pooler_output"], tok
@@ -363,9 +487,19 @@ def dinov2(size: str = "small") -> tuple:
 
     transformers = _hf()
     _seed()
-    config = transformers.Dinov2Config() if size == "full" else transformers.Dinov2Config(
-        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2,
-        initializer_range=SMALL_INIT)
+    config = (
+        transformers.Dinov2Config()
+        if size == "full"
+        else transformers.Dinov2Config(
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            mlp_ratio=2,
+            initializer_range=SMALL_INIT,
+        )
+    )
     module = transformers.Dinov2Model(config).eval()
     side = 2 * config.image_size
     return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["last_hidden_state", "pooler_output"], None
@@ -381,16 +515,27 @@ def detr(size: str = "small") -> tuple:
     _seed()
     if size == "full":
         backbone = transformers.ResNetConfig(out_features=["stage4"])
-        config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
-                                         num_labels=91)
+        config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False, num_labels=91)
         side = 512
     else:
-        backbone = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
-                                             layer_type="basic", out_features=["stage4"])
-        config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
-                                         d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4,
-                                         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                                         num_queries=10, num_labels=5, init_std=SMALL_INIT)
+        backbone = transformers.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic", out_features=["stage4"]
+        )
+        config = transformers.DetrConfig(
+            use_timm_backbone=False,
+            backbone_config=backbone,
+            use_pretrained_backbone=False,
+            d_model=64,
+            encoder_layers=1,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            num_queries=10,
+            num_labels=5,
+            init_std=SMALL_INIT,
+        )
         side = 64
     module = transformers.DetrForObjectDetection(config).eval()
     return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits", "pred_boxes"], None
@@ -404,9 +549,20 @@ def wav2vec2(size: str = "small") -> tuple:
 
     transformers = _hf()
     _seed()
-    config = transformers.Wav2Vec2Config() if size == "full" else transformers.Wav2Vec2Config(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, conv_dim=(32,) * 7,
-        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, initializer_range=SMALL_INIT)
+    config = (
+        transformers.Wav2Vec2Config()
+        if size == "full"
+        else transformers.Wav2Vec2Config(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            conv_dim=(32,) * 7,
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            initializer_range=SMALL_INIT,
+        )
+    )
     module = transformers.Wav2Vec2Model(config).eval()
     seconds = 2.0 if size == "full" else 1.0
     return module, {"input_values": torch.randn(2, int(16000 * seconds))}, ["last_hidden_state"], None

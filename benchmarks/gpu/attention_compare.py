@@ -71,10 +71,13 @@ class Engine:
     def profile_for(self, feeds: dict[str, np.ndarray]) -> int:
         for p in self.sidecar["profiles"]:
             shapes = p["shapes"]
-            if all(all(lo <= d <= hi for d, lo, hi in zip(feeds[n].shape, shapes[n]["min"], shapes[n]["max"]))
-                   for n in self.inputs if n in shapes):
+            if all(
+                all(lo <= d <= hi for d, lo, hi in zip(feeds[n].shape, shapes[n]["min"], shapes[n]["max"]))
+                for n in self.inputs
+                if n in shapes
+            ):
                 return p["index"]
-        raise ValueError(f"no profile of {self.path.name} admits {({n: feeds[n].shape for n in self.inputs})}")
+        raise ValueError(f"no profile of {self.path.name} admits { ({n: feeds[n].shape for n in self.inputs}) }")
 
     def bind(self, feeds: dict[str, np.ndarray]):
         cudart = _cudart()
@@ -139,13 +142,17 @@ class Engine:
         if not name:
             return {"unavailable": self.sidecar.get("layer_info_unavailable")}
         layers = json.loads((self.path.parent / name).read_text()).get("layers") or []
-        as_pairs = [(str(l.get("Name", l)) if isinstance(l, dict) else str(l), str(l.get("LayerType", "")) if isinstance(l, dict) else "")
-                    for l in layers]
-        return {"count": len(as_pairs),
-                "plugin_or_attention": [f"{t}: {n[:160]}" for n, t in as_pairs if "plugin" in t.lower() or FUSED_WORDS.search(n)],
-                "myelin": sum("foreign" in (n + t).lower() or "myelin" in t.lower() for n, t in as_pairs),
-                "norm_and_gelu": [f"{t}: {n[:160]}" for n, t in as_pairs if NORM_WORDS.search(n)][:40],
-                "by_type": self.sidecar.get("layer_summary", {}).get("by_type")}
+        as_pairs = [
+            (str(l.get("Name", l)) if isinstance(l, dict) else str(l), str(l.get("LayerType", "")) if isinstance(l, dict) else "")
+            for l in layers
+        ]
+        return {
+            "count": len(as_pairs),
+            "plugin_or_attention": [f"{t}: {n[:160]}" for n, t in as_pairs if "plugin" in t.lower() or FUSED_WORDS.search(n)],
+            "myelin": sum("foreign" in (n + t).lower() or "myelin" in t.lower() for n, t in as_pairs),
+            "norm_and_gelu": [f"{t}: {n[:160]}" for n, t in as_pairs if NORM_WORDS.search(n)][:40],
+            "by_type": self.sidecar.get("layer_summary", {}).get("by_type"),
+        }
 
 
 def compare(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -156,9 +163,12 @@ def compare(expected: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict
         a, b = got[name].astype(np.float64).reshape(-1), ref.astype(np.float64).reshape(-1)
         rows_a, rows_b = got[name].astype(np.float64).reshape(-1, ref.shape[-1]), ref.astype(np.float64).reshape(-1, ref.shape[-1])
         row_cos = (rows_a * rows_b).sum(1) / np.maximum(np.linalg.norm(rows_a, axis=1) * np.linalg.norm(rows_b, axis=1), 1e-30)
-        out[name] = {"rel_l2": float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)),
-                     "cosine": float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30)),
-                     "min_row_cosine": float(row_cos.min()), "finite": bool(np.isfinite(a).all())}
+        out[name] = {
+            "rel_l2": float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)),
+            "cosine": float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30)),
+            "min_row_cosine": float(row_cos.min()),
+            "finite": bool(np.isfinite(a).all()),
+        }
     return out
 
 

@@ -62,23 +62,35 @@ def gemm_model(m: int, k: int, n: int, variant: str, seed: int = 0):
             x_in = "x32"
         w_scale = np.maximum(np.abs(w).max(axis=0), 1e-8) / 127.0
         w_q = np.clip(np.round(w / w_scale), -127, 127).astype(np.int8)
-        inits += [numpy_helper.from_array(w_q, "w_q"), numpy_helper.from_array(w_scale.astype(np.float32), "w_scale"),
-                  numpy_helper.from_array(np.zeros(n, np.int8), "w_zp"),
-                  numpy_helper.from_array(np.array(4.0 / 127, np.float32), "x_scale"),
-                  numpy_helper.from_array(np.array(0, np.int8), "zp")]
-        nodes += [helper.make_node("QuantizeLinear", [x_in, "x_scale", "zp"], ["x_q"]),
-                  helper.make_node("DequantizeLinear", ["x_q", "x_scale", "zp"], ["x_dq"]),
-                  helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w_dq"], axis=1)]
+        inits += [
+            numpy_helper.from_array(w_q, "w_q"),
+            numpy_helper.from_array(w_scale.astype(np.float32), "w_scale"),
+            numpy_helper.from_array(np.zeros(n, np.int8), "w_zp"),
+            numpy_helper.from_array(np.array(4.0 / 127, np.float32), "x_scale"),
+            numpy_helper.from_array(np.array(0, np.int8), "zp"),
+        ]
+        nodes += [
+            helper.make_node("QuantizeLinear", [x_in, "x_scale", "zp"], ["x_q"]),
+            helper.make_node("DequantizeLinear", ["x_q", "x_scale", "zp"], ["x_dq"]),
+            helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w_dq"], axis=1),
+        ]
         mm_out = "mm" if variant != "int8" else "y"
         nodes.append(helper.make_node("MatMul", ["x_dq", "w_dq"], [mm_out]))
         if variant == "int8_requant":
             inits.append(numpy_helper.from_array(np.array(8.0 / 127, np.float32), "y_scale"))
-            nodes += [helper.make_node("QuantizeLinear", ["mm", "y_scale", "zp"], ["y_q"]),
-                      helper.make_node("DequantizeLinear", ["y_q", "y_scale", "zp"], ["y"])]
+            nodes += [
+                helper.make_node("QuantizeLinear", ["mm", "y_scale", "zp"], ["y_q"]),
+                helper.make_node("DequantizeLinear", ["y_q", "y_scale", "zp"], ["y"]),
+            ]
         elif variant == "int8_fp16io":
             nodes.append(helper.make_node("Cast", ["mm"], ["y"], to=TensorProto.FLOAT16))
-    graph = helper.make_graph(nodes, _name(m, k, n, variant), [helper.make_tensor_value_info("x", io_type, [m, k])],
-                              [helper.make_tensor_value_info("y", io_type, [m, n])], inits)
+    graph = helper.make_graph(
+        nodes,
+        _name(m, k, n, variant),
+        [helper.make_tensor_value_info("x", io_type, [m, k])],
+        [helper.make_tensor_value_info("y", io_type, [m, n])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -207,9 +219,13 @@ def timing(folder: Path, out: Path) -> None:
             ms = _time_engine(stem.with_suffix(".engine"))
             built = json.loads(stem.with_suffix(".build.json").read_text())
             kernels = [f["name"] for f in built.get("fastest", []) if f.get("name")]
-            row.update(ms=round(ms, 4), tops=round(2 * m * k * n / ms / 1e9, 1), by_arch=built.get("by_arch"),
-                       layers=[layer.get("LayerType", "") if isinstance(layer, dict) else str(layer)[:80] for layer in built.get("layers", [])],
-                       fastest_kernels=kernels)
+            row.update(
+                ms=round(ms, 4),
+                tops=round(2 * m * k * n / ms / 1e9, 1),
+                by_arch=built.get("by_arch"),
+                layers=[layer.get("LayerType", "") if isinstance(layer, dict) else str(layer)[:80] for layer in built.get("layers", [])],
+                fastest_kernels=kernels,
+            )
             rows.append(row)
     fp16 = {r["gemm"]: r.get("ms") for r in rows if r["variant"] == "fp16"}
     print(f"{'GEMM MxKxN':18s} {'variant':13s} {'ms':>8s} {'TOP/s':>7s} {'vs fp16':>8s}  tactics timed by arch (int8/float)")
@@ -252,8 +268,12 @@ def scan(out: Path) -> None:
             summary = {}
             for arch, found in sorted(names.items()):
                 int8 = sorted(n for n in found if INT8_KERNEL.search(n))
-                summary[arch] = {"kernels": len(found), "int8": len(int8), "int8_examples": int8[:12],
-                                 "float_examples": sorted(found - set(int8))[:6]}
+                summary[arch] = {
+                    "kernels": len(found),
+                    "int8": len(int8),
+                    "int8_examples": int8[:12],
+                    "float_examples": sorted(found - set(int8))[:6],
+                }
             result["libraries"][lib.name] = summary
             print(lib.name, json.dumps({a: (s["kernels"], s["int8"]) for a, s in summary.items()}))
     out.write_text(json.dumps(result, indent=1))

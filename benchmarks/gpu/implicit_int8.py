@@ -71,8 +71,7 @@ def _calibration_batches(specs, samples, batch: int, seq: int | None) -> list[di
                 a = np.pad(a, ((0, 0), (0, seq - a.shape[1])), constant_values=0)
             out[spec.name] = a
         fixed.append(out)
-    return [{k: np.concatenate([f[k] for f in fixed[i:i + batch]]) for k in fixed[0]}
-            for i in range(0, len(fixed) - batch + 1, batch)]
+    return [{k: np.concatenate([f[k] for f in fixed[i : i + batch]]) for k in fixed[0]} for i in range(0, len(fixed) - batch + 1, batch)]
 
 
 class _Capture:
@@ -160,10 +159,17 @@ def build_implicit(clean: Path, engine: Path, data: Path, max_samples: int, seq:
     if blob is None:
         raise SystemExit("build failed: " + "; ".join(cap.impl.errors[:3]))
     engine.write_bytes(bytes(blob))
-    sidecar = {"kind": "engine", "backend": "tensorrt", "tensorrt_version": trt.__version__, "precision": "implicit-int8",
-               "profiles": [profile.to_json()], "inputs": [s.model_dump() for s in specs], "source_onnx": str(clean),
-               "calibration": {"data": str(data), "samples": len(calib) * batch, "shape": {k: list(v.shape) for k, v in calib[0].items()}},
-               "build_seconds": round(time.perf_counter() - start, 1)}
+    sidecar = {
+        "kind": "engine",
+        "backend": "tensorrt",
+        "tensorrt_version": trt.__version__,
+        "precision": "implicit-int8",
+        "profiles": [profile.to_json()],
+        "inputs": [s.model_dump() for s in specs],
+        "source_onnx": str(clean),
+        "calibration": {"data": str(data), "samples": len(calib) * batch, "shape": {k: list(v.shape) for k, v in calib[0].items()}},
+        "build_seconds": round(time.perf_counter() - start, 1),
+    }
     engine.with_name(engine.name + ".json").write_text(json.dumps(sidecar, indent=1))
     _layer_evidence(engine, bytes(blob), profile, "\n".join(cap.impl.layer_log))
     for b in buffers.values():
@@ -204,11 +210,9 @@ def compare(clean: Path, eval_data: Path, engines: list[str], max_samples: int |
     from trtforge.backends.tensorrt_runtime import TrtRunner
     from trtforge.calibrate.engine_check import _Named
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
-    from trtforge.calibrate.step import _eval_batches
+    from trtforge.calibrate.step import _eval_batches, _output_kinds
     from trtforge.feeds import random_feeds
     from trtforge.onnxio import load_onnx
-
-    from trtforge.calibrate.step import _output_kinds
 
     specs, axes, _ = _model(clean)
     _, _, samples = _samples(clean, eval_data, max_samples)
@@ -228,8 +232,12 @@ def compare(clean: Path, eval_data: Path, engines: list[str], max_samples: int |
             sidecar = json.loads(path.with_name(path.name + ".json").read_text())
             runner = TrtRunner(mod, path, sidecar)
             acc = evaluate(_Named(runner, reference.output_names), batches, refs, kinds)
-            row.update(mean_cosine=acc.mean_cosine, min_cosine=acc.min_cosine, samples=int(acc.sample_cosines.size),
-                       top1_agreement=min((m["top1_agreement"] for m in acc.per_output.values() if "top1_agreement" in m), default=None))
+            row.update(
+                mean_cosine=acc.mean_cosine,
+                min_cosine=acc.min_cosine,
+                samples=int(acc.sample_cosines.size),
+                top1_agreement=min((m["top1_agreement"] for m in acc.per_output.values() if "top1_agreement" in m), default=None),
+            )
             row["gpu_ms"] = {}
             for sizes in shapes:
                 key = "x".join(str(v) for v in sizes.values())
@@ -253,8 +261,12 @@ def compare(clean: Path, eval_data: Path, engines: list[str], max_samples: int |
         if "error" in r:
             print(f"{r['variant']} | error: {r['error'][:150]}")
             continue
-        cells = [r["variant"], f"{r['mean_cosine']:.5f}", f"{r['min_cosine']:.5f}",
-                 "-" if r["top1_agreement"] is None else f"{r['top1_agreement']:.4f}"]
+        cells = [
+            r["variant"],
+            f"{r['mean_cosine']:.5f}",
+            f"{r['min_cosine']:.5f}",
+            "-" if r["top1_agreement"] is None else f"{r['top1_agreement']:.4f}",
+        ]
         cells += [f"{r['gpu_ms'][k]:.3f}" if isinstance(r["gpu_ms"][k], float) else "n/a" for k in keys]
         print(" | ".join(cells))
     out.write_text(json.dumps({"onnx": str(clean), "eval_data": str(eval_data), "samples": len(samples), "rows": rows}, indent=1))

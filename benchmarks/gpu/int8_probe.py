@@ -42,8 +42,9 @@ def variants(clean: str, int8: str, out: str) -> None:
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    feeds = [{"input_ids": rng.integers(*VOCAB, size=(4, 128)).astype(np.int64),
-              "attention_mask": np.ones((4, 128), np.int64)} for _ in range(4)]
+    feeds = [
+        {"input_ids": rng.integers(*VOCAB, size=(4, 128)).astype(np.int64), "attention_mask": np.ones((4, 128), np.int64)} for _ in range(4)
+    ]
     model = load_onnx(Path(clean))
     fp16, rep = precision.convert_fp16(model, feeds)
     save_onnx(fp16, outdir / "fp16.onnx")
@@ -73,8 +74,16 @@ def variants(clean: str, int8: str, out: str) -> None:
         precision.CONV_OPS, precision.CONV_EPILOGUE_OPS = saved
     save_onnx(mm_epilogue, outdir / "best_mm_epilogue.onnx")
     onnx.save(qdq, str(outdir / "int8flags.onnx"), save_as_external_data=True, location="int8flags.onnx.data")
-    print(json.dumps({"fp16_kept": len(rep.kept_fp32), "best_kept": len(rep_best.kept_fp32), "best_cast_kept": len(rep_cast.kept_fp32),
-                      "best_mm_epilogue_kept": len(rep_mm.kept_fp32)}))
+    print(
+        json.dumps(
+            {
+                "fp16_kept": len(rep.kept_fp32),
+                "best_kept": len(rep_best.kept_fp32),
+                "best_cast_kept": len(rep_cast.kept_fp32),
+                "best_mm_epilogue_kept": len(rep_mm.kept_fp32),
+            }
+        )
+    )
 
 
 def build(onnx_path: str, engine: str, int8: bool, fp16: bool) -> None:
@@ -149,8 +158,11 @@ class Engine:
             if self.engine.get_tensor_mode(n) == self.trt.TensorIOMode.INPUT:
                 host = np.ascontiguousarray(feeds[n].astype(self.trt.nptype(self.engine.get_tensor_dtype(n))))
                 self.context.set_input_shape(n, host.shape)
-                self._ok(self.cudart.cudaMemcpy(self.buffers[n], host.ctypes.data, host.nbytes,
-                                                self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
+                self._ok(
+                    self.cudart.cudaMemcpy(
+                        self.buffers[n], host.ctypes.data, host.nbytes, self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+                    )
+                )
             self.context.set_tensor_address(n, self.buffers[n])
         return feeds
 
@@ -163,8 +175,9 @@ class Engine:
         shape = tuple(self.context.get_tensor_shape(name))
         host = np.empty(shape, dtype=self.trt.nptype(self.engine.get_tensor_dtype(name)))
         self._ok(self.cudart.cudaStreamSynchronize(self.stream))
-        self._ok(self.cudart.cudaMemcpy(host.ctypes.data, self.buffers[name], host.nbytes,
-                                        self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost))
+        self._ok(
+            self.cudart.cudaMemcpy(host.ctypes.data, self.buffers[name], host.nbytes, self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+        )
         return host.astype(np.float32)
 
     def time_ms(self, iters: int = 50) -> float:
@@ -258,19 +271,40 @@ def kernels(path: str, out: str | None) -> None:
     for name, uss in top:
         print(f"  {sum(uss) / 1e3:8.3f} ms x{len(uss):3d}  {name[:150]}")
     if out:
-        Path(out).write_text(json.dumps({"total_ms": total / 1e3, "categories_ms": {k: v / 1e3 for k, v in by_cat.items()},
-                                         "kernels": [{"name": n, "us": u} for n, u in rows]}, indent=1))
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "total_ms": total / 1e3,
+                    "categories_ms": {k: v / 1e3 for k, v in by_cat.items()},
+                    "kernels": [{"name": n, "us": u} for n, u in rows],
+                },
+                indent=1,
+            )
+        )
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
-    v = sub.add_parser("variants"); v.add_argument("clean"); v.add_argument("int8"); v.add_argument("out")
-    b = sub.add_parser("build"); b.add_argument("onnx"); b.add_argument("engine")
-    b.add_argument("--int8", action="store_true"); b.add_argument("--fp16", action="store_true")
-    t = sub.add_parser("time"); t.add_argument("engine"); t.add_argument("clean"); t.add_argument("--json", required=True)
-    o = sub.add_parser("once"); o.add_argument("engine"); o.add_argument("shape")
-    k = sub.add_parser("kernels"); k.add_argument("csv"); k.add_argument("--json")
+    v = sub.add_parser("variants")
+    v.add_argument("clean")
+    v.add_argument("int8")
+    v.add_argument("out")
+    b = sub.add_parser("build")
+    b.add_argument("onnx")
+    b.add_argument("engine")
+    b.add_argument("--int8", action="store_true")
+    b.add_argument("--fp16", action="store_true")
+    t = sub.add_parser("time")
+    t.add_argument("engine")
+    t.add_argument("clean")
+    t.add_argument("--json", required=True)
+    o = sub.add_parser("once")
+    o.add_argument("engine")
+    o.add_argument("shape")
+    k = sub.add_parser("kernels")
+    k.add_argument("csv")
+    k.add_argument("--json")
     a = p.parse_args()
     if a.cmd == "variants":
         variants(a.clean, a.int8, a.out)

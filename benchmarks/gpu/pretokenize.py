@@ -15,8 +15,7 @@ from trtforge.tokenize import TextTokenizer
 def main() -> None:
     docs, tok_dir, out = (Path(a) for a in sys.argv[1:4])
     tokenizer = TextTokenizer(tok_dir)
-    lines = [json.dumps({"name": f.stem, "input_ids": tokenizer.document(f.read_text()).tolist()})
-             for f in sorted(docs.glob("*.txt"))]
+    lines = [json.dumps({"name": f.stem, "input_ids": tokenizer.document(f.read_text()).tolist()}) for f in sorted(docs.glob("*.txt"))]
     out.write_text("\n".join(lines) + "\n")
     print(f"{len(lines)} documents -> {out}")
 

@@ -85,13 +85,23 @@ def build_and_time(trt, make_network, feeds: dict[str, np.ndarray], out_name: st
     _ok(cudart.cudaMemcpy(host.ctypes.data, buf.ptr, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost))
     inspector = engine.create_engine_inspector()
     layers = inspector.get_engine_information(trt.LayerInformationFormat.JSON)
-    kernels = sorted({w for w in layers.replace('"', " ").replace(",", " ").split() if any(
-        t in w.lower() for t in ("fmha", "mha", "flash", "attention", "softmax", "gemm", "myelin"))})[:40]
+    kernels = sorted(
+        {
+            w
+            for w in layers.replace('"', " ").replace(",", " ").split()
+            if any(t in w.lower() for t in ("fmha", "mha", "flash", "attention", "softmax", "gemm", "myelin"))
+        }
+    )[:40]
     return {"ms": ms, "output": host.astype(np.float32), "kernels": kernels, "engine_mb": blob.nbytes / 2**20}
 
 
-CANDIDATES = ("CustomQKVToContextPluginDynamic v2 var_seqlen fp16", "CustomQKVToContextPluginDynamic v1 fp16 masked",
-              "CustomQKVToContextPluginDynamic v1 fp16 no mask", "fMHA_V2 fp16", "unfused MatMul-Softmax-MatMul fp16")
+CANDIDATES = (
+    "CustomQKVToContextPluginDynamic v2 var_seqlen fp16",
+    "CustomQKVToContextPluginDynamic v1 fp16 masked",
+    "CustomQKVToContextPluginDynamic v1 fp16 no mask",
+    "fMHA_V2 fp16",
+    "unfused MatMul-Softmax-MatMul fp16",
+)
 
 
 def probe(trt, batch: int, seq: int, only: str | None = None) -> list[dict]:
@@ -134,10 +144,12 @@ def probe(trt, batch: int, seq: int, only: str | None = None) -> list[dict]:
     def bert_plugin(mask: bool):
         def make(trt_, network):
             x = network.add_input("qkv", trt_.float16, qkv_sb.shape)
-            fields = [trt_.PluginField("type_id", np.array([1], np.int32), trt_.PluginFieldType.INT32),
-                      trt_.PluginField("hidden_size", np.array([HIDDEN], np.int32), trt_.PluginFieldType.INT32),
-                      trt_.PluginField("num_heads", np.array([HEADS], np.int32), trt_.PluginFieldType.INT32),
-                      trt_.PluginField("has_mask", np.array([int(mask)], np.int32), trt_.PluginFieldType.INT32)]
+            fields = [
+                trt_.PluginField("type_id", np.array([1], np.int32), trt_.PluginFieldType.INT32),
+                trt_.PluginField("hidden_size", np.array([HIDDEN], np.int32), trt_.PluginFieldType.INT32),
+                trt_.PluginField("num_heads", np.array([HEADS], np.int32), trt_.PluginFieldType.INT32),
+                trt_.PluginField("has_mask", np.array([int(mask)], np.int32), trt_.PluginFieldType.INT32),
+            ]
             plugin = creator("CustomQKVToContextPluginDynamic").create_plugin("mha", trt_.PluginFieldCollection(fields))
             inputs = [x]
             if mask:
@@ -146,6 +158,7 @@ def probe(trt, batch: int, seq: int, only: str | None = None) -> list[dict]:
             layer.get_output(0).name = "out"
             layer.get_output(0).dtype = trt_.float16
             network.mark_output(layer.get_output(0))
+
         feeds = {"qkv": qkv_sb}
         if mask:
             feeds["mask"] = lengths.reshape(batch, 1)
@@ -160,16 +173,20 @@ def probe(trt, batch: int, seq: int, only: str | None = None) -> list[dict]:
             x = network.add_input("qkv", trt_.float16, qkv_tok.shape)
             cu_t = network.add_input("cu_seqlens", trt_.int32, cu.shape)
             dummy = network.add_input("max_seqlen", trt_.int32, (seq,))
-            fields = [trt_.PluginField(n, np.array([val], np.int32), trt_.PluginFieldType.INT32) for n, val in
-                      (("type_id", 1), ("hidden_size", HIDDEN), ("num_heads", HEADS), ("has_mask", 1), ("var_seqlen", 1))]
+            fields = [
+                trt_.PluginField(n, np.array([val], np.int32), trt_.PluginFieldType.INT32)
+                for n, val in (("type_id", 1), ("hidden_size", HIDDEN), ("num_heads", HEADS), ("has_mask", 1), ("var_seqlen", 1))
+            ]
             plugin = creator("CustomQKVToContextPluginDynamic", "2").create_plugin("mha", trt_.PluginFieldCollection(fields))
             layer = network.add_plugin_v2([x, dummy, cu_t, dummy], plugin)
             layer.get_output(0).name = "out"
             network.mark_output(layer.get_output(0))
+
         return build_and_time(trt, make, {"qkv": qkv_tok, "cu_seqlens": cu, "max_seqlen": np.zeros(seq, np.int32)}, "out")
 
-    record("CustomQKVToContextPluginDynamic v2 var_seqlen fp16", bert_v2,
-           lambda o: o.reshape(batch, seq, HEADS, HEAD).transpose(0, 2, 1, 3))
+    record(
+        "CustomQKVToContextPluginDynamic v2 var_seqlen fp16", bert_v2, lambda o: o.reshape(batch, seq, HEADS, HEAD).transpose(0, 2, 1, 3)
+    )
 
     to_bnsh_sb = lambda o: o.reshape(seq, batch, HEADS, HEAD).transpose(1, 2, 0, 3)  # noqa: E731
     record("CustomQKVToContextPluginDynamic v1 fp16 masked", bert_plugin(True), to_bnsh_sb)
@@ -185,6 +202,7 @@ def probe(trt, batch: int, seq: int, only: str | None = None) -> list[dict]:
             layer = network.add_plugin_v2([x], plugin)
             layer.get_output(0).name = "out"
             network.mark_output(layer.get_output(0))
+
         return build_and_time(trt, make, {"qkv": packed}, "out")
 
     record("fMHA_V2 fp16", fmha, lambda o: o.reshape(batch, seq, HEADS, HEAD).transpose(0, 2, 1, 3))
@@ -201,6 +219,7 @@ def probe(trt, batch: int, seq: int, only: str | None = None) -> list[dict]:
             out = network.add_matrix_multiply(soft.get_output(0), trt_.MatrixOperation.NONE, tv, trt_.MatrixOperation.NONE).get_output(0)
             out.name = "out"
             network.mark_output(out)
+
         return build_and_time(trt, make, {"q": q, "k": k, "v": v}, "out")
 
     record("unfused MatMul-Softmax-MatMul fp16", unfused, lambda o: o)
@@ -220,8 +239,13 @@ def one_in_a_process(name: str, batch: int, seq: int) -> dict:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode == 0 and lines:
         return json.loads(lines[-1])
-    return {"candidate": name, "batch": batch, "seq": seq, "error": f"exit code {proc.returncode}",
-            "trace": (proc.stderr or proc.stdout)[-800:]}
+    return {
+        "candidate": name,
+        "batch": batch,
+        "seq": seq,
+        "error": f"exit code {proc.returncode}",
+        "trace": (proc.stderr or proc.stdout)[-800:],
+    }
 
 
 def main() -> None:
@@ -254,7 +278,9 @@ def main() -> None:
     print("\n| candidate | batch x seq | ms | rel-L2 vs numpy | error |")
     print("|---|---|---|---|---|")
     for r in results["probes"]:
-        print(f"| {r['candidate']} | {r['batch']}x{r['seq']} | {r.get('ms', float('nan')):.3f} | {r.get('rel_l2', float('nan')):.2e} | {r.get('error', '')[:120]} |")
+        print(
+            f"| {r['candidate']} | {r['batch']}x{r['seq']} | {r.get('ms', float('nan')):.3f} | {r.get('rel_l2', float('nan')):.2e} | {r.get('error', '')[:120]} |"
+        )
 
 
 if __name__ == "__main__":

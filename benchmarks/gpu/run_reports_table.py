@@ -36,10 +36,12 @@ def row(path: Path) -> str | None:
     ratio = lat.get("wall_over_gpu")
     gates = r.get("gates") or {}
     faults = host.get("loop_minor_faults")
-    return (f"| {path.parent.name}/{path.stem} | {r['chunking']['chunk']} | {r['batches']} | {r['throughput']['tokens_per_s'] / 1e3:,.0f}k | "
-            f"{_s(ratio)} | {_s(host.get('loop_wall_s'))} | {_s(host.get('loop_cpu_s'))} | "
-            f"{'-' if faults is None else faults} | {_cpu(stages, 'plan')} | {_cpu(stages, 'prepare_outputs')} | {_cpu(stages, 'merge')} | "
-            f"{_cpu(stages, 'submit')} | {'passed' if gates.get('passed') else ('FAILED' if gates else '-')} |")
+    return (
+        f"| {path.parent.name}/{path.stem} | {r['chunking']['chunk']} | {r['batches']} | {r['throughput']['tokens_per_s'] / 1e3:,.0f}k | "
+        f"{_s(ratio)} | {_s(host.get('loop_wall_s'))} | {_s(host.get('loop_cpu_s'))} | "
+        f"{'-' if faults is None else faults} | {_cpu(stages, 'plan')} | {_cpu(stages, 'prepare_outputs')} | {_cpu(stages, 'merge')} | "
+        f"{_cpu(stages, 'submit')} | {'passed' if gates.get('passed') else ('FAILED' if gates else '-')} |"
+    )
 
 
 def main() -> None:
@@ -47,8 +49,10 @@ def main() -> None:
         sys.exit(__doc__)
     w = Path(sys.argv[1])
     globs = sys.argv[2:] or ["*/*.json"]
-    print("| report | chunk | batches | tokens/s | wall / GPU | loop s | loop CPU s | faults | plan CPU s | prepare CPU s | "
-          "merge CPU s | submit CPU s | gates |")
+    print(
+        "| report | chunk | batches | tokens/s | wall / GPU | loop s | loop CPU s | faults | plan CPU s | prepare CPU s | "
+        "merge CPU s | submit CPU s | gates |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for pattern in globs:
         for path in sorted(w.glob(pattern)):

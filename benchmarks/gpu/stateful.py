@@ -32,12 +32,18 @@ def table(w: str) -> None:
             continue
         r = json.loads(path.read_text())
         c, t, m, g = r["chunking_error"], r["throughput"], r["memory"], r["generation"] or {}
-        per = ", ".join(f"p{p['profile']} past {p['axes']['past'][0]}..{p['axes']['past'][2]}: {p['tokens_per_s']:.0f}" for p in t["per_profile"])
-        rows.append(f"| {label} | {c['worst_input_rel_l2']:.2e} | {c.get('top1_agreement', float('nan')):.4f} | "
-                    f"{t['prefill_tokens_per_s']:.0f} ({per}) | {t['full_pass_tokens_per_s']:.0f} | "
-                    f"{g.get('decode_tokens_per_s') or 0:.0f} | {g.get('agreement', '-')} | "
-                    f"{m['stateful_prefill_peak_mb']:.0f} / {m['full_pass_peak_mb']:.0f} |")
-    print("| run | chunking rel-L2 (worst input) | top-1 | prefill tok/s stateful (per profile) | one pass tok/s | decode tok/s | generate agreement | peak memory MiB stateful / one pass |")
+        per = ", ".join(
+            f"p{p['profile']} past {p['axes']['past'][0]}..{p['axes']['past'][2]}: {p['tokens_per_s']:.0f}" for p in t["per_profile"]
+        )
+        rows.append(
+            f"| {label} | {c['worst_input_rel_l2']:.2e} | {c.get('top1_agreement', float('nan')):.4f} | "
+            f"{t['prefill_tokens_per_s']:.0f} ({per}) | {t['full_pass_tokens_per_s']:.0f} | "
+            f"{g.get('decode_tokens_per_s') or 0:.0f} | {g.get('agreement', '-')} | "
+            f"{m['stateful_prefill_peak_mb']:.0f} / {m['full_pass_peak_mb']:.0f} |"
+        )
+    print(
+        "| run | chunking rel-L2 (worst input) | top-1 | prefill tok/s stateful (per profile) | one pass tok/s | decode tok/s | generate agreement | peak memory MiB stateful / one pass |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 

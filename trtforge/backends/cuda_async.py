@@ -24,14 +24,28 @@ from typing import Any, Sequence
 
 import numpy as np
 
+
 class Memcpy2D(ctypes.Structure):
     """CUDA_MEMCPY2D (cuda.h), the argument of cuMemcpy2DAsync_v2."""
-    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
-                ("srcHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
-                ("srcPitch", ctypes.c_size_t), ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t),
-                ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64),
-                ("dstArray", ctypes.c_void_p), ("dstPitch", ctypes.c_size_t), ("WidthInBytes", ctypes.c_size_t),
-                ("Height", ctypes.c_size_t)]
+
+    _fields_ = [
+        ("srcXInBytes", ctypes.c_size_t),
+        ("srcY", ctypes.c_size_t),
+        ("srcMemoryType", ctypes.c_int),
+        ("srcHost", ctypes.c_void_p),
+        ("srcDevice", ctypes.c_uint64),
+        ("srcArray", ctypes.c_void_p),
+        ("srcPitch", ctypes.c_size_t),
+        ("dstXInBytes", ctypes.c_size_t),
+        ("dstY", ctypes.c_size_t),
+        ("dstMemoryType", ctypes.c_int),
+        ("dstHost", ctypes.c_void_p),
+        ("dstDevice", ctypes.c_uint64),
+        ("dstArray", ctypes.c_void_p),
+        ("dstPitch", ctypes.c_size_t),
+        ("WidthInBytes", ctypes.c_size_t),
+        ("Height", ctypes.c_size_t),
+    ]
 
 
 CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE = 1, 2
@@ -94,12 +108,21 @@ class AsyncCuda:
     def copy_to_host(self, host_ptr: int, device_ptr: int, nbytes: int, stream: int) -> None:
         self._call("cuMemcpyDtoHAsync", self.lib.cuMemcpyDtoHAsync_v2, host_ptr, device_ptr, nbytes, stream)
 
-    def copy_2d_to_host(self, host_ptr: int, host_pitch: int, device_ptr: int, device_pitch: int, width: int, height: int,
-                        stream: int) -> None:
+    def copy_2d_to_host(
+        self, host_ptr: int, host_pitch: int, device_ptr: int, device_pitch: int, width: int, height: int, stream: int
+    ) -> None:
         """`height` rows of `width` bytes, `device_pitch` apart on the device, to rows `host_pitch` apart in page-locked
         host memory: one call for many windows' kept slices (run's copy-engine merge)."""
-        copy = Memcpy2D(srcMemoryType=CU_MEMORYTYPE_DEVICE, srcDevice=device_ptr, srcPitch=device_pitch,
-                        dstMemoryType=CU_MEMORYTYPE_HOST, dstHost=host_ptr, dstPitch=host_pitch, WidthInBytes=width, Height=height)
+        copy = Memcpy2D(
+            srcMemoryType=CU_MEMORYTYPE_DEVICE,
+            srcDevice=device_ptr,
+            srcPitch=device_pitch,
+            dstMemoryType=CU_MEMORYTYPE_HOST,
+            dstHost=host_ptr,
+            dstPitch=host_pitch,
+            WidthInBytes=width,
+            Height=height,
+        )
         self._call("cuMemcpy2DAsync", self.lib.cuMemcpy2DAsync_v2, ctypes.byref(copy), stream)
 
     def record(self, event: int, stream: int) -> None:
@@ -132,8 +155,9 @@ class CudaPythonCalls:
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         self.check(self.cudart.cudaMemcpyAsync(host_ptr, device_ptr, nbytes, kind, stream))
 
-    def copy_2d_to_host(self, host_ptr: int, host_pitch: int, device_ptr: int, device_pitch: int, width: int, height: int,
-                        stream: int) -> None:
+    def copy_2d_to_host(
+        self, host_ptr: int, host_pitch: int, device_ptr: int, device_pitch: int, width: int, height: int, stream: int
+    ) -> None:
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         self.check(self.cudart.cudaMemcpy2DAsync(host_ptr, host_pitch, device_ptr, device_pitch, width, height, kind, stream))
 
@@ -196,9 +220,17 @@ def stack_into(view: np.ndarray, value: Any) -> None:
     holding the GIL: one memmove per run of adjacent C-contiguous parts of view's dtype, numpy for anything else."""
     parts: Sequence[Any] = value if isinstance(value, (list, tuple)) else [value]
     rows = view.shape[1:] if isinstance(value, (list, tuple)) else view.shape
-    if view.flags.c_contiguous and all(isinstance(p, np.ndarray) and p.dtype == view.dtype and p.flags.c_contiguous
-                                       and (p.shape[1:] if isinstance(value, (list, tuple)) else p.shape) == rows
-                                       for p in parts) and sum(p.nbytes for p in parts) == view.nbytes:
+    if (
+        view.flags.c_contiguous
+        and all(
+            isinstance(p, np.ndarray)
+            and p.dtype == view.dtype
+            and p.flags.c_contiguous
+            and (p.shape[1:] if isinstance(value, (list, tuple)) else p.shape) == rows
+            for p in parts
+        )
+        and sum(p.nbytes for p in parts) == view.nbytes
+    ):
         address = view.ctypes.data
         for source, nbytes in adjacent_runs([(part.__array_interface__["data"][0], part.nbytes) for part in parts]):
             memmove_holding_gil(address, source, nbytes)

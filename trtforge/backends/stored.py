@@ -46,8 +46,13 @@ class RecordingReference:
         self.runner = runner
         self.input_names, self.output_names = list(runner.input_names), list(runner.output_names)
         self.rows: dict[str, dict[str, np.ndarray]] = {}
-        self.meta = {"format": FORMAT, "reference_onnx": str(reference_path), "graph_hash": graph_hash,
-                     "outputs": self.output_names, "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self.meta = {
+            "format": FORMAT,
+            "reference_onnx": str(reference_path),
+            "graph_hash": graph_hash,
+            "outputs": self.output_names,
+            "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = self.runner.run(feeds)
@@ -79,19 +84,23 @@ class StoredReference:
             self._npz = np.load(self.path, allow_pickle=False)
             self.meta = json.loads(bytes(self._npz["meta.json"]).decode())
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError, json.JSONDecodeError):
-            raise UserError(f"--load-reference {self.path} is not a stored reference (made by run --save-reference); "
-                            "check the path or save it again.") from None
+            raise UserError(
+                f"--load-reference {self.path} is not a stored reference (made by run --save-reference); check the path or save it again."
+            ) from None
         if self.meta.get("format") != FORMAT or not isinstance(self.meta.get("outputs"), list):
-            raise UserError(f"--load-reference {self.path} has format {self.meta.get('format')!r}, not {FORMAT}; save it again "
-                            "with this trtforge.")
+            raise UserError(
+                f"--load-reference {self.path} has format {self.meta.get('format')!r}, not {FORMAT}; save it again with this trtforge."
+            )
         self.output_names = list(self.meta["outputs"])
         self.input_names: list[str] = []
 
     def check_outputs(self, names: list[str]) -> None:
         missing = [n for n in names if n not in self.output_names]
         if missing:
-            raise UserError(f"--load-reference {self.path} holds outputs {', '.join(self.output_names)}, not '{missing[0]}'; "
-                            "save the reference again for this model.")
+            raise UserError(
+                f"--load-reference {self.path} holds outputs {', '.join(self.output_names)}, not '{missing[0]}'; "
+                "save the reference again for this model."
+            )
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = []
@@ -100,9 +109,11 @@ class StoredReference:
             try:
                 rows.append({name: self._npz[f"row/{key}/{name}"] for name in self.output_names})
             except KeyError:
-                raise UserError(f"--load-reference {self.path} has no reference outputs for a chunk of this run (row {r} of a "
-                                "batch): the inputs, --chunk, --overlap or the tokenizer differ from the run that saved it; "
-                                "use the same ones or save the reference again.") from None
+                raise UserError(
+                    f"--load-reference {self.path} has no reference outputs for a chunk of this run (row {r} of a "
+                    "batch): the inputs, --chunk, --overlap or the tokenizer differ from the run that saved it; "
+                    "use the same ones or save the reference again."
+                ) from None
         return {name: np.stack([row[name] for row in rows]) for name in self.output_names}
 
     def close(self) -> None:

@@ -50,8 +50,13 @@ class TrtModule:
 
 def load_trt(backend: str = "auto") -> TrtModule:
     """`auto` prefers the full TensorRT, then TensorRT-RTX."""
-    order = {"auto": ["tensorrt", "tensorrt_rtx"], "tensorrt": ["tensorrt"], "tensorrt_rtx": ["tensorrt_rtx"],
-             "rtx": ["tensorrt_rtx"], "trt": ["tensorrt"]}.get(backend)
+    order = {
+        "auto": ["tensorrt", "tensorrt_rtx"],
+        "tensorrt": ["tensorrt"],
+        "tensorrt_rtx": ["tensorrt_rtx"],
+        "rtx": ["tensorrt_rtx"],
+        "trt": ["tensorrt"],
+    }.get(backend)
     if order is None:
         raise UserError(f"unknown backend '{backend}'; use auto, tensorrt or tensorrt_rtx.")
     for name in order:
@@ -217,11 +222,12 @@ def load_plugin_libraries(mod: TrtModule, paths: list[str] | None) -> list[dict[
     for raw in paths or []:
         path = Path(raw).expanduser().resolve()
         if not path.is_file():
-            raise UserError(f"plugin library {raw} does not exist; build it with `trtforge plugins build` or fix "
-                            "--plugin-library (config key build.plugin_libraries).")
+            raise UserError(
+                f"plugin library {raw} does not exist; build it with `trtforge plugins build` or fix "
+                "--plugin-library (config key build.plugin_libraries)."
+            )
         if mod.flavour != "tensorrt":
-            raise UserError(f"plugin library {path.name} is a TensorRT plugin; {mod.label} does not load plugins "
-                            "(drop --plugin-library).")
+            raise UserError(f"plugin library {path.name} is a TensorRT plugin; {mod.label} does not load plugins (drop --plugin-library).")
         key = str(path)
         if key not in _LOADED_LIBRARIES:
             init_plugins(mod)  # TensorRT's own creators first; the library's register beside them
@@ -229,13 +235,18 @@ def load_plugin_libraries(mod: TrtModule, paths: list[str] | None) -> list[dict[
             try:
                 cudnn = _preload_cudnn(built_with) if built_with is not None else _preload_cudnn()
             except OSError as exc:
-                raise UserError(f"cannot load cuDNN for plugin library {path.name}: {exc}; point {CUDNN_LIB_ENV} at a "
-                                "cuDNN 9 lib directory built for this CUDA.") from exc
+                raise UserError(
+                    f"cannot load cuDNN for plugin library {path.name}: {exc}; point {CUDNN_LIB_ENV} at a "
+                    "cuDNN 9 lib directory built for this CUDA."
+                ) from exc
             try:
                 _LOADED_LIBRARIES[key] = ctypes.CDLL(key, mode=ctypes.RTLD_GLOBAL)
             except OSError as exc:
-                hint = (f"cuDNN was taken from {cudnn}" if cudnn else
-                        f"no cuDNN 9 found: set {CUDNN_LIB_ENV} to the directory of libcudnn.so.9 or put it on LD_LIBRARY_PATH")
+                hint = (
+                    f"cuDNN was taken from {cudnn}"
+                    if cudnn
+                    else f"no cuDNN 9 found: set {CUDNN_LIB_ENV} to the directory of libcudnn.so.9 or put it on LD_LIBRARY_PATH"
+                )
                 raise UserError(f"cannot load plugin library {path}: {exc} ({hint}).") from exc
             _PLUGIN_LIBRARIES[key] = {"path": key, "sha256": sha256_file(path)}
         records.append(dict(_PLUGIN_LIBRARIES[key]))
@@ -249,8 +260,10 @@ def load_engine_plugin_libraries(mod: TrtModule, sidecar: dict[str, Any], engine
     paths = [_cached_in_place_of(mod, r["path"]) for r in sidecar.get("plugin_libraries") or []]
     for p in paths:
         if not Path(p).is_file():
-            raise UserError(f"engine {Path(engine_path).name} holds plugin layers from {p}, which does not exist; "
-                            "give its new place with --plugin-library, run `trtforge plugins build`, or rebuild the engine.")
+            raise UserError(
+                f"engine {Path(engine_path).name} holds plugin layers from {p}, which does not exist; "
+                "give its new place with --plugin-library, run `trtforge plugins build`, or rebuild the engine."
+            )
     return load_plugin_libraries(mod, paths)
 
 
@@ -317,8 +330,9 @@ def _tactic_mask(trt: Any, spec: str, default: int) -> int:
     return mask
 
 
-def _configure(mod: TrtModule, builder: Any, network: Any, options: BuildOptions, profiles: list[Profile],
-               notes: list[str]) -> tuple[Any, bool, list[str]]:
+def _configure(
+    mod: TrtModule, builder: Any, network: Any, options: BuildOptions, profiles: list[Profile], notes: list[str]
+) -> tuple[Any, bool, list[str]]:
     trt = mod.trt
     config = builder.create_builder_config()
     if options.workspace_mb:
@@ -350,8 +364,9 @@ def _configure(mod: TrtModule, builder: Any, network: Any, options: BuildOptions
     if mod.flavour == "tensorrt_rtx":
         ccs = options.compute_capabilities or (["CURRENT"] if _rtx_runs_here() else ["SM89"])
         if not options.compute_capabilities and ccs == ["SM89"]:
-            notes.append("no GPU that TensorRT-RTX supports here and no compute capabilities given: built for SM89; "
-                         "pass --compute-capability")
+            notes.append(
+                "no GPU that TensorRT-RTX supports here and no compute capabilities given: built for SM89; pass --compute-capability"
+            )
         config.num_compute_capabilities = len(ccs)
         for i, cc in enumerate(ccs):
             value = getattr(trt.ComputeCapability, cc.upper(), None)
@@ -431,6 +446,7 @@ def _monitored(mod: TrtModule, config: Any, progress: BuildProgress):
     waits for the builder to return. Nothing is written either way."""
     trt = mod.trt
     if hasattr(trt, "IProgressMonitor") and hasattr(config, "progress_monitor"):
+
         class Monitor(trt.IProgressMonitor):
             def __init__(inner):
                 trt.IProgressMonitor.__init__(inner)
@@ -494,12 +510,21 @@ def _io_of(network: Any) -> list[dict[str, Any]]:
 
 
 def _dtype_name(dtype: Any) -> str:
-    return {"FLOAT": "float32", "HALF": "float16", "INT8": "int8", "INT32": "int32", "INT64": "int64",
-            "BOOL": "bool", "BF16": "bfloat16", "UINT8": "uint8"}.get(str(dtype).split(".")[-1], str(dtype))
+    return {
+        "FLOAT": "float32",
+        "HALF": "float16",
+        "INT8": "int8",
+        "INT32": "int32",
+        "INT64": "int64",
+        "BOOL": "bool",
+        "BF16": "bfloat16",
+        "UINT8": "uint8",
+    }.get(str(dtype).split(".")[-1], str(dtype))
 
 
-def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions,
-                 on_tick: Tick | None = None, tick_s: float = 15.0) -> BuildOutput:
+def build_engine(
+    mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions, on_tick: Tick | None = None, tick_s: float = 15.0
+) -> BuildOutput:
     """Parse, configure and build; a failed build is retried per profile to name the one that fails.
     on_tick(elapsed, progress) is called every tick_s seconds while TensorRT builds."""
     import onnx
@@ -509,8 +534,15 @@ def build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], optio
         return _build_engine(mod, onnx_path, profiles, options, on_tick, tick_s, node_names)
 
 
-def _build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions,
-                  on_tick: Tick | None, tick_s: float, node_names: list[tuple[str, str]]) -> BuildOutput:
+def _build_engine(
+    mod: TrtModule,
+    onnx_path: Path,
+    profiles: list[Profile],
+    options: BuildOptions,
+    on_tick: Tick | None,
+    tick_s: float,
+    node_names: list[tuple[str, str]],
+) -> BuildOutput:
     logger = _Logger(mod.trt)
     notes: list[str] = []
     builder, network, _parser = _parse(mod, onnx_path, logger, node_names)
@@ -537,16 +569,16 @@ def _build_engine(mod: TrtModule, onnx_path: Path, profiles: list[Profile], opti
     timing = None
     if options.timing_cache is not None and mod.flavour != "tensorrt_rtx":
         timing = bytes(config.get_timing_cache().serialize())
-    return BuildOutput(bytes(serialized), seconds, _io_of(network), notes, timing, cache_loaded, ccs,
-                       "\n".join(logger.impl.layer_log))
+    return BuildOutput(bytes(serialized), seconds, _io_of(network), notes, timing, cache_loaded, ccs, "\n".join(logger.impl.layer_log))
 
 
 _LAYER_RE = re.compile(r"\bI\w+Layer ([^\s:]+)")
 _TENSOR_RE = re.compile(r"tensor:? '?([^\s':]+)")
 
 
-def _explain_build_failure(mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions,
-                           logger: _Logger, node_names: list[tuple[str, str]]) -> str:
+def _explain_build_failure(
+    mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions, logger: _Logger, node_names: list[tuple[str, str]]
+) -> str:
     first = _shorten(logger.errors()[0]) if logger.errors() else "the builder returned no engine"
     if len(profiles) > 1:
         for profile in profiles:  # rebuild each profile alone: which one breaks?
@@ -566,8 +598,10 @@ def _explain_build_failure(mod: TrtModule, onnx_path: Path, profiles: list[Profi
 def _sentence(profile: Profile, message: str) -> str:
     layer, tensor = _LAYER_RE.search(message), _TENSOR_RE.search(message)
     where = "".join([f", layer '{layer.group(1)}'" if layer else "", f", tensor '{tensor.group(1)}'" if tensor else ""])
-    return (f"the engine build failed for profile {profile.index} ({profile.describe()}){where}: {message}; "
-            "if the exporter baked a size into a reshape, re-export with --exporter dynamo, else narrow the profile.")
+    return (
+        f"the engine build failed for profile {profile.index} ({profile.describe()}){where}: {message}; "
+        "if the exporter baked a size into a reshape, re-export with --exporter dynamo, else narrow the profile."
+    )
 
 
 def _shorten(message: str) -> str:
@@ -664,29 +698,55 @@ def parse_layer_log(text: str) -> list[dict[str, Any]]:
         m86 = _LOG86_LAYER.match(line)
         if m86:
             ins, _, outs = m86.group(4).partition(" -> ")
-            layers.append({"Name": m86.group(2), "LayerType": m86.group(1), "TacticValue": m86.group(3),
-                           "Inputs": _tensors86(ins), "Outputs": _tensors86(outs)})
+            layers.append(
+                {
+                    "Name": m86.group(2),
+                    "LayerType": m86.group(1),
+                    "TacticValue": m86.group(3),
+                    "Inputs": _tensors86(ins),
+                    "Outputs": _tensors86(outs),
+                }
+            )
             continue
         m10 = _LOG10_LAYER.match(line)
         if m10:
-            layers.append({"Name": m10.group(1), "LayerType": m10.group(2), "TacticName": m10.group(5),
-                           "Inputs": _tensors10(m10.group(3)), "Outputs": _tensors10(m10.group(4))})
+            layers.append(
+                {
+                    "Name": m10.group(1),
+                    "LayerType": m10.group(2),
+                    "TacticName": m10.group(5),
+                    "Inputs": _tensors10(m10.group(3)),
+                    "Outputs": _tensors10(m10.group(4)),
+                }
+            )
     return layers
 
 
 def _tensors86(part: str) -> list[dict[str, Any]]:
     found = _LOG86_TENSOR.findall(part) or _LOG86_TENSOR_PAREN.findall(part)
-    return [{"Name": name.strip(), "Datatype": dtype, "Dimensions": [int(d) for d in dims.split(",") if d.strip()]}
-            for name, dtype, dims in found]
+    return [
+        {"Name": name.strip(), "Datatype": dtype, "Dimensions": [int(d) for d in dims.split(",") if d.strip()]}
+        for name, dtype, dims in found
+    ]
 
 
 def _tensors10(part: str) -> list[dict[str, Any]]:
-    return [{"Name": name, "Datatype": dtype, "Dimensions": [int(d) for d in dims.split(",") if d]}
-            for name, dims, dtype in _LOG10_TENSOR.findall(part)]
+    return [
+        {"Name": name, "Datatype": dtype, "Dimensions": [int(d) for d in dims.split(",") if d]}
+        for name, dims, dtype in _LOG10_TENSOR.findall(part)
+    ]
 
 
-_DTYPE_WORDS = (("Int8", ("int8",)), ("BFloat16", ("bfloat16", "bf16")), ("Half", ("half", "fp16")), ("FP8", ("fp8",)),
-                ("Int32", ("int32",)), ("Int64", ("int64",)), ("Bool", ("bool",)), ("Float", ("float", "fp32")))
+_DTYPE_WORDS = (
+    ("Int8", ("int8",)),
+    ("BFloat16", ("bfloat16", "bf16")),
+    ("Half", ("half", "fp16")),
+    ("FP8", ("fp8",)),
+    ("Int32", ("int32",)),
+    ("Int64", ("int64",)),
+    ("Bool", ("bool",)),
+    ("Float", ("float", "fp32")),
+)
 
 
 def tensor_dtype(tensor: dict[str, Any]) -> str | None:
@@ -735,10 +795,23 @@ def summarize_layers(layers: list[dict[str, Any]]) -> dict[str, Any]:
         by_precision[precision] = by_precision.get(precision, 0) + 1
     int8 = [str(layer.get("Name")) for layer in layers if runs_int8(layer)]
     hidden = [str(layer.get("Name")) for layer in layers if opaque(layer)]
-    boundary = sorted({tensor_dtype(t) or "unknown" for layer in layers if opaque(layer)
-                       for t in (layer.get("Inputs") or []) + (layer.get("Outputs") or []) if isinstance(t, dict)})
-    return {"by_type": by_type, "by_precision": by_precision, "int8_layers": int8, "opaque_layers": hidden,
-            "opaque_boundary_types": boundary, "int8_verdict": int8_verdict(len(layers), int8, hidden, boundary)}
+    boundary = sorted(
+        {
+            tensor_dtype(t) or "unknown"
+            for layer in layers
+            if opaque(layer)
+            for t in (layer.get("Inputs") or []) + (layer.get("Outputs") or [])
+            if isinstance(t, dict)
+        }
+    )
+    return {
+        "by_type": by_type,
+        "by_precision": by_precision,
+        "int8_layers": int8,
+        "opaque_layers": hidden,
+        "opaque_boundary_types": boundary,
+        "int8_verdict": int8_verdict(len(layers), int8, hidden, boundary),
+    }
 
 
 def int8_verdict(total: int, int8: list[str], hidden: list[str], boundary: list[str]) -> str:
@@ -747,19 +820,34 @@ def int8_verdict(total: int, int8: list[str], hidden: list[str], boundary: list[
     if not hidden:
         return shown
     types = f" (tensor types at their boundaries: {', '.join(boundary)})" if boundary else ""
-    return (f"{shown}; {len(hidden)} Myelin layer(s) are opaque{types}: this TensorRT lists no kernels inside them, "
-            "so whether their GEMMs run INT8 cannot be told from the engine; a kernel profile shows it "
-            "(benchmarks/gpu/int8_probe.py kernels on an Nsight Compute CSV)")
+    return (
+        f"{shown}; {len(hidden)} Myelin layer(s) are opaque{types}: this TensorRT lists no kernels inside them, "
+        "so whether their GEMMs run INT8 cannot be told from the engine; a kernel profile shows it "
+        "(benchmarks/gpu/int8_probe.py kernels on an Nsight Compute CSV)"
+    )
 
 
 def runtime_identity(mod: TrtModule) -> dict[str, Any]:
     from trtforge.doctor import _gpu
 
     gpu = _gpu()
-    return {"backend": mod.flavour, "version": mod.version, "gpu": gpu["name"] if gpu else None,
-            "compute_capability": gpu["compute_capability"] if gpu else None}
+    return {
+        "backend": mod.flavour,
+        "version": mod.version,
+        "gpu": gpu["name"] if gpu else None,
+        "compute_capability": gpu["compute_capability"] if gpu else None,
+    }
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    return np.dtype({"float32": np.float32, "float16": np.float16, "int32": np.int32, "int64": np.int64,
-                     "bool": np.bool_, "int8": np.int8, "uint8": np.uint8}[name])
+    return np.dtype(
+        {
+            "float32": np.float32,
+            "float16": np.float16,
+            "int32": np.int32,
+            "int64": np.int64,
+            "bool": np.bool_,
+            "int8": np.int8,
+            "uint8": np.uint8,
+        }[name]
+    )

@@ -20,8 +20,8 @@ import math
 import sys
 import time
 from collections import deque
-from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -72,8 +72,10 @@ def _check_gpu_supported(flavour: str, engine_path: Path) -> None:
 
     ok, why = _support_here().get(flavour, (True, ""))
     if not ok:
-        raise UserError(f"{Path(engine_path).name} cannot run here: {flavour} engines {why.removeprefix('no: ')}; "
-                        "rebuild it with a TensorRT that supports this GPU, or run its ONNX on ONNX Runtime.")
+        raise UserError(
+            f"{Path(engine_path).name} cannot run here: {flavour} engines {why.removeprefix('no: ')}; "
+            "rebuild it with a TensorRT that supports this GPU, or run its ONNX on ONNX Runtime."
+        )
 
 
 class PinnedBuffer:
@@ -182,8 +184,17 @@ class TrtRunner:
     (CUDA's default on a box with more cores than contexts: a core busy polling) or "block" (a blocking-sync event: the
     thread sleeps until the GPU signals, leaving the core to the loop's Python threads)."""
 
-    def __init__(self, mod: Any, engine_path: Path, sidecar: dict[str, Any], slots: int = 3, cuda_graphs: bool = True,
-                 shared_device_memory: bool = True, pad_batches: bool = False, gpu_wait: str = "spin"):
+    def __init__(
+        self,
+        mod: Any,
+        engine_path: Path,
+        sidecar: dict[str, Any],
+        slots: int = 3,
+        cuda_graphs: bool = True,
+        shared_device_memory: bool = True,
+        pad_batches: bool = False,
+        gpu_wait: str = "spin",
+    ):
         self.mod, self.trt = mod, mod.trt
         _check_gpu_supported(mod.flavour, engine_path)
         cudart = _cudart()
@@ -298,8 +309,10 @@ class TrtRunner:
         for name in self.input_names:
             ctx.set_input_shape(name, self.profiles[profile].shapes[name][2])
         self._ctx_shape[profile] = None
-        return {name: int(np.prod(tuple(ctx.get_tensor_shape(name)))) * self.dtypes[name].itemsize
-                for name in self.input_names + self.output_names}
+        return {
+            name: int(np.prod(tuple(ctx.get_tensor_shape(name)))) * self.dtypes[name].itemsize
+            for name in self.input_names + self.output_names
+        }
 
     def _make_slot(self, sizes: dict[str, int]) -> _Slot:
         cudart = _cudart()
@@ -333,8 +346,15 @@ class TrtRunner:
         return select_profile(self.profiles, sizes).index
 
     def runtime_report(self) -> dict[str, Any]:
-        return {"cuda_graphs": self.graphs.report(), "shared_device_memory": dict(self.shared_memory), "padding": dict(self.padding), "gpu_wait": self.gpu_wait,
-                "staging_slots": len(self.slots), "submit_calls": self.submit_calls, "host_seconds": self.host.report()}
+        return {
+            "cuda_graphs": self.graphs.report(),
+            "shared_device_memory": dict(self.shared_memory),
+            "padding": dict(self.padding),
+            "gpu_wait": self.gpu_wait,
+            "staging_slots": len(self.slots),
+            "submit_calls": self.submit_calls,
+            "host_seconds": self.host.report(),
+        }
 
     # -- execution ---------------------------------------------------------------------------
     def _stage(self, slot: _Slot, feeds: dict[str, Any], known: dict[str, tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
@@ -422,9 +442,16 @@ class TrtRunner:
                 else:
                     cuda.copy_2d_to_host(address, pitch, device + offset, device_pitch, width, height, stream)
 
-    def _submit(self, s: int, feeds: dict[str, Any], profile: int, tag: Any, shapes: dict[str, tuple[int, ...]],
-                place: Callable[[Any, dict[str, tuple[int, ...]]], dict[str, OutputCopies]] | None = None,
-                rows: int | None = None) -> None:
+    def _submit(
+        self,
+        s: int,
+        feeds: dict[str, Any],
+        profile: int,
+        tag: Any,
+        shapes: dict[str, tuple[int, ...]],
+        place: Callable[[Any, dict[str, tuple[int, ...]]], dict[str, OutputCopies]] | None = None,
+        rows: int | None = None,
+    ) -> None:
         """rows: the batch's own rows where it runs padded (the outputs handed on are those rows only)."""
         cuda, streams, slot = self.cuda, self._streams, self.slots[s]
         events = slot.event_handles
@@ -481,9 +508,13 @@ class TrtRunner:
     def run(self, feeds: dict[str, Any], profile: int | None = None) -> dict[str, np.ndarray]:
         return list(self.run_many([(None, feeds)], profile))[0][1]
 
-    def run_many(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None = None,
-                 consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None,
-                 place: Callable[[Any, dict[str, tuple[int, ...]]], dict[str, OutputCopies]] | None = None) -> Iterator[tuple[Any, Any]]:
+    def run_many(
+        self,
+        batches: Iterable[tuple[Any, dict[str, Any]]],
+        profile: int | None = None,
+        consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None,
+        place: Callable[[Any, dict[str, tuple[int, ...]]], dict[str, OutputCopies]] | None = None,
+    ) -> Iterator[tuple[Any, Any]]:
         """Pipelined: yields (tag, outputs) in submission order. A feed may be an array or the list of its
         chunks' arrays (stacked in pinned memory). This thread only stages and submits; a collector
         thread waits for each batch and copies its outputs out of pinned memory, so up to `slots - 1`
@@ -504,8 +535,9 @@ class TrtRunner:
             for name in ("compute_stream", "h2d_stream", "d2h_stream"):
                 cudart.cudaStreamSynchronize(getattr(self, name))
 
-    def _pipelined(self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None, consume: Any,
-                   place: Any) -> Iterator[tuple[Any, Any]]:
+    def _pipelined(
+        self, batches: Iterable[tuple[Any, dict[str, Any]]], profile: int | None, consume: Any, place: Any
+    ) -> Iterator[tuple[Any, Any]]:
         n = len(self.slots)
         order: deque[tuple[int, Future]] = deque()  # (slot, collection) of batches not yet handed out
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtforge-collect") as collector:
@@ -529,8 +561,9 @@ class TrtRunner:
                     result = _released(order.popleft()[1])
                 yield result
 
-    def _padded(self, feeds: dict[str, Any], shapes: dict[str, tuple[int, ...]], profile: int | None
-                ) -> tuple[dict[str, Any], dict[str, tuple[int, ...]], int | None]:
+    def _padded(
+        self, feeds: dict[str, Any], shapes: dict[str, tuple[int, ...]], profile: int | None
+    ) -> tuple[dict[str, Any], dict[str, tuple[int, ...]], int | None]:
         """The batch padded to the fewest rows that already ran at its other dims, with its own row count; unchanged
         (rows None) where none did, where the engine's I/O do not all lead with the batch axis (`_pads_rows`), where the
         caller chose the profile, or where the padded shape's outputs did not lead with those rows when it ran."""
@@ -562,8 +595,12 @@ class TrtRunner:
         io = sidecar.get("io") or []
         leading = {str(spec["shape"][0]) if spec.get("shape") and isinstance(spec["shape"][0], str) else None for spec in specs}
         outputs = [t for t in io if t.get("mode") == "output"]
-        return (len(leading) == 1 and None not in leading and bool(outputs)
-                and all(t.get("shape") and int(t["shape"][0]) == -1 for t in outputs))
+        return (
+            len(leading) == 1
+            and None not in leading
+            and bool(outputs)
+            and all(t.get("shape") and int(t["shape"][0]) == -1 for t in outputs)
+        )
 
     def close(self) -> None:
         cudart = _cudart()

@@ -18,6 +18,7 @@ from trtforge.calibrate.methods import StreamingHistogram
 from trtforge.calibrate.placement import GEMM_OPS, QuantPlan, QuantTarget, plan_quantization  # noqa: F401 (re-exported)
 from trtforge.graph import expose_tensors
 
+
 @dataclass
 class Statistics:
     histograms: dict[str, StreamingHistogram]
@@ -37,14 +38,21 @@ class Statistics:
         self.samples += other.samples
 
 
-def collect(model: onnx.ModelProto, batches: Iterable[dict[str, np.ndarray]], tensors: list[str],
-            channel_tensors: list[str] | None = None, num_bins: int = 2048, progress: Any = None) -> Statistics:
+def collect(
+    model: onnx.ModelProto,
+    batches: Iterable[dict[str, np.ndarray]],
+    tensors: list[str],
+    channel_tensors: list[str] | None = None,
+    num_bins: int = 2048,
+    progress: Any = None,
+) -> Statistics:
     """Stream batches through ORT; histograms for `tensors`, per-last-axis abs-max for `channel_tensors`."""
     return collect_with(exposing_runner(model, tensors, channel_tensors), batches, tensors, channel_tensors, num_bins, progress)
 
 
-def exposing_runner(model: onnx.ModelProto | bytes, tensors: list[str], channel_tensors: list[str] | None = None,
-                    threads: int | None = None) -> OrtRunner:
+def exposing_runner(
+    model: onnx.ModelProto | bytes, tensors: list[str], channel_tensors: list[str] | None = None, threads: int | None = None
+) -> OrtRunner:
     """An ORT session of `model` with the tensors to measure as extra outputs (bytes: already exposed)."""
     if isinstance(model, bytes):
         return OrtRunner(model, threads=threads)
@@ -52,8 +60,14 @@ def exposing_runner(model: onnx.ModelProto | bytes, tensors: list[str], channel_
     return OrtRunner(expose_tensors(model, wanted).SerializeToString(), threads=threads)
 
 
-def collect_with(runner: OrtRunner, batches: Iterable[dict[str, np.ndarray]], tensors: list[str],
-                 channel_tensors: list[str] | None = None, num_bins: int = 2048, progress: Any = None) -> Statistics:
+def collect_with(
+    runner: OrtRunner,
+    batches: Iterable[dict[str, np.ndarray]],
+    tensors: list[str],
+    channel_tensors: list[str] | None = None,
+    num_bins: int = 2048,
+    progress: Any = None,
+) -> Statistics:
     """collect() on a given session: what a Ray actor runs on its shard of the batches."""
     channel_tensors = channel_tensors or []
     wanted = list(dict.fromkeys(tensors + channel_tensors))
@@ -75,8 +89,11 @@ def collect_with(runner: OrtRunner, batches: Iterable[dict[str, np.ndarray]], te
 def gemm_shapes(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
     """Shapes of every GEMM-like node's inputs and output at the shapes of `feeds`, from one ORT run."""
     inits = {i.name: tuple(i.dims) for i in model.graph.initializer}
-    wanted = list(dict.fromkeys(t for n in model.graph.node if n.op_type in GEMM_OPS
-                                for t in list(n.input[:2]) + [n.output[0]] if t and t not in inits))
+    wanted = list(
+        dict.fromkeys(
+            t for n in model.graph.node if n.op_type in GEMM_OPS for t in list(n.input[:2]) + [n.output[0]] if t and t not in inits
+        )
+    )
     values = OrtRunner(expose_tensors(model, wanted).SerializeToString()).run(feeds, wanted)
     return {k: tuple(v.shape) for k, v in values.items()} | inits
 

@@ -64,8 +64,9 @@ def read_utf8(path: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UserError(f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-                        "save it as UTF-8 JSON lines.") from None
+        raise UserError(
+            f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); save it as UTF-8 JSON lines."
+        ) from None
 
 
 def read_texts(dataset: Dataset) -> list[str]:
@@ -82,7 +83,7 @@ def read_texts(dataset: Dataset) -> list[str]:
             try:
                 item = json.loads(line)
             except json.JSONDecodeError:
-                raise UserError(f"{path}:{lineno} is not valid JSON; each line must be {{\"text\": ...}}.") from None
+                raise UserError(f'{path}:{lineno} is not valid JSON; each line must be {{"text": ...}}.') from None
             if not isinstance(item, dict) or not isinstance(item.get("text"), str):
                 raise UserError(f"{path}:{lineno} has no string 'text' field; each line must be {{\"text\": ...}}.")
             texts.append(item["text"])
@@ -135,14 +136,18 @@ def _check_sample(arrays: dict[str, np.ndarray], specs: list[InputSpec], where: 
     out = {}
     for spec in specs:
         if spec.name not in arrays:
-            raise UserError(f"{where} has no array '{spec.name}' (it has {', '.join(arrays) or 'none'}); name arrays after the model inputs.")
+            raise UserError(
+                f"{where} has no array '{spec.name}' (it has {', '.join(arrays) or 'none'}); name arrays after the model inputs."
+            )
         array = arrays[spec.name]
         if array.ndim == len(spec.shape) - 1:
             array = array[None]
         if array.size == 0:
             empty = ", ".join(str(d) for d, n in enumerate(array.shape) if n == 0) or "0"
-            raise UserError(f"{where}: array '{spec.name}' is empty (shape {list(array.shape)}, size 0 in dim {empty}); "
-                            "give at least one sample with data in it.")
+            raise UserError(
+                f"{where}: array '{spec.name}' is empty (shape {list(array.shape)}, size 0 in dim {empty}); "
+                "give at least one sample with data in it."
+            )
         if array.ndim != len(spec.shape):
             raise UserError(f"{where}: array '{spec.name}' has rank {array.ndim}, the model input has rank {len(spec.shape)}.")
         for d, (dim, size) in enumerate(zip(spec.shape, array.shape)):
@@ -161,7 +166,9 @@ def read_images(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.n
     try:
         from PIL import Image
     except ImportError:
-        raise UserError("reading images needs Pillow; `pip install 'trtforge[images]'` (or `pip install pillow`), or save the images as .npy.") from None
+        raise UserError(
+            "reading images needs Pillow; `pip install 'trtforge[images]'` (or `pip install pillow`), or save the images as .npy."
+        ) from None
     if len(specs) != 1:
         raise UserError(f"image data feeds one input, but the model has {len(specs)}; give .npz samples instead.")
     spec = specs[0]
@@ -181,8 +188,9 @@ def read_images(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.n
     return samples
 
 
-def check_axis_ranges(samples: list[dict[str, np.ndarray]], specs: list[InputSpec], axes: dict[str, Any],
-                      files: list[Path], folder: Path) -> None:
+def check_axis_ranges(
+    samples: list[dict[str, np.ndarray]], specs: list[InputSpec], axes: dict[str, Any], files: list[Path], folder: Path
+) -> None:
     """Each sample's dynamic sizes inside its axis' [min, max]: statistics gathered on shapes the model is never
     built for describe other activations (and ONNX Runtime may reject them)."""
     for i, sample in enumerate(samples):
@@ -194,13 +202,20 @@ def check_axis_ranges(samples: list[dict[str, np.ndarray]], specs: list[InputSpe
             for dim, size in zip(spec.shape, array.shape):
                 rng = axes.get(dim) if isinstance(dim, str) else None
                 if rng is not None and not rng.min <= size <= rng.max:
-                    raise UserError(f"{where}: input '{spec.name}' has size {size} on axis '{dim}', outside the model's "
-                                    f"range {rng.min}..{rng.max}; resize the sample or widen axes.{dim} when exporting.")
+                    raise UserError(
+                        f"{where}: input '{spec.name}' has size {size} on axis '{dim}', outside the model's "
+                        f"range {rng.min}..{rng.max}; resize the sample or widen axes.{dim} when exporting."
+                    )
 
 
-def load_samples(folder: str | Path, specs: list[InputSpec], tokenizer_factory: Callable[[], Any] | None,
-                 max_length: int, max_samples: int | None = None,
-                 axes: dict[str, Any] | None = None) -> tuple[Dataset, list[dict[str, np.ndarray]]]:
+def load_samples(
+    folder: str | Path,
+    specs: list[InputSpec],
+    tokenizer_factory: Callable[[], Any] | None,
+    max_length: int,
+    max_samples: int | None = None,
+    axes: dict[str, Any] | None = None,
+) -> tuple[Dataset, list[dict[str, np.ndarray]]]:
     """The samples of a folder, named after the model inputs. With `axes`, array and image samples must lie inside
     the axis ranges (text is truncated to `max_length` when tokenized)."""
     dataset = scan(folder)
@@ -221,7 +236,9 @@ def load_samples(folder: str | Path, specs: list[InputSpec], tokenizer_factory: 
     return dataset, samples[:max_samples] if max_samples else samples
 
 
-def batches(samples: list[dict[str, np.ndarray]], batch_size: int, pad_values: dict[str, int] | None = None) -> Iterator[dict[str, np.ndarray]]:
+def batches(
+    samples: list[dict[str, np.ndarray]], batch_size: int, pad_values: dict[str, int] | None = None
+) -> Iterator[dict[str, np.ndarray]]:
     """Group samples of equal shape into batches; different lengths are bucketed, never padded.
 
     Padding would put pad-token activations into the statistics; bucketing by shape keeps every

@@ -47,13 +47,15 @@ def runtime_here() -> tuple[bool, str]:
 def default_hooks(precision: str = "best") -> EngineHooks:
     def build(onnx_path: Path) -> tuple[Path, dict[str, Any]]:
         from trtforge.backends.tensorrt import BuildOptions, load_trt
-        from trtforge.build import build as build_engine, default_engine_path
+        from trtforge.build import build as build_engine
+        from trtforge.build import default_engine_path
 
         _, flavour = runtime_here()
         mod = load_trt(flavour)
         options = BuildOptions(tactic_sources=TACTICS_86 if mod.flavour == "tensorrt" and mod.major < 10 else None)
-        result = build_engine(onnx_path, default_engine_path(onnx_path, precision), precision, backend=flavour, options=options,
-                              engine_check=False)
+        result = build_engine(
+            onnx_path, default_engine_path(onnx_path, precision), precision, backend=flavour, options=options, engine_check=False
+        )
         return result.engine_path, result.sidecar
 
     def runner(engine: Path, sidecar: dict[str, Any]) -> Any:
@@ -97,19 +99,29 @@ def gate_options(int8_sidecar: dict[str, Any]) -> Any:
 
     held = int8_sidecar.get("held_out") or {}
     gate = int8_sidecar.get("gate") or {}
-    return CalibrateOptions(data=Path(held["calibration_data"]) if held.get("calibration_data") else Path("."),
-                            eval_data=Path(held["data"]) if held.get("data") else None,
-                            max_eval_samples=held.get("max_samples"),
-                            min_cosine=gate.get("min_cosine", 0.99), min_int8_flops=gate.get("min_int8_flops", 0.0),
-                            min_top1_agreement=gate.get("min_top1_agreement"), min_pixel_agreement=gate.get("min_pixel_agreement"))
+    return CalibrateOptions(
+        data=Path(held["calibration_data"]) if held.get("calibration_data") else Path("."),
+        eval_data=Path(held["data"]) if held.get("data") else None,
+        max_eval_samples=held.get("max_samples"),
+        min_cosine=gate.get("min_cosine", 0.99),
+        min_int8_flops=gate.get("min_int8_flops", 0.0),
+        min_top1_agreement=gate.get("min_top1_agreement"),
+        min_pixel_agreement=gate.get("min_pixel_agreement"),
+    )
 
 
 def skipped(reason: str, message: str = SKIPPED) -> dict[str, Any]:
     return {"status": "skipped", "message": message, "reason": reason}
 
 
-def recheck(int8_onnx: Path, int8_sidecar: dict[str, Any], engine: Path, engine_sidecar: dict[str, Any],
-            runner: Any, batches: list[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
+def recheck(
+    int8_onnx: Path,
+    int8_sidecar: dict[str, Any],
+    engine: Path,
+    engine_sidecar: dict[str, Any],
+    runner: Any,
+    batches: list[dict[str, np.ndarray]] | None = None,
+) -> dict[str, Any]:
     """Held-out accuracy of `runner` (the engine) against the fp32 reference ONNX, gated like calibrate's
     ORT figure; returns {status: passed|failed, ort, engine, failures, rows} (rows: the side-by-side table)."""
     from trtforge.backends.onnxruntime import OrtRunner
@@ -127,16 +139,26 @@ def recheck(int8_onnx: Path, int8_sidecar: dict[str, Any], engine: Path, engine_
     accuracy = evaluate(_Named(runner, reference.output_names), batches, refs, kinds).to_json()
     accuracy["output_kinds"] = kinds
     fraction = int8_sidecar.get("int8_gemm_flops_fraction", 1.0)
-    failures = [f"on the TensorRT engine {engine.name}: {f}"
-                for f in gate_failures({"accuracy": accuracy, "int8_gemm_flops_fraction": max(fraction, options.min_int8_flops)}, options)]
+    failures = [
+        f"on the TensorRT engine {engine.name}: {f}"
+        for f in gate_failures({"accuracy": accuracy, "int8_gemm_flops_fraction": max(fraction, options.min_int8_flops)}, options)
+    ]
     if failures and ort.get("mean_cosine", 0.0) >= options.min_cosine:
-        failures.append(f"ONNX Runtime passes on the same Q/DQ ONNX, so TensorRT executes part of it differently: "
-                        f"`trtforge bisect {int8_sidecar.get('reference_onnx')} --data {int8_sidecar.get('held_out', {}).get('data')}` "
-                        "names the Q/DQ groups")
-    return {"status": "failed" if failures else "passed", "engine_path": str(engine),
-            "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
-            "precision": engine_sidecar.get("precision"), "ort": _headline(ort), "engine": accuracy,
-            "failures": failures, "rows": side_by_side(ort, accuracy, options)}
+        failures.append(
+            f"ONNX Runtime passes on the same Q/DQ ONNX, so TensorRT executes part of it differently: "
+            f"`trtforge bisect {int8_sidecar.get('reference_onnx')} --data {int8_sidecar.get('held_out', {}).get('data')}` "
+            "names the Q/DQ groups"
+        )
+    return {
+        "status": "failed" if failures else "passed",
+        "engine_path": str(engine),
+        "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
+        "precision": engine_sidecar.get("precision"),
+        "ort": _headline(ort),
+        "engine": accuracy,
+        "failures": failures,
+        "rows": side_by_side(ort, accuracy, options),
+    }
 
 
 def held_out_batches(int8_onnx: Path, int8_sidecar: dict[str, Any]) -> list[dict[str, np.ndarray]]:
@@ -151,8 +173,9 @@ def held_out_batches(int8_onnx: Path, int8_sidecar: dict[str, Any]) -> list[dict
         raise UserError(f"{int8_onnx}.json names no held-out data (made by an older trtforge calibrate); re-run calibrate.")
     specs = [InputSpec(**s) for s in int8_sidecar["inputs"]]
     axes = {k: AxisRange(**v) for k, v in int8_sidecar["axes"].items()}
-    _, samples = data_mod.load_samples(Path(held["data"]), specs, _tokenizer_factory(int8_onnx), _max_length(specs, axes),
-                                       held.get("max_samples"))
+    _, samples = data_mod.load_samples(
+        Path(held["data"]), specs, _tokenizer_factory(int8_onnx), _max_length(specs, axes), held.get("max_samples")
+    )
     return _eval_batches(samples, held.get("max_samples"))
 
 
@@ -163,21 +186,33 @@ def _headline(acc: dict[str, Any]) -> dict[str, Any]:
 def side_by_side(ort: dict[str, Any], engine: dict[str, Any], options: Any) -> list[list[Any]]:
     """[metric, ORT (Q/DQ ONNX), engine, gate] rows: the mean-pooled sample cosines, then each output's
     task metric (top-1 / pixel agreement) where it has one."""
-    rows: list[list[Any]] = [["mean cosine", ort.get("mean_cosine"), engine.get("mean_cosine"), f">= {options.min_cosine:g}"],
-                             ["min cosine", ort.get("min_cosine"), engine.get("min_cosine"), "-"]]
+    rows: list[list[Any]] = [
+        ["mean cosine", ort.get("mean_cosine"), engine.get("mean_cosine"), f">= {options.min_cosine:g}"],
+        ["min cosine", ort.get("min_cosine"), engine.get("min_cosine"), "-"],
+    ]
     gates = {"top1_agreement": options.min_top1_agreement, "pixel_agreement": options.min_pixel_agreement}
     for name, metrics in (engine.get("per_output") or {}).items():
         for metric, threshold in gates.items():
             if metric in metrics:
                 ort_value = ((ort.get("per_output") or {}).get(name) or {}).get(metric)
-                rows.append([f"{name} {metric.replace('_', ' ')}", ort_value, metrics[metric],
-                             f">= {threshold:g}" if threshold is not None else "-"])
+                rows.append(
+                    [
+                        f"{name} {metric.replace('_', ' ')}",
+                        ort_value,
+                        metrics[metric],
+                        f">= {threshold:g}" if threshold is not None else "-",
+                    ]
+                )
     return rows
 
 
-def after_calibrate(int8_onnx: Path, int8_sidecar: dict[str, Any], hooks: EngineHooks | None,
-                    batches: list[dict[str, np.ndarray]] | None = None,
-                    progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def after_calibrate(
+    int8_onnx: Path,
+    int8_sidecar: dict[str, Any],
+    hooks: EngineHooks | None,
+    batches: list[dict[str, np.ndarray]] | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
     """calibrate's re-check: build an engine from the Q/DQ ONNX just written, then `recheck`."""
     hooks = hooks or default_hooks()
     ok, why = hooks.available()
@@ -189,8 +224,14 @@ def after_calibrate(int8_onnx: Path, int8_sidecar: dict[str, Any], hooks: Engine
     try:
         engine, engine_sidecar = hooks.build(int8_onnx)
     except UserError as exc:  # an INT8 model TensorRT cannot build fails the check; calibrate's files stay
-        return {"status": "failed", "engine_path": None, "backend": why, "precision": None, "rows": [],
-                "failures": [f"the engine re-check could not build an engine from {int8_onnx.name}: {exc}"]}
+        return {
+            "status": "failed",
+            "engine_path": None,
+            "backend": why,
+            "precision": None,
+            "rows": [],
+            "failures": [f"the engine re-check could not build an engine from {int8_onnx.name}: {exc}"],
+        }
     return recheck(int8_onnx, int8_sidecar, engine, engine_sidecar, hooks.runner(engine, engine_sidecar), batches)
 
 
@@ -206,8 +247,11 @@ def after_build(engine: Path, engine_sidecar: dict[str, Any], hooks: EngineHooks
         return None
     held = (int8_sidecar.get("held_out") or {}).get("data")
     if not held or not Path(held).is_dir():
-        why = (f"the held-out data {held} named in {source}.json is not here" if held
-               else f"{source}.json names no held-out data (an older trtforge calibrate); re-run calibrate")
+        why = (
+            f"the held-out data {held} named in {source}.json is not here"
+            if held
+            else f"{source}.json names no held-out data (an older trtforge calibrate); re-run calibrate"
+        )
         return skipped(why, "engine re-check: skipped (held-out data not found)")
     hooks = hooks or default_hooks()
     ok, why = hooks.available()
@@ -216,8 +260,15 @@ def after_build(engine: Path, engine_sidecar: dict[str, Any], hooks: EngineHooks
     return recheck(source, int8_sidecar, engine, engine_sidecar, hooks.runner(engine, engine_sidecar))
 
 
-def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[dict[str, np.ndarray]], min_cosine: float,
-                    hooks: EngineHooks | None = None, min_top1: float | None = None, real_batches: int = 0) -> dict[str, Any]:
+def after_fp8_build(
+    engine: Path,
+    engine_sidecar: dict[str, Any],
+    feeds: list[dict[str, np.ndarray]],
+    min_cosine: float,
+    hooks: EngineHooks | None = None,
+    min_top1: float | None = None,
+    real_batches: int = 0,
+) -> dict[str, Any]:
     """build's gate for --gemm-precision fp8: the engine against ONNX Runtime fp32 on the reference ONNX, over `feeds`;
     failed (exit 1) when the mean sample cosine is under min_cosine, or a logits output's top-1 agreement under
     min_top1 (None: reported, not gated; a cosine let a ViT through whose top-1 FP8 had flipped, w40). Top-1 is judged
@@ -236,8 +287,13 @@ def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[di
         return skipped(why, "FP8 engine check: skipped (no GPU / no TensorRT runtime here)")
     reference = OrtRunner(load_onnx(Path(engine_sidecar["reference_onnx"])).SerializeToString())
     refs = reference_outputs(reference, feeds)
-    base = {"engine_path": str(engine), "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
-            "precision": "fp16, GEMMs fp8", "ort": {}, "title": "FP8 GEMMs: the TensorRT engine against ONNX Runtime fp32"}
+    base = {
+        "engine_path": str(engine),
+        "backend": f"{engine_sidecar.get('backend')} {engine_sidecar.get('tensorrt_version')}",
+        "precision": "fp16, GEMMs fp8",
+        "ort": {},
+        "title": "FP8 GEMMs: the TensorRT engine against ONNX Runtime fp32",
+    }
     kinds = declared_output_kinds(Path(engine_sidecar["reference_onnx"]))
     try:
         runner = _RunOnce(_Named(hooks.runner(engine, engine_sidecar), reference.output_names))
@@ -245,34 +301,50 @@ def after_fp8_build(engine: Path, engine_sidecar: dict[str, Any], feeds: list[di
         on_real = evaluate(runner, feeds[:real_batches], refs[:real_batches], kinds).to_json() if real_batches else None
     except Exception as exc:  # an engine that cannot execute has failed its gate; the engine file stays, marked failed
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return {**base, "status": "failed", "engine": {}, "rows": [],
-                "failures": [f"the TensorRT engine {engine.name} did not execute ({why[:300]}); its plugins' errors are on "
-                             "stderr above; build with --gemm-precision fp16"]}
-    failures = [f"on the TensorRT engine {engine.name}, {f}" for f in
-                screen(accuracy["per_output"], "build's FP8 gate", "the FP8 engine")]
+        return {
+            **base,
+            "status": "failed",
+            "engine": {},
+            "rows": [],
+            "failures": [
+                f"the TensorRT engine {engine.name} did not execute ({why[:300]}); its plugins' errors are on "
+                "stderr above; build with --gemm-precision fp16"
+            ],
+        }
+    failures = [f"on the TensorRT engine {engine.name}, {f}" for f in screen(accuracy["per_output"], "build's FP8 gate", "the FP8 engine")]
     if not accuracy["mean_cosine"] >= min_cosine:  # NaN fails too
-        failures.append(f"on the TensorRT engine {engine.name}, FP8 GEMMs reach mean cosine {accuracy['mean_cosine']:.4f} "
-                        f"against ONNX Runtime fp32, under the gate {min_cosine:g} (build.fp8_min_cosine); build with "
-                        "--gemm-precision fp16, or lower the gate if this error is acceptable")
+        failures.append(
+            f"on the TensorRT engine {engine.name}, FP8 GEMMs reach mean cosine {accuracy['mean_cosine']:.4f} "
+            f"against ONNX Runtime fp32, under the gate {min_cosine:g} (build.fp8_min_cosine); build with "
+            "--gemm-precision fp16, or lower the gate if this error is acceptable"
+        )
     top1_from = on_real or accuracy
     top1 = {name: m["top1_agreement"] for name, m in top1_from["per_output"].items() if "top1_agreement" in m}
     for metrics in accuracy["per_output"].values():  # per_output covers every feed; top-1 is its own, on top1_on's inputs
         metrics.pop("top1_agreement", None)
     accuracy["top1_agreement"], accuracy["top1_on"] = top1, "real inputs" if on_real else "random feeds"
     if min_top1 is not None and not on_real:
-        failures.append(f"build.fp8_min_top1_agreement {min_top1:g} could not be evaluated: it is judged on real inputs, and "
-                        "this build had none; give --calib-data DIR (config key build.calib_data)")
+        failures.append(
+            f"build.fp8_min_top1_agreement {min_top1:g} could not be evaluated: it is judged on real inputs, and "
+            "this build had none; give --calib-data DIR (config key build.calib_data)"
+        )
     elif min_top1 is not None and not top1:
-        failures.append(f"build.fp8_min_top1_agreement {min_top1:g} could not be evaluated: no output of "
-                        f"{Path(engine_sidecar['reference_onnx']).name} is declared logits; declare its kind in the config's `outputs`")
+        failures.append(
+            f"build.fp8_min_top1_agreement {min_top1:g} could not be evaluated: no output of "
+            f"{Path(engine_sidecar['reference_onnx']).name} is declared logits; declare its kind in the config's `outputs`"
+        )
     for name, value in top1.items():
         if min_top1 is not None and on_real and not value >= min_top1:
-            failures.append(f"on the TensorRT engine {engine.name}, FP8 GEMMs keep the top-1 of '{name}' on {value:.4f} of "
-                            f"the real inputs, under the gate {min_top1:g} (build.fp8_min_top1_agreement); build with "
-                            "--gemm-precision fp16, or lower the gate if this error is acceptable")
+            failures.append(
+                f"on the TensorRT engine {engine.name}, FP8 GEMMs keep the top-1 of '{name}' on {value:.4f} of "
+                f"the real inputs, under the gate {min_top1:g} (build.fp8_min_top1_agreement); build with "
+                "--gemm-precision fp16, or lower the gate if this error is acceptable"
+            )
     rows = [["mean cosine", None, accuracy["mean_cosine"], f">= {min_cosine:g}"], ["min cosine", None, accuracy["min_cosine"], "-"]]
-    rows += [[f"top-1 agreement ({name}, {accuracy['top1_on']})", None, value, f">= {min_top1:g}" if min_top1 is not None else "-"]
-             for name, value in top1.items()]
+    rows += [
+        [f"top-1 agreement ({name}, {accuracy['top1_on']})", None, value, f">= {min_top1:g}" if min_top1 is not None else "-"]
+        for name, value in top1.items()
+    ]
     return {**base, "status": "failed" if failures else "passed", "engine": accuracy, "failures": failures, "rows": rows}
 
 

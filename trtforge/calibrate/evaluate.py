@@ -40,16 +40,24 @@ class Accuracy:
         return float(self.sample_cosines.min())
 
     def to_json(self) -> dict:
-        return {"mean_cosine": self.mean_cosine, "min_cosine": self.min_cosine, "samples": int(self.sample_cosines.size),
-                "per_output": self.per_output}
+        return {
+            "mean_cosine": self.mean_cosine,
+            "min_cosine": self.min_cosine,
+            "samples": int(self.sample_cosines.size),
+            "per_output": self.per_output,
+        }
 
 
 def reference_outputs(runner: OrtRunner, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     return [runner.run(batch) for batch in batches]
 
 
-def evaluate(candidate: OrtRunner, batches: list[dict[str, np.ndarray]], references: list[dict[str, np.ndarray]],
-             kinds: dict[str, str | None] | None = None) -> Accuracy:
+def evaluate(
+    candidate: OrtRunner,
+    batches: list[dict[str, np.ndarray]],
+    references: list[dict[str, np.ndarray]],
+    kinds: dict[str, str | None] | None = None,
+) -> Accuracy:
     """Held-out accuracy: the mean-pooled sample cosine of the first output (what the fallback search
     steers by), and per output the comparator's metrics for its kind (top-1 agreement for logits,
     per-pixel agreement for dense outputs)."""

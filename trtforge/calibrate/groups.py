@@ -23,12 +23,57 @@ import onnx
 
 from trtforge.calibrate.placement import GEMM_OPS, QuantPlan
 
-ACTIVATIONS = ("Gelu", "FastGelu", "BiasGelu", "Erf", "Tanh", "Relu", "Sigmoid", "HardSigmoid", "HardSwish", "Softplus", "Elu",
-               "LeakyRelu", "Selu", "Mish", "Swish", "Silu", "QuickGelu", "Clip")
-_HEAD_PATH = ("Add", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "Tanh", "Sigmoid", "Softmax",
-              "Relu", "Gelu", "Gather", "Slice")
-ORDER = ("first_conv", "conv", "deconv", "qkv_projection", "attention_qk", "attention_av", "attention_output", "ffn_up",
-         "ffn_down", "other_bmm", "other_linear", "head", "residual_add")
+ACTIVATIONS = (
+    "Gelu",
+    "FastGelu",
+    "BiasGelu",
+    "Erf",
+    "Tanh",
+    "Relu",
+    "Sigmoid",
+    "HardSigmoid",
+    "HardSwish",
+    "Softplus",
+    "Elu",
+    "LeakyRelu",
+    "Selu",
+    "Mish",
+    "Swish",
+    "Silu",
+    "QuickGelu",
+    "Clip",
+)
+_HEAD_PATH = (
+    "Add",
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Cast",
+    "Tanh",
+    "Sigmoid",
+    "Softmax",
+    "Relu",
+    "Gelu",
+    "Gather",
+    "Slice",
+)
+ORDER = (
+    "first_conv",
+    "conv",
+    "deconv",
+    "qkv_projection",
+    "attention_qk",
+    "attention_av",
+    "attention_output",
+    "ffn_up",
+    "ffn_down",
+    "other_bmm",
+    "other_linear",
+    "head",
+    "residual_add",
+)
 
 
 class _Graph:
@@ -116,8 +161,9 @@ def node_role(node: onnx.NodeProto, graph: _Graph, shapes: dict[str, tuple[int, 
     if node.op_type in ("Conv", "ConvTranspose"):
         data = node.input[0]
         behind = graph.backward([data], 2)
-        if data in graph.inputs or any(t in graph.inputs for n in behind if n.op_type in ("Cast", "Identity", "Pad", "Transpose")
-                                       for t in n.input):
+        if data in graph.inputs or any(
+            t in graph.inputs for n in behind if n.op_type in ("Cast", "Identity", "Pad", "Transpose") for t in n.input
+        ):
             return "first_conv"
         if _reaches_output(node, graph):
             return "head"

@@ -113,8 +113,9 @@ def quantized_groups(num_bins: int, num_quantized_bins: int = NUM_QUANTIZED_BINS
     return (np.arange(num_bins, dtype=np.int64) * num_quantized_bins) // num_bins
 
 
-def entropy_amax(hist: StreamingHistogram, num_quantized_bins: int = NUM_QUANTIZED_BINS, stride: int = 1,
-                 start_bin: int = NUM_QUANTIZED_BINS) -> float:
+def entropy_amax(
+    hist: StreamingHistogram, num_quantized_bins: int = NUM_QUANTIZED_BINS, stride: int = 1, start_bin: int = NUM_QUANTIZED_BINS
+) -> float:
     """TensorRT's entropy calibration as NVIDIA's pytorch-quantization implements it (`_compute_amax_entropy`):
     the clip threshold whose 128-level quantization loses the least information.
 

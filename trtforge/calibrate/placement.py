@@ -109,8 +109,12 @@ def constant_value(tensor: str, inits: dict[str, onnx.TensorProto], producers: d
     return None
 
 
-def plan_quantization(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None,
-                      quantize_attention: bool = False, rules: tuple[str, ...] = RULES) -> QuantPlan:
+def plan_quantization(
+    model: onnx.ModelProto,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    quantize_attention: bool = False,
+    rules: tuple[str, ...] = RULES,
+) -> QuantPlan:
     """Q/DQ targets by the placement table, minus the nodes the exclusion `rules` keep float (recorded).
 
     `shapes` (tensor -> shape at the calibration/opt sizes) feeds the `gemv` rule; without it that rule
@@ -135,8 +139,9 @@ def plan_quantization(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
             continue
         inputs = list(node.input[:2])
         values = [constant_value(t, inits, producers) if t else None for t in inputs]
-        weight_index = next((i for i in (1, 0) if i < len(values) and values[i] is not None
-                             and (node.op_type in ("MatMul", "Gemm") or i == 1)), None)
+        weight_index = next(
+            (i for i in (1, 0) if i < len(values) and values[i] is not None and (node.op_type in ("MatMul", "Gemm") or i == 1)), None
+        )
         weight = inputs[weight_index] if weight_index is not None else None
         activations = [t for i, t in enumerate(inputs) if t and values[i] is None]
         if not activations:
@@ -173,9 +178,18 @@ def plan_quantization(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]
     return QuantPlan(targets, residual, residual_convs, skip_convs, excluded)
 
 
-def _exclusion(node: onnx.NodeProto, weight: str | None, values: list, shapes: dict | None, graph_inputs: set[str],
-               graph_outputs: set[str], consumers: dict[str, list], constants: set[str], quantize_attention: bool,
-               rules: tuple[str, ...]) -> str | None:
+def _exclusion(
+    node: onnx.NodeProto,
+    weight: str | None,
+    values: list,
+    shapes: dict | None,
+    graph_inputs: set[str],
+    graph_outputs: set[str],
+    consumers: dict[str, list],
+    constants: set[str],
+    quantize_attention: bool,
+    rules: tuple[str, ...],
+) -> str | None:
     if "attention_bmm" in rules and not quantize_attention and node.op_type in ("MatMul", "Gemm") and weight is None:
         return "attention_bmm"
     if "gemv" in rules and shapes and node.op_type in ("MatMul", "Gemm") and node.output[0] in shapes:
@@ -185,7 +199,12 @@ def _exclusion(node: onnx.NodeProto, weight: str | None, values: list, shapes: d
                 return "gemv"
         elif len(out) < 3 and any(d == 1 for d in out):
             return "gemv"
-    if "conv_channels" in rules and node.op_type == "Conv" and weight is not None and _conv_unsupported(node, values[1].shape, graph_inputs):
+    if (
+        "conv_channels" in rules
+        and node.op_type == "Conv"
+        and weight is not None
+        and _conv_unsupported(node, values[1].shape, graph_inputs)
+    ):
         return "conv_channels"
     if "output_layer" in rules and _reaches_output(node.output[0], graph_outputs, consumers, constants, 3):
         return "output_layer"
@@ -200,8 +219,12 @@ def _conv_unsupported(node: onnx.NodeProto, shape: tuple[int, ...], graph_inputs
     kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else list(shape[2:])
     if out_ch >= 16 and in_ch >= 16:
         return False
-    if (group == 1 and (out_ch % 8 == 0 or in_ch % 8 == 0)
-            and (any(t in graph_inputs for t in node.input) or out_ch >= 16 or in_ch >= 16) and len(set(kernel)) == 1):
+    if (
+        group == 1
+        and (out_ch % 8 == 0 or in_ch % 8 == 0)
+        and (any(t in graph_inputs for t in node.input) or out_ch >= 16 or in_ch >= 16)
+        and len(set(kernel)) == 1
+    ):
         return False
     if group > 1 and out_ch % 8 == 0 and all(k >= 3 for k in kernel):
         return False

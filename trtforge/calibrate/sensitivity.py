@@ -59,5 +59,5 @@ def layer_errors(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float]
         for node, (ref, shade) in pairs.items():
             r, q = values[ref].astype(np.float64), values[shade].astype(np.float64)
             num[node] += float(np.sum((r - q) ** 2))
-            den[node] += float(np.sum(r ** 2))
+            den[node] += float(np.sum(r**2))
     return {node: float(np.sqrt(num[node] / den[node])) if den[node] > 0 else 0.0 for node in pairs}

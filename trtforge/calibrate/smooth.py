@@ -74,7 +74,12 @@ def apply_smoothing(model: onnx.ModelProto, scales: dict[str, np.ndarray]) -> on
                 w.CopyFrom(numpy_helper.from_array(array.astype(np.float32), w.name))
         producer = producers.get(tensor)
         only_smoothed = all(c.name in members for c in consumers.get(tensor, [])) and tensor not in graph_outputs
-        if producer is not None and producer.op_type == "LayerNormalization" and only_smoothed and _fold_into_layernorm(out, producer, s, inits):
+        if (
+            producer is not None
+            and producer.op_type == "LayerNormalization"
+            and only_smoothed
+            and _fold_into_layernorm(out, producer, s, inits)
+        ):
             continue
         smoothed = f"{tensor}_smoothed"
         inv = numpy_helper.from_array((1.0 / s).astype(np.float32), f"{tensor}_inv_smooth_scale")

@@ -28,8 +28,16 @@ import numpy as np
 import onnx
 
 from trtforge import __version__, interrupts
-from trtforge.artifacts import (content_mismatch, content_sha256, onnx_graph_hash, output_locks, read_sidecar,
-                                refuse_overwrite, sha256_bytes, write_sidecar)
+from trtforge.artifacts import (
+    content_mismatch,
+    content_sha256,
+    onnx_graph_hash,
+    output_locks,
+    read_sidecar,
+    refuse_overwrite,
+    sha256_bytes,
+    write_sidecar,
+)
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
 from trtforge.calibrate.cache import cache_mismatch, read_cache, write_cache
@@ -140,14 +148,25 @@ def _tokenizer_factory(onnx_path: Path) -> Callable[[], Any] | None:
 
 
 def expected_fingerprint(graph_hash: str, manifest: str, options: CalibrateOptions) -> dict[str, Any]:
-    params: dict[str, Any] = {"num_bins": options.num_bins, "max_samples": options.max_samples, "smooth": options.smooth,
-                              "fallback": options.fallback, "min_cosine": options.min_cosine,
-                              "min_int8_flops": options.min_int8_flops, "quantize_attention": options.quantize_attention,
-                              "placement": PLACEMENT_VERSION}
+    params: dict[str, Any] = {
+        "num_bins": options.num_bins,
+        "max_samples": options.max_samples,
+        "smooth": options.smooth,
+        "fallback": options.fallback,
+        "min_cosine": options.min_cosine,
+        "min_int8_flops": options.min_int8_flops,
+        "quantize_attention": options.quantize_attention,
+        "placement": PLACEMENT_VERSION,
+    }
     if options.method == "percentile":
         params["percentile"] = options.percentile
-    return {"graph_hash": graph_hash, "data_manifest_hash": manifest, "method": options.method, "params": params,
-            "trtforge_version": __version__}
+    return {
+        "graph_hash": graph_hash,
+        "data_manifest_hash": manifest,
+        "method": options.method,
+        "params": params,
+        "trtforge_version": __version__,
+    }
 
 
 def cache_decision(cache: Path, fingerprint: dict[str, Any], strict: bool) -> tuple[dict[str, Any] | None, str]:
@@ -165,8 +184,13 @@ def cache_decision(cache: Path, fingerprint: dict[str, Any], strict: bool) -> tu
         why = unreadable.rstrip(".") if unreadable else f"cache {cache} has no sidecar, so what it was computed from is unknown"
     else:
         diffs = [k for k in fingerprint if sidecar.get(k) != fingerprint[k]]
-        labels = {"graph_hash": "another model graph", "data_manifest_hash": "other calibration data", "method": "another method",
-                  "params": "other parameters", "trtforge_version": "another trtforge version"}
+        labels = {
+            "graph_hash": "another model graph",
+            "data_manifest_hash": "other calibration data",
+            "method": "another method",
+            "params": "other parameters",
+            "trtforge_version": "another trtforge version",
+        }
         mismatch = None if diffs else cache_mismatch(cache, sidecar, fingerprint["method"])
         if not diffs and not mismatch:
             return sidecar, f"reused {cache}: graph, data, method and parameters match and the cache is the file its sidecar recorded"
@@ -180,8 +204,10 @@ def _coverage(amax: dict[str, float], needed: list[str], cache: Path) -> None:
     missing = [t for t in needed if t not in amax]
     if missing:
         shown = ", ".join(f"'{m}'" for m in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise UserError(f"calibration cache {cache} lacks scales for {len(missing)} tensors the graph needs ({shown}); "
-                        "it was made for another model: recalibrate.")
+        raise UserError(
+            f"calibration cache {cache} lacks scales for {len(missing)} tensors the graph needs ({shown}); "
+            "it was made for another model: recalibrate."
+        )
 
 
 def _needed_tensors(plan: QuantPlan, float_nodes: set[str]) -> list[str]:
@@ -189,8 +215,9 @@ def _needed_tensors(plan: QuantPlan, float_nodes: set[str]) -> list[str]:
     return plan.activation_tensors(quantized_nodes(plan, float_nodes) | set(residual_adds(plan, float_nodes)))
 
 
-def _measure_smoothing(model: onnx.ModelProto, calib_batches: list, options: CalibrateOptions,
-                       progress: Callable[[str], None], progress_bar: Any) -> dict[str, np.ndarray]:
+def _measure_smoothing(
+    model: onnx.ModelProto, calib_batches: list, options: CalibrateOptions, progress: Callable[[str], None], progress_bar: Any
+) -> dict[str, np.ndarray]:
     """SmoothQuant scales: one pass for per-channel abs-max of each smoothable activation."""
     from onnx import numpy_helper
 
@@ -199,9 +226,12 @@ def _measure_smoothing(model: onnx.ModelProto, calib_batches: list, options: Cal
     stats = _collector(options)(model, calib_batches, [], list(groups), options.num_bins, progress_bar)
     inits = {i.name: i for i in model.graph.initializer}
     nodes = {n.name: n for n in model.graph.node}
-    return {tensor: smoothing_scales(stats.channel_amax[tensor], [numpy_helper.to_array(inits[nodes[m].input[1]]) for m in members],
-                                     options.smooth)
-            for tensor, members in groups.items()}
+    return {
+        tensor: smoothing_scales(
+            stats.channel_amax[tensor], [numpy_helper.to_array(inits[nodes[m].input[1]]) for m in members], options.smooth
+        )
+        for tensor, members in groups.items()
+    }
 
 
 def _collector(options: CalibrateOptions) -> Callable[..., Any]:
@@ -249,8 +279,7 @@ FLOAT_FLOPS_REASONS = {
 }
 
 
-def float_flops_shares(flops: dict[str, float], int8_nodes: set[str], excluded: dict[str, str],
-                       float_nodes: set[str]) -> dict[str, float]:
+def float_flops_shares(flops: dict[str, float], int8_nodes: set[str], excluded: dict[str, str], float_nodes: set[str]) -> dict[str, float]:
     """Share of all GEMM FLOPs in nodes that do not run int8, by why: an exclusion rule, the fallback, or other."""
     total = sum(flops.values())
     shares: dict[str, float] = {}
@@ -268,15 +297,30 @@ def _planned_int8(plan: QuantPlan, float_nodes: set[str]) -> set[str]:
     return {t.node for t in plan.targets if t.node in live and (t.weight is not None or len(t.activations) == 2)}
 
 
-def _accuracy(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], float_nodes: set[str],
-              batches: list[dict[str, np.ndarray]], refs: list[dict[str, np.ndarray]]) -> Accuracy:
+def _accuracy(
+    model: onnx.ModelProto,
+    plan: QuantPlan,
+    amax: dict[str, float],
+    float_nodes: set[str],
+    batches: list[dict[str, np.ndarray]],
+    refs: list[dict[str, np.ndarray]],
+) -> Accuracy:
     qdq = insert_qdq(model, plan, amax, float_nodes)
     return evaluate(OrtRunner(qdq.SerializeToString()), batches, refs)
 
 
-def fallback_search(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], flops: dict[str, float],
-                    eval_batches: list, eval_refs: list, sens_batches: list, sens_refs: list,
-                    options: CalibrateOptions, progress: Callable[[str], None]) -> tuple[set[str], Accuracy, dict[str, float]]:
+def fallback_search(
+    model: onnx.ModelProto,
+    plan: QuantPlan,
+    amax: dict[str, float],
+    flops: dict[str, float],
+    eval_batches: list,
+    eval_refs: list,
+    sens_batches: list,
+    sens_refs: list,
+    options: CalibrateOptions,
+    progress: Callable[[str], None],
+) -> tuple[set[str], Accuracy, dict[str, float]]:
     """Keep the most sensitive layers in float until the gate holds or the INT8 FLOPs floor is reached.
 
     Order: the top `sensitivity_top` layers by local error, re-ranked by their measured end-to-end gain
@@ -290,10 +334,10 @@ def fallback_search(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, flo
     errors = layer_errors(model, plan, amax, sens_batches)
     sens_refs = sens_refs() if callable(sens_refs) else sens_refs
     ranked = sorted(errors, key=lambda n: -errors[n])
-    top = ranked[:options.sensitivity_top]
+    top = ranked[: options.sensitivity_top]
     base = _accuracy(model, plan, amax, set(), sens_batches, sens_refs).mean_cosine
     sensitivity = {node: _accuracy(model, plan, amax, {node}, sens_batches, sens_refs).mean_cosine - base for node in top}
-    order = sorted(top, key=lambda n: -sensitivity[n]) + ranked[len(top):]
+    order = sorted(top, key=lambda n: -sensitivity[n]) + ranked[len(top) :]
     for node in order:
         if node in sensitivity and sensitivity[node] <= 0:
             continue  # measured: keeping it float does not help
@@ -301,8 +345,10 @@ def fallback_search(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, flo
             continue  # too expensive to keep in float; a cheaper sensitive layer may still fit
         float_nodes.add(node)
         accuracy = _accuracy(model, plan, amax, float_nodes, eval_batches, eval_refs)
-        progress(f"kept {node} in float: mean cosine {accuracy.mean_cosine:.4f}, "
-                 f"INT8 FLOPs {_flops_fraction(flops, _planned_int8(plan, float_nodes)):.1%}")
+        progress(
+            f"kept {node} in float: mean cosine {accuracy.mean_cosine:.4f}, "
+            f"INT8 FLOPs {_flops_fraction(flops, _planned_int8(plan, float_nodes)):.1%}"
+        )
         if accuracy.mean_cosine >= options.min_cosine:
             break
     return float_nodes, accuracy, sensitivity, errors
@@ -320,13 +366,20 @@ def _refuse_quantized(onnx_path: Path, model: Any) -> None:
         except UserError:
             source = None
         origin = f" ({source})" if source else ""
-        raise UserError(f"{onnx_path} is already quantized ({count} QuantizeLinear/DequantizeLinear nodes); calibrate the "
-                        f"float model it came from{origin} instead.")
+        raise UserError(
+            f"{onnx_path} is already quantized ({count} QuantizeLinear/DequantizeLinear nodes); calibrate the "
+            f"float model it came from{origin} instead."
+        )
 
 
-def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool = False,
-              progress: Callable[[str], None] = lambda _: None, progress_bar: Any = None,
-              engine_hooks: Any = None) -> CalibrateResult:
+def calibrate(
+    onnx_path: Path,
+    options: CalibrateOptions,
+    compare_methods: bool = False,
+    progress: Callable[[str], None] = lambda _: None,
+    progress_bar: Any = None,
+    engine_hooks: Any = None,
+) -> CalibrateResult:
     """engine_hooks: engine_check.EngineHooks for the engine re-check (default: the real TensorRT runtime).
 
     Refuses outputs that would overwrite an input (artifacts.refuse_overwrite). Holds the Q/DQ ONNX's and the cache's
@@ -345,19 +398,32 @@ def calibrate(onnx_path: Path, options: CalibrateOptions, compare_methods: bool 
 @dataclass
 class RecordedAccuracy:
     """Held-out accuracy as a sidecar recorded it (a verified reuse evaluates nothing): what Accuracy's readers use."""
+
     mean_cosine: float
     min_cosine: float
     per_output: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def int8_reuse_key(cache_sha256: str, graph_hash: str, held_out_manifest: str, options: CalibrateOptions,
-                   parent: dict[str, Any] | None) -> str:
+def int8_reuse_key(
+    cache_sha256: str, graph_hash: str, held_out_manifest: str, options: CalibrateOptions, parent: dict[str, Any] | None
+) -> str:
     """What the Q/DQ ONNX's recorded results depend on beyond its cache (whose own sidecar covers graph, data, method
     and parameters): the held-out data and its limit, the declared output kinds, and whether the engine re-check runs."""
-    return sha256_bytes(json.dumps({
-        "cache_sha256": cache_sha256, "parent_graph_hash": graph_hash, "held_out_manifest_hash": held_out_manifest,
-        "max_eval_samples": options.max_eval_samples, "outputs": (parent or {}).get("outputs"),
-        "engine_check": options.engine_check, "trtforge_version": __version__}, sort_keys=True, default=str).encode())
+    return sha256_bytes(
+        json.dumps(
+            {
+                "cache_sha256": cache_sha256,
+                "parent_graph_hash": graph_hash,
+                "held_out_manifest_hash": held_out_manifest,
+                "max_eval_samples": options.max_eval_samples,
+                "outputs": (parent or {}).get("outputs"),
+                "engine_check": options.engine_check,
+                "trtforge_version": __version__,
+            },
+            sort_keys=True,
+            default=str,
+        ).encode()
+    )
 
 
 def int8_decision(int8_path: Path, key: str, options: CalibrateOptions, hooks: Any) -> tuple[dict[str, Any] | None, str]:
@@ -386,26 +452,60 @@ def int8_decision(int8_path: Path, key: str, options: CalibrateOptions, hooks: A
     return side, f"{int8_path} is the file its sidecar recorded, made from this cache for the same held-out data"
 
 
-def _reuse_recorded(int8_path: Path, cache_path: Path, cache_sidecar: dict[str, Any], side: dict[str, Any], reason: str,
-                    options: CalibrateOptions, start: float) -> CalibrateResult:
+def _reuse_recorded(
+    int8_path: Path,
+    cache_path: Path,
+    cache_sidecar: dict[str, Any],
+    side: dict[str, Any],
+    reason: str,
+    options: CalibrateOptions,
+    start: float,
+) -> CalibrateResult:
     """A verified reuse: the cache's scales and the Q/DQ ONNX's recorded results, nothing evaluated or rewritten but the
     sidecar's account of this run (reused, why, the gates and held-out paths asked for now)."""
     _, amax = read_cache(cache_path)
     acc = side.get("accuracy") or {}
     accuracy = RecordedAccuracy(acc["mean_cosine"], acc["min_cosine"], acc.get("per_output") or {}) if acc else None
-    result = MethodResult(side["method"], amax, list(side.get("float_nodes") or []), accuracy, side["int8_gemm_flops_fraction"],
-                          cache_sidecar.get("sensitivity", {}), cache_sidecar.get("layer_errors", {}))
-    side = {**side, "cache_reused": True, "cache_reason": reason,
-            "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops,
-                     "min_top1_agreement": options.min_top1_agreement, "min_pixel_agreement": options.min_pixel_agreement},
-            "held_out": {"data": str(options.eval_data or options.data), "max_samples": options.max_eval_samples,
-                         "calibration_data": str(options.data)}}
+    result = MethodResult(
+        side["method"],
+        amax,
+        list(side.get("float_nodes") or []),
+        accuracy,
+        side["int8_gemm_flops_fraction"],
+        cache_sidecar.get("sensitivity", {}),
+        cache_sidecar.get("layer_errors", {}),
+    )
+    side = {
+        **side,
+        "cache_reused": True,
+        "cache_reason": reason,
+        "gate": {
+            "min_cosine": options.min_cosine,
+            "min_int8_flops": options.min_int8_flops,
+            "min_top1_agreement": options.min_top1_agreement,
+            "min_pixel_agreement": options.min_pixel_agreement,
+        },
+        "held_out": {
+            "data": str(options.eval_data or options.data),
+            "max_samples": options.max_eval_samples,
+            "calibration_data": str(options.data),
+        },
+    }
     write_sidecar(int8_path, side)
     return CalibrateResult(int8_path, cache_path, True, reason, result, side, [], time.perf_counter() - start)
 
 
-def _calibrate(onnx_path: Path, int8_path: Path, cache_path: Path, options: CalibrateOptions, compare_methods: bool,
-               progress: Callable[[str], None], progress_bar: Any, engine_hooks: Any, start: float) -> CalibrateResult:
+def _calibrate(
+    onnx_path: Path,
+    int8_path: Path,
+    cache_path: Path,
+    options: CalibrateOptions,
+    compare_methods: bool,
+    progress: Callable[[str], None],
+    progress_bar: Any,
+    engine_hooks: Any,
+    start: float,
+) -> CalibrateResult:
     model = load_onnx(onnx_path)
     _refuse_quantized(onnx_path, model)
     name_all_nodes(model)
@@ -416,17 +516,27 @@ def _calibrate(onnx_path: Path, int8_path: Path, cache_path: Path, options: Cali
     dataset = data_mod.scan(options.data)
     fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
 
-    reused_sidecar, reason = (None, f"imported {options.from_cache}") if options.from_cache else cache_decision(cache_path, fingerprint, options.strict_cache)
+    reused_sidecar, reason = (
+        (None, f"imported {options.from_cache}") if options.from_cache else cache_decision(cache_path, fingerprint, options.strict_cache)
+    )
     if reused_sidecar is None and not options.from_cache and cache_path.exists():
         progress(reason)
     held_out_manifest = data_mod.scan(options.eval_data).manifest_hash if options.eval_data else dataset.manifest_hash
     if reused_sidecar is not None:
-        recorded, why = int8_decision(int8_path, int8_reuse_key(reused_sidecar["cache_sha256"], graph_hash, held_out_manifest,
-                                                                options, parent), options, engine_hooks)
+        recorded, why = int8_decision(
+            int8_path, int8_reuse_key(reused_sidecar["cache_sha256"], graph_hash, held_out_manifest, options, parent), options, engine_hooks
+        )
         if recorded is not None:
             progress(f"reused {why}: its recorded held-out results stand, nothing re-evaluated")
-            return _reuse_recorded(int8_path, cache_path, reused_sidecar, recorded,
-                                   f"{reason}; reused {int8_path} and its recorded held-out results (verified)", options, start)
+            return _reuse_recorded(
+                int8_path,
+                cache_path,
+                reused_sidecar,
+                recorded,
+                f"{reason}; reused {int8_path} and its recorded held-out results (verified)",
+                options,
+                start,
+            )
         progress(f"{why}; writing it again from the reused cache")
     tokenizer = _tokenizer_factory(onnx_path)
     max_len = _max_length(specs, axes)
@@ -462,15 +572,31 @@ def _calibrate(onnx_path: Path, int8_path: Path, cache_path: Path, options: Cali
         float_nodes = set(reused_sidecar.get("float_nodes", []))
         _coverage(amax, _needed_tensors(plan, float_nodes), cache_path)
         accuracy = _accuracy(working, plan, amax, float_nodes, eval_batches, eval_refs)
-        result = MethodResult(options.method, amax, sorted(float_nodes), accuracy, 0.0,
-                              reused_sidecar.get("sensitivity", {}), reused_sidecar.get("layer_errors", {}))
+        result = MethodResult(
+            options.method,
+            amax,
+            sorted(float_nodes),
+            accuracy,
+            0.0,
+            reused_sidecar.get("sensitivity", {}),
+            reused_sidecar.get("layer_errors", {}),
+        )
         comparison: list[MethodResult] = []
     elif options.from_cache:
         _, amax = read_cache(options.from_cache)
         _coverage(amax, plan.activation_tensors(), options.from_cache)
-        float_nodes, accuracy, sensitivity, errors = fallback_search(working, plan, amax, flops, eval_batches, eval_refs, sens_batches, sens_refs, options, progress)
-        result = MethodResult(options.method, {t: amax[t] for t in plan.activation_tensors()}, sorted(float_nodes), accuracy,
-                              _flops_fraction(flops, _planned_int8(plan, float_nodes)), sensitivity, errors)
+        float_nodes, accuracy, sensitivity, errors = fallback_search(
+            working, plan, amax, flops, eval_batches, eval_refs, sens_batches, sens_refs, options, progress
+        )
+        result = MethodResult(
+            options.method,
+            {t: amax[t] for t in plan.activation_tensors()},
+            sorted(float_nodes),
+            accuracy,
+            _flops_fraction(flops, _planned_int8(plan, float_nodes)),
+            sensitivity,
+            errors,
+        )
         comparison = []
     else:
         tensors = plan.activation_tensors()
@@ -480,10 +606,20 @@ def _calibrate(onnx_path: Path, int8_path: Path, cache_path: Path, options: Cali
         comparison = []
         for method in methods:
             amax = {t: compute_amax(stats.histograms[t], method, options.percentile) for t in tensors}
-            float_nodes, accuracy, sensitivity, errors = fallback_search(working, plan, amax, flops, eval_batches, eval_refs,
-                                                                         sens_batches, sens_refs, options, progress)
-            comparison.append(MethodResult(method, amax, sorted(float_nodes), accuracy,
-                                           _flops_fraction(flops, _planned_int8(plan, float_nodes)), sensitivity, errors))
+            float_nodes, accuracy, sensitivity, errors = fallback_search(
+                working, plan, amax, flops, eval_batches, eval_refs, sens_batches, sens_refs, options, progress
+            )
+            comparison.append(
+                MethodResult(
+                    method,
+                    amax,
+                    sorted(float_nodes),
+                    accuracy,
+                    _flops_fraction(flops, _planned_int8(plan, float_nodes)),
+                    sensitivity,
+                    errors,
+                )
+            )
         result = next(r for r in comparison if r.method == options.method)
 
     qdq = insert_qdq(working, plan, result.amax, set(result.float_nodes))
@@ -499,48 +635,88 @@ def _calibrate(onnx_path: Path, int8_path: Path, cache_path: Path, options: Cali
     with interrupts.deferred():
         if reused_sidecar is None:
             cache_sha = write_cache(cache_path, result.amax, result.method)
-            cache_sidecar = {**fingerprint, "kind": "calibration_cache", "cache_sha256": cache_sha, "tensors": result.amax,
-                             "smooth_scales": {k: v.tolist() for k, v in smooth_scales.items()},
-                             "float_nodes": result.float_nodes, "sensitivity": result.sensitivity,
-                             "layer_errors": result.layer_errors, "excluded": plan.excluded,
-                             "samples": len(samples), "data": str(options.data), "source_onnx": str(onnx_path)}
+            cache_sidecar = {
+                **fingerprint,
+                "kind": "calibration_cache",
+                "cache_sha256": cache_sha,
+                "tensors": result.amax,
+                "smooth_scales": {k: v.tolist() for k, v in smooth_scales.items()},
+                "float_nodes": result.float_nodes,
+                "sensitivity": result.sensitivity,
+                "layer_errors": result.layer_errors,
+                "excluded": plan.excluded,
+                "samples": len(samples),
+                "data": str(options.data),
+                "source_onnx": str(onnx_path),
+            }
             write_sidecar(cache_path, cache_sidecar)
         else:
             cache_sha = reused_sidecar["cache_sha256"]
         save_onnx(qdq, int8_path)
         sidecar = {
-            "kind": "onnx", "step": "calibrate", "trtforge_version": __version__,
-            "parent": os.path.abspath(onnx_path), "reference_onnx": os.path.abspath(onnx_path), "parent_graph_hash": graph_hash,
-            "graph_hash": onnx_graph_hash(qdq), "sha256": content_sha256(int8_path),
+            "kind": "onnx",
+            "step": "calibrate",
+            "trtforge_version": __version__,
+            "parent": os.path.abspath(onnx_path),
+            "reference_onnx": os.path.abspath(onnx_path),
+            "parent_graph_hash": graph_hash,
+            "graph_hash": onnx_graph_hash(qdq),
+            "sha256": content_sha256(int8_path),
             "reuse_key": int8_reuse_key(cache_sha, graph_hash, held_out_manifest, options, parent),
             "inputs": [s.model_dump() for s in specs],
-            "axes": {k: v.model_dump() for k, v in axes.items()}, "outputs": (parent or {}).get("outputs"),
-            "source": (parent or {}).get("source"), "config_name": (parent or {}).get("config_name"),
-            "cache": str(cache_path), "cache_sha256": cache_sha, "cache_reused": reused_sidecar is not None,
-            "cache_reason": reason, "method": result.method, "smooth": options.smooth if smooth_scales else None,
-            "quantized_nodes": len(plan.targets) - len(result.float_nodes), "float_nodes": result.float_nodes,
-            "excluded": plan.excluded, "quantize_attention": options.quantize_attention,
-            "int8_gemm_flops_fraction": result.int8_flops_fraction, "float_gemm_flops": float_shares, "accuracy": accuracy_json,
-            "gate": {"min_cosine": options.min_cosine, "min_int8_flops": options.min_int8_flops,
-                     "min_top1_agreement": options.min_top1_agreement, "min_pixel_agreement": options.min_pixel_agreement},
+            "axes": {k: v.model_dump() for k, v in axes.items()},
+            "outputs": (parent or {}).get("outputs"),
+            "source": (parent or {}).get("source"),
+            "config_name": (parent or {}).get("config_name"),
+            "cache": str(cache_path),
+            "cache_sha256": cache_sha,
+            "cache_reused": reused_sidecar is not None,
+            "cache_reason": reason,
+            "method": result.method,
+            "smooth": options.smooth if smooth_scales else None,
+            "quantized_nodes": len(plan.targets) - len(result.float_nodes),
+            "float_nodes": result.float_nodes,
+            "excluded": plan.excluded,
+            "quantize_attention": options.quantize_attention,
+            "int8_gemm_flops_fraction": result.int8_flops_fraction,
+            "float_gemm_flops": float_shares,
+            "accuracy": accuracy_json,
+            "gate": {
+                "min_cosine": options.min_cosine,
+                "min_int8_flops": options.min_int8_flops,
+                "min_top1_agreement": options.min_top1_agreement,
+                "min_pixel_agreement": options.min_pixel_agreement,
+            },
             # What the gate was measured on, so that `build` can re-check it on the engine.
-            "held_out": {"data": str(options.eval_data or options.data), "max_samples": options.max_eval_samples,
-                         "calibration_data": str(options.data)},
+            "held_out": {
+                "data": str(options.eval_data or options.data),
+                "max_samples": options.max_eval_samples,
+                "calibration_data": str(options.data),
+            },
             "flops_at": opt_sizes,
             "seconds": round(time.perf_counter() - start, 3),
-            "comparison": [{"method": r.method, "mean_cosine": r.accuracy.mean_cosine if r.accuracy else None,
-                            "min_cosine": r.accuracy.min_cosine if r.accuracy else None,
-                            "int8_gemm_flops_fraction": r.int8_flops_fraction, "float_nodes": len(r.float_nodes)} for r in comparison],
+            "comparison": [
+                {
+                    "method": r.method,
+                    "mean_cosine": r.accuracy.mean_cosine if r.accuracy else None,
+                    "min_cosine": r.accuracy.min_cosine if r.accuracy else None,
+                    "int8_gemm_flops_fraction": r.int8_flops_fraction,
+                    "float_nodes": len(r.float_nodes),
+                }
+                for r in comparison
+            ],
         }
         write_sidecar(int8_path, sidecar)
     sidecar["engine_check"] = _engine_check(int8_path, sidecar, options, engine_hooks, eval_batches, progress)
     write_sidecar(int8_path, sidecar)
-    return CalibrateResult(int8_path, cache_path, reused_sidecar is not None, reason, result, sidecar, comparison,
-                           time.perf_counter() - start)
+    return CalibrateResult(
+        int8_path, cache_path, reused_sidecar is not None, reason, result, sidecar, comparison, time.perf_counter() - start
+    )
 
 
-def _engine_check(int8_path: Path, sidecar: dict[str, Any], options: CalibrateOptions, hooks: Any,
-                  eval_batches: list, progress: Callable[[str], None]) -> dict[str, Any]:
+def _engine_check(
+    int8_path: Path, sidecar: dict[str, Any], options: CalibrateOptions, hooks: Any, eval_batches: list, progress: Callable[[str], None]
+) -> dict[str, Any]:
     from trtforge.calibrate import engine_check
 
     if not options.engine_check:
@@ -564,8 +740,10 @@ def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
     needed = _needed_tensors(plan, float_nodes)
     made_under = (sidecar.get("params") or {}).get("placement", 1)
     if made_under != PLACEMENT_VERSION and any(t not in amax for t in needed):
-        raise UserError(f"calibration cache {cache_path} was made under Q/DQ placement {made_under}, this trtforge places "
-                        f"by {PLACEMENT_VERSION} and needs scales it lacks; recalibrate with `trtforge calibrate`.")
+        raise UserError(
+            f"calibration cache {cache_path} was made under Q/DQ placement {made_under}, this trtforge places "
+            f"by {PLACEMENT_VERSION} and needs scales it lacks; recalibrate with `trtforge calibrate`."
+        )
     _coverage(amax, needed, cache_path)
     return insert_qdq(working, plan, amax, float_nodes)
 
@@ -578,8 +756,10 @@ def _output_kinds(reference: OrtRunner, onnx_path: Path, specs: list[InputSpec],
     return {name: k.kind for name, k in output_kinds(reference, onnx_path, specs, axes, model_layout(specs), strict=False).items()}
 
 
-TASK_GATES = (("min_top1_agreement", "top1_agreement", "logits", "top-1 agreement"),
-              ("min_pixel_agreement", "pixel_agreement", "dense", "per-pixel argmax agreement"))
+TASK_GATES = (
+    ("min_top1_agreement", "top1_agreement", "logits", "top-1 agreement"),
+    ("min_pixel_agreement", "pixel_agreement", "dense", "per-pixel argmax agreement"),
+)
 
 
 def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[str]:
@@ -587,11 +767,12 @@ def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[st
     agreement) that no output can be judged by fails too, naming the outputs and their kinds."""
     acc = sidecar.get("accuracy") or {}
     where = options.eval_data or options.data
-    failures = [f"{f} on {where}" for f in screen(acc.get("per_output") or {}, f"calibrate's held-out check on {where}",
-                                                       "the INT8 model")]
+    failures = [f"{f} on {where}" for f in screen(acc.get("per_output") or {}, f"calibrate's held-out check on {where}", "the INT8 model")]
     if acc and not acc["mean_cosine"] >= options.min_cosine:
-        failures.append(f"INT8 mean cosine {acc['mean_cosine']:.4f} is below the gate {options.min_cosine} on {where}; "
-                        "try --smooth, another --method, or a lower --min-int8-flops to allow more float layers")
+        failures.append(
+            f"INT8 mean cosine {acc['mean_cosine']:.4f} is below the gate {options.min_cosine} on {where}; "
+            "try --smooth, another --method, or a lower --min-int8-flops to allow more float layers"
+        )
     for key, metric, kind, label in TASK_GATES:
         threshold = getattr(options, key)
         if threshold is None:
@@ -599,8 +780,10 @@ def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[st
         values = {n: m[metric] for n, m in (acc.get("per_output") or {}).items() if metric in m}
         if not values:
             kinds = ", ".join(f"{n} ({k or 'kind unknown'})" for n, k in (acc.get("output_kinds") or {}).items())
-            failures.append(f"{key} {threshold:g} could not be evaluated: no {kind} output has {label} (outputs: {kinds}); "
-                            f"declare the output's kind in the config's `outputs`")
+            failures.append(
+                f"{key} {threshold:g} could not be evaluated: no {kind} output has {label} (outputs: {kinds}); "
+                f"declare the output's kind in the config's `outputs`"
+            )
             continue
         value = worst_of(list(values.values()), "min")
         name = next(n for n, v in values.items() if v == value or value != value and v != v)
@@ -610,21 +793,36 @@ def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[st
     if check.get("status") == "failed":
         failures += check["failures"]
     if sidecar["int8_gemm_flops_fraction"] < options.min_int8_flops:
-        rest = "; ".join(f"{FLOAT_FLOPS_REASONS.get(why, why)} {share:.1%}" for why, share in
-                         (sidecar.get("float_gemm_flops") or {}).items() if share >= 0.001)
-        failures.append(f"only {sidecar['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor "
-                        f"{options.min_int8_flops:.0%} (min_int8_flops)" + (f"; float: {rest}" if rest else "")
-                        + "; lower --min-int8-flops (calibrate.min_int8_flops) where this model's float share is expected")
+        rest = "; ".join(
+            f"{FLOAT_FLOPS_REASONS.get(why, why)} {share:.1%}"
+            for why, share in (sidecar.get("float_gemm_flops") or {}).items()
+            if share >= 0.001
+        )
+        failures.append(
+            f"only {sidecar['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor "
+            f"{options.min_int8_flops:.0%} (min_int8_flops)"
+            + (f"; float: {rest}" if rest else "")
+            + "; lower --min-int8-flops (calibrate.min_int8_flops) where this model's float share is expected"
+        )
     return failures
 
 
 def options_from_section(section: Any, **overrides: Any) -> CalibrateOptions:
     """CalibrateOptions from a config's `calibrate` section; keyword overrides win when not None."""
-    values = dict(data=Path(section.data) if section.data else None, method=section.method, percentile=section.percentile,
-                  num_bins=section.num_bins, batch_size=section.batch_size, max_samples=section.max_samples,
-                  smooth=section.smooth, eval_data=Path(section.eval_data) if section.eval_data else None,
-                  min_cosine=section.min_cosine, min_int8_flops=section.min_int8_flops,
-                  min_top1_agreement=section.min_top1_agreement, min_pixel_agreement=section.min_pixel_agreement)
+    values = dict(
+        data=Path(section.data) if section.data else None,
+        method=section.method,
+        percentile=section.percentile,
+        num_bins=section.num_bins,
+        batch_size=section.batch_size,
+        max_samples=section.max_samples,
+        smooth=section.smooth,
+        eval_data=Path(section.eval_data) if section.eval_data else None,
+        min_cosine=section.min_cosine,
+        min_int8_flops=section.min_int8_flops,
+        min_top1_agreement=section.min_top1_agreement,
+        min_pixel_agreement=section.min_pixel_agreement,
+    )
     values.update({k: v for k, v in overrides.items() if v is not None})
     if values["data"] is None:
         raise UserError("no calibration data given; pass --data FOLDER or set calibrate.data in the config.")

@@ -72,8 +72,13 @@ class FusionReport:
     mask_inputs: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"route": self.route, "replaced": self.replaced, "refused": self.refused,
-                "padding_allowed": self.padding_allowed, "mask_inputs": self.mask_inputs}
+        return {
+            "route": self.route,
+            "replaced": self.replaced,
+            "refused": self.refused,
+            "padding_allowed": self.padding_allowed,
+            "mask_inputs": self.mask_inputs,
+        }
 
 
 class _Graph:
@@ -174,8 +179,12 @@ def _quantized_weight(g: _Graph, name: str, out_axis: int) -> tuple[np.ndarray, 
     q = g.const(dq.input[0])
     if q is None:
         quant = g.producer.get(dq.input[0])
-        if (quant is None or quant.op_type != "QuantizeLinear" or list(quant.input[1:3]) != list(dq.input[1:3])
-                or _attr(quant, "axis", 1) != _attr(dq, "axis", 1)):
+        if (
+            quant is None
+            or quant.op_type != "QuantizeLinear"
+            or list(quant.input[1:3]) != list(dq.input[1:3])
+            or _attr(quant, "axis", 1) != _attr(dq, "axis", 1)
+        ):
             return None
         w = g.const(quant.input[0])
         if w is None:
@@ -216,8 +225,13 @@ def _column_slice(g: _Graph, node: onnx.NodeProto, t: str) -> Callable[[int], tu
     if node.op_type == "Slice" and len(node.input) >= 4:
         starts, ends, axes = (g.const(i) for i in node.input[1:4])
         steps = g.const(node.input[4]) if len(node.input) > 4 and node.input[4] else np.ones(1, np.int64)
-        if any(v is None or v.size != 1 for v in (starts, ends, axes, steps)) or int(axes.reshape(-1)[0]) not in (-1, 2) \
-                or int(steps.reshape(-1)[0]) != 1 or int(starts.reshape(-1)[0]) < 0 or int(ends.reshape(-1)[0]) < 0:
+        if (
+            any(v is None or v.size != 1 for v in (starts, ends, axes, steps))
+            or int(axes.reshape(-1)[0]) not in (-1, 2)
+            or int(steps.reshape(-1)[0]) != 1
+            or int(starts.reshape(-1)[0]) < 0
+            or int(ends.reshape(-1)[0]) < 0
+        ):
             return None
         return lambda width: (int(starts.reshape(-1)[0]), int(ends.reshape(-1)[0]))
     return None
@@ -368,12 +382,15 @@ def find_candidates(model: onnx.ModelProto) -> list[Candidate]:
         cand.scores = scores.output[0]
         pv = _pv_matmul(g, node.output[0])
         quantized = any(_is_dequantized_activation(g, t) for t in scores.input[:2]) or (
-            pv is None and any(u.op_type == "QuantizeLinear" for u in g.data_consumers(node.output[0])))
+            pv is None and any(u.op_type == "QuantizeLinear" for u in g.data_consumers(node.output[0]))
+        )
         cand.attention = pv is not None or quantized
         cand.quantized = quantized
         if quantized:
-            cand.reason = ("the attention's batched MatMuls are quantized (calibrate --quantize-attention): the plugin "
-                           "runs them fp16 and would drop their Q/DQ; calibrate without it to fuse")
+            cand.reason = (
+                "the attention's batched MatMuls are quantized (calibrate --quantize-attention): the plugin "
+                "runs them fp16 and would drop their Q/DQ; calibrate without it to fuse"
+            )
             continue
         if pv is None:
             cand.reason = "the softmax output does not feed MatMul(probs, V)"
@@ -394,9 +411,11 @@ def observe(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[st
     return OrtRunner(expose_tensors(model, names, typed=False).SerializeToString()).run(feeds, names)
 
 
-def reference_attention(x: np.ndarray, q: Projection, k: Projection, v: Projection, heads: int, scale: float,
-                        causal: bool = False) -> np.ndarray:
+def reference_attention(
+    x: np.ndarray, q: Projection, k: Projection, v: Projection, heads: int, scale: float, causal: bool = False
+) -> np.ndarray:
     """softmax(Q Kᵀ scale) V with Q, K, V = X W + b split into heads: [B, S, E_in] -> [B, S, E], fp64 math."""
+
     def split(p: Projection) -> np.ndarray:
         y = x.astype(np.float64) @ p.weight.astype(np.float64) + (0 if p.bias is None else p.bias.astype(np.float64))
         y = y * p.scale
@@ -457,16 +476,19 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
             c.reason = f"the softmax runs on a reshaped view of the scores ({list(probs.shape)}, scores {list(scores.shape)})"
             continue
         s = probs.shape[-1]
-        c.causal = bool(s > 1 and probs.shape[-2] == s
-                        and not np.any(np.abs(probs[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]]) > 0))
+        c.causal = bool(
+            s > 1 and probs.shape[-2] == s and not np.any(np.abs(probs[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]]) > 0)
+        )
         if c.causal and not c.masked:  # zeros without a mask term are underflow, not a mask the plugin may apply
             c.reason = "probabilities above the diagonal are zero but no mask term precedes the softmax"
             continue
         # Decided on the terms themselves, not on the recomputed context: a small bias stays within the tolerance
         # below and the plugin would drop it.
         if any(_varies_across_keys(values[t], c.causal) for t in c.terms):
-            c.reason = ("a term that varies across the keys is added to the scores on unpadded inputs, so it is no padding "
-                        "mask (a relative-position bias or a window mask, as in T5 and Swin): the plugin adds none")
+            c.reason = (
+                "a term that varies across the keys is added to the scores on unpadded inputs, so it is no padding "
+                "mask (a relative-position bias or a window mask, as in T5 and Swin): the plugin adds none"
+            )
             continue
         if None in (c.q, c.k, c.v):
             c.reason = "Q, K or V is not a projection X·W (+ b) by constant weights"
@@ -494,8 +516,11 @@ def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.n
         c.seq = int(x.shape[1])
         tokens = x.shape[0] * x.shape[1]
         # [B, S, E], or [B*S, E] where the exporter merged the tokens for the output projection's Gemm (GPT-2 dynamo)
-        ctx = [t for t in c.ctx.split(",") if values[t].shape[-1] == e
-               and (values[t].ndim == 3 or (values[t].ndim == 2 and values[t].shape[0] == tokens))]
+        ctx = [
+            t
+            for t in c.ctx.split(",")
+            if values[t].shape[-1] == e and (values[t].ndim == 3 or (values[t].ndim == 2 and values[t].shape[0] == tokens))
+        ]
         if not ctx:
             c.reason = "no [batch, seq, hidden] context tensor below probs @ V"
             continue
@@ -551,9 +576,14 @@ def activation_qdq(g: _Graph, x: str) -> tuple[str, str, str] | None:
     return q.input[0], dq.input[1], dq.input[2]
 
 
-def _plugin_nodes(c: Candidate, route: Route, prefix: str, qkv_projection: str = "conv",
-                  x_qdq: tuple[str, str, str] | None = None,
-                  seq_tensor: str | None = None) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+def _plugin_nodes(
+    c: Candidate,
+    route: Route,
+    prefix: str,
+    qkv_projection: str = "conv",
+    x_qdq: tuple[str, str, str] | None = None,
+    seq_tensor: str | None = None,
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """X -> packed QKV projection -> plugin -> [B, S, E] named c.ctx. The plugin is route.plugin: PLUGIN v2
     (var_seqlen: cu_seqlens = S·[0..B], every row full; it scales by 1/sqrt(padded head), so the model's own scale
     s is restored by folding s·sqrt(padded) into Q), or FLASH_PLUGIN (the packed QKV and a [S] tensor for the
@@ -577,56 +607,84 @@ def _plugin_nodes(c: Candidate, route: Route, prefix: str, qkv_projection: str =
     e_in, e = w.shape[0], c.heads * c.head_size
     conv = qkv_projection == "conv"
     n = lambda s: f"{prefix}/{s}"  # noqa: E731
-    inits = [numpy_helper.from_array(w.T.reshape(3 * e, e_in, 1, 1).copy() if conv else w, n("qkv_weight")),
-             numpy_helper.from_array(np.array([e], np.int64), n("hidden")),
-             numpy_helper.from_array(np.array([0, 1], np.int64), n("bs_index")),
-             numpy_helper.from_array(np.array(0, np.int64), n("zero")),
-             numpy_helper.from_array(np.array(1, np.int64), n("one"))]
+    inits = [
+        numpy_helper.from_array(w.T.reshape(3 * e, e_in, 1, 1).copy() if conv else w, n("qkv_weight")),
+        numpy_helper.from_array(np.array([e], np.int64), n("hidden")),
+        numpy_helper.from_array(np.array([0, 1], np.int64), n("bs_index")),
+        numpy_helper.from_array(np.array(0, np.int64), n("zero")),
+        numpy_helper.from_array(np.array(1, np.int64), n("one")),
+    ]
     x = c.q.x
     weight, nodes = n("qkv_weight"), []
     gemm_dtype = w.dtype
     if c.q.wscale is not None:  # INT8 projections: one INT8 GEMM, the packed weight behind its own Q/DQ
         scales = pack_qkv_scales(c.q, c.k, c.v, c.heads, q_factor)
         gemm_dtype = scales.dtype  # DequantizeLinear writes its scales' type
-        inits += [numpy_helper.from_array(scales, n("qkv_wscale")),
-                  numpy_helper.from_array(np.zeros(scales.shape, np.int8), n("qkv_wzero_point"))]
+        inits += [
+            numpy_helper.from_array(scales, n("qkv_wscale")),
+            numpy_helper.from_array(np.zeros(scales.shape, np.int8), n("qkv_wzero_point")),
+        ]
         weight = n("qkv_wdq")
         axis = 0 if conv else 1  # the output channels: Conv weight [3E, E_in, 1, 1], MatMul weight [E_in, 3E]
-        nodes += [helper.make_node("QuantizeLinear", [n("qkv_weight"), n("qkv_wscale"), n("qkv_wzero_point")], [n("qkv_wq")],
-                                   name=n("qkv_wQuantizeLinear"), axis=axis),
-                  helper.make_node("DequantizeLinear", [n("qkv_wq"), n("qkv_wscale"), n("qkv_wzero_point")], [weight],
-                                   name=n("qkv_wDequantizeLinear"), axis=axis)]
+        nodes += [
+            helper.make_node(
+                "QuantizeLinear",
+                [n("qkv_weight"), n("qkv_wscale"), n("qkv_wzero_point")],
+                [n("qkv_wq")],
+                name=n("qkv_wQuantizeLinear"),
+                axis=axis,
+            ),
+            helper.make_node(
+                "DequantizeLinear",
+                [n("qkv_wq"), n("qkv_wscale"), n("qkv_wzero_point")],
+                [weight],
+                name=n("qkv_wDequantizeLinear"),
+                axis=axis,
+            ),
+        ]
     if conv:
         # Conv's bias has the GEMM's type; a Cast after it (an fp32 INT8 or kept GEMM in an fp16 graph) gives the plugin's.
-        inits += [numpy_helper.from_array(b.astype(gemm_dtype), n("qkv_bias")),
-                  numpy_helper.from_array(np.array([-1, e_in, 1, 1], np.int64), n("x_tokens_shape"))]
+        inits += [
+            numpy_helper.from_array(b.astype(gemm_dtype), n("qkv_bias")),
+            numpy_helper.from_array(np.array([-1, e_in, 1, 1], np.int64), n("x_tokens_shape")),
+        ]
         if c.q.wscale is not None and x_qdq is not None:
             source, x_scale, x_zero = x_qdq
-            nodes += [helper.make_node("Reshape", [source, n("x_tokens_shape")], [n("x_tokens_float")], name=n("x_to_tokens")),
-                      helper.make_node("QuantizeLinear", [n("x_tokens_float"), x_scale, x_zero], [n("x_tokens_q")],
-                                       name=n("x_tokens_QuantizeLinear")),
-                      helper.make_node("DequantizeLinear", [n("x_tokens_q"), x_scale, x_zero], [n("x_tokens")],
-                                       name=n("x_tokens_DequantizeLinear"))]
+            nodes += [
+                helper.make_node("Reshape", [source, n("x_tokens_shape")], [n("x_tokens_float")], name=n("x_to_tokens")),
+                helper.make_node(
+                    "QuantizeLinear", [n("x_tokens_float"), x_scale, x_zero], [n("x_tokens_q")], name=n("x_tokens_QuantizeLinear")
+                ),
+                helper.make_node(
+                    "DequantizeLinear", [n("x_tokens_q"), x_scale, x_zero], [n("x_tokens")], name=n("x_tokens_DequantizeLinear")
+                ),
+            ]
         else:
             nodes.append(helper.make_node("Reshape", [x, n("x_tokens_shape")], [n("x_tokens")], name=n("x_to_tokens")))
-        nodes += [helper.make_node("Conv", [n("x_tokens"), weight, n("qkv_bias")], [n("qkv_conv")], name=n("qkv_conv"),
-                                   kernel_shape=[1, 1])]
+        nodes += [
+            helper.make_node("Conv", [n("x_tokens"), weight, n("qkv_bias")], [n("qkv_conv")], name=n("qkv_conv"), kernel_shape=[1, 1])
+        ]
         qkv_tokens = n("qkv_conv")
         if gemm_dtype != b.dtype:
-            nodes.append(helper.make_node("Cast", [qkv_tokens], [n("qkv_tokens")], name=n("qkv_conv_cast"),
-                                          to=helper.np_dtype_to_tensor_dtype(b.dtype)))
+            nodes.append(
+                helper.make_node(
+                    "Cast", [qkv_tokens], [n("qkv_tokens")], name=n("qkv_conv_cast"), to=helper.np_dtype_to_tensor_dtype(b.dtype)
+                )
+            )
             qkv_tokens = n("qkv_tokens")
     else:
-        inits += [numpy_helper.from_array(b, n("qkv_bias")),
-                  numpy_helper.from_array(np.array([-1, 3 * e, 1, 1], np.int64), n("qkv_shape"))]
+        inits += [numpy_helper.from_array(b, n("qkv_bias")), numpy_helper.from_array(np.array([-1, 3 * e, 1, 1], np.int64), n("qkv_shape"))]
         mm = n("qkv_mm")
         nodes.append(helper.make_node("MatMul", [x, weight], [mm], name=n("qkv_matmul")))
         if gemm_dtype != b.dtype:  # e.g. an fp32 (INT8 or kept) GEMM in an fp16 graph
-            nodes.append(helper.make_node("Cast", [mm], [n("qkv_mm_cast")], name=n("qkv_mm_cast"),
-                                          to=helper.np_dtype_to_tensor_dtype(b.dtype)))
+            nodes.append(
+                helper.make_node("Cast", [mm], [n("qkv_mm_cast")], name=n("qkv_mm_cast"), to=helper.np_dtype_to_tensor_dtype(b.dtype))
+            )
             mm = n("qkv_mm_cast")
-        nodes += [helper.make_node("Add", [mm, n("qkv_bias")], [n("qkv")], name=n("qkv_bias_add")),
-                  helper.make_node("Reshape", [n("qkv"), n("qkv_shape")], [n("qkv_tokens")], name=n("qkv_to_tokens"))]
+        nodes += [
+            helper.make_node("Add", [mm, n("qkv_bias")], [n("qkv")], name=n("qkv_bias_add")),
+            helper.make_node("Reshape", [n("qkv"), n("qkv_shape")], [n("qkv_tokens")], name=n("qkv_to_tokens")),
+        ]
         qkv_tokens = n("qkv_tokens")
     nodes += [
         helper.make_node("Shape", [x], [n("x_shape")], name=n("x_shape")),
@@ -639,9 +697,21 @@ def _plugin_nodes(c: Candidate, route: Route, prefix: str, qkv_projection: str =
             helper.make_node("Cast", [n("seq64")], [n("max_seqlen")], name=n("max_seqlen"), to=onnx.TensorProto.INT32),
         ]
     if flash:
-        nodes.append(helper.make_node(FLASH_PLUGIN, [qkv_tokens, seq_tensor or n("max_seqlen")], [n("ctx_tokens")], name=n("qkv_to_context"),
-                                      domain=PLUGIN_DOMAIN, plugin_version=FLASH_VERSION, plugin_namespace="",
-                                      hidden_size=e, num_heads=c.heads, scale=float(c.scale), causal=int(c.causal)))
+        nodes.append(
+            helper.make_node(
+                FLASH_PLUGIN,
+                [qkv_tokens, seq_tensor or n("max_seqlen")],
+                [n("ctx_tokens")],
+                name=n("qkv_to_context"),
+                domain=PLUGIN_DOMAIN,
+                plugin_version=FLASH_VERSION,
+                plugin_namespace="",
+                hidden_size=e,
+                num_heads=c.heads,
+                scale=float(c.scale),
+                causal=int(c.causal),
+            )
+        )
     else:
         nodes += [
             helper.make_node("Gather", [n("x_shape"), n("zero")], [n("b")], name=n("batch"), axis=0),
@@ -649,9 +719,21 @@ def _plugin_nodes(c: Candidate, route: Route, prefix: str, qkv_projection: str =
             helper.make_node("Add", [n("tokens"), n("one")], [n("limit")], name=n("limit")),
             helper.make_node("Range", [n("zero"), n("limit"), n("s")], [n("cu64")], name=n("cu_seqlens64")),
             helper.make_node("Cast", [n("cu64")], [n("cu_seqlens")], name=n("cu_seqlens"), to=onnx.TensorProto.INT32),
-            helper.make_node(PLUGIN, [qkv_tokens, n("max_seqlen"), n("cu_seqlens"), n("max_seqlen")], [n("ctx_tokens")],
-                             name=n("qkv_to_context"), domain=PLUGIN_DOMAIN, plugin_version=PLUGIN_VERSION, plugin_namespace="",
-                             type_id=1, hidden_size=e, num_heads=c.heads, has_mask=1, var_seqlen=1)]
+            helper.make_node(
+                PLUGIN,
+                [qkv_tokens, n("max_seqlen"), n("cu_seqlens"), n("max_seqlen")],
+                [n("ctx_tokens")],
+                name=n("qkv_to_context"),
+                domain=PLUGIN_DOMAIN,
+                plugin_version=PLUGIN_VERSION,
+                plugin_namespace="",
+                type_id=1,
+                hidden_size=e,
+                num_heads=c.heads,
+                has_mask=1,
+                var_seqlen=1,
+            ),
+        ]
     if c.ctx_rank == 2:  # the graph merged the tokens itself: [B*S, E]
         inits.append(numpy_helper.from_array(np.array([-1, e], np.int64), n("ctx_shape")))
     else:
@@ -663,6 +745,7 @@ def _plugin_nodes(c: Candidate, route: Route, prefix: str, qkv_projection: str =
 @dataclass
 class PassReport:
     """What an elementwise plugin pass (GELU, skip-LayerNorm) replaced and refused, as its sidecar record holds it."""
+
     replaced: list[dict[str, Any]]
     refused: list[dict[str, Any]]
 
@@ -680,15 +763,18 @@ def drop_producers(model: onnx.ModelProto, tensors: set[str]) -> onnx.ModelProto
     return out
 
 
-def plugin_with_cast(op: str, version: str, inputs: list[str], y: str, plugin_dtype: Any, y_dtype: Any, name: str,
-                     prefix: str, **attrs: Any) -> list[onnx.NodeProto]:
+def plugin_with_cast(
+    op: str, version: str, inputs: list[str], y: str, plugin_dtype: Any, y_dtype: Any, name: str, prefix: str, **attrs: Any
+) -> list[onnx.NodeProto]:
     """The plugin node that writes `y`, through a Cast to y's type where the plugin runs in another one."""
     plugin_out = y if np.dtype(y_dtype) == np.dtype(plugin_dtype) else f"{prefix}/out"
-    nodes = [helper.make_node(op, inputs, [plugin_out], name=name, domain=PLUGIN_DOMAIN, plugin_version=version,
-                              plugin_namespace="", **attrs)]
+    nodes = [
+        helper.make_node(op, inputs, [plugin_out], name=name, domain=PLUGIN_DOMAIN, plugin_version=version, plugin_namespace="", **attrs)
+    ]
     if plugin_out != y:
-        nodes.append(helper.make_node("Cast", [plugin_out], [y], name=f"{prefix}/cast",
-                                      to=helper.np_dtype_to_tensor_dtype(np.dtype(y_dtype))))
+        nodes.append(
+            helper.make_node("Cast", [plugin_out], [y], name=f"{prefix}/cast", to=helper.np_dtype_to_tensor_dtype(np.dtype(y_dtype)))
+        )
     return nodes
 
 
@@ -730,9 +816,15 @@ def mask_inputs(model: onnx.ModelProto) -> list[str]:
     return [i.name for i in model.graph.input if "mask" in i.name.lower()]
 
 
-def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_for: Callable[[Candidate], Route],
-                   route_name: str, apply: bool = True, qkv_projection: str = "conv",
-                   candidates: list[Candidate] | None = None) -> tuple[onnx.ModelProto, FusionReport]:
+def fuse_attention(
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    route_for: Callable[[Candidate], Route],
+    route_name: str,
+    apply: bool = True,
+    qkv_projection: str = "conv",
+    candidates: list[Candidate] | None = None,
+) -> tuple[onnx.ModelProto, FusionReport]:
     """Match, verify, and (apply) replace every attention whose route is the plugin; report each one's fate.
     qkv_projection: how the packed QKV projection is written (QKV_PROJECTIONS; see _plugin_nodes); candidates: the
     model's find_candidates where the caller has them already (they are verified and given reasons here)."""
@@ -775,12 +867,20 @@ def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_f
         out.graph.node.extend(nodes)
         out.graph.initializer.extend(inits)
         version = FLASH_VERSION if route.plugin == FLASH_PLUGIN else PLUGIN_VERSION
-        report.replaced.append({"softmax": c.softmax, "plugin": f"{route.plugin} v{version}", "heads": c.heads,
-                                "head_size": c.head_size, "scale": c.scale * c.q.scale * c.k.scale, "masked": c.masked,
-                                "causal": c.causal,
-                                "node": f"fused_attention_{i}/qkv_to_context",
-                                "seq_input": (shared or f"fused_attention_{i}/max_seqlen") if route.plugin == FLASH_PLUGIN else None,
-                                "qkv_projection": qkv_projection})
+        report.replaced.append(
+            {
+                "softmax": c.softmax,
+                "plugin": f"{route.plugin} v{version}",
+                "heads": c.heads,
+                "head_size": c.head_size,
+                "scale": c.scale * c.q.scale * c.k.scale,
+                "masked": c.masked,
+                "causal": c.causal,
+                "node": f"fused_attention_{i}/qkv_to_context",
+                "seq_input": (shared or f"fused_attention_{i}/max_seqlen") if route.plugin == FLASH_PLUGIN else None,
+                "qkv_projection": qkv_projection,
+            }
+        )
     out = finish_plugin_graph(out)
     if any(c.masked for c in accepted):  # verified unmasked on unpadded rows: only a mask input can pad
         report.mask_inputs = mask_inputs(model)
@@ -789,8 +889,24 @@ def fuse_attention(model: onnx.ModelProto, feeds: dict[str, np.ndarray], route_f
 
 
 # Ops whose output keeps every axis but the last of its data inputs (with constants of at most one axis beside them).
-_KEEPS_LEADING = {"Cast", "Identity", "Erf", "Tanh", "Relu", "Sigmoid", "Sqrt", "Neg", "Gelu", "Add", "Sub", "Mul", "Div",
-                  "Pow", "LayerNormalization", "MatMul"}
+_KEEPS_LEADING = {
+    "Cast",
+    "Identity",
+    "Erf",
+    "Tanh",
+    "Relu",
+    "Sigmoid",
+    "Sqrt",
+    "Neg",
+    "Gelu",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "LayerNormalization",
+    "MatMul",
+}
 
 
 def _keeping_step(g: _Graph, node: onnx.NodeProto) -> list[str] | None:
@@ -850,5 +966,7 @@ def refuse_padding(sidecar: dict[str, Any] | None, name: str, arrays: dict[str, 
     for mask in fusion.get("mask_inputs") or []:
         value = arrays.get(mask)
         if value is not None and not np.all(value != 0):
-            raise UserError(f"input '{name}' has zeros in '{mask}' (padding), but {engine} was built with unmasked fused "
-                            "attention; give unpadded inputs or rebuild with --fuse-attention off.")
+            raise UserError(
+                f"input '{name}' has zeros in '{mask}' (padding), but {engine} was built with unmasked fused "
+                "attention; give unpadded inputs or rebuild with --fuse-attention off."
+            )

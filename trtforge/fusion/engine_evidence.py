@@ -11,6 +11,7 @@ shows as:
 - on TensorRT 8.6, the plugin layers the pass wrote, which the ONNX parser names after their nodes.
 Other layer names carry the model's own node names, so they are never read as kernels. TensorRT lists one layer per
 attention per optimization profile, so each profile is compared with the graph's attentions."""
+
 from __future__ import annotations
 
 import re
@@ -41,8 +42,7 @@ def _layer_profile(name: str, base: str, profiles: int, graph_profile: dict[str,
     return 0 if plugin_layer else None  # a plugin layer without the suffix is the first profile's
 
 
-def fused_attention_layers(layers: Iterable[dict[str, Any]], plugin_nodes: Iterable[str] = (),
-                           profiles: int = 1) -> dict[str, Any]:
+def fused_attention_layers(layers: Iterable[dict[str, Any]], plugin_nodes: Iterable[str] = (), profiles: int = 1) -> dict[str, Any]:
     """The engine's fused-attention layers: {"layers": count, "kinds": {kernel family or plugin node kind: count},
     "by_profile": [count per optimization profile] or None where a layer's profile cannot be told}.
     plugin_nodes: the node names of the plugin nodes the attention pass wrote (their layers carry those names, with
@@ -77,8 +77,9 @@ def fused_attention_layers(layers: Iterable[dict[str, Any]], plugin_nodes: Itera
     return {"layers": count, "kinds": kinds, "by_profile": by_profile}
 
 
-def attention_evidence(record: dict[str, Any], layers: list[dict[str, Any]] | None, profiles: int,
-                       why_no_layers: str | None = None) -> dict[str, Any]:
+def attention_evidence(
+    record: dict[str, Any], layers: list[dict[str, Any]] | None, profiles: int, why_no_layers: str | None = None
+) -> dict[str, Any]:
     """The sidecar's attention_fusion["engine"]: fused-attention layers found in the engine, per profile, against the
     attentions the graph held (the attentions the pass replaced, in records of trtforge before `attentions`)."""
     expected = len(record["attentions"] if "attentions" in record else record.get("replaced") or [])
@@ -86,8 +87,15 @@ def attention_evidence(record: dict[str, Any], layers: list[dict[str, Any]] | No
         return {"known": False, "why": why_no_layers or "no layer information", "expected_per_profile": expected}
     found = fused_attention_layers(layers, [r["node"] for r in record.get("replaced") or [] if r.get("node")], profiles)
     complete = _every_profile_holds(found["by_profile"], found["layers"], profiles, expected)
-    return {"known": True, "layers": found["layers"], "kinds": found["kinds"], "profiles": profiles,
-            "by_profile": found["by_profile"], "expected_per_profile": expected, "complete": complete}
+    return {
+        "known": True,
+        "layers": found["layers"],
+        "kinds": found["kinds"],
+        "profiles": profiles,
+        "by_profile": found["by_profile"],
+        "expected_per_profile": expected,
+        "complete": complete,
+    }
 
 
 def _every_profile_holds(by_profile: list[int] | None, layers: int, profiles: int, fused: int) -> bool:
@@ -114,19 +122,28 @@ def evidence_lines(record: dict[str, Any], precision: str | None) -> list[str]:
     if ev["layers"] == 0:
         line = f"  in the engine: none of the {expected} attention(s) fused; they run as separate matrix multiplies and softmax"
     elif profiles <= 1:
-        line = (f"  in the engine: only {ev['layers']} of {expected} attention(s) fused ({kinds}); the others run as "
-                "separate matrix multiplies and softmax")
+        line = (
+            f"  in the engine: only {ev['layers']} of {expected} attention(s) fused ({kinds}); the others run as "
+            "separate matrix multiplies and softmax"
+        )
     else:
-        counts = (f"by profile: {', '.join(map(str, by_profile))}" if by_profile else
-                  f"{ev['layers']} fused layers for {profiles} profiles x {expected} attentions")
-        line = (f"  in the engine: not every attention is fused in every profile ({kinds}; {counts}); the others run as "
-                "separate matrix multiplies and softmax")
+        counts = (
+            f"by profile: {', '.join(map(str, by_profile))}"
+            if by_profile
+            else f"{ev['layers']} fused layers for {profiles} profiles x {expected} attentions"
+        )
+        line = (
+            f"  in the engine: not every attention is fused in every profile ({kinds}; {counts}); the others run as "
+            "separate matrix multiplies and softmax"
+        )
     if record.get("quantized_attentions"):
-        line += (f" ({len(record['quantized_attentions'])} of them quantized by calibrate --quantize-attention, left "
-                 "unfused on purpose)")
+        line += f" ({len(record['quantized_attentions'])} of them quantized by calibrate --quantize-attention, left unfused on purpose)"
     if precision in ("fp32", "int8") and record.get("route") == "native":
-        line += (" (TensorRT fuses attention in reduced precision and this build keeps it fp32: build --precision "
-                 + ("fp16" if precision == "fp32" else "best") + " for it)")
+        line += (
+            " (TensorRT fuses attention in reduced precision and this build keeps it fp32: build --precision "
+            + ("fp16" if precision == "fp32" else "best")
+            + " for it)"
+        )
     return [line]
 
 
@@ -141,5 +158,7 @@ def shortfall_warning(record: dict[str, Any], precision: str, engine: str) -> st
     if owed <= 0 or _every_profile_holds(ev.get("by_profile"), ev["layers"], ev.get("profiles", 1), owed):
         return None
     where = " in some optimization profile" if ev.get("profiles", 1) > 1 else ""
-    return (f"{engine}: not all of the graph's {ev['expected_per_profile']} attention(s) are fused in the engine{where}; "
-            "the others run unfused and slower: `trtforge inspect` lists the layers.")
+    return (
+        f"{engine}: not all of the graph's {ev['expected_per_profile']} attention(s) are fused in the engine{where}; "
+        "the others run unfused and slower: `trtforge inspect` lists the layers."
+    )

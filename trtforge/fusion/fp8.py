@@ -35,7 +35,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtforge.fusion.attention import PassReport
-from trtforge.fusion.gelu import GEMM_PLUGIN as GEMM_GELU_PLUGIN, gelu_tanh
+from trtforge.fusion.gelu import GEMM_PLUGIN as GEMM_GELU_PLUGIN
+from trtforge.fusion.gelu import gelu_tanh
 from trtforge.fusion.gemm import PLUGIN as GEMM_PLUGIN
 from trtforge.fusion.plugins import PLUGIN_DOMAIN
 
@@ -78,6 +79,7 @@ def fp8_gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, gelu: bool, 
 @dataclass
 class PluginGemm:
     """A TrtforgeGemm / TrtforgeGemmGelu node's contract, read back from its fields."""
+
     node: onnx.NodeProto
     x: str
     weight: np.ndarray  # fp16 [K, N]
@@ -142,14 +144,22 @@ def fp8_chains(model: onnx.ModelProto, converted: set[str]) -> list[tuple[onnx.N
     for g in plugin_gemms(model):
         y = g.node.output[0]
         after = readers.get(y, [])
-        if (g.gelu and g.node.name in converted and y not in outputs and len(after) == 1
-                and after[0].op_type == GEMM_PLUGIN and after[0].name in converted and after[0].input[0] == y):
+        if (
+            g.gelu
+            and g.node.name in converted
+            and y not in outputs
+            and len(after) == 1
+            and after[0].op_type == GEMM_PLUGIN
+            and after[0].name in converted
+            and after[0].input[0] == y
+        ):
             pairs.append((g.node, after[0]))
     return pairs
 
 
-def to_fp8(model: onnx.ModelProto, peaks: dict[str, float], headroom: float = HEADROOM,
-           chain: bool = False) -> tuple[onnx.ModelProto, PassReport]:
+def to_fp8(
+    model: onnx.ModelProto, peaks: dict[str, float], headroom: float = HEADROOM, chain: bool = False
+) -> tuple[onnx.ModelProto, PassReport]:
     """model with every GEMM plugin node whose input has an observed peak (peaks: tensor -> max|x|) as TrtforgeGemmFp8;
     the report names each node, its scales, and why any other stays fp16. chain: FC1 -> FC2 pairs (fp8_chains) pass
     e4m3 bytes (FC1's out_scale is FC2's x_scale; FC2's in_fp8 is 1)."""
@@ -164,17 +174,40 @@ def to_fp8(model: onnx.ModelProto, peaks: dict[str, float], headroom: float = HE
             report.refused.append({"node": g.node.name, "reason": why})
             continue
         x_scale, w_scale = activation_scale(amax, headroom), weight_scale(g.weight)
-        attrs = {"weight": numpy_helper.from_array(np.ascontiguousarray(g.weight, np.float16).reshape(-1), f"{g.node.name}/weight"),
-                 "k": int(g.weight.shape[0]), "n": int(g.weight.shape[1]), "gelu": int(g.gelu),
-                 "x_scale": float(x_scale), "w_scale": float(w_scale)}
+        attrs = {
+            "weight": numpy_helper.from_array(np.ascontiguousarray(g.weight, np.float16).reshape(-1), f"{g.node.name}/weight"),
+            "k": int(g.weight.shape[0]),
+            "n": int(g.weight.shape[1]),
+            "gelu": int(g.gelu),
+            "x_scale": float(x_scale),
+            "w_scale": float(w_scale),
+        }
         if g.bias is not None:
             attrs["bias"] = numpy_helper.from_array(g.bias.astype(np.float16), f"{g.node.name}/bias")
-        swapped[g.node.name] = helper.make_node(PLUGIN, list(g.node.input), list(g.node.output), name=g.node.name,
-                                                domain=PLUGIN_DOMAIN, plugin_version=PLUGIN_VERSION, plugin_namespace="",
-                                                **attrs)
-        report.replaced.append({"node": g.node.name, "from": g.node.op_type, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
-                                "k": int(g.weight.shape[0]), "n": int(g.weight.shape[1]), "gelu": g.gelu, "x": g.x,
-                                "x_amax": float(amax), "x_scale": float(x_scale), "w_scale": float(w_scale)})
+        swapped[g.node.name] = helper.make_node(
+            PLUGIN,
+            list(g.node.input),
+            list(g.node.output),
+            name=g.node.name,
+            domain=PLUGIN_DOMAIN,
+            plugin_version=PLUGIN_VERSION,
+            plugin_namespace="",
+            **attrs,
+        )
+        report.replaced.append(
+            {
+                "node": g.node.name,
+                "from": g.node.op_type,
+                "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
+                "k": int(g.weight.shape[0]),
+                "n": int(g.weight.shape[1]),
+                "gelu": g.gelu,
+                "x": g.x,
+                "x_amax": float(amax),
+                "x_scale": float(x_scale),
+                "w_scale": float(w_scale),
+            }
+        )
     if chain:
         by_node = {r["node"]: r for r in report.replaced}
         for fc1, fc2 in fp8_chains(out, set(swapped)):
@@ -203,11 +236,12 @@ def fp8_skip(precision: str, flavour: str, version: str, compute_capability: str
         return f"{PLUGIN} is written for TensorRT 8.x; {flavour} {version} gets no GEMM plugins"
     sm = sm_of(compute_capability)
     if sm is None or sm < MIN_COMPUTE_CAPABILITY:
-        return (f"this GPU (compute capability {compute_capability or 'unknown'}) has no FP8 tensor cores; they start at "
-                "8.9 (Ada, Hopper)")
+        return f"this GPU (compute capability {compute_capability or 'unknown'}) has no FP8 tensor cores; they start at 8.9 (Ada, Hopper)"
     if not registered:
-        return (f"{PLUGIN} v{PLUGIN_VERSION} is not in this TensorRT's plugin registry; load libtrtforge_plugins "
-                "(trtforge plugins build, or --plugin-library PATH)")
+        return (
+            f"{PLUGIN} v{PLUGIN_VERSION} is not in this TensorRT's plugin registry; load libtrtforge_plugins "
+            "(trtforge plugins build, or --plugin-library PATH)"
+        )
     return None
 
 
@@ -217,9 +251,11 @@ def describe_fp8(record: dict[str, Any]) -> list[str]:
         return []
     chained = sum(bool(r.get("in_fp8")) for r in replaced)
     chaining = record.get("chain_ffn")
-    lines = [f"FP8 GEMMs: {len(replaced)} GEMM plugin node(s) as {PLUGIN} (e4m3, per-tensor scales; activation peaks from "
-             f"{record.get('magnitudes_from')}, headroom {record.get('headroom'):g}x)"
-             + (f"; {chained} FC1 -> FC2 pair(s) pass e4m3 bytes" if chained else "")]
+    lines = [
+        f"FP8 GEMMs: {len(replaced)} GEMM plugin node(s) as {PLUGIN} (e4m3, per-tensor scales; activation peaks from "
+        f"{record.get('magnitudes_from')}, headroom {record.get('headroom'):g}x)"
+        + (f"; {chained} FC1 -> FC2 pair(s) pass e4m3 bytes" if chained else "")
+    ]
     if not chained and chaining not in ("off", False, None):
         lines.append("  FC1 -> FC2 chaining: no pair (none of the GELU GEMMs' outputs is read by one FP8 GEMM alone)")
     reasons: dict[str, int] = {}

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish_plugin_graph, observe, plugin_with_cast
 from trtforge.fusion import gemm as gemm_pass  # the budget read at call time (one setting for both GEMM plugins)
+from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish_plugin_graph, observe, plugin_with_cast
 from trtforge.fusion.gemm import attribute_bytes, plugin_weight, weight_fields
 
 PLUGIN = "CustomGeluPluginDynamic"
@@ -47,7 +47,7 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """What the plugin computes (TensorRT's geluKernel.cu)."""
     x64 = x.astype(np.float64)
-    return 0.5 * x64 * (1.0 + np.tanh(_SQRT_2_PI * (x64 + 0.044715 * x64 ** 3)))
+    return 0.5 * x64 * (1.0 + np.tanh(_SQRT_2_PI * (x64 + 0.044715 * x64**3)))
 
 
 @dataclass
@@ -209,8 +209,9 @@ def gemm_in_front(g: _Graph, c: GeluCandidate) -> tuple[str, np.ndarray] | None:
     return mm.input[0], w
 
 
-def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], observe_model: onnx.ModelProto | None = None,
-              gemm_plugin: bool = False) -> tuple[onnx.ModelProto, PassReport]:
+def fuse_gelu(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], observe_model: onnx.ModelProto | None = None, gemm_plugin: bool = False
+) -> tuple[onnx.ModelProto, PassReport]:
     """Replace every verified GELU (with its bias Add where it can) by one plugin node. `observe_model`: the
     ONNX Runtime-runnable graph the numbers come from when `model` already holds plugin nodes (attention fused
     first); the GELUs' tensors keep their names across that pass. gemm_plugin: TrtforgeGemmGelu is registered; a GELU
@@ -242,8 +243,16 @@ def fuse_gelu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], observe_mode
                 attrs["bias"] = numpy_helper.from_array(c.bias.astype(x_dtype), f"fused_gelu_{i}/bias")
             plugin, version, inputs = PLUGIN, PLUGIN_VERSION, [source]
         out.graph.node.extend(plugin_with_cast(plugin, version, inputs, c.y, x_dtype, y_dtype, name, f"fused_gelu_{i}", **attrs))
-        report.replaced.append({"node": c.node, "form": c.form, "plugin": f"{plugin} v{version}",
-                                "bias_folded": c.bias is not None, "gemm_folded": gemm is not None,
-                                "approximation_max_abs": c.approximation, "plugin_node": name})
+        report.replaced.append(
+            {
+                "node": c.node,
+                "form": c.form,
+                "plugin": f"{plugin} v{version}",
+                "bias_folded": c.bias is not None,
+                "gemm_folded": gemm is not None,
+                "approximation_max_abs": c.approximation,
+                "plugin_node": name,
+            }
+        )
     out = finish_plugin_graph(out)
     return out, report

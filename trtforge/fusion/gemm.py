@@ -37,8 +37,7 @@ ATTRIBUTE_BUDGET = PROTOBUF_LIMIT * 3 // 4  # bytes of tensor attributes a graph
 
 def attribute_bytes(model: onnx.ModelProto) -> int:
     """Bytes of the tensors held in node attributes (plugin fields), which stay inside the .onnx file."""
-    return sum(len(a.t.raw_data) or a.t.ByteSize() for n in model.graph.node for a in n.attribute
-               if a.type == onnx.AttributeProto.TENSOR)
+    return sum(len(a.t.raw_data) or a.t.ByteSize() for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR)
 
 
 def plugin_weight(g: _Graph, mm: onnx.NodeProto) -> tuple[np.ndarray | None, str | None]:
@@ -61,8 +60,11 @@ def plugin_weight(g: _Graph, mm: onnx.NodeProto) -> tuple[np.ndarray | None, str
 
 def weight_fields(w: np.ndarray, bias: np.ndarray | None, prefix: str) -> dict[str, Any]:
     """The plugin fields of a [K, N] weight (row-major, flattened) and its optional [N] bias, in fp16."""
-    fields: dict[str, Any] = {"weight": numpy_helper.from_array(np.ascontiguousarray(w, np.float16).reshape(-1), f"{prefix}/weight"),
-                              "k": int(w.shape[0]), "n": int(w.shape[1])}
+    fields: dict[str, Any] = {
+        "weight": numpy_helper.from_array(np.ascontiguousarray(w, np.float16).reshape(-1), f"{prefix}/weight"),
+        "k": int(w.shape[0]),
+        "n": int(w.shape[1]),
+    }
     if bias is not None:
         fields["bias"] = numpy_helper.from_array(bias.astype(np.float16), f"{prefix}/bias")
     return fields
@@ -128,13 +130,21 @@ def gemm_candidates(model: onnx.ModelProto, budget: int = ATTRIBUTE_BUDGET) -> t
             continue
         bias = (own_bias, node.output[0]) if own_bias is not None else _bias_after(g, node.output[0], w.shape[1])
         room -= w.nbytes + (bias[0].nbytes if bias is not None else 0)
-        taken.append({"node": node, "x": node.input[0], "w": w, "bias": None if bias is None else bias[0],
-                      "y": node.output[0] if bias is None else bias[1]})
+        taken.append(
+            {
+                "node": node,
+                "x": node.input[0],
+                "w": w,
+                "bias": None if bias is None else bias[0],
+                "y": node.output[0] if bias is None else bias[1],
+            }
+        )
     return taken, refused
 
 
-def fuse_gemm(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None = None,
-              observe_model: onnx.ModelProto | None = None) -> tuple[onnx.ModelProto, PassReport]:
+def fuse_gemm(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None = None, observe_model: onnx.ModelProto | None = None
+) -> tuple[onnx.ModelProto, PassReport]:
     """Every fp16 MatMul (or plain Gemm) by a constant [K, N] weight, with the constant bias added to it where only that
     Add reads it (a Gemm's own C), as one TrtforgeGemm node. feeds/observe_model: the elementwise passes' common arguments, unused (nothing is
     observed: the node computes the product it replaces, in its type)."""
@@ -146,8 +156,28 @@ def fuse_gemm(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None = None
     for i, c in enumerate(taken):
         w, bias = c["w"], c["bias"]
         name = f"fused_gemm_{i}/gemm"
-        out.graph.node.extend(plugin_with_cast(PLUGIN, PLUGIN_VERSION, [c["x"]], c["y"], np.float16, np.float16, name,
-                                               f"fused_gemm_{i}", **weight_fields(w, bias, f"fused_gemm_{i}")))
-        report.replaced.append({"node": c["node"].name, "op": c["node"].op_type, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "k": int(w.shape[0]),
-                                "n": int(w.shape[1]), "bias_folded": bias is not None, "plugin_node": name})
+        out.graph.node.extend(
+            plugin_with_cast(
+                PLUGIN,
+                PLUGIN_VERSION,
+                [c["x"]],
+                c["y"],
+                np.float16,
+                np.float16,
+                name,
+                f"fused_gemm_{i}",
+                **weight_fields(w, bias, f"fused_gemm_{i}"),
+            )
+        )
+        report.replaced.append(
+            {
+                "node": c["node"].name,
+                "op": c["node"].op_type,
+                "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
+                "k": int(w.shape[0]),
+                "n": int(w.shape[1]),
+                "bias_folded": bias is not None,
+                "plugin_node": name,
+            }
+        )
     return finish_plugin_graph(out), report

@@ -73,20 +73,24 @@ def flash_refusal(sm: int | None, head_size: int) -> str | None:
     return None
 
 
-def attention_route(flavour: str | None, version: str | None, sm: int | None, head_size: int, max_seq: int | None,
-                    causal: bool, flash: bool = False) -> Route:
+def attention_route(
+    flavour: str | None, version: str | None, sm: int | None, head_size: int, max_seq: int | None, causal: bool, flash: bool = False
+) -> Route:
     """Which route one attention takes, or why none: pure, so every refusal is testable without TensorRT.
     flash: TrtforgeFlashAttention is registered (libtrtforge_plugins loaded); it is preferred where it applies."""
     base = backend_route(flavour, version)
     if base.kind != "plugin":
         return base
     if flash and flash_refusal(sm, head_size) is None:
-        return Route("plugin", f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash attention, "
-                               "libtrtforge_plugins)", head_size, FLASH_PLUGIN)
+        return Route(
+            "plugin",
+            f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash attention, libtrtforge_plugins)",
+            head_size,
+            FLASH_PLUGIN,
+        )
     if causal:
         why = flash_refusal(sm, head_size) if flash else f"load libtrtforge_plugins for {FLASH_PLUGIN}"
-        return Route("none", f"causal attention: TensorRT {version}'s plugin library has no causal fused-attention kernel "
-                             f"({why})")
+        return Route("none", f"causal attention: TensorRT {version}'s plugin library has no causal fused-attention kernel ({why})")
     if sm is None:
         return Route("none", "the GPU's compute capability is unknown (no GPU here); the plugin's kernels depend on it")
     if sm not in V2_SMS:
@@ -95,8 +99,11 @@ def attention_route(flavour: str | None, version: str | None, sm: int | None, he
         return Route("none", f"head size {head_size} > 64: {PLUGIN} has no kernel for it")
     padded = 32 if head_size <= 32 else 64
     if padded == 32 and sm not in HEAD32_SMS:
-        return Route("none", f"head size {head_size} (padded to 32): TensorRT {version} ships head-32 kernels only for "
-                             f"sm_{', sm_'.join(map(str, HEAD32_SMS))}, not sm_{sm}")
+        return Route(
+            "none",
+            f"head size {head_size} (padded to 32): TensorRT {version} ships head-32 kernels only for "
+            f"sm_{', sm_'.join(map(str, HEAD32_SMS))}, not sm_{sm}",
+        )
     if max_seq is None or max_seq > MAX_SEQ:
         return Route("none", f"sequences up to {max_seq} exceed the plugin's {MAX_SEQ}; build with tiers that stop at {MAX_SEQ}")
     return Route("plugin", base.reason, padded)

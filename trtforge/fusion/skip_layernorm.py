@@ -136,8 +136,7 @@ def _block_sum(values: np.ndarray, dtype: Any) -> np.ndarray:
     return total
 
 
-def plugin_layernorm(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, gamma: np.ndarray, beta: np.ndarray,
-                     dtype: Any) -> np.ndarray:
+def plugin_layernorm(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, gamma: np.ndarray, beta: np.ndarray, dtype: Any) -> np.ndarray:
     """What the plugin computes, operation by operation in its type (TensorRT's skipLayerNormKernel.cu and
     common.cuh): x = a + b (+ bias); each thread sums x/ld and x^2/ld of its elements, the block adds the threads'
     sums (_block_sum); var = E[x^2] - mean^2; out = gamma * (x - mean) * rsqrt(var + eps) + beta. Hidden sizes 768
@@ -195,8 +194,10 @@ def verify(model: onnx.ModelProto, cands: list[SkipLnCandidate], feeds: dict[str
         c.error = float(np.linalg.norm(want - y) / max(np.linalg.norm(y), 1e-30))
         tolerance = TOLERANCE[np.dtype(c.dtype)]
         if not c.error <= tolerance:  # NaN too: E[x^2] - mean^2 went negative, the plugin would write NaN
-            c.reason = (f"the plugin's LayerNorm ({np.dtype(c.dtype)} sums and statistics) differs from the graph's "
-                        f"by rel-L2 {c.error:.2g} on the observed activations (> {tolerance:g})")
+            c.reason = (
+                f"the plugin's LayerNorm ({np.dtype(c.dtype)} sums and statistics) differs from the graph's "
+                f"by rel-L2 {c.error:.2g} on the observed activations (> {tolerance:g})"
+            )
             continue
         if c.bias is not None:  # fold it: the plugin reads the dense output before its bias Add (names from the
             c.removed.append(c.bias_input)  # graph being rewritten, find_skip_layernorms; only numbers come from here)
@@ -206,8 +207,9 @@ def verify(model: onnx.ModelProto, cands: list[SkipLnCandidate], feeds: dict[str
                 c.b = c.pre_bias
 
 
-def fuse_skip_layernorm(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-                        observe_model: onnx.ModelProto | None = None) -> tuple[onnx.ModelProto, PassReport]:
+def fuse_skip_layernorm(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray], observe_model: onnx.ModelProto | None = None
+) -> tuple[onnx.ModelProto, PassReport]:
     """Replace every verified residual LayerNorm by one plugin node. `observe_model`: the ONNX Runtime-runnable
     graph the numbers come from when `model` already holds plugin nodes; the tensors matched keep their names."""
     cands = find_skip_layernorms(model)
@@ -219,13 +221,24 @@ def fuse_skip_layernorm(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     out = drop_producers(model, {t for c in accepted for t in c.removed})
     for i, c in enumerate(accepted):
         name = f"fused_skip_layernorm_{i}/skip_layernorm"
-        attrs: dict[str, Any] = {"type_id": 1 if c.dtype == np.float16 else 0,  # the plugin copies its weights in its own type
-                                 "gamma": numpy_helper.from_array(c.gamma.astype(c.dtype), f"{name}/gamma"),
-                                 "beta": numpy_helper.from_array(c.beta.astype(c.dtype), f"{name}/beta")}
+        attrs: dict[str, Any] = {
+            "type_id": 1 if c.dtype == np.float16 else 0,  # the plugin copies its weights in its own type
+            "gamma": numpy_helper.from_array(c.gamma.astype(c.dtype), f"{name}/gamma"),
+            "beta": numpy_helper.from_array(c.beta.astype(c.dtype), f"{name}/beta"),
+        }
         if c.bias is not None:
             attrs["bias"] = numpy_helper.from_array(c.bias.astype(c.dtype), f"{name}/bias")
-        out.graph.node.extend(plugin_with_cast(PLUGIN, PLUGIN_VERSION, [c.a, c.b], c.y, c.dtype, c.y_dtype, name,
-                                               f"fused_skip_layernorm_{i}", **attrs))
-        report.replaced.append({"node": c.node, "plugin": f"{PLUGIN} v{PLUGIN_VERSION}", "bias_folded": c.bias is not None,
-                                "rel_l2": c.error, "type": str(np.dtype(c.dtype)), "plugin_node": name})
+        out.graph.node.extend(
+            plugin_with_cast(PLUGIN, PLUGIN_VERSION, [c.a, c.b], c.y, c.dtype, c.y_dtype, name, f"fused_skip_layernorm_{i}", **attrs)
+        )
+        report.replaced.append(
+            {
+                "node": c.node,
+                "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
+                "bias_folded": c.bias is not None,
+                "rel_l2": c.error,
+                "type": str(np.dtype(c.dtype)),
+                "plugin_node": name,
+            }
+        )
     return finish_plugin_graph(out), report

@@ -14,11 +14,25 @@ import onnx
 from trtforge.errors import UserError
 from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, find_candidates, fuse_attention
 from trtforge.fusion.engine_evidence import evidence_lines
-from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY_PLUGIN, PLUGIN_VERSION as GEMM_ONLY_VERSION, fuse_gemm
-from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION, PLUGIN as GELU_PLUGIN, PLUGIN_VERSION as GELU_VERSION, fuse_gelu
-from trtforge.fusion.plugins import (FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, Route, attention_route,
-                                     backend_route, flash_refusal)
-from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN_PLUGIN, PLUGIN_VERSION as SKIP_LN_VERSION, fuse_skip_layernorm
+from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION, fuse_gelu
+from trtforge.fusion.gelu import PLUGIN as GELU_PLUGIN
+from trtforge.fusion.gelu import PLUGIN_VERSION as GELU_VERSION
+from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY_PLUGIN
+from trtforge.fusion.gemm import PLUGIN_VERSION as GEMM_ONLY_VERSION
+from trtforge.fusion.gemm import fuse_gemm
+from trtforge.fusion.plugins import (
+    FLASH_PLUGIN,
+    FLASH_VERSION,
+    PLUGIN,
+    PLUGIN_VERSION,
+    Route,
+    attention_route,
+    backend_route,
+    flash_refusal,
+)
+from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN_PLUGIN
+from trtforge.fusion.skip_layernorm import PLUGIN_VERSION as SKIP_LN_VERSION
+from trtforge.fusion.skip_layernorm import fuse_skip_layernorm
 
 MODES = ("auto", "on", "off")
 
@@ -59,29 +73,48 @@ def resolve_qkv_projection(choice: str, gemm_takes_it: bool) -> str:
 def qkv_gemm_applies(fuse_gemm: str, precision: str, flavour: str, version: str, gemm_registered: bool) -> bool:
     """Whether the GEMM pass will take a packed QKV MatMul: fp16 builds only (in INT8 `best` builds the projections'
     weights come through DequantizeLinear, which the pass leaves, and the conv form keeps TensorRT's INT8 convolution)."""
-    return (precision == "fp16" and fuse_gemm != "off" and gemm_registered
-            and elementwise_skip(GEMM_PASS, fuse_gemm, precision, flavour, version, True) is None)
+    return (
+        precision == "fp16"
+        and fuse_gemm != "off"
+        and gemm_registered
+        and elementwise_skip(GEMM_PASS, fuse_gemm, precision, flavour, version, True) is None
+    )
 
 
-def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour: str, version: str,
-                     compute_capability: str | None, plugin_registered: bool, feeds: dict | None,
-                     onnx_name: str, qkv_projection: str = "conv",
-                     flash_registered: bool = False) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+def attention_fusion(
+    model: onnx.ModelProto,
+    mode: str,
+    precision: str,
+    flavour: str,
+    version: str,
+    compute_capability: str | None,
+    plugin_registered: bool,
+    feeds: dict | None,
+    onnx_name: str,
+    qkv_projection: str = "conv",
+    flash_registered: bool = False,
+) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """(the fused model, or None when the graph stays as it is; the sidecar's `attention_fusion`).
     plugin_registered: TensorRT's CustomQKVToContextPluginDynamic v2; flash_registered: trtforge's
     TrtforgeFlashAttention (libtrtforge_plugins loaded), preferred per attention where it applies."""
     if mode not in MODES:
         raise UserError(f"--fuse-attention '{mode}' is not one of {', '.join(MODES)} (config key build.fuse_attention).")
     if qkv_projection not in QKV_PROJECTIONS:
-        raise UserError(f"--qkv-projection '{qkv_projection}' is not one of {', '.join(QKV_CHOICES)} "
-                        "(config key build.qkv_projection).")
+        raise UserError(f"--qkv-projection '{qkv_projection}' is not one of {', '.join(QKV_CHOICES)} (config key build.qkv_projection).")
     base = backend_route(flavour, version)
     candidates = find_candidates(model)
-    record: dict[str, Any] = {"mode": mode, "route": base.kind, "why": base.reason, "replaced": [], "refused": [],
-                              "padding_allowed": True, "mask_inputs": [],
-                              # what the engine's layers are checked against after the build (engine_evidence.py)
-                              "attentions": [c.softmax for c in candidates if c.attention],
-                              "quantized_attentions": [c.softmax for c in candidates if c.attention and c.quantized]}
+    record: dict[str, Any] = {
+        "mode": mode,
+        "route": base.kind,
+        "why": base.reason,
+        "replaced": [],
+        "refused": [],
+        "padding_allowed": True,
+        "mask_inputs": [],
+        # what the engine's layers are checked against after the build (engine_evidence.py)
+        "attentions": [c.softmax for c in candidates if c.attention],
+        "quantized_attentions": [c.softmax for c in candidates if c.attention and c.quantized],
+    }
     if mode == "off":
         record.update(route="off", why="--fuse-attention off")
         return None, record
@@ -93,8 +126,7 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     if precision not in ("fp16", "best"):
         why_not = f"precision {precision}: the plugin's kernels are fp16 (build with --precision fp16 or best)"
     elif not plugin_registered and not flash_registered:
-        why_not = (f"neither {PLUGIN} v{PLUGIN_VERSION} nor {FLASH_PLUGIN} v{FLASH_VERSION} is in this TensorRT's "
-                   "plugin registry")
+        why_not = f"neither {PLUGIN} v{PLUGIN_VERSION} nor {FLASH_PLUGIN} v{FLASH_VERSION} is in this TensorRT's plugin registry"
     if why_not:
         if mode == "on":
             raise UserError(f"--fuse-attention on cannot fuse {onnx_name}: {why_not}.")
@@ -107,16 +139,24 @@ def attention_fusion(model: onnx.ModelProto, mode: str, precision: str, flavour:
     def route_for(c: Any) -> Any:
         route = attention_route(flavour, version, sm, c.head_size, c.seq, c.causal, flash_registered)
         if route.plugin == PLUGIN and route.kind == "plugin" and not plugin_registered:
-            return Route("none", f"{PLUGIN} v{PLUGIN_VERSION} is not in this TensorRT's plugin registry and "
-                                 f"{FLASH_PLUGIN} cannot take it: {flash_refusal(sm, c.head_size)}")
+            return Route(
+                "none",
+                f"{PLUGIN} v{PLUGIN_VERSION} is not in this TensorRT's plugin registry and "
+                f"{FLASH_PLUGIN} cannot take it: {flash_refusal(sm, c.head_size)}",
+            )
         return route
 
-    why = base.reason if not flash_registered else (f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash "
-                                                     f"attention) where it applies, else {PLUGIN} v{PLUGIN_VERSION}")
-    fused, report = fuse_attention(model, feeds, route_for, why, qkv_projection=qkv_projection,
-                                   candidates=candidates)
-    record.update(report.to_json(), route=base.kind, why=why, qkv_projection=qkv_projection,
-                  plugins=sorted({r["plugin"] for r in report.replaced}))
+    why = (
+        base.reason
+        if not flash_registered
+        else (
+            f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash attention) where it applies, else {PLUGIN} v{PLUGIN_VERSION}"
+        )
+    )
+    fused, report = fuse_attention(model, feeds, route_for, why, qkv_projection=qkv_projection, candidates=candidates)
+    record.update(
+        report.to_json(), route=base.kind, why=why, qkv_projection=qkv_projection, plugins=sorted({r["plugin"] for r in report.replaced})
+    )
     if mode == "on" and not report.replaced and report.refused:
         raise UserError(f"--fuse-attention on found no attention in {onnx_name} it can fuse: {report.refused[0]['reason']}.")
     return (fused if report.replaced else None), record
@@ -129,6 +169,7 @@ GELU_MODES = ("auto", "on", "off")
 class ElementwisePass:
     """A pass that swaps a kind of elementwise block for one TensorRT 8.x plugin (GELU, skip-LayerNorm): its names,
     its fuse function, and where `auto` applies it (the precisions the H200 measured it faster in, and why)."""
+
     key: str  # the sidecar record: f"{key}_fusion"; the flag: --fuse-{flag}; the config key: build.fuse_{key}
     flag: str
     what: str  # "GELU", "skip-LayerNorm"
@@ -147,37 +188,69 @@ class ElementwisePass:
 
 
 GELU_PASS = ElementwisePass(
-    "gelu", "gelu", "GELU", GELU_PLUGIN, GELU_VERSION, fuse_gelu, ("fp16",),
+    "gelu",
+    "gelu",
+    "GELU",
+    GELU_PLUGIN,
+    GELU_VERSION,
+    fuse_gelu,
+    ("fp16",),
     # From the H200 (TensorRT 8.6, BERT-base, GPU ms at 16x512; benchmarks/RESULTS.md, 2026-12-01 w4): fp16 5.42 -> 5.06
     # with the plugin (Myelin's erf GELU kernel took 89 us per layer, the plugin 41 us); INT8 best 5.67 -> 8.94 (the
     # plugin splits each int8 GEMM's dequantize/quantize epilogue into separate kernels).
     "the plugin was measured faster only in fp16 builds (INT8 best on the H200: 5.67 -> 8.94 ms at 16x512)",
-    "tanh GELU, bias folded", (("gemm_plugin", GEMM_PLUGIN, GEMM_VERSION),))
+    "tanh GELU, bias folded",
+    (("gemm_plugin", GEMM_PLUGIN, GEMM_VERSION),),
+)
 SKIP_LN_PASS = ElementwisePass(
-    "skip_layernorm", "skip-layernorm", "skip-LayerNorm", SKIP_LN_PLUGIN, SKIP_LN_VERSION, fuse_skip_layernorm,
+    "skip_layernorm",
+    "skip-layernorm",
+    "skip-LayerNorm",
+    SKIP_LN_PLUGIN,
+    SKIP_LN_VERSION,
+    fuse_skip_layernorm,
     ("fp16", "best"),
     # From the H200 (TensorRT 8.6, BERT-base, GPU ms at 16x128/16x512/64x512, engine cosine vs ORT fp32 on 64 held-out
     # samples; benchmarks/RESULTS.md, 2026-12-01 sixth session): fp16 1.379/5.035/17.818 -> 1.202/4.310/14.500 (cosine
     # 0.9999995 both); INT8 best 1.574/5.647/21.221 -> 1.553/5.407/19.307 (0.99982 both). fp32 and int8 not measured.
     "the plugin was measured faster only in fp16 and INT8 best builds (BERT-base fp16 on the H200: 5.04 -> 4.31 ms at 16x512)",
-    "residual add + LayerNorm in one kernel, dense bias folded")
+    "residual add + LayerNorm in one kernel, dense bias folded",
+)
 GEMM_PASS = ElementwisePass(
-    "gemm", "gemm", "GEMM", GEMM_ONLY_PLUGIN, GEMM_ONLY_VERSION, fuse_gemm, ("fp16",),
+    "gemm",
+    "gemm",
+    "GEMM",
+    GEMM_ONLY_PLUGIN,
+    GEMM_ONLY_VERSION,
+    fuse_gemm,
+    ("fp16",),
     # From the H200 (TensorRT 8.6, BERT-base fp16 with flash + GemmGelu, GPU ms at 16x128/16x512/64x512, two rounds;
     # benchmarks/RESULTS.md, 2026-12-03 w24): TensorRT's GEMMs 1.06-1.09/2.98-2.99/10.64; output projection and FC2 as
     # TrtforgeGemm 0.98-1.01/2.90-2.91/10.53; QKV too (--qkv-projection matmul) 0.94-0.97/2.85-2.87/10.45; engine cosine
     # vs ORT fp32 0.9999995 -> 0.9999998. INT8 best builds not measured (their GEMMs are Q/DQ'd, not constants).
     "TrtforgeGemm was measured faster only in fp16 builds (BERT-base on the H200: 10.64 -> 10.45 ms at 64x512)",
-    "cuBLASLt matmul (+ bias epilogue), its kernel timed per shape", precisions=("fp16", "best"),
-    library_note="libtrtforge_plugins")
+    "cuBLASLt matmul (+ bias epilogue), its kernel timed per shape",
+    precisions=("fp16", "best"),
+    library_note="libtrtforge_plugins",
+)
 GELU_AUTO_PRECISIONS = GELU_PASS.auto_precisions
 # Applied in this order, each on the previous one's graph: GELU and skip-LayerNorm take their GEMMs and biases first.
 ELEMENTWISE_PASSES = (GELU_PASS, SKIP_LN_PASS, GEMM_PASS)
 
 
-def elementwise_fusion(spec: ElementwisePass, model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: str,
-                       precision: str, flavour: str, version: str, plugin_registered: bool, feeds: dict | None,
-                       onnx_name: str, fuse_options: dict[str, Any] | None = None) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+def elementwise_fusion(
+    spec: ElementwisePass,
+    model: onnx.ModelProto,
+    observe_model: onnx.ModelProto,
+    mode: str,
+    precision: str,
+    flavour: str,
+    version: str,
+    plugin_registered: bool,
+    feeds: dict | None,
+    onnx_name: str,
+    fuse_options: dict[str, Any] | None = None,
+) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """(the model with the pass applied, or None; the sidecar's `{key}_fusion`). `auto` (the default) fuses where the
     H200 measured the plugin faster (TensorRT 8.x, spec.auto_precisions); `on` asks for it anywhere the plugin exists
     and fails loudly where it cannot; `off` never."""
@@ -200,13 +273,16 @@ def elementwise_fusion(spec: ElementwisePass, model: onnx.ModelProto, observe_mo
         record.update(report.to_json(), route="none", why=f"no {spec.what} this pass can fuse")
         return None, record
     plugins = sorted({r["plugin"] for r in report.replaced if "plugin" in r})
-    record.update(report.to_json(), route="plugin", plugins=plugins,
-                  why=f"TensorRT {version}: {' and '.join(plugins) or spec.plugin} ({spec.route_note})")
+    record.update(
+        report.to_json(),
+        route="plugin",
+        plugins=plugins,
+        why=f"TensorRT {version}: {' and '.join(plugins) or spec.plugin} ({spec.route_note})",
+    )
     return fused, record
 
 
-def elementwise_skip(spec: ElementwisePass, mode: str, precision: str, flavour: str, version: str,
-                     plugin_registered: bool) -> str | None:
+def elementwise_skip(spec: ElementwisePass, mode: str, precision: str, flavour: str, version: str, plugin_registered: bool) -> str | None:
     """Why the pass in this mode (auto|on) leaves this build's graph alone, or None when it fuses."""
     if backend_route(flavour, version).kind != "plugin":
         if spec.library_note:
@@ -217,17 +293,27 @@ def elementwise_skip(spec: ElementwisePass, mode: str, precision: str, flavour: 
     if precision not in spec.precisions:
         return f"precision {precision} has no {spec.what} plugin route; build with {' or '.join(spec.precisions)}"
     if not plugin_registered and spec.library_note:
-        return (f"{spec.plugin} v{spec.version} is not in this TensorRT's plugin registry; build libtrtforge_plugins once "
-                "with `trtforge plugins build` (build then loads it), or give --plugin-library PATH (config key "
-                "build.plugin_libraries)")
+        return (
+            f"{spec.plugin} v{spec.version} is not in this TensorRT's plugin registry; build libtrtforge_plugins once "
+            "with `trtforge plugins build` (build then loads it), or give --plugin-library PATH (config key "
+            "build.plugin_libraries)"
+        )
     if not plugin_registered:
         return f"{spec.plugin} v{spec.version} is not in this TensorRT's plugin registry"
     return None
 
 
-def gelu_fusion(model: onnx.ModelProto, observe_model: onnx.ModelProto, mode: str, precision: str, flavour: str,
-                version: str, plugin_registered: bool, feeds: dict | None,
-                onnx_name: str) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
+def gelu_fusion(
+    model: onnx.ModelProto,
+    observe_model: onnx.ModelProto,
+    mode: str,
+    precision: str,
+    flavour: str,
+    version: str,
+    plugin_registered: bool,
+    feeds: dict | None,
+    onnx_name: str,
+) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     return elementwise_fusion(GELU_PASS, model, observe_model, mode, precision, flavour, version, plugin_registered, feeds, onnx_name)
 
 
@@ -241,10 +327,12 @@ def describe_gelu(record: dict[str, Any]) -> list[str]:
         return []
     worst = max((r["approximation_max_abs"] or 0.0 for r in replaced), default=0.0)
     gemm = sum(bool(r.get("gemm_folded")) for r in replaced)
-    lines = [f"GELU fusion: replaced {len(replaced)} GELU(s) by {GELU_PLUGIN} "
-             f"({sum(r['bias_folded'] for r in replaced)} with their bias)"
-             + (f", {gemm} of them with their GEMM by {GEMM_PLUGIN} (cuBLASLt GELU_BIAS epilogue)" if gemm else "")
-             + f"; tanh form, max |difference| on the observed activations {worst:.2g}"]
+    lines = [
+        f"GELU fusion: replaced {len(replaced)} GELU(s) by {GELU_PLUGIN} "
+        f"({sum(r['bias_folded'] for r in replaced)} with their bias)"
+        + (f", {gemm} of them with their GEMM by {GEMM_PLUGIN} (cuBLASLt GELU_BIAS epilogue)" if gemm else "")
+        + f"; tanh form, max |difference| on the observed activations {worst:.2g}"
+    ]
     for r in record.get("refused") or []:
         lines.append(f"  not fused: {r['node']}: {r['reason']}")
     return lines
@@ -255,9 +343,11 @@ def describe_skip_layernorm(record: dict[str, Any]) -> list[str]:
     if not replaced:
         return []
     worst = max((r["rel_l2"] or 0.0 for r in replaced), default=0.0)
-    lines = [f"skip-LayerNorm fusion: replaced {len(replaced)} residual LayerNorm(s) by {SKIP_LN_PLUGIN} "
-             f"({sum(r['bias_folded'] for r in replaced)} with the dense bias); plugin formula vs the graph on the "
-             f"observed activations: rel-L2 <= {worst:.2g}"]
+    lines = [
+        f"skip-LayerNorm fusion: replaced {len(replaced)} residual LayerNorm(s) by {SKIP_LN_PLUGIN} "
+        f"({sum(r['bias_folded'] for r in replaced)} with the dense bias); plugin formula vs the graph on the "
+        f"observed activations: rel-L2 <= {worst:.2g}"
+    ]
     return lines + _refused_by_reason(record, "node")
 
 
@@ -269,8 +359,10 @@ def describe_gemm(record: dict[str, Any]) -> list[str]:
     for r in replaced:
         ops[r.get("op", "MatMul")] = ops.get(r.get("op", "MatMul"), 0) + 1
     kinds = " and ".join(f"{n} {op}" for op, n in sorted(ops.items(), key=lambda kv: kv[0] != "MatMul"))
-    lines = [f"GEMM fusion: replaced {len(replaced)} fp16 projection(s) ({kinds}) by {GEMM_ONLY_PLUGIN} "
-             f"({sum(r['bias_folded'] for r in replaced)} with their bias; cuBLASLt, its kernel timed per shape)"]
+    lines = [
+        f"GEMM fusion: replaced {len(replaced)} fp16 projection(s) ({kinds}) by {GEMM_ONLY_PLUGIN} "
+        f"({sum(r['bias_folded'] for r in replaced)} with their bias; cuBLASLt, its kernel timed per shape)"
+    ]
     return lines + _refused_by_reason(record, "node")
 
 
@@ -290,15 +382,33 @@ def describe(record: dict[str, Any], precision: str | None = None) -> list[str]:
     replaced = record.get("replaced") or []
     if replaced:
         names = [r["softmax"] for r in replaced]
-        lines.append(f"  replaced {len(replaced)} attention(s) by {replaced[0]['plugin']} (heads {replaced[0]['heads']} x "
-                     f"{replaced[0]['head_size']}, QKV projection as {record.get('qkv_projection', 'conv')}): "
-                     + ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""))
+        lines.append(
+            f"  replaced {len(replaced)} attention(s) by {replaced[0]['plugin']} (heads {replaced[0]['heads']} x "
+            f"{replaced[0]['head_size']}, QKV projection as {record.get('qkv_projection', 'conv')}): "
+            + ", ".join(names[:3])
+            + (", ..." if len(names) > 3 else "")
+        )
     lines += _refused_by_reason(record, "softmax")
     if not record.get("padding_allowed", True):
         lines.append(f"  unmasked kernels: run refuses padded {', '.join(record.get('mask_inputs') or [])}")
     return lines + evidence_lines(record, precision)
 
 
-__all__ = ["FusionReport", "GELU_PASS", "GEMM_PASS", "QKV_CHOICES", "qkv_gemm_applies", "resolve_qkv_projection", "SKIP_LN_PASS", "attention_fusion", "describe", "describe_gelu", "describe_gemm",
-           "describe_skip_layernorm",
-           "elementwise_fusion", "gelu_fusion", "observation_sizes", "sm_of"]
+__all__ = [
+    "FusionReport",
+    "GELU_PASS",
+    "GEMM_PASS",
+    "QKV_CHOICES",
+    "qkv_gemm_applies",
+    "resolve_qkv_projection",
+    "SKIP_LN_PASS",
+    "attention_fusion",
+    "describe",
+    "describe_gelu",
+    "describe_gemm",
+    "describe_skip_layernorm",
+    "elementwise_fusion",
+    "gelu_fusion",
+    "observation_sizes",
+    "sm_of",
+]

@@ -50,8 +50,9 @@ def _require_torch() -> Any:
     return torch
 
 
-def load_model(source: str, kwargs: dict[str, Any] | None = None, inputs: list[Any] | None = None,
-               axes: dict[str, Any] | None = None) -> LoadedModel:
+def load_model(
+    source: str, kwargs: dict[str, Any] | None = None, inputs: list[Any] | None = None, axes: dict[str, Any] | None = None
+) -> LoadedModel:
     """Resolve a model source string to a LoadedModel, or raise UserError naming what is wrong.
 
     `inputs` (the config's InputSpecs) and `axes` give serialized modules their example inputs and
@@ -110,8 +111,10 @@ def _as_loaded(result: Any, source: str) -> LoadedModel:
         return result
     torch = _require_torch()
     if not (isinstance(result, tuple) and len(result) in (2, 3, 4)):
-        raise UserError(f"factory {source} must return (module, {{input_name: example_tensor}}[, output_names[, tokenizer]]), "
-                        f"got {type(result).__name__}.")
+        raise UserError(
+            f"factory {source} must return (module, {{input_name: example_tensor}}[, output_names[, tokenizer]]), "
+            f"got {type(result).__name__}."
+        )
     module, examples = result[0], result[1]
     outputs = list(result[2] or []) if len(result) >= 3 else []
     tokenizer = result[3] if len(result) == 4 else None
@@ -158,9 +161,7 @@ def _load_exported_program(torch: Any, path: Path, inputs: list[Any]) -> LoadedM
         raise UserError(f"{path} is not a loadable ExportedProgram ({type(exc).__name__}); save it with torch.export.save.") from None
     args = program.example_inputs[0] if program.example_inputs else ()
     if not args:
-        raise UserError(
-            f"{path} carries no example inputs; wrap it in a file.py:factory that returns (module, example_inputs)."
-        )
+        raise UserError(f"{path} carries no example inputs; wrap it in a file.py:factory that returns (module, example_inputs).")
     names = [spec.name for spec in inputs] or [f"input_{i}" for i in range(len(args))]
     module = program.module()
     module.trtforge_positional = True  # its example inputs are positional: export calls it that way

@@ -37,8 +37,6 @@ def load_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(model_dir()), local_files_only=True)
 
 
-
-
 def load(**_: Any) -> LoadedModel:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -62,7 +60,10 @@ def load(**_: Any) -> LoadedModel:
     tokenizer = load_tokenizer()
     enc = tokenizer(
         ["trtforge exports this sentence.", "A second, longer example sentence for the batch axis."],
-        padding="max_length", max_length=16, truncation=True, return_tensors="pt",
+        padding="max_length",
+        max_length=16,
+        truncation=True,
+        return_tensors="pt",
     )
     examples = {"input_ids": enc["input_ids"].to(torch.int64), "attention_mask": enc["attention_mask"].to(torch.int64)}
     return LoadedModel(module, examples, ["last_hidden_state"], "minilm", tokenizer, {"last_hidden_state": "token"})

@@ -39,12 +39,18 @@ def connect(address: str) -> bool:
     root = str(Path(trtforge.__file__).resolve().parent.parent)
     paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
     try:
-        ray.init(address=None if address == "auto" else address, include_dashboard=False, logging_level="WARNING",
-                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}})
+        ray.init(
+            address=None if address == "auto" else address,
+            include_dashboard=False,
+            logging_level="WARNING",
+            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
+        )
     except (ConnectionError, ValueError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"cannot join the Ray cluster at '{address}' ({first[:200]}); pass --ray auto for a local "
-                        "cluster or the address printed by `ray start --head`.") from None
+        raise UserError(
+            f"cannot join the Ray cluster at '{address}' ({first[:200]}); pass --ray auto for a local "
+            "cluster or the address printed by `ray start --head`."
+        ) from None
     return True
 
 
@@ -55,8 +61,10 @@ def _probe(address: str) -> None:
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
     except (OSError, ValueError):
-        raise UserError(f"no Ray cluster answers at '{address}' (expected HOST:PORT of a head node, as `ray start --head` "
-                        "prints); check the address, or pass --ray auto for a local cluster.") from None
+        raise UserError(
+            f"no Ray cluster answers at '{address}' (expected HOST:PORT of a head node, as `ray start --head` "
+            "prints); check the address, or pass --ray auto for a local cluster."
+        ) from None
 
 
 def raise_cause(exc: BaseException) -> None:
@@ -82,8 +90,14 @@ class Pool:
     """`make(worker_id)` creates an actor; `start(handle)` returns the ref that resolves once it is ready
     (its info dict). `replacements`: how many dead workers may be replaced by fresh actors."""
 
-    def __init__(self, make: Callable[[int], Any], start: Callable[[Any], Any], count: int, replacements: int | None = None,
-                 progress: Callable[[str], None] = lambda _: None):
+    def __init__(
+        self,
+        make: Callable[[int], Any],
+        start: Callable[[Any], Any],
+        count: int,
+        replacements: int | None = None,
+        progress: Callable[[str], None] = lambda _: None,
+    ):
         self.make, self.start, self.progress = make, start, progress
         self.replacements = count if replacements is None else replacements
         self.workers: list[Worker] = []
@@ -124,8 +138,7 @@ class Pool:
         else:
             self.progress(f"Ray worker {worker.id} died; its units are retried on the others")
 
-    def run(self, ledger: Ledger, submit: Callable[[Any, int], Any], commit: Callable[[int, Worker, Any], None],
-            depth: int = 2) -> None:
+    def run(self, ledger: Ledger, submit: Callable[[Any, int], Any], commit: Callable[[int, Worker, Any], None], depth: int = 2) -> None:
         """Every unit of `ledger` through `submit(handle, unit) -> ref`, each result to `commit` exactly once."""
         ray = require_ray()
         refs: dict[Any, tuple[int, Worker]] = {}

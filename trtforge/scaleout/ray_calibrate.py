@@ -24,8 +24,9 @@ from trtforge.scaleout.shard import Ledger, split_evenly
 
 
 class CollectWorker:
-    def __init__(self, model: bytes, tensors: list[str], channel_tensors: list[str], num_bins: int, threads: int | None,
-                 die_after: int | None = None):
+    def __init__(
+        self, model: bytes, tensors: list[str], channel_tensors: list[str], num_bins: int, threads: int | None, die_after: int | None = None
+    ):
         self.model, self.tensors, self.channel_tensors, self.num_bins = model, tensors, channel_tensors, num_bins
         self.threads, self.die_after, self.batches_run = threads, die_after, 0
 
@@ -46,10 +47,19 @@ class CollectWorker:
         return collect_with(self.runner, batches, self.tensors, self.channel_tensors, self.num_bins)
 
 
-def collect_ray(model: onnx.ModelProto, batches: list[dict[str, np.ndarray]], tensors: list[str],
-                channel_tensors: list[str] | None = None, num_bins: int = 2048, progress: Any = None, *,
-                address: str = "auto", actors: int | None = None, die_after_batches: int | None = None,
-                log: Any = lambda _: None) -> Statistics:
+def collect_ray(
+    model: onnx.ModelProto,
+    batches: list[dict[str, np.ndarray]],
+    tensors: list[str],
+    channel_tensors: list[str] | None = None,
+    num_bins: int = 2048,
+    progress: Any = None,
+    *,
+    address: str = "auto",
+    actors: int | None = None,
+    die_after_batches: int | None = None,
+    log: Any = lambda _: None,
+) -> Statistics:
     """collect() with the batches sharded over Ray actors; the result equals collect()'s exactly."""
     ray = require_ray()
     channel_tensors = channel_tensors or []
@@ -64,8 +74,12 @@ def collect_ray(model: onnx.ModelProto, batches: list[dict[str, np.ndarray]], te
         wanted = list(dict.fromkeys(tensors + channel_tensors))
         model_ref = ray.put(expose_tensors(model, wanted).SerializeToString())
         actor_cls = ray.remote(num_cpus=per, max_restarts=0)(CollectWorker)
-        pool = Pool(lambda w: actor_cls.remote(model_ref, tensors, channel_tensors, num_bins, per, die_after_batches if w == 0 else None),
-                    lambda h: h.setup.remote(), count, progress=log)
+        pool = Pool(
+            lambda w: actor_cls.remote(model_ref, tensors, channel_tensors, num_bins, per, die_after_batches if w == 0 else None),
+            lambda h: h.setup.remote(),
+            count,
+            progress=log,
+        )
         pool.wait_ready()
         units = split_evenly(len(batches), count * 4)
         refs = [ray.put(batches[i]) for i in range(len(batches))]

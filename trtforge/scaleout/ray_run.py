@@ -84,7 +84,9 @@ class RunWorker:
         from trtforge.tokenize import TextTokenizer
 
         p, options = self.p, self.options
-        self.target = TrtTarget.for_options(p.target_path, options) if p.is_engine else OrtTarget(p.target_path, options.providers, self.threads)
+        self.target = (
+            TrtTarget.for_options(p.target_path, options) if p.is_engine else OrtTarget(p.target_path, options.providers, self.threads)
+        )
         reference = OrtRunner(p.reference_path, threads=self.threads)
         _check_io(self.target, reference, p.target_path, p.reference_path)
         self.p = replace(p, reference=reference, tokenizer=TextTokenizer(self.tokenizer_dir) if self.tokenizer_dir else None)
@@ -94,8 +96,12 @@ class RunWorker:
         if options.gc_pause:  # off from here until judging, as one process's loop keeps it off over its whole clock
             _collect_garbage()
             gc.disable()
-        return {"label": self.target.label, "host": socket.gethostname(), "pid": os.getpid(),
-                "devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {
+            "label": self.target.label,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     def _infer(self, chunks: list[Chunk], merger: _Merger | None = None) -> tuple[list[list[Chunk]], list[dict[str, np.ndarray]], float]:
         batches = make_batches(chunks, self.p.batch_cap, self.options.naive)
@@ -127,8 +133,13 @@ class RunWorker:
         merged = merger.results()
         if not self.skips_precision:
             self.kept[unit] = (batches, outs)
-        return {"docs": [d for d, _ in docs], "merged": merged if self.options.save_outputs else None, "busy_s": busy,
-                "timings": self.target.timings[mark:], "batches": len(batches)}
+        return {
+            "docs": [d for d, _ in docs],
+            "merged": merged if self.options.save_outputs else None,
+            "busy_s": busy,
+            "timings": self.target.timings[mark:],
+            "batches": len(batches),
+        }
 
     @property
     def skips_precision(self) -> bool:
@@ -161,8 +172,10 @@ def _actor_plan(ray: Any, is_engine: bool, wanted: int | None, address: str) -> 
     cpus, gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
     if is_engine:
         if gpus == 0:
-            raise UserError(f"the Ray cluster at '{address}' has no GPUs, and each engine actor needs one; "
-                            "run the engine's ONNX instead, or join a cluster with GPUs.")
+            raise UserError(
+                f"the Ray cluster at '{address}' has no GPUs, and each engine actor needs one; "
+                "run the engine's ONNX instead, or join a cluster with GPUs."
+            )
         count = wanted or gpus
         if count > gpus:
             raise UserError(f"--ray-actors {count} asks for more engine actors than the Ray cluster's {gpus} GPUs; lower it.")
@@ -174,11 +187,14 @@ def _actor_plan(ray: Any, is_engine: bool, wanted: int | None, address: str) -> 
     return count, {"num_cpus": per}, per
 
 
-def run_ray(target_path: Path, options: RunOptions, ray_options: RayOptions,
-            progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def run_ray(
+    target_path: Path, options: RunOptions, ray_options: RayOptions, progress: Callable[[str], None] = lambda _: None
+) -> dict[str, Any]:
     if options.save_reference or options.load_reference:
-        raise UserError("--save-reference/--load-reference do not combine with --ray yet (the reference runs inside each "
-                        "actor); run without --ray to save or use a stored reference.")
+        raise UserError(
+            "--save-reference/--load-reference do not combine with --ray yet (the reference runs inside each "
+            "actor); run without --ray to save or use a stored reference."
+        )
     ray = require_ray()
     p = prepare(target_path, options)
     _check_save_outputs(p.docs, options.save_outputs)  # inputs sharing a name would overwrite each other's keys
@@ -219,8 +235,10 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
     pool = Pool(make, lambda h: h.setup.remote(warm_ref, options.warmup), count, progress=progress)
     pool.wait_ready()
     label = pool.workers[0].info["label"]
-    progress(f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(units)} units on {count} Ray actors ({label}); outputs "
-             + ", ".join(f"{k.name} ({k.kind})" for k in p.kinds.values()))
+    progress(
+        f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(units)} units on {count} Ray actors ({label}); outputs "
+        + ", ".join(f"{k.name} ({k.kind})" for k in p.kinds.values())
+    )
 
     merged: list[dict[str, np.ndarray] | None] = [None] * len(p.docs)
     committed = [0] * len(p.docs)
@@ -246,8 +264,9 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
 
     infer_ledger = Ledger(len(units))
     start = time.perf_counter()
-    pool.run(infer_ledger, lambda h, u: h.infer.remote(u, unit_chunks[u], [(d, p.docs[d]) for d in units[u]]),
-             commit_infer, ray_options.depth)
+    pool.run(
+        infer_ledger, lambda h, u: h.infer.remote(u, unit_chunks[u], [(d, p.docs[d]) for d in units[u]]), commit_infer, ray_options.depth
+    )
     wall = time.perf_counter() - start
     if committed != [1] * len(p.docs):  # the ledger's promise, checked on what came back
         raise RuntimeError(f"documents merged other than once: {[d for d, n in enumerate(committed) if n != 1][:10]}")
@@ -266,8 +285,12 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
 
     judge_ledger = Ledger(len(units), affinity=dict(infer_ledger.done))
     judge_ledger.dead |= {w.id for w in pool.workers if not w.alive}
-    pool.run(judge_ledger, lambda h, u: h.judge.remote(u, unit_chunks[u], [(p.docs[d], doc_chunks[d]) for d in units[u]]),
-             commit_judge, ray_options.depth)
+    pool.run(
+        judge_ledger,
+        lambda h, u: h.judge.remote(u, unit_chunks[u], [(p.docs[d], doc_chunks[d]) for d in units[u]]),
+        commit_judge,
+        ray_options.depth,
+    )
 
     def precision_of(chosen: list[int]) -> dict[str, Any]:
         if not options.precision_check:
@@ -297,36 +320,69 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
     workers = []
     for w in pool.workers:
         stats = per_worker.get(w.id, {"documents": 0, "chunks": 0, "batches": 0, "tokens": 0, "busy_s": 0.0, "timings": []})
-        workers.append({"worker": w.id, **{k: w.info.get(k) for k in ("host", "pid", "devices")}, "alive": w.alive,
-                        "units": sum(1 for owner in infer_ledger.done.values() if owner == w.id), "documents": stats["documents"],
-                        **worker_figures(stats["tokens"], stats["busy_s"], stats["chunks"], stats["batches"]),
-                        "retried_units": w.retried_units, "latency": _latency(stats["timings"]), "memory": memory.get(w.id),
-                        "judged_units": len(judged_by.get(w.id, [])), "precision_error": precision_of(judged_by.get(w.id, [])),
-                        "chunking_error": chunking_of(judged_by.get(w.id, []))})
+        workers.append(
+            {
+                "worker": w.id,
+                **{k: w.info.get(k) for k in ("host", "pid", "devices")},
+                "alive": w.alive,
+                "units": sum(1 for owner in infer_ledger.done.values() if owner == w.id),
+                "documents": stats["documents"],
+                **worker_figures(stats["tokens"], stats["busy_s"], stats["chunks"], stats["batches"]),
+                "retried_units": w.retried_units,
+                "latency": _latency(stats["timings"]),
+                "memory": memory.get(w.id),
+                "judged_units": len(judged_by.get(w.id, [])),
+                "precision_error": precision_of(judged_by.get(w.id, [])),
+                "chunking_error": chunking_of(judged_by.get(w.id, [])),
+            }
+        )
     mems = [m for m in memory.values() if m]
     memory_all = {k: (max(m[k] for m in mems) if isinstance(mems[0][k], (int, float)) else mems[0][k]) for k in mems[0]} if mems else {}
     tokens = sum(d.length for d in p.docs)
     report = {
-        "schema": SCHEMA, "trtforge_version": __version__,
-        "target": str(p.target_path), "backend": label, "reference": str(p.reference_path),
+        "schema": SCHEMA,
+        "trtforge_version": __version__,
+        "target": str(p.target_path),
+        "backend": label,
+        "reference": str(p.reference_path),
         "outputs": {name: k.to_json() for name, k in p.kinds.items()},
         "tokenizer": tokenizer_dir,
-        "chunking": {"chunk": options.chunk, "overlap": options.overlap, "merge": options.merge, "batch_size": p.batch_cap,
-                     "max_length": p.limits.seq, "max_tile": p.limits.tile, "naive": options.naive,
-                     "last_window": options.last_window},
+        "chunking": {
+            "chunk": options.chunk,
+            "overlap": options.overlap,
+            "merge": options.merge,
+            "batch_size": p.batch_cap,
+            "max_length": p.limits.seq,
+            "max_tile": p.limits.tile,
+            "naive": options.naive,
+            "last_window": options.last_window,
+        },
         "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": doc_chunks[i]} for i, d in enumerate(p.docs)],
         "batches": batches_total,
         "precision_error": precision,
         "chunking_error": chunking_summary([chunking_parts[d] for d in range(len(p.docs))], p.kinds),
         "latency": _latency(timings),
-        "throughput": {"seconds": wall, "inputs_per_s": len(p.docs) / wall, "tokens_per_s": tokens / wall,
-                       "unit": length_unit({d.kind for d in p.docs}), "chunks_per_s": len(p.chunks) / wall},
+        "throughput": {
+            "seconds": wall,
+            "inputs_per_s": len(p.docs) / wall,
+            "tokens_per_s": tokens / wall,
+            "unit": length_unit({d.kind for d in p.docs}),
+            "chunks_per_s": len(p.chunks) / wall,
+        },
         "memory": memory_all,
         "workers": workers,
-        "ray": {"address": ray_options.address, "actors": count, "resources_per_actor": resources, "onnxruntime_threads": threads,
-                "units": len(units), "unit_chunks": size, "lost_workers": sum(1 for w in pool.workers if not w.alive),
-                "gc_paused_in_units": options.gc_pause, "switch_interval_us": options.switch_interval_us,
-                "retried_units": sum(w.retried_units for w in pool.workers)},
+        "ray": {
+            "address": ray_options.address,
+            "actors": count,
+            "resources_per_actor": resources,
+            "onnxruntime_threads": threads,
+            "units": len(units),
+            "unit_chunks": size,
+            "lost_workers": sum(1 for w in pool.workers if not w.alive),
+            "gc_paused_in_units": options.gc_pause,
+            "switch_interval_us": options.switch_interval_us,
+            "retried_units": sum(w.retried_units for w in pool.workers),
+        },
     }
     report["gates"] = gates_for(report, p, options)
     if options.report:

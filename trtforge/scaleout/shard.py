@@ -55,6 +55,7 @@ class WorkerLost(RuntimeError):
 @dataclass
 class Ledger:
     """Where each unit is. `affinity[u] = w`: only worker w takes u while w lives (it holds u's outputs)."""
+
     units: int
     max_attempts: int = 3
     affinity: dict[int, int] = field(default_factory=dict)
@@ -80,8 +81,9 @@ class Ledger:
     def finish(self, unit: int, worker: int) -> None:
         """Commit `unit`'s result from `worker`; anything but the one in-flight copy is a bug."""
         if self.inflight.get(unit) != worker:
-            raise RuntimeError(f"unit {unit} finished on worker {worker}, but it is in flight on {self.inflight.get(unit)} "
-                               f"(done: {unit in self.done})")
+            raise RuntimeError(
+                f"unit {unit} finished on worker {worker}, but it is in flight on {self.inflight.get(unit)} (done: {unit in self.done})"
+            )
         del self.inflight[unit]
         self.done[unit] = worker
 
@@ -92,8 +94,10 @@ class Ledger:
         for u in units:
             del self.inflight[u]
             if self.attempts[u] >= self.max_attempts:
-                raise WorkerLost(f"unit {u} was lost with its Ray worker {self.attempts[u]} times; see the Ray logs "
-                                 "(/tmp/ray/session_latest/logs) for why the workers died.")
+                raise WorkerLost(
+                    f"unit {u} was lost with its Ray worker {self.attempts[u]} times; see the Ray logs "
+                    "(/tmp/ray/session_latest/logs) for why the workers died."
+                )
         self.pending.extendleft(reversed(units))
         return units
 
@@ -110,5 +114,11 @@ class Ledger:
 
 def worker_figures(tokens: int, busy_s: float, chunks: int, batches: int) -> dict[str, Any]:
     """A worker's throughput over the time it spent inferring (its own clock, warm-up excluded)."""
-    return {"tokens": tokens, "chunks": chunks, "batches": batches, "busy_s": busy_s,
-            "tokens_per_s": tokens / busy_s if busy_s > 0 else 0.0, "chunks_per_s": chunks / busy_s if busy_s > 0 else 0.0}
+    return {
+        "tokens": tokens,
+        "chunks": chunks,
+        "batches": batches,
+        "busy_s": busy_s,
+        "tokens_per_s": tokens / busy_s if busy_s > 0 else 0.0,
+        "chunks_per_s": chunks / busy_s if busy_s > 0 else 0.0,
+    }

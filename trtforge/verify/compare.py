@@ -66,6 +66,7 @@ def _lower(a: float, b: float) -> float:
 @dataclass
 class _Output:
     """Running sums for one output, so batches of different shapes (sequence lengths) combine."""
+
     kind: str | None
     tolerance: Tolerance | None = None
     diff2: float = 0.0
@@ -143,10 +144,12 @@ class _Output:
         out: dict[str, Any] = {
             "rel_l2": float(np.sqrt(self.diff2) / ref_norm) if ref_norm > 0 else float("nan"),
             "cosine": _whole_cosine(self.dot, self.ref2, self.cand2),
-            "min_row_cosine": self.min_row, "max_abs": self.max_abs,
+            "min_row_cosine": self.min_row,
+            "max_abs": self.max_abs,
             "min_item_cosine": float(item_cos.min()) if item_cos.size else 1.0,
             "mean_item_cosine": float(item_cos.mean()) if item_cos.size else 1.0,
-            "items": int(item_cos.size)}
+            "items": int(item_cos.size),
+        }
         if self.kind in TASK_METRIC:
             out[TASK_METRIC[self.kind]] = self.agree / self.votes if self.votes else 1.0
         bad = self.candidate.nonfinite or self.reference.nonfinite
@@ -157,10 +160,15 @@ class _Output:
         out["reference_problem"] = reference_problem(self.reference)
         if self.tolerance is not None and self.abs_err is not None and self.rel_err is not None:
             stat = self.tolerance.statistic
-            out["tolerance"] = {"atol": self.tolerance.atol, "rtol": self.tolerance.rtol, "statistic": stat,
-                                "abs_error": self.abs_err.statistic(stat), "rel_error": self.rel_err.statistic(stat),
-                                "violations": self.violations,
-                                "passed": (not bad) and tolerance_passed(self.tolerance, self.abs_err, self.rel_err, self.violations)}
+            out["tolerance"] = {
+                "atol": self.tolerance.atol,
+                "rtol": self.tolerance.rtol,
+                "statistic": stat,
+                "abs_error": self.abs_err.statistic(stat),
+                "rel_error": self.rel_err.statistic(stat),
+                "violations": self.violations,
+                "passed": (not bad) and tolerance_passed(self.tolerance, self.abs_err, self.rel_err, self.violations),
+            }
         return out
 
 
@@ -198,8 +206,13 @@ class Comparator:
         return {name: acc.metrics() for name, acc in self._outputs.items() if acc.candidate.count}
 
 
-def compare_outputs(kinds: dict[str, str | None], reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
-                    mask: np.ndarray | None = None, tolerances: dict[str, Tolerance] | None = None) -> dict[str, dict[str, Any]]:
+def compare_outputs(
+    kinds: dict[str, str | None],
+    reference: dict[str, np.ndarray],
+    candidate: dict[str, np.ndarray],
+    mask: np.ndarray | None = None,
+    tolerances: dict[str, Tolerance] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Metrics per output for one pair of output dicts; every output in `kinds` must be in both."""
     comparator = Comparator(kinds, tolerances)
     comparator.add(reference, candidate, mask)
@@ -211,8 +224,7 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray, kind: str | Non
     return compare_outputs({"output": kind}, {"output": reference}, {"output": candidate})["output"]
 
 
-NUMERIC_KEYS = ("rel_l2", "cosine", "min_row_cosine", "max_abs", "min_item_cosine", "mean_item_cosine",
-                *TASK_METRIC.values())
+NUMERIC_KEYS = ("rel_l2", "cosine", "min_row_cosine", "max_abs", "min_item_cosine", "mean_item_cosine", *TASK_METRIC.values())
 
 
 def worst(per_output: dict[str, dict[str, Any]]) -> dict[str, float]:

@@ -44,8 +44,10 @@ FP32_TOLERANCE = 1e-4  # the export step's default tolerance (config export.tole
 LOW_PRECISIONS = ("fp16", "tf32")
 QUANTIZED_PRECISIONS = ("int8", "best", "fp8")
 PRECISIONS = ("fp32", *LOW_PRECISIONS, *QUANTIZED_PRECISIONS)
-QUANTIZED_NOTE = ("max_rel_l2 has no default for an INT8 or FP8-GEMM target (its rounding error is judged by cosine, as "
-                  "calibrate's and build's gates); set --max-rel-l2 to gate it")
+QUANTIZED_NOTE = (
+    "max_rel_l2 has no default for an INT8 or FP8-GEMM target (its rounding error is judged by cosine, as "
+    "calibrate's and build's gates); set --max-rel-l2 to gate it"
+)
 
 
 def default_gates(precision: str | None, fp32_tolerance: float = FP32_TOLERANCE) -> dict[str, float]:
@@ -64,8 +66,7 @@ class Gate:
     source: str  # "set" (a flag or config key) | "default for <precision> targets"
 
 
-def gates_from(values: dict[str, float | None], precision: str | None = None,
-               fp32_tolerance: float = FP32_TOLERANCE) -> list[Gate]:
+def gates_from(values: dict[str, float | None], precision: str | None = None, fp32_tolerance: float = FP32_TOLERANCE) -> list[Gate]:
     """Gates from {key: threshold or None}; None takes the key's default for the target's precision, if any."""
     defaults_used = default_gates(precision, fp32_tolerance)
     source = f"default for {precision or 'fp32'} targets"
@@ -86,7 +87,11 @@ def gate_notes(values: dict[str, float | None], precision: str | None) -> list[s
 
 def nonfinite_failure(name: str, metrics: dict[str, Any], what: str = "the target") -> str:
     values = metrics.get("values", "?")
-    also = " (the reference has NaN/Inf there too: the model itself computes it)" if metrics.get("reference_problem", "") and "NaN" in str(metrics.get("reference_problem")) else ""
+    also = (
+        " (the reference has NaN/Inf there too: the model itself computes it)"
+        if metrics.get("reference_problem", "") and "NaN" in str(metrics.get("reference_problem"))
+        else ""
+    )
     return f"output '{name}' of {what} has {metrics['candidate_nonfinite']} NaN/Inf values of {values}{also}"
 
 
@@ -113,19 +118,22 @@ def passes(value: float, bound: str, threshold: float) -> bool:
 def bound_failure(label: str, name: str, value: float, bound: str, threshold: float, key: str) -> str:
     sign = ">" if bound == "max" else "<"
     shown = "NaN" if value != value else f"{value:.5g}"
-    return f"{label} of '{name}' {shown} {sign} {threshold:g} ({key})" if value == value else \
-        f"{label} of '{name}' is NaN, not within {threshold:g} ({key})"
+    return (
+        f"{label} of '{name}' {shown} {sign} {threshold:g} ({key})"
+        if value == value
+        else f"{label} of '{name}' is NaN, not within {threshold:g} ({key})"
+    )
 
 
-def judge_metric(per_output: dict[str, dict[str, Any]], metric: str, bound: str, threshold: float,
-                 label: str, key: str) -> tuple[str | None, float, str | None]:
+def judge_metric(
+    per_output: dict[str, dict[str, Any]], metric: str, bound: str, threshold: float, label: str, key: str
+) -> tuple[str | None, float, str | None]:
     """(the worst output's name, its value, a failure sentence or None) for one bound on one metric."""
     values = {name: m[metric] for name, m in per_output.items() if metric in m}
     if not values:
         return None, float("nan"), f"{key} {threshold:g} could not be evaluated: no output has {metric}"
     value = worst_of(list(values.values()), bound)
-    name = next((n for n, v in values.items() if v != v), None) if value != value else \
-        next(n for n, v in values.items() if v == value)
+    name = next((n for n, v in values.items() if v != v), None) if value != value else next(n for n, v in values.items() if v == value)
     ok = passes(value, bound, threshold)
     return name, value, None if ok else bound_failure(label, name or "?", value, bound, threshold, key)
 
@@ -137,16 +145,21 @@ def tolerance_failures(per_output: dict[str, dict[str, Any]]) -> list[str]:
         tol = m.get("tolerance")
         if tol and not tol["passed"]:
             if tol["statistic"] == "elemwise":
-                out.append(f"output '{name}': {tol['violations']} of {m.get('values')} values outside atol {tol['atol']:g} + "
-                           f"rtol {tol['rtol']:g} x |reference| (largest absolute error {tol['abs_error']:.3g})")
+                out.append(
+                    f"output '{name}': {tol['violations']} of {m.get('values')} values outside atol {tol['atol']:g} + "
+                    f"rtol {tol['rtol']:g} x |reference| (largest absolute error {tol['abs_error']:.3g})"
+                )
             else:
-                out.append(f"output '{name}': {tol['statistic']} absolute error {tol['abs_error']:.3g} > atol {tol['atol']:g} "
-                           f"and relative error {tol['rel_error']:.3g} > rtol {tol['rtol']:g}")
+                out.append(
+                    f"output '{name}': {tol['statistic']} absolute error {tol['abs_error']:.3g} > atol {tol['atol']:g} "
+                    f"and relative error {tol['rel_error']:.3g} > rtol {tol['rtol']:g}"
+                )
     return out
 
 
-def evaluate_gates(report: dict[str, Any], gates: list[Gate], where: str = "run",
-                   tolerated: frozenset[str] = frozenset()) -> dict[str, Any]:
+def evaluate_gates(
+    report: dict[str, Any], gates: list[Gate], where: str = "run", tolerated: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """{passed, failures[], checked[]}: NaN/Inf screens and tolerances of every measured section, then each
     gate's worst value over the outputs that carry its metric. A default gate skips the `tolerated` outputs: a
     tolerance the user set for an output replaces its defaults (a gate the user set still reads every output)."""
@@ -168,7 +181,9 @@ def evaluate_gates(report: dict[str, Any], gates: list[Gate], where: str = "run"
             entry.update(status="not evaluated", reason=why)
             if gate.source == "set":
                 entry["status"] = "failed"
-                failures.append(f"{gate.key} {gate.threshold:g} could not be evaluated: {spec.section.replace('_', ' ')} not measured: {why}")
+                failures.append(
+                    f"{gate.key} {gate.threshold:g} could not be evaluated: {spec.section.replace('_', ' ')} not measured: {why}"
+                )
             continue
         per_output = section.get("per_output") or {}
         if gate.source != "set":
@@ -192,8 +207,9 @@ def evaluate_gates(report: dict[str, Any], gates: list[Gate], where: str = "run"
     return {"passed": not failures, "failures": failures, "checked": checked}
 
 
-def check_outputs(per_output: dict[str, dict[str, Any]], bounds: list[tuple[str, str, float, str, str]],
-                  where: str, what: str = "the target") -> list[str]:
+def check_outputs(
+    per_output: dict[str, dict[str, Any]], bounds: list[tuple[str, str, float, str, str]], where: str, what: str = "the target"
+) -> list[str]:
     """The failures of one step's check: the NaN/Inf screen, tolerances, then each (metric, bound, threshold,
     label, key) over every output. Raises ReferenceUnusable for a reference that proves nothing."""
     failures = screen(per_output, where, what) + tolerance_failures(per_output)

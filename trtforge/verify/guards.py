@@ -85,8 +85,10 @@ def reference_problem(stats: ValueStats) -> str | None:
     if stats.magnitude == 0.0:
         return "all zeros"
     if stats.magnitude < SMALLEST_MEASURABLE:
-        return (f"too small to measure against (largest magnitude {stats.magnitude:.2g}, below {SMALLEST_MEASURABLE:.2g}, "
-                "where float32 products underflow)")
+        return (
+            f"too small to measure against (largest magnitude {stats.magnitude:.2g}, below {SMALLEST_MEASURABLE:.2g}, "
+            "where float32 products underflow)"
+        )
     if stats.count > 1 and stats.high - stats.low <= RELATIVE_SPREAD * stats.magnitude:
         return f"constant (every value {stats.low:.6g})"
     return None
@@ -100,13 +102,17 @@ def vacuous_reason(values: np.ndarray) -> str | None:
 def unusable_reference(name: str, reason: str, where: str) -> ReferenceUnusable:
     """The one sentence for a reference output that proves nothing, with what to do about it."""
     if reason.startswith("too small"):
-        advice = ("the model's activations vanish layer by layer; initialise the weights at a larger scale (e.g. the "
-                  "config's initializer_range) or load trained weights")
+        advice = (
+            "the model's activations vanish layer by layer; initialise the weights at a larger scale (e.g. the "
+            "config's initializer_range) or load trained weights"
+        )
     elif "NaN" in reason:
         advice = "the reference model itself computes NaN/Inf there; fix the model (or its inputs) before checking a target"
     else:
-        advice = ("re-initialise the layer that produces it (e.g. a zero-initialised classifier head: "
-                  "torch.nn.init.normal_(head.weight, std=0.02)) or return a meaningful output")
+        advice = (
+            "re-initialise the layer that produces it (e.g. a zero-initialised classifier head: "
+            "torch.nn.init.normal_(head.weight, std=0.02)) or return a meaningful output"
+        )
     return ReferenceUnusable(f"{where}: reference output '{name}' is {reason}, so comparing against it proves nothing; {advice}.")
 
 

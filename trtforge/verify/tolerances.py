@@ -49,8 +49,9 @@ def check_statistic(statistic: str, flag: str = "--error-stat") -> str:
     q = quantile_of(statistic)
     if statistic in STATISTICS or (q is not None and 0.0 < q < 1.0):
         return statistic
-    raise UserError(f"{flag} '{statistic}' is not one of elemwise, max, mean, median or a quantile qNN with 0 < NN < 100 "
-                    "(e.g. q99); pick one of them.")
+    raise UserError(
+        f"{flag} '{statistic}' is not one of elemwise, max, mean, median or a quantile qNN with 0 < NN < 100 (e.g. q99); pick one of them."
+    )
 
 
 def parse_tolerances(values: list[str], flag: str) -> dict[str | None, float]:
@@ -68,8 +69,9 @@ def parse_tolerances(values: list[str], flag: str) -> dict[str | None, float]:
     return out
 
 
-def tolerances_for(outputs: list[str], atol: dict[str | None, float], rtol: dict[str | None, float],
-                   statistic: str) -> dict[str, Tolerance]:
+def tolerances_for(
+    outputs: list[str], atol: dict[str | None, float], rtol: dict[str | None, float], statistic: str
+) -> dict[str, Tolerance]:
     """One Tolerance per output named by either table (or every output, for a bare VALUE); names must exist."""
     for flag, table in (("--atol", atol), ("--rtol", rtol)):
         unknown = [n for n in table if n is not None and n not in outputs]
