@@ -479,17 +479,7 @@ def _reuse_recorded(
         **side,
         "cache_reused": True,
         "cache_reason": reason,
-        "gate": {
-            "min_cosine": options.min_cosine,
-            "min_int8_flops": options.min_int8_flops,
-            "min_top1_agreement": options.min_top1_agreement,
-            "min_pixel_agreement": options.min_pixel_agreement,
-        },
-        "held_out": {
-            "data": str(options.eval_data or options.data),
-            "max_samples": options.max_eval_samples,
-            "calibration_data": str(options.data),
-        },
+        **gate_record(options),
     }
     write_sidecar(int8_path, side)
     return CalibrateResult(int8_path, cache_path, True, reason, result, side, [], time.perf_counter() - start)
@@ -681,18 +671,7 @@ def _calibrate(
             "int8_gemm_flops_fraction": result.int8_flops_fraction,
             "float_gemm_flops": float_shares,
             "accuracy": accuracy_json,
-            "gate": {
-                "min_cosine": options.min_cosine,
-                "min_int8_flops": options.min_int8_flops,
-                "min_top1_agreement": options.min_top1_agreement,
-                "min_pixel_agreement": options.min_pixel_agreement,
-            },
-            # What the gate was measured on, so that `build` can re-check it on the engine.
-            "held_out": {
-                "data": str(options.eval_data or options.data),
-                "max_samples": options.max_eval_samples,
-                "calibration_data": str(options.data),
-            },
+            **gate_record(options),
             "flops_at": opt_sizes,
             "seconds": round(time.perf_counter() - start, 3),
             "comparison": [
@@ -760,6 +739,23 @@ TASK_GATES = (
     ("min_top1_agreement", "top1_agreement", "logits", "top-1 agreement"),
     ("min_pixel_agreement", "pixel_agreement", "dense", "per-pixel argmax agreement"),
 )
+
+
+def gate_record(options: CalibrateOptions) -> dict[str, Any]:
+    """The sidecar's gate and what it was measured on (held_out), so that `build` can re-check it on the engine."""
+    return {
+        "gate": {
+            "min_cosine": options.min_cosine,
+            "min_int8_flops": options.min_int8_flops,
+            "min_top1_agreement": options.min_top1_agreement,
+            "min_pixel_agreement": options.min_pixel_agreement,
+        },
+        "held_out": {
+            "data": str(options.eval_data or options.data),
+            "max_samples": options.max_eval_samples,
+            "calibration_data": str(options.data),
+        },
+    }
 
 
 def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[str]:
