@@ -334,12 +334,34 @@ def test_an_engine_target_is_refused_where_none_can_execute(chains, tmp_path, cl
     from trtforge.calibrate.engine_check import runtime_here
 
     engine = _fake_engine(tmp_path)
-    proc = cli("compare", str(engine), str(chains / "ref.onnx"), "--inputs", str(chains / "in"), "--layerwise")
-    assert_user_error(proc, "--layerwise is not supported for an engine (chain.engine)")
     if runtime_here()[0]:
         pytest.skip("this machine executes engines")
-    proc = cli("compare", str(engine), str(chains / "ref.onnx"), "--inputs", str(chains / "in"))
-    assert_user_error(proc, "chain.engine is an engine and no TensorRT engine can execute on this machine")
+    for extra in ([], ["--layerwise"]):
+        proc = cli("compare", str(engine), str(chains / "ref.onnx"), "--inputs", str(chains / "in"), *extra)
+        assert_user_error(proc, "chain.engine is an engine and no TensorRT engine can execute on this machine")
+
+
+def test_layerwise_on_an_engine_rebuilds_it_with_the_tensors_marked_as_outputs(chains, tmp_path):
+    """A real TensorRT-RTX build of the perturbed chain; ONNX Runtime on the ONNX each engine's sidecar names stands in
+    for executing it (no engine executes here). The twin is built from that ONNX with the shared tensors as outputs."""
+    require("tensorrt_rtx")
+    from trtforge.build import build
+
+    engine = build(chains / "pert.onnx", tmp_path / "pert.engine", precision="fp32").engine_path
+    twins = []
+
+    def runner(path, sidecar):
+        twins.append({"path": Path(path).name, "outputs": [t["name"] for t in sidecar["io"] if t.get("mode") == "output"]})
+        return FakeEngine(Path(sidecar["source_onnx"]))
+
+    access = EngineAccess(lambda: (True, "fake"), runner)
+    report = compare(engine, chains / "ref.onnx", CompareOptions(inputs=chains / "in", layerwise=True), access)
+    layers = report["layerwise"]
+    assert not report["passed"] and layers["first_jump"]["tensor"] == "h2_mm" and "twin of pert.engine" in layers["engine"]
+    assert [t["path"] for t in twins] == ["pert.engine", "layerwise.engine"]
+    assert set(CHAIN_TENSORS) <= set(twins[1]["outputs"]) and twins[0]["outputs"] == ["y"]
+    # the deployed engine is left as it was
+    assert json.loads((tmp_path / "pert.engine.json").read_text())["source_onnx"].endswith("pert.onnx")
 
 
 def test_a_built_engine_is_refused_where_none_can_execute(chains, tmp_path, cli):

@@ -1213,7 +1213,9 @@ def compare(
         None, "--min-cosine", help="Gate on every output's cosine (default: by the target's precision)."
     ),
     layerwise: bool = typer.Option(
-        False, "--layerwise", help="Also compare every intermediate tensor both ONNX graphs name alike, and name the first over the gates."
+        False,
+        "--layerwise",
+        help="Also compare every intermediate tensor both graphs name alike, and name the first over the gates (an engine target is built again from its ONNX with those tensors marked as outputs).",
     ),
     max_samples: Optional[int] = typer.Option(None, "--max-samples", help="Use at most this many inputs."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write the JSON report here."),

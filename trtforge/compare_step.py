@@ -7,7 +7,7 @@ the reference's own tokenizer), whole, one sample a batch. Every output goes thr
 without a tolerance are judged by the gates: those set (--max-rel-l2, --min-cosine; they judge every output), else the
 defaults of the target's precision (verify/gates.py), which the report names.
 
-Layer-wise (--layerwise, ONNX targets): every intermediate tensor both graphs produce under the same name (an fp16
+Layer-wise (--layerwise): every intermediate tensor both graphs produce under the same name (an fp16
 copy adds Casts, a Q/DQ copy adds Q/DQ pairs, a cleaned copy folds constants: those names are in one graph only) is
 marked as a graph output of a copy of each model, both run on ONNX Runtime with the same inputs, and each pair goes
 through the same comparator, in the reference's topological order. Skipped: tensors shape inference types as
@@ -21,6 +21,9 @@ metric misses it). Every tensor before it is within the gates, so it is where th
 gates are the output gates (set, else the target precision's defaults) even where the outputs have tolerances,
 which name outputs only. Layer-wise is a diagnosis: the exit code follows the outputs' check, and a tensor over the
 gates while the outputs pass is reported, not failed.
+
+On an engine target, layer-wise rebuilds: TensorRT fuses layers, so the ONNX the engine was built from is built
+again with the shared tensors marked as outputs (engine_layerwise), and that twin runs the samples.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from trtforge.artifacts import declared_output_kinds, read_sidecar, refuse_overwrite, write_json_atomic
+from trtforge.artifacts import declared_output_kinds, linked_path, read_sidecar, refuse_overwrite, write_json_atomic, write_sidecar
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.errors import UserError, exception_summary
 from trtforge.graph import expose_tensors, float_tensor_types, io_specs, toposorted
@@ -133,16 +136,11 @@ class _OnnxTarget:
         pass
 
 
-def open_target(target: Path, layerwise: bool, access: EngineAccess | None) -> tuple[Any, dict[str, Any] | None]:
+def open_target(target: Path, access: EngineAccess | None) -> tuple[Any, dict[str, Any] | None]:
     """(a runner for the target, the engine's sidecar or None); an engine only where one can execute."""
     if target.suffix == ".onnx":
         load_onnx(target, load_external_data=False)  # a missing or unreadable file: one sentence
         return _OnnxTarget(target), None
-    if layerwise:
-        raise UserError(
-            f"--layerwise is not supported for an engine ({target.name}): it needs the engine rebuilt with every "
-            "intermediate tensor marked as an output; compare the ONNX it was built from layer-wise instead."
-        )
     from trtforge.build import read_engine_sidecar
 
     sidecar = read_engine_sidecar(target, verify=True)
@@ -315,7 +313,7 @@ def _session_source(model: onnx.ModelProto, spill: Path) -> bytes | Path:
 
 
 def _compare_tensors(
-    reference: OrtRunner, target: "_OnnxTarget", names: list[str], samples: list[dict[str, np.ndarray]], skipped: dict[str, str]
+    reference: OrtRunner, target: Any, names: list[str], samples: list[dict[str, np.ndarray]], skipped: dict[str, str]
 ) -> dict[str, dict[str, Any]]:
     """The comparator's metrics of every named tensor over the samples; a tensor that is no float or whose shapes differ
     goes to `skipped` with why."""
@@ -336,6 +334,69 @@ def _compare_tensors(
         return comparator.result()
 
 
+@dataclass
+class _Matched:
+    """The tensors both graphs produce under one name, in the reference's topological order."""
+
+    ref: _Layers
+    target_ops: dict[str, str]
+    matched: list[str]
+    names: list[str]  # the float ones, to compare
+    skipped: dict[str, str]
+
+
+def _match(reference_model: onnx.ModelProto, target_model: onnx.ModelProto, progress: Callable[[str], None]) -> _Matched:
+    ref = _layers(reference_model)
+    target_ops = {o: n.op_type for n in target_model.graph.node for o in n.output if o}
+    matched = [t for t in ref.order if t in target_ops]
+    non_float = _non_float(reference_model) | _non_float(target_model)
+    names = [t for t in matched if t not in non_float]
+    progress(
+        f"layer-wise: {len(matched)} tensors matched by name ({len(ref.order)} in the reference, "
+        f"{len(target_ops)} in the target); comparing {len(names)} float tensors"
+    )
+    return _Matched(ref, target_ops, matched, names, {t: "not a float tensor" for t in matched if t in non_float})
+
+
+def _layer_report(m: _Matched, per: dict[str, dict[str, Any]], gates: list[Gate]) -> dict[str, Any]:
+    rows = []
+    for t in m.names:
+        if t in m.skipped or t not in per:
+            continue
+        metrics = per[t]
+        if metrics["reference_problem"]:
+            m.skipped[t] = f"the reference proves nothing there: {metrics['reference_problem']}"
+            continue
+        rows.append(
+            {
+                "tensor": t,
+                "op": m.ref.op[t],
+                "target_op": m.target_ops[t],
+                "node": m.ref.node[t],
+                "rel_l2": metrics["rel_l2"],
+                "cosine": metrics["cosine"],
+                "max_abs": metrics["max_abs"],
+                "candidate_nonfinite": metrics["candidate_nonfinite"],
+                "values": metrics["values"],
+            }
+        )
+    growth_factors(rows, m.ref.inputs_of)
+    jump = first_jump(rows, gates)
+    for row in rows:
+        row["status"] = "over gates" if over_gates(row, gates) else "ok"
+    return {
+        "matched": len(m.matched),
+        "reference_tensors": len(m.ref.order),
+        "target_tensors": len(m.target_ops),
+        "compared": len(rows),
+        "skipped": m.skipped,
+        "skipped_counts": skip_counts(m.skipped),
+        "gates": [{"gate": g.key, "threshold": g.threshold, "source": g.source} for g in gates],
+        "rows": rows,
+        "first_jump": jump,
+    }
+
+
 def layerwise(
     reference_model: onnx.ModelProto,
     target_model: onnx.ModelProto,
@@ -344,58 +405,89 @@ def layerwise(
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Every tensor both graphs produce under one name, compared in the reference's topological order (module docstring)."""
-    ref = _layers(reference_model)
-    target_ops = {o: n.op_type for n in target_model.graph.node for o in n.output if o}
-    target_tensors = set(target_ops)
-    matched = [t for t in ref.order if t in target_tensors]
-    non_float = _non_float(reference_model) | _non_float(target_model)
-    names = [t for t in matched if t not in non_float]
-    skipped: dict[str, str] = {t: "not a float tensor" for t in matched if t in non_float}
-    progress(
-        f"layer-wise: {len(matched)} tensors matched by name ({len(ref.order)} in the reference, "
-        f"{len(target_tensors)} in the target); comparing {len(names)} float tensors"
-    )
+    m = _match(reference_model, target_model, progress)
     with tempfile.TemporaryDirectory(prefix="trtforge-layerwise-") as scratch:
         spill = Path(scratch)
-        ref_runner = OrtRunner(_session_source(expose_tensors(reference_model, names, typed=False), spill / "reference.onnx"))
-        target_runner = _OnnxTarget(_session_source(expose_tensors(target_model, names, typed=False), spill / "target.onnx"))
-        per = _compare_tensors(ref_runner, target_runner, names, samples, skipped)
-    rows = []
-    for t in names:
-        if t in skipped or t not in per:
-            continue
-        m = per[t]
-        if m["reference_problem"]:
-            skipped[t] = f"the reference proves nothing there: {m['reference_problem']}"
-            continue
-        rows.append(
-            {
-                "tensor": t,
-                "op": ref.op[t],
-                "target_op": target_ops[t],
-                "node": ref.node[t],
-                "rel_l2": m["rel_l2"],
-                "cosine": m["cosine"],
-                "max_abs": m["max_abs"],
-                "candidate_nonfinite": m["candidate_nonfinite"],
-                "values": m["values"],
-            }
+        ref_runner = OrtRunner(_session_source(expose_tensors(reference_model, m.names, typed=False), spill / "reference.onnx"))
+        target_runner = _OnnxTarget(_session_source(expose_tensors(target_model, m.names, typed=False), spill / "target.onnx"))
+        per = _compare_tensors(ref_runner, target_runner, m.names, samples, m.skipped)
+    return _layer_report(m, per, gates)
+
+
+class _EveryOutput:
+    """An engine runner (which returns every output it has) behind the ONNX targets' run(feeds, outputs)."""
+
+    def __init__(self, runner: Any):
+        self.runner, self.input_names, self.output_names = runner, runner.input_names, runner.output_names
+
+    def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        out = self.runner.run(feeds)
+        return out if outputs is None else {k: out[k] for k in outputs}
+
+    def close(self) -> None:
+        close = getattr(self.runner, "close", None)
+        if close:
+            close()
+
+
+def engine_layerwise(
+    engine: Path,
+    engine_sidecar: dict[str, Any],
+    reference_model: onnx.ModelProto,
+    samples: list[dict[str, np.ndarray]],
+    gates: list[Gate],
+    access: EngineAccess,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Layer-wise on an engine. TensorRT fuses layers, so an engine holds its intermediate tensors only when built to
+    keep them: the ONNX the engine was built from gets every tensor it shares with the reference marked as a graph
+    output and is built again, with the engine's precision and build options and one profile over the axes' ranges,
+    and that engine runs the samples. Marking a tensor as an output keeps the fusions that would consume it from
+    happening, so this engine is a diagnostic twin of the deployed one, not the same engine (as Polygraphy's
+    `--trt-outputs mark all`); the report says so."""
+    from trtforge.backends.tensorrt import BuildOptions
+    from trtforge.build import build, read_engine_sidecar
+
+    source = linked_path(engine, str(engine_sidecar.get("source_onnx") or ""))
+    if not source.is_file():
+        raise UserError(
+            f"{engine.name}'s sidecar names {source} as the ONNX it was built from, which is not here; --layerwise "
+            "rebuilds from it: put it back, or compare that ONNX layer-wise."
         )
-    growth_factors(rows, ref.inputs_of)
-    jump = first_jump(rows, gates)
-    for row in rows:
-        row["status"] = "over gates" if over_gates(row, gates) else "ok"
-    return {
-        "matched": len(matched),
-        "reference_tensors": len(ref.order),
-        "target_tensors": len(target_tensors),
-        "compared": len(rows),
-        "skipped": skipped,
-        "skipped_counts": skip_counts(skipped),
-        "gates": [{"gate": g.key, "threshold": g.threshold, "source": g.source} for g in gates],
-        "rows": rows,
-        "first_jump": jump,
-    }
+    source_model = load_onnx(source)
+    m = _match(reference_model, source_model, progress)
+    fields = set(BuildOptions.__dataclass_fields__) - {"timing_cache"}
+    options = BuildOptions(**{k: v for k, v in (engine_sidecar.get("build_options") or {}).items() if k in fields})
+    with tempfile.TemporaryDirectory(prefix="trtforge-layerwise-engine-") as scratch:
+        debug = Path(scratch) / source.name
+        save_onnx(expose_tensors(source_model, m.names), debug)
+        source_side = read_sidecar(source, required=False)
+        if source_side:
+            write_sidecar(debug, {**source_side, "parent": str(source)})
+        progress(f"layer-wise: building {engine.name}'s ONNX again with {len(m.names)} tensors marked as outputs")
+        built = build(
+            debug,
+            Path(scratch) / "layerwise.engine",
+            precision=engine_sidecar.get("precision", "fp32"),
+            backend=str(engine_sidecar.get("backend") or "auto"),
+            options=options,
+            engine_check=False,
+        )
+        runner = _EveryOutput(access.runner(built.engine_path, read_engine_sidecar(built.engine_path)))
+        try:
+            with tempfile.TemporaryDirectory(prefix="trtforge-layerwise-") as spill:
+                ref_runner = OrtRunner(_session_source(expose_tensors(reference_model, m.names, typed=False), Path(spill) / "r.onnx"))
+                per = _compare_tensors(ref_runner, runner, m.names, samples, m.skipped)
+        finally:
+            close = getattr(runner, "close", None)
+            if close:
+                close()
+    report = _layer_report(m, per, gates)
+    report["engine"] = (
+        f"a twin of {engine.name} built from {source.name} with the compared tensors marked as outputs "
+        "(fusions that would consume them are not applied)"
+    )
+    return report
 
 
 def compare(
@@ -412,7 +504,7 @@ def compare(
         raise UserError(f"{target} is its own reference, so comparing it proves nothing; pass the model it was made from as REFERENCE.")
     refuse_overwrite("compare", [target, reference, options.inputs], files=[options.report])
     ref_model = load_onnx(reference, load_external_data=options.layerwise)  # weights only where a copy is run
-    runner, engine_sidecar = open_target(target, options.layerwise, access)
+    runner, engine_sidecar = open_target(target, access)
     try:
         ref_runner = OrtRunner(reference)
         _check_io(runner, ref_runner, target, reference)
@@ -454,7 +546,11 @@ def compare(
         "gates": gates,
         "passed": gates["passed"],
     }
-    if options.layerwise:
+    if options.layerwise and engine_sidecar is not None:
+        report["layerwise"] = engine_layerwise(
+            target, engine_sidecar, ref_model, samples, layer_gates(values, precision), access or default_engine_access(), progress
+        )
+    elif options.layerwise:
         report["layerwise"] = layerwise(ref_model, load_onnx(target), samples, layer_gates(values, precision), progress)
     if options.report:
         write_json_atomic(options.report, report)
