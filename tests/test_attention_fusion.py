@@ -434,7 +434,7 @@ def test_cli_build_records_the_fusion_and_rejects_a_bad_mode(minilm_clean, tmp_p
     assert record["mode"] == "on" and record["route"] == "native" and not record["replaced"]
     assert_user_error(
         run_cli("build", str(minilm_clean), "--fuse-attention", "maybe", "-o", str(tmp_path / "x.engine")),
-        "--fuse-attention 'maybe'",
+        "--fuse-attention must be 'auto', 'on' or 'off', got 'maybe'",
         "build.fuse_attention",
     )
 

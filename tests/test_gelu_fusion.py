@@ -172,7 +172,7 @@ def test_cli_build_fuse_gelu_needs_tensorrt_8(zoo, tmp_path):
     proc = run_cli("build", str(onnx_path), "--precision", "fp16", "--fuse-gelu", "on", "-o", str(tmp_path / "g.engine"))
     assert_user_error(proc, "--fuse-gelu on cannot fuse", "fuses GELU itself")
     proc = run_cli("build", str(onnx_path), "--precision", "fp16", "--fuse-gelu", "maybe", "-o", str(tmp_path / "g.engine"))
-    assert_user_error(proc, "--fuse-gelu 'maybe' is not one of auto, on, off")
+    assert_user_error(proc, "--fuse-gelu must be 'auto', 'on' or 'off', got 'maybe'")
 
 
 def test_int8_best_graph_gelus_are_fused(zoo):

@@ -177,7 +177,10 @@ def test_auto_fuses_fp16_builds_only_and_on_needs_the_plugin():
     assert fused is None and "not in this TensorRT's plugin registry" in record["why"]
     with pytest.raises(UserError, match="TrtforgeGemm v1 is not in this TensorRT's plugin registry"):
         elementwise_fusion(GEMM_PASS, model, model, "on", "fp16", "tensorrt", "8.6.0", False, {}, "m.onnx")
-    with pytest.raises(UserError, match="load libtrtforge_plugins.* with --plugin-library \\(config key build.plugin_libraries\\)"):
+    with pytest.raises(
+        UserError,
+        match="build libtrtforge_plugins once with `trtforge plugins build`.*--plugin-library PATH \\(config key build.plugin_libraries\\)",
+    ):
         elementwise_fusion(GEMM_PASS, model, model, "on", "fp16", "tensorrt", "8.6.0", False, {}, "m.onnx")
     with pytest.raises(UserError, match="found no GEMM in m.onnx it can fuse: the weight is float32"):
         elementwise_fusion(GEMM_PASS, _tiny(np.float32), model, "on", "best", "tensorrt", "8.6.0", True, {}, "m.onnx")
@@ -189,7 +192,7 @@ def test_auto_fuses_fp16_builds_only_and_on_needs_the_plugin():
 
 def test_cli_fuse_gemm_rejects_an_unknown_mode(zoo, tmp_path):
     proc = run_cli("build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--fuse-gemm", "maybe", "-o", str(tmp_path / "g.engine"))
-    assert_user_error(proc, "--fuse-gemm 'maybe' is not one of auto, on, off")
+    assert_user_error(proc, "--fuse-gemm must be 'auto', 'on' or 'off', got 'maybe'")
 
 
 def test_a_shared_weight_and_one_past_the_attribute_budget_are_refused():
@@ -234,7 +237,7 @@ def test_cli_rejects_an_unknown_qkv_projection_naming_auto(zoo, tmp_path):
     proc = run_cli(
         "build", str(zoo[("bert", "legacy")]), "--precision", "fp16", "--qkv-projection", "gemm", "-o", str(tmp_path / "g.engine")
     )
-    assert_user_error(proc, "--qkv-projection 'gemm' is not one of auto, matmul, conv")
+    assert_user_error(proc, "--qkv-projection must be 'auto', 'matmul' or 'conv', got 'gemm'")
 
 
 def test_the_build_line_names_the_kinds_of_projection_taken():

@@ -39,7 +39,7 @@ CALIB_ARGS = (
     "0",
     "--json",
 )
-EXACT = ("min_row_cosine", "max_abs", "min_item_cosine", "items")  # maxima, minima, counts: order-free
+EXACT = ("min_row_cosine", "max_abs", "min_item_cosine", "items", "values", "candidate_nonfinite", "reference_problem")  # order-free
 
 
 @pytest.fixture(scope="module")
