@@ -27,6 +27,11 @@ from trtforge.onnxio import PROTOBUF_LIMIT, load_onnx, save_onnx
 from trtforge.verify.compare import Comparator
 from trtforge.verify.gates import check_outputs
 
+# Until this module moves into the trtforge/graph/ package, it serves that folder's modules (trtforge.graph.slim).
+__path__ = [os.path.join(os.path.dirname(__file__), "graph")]
+
+from trtforge.graph.slim import needs_rewrite, resolve_parser, slim_model  # noqa: E402
+
 PASSTHROUGH_OPS = ("Identity", "Dropout")
 
 
@@ -143,22 +148,33 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def clean_model(model: onnx.ModelProto, fold_size_limit_mb: float = 64.0) -> tuple[onnx.ModelProto, dict[str, Any]]:
-    """Run the passes; the counts say what each removed, `rewritten` which nodes were rewritten for
-    TensorRT's parser (by node name, so a user can find them in the original graph)."""
+def clean_model(
+    model: onnx.ModelProto, fold_size_limit_mb: float = 64.0, parser: str = "trt8"
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Run the passes; the counts say what each removed, `slim` what onnxslim did (or why it was not used),
+    `rewritten` which nodes were rewritten for the target's parser (by node name, so a user can find them)."""
     gs = _gs()
+    parser = resolve_parser(parser)
     source = model
     model = onnx.ModelProto()
     model.CopyFrom(source)
-    rewritten = {"shape_start_end": split_shape_slices(model)}
     graph = gs.import_onnx(model)
-    counts = {"passthrough_removed": remove_passthrough(graph)}
+    counts: dict[str, Any] = {"passthrough_removed": remove_passthrough(graph)}
     graph.cleanup(remove_unused_graph_inputs=False)
-    fold_constants(graph, int(fold_size_limit_mb * 1024 * 1024))
-    graph.cleanup(remove_unused_graph_inputs=False)
+    slimmed, counts["slim"] = slim_model(export_like(graph, model), int(fold_size_limit_mb * 1024 * 1024))
+    folding = "onnxslim"
+    if slimmed is None:
+        fold_constants(graph, int(fold_size_limit_mb * 1024 * 1024))
+        graph.cleanup(remove_unused_graph_inputs=False)
+        slimmed, folding = export_like(graph, model), "fold_constants"
+    rewrite = needs_rewrite(parser, "shape_start_end")
+    rewritten = {"shape_start_end": split_shape_slices(slimmed) if rewrite else []}
+    graph = gs.import_onnx(slimmed)
     counts["passthrough_removed"] += remove_passthrough(graph)  # folding can expose new ones
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     counts["rewritten"] = rewritten
+    counts["parser"] = parser
+    counts["passes"] = ["remove_passthrough", "cleanup", folding, *(["split_shape_slices"] if rewrite else []), "toposort", "infer_shapes"]
     return infer_shapes(export_like(graph, model)), counts
 
 
@@ -237,7 +253,10 @@ def verify_same(
     return comparator.result()
 
 
-def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float = 64.0, tolerance: float = 1e-5) -> CleanResult:
+def clean_file(
+    path: Path, output: Path | None = None, fold_size_limit_mb: float = 64.0, tolerance: float = 1e-5, parser: str = "auto"
+) -> CleanResult:
+    """Clean `path` into `output` for the parser target (`auto`: the TensorRT installed here; see graph.slim)."""
     start = time.perf_counter()
     path = Path(path)
     output = Path(output) if output else path.with_name(path.name.removesuffix(".onnx") + ".clean.onnx")
@@ -247,7 +266,7 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
     before = graph_stats(model)
     maxima = axis_max_shapes(path, specs, axes)
     external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.load(str(path), load_external_data=False).graph.initializer)
-    cleaned, counts = clean_model(model, fold_size_limit_mb)
+    cleaned, counts = clean_model(model, fold_size_limit_mb, parser)
     after = graph_stats(cleaned)
     graph_hash = onnx_graph_hash(cleaned)
     save_onnx(cleaned, output, external_data=True if external else None)
@@ -271,9 +290,11 @@ def clean_file(path: Path, output: Path | None = None, fold_size_limit_mb: float
         "axes": {k: v.model_dump() for k, v in axes.items()},
         "outputs": (source_sidecar or {}).get("outputs"),
         "tokenizer": carried_tokenizer(path, source_sidecar, output),
-        "passes": ["split_shape_slices", "remove_passthrough", "cleanup", "fold_constants", "toposort", "infer_shapes"],
+        "passes": counts["passes"],
         "fold_size_limit_mb": fold_size_limit_mb,
-        "removed": {k: v for k, v in counts.items() if k != "rewritten"},
+        "removed": {"passthrough_removed": counts["passthrough_removed"]},
+        "slim": counts["slim"],
+        "parser": counts["parser"],
         "rewritten": counts["rewritten"],
         "nodes_before": before.nodes,
         "nodes_after": after.nodes,
