@@ -280,7 +280,7 @@ def test_clean_rewrites_shape_start_end_and_lists_nodes(tmp_path):
     """TensorRT 8.6 rejects Shape with start/end (dynamo graphs): clean rewrites them, ORT unchanged."""
     path = tmp_path / "s.onnx"
     _shape_slice_model(path)
-    proc = run_cli("clean", str(path), "--json")
+    proc = run_cli("clean", str(path), "--parser", "trt8", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["rewritten"]["shape_start_end"] == ["shape_ab", "shape_c"]
@@ -288,7 +288,7 @@ def test_clean_rewrites_shape_start_end_and_lists_nodes(tmp_path):
     assert not [n for n in cleaned.graph.node if n.op_type == "Shape" and n.attribute]
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     assert np.array_equal(OrtRunner(path).run({"x": x})["y"], OrtRunner(tmp_path / "s.clean.onnx").run({"x": x})["y"])
-    proc = run_cli("clean", str(path), "-o", str(tmp_path / "t.onnx"))
+    proc = run_cli("clean", str(path), "-o", str(tmp_path / "t.onnx"), "--parser", "trt8")
     assert "rewrote 2 node(s) for TensorRT's parser (shape_start_end): shape_ab, shape_c" in proc.stdout
 
 

@@ -127,6 +127,9 @@ class CleanSection(Strict):
     # Constants larger than this are not folded (they would bloat the file).
     fold_size_limit_mb: float = Field(64.0, gt=0)
     tolerance: Tolerance = 1e-5
+    # Whose ONNX parser the cleaned graph is rewritten for (trtforge.graph.slim): trt8 (TensorRT 8.6), rtx (TensorRT-RTX),
+    # none (no rewrites); auto: the TensorRT the build would load (the pipeline's --backend), trt8 where there is none.
+    parser: Literal["auto", "trt8", "rtx", "none"] = "auto"
 
 
 class CalibrateSection(Strict):

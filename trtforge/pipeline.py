@@ -108,7 +108,7 @@ class Pipeline:
                 _torch(),
             )
         if step == "clean":
-            return fingerprint(__version__, sha256_file(p["onnx"]), c.clean.model_dump())
+            return fingerprint(__version__, sha256_file(p["onnx"]), c.clean.model_dump(), self._clean_parser())
         if step == "calibrate":
             return fingerprint(
                 __version__,
@@ -176,6 +176,12 @@ class Pipeline:
         side["pipeline_outputs_sha256"] = {o.name: content_sha256(o) for o in self._outputs(step)}
         write_sidecar(marker, side)
 
+    def _clean_parser(self) -> str:
+        """clean.parser, with `auto` standing for the TensorRT this pipeline's build step loads (its --backend)."""
+        from trtforge.graph.slim import resolve_parser
+
+        return resolve_parser(self.cfg.clean.parser, self.backend)
+
     # -- the steps -----------------------------------------------------------------------------
     def _export(self) -> str:
         from trtforge.export import export_model
@@ -186,7 +192,9 @@ class Pipeline:
     def _clean(self) -> str:
         from trtforge.graph import clean_file
 
-        result = clean_file(self.paths["onnx"], self.paths["clean"], self.cfg.clean.fold_size_limit_mb, self.cfg.clean.tolerance)
+        result = clean_file(
+            self.paths["onnx"], self.paths["clean"], self.cfg.clean.fold_size_limit_mb, self.cfg.clean.tolerance, self._clean_parser()
+        )
         return f"{result.before.nodes} -> {result.after.nodes} nodes, rel-L2 {max(result.rel_l2.values()):.1e}"
 
     def _calibrate(self) -> str:

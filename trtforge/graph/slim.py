@@ -11,14 +11,15 @@ from __future__ import annotations
 import contextlib
 import io
 from collections import Counter
-from typing import Any
+from typing import Any, get_args
 
 import onnx
 
+from trtforge.config import CleanSection
 from trtforge.errors import UserError
 
-# Parser targets of `clean --parser`, and the rewrites each one's ONNX parser needs.
-PARSERS = ("auto", "trt8", "rtx", "none")
+# Parser targets of `clean --parser` (config key clean.parser), and the rewrites each one's ONNX parser needs.
+PARSERS: tuple[str, ...] = get_args(CleanSection.model_fields["parser"].annotation)
 PARSER_REWRITES: dict[str, tuple[str, ...]] = {
     # TensorRT 8.6's parser ignores Shape's start/end and then fails on the Slice after it.
     "trt8": ("shape_start_end",),
