@@ -7,6 +7,7 @@ intra-op thread, median of --repeats runs) and the rel-L2 of the first output ag
 same feed. A tool that cannot be imported or run is listed with the reason. Prints a table, writes JSON.
 
     python benchmarks/cleanup.py [--models swin bert gpt2 vit t5-encoder] [--exporter legacy] [--work out/cleanup]
+    python benchmarks/cleanup.py --configs zoo/configs/full --models bert-base gpt2 vit-b16 --repeats 10
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ MODELS = ("swin", "bert", "gpt2", "vit", "t5-encoder")
 TOOLS = ("trtforge clean", "onnxslim", "onnxsim", "polygraphy")
 
 
-def export(name: str, exporter: str, work: Path) -> Path:
+def export(name: str, exporter: str, work: Path, configs: Path) -> Path:
     """The zoo model's ONNX in WORK (exported once; the configs name paths relative to the repository root)."""
     path = work / f"{name}.{exporter}.onnx"
     if path.exists():
@@ -44,7 +45,7 @@ def export(name: str, exporter: str, work: Path) -> Path:
     before = os.getcwd()
     os.chdir(ROOT)
     try:
-        cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / f"{name}.yaml"), {"export.exporter": exporter})
+        cfg = apply_overrides(load_config(configs / f"{name}.yaml"), {"export.exporter": exporter})
         export_model(cfg, path)
     finally:
         os.chdir(before)
@@ -176,7 +177,8 @@ def versions() -> dict[str, str | None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), help="zoo config names (zoo/configs/NAME.yaml)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), help="config names (CONFIGS/NAME.yaml)")
+    parser.add_argument("--configs", type=Path, default=ROOT / "zoo" / "configs", help="zoo/configs/full for the published sizes")
     parser.add_argument("--exporter", default="legacy", choices=["legacy", "dynamo"])
     parser.add_argument("--work", type=Path, default=ROOT / "out" / "cleanup", help="exports and cleaned models go here")
     parser.add_argument("--repeats", type=int, default=50, help="ONNX Runtime runs per model for the median")
@@ -185,10 +187,11 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for name in args.models:
-        rows += measure(name, export(name, args.exporter, args.work), args.work, args.repeats)
+        rows += measure(name, export(name, args.exporter, args.work, args.configs.resolve()), args.work, args.repeats)
     print(table(rows))
     out = args.json or args.work / "cleanup.json"
-    out.write_text(json.dumps({"exporter": args.exporter, "versions": versions(), "rows": rows}, indent=2))
+    record = {"configs": str(args.configs), "exporter": args.exporter, "repeats": args.repeats, "versions": versions(), "rows": rows}
+    out.write_text(json.dumps(record, indent=2))
     print(f"wrote {out}")
 
 

@@ -88,7 +88,9 @@ def test_shape_rewrite_only_for_the_trt8_parser(tmp_path):
     assert counts["rewritten"] == {"shape_start_end": ["shape_ab", "shape_c"]} and not _attributed_shapes(cleaned)
     assert "split_shape_slices" in counts["passes"]
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
-    assert np.array_equal(OrtRunner(model.SerializeToString()).run({"x": x})["y"], OrtRunner(cleaned.SerializeToString()).run({"x": x})["y"])
+    assert np.array_equal(
+        OrtRunner(model.SerializeToString()).run({"x": x})["y"], OrtRunner(cleaned.SerializeToString()).run({"x": x})["y"]
+    )
 
 
 def test_tensorrt_rtx_parses_the_unrewritten_shape_start_end(tmp_path):

@@ -235,7 +235,10 @@ def clean(
         con.print(f"note: {slim['note']}")
     else:
         removed = ", ".join(f"{op} {n}" for op, n in sorted(slim["ops_removed"].items(), key=lambda kv: -kv[1]))
-        con.print(f"onnxslim {slim['version']}: {slim['nodes_before']} -> {slim['nodes_after']} nodes" + (f" (removed {removed})" if removed else ""))
+        con.print(
+            f"onnxslim {slim['version']}: {slim['nodes_before']} -> {slim['nodes_after']} nodes"
+            + (f" (removed {removed})" if removed else "")
+        )
     for rewrite, nodes in result.sidecar["rewritten"].items():
         if nodes:
             con.print(f"rewrote {len(nodes)} node(s) for TensorRT's parser ({rewrite}): {', '.join(nodes)}")

@@ -148,9 +148,7 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def clean_model(
-    model: onnx.ModelProto, fold_size_limit_mb: float = 64.0, parser: str = "trt8"
-) -> tuple[onnx.ModelProto, dict[str, Any]]:
+def clean_model(model: onnx.ModelProto, fold_size_limit_mb: float = 64.0, parser: str = "trt8") -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Run the passes; the counts say what each removed, `slim` what onnxslim did (or why it was not used),
     `rewritten` which nodes were rewritten for the target's parser (by node name, so a user can find them)."""
     gs = _gs()
