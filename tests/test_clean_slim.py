@@ -194,3 +194,19 @@ def test_onnxslim_failure_falls_back_with_a_note(tmp_path, monkeypatch):
     shown = CliRunner().invoke(app, ["clean", str(path), "-o", str(tmp_path / "c2.onnx")])
     assert shown.exit_code == 0, shown.output
     assert f"note: {note}" in " ".join(shown.output.split())
+
+
+def test_pipeline_cleans_for_its_build_backend(tmp_path):
+    """clean.parser auto follows the pipeline's --backend, and another target re-runs the clean step."""
+    require("tensorrt_rtx")
+    from trtforge.config import apply_overrides, load_config
+    from trtforge.pipeline import Pipeline
+
+    cfg = load_config(ROOT / "configs" / "tiny-fcn.yaml")
+    rtx, elsewhere = Pipeline(cfg, tmp_path, "tensorrt_rtx"), Pipeline(cfg, tmp_path, "tensorrt")
+    rtx.paths["onnx"].write_bytes(b"stands in for the export")
+    assert rtx._clean_parser() == "rtx"
+    assert elsewhere._clean_parser() == "trt8"  # TensorRT 8.6 where installed; without it, the rewrite that parses anywhere
+    assert elsewhere._fp("clean") != rtx._fp("clean")  # same config and ONNX, another target: clean runs again
+    pinned = Pipeline(apply_overrides(cfg, {"clean.parser": "trt8"}), tmp_path, "tensorrt_rtx")
+    assert pinned._clean_parser() == "trt8"
