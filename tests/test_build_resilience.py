@@ -15,9 +15,9 @@ from trtforge.backends.tensorrt import (
     runs_int8,
     summarize_layers,
 )
-from trtforge.config import AxisRange, InputSpec
-from trtforge.doctor import engine_support, rtx_targets
-from trtforge.profiles import plan_profiles, slow_build_warning, tier_ranges
+from trtforge.build.profiles import plan_profiles, slow_build_warning, tier_ranges
+from trtforge.core.config import AxisRange, InputSpec
+from trtforge.core.platform import engine_support, rtx_targets
 
 # -- inspector JSON ----------------------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ def test_pipeline_runs_rtx_engines_on_a_supported_gpu(monkeypatch):
     """The defect: a GPU with only TensorRT-RTX was treated as unable to run engines."""
     require("tensorrt_rtx")
     pytest.importorskip("cuda.bindings")
-    import trtforge.doctor as doctor
+    import trtforge.core.platform as doctor
     from trtforge.pipeline import _engine_runs_here
 
     monkeypatch.setattr(doctor, "_module", lambda name: None if name == "tensorrt" else __import__(name))
@@ -211,7 +211,7 @@ def _conv_onnx(path):
 
 def test_engine_is_kept_when_the_inspector_fails(tmp_path, monkeypatch):
     require("tensorrt_rtx")
-    import trtforge.build as build_mod
+    import trtforge.build.step as build_mod
 
     def broken_inspector(*_args, **_kwargs):
         raise json.JSONDecodeError("Invalid control character at", "{\x01}", 1)

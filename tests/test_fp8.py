@@ -21,9 +21,9 @@ from conftest import ROOT, assert_user_error, export_zoo, run_cli
 from onnx import helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.feeds import random_feeds
 from trtforge.fusion import fp8
-from trtforge.graph import io_specs
+from trtforge.graph.index import io_specs
+from trtforge.runtime.feeds import random_feeds
 
 
 def test_quantize_e4m3_rounds_to_nearest_even_and_saturates():
@@ -197,8 +197,8 @@ def test_builds_fp8_step_converts_the_fused_graph_and_records_it(bert, monkeypat
     from types import SimpleNamespace
 
     import trtforge.backends.tensorrt as trt_backend
-    from trtforge import build as build_mod
-    from trtforge.errors import UserError
+    from trtforge.build import step as build_mod
+    from trtforge.core.errors import UserError
 
     monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
     model, converted, fused, specs, axes = _fused(bert)
@@ -221,8 +221,8 @@ def test_pipeline_honours_the_configs_gemm_precision(bert, tmp_path):
     built its own options and dropped the key: an fp16 engine came out of an fp8 config.)"""
     import shutil
 
-    from trtforge.config import apply_overrides, load_config
-    from trtforge.errors import UserError
+    from trtforge.core.config import apply_overrides, load_config
+    from trtforge.core.errors import UserError
     from trtforge.pipeline import Pipeline
 
     cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / "bert.yaml"), {"build.gemm_precision": "fp8"})
@@ -319,8 +319,8 @@ def test_chaining_is_the_default_and_on_without_a_pair_says_so(bert, monkeypatch
     from types import SimpleNamespace
 
     import trtforge.backends.tensorrt as trt_backend
-    from trtforge import build as build_mod
-    from trtforge.errors import UserError
+    from trtforge.build import step as build_mod
+    from trtforge.core.errors import UserError
 
     monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
     model, converted, stages, specs, axes = fp16_plugin_chain(bert)
@@ -384,8 +384,8 @@ def test_a_graph_without_gemm_plugin_nodes_gets_no_fp8_engine(zoo_exports, monke
     from types import SimpleNamespace
 
     import trtforge.backends.tensorrt as trt_backend
-    from trtforge import build as build_mod
-    from trtforge.errors import UserError
+    from trtforge.build import step as build_mod
+    from trtforge.core.errors import UserError
 
     monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
     path = zoo_exports[("gpt2", "legacy")]
@@ -500,7 +500,7 @@ def test_calib_data_sets_the_fp8_scales_and_joins_the_gates_feeds(bert, monkeypa
     from types import SimpleNamespace
 
     import trtforge.backends.tensorrt as trt_backend
-    from trtforge import build as build_mod
+    from trtforge.build import step as build_mod
 
     monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
     model, converted, fused, specs, axes = _fused(bert)
@@ -512,7 +512,7 @@ def test_calib_data_sets_the_fp8_scales_and_joins_the_gates_feeds(bert, monkeypa
     assert random_record["magnitudes_from"].startswith("random feeds") and len(random_gate_feeds) == 2
     assert record["magnitudes_from"].startswith(f"calibration data {data}") and len(gate_feeds) > 2
     assert record["gate"]["feeds"].startswith(f"calibration data {data}")
-    from trtforge.precision import sample_feeds
+    from trtforge.build.precision import sample_feeds
 
     samples, _ = sample_feeds(bert, model, specs, axes, data)
     real = record["gate"]["real_batches"]
@@ -526,8 +526,8 @@ def test_calib_data_sets_the_fp8_scales_and_joins_the_gates_feeds(bert, monkeypa
 def test_build_hands_calib_data_and_the_top1_gate_to_each_step(vit_calib, monkeypatch, tmp_path):
     """build() passes --calib-data to the fp16 conversion and the FP8 step, and --fp8-min-top1-agreement with the count
     of real batches to the gate: each step stood in for, its arguments recorded (a dropped argument fails here)."""
-    from trtforge import build as build_mod
     from trtforge.backends.tensorrt import BuildOptions
+    from trtforge.build import step as build_mod
     from trtforge.calibrate import engine_check
 
     path, data = vit_calib

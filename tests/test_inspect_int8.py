@@ -2,7 +2,7 @@
 int8 kernel names, and Myelin layers reported as opaque instead of as 'no INT8'."""
 
 from trtforge.backends.tensorrt import int8_kernel, parse_layer_log, runs_int8, summarize_layers
-from trtforge.build import _add_tactic_names
+from trtforge.build.step import _add_tactic_names
 
 # SAMPLE INPUT (written for this test in the format TensorRT 8.6 GA / 9.x print: "name (Dtype[dims])"). On
 # the H200 the bracketed parser read every layer of BERT-base and ResNet-50 with empty I/O: this format.

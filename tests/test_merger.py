@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trtforge.chunking import merge_pooled, merge_windows, plan_windows
-from trtforge.outputs import OutputKind
-from trtforge.run import Chunk, Document, _Merger, kept_size, merge_document
+from trtforge.runtime.chunking import merge_pooled, merge_windows, plan_windows
+from trtforge.runtime.outputs import OutputKind
+from trtforge.runtime.step import Chunk, Document, _Merger, kept_size, merge_document
 
 
 def _plan(lengths, chunk=12, overlap=4, specials=(1, 1), full_last=False):
@@ -63,7 +63,7 @@ def test_batches_mixing_inputs_merge_like_each_input_alone(merge, order, full_la
 
 def test_center_merge_copies_a_run_of_windows_at_once(monkeypatch):
     """Under 'center', a batch's consecutive windows of one input are merged by one StreamingMerge.take."""
-    import trtforge.chunking as chunking
+    import trtforge.runtime.chunking as chunking
 
     docs, chunks = _plan([60, 30])
     calls = []
@@ -112,7 +112,7 @@ def test_each_input_is_handed_on_once_when_finished_and_its_memory_serves_later_
     """With on_done (run's path), an input goes to on_done as soon as its last chunk is merged, exactly once, with
     what results() gives, and once released its pooled memory holds later inputs' outputs: batches straddle inputs,
     rows are split over "threads", and the first inputs' memory is dirty when the later ones reuse it."""
-    from trtforge.outpool import OutputPool
+    from trtforge.runtime.outpool import OutputPool
 
     lengths = [40, 9, 23, 30, 55, 41, 26, 33]
     docs, chunks = _plan(lengths)
@@ -155,7 +155,7 @@ def test_two_threads_finishing_one_input_at_once_hand_it_on_exactly_once():
     chunks they merge must be handed on once, by whichever finishes last, with both halves in it."""
     import threading
 
-    from trtforge.outpool import OutputPool
+    from trtforge.runtime.outpool import OutputPool
 
     kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token")}
     options = SimpleNamespace(merge="center", chunk=12, overlap=4)
@@ -210,8 +210,8 @@ def test_batches_of_block_runs_merge_like_each_input_alone(merge):
     lists of their chunks."""
     from test_runloop import _text_plans
 
-    from trtforge.run import Batch, shape_key
-    from trtforge.runloop import Batcher
+    from trtforge.runtime.loop import Batcher
+    from trtforge.runtime.step import Batch, shape_key
 
     lengths = [40, 9, 23, 3, 61, 14]
     plans = _text_plans(lengths)

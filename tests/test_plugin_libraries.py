@@ -11,7 +11,7 @@ from conftest import assert_user_error, run_cli
 
 from trtforge.backends import tensorrt as trt_backend
 from trtforge.backends.tensorrt import CUDNN_LIB_ENV, TrtModule, cudnn_lib_dirs, load_engine_plugin_libraries, load_plugin_libraries
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 

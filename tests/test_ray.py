@@ -146,7 +146,7 @@ def test_run_on_two_actors_equals_one_process(calibrated, minilm_clean, single_r
 
 
 def test_killed_actor_is_retried_and_no_document_is_lost_or_doubled(calibrated, minilm_clean, single_run, ray_cluster, tmp_path):
-    from trtforge.run import RunOptions
+    from trtforge.runtime.step import RunOptions
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
     options = RunOptions(
@@ -172,8 +172,8 @@ def test_killed_calibration_actor_changes_nothing(minilm_clean, ray_cluster):
     from trtforge.calibrate import data as data_mod
     from trtforge.calibrate.collect import collect
     from trtforge.calibrate.step import _tokenizer_factory
-    from trtforge.graph import io_specs
-    from trtforge.onnxio import load_onnx
+    from trtforge.core.onnxio import load_onnx
+    from trtforge.graph.index import io_specs
     from trtforge.scaleout.ray_calibrate import collect_ray
 
     model = load_onnx(minilm_clean)
@@ -193,8 +193,8 @@ def test_killed_calibration_actor_changes_nothing(minilm_clean, ray_cluster):
 
 
 def test_more_actors_than_the_cluster_holds_is_a_user_error(minilm_clean, ray_cluster):
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.step import RunOptions
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
     with pytest.raises(UserError, match="--ray-actors 3 asks for more ONNX Runtime actors than the Ray cluster's 2 CPUs"):
@@ -211,7 +211,7 @@ def test_an_actors_units_run_under_the_loops_interpreter_settings(minilm_clean, 
     import sys
     from dataclasses import replace
 
-    from trtforge.run import RunOptions, prepare
+    from trtforge.runtime.step import RunOptions, prepare
     from trtforge.scaleout.ray_run import RunWorker
 
     options = RunOptions(

@@ -18,8 +18,8 @@ import pytest
 from conftest import require
 from test_runloop import FakeCudart, FakeLogger, fake_driver
 
-from trtforge.artifacts import read_sidecar
 from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.core.artifacts import read_sidecar
 
 
 class OrtEngine:
@@ -126,7 +126,7 @@ class NullEngine(OrtEngine):
 def engine(minilm_clean, tmp_path_factory):
     """A real engine file and sidecar (TensorRT-RTX builds without a GPU), one profile of chunks up to 256."""
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build.step import build
 
     out = tmp_path_factory.mktemp("emulated") / "minilm.engine"
     result = build(minilm_clean, out, "fp32", "seq=256", backend="tensorrt_rtx")
@@ -138,8 +138,8 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     `onnx_path`) over the fake CUDA; benchmarks/host_overhead.py passes a null engine."""
     import trtforge.backends.tensorrt as tensorrt_mod
     import trtforge.backends.tensorrt_runtime as rt
-    import trtforge.build as build_mod
-    import trtforge.doctor as doctor
+    import trtforge.build.step as build_mod
+    import trtforge.core.platform as doctor
     from trtforge.backends.cuda_async import submit_calls
 
     cudart = FakeCudart()
@@ -191,7 +191,7 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(
     engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges, copy_engine, reserve, threads
 ):
     """threads: planning and merging threads each (0: planned on the submitting thread, merged on the collecting one)."""
-    from trtforge.run import RunOptions, run
+    from trtforge.runtime.step import RunOptions, run
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -208,7 +208,7 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(
     )
     common.update(merge_workers=threads, plan_workers=threads)
     emulated = _emulate(monkeypatch, minilm_clean, engine)
-    import trtforge.run as run_mod
+    import trtforge.runtime.step as run_mod
 
     merged_rows, merging_threads, add = [], set(), run_mod._Merger.add
 
@@ -286,8 +286,8 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(
 def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path, monkeypatch):
     """When the loop fails, run closes the batch stream: documents not yet started are never planned (nor their
     merged outputs allocated) after the run gave up."""
-    import trtforge.run as run_mod
-    from trtforge.run import RunOptions, run
+    import trtforge.runtime.step as run_mod
+    from trtforge.runtime.step import RunOptions, run
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -320,9 +320,9 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
     import subprocess
 
     import trtforge.backends.tensorrt as tensorrt_mod
-    from trtforge.artifacts import write_sidecar
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions, run
+    from trtforge.core.artifacts import write_sidecar
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.step import RunOptions, run
 
     src = tmp_path / "p.c"
     src.write_text("int trtforge_emulated_plugin(void) { return 7; }\n")
@@ -361,8 +361,8 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
 def test_pre_tokenized_inputs_on_an_engine_are_planned_on_the_thread_feeding_it_by_default(engine, minilm_clean, tmp_path, monkeypatch):
     """Nothing to tokenize, an engine: no planning threads by default (run.default_plan_workers), every input planned on
     the thread that submits the batches, and the merged outputs those ONNX Runtime gives (planned by 2 threads there)."""
-    import trtforge.run as run_mod
-    from trtforge.run import RunOptions, run
+    import trtforge.runtime.step as run_mod
+    from trtforge.runtime.step import RunOptions, run
 
     rng = np.random.default_rng(0)
     ids = tmp_path / "ids.jsonl"

@@ -51,7 +51,7 @@ def albert_onnx(tmp_path_factory):
             "last_hidden_state": {0: "batch", 1: "seq"},
         },
     )
-    from trtforge.graph import clean_file
+    from trtforge.graph.index import clean_file
 
     clean_file(path)  # folds the exporter's Identity copies: every layer then reads the same initializers
     path = folder / "albert.clean.onnx"

@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from trtforge.backends.onnxruntime import OrtRunner  # noqa: E402
 from trtforge.backends.tensorrt_runtime import DeviceBuffer, _cudart, _handle, _ok  # noqa: E402
-from trtforge.feeds import random_feeds  # noqa: E402
-from trtforge.graph import io_specs  # noqa: E402
-from trtforge.onnxio import load_onnx  # noqa: E402
+from trtforge.core.onnxio import load_onnx  # noqa: E402
+from trtforge.graph.index import io_specs  # noqa: E402
+from trtforge.runtime.feeds import random_feeds  # noqa: E402
 
 FUSED_WORDS = re.compile(r"qkv_to_context|CustomQKV|fmha|mha|flash|attention", re.I)
 NORM_WORDS = re.compile(r"LayerNorm|LayerNormalization|Erf|gelu|intermediate", re.I)

@@ -34,8 +34,8 @@ TACTICS_OFF = ("CUBLAS", "CUBLAS_LT", "CUDNN")
 
 
 def _model(clean: Path):
-    from trtforge.graph import io_specs
-    from trtforge.onnxio import load_onnx
+    from trtforge.core.onnxio import load_onnx
+    from trtforge.graph.index import io_specs
 
     model = load_onnx(clean, load_external_data=False)
     specs, axes, side = io_specs(clean, model)
@@ -53,7 +53,7 @@ def _samples(clean: Path, folder: Path, max_samples: int | None, max_len: int | 
 
 def _one_profile(specs, axes) -> dict:
     """The profile every engine of this benchmark is built with: each axis' declared min/opt/max."""
-    from trtforge.profiles import plan_profiles
+    from trtforge.build.profiles import plan_profiles
 
     return plan_profiles(specs, axes, {})[0]
 
@@ -211,8 +211,8 @@ def compare(clean: Path, eval_data: Path, engines: list[str], max_samples: int |
     from trtforge.calibrate.engine_check import _Named
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
     from trtforge.calibrate.step import _eval_batches, _output_kinds
-    from trtforge.feeds import random_feeds
-    from trtforge.onnxio import load_onnx
+    from trtforge.core.onnxio import load_onnx
+    from trtforge.runtime.feeds import random_feeds
 
     specs, axes, _ = _model(clean)
     _, _, samples = _samples(clean, eval_data, max_samples)

@@ -36,8 +36,8 @@ VOCAB = (1000, 30000)
 def variants(clean: str, int8: str, out: str) -> None:
     import onnx
 
-    from trtforge import precision
-    from trtforge.onnxio import load_onnx, save_onnx
+    from trtforge.build import precision
+    from trtforge.core.onnxio import load_onnx, save_onnx
 
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -123,8 +123,8 @@ class Engine:
         from trtforge.backends.tensorrt_runtime import _cudart, _ok
 
         self.trt, self.cudart, self._ok = trt, _cudart(), _ok
-        from trtforge.artifacts import read_sidecar
         from trtforge.backends.tensorrt import load_engine_plugin_libraries, load_trt
+        from trtforge.core.artifacts import read_sidecar
 
         logger = trt.Logger(trt.Logger.WARNING)
         trt.init_libnvinfer_plugins(logger, "")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 
 
 def available_providers() -> list[str]:

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.artifacts import NpzStream
-from trtforge.errors import UserError
+from trtforge.core.artifacts import NpzStream
+from trtforge.core.errors import UserError
 
 FORMAT = "trtforge.reference/1"
 

@@ -23,10 +23,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trtforge import interrupts
-from trtforge.artifacts import sha256_file
-from trtforge.errors import UserError
-from trtforge.profiles import Profile
+from trtforge.build.profiles import Profile
+from trtforge.core import interrupts
+from trtforge.core.artifacts import sha256_file
+from trtforge.core.errors import UserError
 
 
 @dataclass
@@ -195,7 +195,7 @@ def _preload_companions(library: Path) -> Path | None:
     against; None for any other library."""
     import ctypes
 
-    from trtforge.plugin_discovery import SIDECAR_KIND
+    from trtforge.build.plugins.discovery import SIDECAR_KIND
 
     try:
         record = json.loads(Path(str(library) + ".json").read_text())
@@ -270,11 +270,11 @@ def load_engine_plugin_libraries(mod: TrtModule, sidecar: dict[str, Any], engine
 def _cached_in_place_of(mod: TrtModule, recorded: str) -> str:
     """A recorded libtrtforge_plugins that is not on this machine (the engine was built elsewhere, or the cache moved)
     is replaced by this machine's cached library for the same TensorRT and GPU, built from the same sources."""
-    from trtforge.plugin_discovery import LIBRARY_NAME
+    from trtforge.build.plugins.discovery import LIBRARY_NAME
 
     if Path(recorded).is_file() or Path(recorded).name != LIBRARY_NAME or mod.flavour != "tensorrt":
         return recorded
-    from trtforge.plugins_build import gpu_sm, state_for
+    from trtforge.build.plugins.compile import gpu_sm, state_for
 
     state = state_for(mod.version, gpu_sm())
     return str(state.path) if state.status == "found" and state.path else recorded
@@ -493,7 +493,7 @@ def _heartbeat(progress: BuildProgress, on_tick: Tick | None, interval_s: float)
 
 def _rtx_runs_here() -> bool:
     """A GPU that TensorRT-RTX supports is present (it refuses sm_90 H100/H200)."""
-    from trtforge.doctor import _support_here
+    from trtforge.core.platform import _support_here
 
     return _support_here()["tensorrt_rtx"][0]
 
@@ -828,7 +828,7 @@ def int8_verdict(total: int, int8: list[str], hidden: list[str], boundary: list[
 
 
 def runtime_identity(mod: TrtModule) -> dict[str, Any]:
-    from trtforge.doctor import _gpu
+    from trtforge.core.platform import _gpu
 
     gpu = _gpu()
     return {

@@ -28,12 +28,12 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from trtforge import interrupts
 from trtforge.backends.cuda_async import stack_into, submit_calls
-from trtforge.copymerge import OutputCopies
-from trtforge.errors import UserError
-from trtforge.profiles import Profile, profiles_from_json, select_profile
-from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, check_gpu_wait, padded_batch, slot_bytes
+from trtforge.build.profiles import Profile, profiles_from_json, select_profile
+from trtforge.core import interrupts
+from trtforge.core.errors import UserError
+from trtforge.runtime.copymerge import OutputCopies
+from trtforge.runtime.loop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, check_gpu_wait, padded_batch, slot_bytes
 
 
 def _cudart() -> Any:
@@ -68,7 +68,7 @@ def _ok(result: Any) -> Any:
 
 def _check_gpu_supported(flavour: str, engine_path: Path) -> None:
     """Say in one sentence when this GPU cannot run the flavour's engines (TensorRT-RTX refuses sm_90)."""
-    from trtforge.doctor import _support_here
+    from trtforge.core.platform import _support_here
 
     ok, why = _support_here().get(flavour, (True, ""))
     if not ok:

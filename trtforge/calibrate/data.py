@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from trtforge.config import InputSpec
-from trtforge.errors import UserError
+from trtforge.core.config import InputSpec
+from trtforge.core.errors import UserError
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 ARRAY_SUFFIXES = (".npy", ".npz")

@@ -34,7 +34,7 @@ class EngineHooks:
 
 def runtime_here() -> tuple[bool, str]:
     """(True, flavour) when a TensorRT flavour can execute engines on this machine, else (False, why)."""
-    from trtforge.doctor import _support_here
+    from trtforge.core.platform import _support_here
 
     support = _support_here()
     for flavour in ("tensorrt", "tensorrt_rtx"):
@@ -47,8 +47,8 @@ def runtime_here() -> tuple[bool, str]:
 def default_hooks(precision: str = "best") -> EngineHooks:
     def build(onnx_path: Path) -> tuple[Path, dict[str, Any]]:
         from trtforge.backends.tensorrt import BuildOptions, load_trt
-        from trtforge.build import build as build_engine
-        from trtforge.build import default_engine_path
+        from trtforge.build.step import build as build_engine
+        from trtforge.build.step import default_engine_path
 
         _, flavour = runtime_here()
         mod = load_trt(flavour)
@@ -127,7 +127,7 @@ def recheck(
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
     from trtforge.calibrate.step import gate_failures
-    from trtforge.onnxio import load_onnx
+    from trtforge.core.onnxio import load_onnx
 
     options = gate_options(int8_sidecar)
     if batches is None:
@@ -165,8 +165,8 @@ def held_out_batches(int8_onnx: Path, int8_sidecar: dict[str, Any]) -> list[dict
     """The held-out batches calibrate evaluated on (same data, same limit, same batching)."""
     from trtforge.calibrate import data as data_mod
     from trtforge.calibrate.step import _eval_batches, _max_length, _tokenizer_factory
-    from trtforge.config import AxisRange, InputSpec
-    from trtforge.errors import UserError
+    from trtforge.core.config import AxisRange, InputSpec
+    from trtforge.core.errors import UserError
 
     held = int8_sidecar.get("held_out") or {}
     if not held.get("data"):
@@ -219,7 +219,7 @@ def after_calibrate(
     if not ok:
         return skipped(why)
     progress("engine re-check: building a TensorRT engine from the Q/DQ ONNX")
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
 
     try:
         engine, engine_sidecar = hooks.build(int8_onnx)
@@ -237,7 +237,7 @@ def after_calibrate(
 
 def after_build(engine: Path, engine_sidecar: dict[str, Any], hooks: EngineHooks | None = None) -> dict[str, Any] | None:
     """build's re-check for an int8/best engine whose ONNX came from calibrate; None for other engines."""
-    from trtforge.artifacts import read_sidecar
+    from trtforge.core.artifacts import read_sidecar
 
     if engine_sidecar.get("precision") not in ("int8", "best"):
         return None
@@ -275,10 +275,10 @@ def after_fp8_build(
     on the first real_batches feeds, the real inputs: random ones give nearly flat logits, whose top-1 any rounding
     flips (without real inputs it is reported as on random feeds, and cannot be gated). FP8's error is not the fp16
     conversion's, and only the engine shows it: ORT cannot run the plugin."""
-    from trtforge.artifacts import declared_output_kinds
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
-    from trtforge.onnxio import load_onnx
+    from trtforge.core.artifacts import declared_output_kinds
+    from trtforge.core.onnxio import load_onnx
     from trtforge.verify.gates import screen
 
     hooks = hooks or default_hooks()

@@ -27,17 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from trtforge import __version__, interrupts
-from trtforge.artifacts import (
-    content_mismatch,
-    content_sha256,
-    onnx_graph_hash,
-    output_locks,
-    read_sidecar,
-    refuse_overwrite,
-    sha256_bytes,
-    write_sidecar,
-)
+from trtforge import __version__
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
 from trtforge.calibrate.cache import cache_mismatch, read_cache, write_cache
@@ -51,23 +41,34 @@ from trtforge.calibrate.collect import (
 from trtforge.calibrate.evaluate import Accuracy, evaluate, reference_outputs
 from trtforge.calibrate.methods import compute_amax
 from trtforge.calibrate.placement import PLACEMENT_VERSION
+from trtforge.calibrate.quantize import (
+    insert_qdq,
+    int8_gemm_nodes,
+    quantized_nodes,
+    residual_adds,
+)
 from trtforge.calibrate.sensitivity import layer_errors
 from trtforge.calibrate.smooth import (
     apply_smoothing,
     smoothing_groups,
     smoothing_scales,
 )
-from trtforge.config import AxisRange, InputSpec
-from trtforge.errors import UserError
-from trtforge.feeds import random_feeds
-from trtforge.graph import io_specs, name_all_nodes
-from trtforge.onnxio import load_onnx, save_onnx
-from trtforge.quantize import (
-    insert_qdq,
-    int8_gemm_nodes,
-    quantized_nodes,
-    residual_adds,
+from trtforge.core import interrupts
+from trtforge.core.artifacts import (
+    content_mismatch,
+    content_sha256,
+    onnx_graph_hash,
+    output_locks,
+    read_sidecar,
+    refuse_overwrite,
+    sha256_bytes,
+    write_sidecar,
 )
+from trtforge.core.config import AxisRange, InputSpec
+from trtforge.core.errors import UserError
+from trtforge.core.onnxio import load_onnx, save_onnx
+from trtforge.graph.index import io_specs, name_all_nodes
+from trtforge.runtime.feeds import random_feeds
 from trtforge.verify.gates import screen
 from trtforge.verify.metrics import worst_of
 
@@ -141,7 +142,7 @@ def _tokenizer_factory(onnx_path: Path) -> Callable[[], Any] | None:
     """The model's tokenizer (trtforge.tokenize.TextTokenizer), found through the sidecar chain of
     `onnx_path` (the directory export saved, relative to its ONNX), or the built-in MiniLM's; None when
     there is none."""
-    from trtforge.tokenize import TextTokenizer, find_tokenizer_dir
+    from trtforge.runtime.tokenize import TextTokenizer, find_tokenizer_dir
 
     directory = find_tokenizer_dir(onnx_path)
     return (lambda: TextTokenizer(directory)) if directory else None
@@ -359,7 +360,7 @@ def _refuse_quantized(onnx_path: Path, model: Any) -> None:
     activations and stack a second Q/DQ pair on each tensor."""
     count = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
     if count:
-        from trtforge.artifacts import read_sidecar
+        from trtforge.core.artifacts import read_sidecar
 
         try:
             source = (read_sidecar(onnx_path, required=False) or {}).get("reference_onnx")
@@ -729,8 +730,8 @@ def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
 
 def _output_kinds(reference: OrtRunner, onnx_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange]) -> dict[str, str | None]:
     """{output: kind or None}: declared in the sidecar chain or inferred (None where undecidable: metrics only)."""
-    from trtforge.layout import model_layout
-    from trtforge.probe import output_kinds
+    from trtforge.core.layout import model_layout
+    from trtforge.graph.probe import output_kinds
 
     return {name: k.kind for name, k in output_kinds(reference, onnx_path, specs, axes, model_layout(specs), strict=False).items()}
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 
 BUILTIN_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -142,7 +142,7 @@ def torchscript_examples(path: Path, inputs: list[Any], axes: dict[str, Any]) ->
     called POSITIONALLY with them, in the order the config lists its inputs."""
     import torch
 
-    from trtforge.feeds import random_feeds
+    from trtforge.runtime.feeds import random_feeds
 
     if not inputs:
         raise UserError(

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 from trtforge.models import LoadedModel
 
 MAX_LENGTH = 512

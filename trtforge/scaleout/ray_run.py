@@ -31,10 +31,10 @@ from typing import Any, Callable
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import write_json_atomic
-from trtforge.errors import UserError
-from trtforge.report import SCHEMA
-from trtforge.run import (
+from trtforge.core.artifacts import write_json_atomic
+from trtforge.core.errors import UserError
+from trtforge.runtime.report import SCHEMA
+from trtforge.runtime.step import (
     Chunk,
     Document,
     Prepared,
@@ -80,8 +80,8 @@ class RunWorker:
 
     def setup(self, warm: list[list[Chunk]], warmup: int) -> dict[str, Any]:
         from trtforge.backends.onnxruntime import OrtRunner
-        from trtforge.run import OrtTarget, TrtTarget
-        from trtforge.tokenize import TextTokenizer
+        from trtforge.runtime.step import OrtTarget, TrtTarget
+        from trtforge.runtime.tokenize import TextTokenizer
 
         p, options = self.p, self.options
         self.target = (
@@ -311,7 +311,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
     precision = precision_of(list(range(len(units))))
 
     if options.save_outputs:
-        from trtforge.artifacts import atomic_path
+        from trtforge.core.artifacts import atomic_path
 
         with atomic_path(options.save_outputs) as tmp:
             with open(tmp, "wb") as fh:
