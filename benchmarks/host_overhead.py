@@ -69,7 +69,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from trtforge.build.step import build
-    from trtforge.runtime.step import RunOptions, run
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     work = Path(tempfile.mkdtemp(prefix="trtforge-host-"))
     engine = build(args.onnx, work / "m.engine", "fp32", "seq=256", backend="tensorrt_rtx").engine_path

@@ -79,7 +79,8 @@ def export(path: Path) -> None:
 
 def _chunk_batches(batch: int = BATCH) -> list[dict[str, np.ndarray]]:
     from trtforge.runtime.chunking import plan_windows
-    from trtforge.runtime.step import Chunk, make_batches, stack
+    from trtforge.runtime.documents import Chunk
+    from trtforge.runtime.planning import make_batches, stack
 
     ids = np.random.default_rng(0).integers(1000, 30000, TOKENS)
     chunks = []

@@ -117,7 +117,8 @@ def main() -> None:
     print(f"ray binaries made executable: {', '.join(fixed) if fixed else 'none needed'}", flush=True)
     import ray
 
-    from trtforge.runtime.step import RunOptions, run
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
     is_engine = args.target.suffix != ".onnx"

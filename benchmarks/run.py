@@ -20,7 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trtforge.runtime.step import RunOptions, make_batches, run, stack  # noqa: E402
+from trtforge.runtime.options import RunOptions  # noqa: E402
+from trtforge.runtime.planning import make_batches, stack  # noqa: E402
+from trtforge.runtime.step import run  # noqa: E402
 
 
 def bare_throughput(target_path: Path, options: RunOptions, repeats: int = 3) -> tuple[float, int]:

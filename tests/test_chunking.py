@@ -362,7 +362,7 @@ def test_row_runs_join_consecutive_windows_of_one_input_in_consecutive_rows():
 
 
 def test_throughput_unit_names_what_a_length_counts():
-    from trtforge.runtime.step import length_unit
+    from trtforge.runtime.documents import length_unit
 
     assert length_unit({"text"}) == "tokens" and length_unit({"image"}) == "pixels"
     assert length_unit({"seq"}) == "positions" and length_unit({"text", "seq"}) == "positions"

@@ -144,7 +144,7 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     from pathlib import Path
 
     code = (
-        "from trtforge import interrupts\nimport time\nwith interrupts.deferred():\n    print('ready', flush=True)\n"
+        "from trtforge.core import interrupts\nimport time\nwith interrupts.deferred():\n    print('ready', flush=True)\n"
         "    time.sleep(60)  # native work that never returns early\n"
     )
     root = Path(__file__).resolve().parents[1]

@@ -146,7 +146,7 @@ def test_run_on_two_actors_equals_one_process(calibrated, minilm_clean, single_r
 
 
 def test_killed_actor_is_retried_and_no_document_is_lost_or_doubled(calibrated, minilm_clean, single_run, ray_cluster, tmp_path):
-    from trtforge.runtime.step import RunOptions
+    from trtforge.runtime.options import RunOptions
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
     options = RunOptions(
@@ -194,7 +194,7 @@ def test_killed_calibration_actor_changes_nothing(minilm_clean, ray_cluster):
 
 def test_more_actors_than_the_cluster_holds_is_a_user_error(minilm_clean, ray_cluster):
     from trtforge.core.errors import UserError
-    from trtforge.runtime.step import RunOptions
+    from trtforge.runtime.options import RunOptions
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
     with pytest.raises(UserError, match="--ray-actors 3 asks for more ONNX Runtime actors than the Ray cluster's 2 CPUs"):
@@ -211,7 +211,8 @@ def test_an_actors_units_run_under_the_loops_interpreter_settings(minilm_clean, 
     import sys
     from dataclasses import replace
 
-    from trtforge.runtime.step import RunOptions, prepare
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.prepare import prepare
     from trtforge.scaleout.ray_run import RunWorker
 
     options = RunOptions(

@@ -196,7 +196,7 @@ def test_text_and_jsonl_of_any_bytes(tmp_path, blob, name):
 def test_pretokenized_jsonl_of_any_bytes(tmp_path, blob):
     """run's pre-tokenized inputs ({"input_ids": [...]} per line) and its first-line sniffing."""
     from trtforge.core.layout import Layout  # noqa: F401 - run's module imports it
-    from trtforge.runtime.step import _pretokenized, load_documents
+    from trtforge.runtime.documents import _pretokenized, load_documents
 
     path = tmp_path / "ids.jsonl"
     path.write_bytes(blob)

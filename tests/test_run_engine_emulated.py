@@ -191,7 +191,8 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(
     engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges, copy_engine, reserve, threads
 ):
     """threads: planning and merging threads each (0: planned on the submitting thread, merged on the collecting one)."""
-    from trtforge.runtime.step import RunOptions, run
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -210,14 +211,14 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(
     emulated = _emulate(monkeypatch, minilm_clean, engine)
     import trtforge.runtime.step as run_mod
 
-    merged_rows, merging_threads, add = [], set(), run_mod._Merger.add
+    merged_rows, merging_threads, add = [], set(), run_mod.Merger.add
 
     def recording_add(self, batch, out, rows=None, copy=False, placed=None):  # how each batch reached the merge
         merged_rows.append(None if rows is None else list(rows))
         merging_threads.add(threading.current_thread().name.split("_")[0])
         return add(self, batch, out, rows, copy, placed)
 
-    monkeypatch.setattr(run_mod._Merger, "add", recording_add)
+    monkeypatch.setattr(run_mod.Merger, "add", recording_add)
     import trtforge.backends.tensorrt_runtime as rt
 
     pinned, freed, allocate = [], [], rt.allocate_pinned
@@ -287,7 +288,8 @@ def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path
     """When the loop fails, run closes the batch stream: documents not yet started are never planned (nor their
     merged outputs allocated) after the run gave up."""
     import trtforge.runtime.step as run_mod
-    from trtforge.runtime.step import RunOptions, run
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -298,7 +300,7 @@ def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path
     calls, planned = [], []
     plan_document = run_mod.plan_document
     monkeypatch.setattr(run_mod, "plan_document", lambda d, *args: planned.append(d) or plan_document(d, *args))
-    add = run_mod._Merger.add
+    add = run_mod.Merger.add
 
     def failing_add(self, *args, **kwargs):
         calls.append(1)
@@ -306,7 +308,7 @@ def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path
             raise RuntimeError("merge failed")
         return add(self, *args, **kwargs)
 
-    monkeypatch.setattr(run_mod._Merger, "add", failing_add)
+    monkeypatch.setattr(run_mod.Merger, "add", failing_add)
     with pytest.raises(RuntimeError, match="merge failed"):
         run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, plan_workers=1, precision_check=False))
     at_failure = len(planned)
@@ -322,7 +324,8 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
     import trtforge.backends.tensorrt as tensorrt_mod
     from trtforge.core.artifacts import write_sidecar
     from trtforge.core.errors import UserError
-    from trtforge.runtime.step import RunOptions, run
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     src = tmp_path / "p.c"
     src.write_text("int trtforge_emulated_plugin(void) { return 7; }\n")
@@ -362,7 +365,8 @@ def test_pre_tokenized_inputs_on_an_engine_are_planned_on_the_thread_feeding_it_
     """Nothing to tokenize, an engine: no planning threads by default (run.default_plan_workers), every input planned on
     the thread that submits the batches, and the merged outputs those ONNX Runtime gives (planned by 2 threads there)."""
     import trtforge.runtime.step as run_mod
-    from trtforge.runtime.step import RunOptions, run
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     rng = np.random.default_rng(0)
     ids = tmp_path / "ids.jsonl"

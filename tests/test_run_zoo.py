@@ -48,7 +48,8 @@ def test_roberta_text_feeds_use_0_and_2():
     """The window feeds themselves: <s>=0 ... </s>=2, never BERT's 101/102."""
     from trtforge.core.config import InputSpec
     from trtforge.core.layout import model_layout
-    from trtforge.runtime.step import Document, Limits, plan_document
+    from trtforge.runtime.documents import Document
+    from trtforge.runtime.planning import Limits, plan_document
     from trtforge.runtime.tokenize import TextTokenizer
 
     tok = TextTokenizer(ROOT / "zoo/tokenizers/roberta-bpe")

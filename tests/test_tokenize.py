@@ -149,7 +149,8 @@ def test_run_plans_the_tokenizers_own_windows(which, tmp_path):
     """run plans a text's windows from its ids alone (one encode, no tokenizer state touched, so planning threads
     run in parallel); they must be the very windows the tokenizer's truncation with stride cuts. With
     full_last (run's default) the same, except that the last one is extended back to full length."""
-    from trtforge.runtime.step import Document, Limits, plan_document
+    from trtforge.runtime.documents import Document
+    from trtforge.runtime.planning import Limits, plan_document
 
     directory = {"minilm": _minilm_dir(), "typed-specials": _typed_specials_dir(tmp_path)}.get(which, ROOT / "zoo/tokenizers" / which)
     tok = TextTokenizer(directory)
@@ -242,7 +243,7 @@ def test_wrap_spans_refuses_spans_past_the_ids():
 
 def test_run_options_refuse_an_unknown_last_window():
     from trtforge.core.errors import UserError
-    from trtforge.runtime.step import RunOptions
+    from trtforge.runtime.options import RunOptions
 
     with pytest.raises(UserError, match="unknown --last-window 'Full'; use full or short"):
         RunOptions(inputs=Path("x"), last_window="Full")
@@ -253,7 +254,7 @@ def test_text_feeds_use_the_ids_uncopied_and_share_one_read_only_block_of_ones_f
     """`run` plans every input on the thread feeding the GPU: no copy of ids already of the input's type, the masks views
     of one block of ones (read-only, so nothing can write into what every input shares); types only where asked."""
     from trtforge.core.config import InputSpec
-    from trtforge.runtime.step import text_feeds
+    from trtforge.runtime.documents import text_feeds
 
     specs = [
         InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]),

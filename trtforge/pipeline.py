@@ -237,7 +237,8 @@ class Pipeline:
         return f"{result.sidecar['backend']} {result.sidecar['tensorrt_version']}, {len(result.profiles)} profiles, {result.sidecar['build_seconds']:.1f} s{recheck}"
 
     def _run(self) -> str:
-        from trtforge.runtime.step import RunOptions, run
+        from trtforge.runtime.options import RunOptions
+        from trtforge.runtime.step import run
 
         r = self.cfg.run
         if not r.inputs:

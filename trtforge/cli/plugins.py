@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from trtforge.cli import options as opt
 from trtforge.cli import ui
 from trtforge.core.errors import UserError
 
@@ -17,7 +18,6 @@ plugins_app = typer.Typer(
     "into the per-user cache that build and run load by default.",
 )
 
-JsonOpt = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
 CudaHome = typer.Option(
     None,
     "--cuda-home",
@@ -73,7 +73,7 @@ def build_cmd(
     packages_dir: Optional[list[str]] = PackagesDir,
     arch: Optional[str] = typer.Option(None, "--arch", help="The GPU architecture to build for, e.g. sm_90 (default: GPU 0's)."),
     force: bool = typer.Option(False, "--force", help="Compile again even when the cached library is up to date."),
-    json_out: bool = JsonOpt,
+    json_out: bool = opt.JsonOpt,
 ) -> None:
     """Find CUDA, TensorRT 8.6, cuDNN 9, cudnn-frontend and cuBLASLt, and compile libtrtforge_plugins into the cache
     (~/.cache/trtforge/plugins/trt<ver>-cuda<ver>-sm<arch>/; TRTFORGE_CACHE_DIR moves it)."""
@@ -108,7 +108,7 @@ def status_cmd(
     cudnn_frontend_include: Optional[str] = FrontendInclude,
     cublas_include: Optional[str] = CublasInclude,
     packages_dir: Optional[list[str]] = PackagesDir,
-    json_out: bool = JsonOpt,
+    json_out: bool = opt.JsonOpt,
 ) -> None:
     """The cached library for this TensorRT and GPU (found, not built, stale) and what `plugins build` would use."""
     from trtforge.build.plugins.compile import status

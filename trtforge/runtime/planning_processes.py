@@ -150,7 +150,7 @@ def _worker_ready(seconds: float) -> int:
 def _worker_plan(d: int, doc: Any) -> tuple[Sequence[Any], np.ndarray | None, float, float]:
     import time
 
-    from trtforge.runtime.step import plan_document
+    from trtforge.runtime.planning import plan_document
 
     start, cpu = time.perf_counter(), time.thread_time()
     s: PlanSettings = _WORKER["settings"]

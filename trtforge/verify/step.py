@@ -167,7 +167,7 @@ def run_sample(runner: Any, feeds: dict[str, np.ndarray], what: str, index: int,
         ) from None
 
 
-def _check_io(target: Any, reference: OrtRunner, target_path: Path, reference_path: Path) -> None:
+def check_io(target: Any, reference: OrtRunner, target_path: Path, reference_path: Path) -> None:
     if sorted(target.input_names) != sorted(reference.input_names):
         raise UserError(
             f"{target_path.name} takes inputs {sorted(target.input_names)} but {reference_path.name} takes "
@@ -507,7 +507,7 @@ def compare(
     runner, engine_sidecar = open_target(target, access)
     try:
         ref_runner = OrtRunner(reference)
-        _check_io(runner, ref_runner, target, reference)
+        check_io(runner, ref_runner, target, reference)
         kinds = output_kinds(target, reference, ref_runner.output_names)
         tolerances = tolerances_for(list(kinds), atol, rtol, statistic)
         samples, data_kind = load_inputs(reference, ref_model, Path(options.inputs), options.max_samples)
