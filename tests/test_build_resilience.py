@@ -7,14 +7,8 @@ import re
 import pytest
 from conftest import require, run_cli
 
-from trtforge.backends.tensorrt import (
-    BuildProgress,
-    InspectorParseError,
-    parse_inspector_json,
-    parse_layer_log,
-    runs_int8,
-    summarize_layers,
-)
+from trtforge.backends.engine_layers import InspectorParseError, parse_inspector_json, parse_layer_log, runs_int8, summarize_layers
+from trtforge.backends.tensorrt import BuildProgress
 from trtforge.build.profiles import plan_profiles, slow_build_warning, tier_ranges
 from trtforge.core.config import AxisRange, InputSpec
 from trtforge.core.platform import engine_support, rtx_targets

@@ -15,7 +15,8 @@ from conftest import ROOT, require, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import engine_check
 from trtforge.calibrate.engine_check import SKIPPED, EngineHooks
-from trtforge.calibrate.step import CalibrateOptions, calibrate, gate_failures
+from trtforge.calibrate.options import CalibrateOptions, gate_failures
+from trtforge.calibrate.step import calibrate
 from trtforge.core.onnxio import load_onnx
 
 DATA = ROOT / "calib_data" / "tiny_fcn"

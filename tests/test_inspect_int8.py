@@ -1,7 +1,7 @@
 """What `trtforge inspect` can say about INT8 on TensorRT 8.6 (issue 10): the layer report's second format,
 int8 kernel names, and Myelin layers reported as opaque instead of as 'no INT8'."""
 
-from trtforge.backends.tensorrt import int8_kernel, parse_layer_log, runs_int8, summarize_layers
+from trtforge.backends.engine_layers import int8_kernel, parse_layer_log, runs_int8, summarize_layers
 from trtforge.build.step import _add_tactic_names
 
 # SAMPLE INPUT (written for this test in the format TensorRT 8.6 GA / 9.x print: "name (Dtype[dims])"). On

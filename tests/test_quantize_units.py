@@ -10,9 +10,10 @@ from onnx import TensorProto, helper, numpy_helper
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate.cache import format_cache, read_cache, write_cache
 from trtforge.calibrate.collect import plan_quantization
+from trtforge.calibrate.options import CalibrateOptions
 from trtforge.calibrate.quantize import insert_qdq, int8_gemm_nodes, per_channel_scales, weight_axis
+from trtforge.calibrate.reuse import cache_decision, expected_fingerprint
 from trtforge.calibrate.smooth import apply_smoothing, smoothing_groups, smoothing_scales
-from trtforge.calibrate.step import CalibrateOptions, cache_decision, expected_fingerprint
 from trtforge.core.errors import UserError
 
 

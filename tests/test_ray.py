@@ -171,14 +171,14 @@ def test_killed_calibration_actor_changes_nothing(minilm_clean, ray_cluster):
     """Collection with an actor that dies on its first unit: the retried statistics equal one process's."""
     from trtforge.calibrate import data as data_mod
     from trtforge.calibrate.collect import collect
-    from trtforge.calibrate.step import _tokenizer_factory
+    from trtforge.calibrate.step import tokenizer_factory
     from trtforge.core.onnxio import load_onnx
     from trtforge.graph.index import io_specs
     from trtforge.scaleout.ray_calibrate import collect_ray
 
     model = load_onnx(minilm_clean)
     specs, _, _ = io_specs(minilm_clean, model)
-    _, samples = data_mod.load_samples(ROOT / "calib_data/minilm", specs, _tokenizer_factory(minilm_clean), 128, 24)
+    _, samples = data_mod.load_samples(ROOT / "calib_data/minilm", specs, tokenizer_factory(minilm_clean), 128, 24)
     batches = list(data_mod.batches(samples, 4))
     tensors = [n.output[0] for n in model.graph.node if n.op_type in ("MatMul", "Gelu", "Softmax")][:6]
     channel = [n.output[0] for n in model.graph.node if n.op_type == "LayerNormalization"][:2]

@@ -25,7 +25,8 @@ def work(tiny_fcn_clean, tmp_path):
 
 
 def _calibrate(work, method="percentile"):
-    from trtforge.calibrate.step import CalibrateOptions, calibrate
+    from trtforge.calibrate.options import CalibrateOptions
+    from trtforge.calibrate.step import calibrate
 
     options = CalibrateOptions(data=work / "data", method=method, min_cosine=0.5, engine_check=False)
     return calibrate(work / "t.clean.onnx", options)

@@ -4,7 +4,8 @@ with smoothing and its INT8 output stays within the gate (issue 10 done-when).""
 import numpy as np
 import pytest
 
-from trtforge.calibrate.step import CalibrateOptions, calibrate
+from trtforge.calibrate.options import CalibrateOptions
+from trtforge.calibrate.step import calibrate
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -190,7 +190,8 @@ class Pipeline:
         return f"{result.before.nodes} -> {result.after.nodes} nodes, rel-L2 {max(result.rel_l2.values()):.1e}"
 
     def _calibrate(self) -> str:
-        from trtforge.calibrate.step import calibrate, gate_failures, options_from_section
+        from trtforge.calibrate.options import gate_failures, options_from_section
+        from trtforge.calibrate.step import calibrate
 
         options = options_from_section(self.cfg.calibrate, output=self.paths["int8"])
         # An int8/best build step re-checks its own engine with the same gate: one engine build, not two.

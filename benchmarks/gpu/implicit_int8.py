@@ -44,10 +44,10 @@ def _model(clean: Path):
 
 def _samples(clean: Path, folder: Path, max_samples: int | None, max_len: int | None = None):
     from trtforge.calibrate import data as data_mod
-    from trtforge.calibrate.step import _max_length, _tokenizer_factory
+    from trtforge.calibrate.step import max_sample_length, tokenizer_factory
 
     specs, axes, _ = _model(clean)
-    _, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(clean), max_len or _max_length(specs, axes), max_samples)
+    _, samples = data_mod.load_samples(folder, specs, tokenizer_factory(clean), max_len or max_sample_length(specs, axes), max_samples)
     return specs, axes, samples
 
 
@@ -78,7 +78,7 @@ class _Capture:
     """A TensorRT logger that keeps warnings/errors and the builder's layer report."""
 
     def __init__(self, trt):
-        from trtforge.backends.tensorrt import LAYER_LOG_HEADERS
+        from trtforge.backends.engine_layers import LAYER_LOG_HEADERS
 
         class Logger(trt.ILogger):
             def __init__(inner):
@@ -180,7 +180,8 @@ def build_implicit(clean: Path, engine: Path, data: Path, max_samples: int, seq:
 def _layer_evidence(engine: Path, blob: bytes, profile, layer_log: str) -> dict:
     """What TensorRT shows of the engine's precisions: the build log's report and the inspector at the
     opt shapes, each summarized with trtforge's parser (and the raw text kept for the parser's sake)."""
-    from trtforge.backends.tensorrt import engine_layers, load_trt, parse_layer_log, summarize_layers
+    from trtforge.backends.engine_layers import engine_layers, parse_layer_log, summarize_layers
+    from trtforge.backends.tensorrt import load_trt
 
     engine.with_name(engine.name + ".layers.log").write_text(layer_log)
     evidence = {"build_log": summarize_layers(parse_layer_log(layer_log)) if layer_log else None}
@@ -210,15 +211,15 @@ def compare(clean: Path, eval_data: Path, engines: list[str], max_samples: int |
     from trtforge.backends.tensorrt_runtime import TrtRunner
     from trtforge.calibrate.engine_check import _Named
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
-    from trtforge.calibrate.step import _eval_batches, _output_kinds
+    from trtforge.calibrate.step import limited_batches, output_kinds_of
     from trtforge.core.onnxio import load_onnx
     from trtforge.runtime.feeds import random_feeds
 
     specs, axes, _ = _model(clean)
     _, _, samples = _samples(clean, eval_data, max_samples)
-    batches = _eval_batches(samples, max_samples)
+    batches = limited_batches(samples, max_samples)
     reference = OrtRunner(load_onnx(clean).SerializeToString())
-    kinds = _output_kinds(reference, clean, specs, axes)  # declared in the sidecar chain, as calibrate reads them
+    kinds = output_kinds_of(reference, clean, specs, axes)  # declared in the sidecar chain, as calibrate reads them
     refs = reference_outputs(reference, batches)
     text = any(s.name == "input_ids" for s in specs)
     shapes = [{"batch": b, "seq": s} for b, s in TEXT_SHAPES] if text else [{"batch": b} for b in IMAGE_BATCHES]

@@ -329,10 +329,10 @@ def sample_feeds(
     folder = Path(data) if data else calibration_data_of(onnx_path, model)
     if folder is not None:
         from trtforge.calibrate import data as data_mod
-        from trtforge.calibrate.step import _max_length, _tokenizer_factory
+        from trtforge.calibrate.step import max_sample_length, tokenizer_factory
 
         # The tokenizer through this ONNX's sidecar chain: its directory is relative to the export's ONNX.
-        _, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(onnx_path), _max_length(specs, axes), max_samples)
+        _, samples = data_mod.load_samples(folder, specs, tokenizer_factory(onnx_path), max_sample_length(specs, axes), max_samples)
         size = _batch_size(specs, axes, 4, samples[0] if samples else {})
         return list(data_mod.batches(samples, size)), f"calibration data {folder} ({len(samples)} samples)"
     opt = {name: rng.opt for name, rng in axes.items()}

@@ -21,19 +21,8 @@ from typing import Any, Callable
 import onnx
 
 from trtforge import __version__
-from trtforge.backends.tensorrt import (
-    BuildOptions,
-    BuildOutput,
-    Tick,
-    TrtModule,
-    build_engine,
-    engine_layers,
-    load_trt,
-    parse_layer_log,
-    runtime_identity,
-    summarize_layers,
-    tensor_dtype,
-)
+from trtforge.backends.engine_layers import engine_layers, parse_layer_log, runtime_identity, summarize_layers, tensor_dtype
+from trtforge.backends.tensorrt import BuildOptions, BuildOutput, Tick, TrtModule, build_engine, load_trt
 from trtforge.build.profiles import Profile, Tier, auto_tier_bounds, plan_profiles, slow_build_warning, tier_ranges
 from trtforge.core import interrupts
 from trtforge.core.artifacts import (

@@ -95,7 +95,7 @@ class _RunOnce:
 
 def gate_options(int8_sidecar: dict[str, Any]) -> Any:
     """The calibrate options that carry the gate and held-out data recorded in a calibrate sidecar."""
-    from trtforge.calibrate.step import CalibrateOptions
+    from trtforge.calibrate.options import CalibrateOptions
 
     held = int8_sidecar.get("held_out") or {}
     gate = int8_sidecar.get("gate") or {}
@@ -126,7 +126,7 @@ def recheck(
     ORT figure; returns {status: passed|failed, ort, engine, failures, rows} (rows: the side-by-side table)."""
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
-    from trtforge.calibrate.step import gate_failures
+    from trtforge.calibrate.options import gate_failures
     from trtforge.core.onnxio import load_onnx
 
     options = gate_options(int8_sidecar)
@@ -164,7 +164,7 @@ def recheck(
 def held_out_batches(int8_onnx: Path, int8_sidecar: dict[str, Any]) -> list[dict[str, np.ndarray]]:
     """The held-out batches calibrate evaluated on (same data, same limit, same batching)."""
     from trtforge.calibrate import data as data_mod
-    from trtforge.calibrate.step import _eval_batches, _max_length, _tokenizer_factory
+    from trtforge.calibrate.step import limited_batches, max_sample_length, tokenizer_factory
     from trtforge.core.config import AxisRange, InputSpec
     from trtforge.core.errors import UserError
 
@@ -174,9 +174,9 @@ def held_out_batches(int8_onnx: Path, int8_sidecar: dict[str, Any]) -> list[dict
     specs = [InputSpec(**s) for s in int8_sidecar["inputs"]]
     axes = {k: AxisRange(**v) for k, v in int8_sidecar["axes"].items()}
     _, samples = data_mod.load_samples(
-        Path(held["data"]), specs, _tokenizer_factory(int8_onnx), _max_length(specs, axes), held.get("max_samples")
+        Path(held["data"]), specs, tokenizer_factory(int8_onnx), max_sample_length(specs, axes), held.get("max_samples")
     )
-    return _eval_batches(samples, held.get("max_samples"))
+    return limited_batches(samples, held.get("max_samples"))
 
 
 def _headline(acc: dict[str, Any]) -> dict[str, Any]:

@@ -100,8 +100,8 @@ def calibrate(
     json_out: bool = opt.JsonOpt,
 ) -> None:
     """Calibrate INT8 scales, write a TensorRT calibration cache + sidecar and a Q/DQ ONNX, check accuracy."""
+    from trtforge.calibrate.options import gate_failures, options_from_section
     from trtforge.calibrate.step import calibrate as calibrate_step
-    from trtforge.calibrate.step import gate_failures, options_from_section
     from trtforge.core.config import CalibrateSection, load_config
     from trtforge.core.errors import GateFailed
 

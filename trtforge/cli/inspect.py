@@ -38,7 +38,7 @@ def inspect(
             raise unreadable
         try:
             if stale:
-                from trtforge.backends.tensorrt import summarize_layers
+                from trtforge.backends.engine_layers import summarize_layers
 
                 summary = summarize_layers(layers)
             if fusion and "engine" not in fusion:

@@ -416,7 +416,8 @@ def _resolve(path: Path) -> _Target:
 def _stepper(target: _Target, options: StatefulOptions) -> Any:
     if target.kind == "onnx":
         return OrtStepper(target.path, target.kv["layout"], options.providers)
-    from trtforge.backends.tensorrt import load_trt, runtime_identity
+    from trtforge.backends.engine_layers import runtime_identity
+    from trtforge.backends.tensorrt import load_trt
     from trtforge.build.step import check_engine_compat, read_engine_sidecar
 
     mod = load_trt(options.backend)

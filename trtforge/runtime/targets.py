@@ -62,7 +62,8 @@ class TrtTarget:
         pad_batches: bool = True,
         gpu_wait: str = "spin",
     ):
-        from trtforge.backends.tensorrt import load_trt, runtime_identity
+        from trtforge.backends.engine_layers import runtime_identity
+        from trtforge.backends.tensorrt import load_trt
         from trtforge.backends.tensorrt_runtime import TrtRunner
         from trtforge.build.step import check_engine_compat, read_engine_sidecar
         from trtforge.core.platform import _gpu

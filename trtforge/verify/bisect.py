@@ -216,7 +216,7 @@ def bisect(
     progress: Callable[[str], None] = lambda _: None,
 ) -> BisectResult:
     """Run the bisection (module doc). `measure`/`availability` replace the TensorRT runtime in tests."""
-    from trtforge.calibrate.step import _max_length, _tokenizer_factory
+    from trtforge.calibrate.step import max_sample_length, tokenizer_factory
 
     onnx_path = Path(onnx_path)
     out_dir = options.out_dir or onnx_path.with_name(onnx_path.name.removesuffix(".onnx").removesuffix(".clean") + ".bisect")
@@ -235,8 +235,8 @@ def bisect(
     method = cache_side.get("method") or method
     smooth = {k: np.asarray(v, dtype=np.float32) for k, v in (cache_side.get("smooth_scales") or {}).items()}
     working = apply_smoothing(model, smooth) if smooth else model
-    tokenizer = _tokenizer_factory(onnx_path)
-    _, samples = data_mod.load_samples(options.data, specs, tokenizer, _max_length(specs, axes), options.max_samples)
+    tokenizer = tokenizer_factory(onnx_path)
+    _, samples = data_mod.load_samples(options.data, specs, tokenizer, max_sample_length(specs, axes), options.max_samples)
     batches = list(data_mod.batches(samples, options.batch_size))
     shapes = gemm_shapes(model, random_feeds(specs, {n: r.opt for n, r in axes.items()}))
     plan = plan_quantization(working, shapes, quantize_attention=True)
@@ -251,7 +251,7 @@ def bisect(
         batches
         if calib_folder == options.data
         else list(
-            data_mod.batches(data_mod.load_samples(calib_folder, specs, tokenizer, _max_length(specs, axes), 64)[1], options.batch_size)
+            data_mod.batches(data_mod.load_samples(calib_folder, specs, tokenizer, max_sample_length(specs, axes), 64)[1], options.batch_size)
         )
     )
     amax = _scales(working, plan, amax, str(method).lower(), calib, progress)

@@ -84,7 +84,8 @@ def default_engine_access() -> EngineAccess:
 
 def trt_runner(engine: Path, sidecar: dict[str, Any]) -> Any:
     """The TensorRT runtime's runner for an engine built for this runtime and GPU (else one sentence, build.py)."""
-    from trtforge.backends.tensorrt import load_trt, runtime_identity
+    from trtforge.backends.engine_layers import runtime_identity
+    from trtforge.backends.tensorrt import load_trt
     from trtforge.backends.tensorrt_runtime import TrtRunner
     from trtforge.build.step import check_engine_compat
 
@@ -111,10 +112,10 @@ def check_options(options: CompareOptions) -> tuple[dict[str | None, float], dic
 def load_inputs(reference: Path, model: onnx.ModelProto, folder: Path, max_samples: int | None) -> tuple[list[dict[str, np.ndarray]], str]:
     """The samples of `folder` as `calibrate` reads them (the reference's input specs and tokenizer), and their kind."""
     from trtforge.calibrate import data as data_mod
-    from trtforge.calibrate.step import _max_length, _tokenizer_factory
+    from trtforge.calibrate.step import max_sample_length, tokenizer_factory
 
     specs, axes, _ = io_specs(reference, model)
-    dataset, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(reference), _max_length(specs, axes), max_samples)
+    dataset, samples = data_mod.load_samples(folder, specs, tokenizer_factory(reference), max_sample_length(specs, axes), max_samples)
     if not samples:
         raise UserError(f"{folder} holds no samples; add inputs.")
     return samples, dataset.kind
