@@ -172,10 +172,10 @@ def test_pipeline_runs_rtx_engines_on_a_supported_gpu(monkeypatch):
     import trtforge.core.platform as doctor
     from trtforge.pipeline import _engine_runs_here
 
-    monkeypatch.setattr(doctor, "_module", lambda name: None if name == "tensorrt" else __import__(name))
-    monkeypatch.setattr(doctor, "_gpu", lambda: _gpu("8.9", "RTX 4090"))
+    monkeypatch.setattr(doctor, "trt_module", lambda name: None if name == "tensorrt" else __import__(name))
+    monkeypatch.setattr(doctor, "gpu_info", lambda: _gpu("8.9", "RTX 4090"))
     assert _engine_runs_here()
-    monkeypatch.setattr(doctor, "_gpu", lambda: _gpu("9.0", "NVIDIA H200"))
+    monkeypatch.setattr(doctor, "gpu_info", lambda: _gpu("9.0", "NVIDIA H200"))
     assert not _engine_runs_here()
 
 

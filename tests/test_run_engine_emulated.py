@@ -159,9 +159,9 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     monkeypatch.setattr(tensorrt_mod, "load_trt", lambda backend="auto": tensorrt_mod.TrtModule(trt, "tensorrt", "8.6.0"))
     monkeypatch.setattr(tensorrt_mod, "runtime_identity", lambda mod: {})
     monkeypatch.setattr(build_mod, "check_engine_compat", lambda path, sidecar, identity: None)
-    monkeypatch.setattr(doctor, "_gpu", lambda: {"name": "emulated", "compute_capability": "9.0"})
-    monkeypatch.setattr(rt, "_cudart", lambda: cudart)
-    monkeypatch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
+    monkeypatch.setattr(doctor, "gpu_info", lambda: {"name": "emulated", "compute_capability": "9.0"})
+    monkeypatch.setattr(rt, "cuda_runtime", lambda: cudart)
+    monkeypatch.setattr(rt, "check_gpu_supported", lambda flavour, path: None)
     monkeypatch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
     return emulated
 

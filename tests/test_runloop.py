@@ -553,10 +553,10 @@ def _runner(monkeypatch, tmp_path, **kwargs):
     engine = FakeEngine(cudart, capture_fails=kwargs.pop("capture_fails", False))
     trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="in"), nptype=lambda t: t)
     trt.Runtime = lambda logger: SimpleNamespace(deserialize_cuda_engine=lambda data: engine)
-    monkeypatch.setattr(rt, "_cudart", lambda: cudart)
+    monkeypatch.setattr(rt, "cuda_runtime", lambda: cudart)
     driver = kwargs.pop("driver", None) or fake_driver(cudart)
     monkeypatch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
-    monkeypatch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
+    monkeypatch.setattr(rt, "check_gpu_supported", lambda flavour, path: None)
     path = tmp_path / "fake.engine"
     path.write_bytes(b"engine")
     profiles = [

@@ -98,7 +98,7 @@ class _Capture:
 def build_implicit(clean: Path, engine: Path, data: Path, max_samples: int, seq: int | None, batch: int) -> None:
     import tensorrt as trt
 
-    from trtforge.backends.tensorrt_runtime import DeviceBuffer, _cudart, _ok
+    from trtforge.backends.cuda_memory import DeviceBuffer, cuda_check, cuda_runtime
 
     specs, axes, samples = _samples(clean, data, max_samples, seq)
     calib = _calibration_batches(specs, samples, batch, seq)
@@ -111,7 +111,7 @@ def build_implicit(clean: Path, engine: Path, data: Path, max_samples: int, seq:
     if not parser.parse_from_file(str(clean)):
         raise SystemExit("parse failed: " + "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
     dtypes = {network.get_input(i).name: np.dtype(trt.nptype(network.get_input(i).dtype)) for i in range(network.num_inputs)}
-    cudart = _cudart()
+    cudart = cuda_runtime()
     buffers = {n: DeviceBuffer(max(b[n].astype(dtypes[n]).nbytes for b in calib)) for n in dtypes}
     cache_path = engine.with_name(engine.name + ".calib.cache")
 
@@ -128,7 +128,7 @@ def build_implicit(clean: Path, engine: Path, data: Path, max_samples: int, seq:
                 return None
             for n in names:
                 host = np.ascontiguousarray(calib[inner.i][n].astype(dtypes[n]))
-                _ok(cudart.cudaMemcpy(buffers[n].ptr, host.ctypes.data, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
+                cuda_check(cudart.cudaMemcpy(buffers[n].ptr, host.ctypes.data, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
             inner.i += 1
             return [buffers[n].ptr for n in names]
 

@@ -231,9 +231,9 @@ def int8_verdict(total: int, int8: list[str], hidden: list[str], boundary: list[
 
 
 def runtime_identity(mod: TrtModule) -> dict[str, Any]:
-    from trtforge.core.platform import _gpu
+    from trtforge.core.platform import gpu_info
 
-    gpu = _gpu()
+    gpu = gpu_info()
     return {
         "backend": mod.flavour,
         "version": mod.version,

@@ -493,9 +493,9 @@ def _heartbeat(progress: BuildProgress, on_tick: Tick | None, interval_s: float)
 
 def _rtx_runs_here() -> bool:
     """A GPU that TensorRT-RTX supports is present (it refuses sm_90 H100/H200)."""
-    from trtforge.core.platform import _support_here
+    from trtforge.core.platform import support_here
 
-    return _support_here()["tensorrt_rtx"][0]
+    return support_here()["tensorrt_rtx"][0]
 
 
 def _io_of(network: Any) -> list[dict[str, Any]]:

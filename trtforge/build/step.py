@@ -295,7 +295,8 @@ def build(
     model = load_onnx(onnx_path)
     specs, axes, parent = io_specs(onnx_path, model)
     lengths = read_lengths(lengths_file) if lengths_file else None
-    from trtforge.export.kvcache import kv_axes, kv_meta, plan_kv_profiles  # KV-cache decoders: prefill + decode profiles
+    from trtforge.build.kv_profiles import plan_kv_profiles  # KV-cache decoders: prefill + decode profiles
+    from trtforge.export.kvcache import kv_axes, kv_meta  # KV-cache decoders: prefill + decode profiles
 
     kv, _, _ = kv_meta(onnx_path, parent)
     axes = kv_axes(axes, kv) if kv else axes

@@ -34,9 +34,9 @@ class EngineHooks:
 
 def runtime_here() -> tuple[bool, str]:
     """(True, flavour) when a TensorRT flavour can execute engines on this machine, else (False, why)."""
-    from trtforge.core.platform import _support_here
+    from trtforge.core.platform import support_here
 
-    support = _support_here()
+    support = support_here()
     for flavour in ("tensorrt", "tensorrt_rtx"):
         ok, _why = support.get(flavour, (False, ""))
         if ok:

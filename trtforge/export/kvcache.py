@@ -23,7 +23,6 @@ import contextlib
 import inspect
 import io
 import logging
-import math
 import tempfile
 import time
 import warnings
@@ -35,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from trtforge import __version__
-from trtforge.build.profiles import Profile, Tier, plan_profiles, select_profile, tier_ranges, validate_profiles
 from trtforge.core.artifacts import onnx_graph_hash, sidecar_chain, write_sidecar
 from trtforge.core.config import AxisRange, CacheRange, InputSpec, ModelConfig, load_config
 from trtforge.core.errors import GateFailed, UserError, exception_summary
@@ -500,73 +498,6 @@ def kv_meta(path: Path, sidecar: dict[str, Any] | None = None) -> tuple[dict[str
 def kv_axes(axes: dict[str, Any], kv: dict[str, Any]) -> dict[str, Any]:
     """The axes with the past axis' real range (its min may be 0)."""
     return {**axes, kv["past_axis"]: CacheRange(**kv["past"])}
-
-
-def plan_kv_profiles(
-    specs: list[InputSpec], axes: dict[str, Any], tiers: dict[str, list[Tier]], kv: dict[str, Any]
-) -> tuple[list[Profile], dict[str, Any]]:
-    """Prefill profiles: seq (chunk) tiers x past tiers (the given ones, else the export config's);
-    one decode profile: seq = 1 over past 1..max. Returns the profiles and which phase each serves."""
-    seq_axis, past_axis = kv["seq_axis"], kv["past_axis"]
-    prefill_tiers = dict(tiers)
-    for axis in (seq_axis, past_axis):
-        if axis not in prefill_tiers:
-            prefill_tiers[axis] = tier_ranges(list(kv["tiers"][axis]), axes[axis], axis)
-    prefill = plan_profiles(specs, axes, prefill_tiers)
-    past = axes[past_axis]
-    low = max(1, past.min)
-    decode_tiers = {**prefill_tiers, seq_axis: [Tier(1, 1, 1)], past_axis: [Tier(low, max(low, past.opt), past.max)]}
-    decode = plan_profiles(specs, axes, decode_tiers)
-    profiles = prefill + decode
-    for i, profile in enumerate(profiles):
-        profile.index = i
-    validate_profiles(profiles, specs, axes)
-    phases = {"prefill": [p.index for p in prefill], "decode": [p.index for p in decode], "seq_axis": seq_axis, "past_axis": past_axis}
-    return profiles, phases
-
-
-def suggest_tier(length: int) -> int:
-    """A past tier that holds `length`: the next multiple of 1024 (of 256 below 1024)."""
-    step = 1024 if length > 1024 else 256
-    return int(math.ceil(length / step) * step)
-
-
-def select_phase_profile(
-    profiles: list[Profile],
-    phases: dict[str, Any],
-    phase: str,
-    seq: int,
-    past: int,
-    batch: dict[str, int] | None = None,
-    where: str = "the engine",
-    engine: bool = True,
-) -> Profile:
-    """The profile of this phase for a step of `seq` new tokens over a cache of `past`; one-sentence
-    errors name the chunk or the cache length and what to rebuild with."""
-    pool = [p for p in profiles if p.index in phases[phase]]
-    seq_axis, past_axis = phases["seq_axis"], phases["past_axis"]
-    seq_max = max(p.axes[seq_axis].max for p in pool)
-    past_max = max(p.axes[past_axis].max for p in pool)
-    if seq > seq_max:
-        raise UserError(
-            f"chunk {seq} is larger than the {phase} seq max of {where} ({seq_max}); pass --chunk {seq_max} or less, "
-            f"or {'rebuild with a seq tier of' if engine else 're-export with a seq axis max of'} {seq}."
-        )
-    if past > past_max:
-        tiers = sorted({p.axes[past_axis].max for p in pool})
-        fix = (
-            f"rebuild with --tiers '{past_axis}={','.join(map(str, tiers + [suggest_tier(past)]))}'"
-            if engine
-            else f"re-export with kv_cache.past.max >= {suggest_tier(past)}"
-        )
-        raise UserError(
-            f"a {phase} step needs a cache of {past} tokens but the past max of {where} is {past_max}; add a past tier "
-            f"of {suggest_tier(past)} ({fix}) or shorten the input."
-        )
-    return select_profile(pool, {seq_axis: seq, past_axis: past, **(batch or {})})
-
-
-# -- command line ----------------------------------------------------------------------------------
 
 
 def export_command(

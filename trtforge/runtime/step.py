@@ -94,7 +94,7 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
     reserve_s = 0.0
     try:
         if copy_names:  # page-locked once here, before the clock: page-locking inside the loop stalled it (copymerge.py)
-            from trtforge.backends.tensorrt_runtime import allocate_pinned
+            from trtforge.backends.cuda_memory import allocate_pinned
 
             reserve_start = time.perf_counter()
             reserved = ReservedMemory(_pinned_reserve(p, options, warm, copy_names), allocate_pinned)

@@ -66,7 +66,7 @@ class TrtTarget:
         from trtforge.backends.tensorrt import load_trt
         from trtforge.backends.tensorrt_runtime import TrtRunner
         from trtforge.build.step import check_engine_compat, read_engine_sidecar
-        from trtforge.core.platform import _gpu
+        from trtforge.core.platform import gpu_info
 
         self.sidecar = read_engine_sidecar(engine, verify=True)
         if plugin_libraries:  # --plugin-library: where the build's plugin libraries are on this machine
@@ -79,7 +79,7 @@ class TrtTarget:
                 f"{engine.name} was built with {built}, which is not installed here; rebuild the engine on this machine."
             ) from None
         check_engine_compat(engine, self.sidecar, runtime_identity(mod))
-        if _gpu() is None:
+        if gpu_info() is None:
             raise UserError(
                 f"{engine.name} needs a GPU to run and this machine has none; run its ONNX ({self.sidecar.get('built_onnx')}) on ONNX Runtime instead."
             )

@@ -134,9 +134,9 @@ def engine_availability() -> tuple[str, str]:
     if ok:
         return "run", what
     for flavour in ("tensorrt", "tensorrt_rtx"):
-        from trtforge.core.platform import _module
+        from trtforge.core.platform import trt_module
 
-        if _module(flavour) is not None:
+        if trt_module(flavour) is not None:
             return "build", f"{flavour} (no engine can execute here: {what})"
     return "none", f"no TensorRT here ({what})"
 
@@ -251,7 +251,9 @@ def bisect(
         batches
         if calib_folder == options.data
         else list(
-            data_mod.batches(data_mod.load_samples(calib_folder, specs, tokenizer, max_sample_length(specs, axes), 64)[1], options.batch_size)
+            data_mod.batches(
+                data_mod.load_samples(calib_folder, specs, tokenizer, max_sample_length(specs, axes), 64)[1], options.batch_size
+            )
         )
     )
     amax = _scales(working, plan, amax, str(method).lower(), calib, progress)
