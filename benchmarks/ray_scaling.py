@@ -124,7 +124,7 @@ def main() -> None:
     is_engine = args.target.suffix != ".onnx"
     reference = args.reference or args.target
     if is_engine and args.reference is None:
-        from trtforge.build.step import read_engine_sidecar
+        from trtforge.build.engine_record import read_engine_sidecar
 
         side = read_engine_sidecar(args.target)
         reference = Path(side.get("reference_onnx") or side["source_onnx"])

@@ -466,7 +466,6 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
     require("tensorrt_rtx")
     import dataclasses
 
-    import trtforge.backends.tensorrt as tensorrt_mod
     import trtforge.build.step as build_mod
     import trtforge.fusion.step as step
     from trtforge.fusion.gelu import PLUGIN as GELU
@@ -480,13 +479,13 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
                 model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, random_feeds(specs, feeds), onnx_path.name
             )
 
-        monkeypatch.setattr(build_mod, "_fuse_attention", fused_attention)
+        monkeypatch.setattr(build_mod, "fuse_attention", fused_attention)
         monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", ())
     else:  # the one pass under test, as auto would apply it on 8.6 in fp16
         spec = dataclasses.replace(step.GELU_PASS if fusion == "gelu" else step.SKIP_LN_PASS, auto_precisions=("fp16",))
         real_fusion, real_skip = step.elementwise_fusion, step.elementwise_skip
         monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", (spec,))
-        monkeypatch.setattr(tensorrt_mod, "plugin_registered", lambda mod, name, version: True)
+        monkeypatch.setattr("trtforge.backends.plugin_libraries.plugin_registered", lambda mod, name, version: True)
         monkeypatch.setattr(
             step,
             "elementwise_skip",

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, assert_user_error, require, run_cli
 
-from trtforge.build.step import check_engine_compat, parse_tiers
+from trtforge.build.engine_record import check_engine_compat
+from trtforge.build.step import parse_tiers
 from trtforge.core.config import AxisRange
 from trtforge.core.errors import UserError
 

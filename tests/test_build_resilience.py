@@ -210,7 +210,7 @@ def test_engine_is_kept_when_the_inspector_fails(tmp_path, monkeypatch):
     def broken_inspector(*_args, **_kwargs):
         raise json.JSONDecodeError("Invalid control character at", "{\x01}", 1)
 
-    monkeypatch.setattr(build_mod, "engine_layers", broken_inspector)
+    monkeypatch.setattr("trtforge.build.engine_record.engine_layers", broken_inspector)
     warnings: list[str] = []
     engine = tmp_path / "c.engine"
     result = build_mod.build(_conv_onnx(tmp_path / "c.onnx"), engine, warn=warnings.append)

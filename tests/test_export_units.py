@@ -66,7 +66,7 @@ def test_tuple_outputs_all_compared_and_named(tmp_path):
 
 
 def test_output_count_or_name_mismatch_between_torch_and_onnx_is_an_error():
-    from trtforge.export.step import require_same_outputs
+    from trtforge.export.check import require_same_outputs
 
     require_same_outputs(["a", "b"], ["a", "b"])
     with pytest.raises(UserError, match="only the ONNX graph returns c"):
@@ -78,7 +78,8 @@ def test_output_count_or_name_mismatch_between_torch_and_onnx_is_an_error():
 def test_check_against_torch_refuses_an_onnx_with_an_extra_output(tmp_path):
     """The ONNX returns two outputs where PyTorch returns one: an error naming the extra, not a silent zip."""
     from trtforge.core.config import ModelConfig
-    from trtforge.export.step import check_against_torch, keyword_call
+    from trtforge.export.check import check_against_torch
+    from trtforge.export.step import keyword_call
     from trtforge.models import LoadedModel
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
@@ -307,7 +308,7 @@ def test_split_shape_slices_keeps_plain_shapes():
 def test_opset_17_graph_loses_opset_18_attributes():
     """onnx's 18 -> 17 converter leaves Split's num_outputs (GPT-2) and ReduceMean's noop_with_empty_axes
     (ResNet): ONNX Runtime refuses such a graph. conform_to_opset drops them and says so."""
-    from trtforge.export.step import conform_to_opset
+    from trtforge.export.onnx_fixups import conform_to_opset
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, None]) for n in ("a", "b", "c")]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import assert_user_error, run_cli
 
-from trtforge.backends import tensorrt as trt_backend
-from trtforge.backends.tensorrt import TrtModule, cudnn_lib_dirs
+from trtforge.backends import plugin_libraries as trt_backend
+from trtforge.backends.plugin_libraries import cudnn_lib_dirs
+from trtforge.backends.tensorrt import TrtModule
 from trtforge.build.plugins import compile as plugins_build
 from trtforge.build.plugins.discovery import (
     LIBRARY_NAME,

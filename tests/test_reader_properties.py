@@ -363,7 +363,7 @@ def _engine_sidecars(draw) -> bytes:
 @given(st.one_of(sidecar_bytes, _engine_sidecars()))
 def test_any_engine_sidecar(tmp_path, blob):
     """inspect/run read the engine's sidecar first: every key they rely on is checked before use."""
-    from trtforge.build.step import read_engine_sidecar
+    from trtforge.build.engine_record import read_engine_sidecar
 
     (tmp_path / "e.engine").write_bytes(b"\x00" * 4)
     (tmp_path / "e.engine.json").write_bytes(blob)

@@ -138,7 +138,6 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     `onnx_path`) over the fake CUDA; benchmarks/host_overhead.py passes a null engine."""
     import trtforge.backends.tensorrt as tensorrt_mod
     import trtforge.backends.tensorrt_runtime as rt
-    import trtforge.build.step as build_mod
     import trtforge.core.platform as doctor
     from trtforge.backends.cuda_async import submit_calls
 
@@ -157,10 +156,11 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="input"), nptype=lambda t: t, Runtime=runtime)
     emulated = {"engines": engines, "driver": driver, "cudart": cudart}
     monkeypatch.setattr(tensorrt_mod, "load_trt", lambda backend="auto": tensorrt_mod.TrtModule(trt, "tensorrt", "8.6.0"))
-    monkeypatch.setattr(tensorrt_mod, "runtime_identity", lambda mod: {})
-    monkeypatch.setattr(build_mod, "check_engine_compat", lambda path, sidecar, identity: None)
+    monkeypatch.setattr("trtforge.backends.engine_layers.runtime_identity", lambda mod: {})
+    monkeypatch.setattr("trtforge.build.engine_record.check_engine_compat", lambda path, sidecar, identity: None)
     monkeypatch.setattr(doctor, "gpu_info", lambda: {"name": "emulated", "compute_capability": "9.0"})
     monkeypatch.setattr(rt, "cuda_runtime", lambda: cudart)
+    monkeypatch.setattr("trtforge.backends.cuda_memory.cuda_runtime", lambda: cudart)
     monkeypatch.setattr(rt, "check_gpu_supported", lambda flavour, path: None)
     monkeypatch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
     return emulated
@@ -219,16 +219,17 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(
         return add(self, batch, out, rows, copy, placed)
 
     monkeypatch.setattr(run_mod.Merger, "add", recording_add)
-    import trtforge.backends.tensorrt_runtime as rt
 
-    pinned, freed, allocate = [], [], rt.allocate_pinned
+    from trtforge.backends.cuda_memory import allocate_pinned as allocate
+
+    pinned, freed = [], []
 
     def recording_allocate(nbytes):  # the merged outputs' page-locked memory: every allocation freed by the end
         raw, free = allocate(nbytes)
         pinned.append(raw.ctypes.data)
         return raw, lambda: (freed.append(raw.ctypes.data), free())
 
-    monkeypatch.setattr(rt, "allocate_pinned", recording_allocate)
+    monkeypatch.setattr("trtforge.backends.cuda_memory.allocate_pinned", recording_allocate)
     report = run(
         engine,
         RunOptions(
@@ -321,6 +322,7 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
     creators); one that is gone is a one-sentence error naming the engine; --plugin-library gives its new place."""
     import subprocess
 
+    import trtforge.backends.plugin_libraries as plugin_mod
     import trtforge.backends.tensorrt as tensorrt_mod
     from trtforge.core.artifacts import write_sidecar
     from trtforge.core.errors import UserError
@@ -344,7 +346,7 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
     with pytest.raises(UserError, match=r"engine m\.engine holds plugin layers from .*moved\.so.*--plugin-library"):
         run(copy, RunOptions(**options))
     assert not emulated["engines"]  # refused before deserializing
-    monkeypatch.setattr(tensorrt_mod, "_preload_cudnn", lambda: None)
+    monkeypatch.setattr(plugin_mod, "_preload_cudnn", lambda: None)
     loaded_at_deserialize = []
     runtime = tensorrt_mod.load_trt().trt.Runtime
 
@@ -352,7 +354,7 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
         real = runtime(logger)
         return SimpleNamespace(
             deserialize_cuda_engine=lambda data: (
-                loaded_at_deserialize.append(str(lib.resolve()) in tensorrt_mod._PLUGIN_LIBRARIES) or real.deserialize_cuda_engine(data)
+                loaded_at_deserialize.append(str(lib.resolve()) in plugin_mod._PLUGIN_LIBRARIES) or real.deserialize_cuda_engine(data)
             )
         )
 

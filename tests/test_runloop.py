@@ -554,6 +554,7 @@ def _runner(monkeypatch, tmp_path, **kwargs):
     trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="in"), nptype=lambda t: t)
     trt.Runtime = lambda logger: SimpleNamespace(deserialize_cuda_engine=lambda data: engine)
     monkeypatch.setattr(rt, "cuda_runtime", lambda: cudart)
+    monkeypatch.setattr("trtforge.backends.cuda_memory.cuda_runtime", lambda: cudart)
     driver = kwargs.pop("driver", None) or fake_driver(cudart)
     monkeypatch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
     monkeypatch.setattr(rt, "check_gpu_supported", lambda flavour, path: None)

@@ -9,8 +9,8 @@ from conftest import ROOT, assert_user_error, run_cli
 from test_kvcache import gpt2_kv, llama_kv  # noqa: F401  (session fixtures: one export per model)
 
 from trtforge.core.errors import UserError
-from trtforge.runtime.stateful import SCHEMA, cache_plan, ping_pong, plan_steps
-from trtforge.runtime.steppers import OrtStepper
+from trtforge.runtime.stateful import SCHEMA, plan_steps
+from trtforge.runtime.steppers import OrtStepper, cache_plan, ping_pong
 
 
 def _docs(tmp_path, tokens):

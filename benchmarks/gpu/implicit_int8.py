@@ -78,7 +78,7 @@ class _Capture:
     """A TensorRT logger that keeps warnings/errors and the builder's layer report."""
 
     def __init__(self, trt):
-        from trtforge.backends.engine_layers import LAYER_LOG_HEADERS
+        from trtforge.backends.tensorrt import LAYER_LOG_HEADERS
 
         class Logger(trt.ILogger):
             def __init__(inner):

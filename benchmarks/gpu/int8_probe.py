@@ -123,7 +123,8 @@ class Engine:
         from trtforge.backends.cuda_memory import cuda_check, cuda_runtime
 
         self.trt, self.cudart, self.cuda_check = trt, cuda_runtime(), cuda_check
-        from trtforge.backends.tensorrt import load_engine_plugin_libraries, load_trt
+        from trtforge.backends.plugin_libraries import load_engine_plugin_libraries
+        from trtforge.backends.tensorrt import load_trt
         from trtforge.core.artifacts import read_sidecar
 
         logger = trt.Logger(trt.Logger.WARNING)

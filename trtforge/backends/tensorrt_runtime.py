@@ -120,7 +120,7 @@ class TrtRunner:
         self.logger = RuntimeLogger(self.trt)
         logger = self.logger.impl
         data = Path(engine_path).read_bytes()
-        from trtforge.backends.tensorrt import load_engine_plugin_libraries
+        from trtforge.backends.plugin_libraries import load_engine_plugin_libraries
 
         load_engine_plugin_libraries(mod, sidecar, engine_path)  # their layers' creators, first
         with interrupts.deferred():  # TensorRT swallows a KeyboardInterrupt raised in its logger

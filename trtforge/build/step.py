@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -21,8 +20,10 @@ from typing import Any, Callable
 import onnx
 
 from trtforge import __version__
-from trtforge.backends.engine_layers import engine_layers, parse_layer_log, runtime_identity, summarize_layers, tensor_dtype
+from trtforge.backends.engine_layers import runtime_identity
 from trtforge.backends.tensorrt import BuildOptions, BuildOutput, Tick, TrtModule, build_engine, load_trt
+from trtforge.build.engine_record import layer_info, stderr_warning
+from trtforge.build.passes import attention_evidence, fuse_attention, fuse_elementwise, gemm_fp8
 from trtforge.build.profiles import Profile, Tier, auto_tier_bounds, plan_profiles, slow_build_warning, tier_ranges
 from trtforge.core import interrupts
 from trtforge.core.artifacts import (
@@ -36,7 +37,6 @@ from trtforge.core.artifacts import (
     sha256_bytes,
     sha256_file,
     write_bytes_atomic,
-    write_json_atomic,
     write_sidecar,
 )
 from trtforge.core.config import AxisRange, InputSpec
@@ -44,7 +44,6 @@ from trtforge.core.errors import UserError
 from trtforge.core.onnxio import load_onnx, save_onnx
 from trtforge.fusion.step import ELEMENTWISE_PASSES
 from trtforge.graph.index import io_specs
-from trtforge.runtime.feeds import random_feeds
 
 PRECISIONS = ("fp32", "fp16", "int8", "best")
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -274,7 +273,7 @@ def build(
     on_tick(elapsed, progress) is called every tick_s seconds during the TensorRT build."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision '{precision}'; use one of {', '.join(PRECISIONS)}.")
-    warn = warn or _stderr_warning
+    warn = warn or stderr_warning
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
     check_options(options, precision)
@@ -287,7 +286,7 @@ def build(
     if options.fp8_min_top1_agreement is not None:
         _require_logits(onnx_path)
     mod = load_trt(backend)
-    from trtforge.backends.tensorrt import load_plugin_libraries, loaded_plugin_libraries
+    from trtforge.backends.plugin_libraries import load_plugin_libraries, loaded_plugin_libraries
     from trtforge.build.plugins.compile import libraries_for_build
 
     # Before the fusion passes ask the registry: those given, none for 'none', else the cached libtrtforge_plugins.
@@ -311,15 +310,15 @@ def build(
     converted, precision_report, sampled = _prepare_precision(model, precision, onnx_path, specs, axes, data)
     identity = runtime_identity(mod)
     before_fusion = converted if converted is not None else model
-    attention_fused, fusion = _fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
+    attention_fused, fusion = fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
     passes = (specs, axes, profiles, onnx_path)
-    elementwise_fused, elementwise = _fuse_elementwise(
+    elementwise_fused, elementwise = fuse_elementwise(
         mod, attention_fused if attention_fused is not None else before_fusion, before_fusion, precision, options, *passes
     )
     fused = elementwise_fused if elementwise_fused is not None else attention_fused
     fp8_record, fp8_check_feeds = None, None
     if options.gemm_precision == "fp8":  # the GEMM plugins' nodes as TrtforgeGemmFp8 (trtforge.fusion.fp8)
-        fused, fp8_record, fp8_check_feeds = _gemm_fp8(
+        fused, fp8_record, fp8_check_feeds = gemm_fp8(
             mod,
             identity,
             fused,
@@ -372,7 +371,7 @@ def build(
                 fusion.update(route="none", why=why, replaced=[], padding_allowed=True, mask_inputs=[])
             base = attention_fused if attention_fused is not None and not drop_attention else unfused
             refused = {spec.key: why for spec in drop_elementwise}
-            again, records = _fuse_elementwise(
+            again, records = fuse_elementwise(
                 mod, base if base is not None else before_fusion, before_fusion, precision, options, *passes, refused=refused
             )
             elementwise.update(records)
@@ -434,9 +433,9 @@ def build(
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    fields, layers = _layer_info(mod, out, profiles, output, warn)
+    fields, layers = layer_info(mod, out, profiles, output, warn)
     sidecar.update(fields)
-    _attention_evidence(sidecar, layers, len(profiles), output, warn)
+    attention_evidence(sidecar, layers, len(profiles), output, warn)
     with output_lock(output):
         write_sidecar(output, sidecar)
     if engine_check:
@@ -462,70 +461,6 @@ def build(
         with output_lock(output):
             write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
-
-
-def _gemm_fp8(
-    mod: TrtModule,
-    identity: dict[str, Any],
-    fused: onnx.ModelProto | None,
-    observe_model: onnx.ModelProto,
-    source_model: onnx.ModelProto,
-    precision: str,
-    onnx_path: Path,
-    specs: list[InputSpec],
-    axes: dict[str, AxisRange],
-    min_cosine: float,
-    chain: str = "auto",
-    data: Path | None = None,
-    min_top1: float | None = None,
-    sampled: Any = None,
-) -> tuple[onnx.ModelProto, dict[str, Any], list[dict[str, Any]]]:
-    """--gemm-precision fp8: (the fused graph with its GEMM plugin nodes as TrtforgeGemmFp8, the sidecar's
-    `gemm_precision`, the held-out feeds the engine is gated on). Scales come from the same samples as the fp16
-    conversion's magnitudes (calibration data, else random feeds); the gate adds two random feeds no scale saw.
-    chain (auto|on|off): FC1 -> FC2 pairs pass e4m3 bytes; on requires one. data: build.calib_data; sampled: the fp16
-    conversion's sample_feeds answer for it, where build has one."""
-    from trtforge.backends.tensorrt import plugin_registered
-    from trtforge.build.precision import sample_feeds
-    from trtforge.fusion.fp8 import HEADROOM, PLUGIN, PLUGIN_VERSION, fp8_chains, fp8_skip, observe_peaks, plugin_gemms, to_fp8
-
-    why = fp8_skip(precision, mod.flavour, mod.version, identity.get("compute_capability"), plugin_registered(mod, PLUGIN, PLUGIN_VERSION))
-    if why:
-        raise UserError(f"--gemm-precision fp8 cannot apply to {onnx_path.name}: {why}.")
-    gemms = plugin_gemms(fused) if fused is not None else []
-    if not gemms:
-        raise UserError(
-            f"--gemm-precision fp8 found no GEMM plugin node in {onnx_path.name}'s fused graph (the GEMM and GELU "
-            "passes replaced no MatMul; see their lines in the build output, build.fuse_gemm / build.fuse_gelu)."
-        )
-    no_pair = UserError(
-        f"--fp8-chain-ffn on found no FC1 -> FC2 pair in {onnx_path.name} to chain (it needs a TrtforgeGemmGelu "
-        "whose output one FP8 GEMM alone reads); build with --fp8-chain-ffn auto or off."
-    )
-    if chain == "on" and not fp8_chains(fused, {g.node.name for g in gemms}):  # before sampling: the graph alone says so
-        raise no_pair
-    feeds, source = sampled or sample_feeds(onnx_path, source_model, specs, axes, data)
-    out, report = to_fp8(fused, observe_peaks(observe_model, feeds, [g.x for g in gemms]), chain=chain != "off")
-    if not report.replaced:
-        raise UserError(f"--gemm-precision fp8 cannot convert any GEMM of {onnx_path.name}: {report.refused[0]['reason']}.")
-    if chain == "on" and not any(r.get("in_fp8") for r in report.replaced):  # a pair's GEMM stayed fp16
-        raise no_pair
-    opt = {name: rng.opt for name, rng in axes.items()}
-    held_out = [random_feeds(specs, opt, seed) for seed in (100, 101)]
-    check_from = "2 random feeds at the opt shapes (seeds 100, 101)"
-    real = len(feeds) if source.startswith("calibration data") else 0  # the gate's first `real` batches; top-1 is judged on them
-    if real:
-        held_out, check_from = feeds + held_out, f"{source} and {check_from}"
-    record = {
-        "precision": "fp8",
-        "plugin": f"{PLUGIN} v{PLUGIN_VERSION}",
-        "headroom": HEADROOM,
-        "magnitudes_from": source,
-        "chain_ffn": chain,
-        "gate": {"min_cosine": min_cosine, "min_top1_agreement": min_top1, "feeds": check_from, "real_batches": real},
-        **report.to_json(),
-    }
-    return out, record, held_out
 
 
 def _engine_sidecar(
@@ -592,100 +527,6 @@ def _engine_sidecar(
     }
 
 
-def _fuse_attention(
-    mod: TrtModule,
-    identity: dict[str, Any],
-    model: onnx.ModelProto,
-    precision: str,
-    options: BuildOptions,
-    specs: list[InputSpec],
-    axes: dict[str, AxisRange],
-    profiles: list[Profile],
-    onnx_path: Path,
-) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
-    """Run trtforge.fusion's attention pass for this TensorRT and GPU: (fused model or None, sidecar record)."""
-    from trtforge.backends.tensorrt import plugin_registered
-    from trtforge.fusion.plugins import FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, backend_route
-    from trtforge.fusion.step import attention_fusion, observation_sizes
-
-    route = backend_route(mod.flavour, mod.version)
-    wants = options.fuse_attention != "off" and route.kind == "plugin" and precision in ("fp16", "best")
-    registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
-    flash = plugin_registered(mod, FLASH_PLUGIN, FLASH_VERSION) if wants else False
-    feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and (registered or flash) else None
-    projection = options.qkv_projection
-    if projection == "auto":  # matmul where TrtforgeGemm will take the packed projection, else conv
-        from trtforge.fusion.step import GEMM_PASS, qkv_gemm_applies, resolve_qkv_projection
-
-        registered_gemm = precision == "fp16" and plugin_registered(mod, GEMM_PASS.plugin, GEMM_PASS.version)
-        projection = resolve_qkv_projection(
-            projection, qkv_gemm_applies(options.fuse_gemm, precision, mod.flavour, mod.version, registered_gemm)
-        )
-    fused, record = attention_fusion(
-        model,
-        options.fuse_attention,
-        precision,
-        mod.flavour,
-        mod.version,
-        identity.get("compute_capability"),
-        registered,
-        feeds,
-        onnx_path.name,
-        projection,
-        flash_registered=flash,
-    )
-    record["qkv_projection_choice"] = options.qkv_projection
-    return fused, record
-
-
-def _fuse_elementwise(
-    mod: TrtModule,
-    model: onnx.ModelProto,
-    observe_model: onnx.ModelProto,
-    precision: str,
-    options: BuildOptions,
-    specs: list[InputSpec],
-    axes: dict[str, AxisRange],
-    profiles: list[Profile],
-    onnx_path: Path,
-    refused: dict[str, str] | None = None,
-) -> tuple[onnx.ModelProto | None, dict[str, dict[str, Any]]]:
-    """trtforge.fusion's elementwise plugin passes in order (bias+GELU, then skip-LayerNorm; --fuse-gelu,
-    --fuse-skip-layernorm auto|on|off), each on the previous one's graph: (fused model or None, sidecar record per
-    pass). `refused`: passes that auto must leave out this time, with the reason (a fused graph that failed to build)."""
-    from trtforge.backends.tensorrt import plugin_registered
-    from trtforge.fusion.step import elementwise_fusion, elementwise_skip, observation_sizes
-
-    current, records, feeds = None, {}, None
-    for spec in ELEMENTWISE_PASSES:
-        mode = getattr(options, f"fuse_{spec.key}")
-        if (refused or {}).get(spec.key) and mode == "auto":
-            records[spec.key] = {"mode": mode, "route": "none", "why": refused[spec.key], "replaced": [], "refused": []}
-            continue
-        wants = mode != "off" and elementwise_skip(spec, mode, precision, mod.flavour, mod.version, True) is None
-        registered = plugin_registered(mod, spec.plugin, spec.version) if wants else False
-        if wants and registered and feeds is None:
-            feeds = random_feeds(specs, observation_sizes(axes, profiles))
-        fuse_options = (
-            {kw: plugin_registered(mod, name, version) for kw, name, version in spec.optional_plugins} if wants and registered else {}
-        )
-        fused, records[spec.key] = elementwise_fusion(
-            spec,
-            current if current is not None else model,
-            observe_model,
-            mode,
-            precision,
-            mod.flavour,
-            mod.version,
-            registered,
-            feeds if wants and registered else None,
-            onnx_path.name,
-            fuse_options,
-        )
-        current = fused if fused is not None else current
-    return current, records
-
-
 def converted_onnx_path(output: Path, precision: str, protected: dict[Path, str]) -> Path:
     """Where a build saves the graph it converted or fused: ENGINE_STEM.onnx beside the engine, or ENGINE_STEM.PRECISION.onnx
     where the first is not a file this build may replace. Replaceable: no file, or an earlier build's converted graph
@@ -709,172 +550,3 @@ def converted_onnx_path(output: Path, precision: str, protected: dict[Path, str]
                 continue
         return candidate
     raise UserError(f"the {precision} graph cannot be saved beside the engine ({'; '.join(taken)}); name the engine another file with -o.")
-
-
-def _attention_evidence(
-    sidecar: dict[str, Any], layers: list[dict[str, Any]] | None, profiles: int, output: Path, warn: Callable[[str], None]
-) -> None:
-    """The engine's fused-attention layers against the graph's attentions (fusion/engine_evidence.py), into the
-    sidecar's attention_fusion["engine"]; a warning where an fp16 or best engine left some unfused."""
-    from trtforge.fusion.engine_evidence import attention_evidence, shortfall_warning
-
-    record = sidecar.get("attention_fusion")
-    if not record:
-        return
-    record["engine"] = attention_evidence(record, layers, profiles, sidecar.get("layer_info_unavailable"))
-    message = shortfall_warning(record, sidecar["precision"], output.name)
-    if message:
-        warn(message)
-
-
-def _layer_info(
-    mod: TrtModule, out: BuildOutput, profiles: list[Profile], output: Path, warn: Callable[[str], None]
-) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
-    """Sidecar fields describing the engine's layers, and the layers (None where there are none); writes
-    ENGINE.layers.json. Never raises.
-
-    Sources: the engine inspector (needs a GPU that can load the engine) and the builder's verbose
-    layer log (always there; on 8.6 the only one with precisions for dynamic shapes). The layers kept
-    are the inspector's when they name precisions, else the build log's."""
-    inspector_layers, why_not, inspector_error = None, None, None
-    try:
-        inspector_layers, why_not = engine_layers(mod, out.engine, profiles[0])
-    except Exception as exc:  # a broken inspector must never cost the engine (issue 9: ResNet-50 JSON)
-        inspector_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        warn(f"the engine inspector failed ({inspector_error}); the engine is written, layer info comes from the build log.")
-    try:
-        log_layers = parse_layer_log(out.layer_log)
-    except Exception as exc:  # a log format this parser does not know: record, do not fail
-        log_layers = []
-        warn(f"could not read the builder's layer log ({type(exc).__name__}: {exc}); layer precisions are unknown.")
-    layers, source = _best_layers(inspector_layers, log_layers)
-    if layers and source == "build log" and inspector_layers:
-        _add_tactic_names(layers, inspector_layers)
-    inspector = {"error": inspector_error} if inspector_error else {"ok": inspector_layers is not None, "unavailable": why_not}
-    fields: dict[str, Any] = {
-        "inspector": inspector,
-        "layer_info": None,
-        "layer_summary": None,
-        "layer_info_unavailable": None if layers else (inspector_error or why_not or "no layer information"),
-    }
-    if layers:
-        layers_file = output.with_name(output.name + ".layers.json")
-        # The raw report too (capped): its format differs between TensorRT versions and is undocumented.
-        write_json_atomic(
-            layers_file, {"source": source, "inspector": inspector, "layers": layers, "build_log": out.layer_log[:LAYER_LOG_KEEP]}
-        )
-        fields.update(layer_info=layers_file.name, layer_source=source, layer_summary=summarize_layers(layers))
-    return fields, (layers or None)
-
-
-LAYER_LOG_KEEP = 2_000_000  # characters of the builder's layer report kept in ENGINE.layers.json
-
-
-def _add_tactic_names(layers: list[dict[str, Any]], inspector_layers: list[dict[str, Any]]) -> None:
-    """Kernel (tactic) names from the inspector onto the build log's layers of the same name: the 8.6
-    inspector names tactics even where it says 'N/A due to dynamic shapes' for formats."""
-    names = {str(l.get("Name")): l.get("TacticName") for l in inspector_layers if isinstance(l, dict) and l.get("TacticName")}
-    for layer in layers:
-        if not layer.get("TacticName") and str(layer.get("Name")) in names:
-            layer["TacticName"] = names[str(layer.get("Name"))]
-
-
-def _best_layers(
-    inspector_layers: list[dict[str, Any]] | None, log_layers: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """The inspector's layers when they state precisions, else the build log's, else whatever exists."""
-
-    def knows_precision(layers: list[dict[str, Any]] | None) -> bool:
-        return bool(layers) and any(tensor_dtype(t) for layer in layers for t in layer.get("Outputs") or [] if isinstance(t, dict))
-
-    if knows_precision(inspector_layers):
-        return inspector_layers, "inspector"
-    if log_layers:
-        return log_layers, "build log"
-    return (inspector_layers, "inspector") if inspector_layers else (None, None)
-
-
-def _stderr_warning(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def check_engine_compat(engine_path: Path, sidecar: dict[str, Any], identity: dict[str, Any]) -> None:
-    """Refuse an engine made for another TensorRT or GPU with one sentence instead of TensorRT's raw error."""
-    if sidecar.get("kind") != "engine":
-        raise UserError(f"{engine_path}.json is not an engine sidecar; rebuild {engine_path.name} with trtforge build.")
-    if sidecar.get("backend") != identity["backend"]:
-        raise UserError(
-            f"{engine_path.name} was built with {sidecar.get('backend')} but this runtime is {identity['backend']}; "
-            "rebuild the engine here."
-        )
-    if sidecar.get("tensorrt_version") != identity["version"] and not sidecar.get("build_options", {}).get("version_compatible"):
-        raise UserError(
-            f"{engine_path.name} was built with TensorRT {sidecar.get('tensorrt_version')} but this runtime is "
-            f"{identity['version']}; rebuild it here or build with --version-compatible."
-        )
-    built_cc = sidecar.get("compute_capability")
-    if (
-        built_cc
-        and identity.get("compute_capability")
-        and built_cc != identity["compute_capability"]
-        and sidecar.get("build_options", {}).get("hardware_compatibility", "none") == "none"
-    ):
-        raise UserError(
-            f"{engine_path.name} was built for compute capability {built_cc} ({sidecar.get('gpu')}) but this GPU is "
-            f"{identity['compute_capability']} ({identity.get('gpu')}); rebuild it here or build with --hardware-compatibility."
-        )
-
-
-_ENGINE_SIDECAR_FIELDS = {
-    "backend": str,
-    "tensorrt_version": str,
-    "precision": str,
-    "engine_bytes": int,
-    "build_seconds": (int, float),
-    "profiles": list,
-}
-
-
-def engine_sidecar_problem(sidecar: dict[str, Any]) -> str | None:
-    """What makes an engine sidecar unusable (a key every reader relies on missing or of the wrong type), or None."""
-    for key, kind in _ENGINE_SIDECAR_FIELDS.items():
-        if key not in sidecar:
-            return f"lacks '{key}'"
-        if not isinstance(sidecar[key], kind) or isinstance(sidecar[key], bool):
-            return f"has a malformed '{key}'"
-    if not sidecar["profiles"]:
-        return "lists no optimization profiles"
-    for i, profile in enumerate(sidecar["profiles"]):
-        shapes = profile.get("shapes") if isinstance(profile, dict) else None
-        if not isinstance(profile, dict) or not isinstance(profile.get("index"), int) or not isinstance(shapes, dict):
-            return f"has a malformed profile {i} (needs 'index' and 'shapes')"
-        for name, shape in shapes.items():
-            if not (
-                isinstance(shape, dict)
-                and all(isinstance(shape.get(k), list) and all(isinstance(n, int) for n in shape[k]) for k in ("min", "opt", "max"))
-            ):
-                return f"has a malformed shape for input '{name}' in profile {i} (needs min, opt and max lists of sizes)"
-    return None
-
-
-def read_engine_sidecar(engine_path: Path, verify: bool = False) -> dict[str, Any]:
-    """The engine's sidecar; with verify, also prove the engine file is the one the sidecar describes."""
-    engine_path = Path(engine_path)
-    if not engine_path.is_file():
-        raise UserError(f"engine file {engine_path} does not exist; build it with trtforge build.")
-    sidecar = read_sidecar(engine_path, required=True)
-    assert sidecar is not None
-    if sidecar.get("kind") != "engine":
-        raise UserError(f"{engine_path}.json is not an engine sidecar; rebuild {engine_path.name} with trtforge build.")
-    problem = engine_sidecar_problem(sidecar)
-    if problem:
-        raise UserError(f"{engine_path}.json {problem}; rebuild {engine_path.name} with trtforge build.")
-    if verify:
-        size = engine_path.stat().st_size
-        if sidecar.get("engine_bytes") is not None and size != sidecar["engine_bytes"]:
-            raise UserError(
-                f"engine {engine_path} is truncated or altered ({size} bytes, its sidecar says {sidecar['engine_bytes']}); rebuild it."
-            )
-        if sidecar.get("engine_sha256") and sha256_file(engine_path) != sidecar["engine_sha256"]:
-            raise UserError(f"engine {engine_path} does not match its sidecar's hash (corrupt or replaced); rebuild it.")
-    return sidecar

@@ -18,7 +18,7 @@ def inspect(
     """Print an engine's sidecar and its layers by type and precision."""
     import json as _json
 
-    from trtforge.build.step import read_engine_sidecar
+    from trtforge.build.engine_record import read_engine_sidecar
 
     side = read_engine_sidecar(engine, verify=True)
     summary = side.get("layer_summary")

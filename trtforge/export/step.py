@@ -17,34 +17,22 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from trtforge import __version__
-from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.cli import ui
 from trtforge.core.artifacts import ensure_writable_dir, onnx_graph_hash, publish, refuse_overwrite, write_sidecar
 from trtforge.core.config import AxisRange, InputSpec, ModelConfig
-from trtforge.core.errors import GateFailed, UserError, exception_summary
+from trtforge.core.errors import UserError, exception_summary
 from trtforge.core.onnxio import load_onnx, save_onnx
-from trtforge.export.axislimits import axis_limit_error, failing_node, is_out_of_bounds, largest_working
+from trtforge.export.check import AxisCheck, check_against_torch, example_axis_sizes
+from trtforge.export.onnx_fixups import WRAPPER_SCOPE, conform_to_opset, default_opset, dry_run, module_to_export, strip_wrapper_scope
 from trtforge.models import LoadedModel, called_positionally, load_model
 from trtforge.runtime.feeds import random_feeds
-from trtforge.verify.compare import compare_outputs
-from trtforge.verify.gates import screen
 
 TORCH_DTYPES = {"float32": "float32", "float16": "float16", "int64": "int64", "int32": "int32", "bool": "bool"}
-
-
-@dataclass
-class AxisCheck:
-    axis: str
-    size: int
-    sizes: dict[str, int]
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,28 +81,6 @@ def _example_range(tensor: Any, integer: bool) -> tuple[float, float]:
     if (low, high) == (0.0, 1.0):
         return (1.0, 2.0)
     return (low, high + 1.0)
-
-
-def example_axis_sizes(config: ModelConfig, loaded: LoadedModel) -> dict[str, int]:
-    """Size of each named axis in the example inputs (falls back to the axis' opt)."""
-    sizes: dict[str, int] = {}
-    for spec in config.inputs:
-        tensor = loaded.example_inputs.get(spec.name)
-        if tensor is None:
-            raise UserError(
-                f"the model's example inputs have no '{spec.name}' (they have {', '.join(loaded.example_inputs)}); "
-                "fix the input names in the config."
-            )
-        if len(tensor.shape) != len(spec.shape):
-            raise UserError(
-                f"input '{spec.name}' has rank {len(tensor.shape)} in the example but {len(spec.shape)} in the config; fix 'inputs'."
-            )
-        for dim, size in zip(spec.shape, tensor.shape):
-            if isinstance(dim, str):
-                sizes.setdefault(dim, int(size))
-    for axis, rng in config.axes.items():
-        sizes.setdefault(axis, rng.opt)
-    return sizes
 
 
 def _is_tensor(value: Any) -> bool:
@@ -210,16 +176,6 @@ def returned_output_names(loaded: LoadedModel, config: ModelConfig) -> list[str]
     if all(name for name, _ in pairs):
         return [str(name) for name, _ in pairs]
     return [f"output_{i}" for i in range(len(pairs))]
-
-
-def _torch_forward(call: Any, config: ModelConfig, feeds: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
-    """PyTorch's outputs for `feeds`, by output name, through the same keyword call the exporter traced."""
-    import torch
-
-    args = tuple(torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in config.inputs)
-    with torch.no_grad():
-        out = call(*args)
-    return {name: tensor.detach().cpu().numpy() for name, tensor in zip(output_names, out)}
 
 
 def export_inputs(loaded: LoadedModel, config: ModelConfig, seed: int) -> tuple[Any, ...]:
@@ -365,140 +321,6 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
     return []
 
 
-def check_against_torch(
-    onnx_path: Path, call: Any, loaded: LoadedModel, config: ModelConfig, output_names: list[str], seed: int = 0
-) -> list[AxisCheck]:
-    """Vary each dynamic axis alone over its check sizes and then its configured max, and compare EVERY output with
-    PyTorch; raise UserError naming the axis on a mismatch, the outputs on a count/name mismatch, the output whose
-    reference is all-zero or constant (a check that cannot fail), and the axis, size and node where the model
-    itself fails at its max (axislimits: MPNet's positions run out before a seq max of 512)."""
-    runner = OrtRunner(onnx_path)
-    require_same_outputs(output_names, list(runner.output_names))
-    base = example_axis_sizes(config, loaded)
-    plan = [(axis, size) for axis in config.axes for size in check_plan_sizes(config, axis)]
-    if not plan:
-        plan = [("(static)", 0)]
-    checks = []
-    passed: dict[str, int] = {}  # the largest size of each axis checked so far: where a bisection starts
-    for axis, size in plan:
-        sizes = dict(base)
-        if axis in sizes:
-            sizes[axis] = size
-        at_max = axis in config.axes and size == config.axes[axis].max
-        feeds = random_feeds(config.inputs, sizes, seed)
-        try:
-            expected = _torch_forward(call, config, feeds, output_names)
-        except Exception as exc:
-            if not at_max:
-                raise UserError(
-                    f"PyTorch fails at {axis}={size} ({exception_summary(exc, 300)}); narrow axes.{axis} in the "
-                    "config or fix the model for that size."
-                ) from None
-            raise _limit_error(
-                "PyTorch",
-                lambda n: _torch_forward(call, config, random_feeds(config.inputs, {**sizes, axis: n}, seed), output_names),
-                axis,
-                size,
-                exc,
-                passed.get(axis, config.axes[axis].min),
-                sizes,
-            ) from None
-        where = f"export check at {axis}={size}" if axis in sizes else "export check"
-        try:
-            got = runner.run(feeds)
-        except Exception as exc:
-            if at_max and is_out_of_bounds(str(exc)):
-                raise _limit_error(
-                    "ONNX Runtime",
-                    lambda n: runner.run(random_feeds(config.inputs, {**sizes, axis: n}, seed)),
-                    axis,
-                    size,
-                    exc,
-                    passed.get(axis, config.axes[axis].min),
-                    sizes,
-                ) from None
-            raise UserError(
-                f"the exported graph is not dynamic in axis '{axis}': ONNX Runtime failed at {axis}={size} "
-                f"(exported at {base.get(axis)}) in {failing_node(str(exc))}; the exporter baked this size into "
-                "the graph, try --exporter dynamo or make the model's reshapes size-agnostic."
-            ) from None
-        checks.append(_compare_outputs(expected, got, AxisCheck(axis, size, sizes), config.export.tolerance, where))
-        passed[axis] = max(passed.get(axis, 0), size)
-    return checks
-
-
-def check_plan_sizes(config: ModelConfig, axis: str) -> list[int]:
-    """The sizes an axis is checked at: its check sizes, then its configured max (where the model's own limits show,
-    e.g. a position table shorter than the range), the others kept at the example's sizes so this stays cheap."""
-    sizes = list(config.check_sizes_for(axis))
-    top = config.axes[axis].max
-    return sizes if top in sizes else sizes + [top]
-
-
-def _limit_error(what: str, run_at: Any, axis: str, size: int, exc: BaseException, good: int, sizes: dict[str, int]) -> UserError:
-    """The axis-limit sentence for a failure at the axis' max, with the largest size that works (bisection)."""
-
-    def works(n: int) -> bool:
-        try:
-            run_at(n)
-            return True
-        except Exception:
-            return False
-
-    return axis_limit_error(what, axis, size, exc, largest_working(works, min(good, size - 1), size), sizes)
-
-
-def require_same_outputs(torch_names: list[str], onnx_names: list[str]) -> None:
-    """PyTorch and the ONNX graph must return the same outputs under the same names: comparing a subset
-    would leave the rest unchecked."""
-    if torch_names == onnx_names:
-        return
-    only_torch = [n for n in torch_names if n not in onnx_names]
-    only_onnx = [n for n in onnx_names if n not in torch_names]
-    detail = "; ".join(
-        part
-        for part in (
-            f"only PyTorch returns {', '.join(only_torch)}" if only_torch else "",
-            f"only the ONNX graph returns {', '.join(only_onnx)}" if only_onnx else "",
-            "the order differs" if not (only_torch or only_onnx) else "",
-        )
-        if part
-    )
-    raise UserError(
-        f"PyTorch returns {len(torch_names)} output(s) ({', '.join(torch_names)}) but the exported graph "
-        f"{len(onnx_names)} ({', '.join(onnx_names)}): {detail}; declare each output once under 'outputs' "
-        "and make the module return distinct tensors."
-    )
-
-
-def _compare_outputs(
-    expected: dict[str, np.ndarray], got: dict[str, np.ndarray], check: AxisCheck, tolerance: float, where: str
-) -> AxisCheck:
-    """Every output of ONNX Runtime against PyTorch's: NaN/Inf fails (exit 1), a reference that proves nothing is an
-    error, and a rel-L2 above the tolerance means a size was baked into the graph."""
-    axis, size = check.axis, check.size
-    for name, ref in expected.items():
-        cand = got[name]
-        if cand.shape != ref.shape:
-            raise UserError(
-                f"the exported graph is not dynamic in axis '{axis}': at {axis}={size} output '{name}' has shape "
-                f"{list(cand.shape)} in ONNX Runtime but {list(ref.shape)} in PyTorch; try --exporter dynamo."
-            )
-    per_output = compare_outputs({name: None for name in expected}, expected, got)
-    check.metrics.update(per_output)
-    nonfinite = screen(per_output, where, "the exported graph (ONNX Runtime)")
-    if nonfinite:
-        raise GateFailed(f"{where}: {nonfinite[0]}; the export was not kept.")
-    for name, metrics in per_output.items():
-        if not metrics["rel_l2"] <= tolerance:
-            raise UserError(
-                f"the exported graph is not dynamic in axis '{axis}': at {axis}={size} output '{name}' differs from "
-                f"PyTorch (rel-L2 {metrics['rel_l2']:.2e} > {tolerance:.0e}); "
-                "a size was baked into the graph, try --exporter dynamo."
-            )
-    return check
-
-
 def output_specs(model: Any, config: ModelConfig, loaded: LoadedModel) -> list[dict[str, Any]]:
     """The sidecar's `outputs`: name, dtype and shape from the graph, kind and scale from the config's
     OutputSpec (else the built-in model's known kind, else None for later steps to infer)."""
@@ -593,129 +415,6 @@ def save_tokenizer(tokenizer: Any, folder: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def default_opset(model: Any) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
-def conform_to_opset(model: Any, opset: int) -> tuple[Any, list[str]]:
-    """Bring the dynamo exporter's graph to the requested opset; returns it and what was repaired.
-
-    torch's dynamo exporter only implements opset 18: asked for 17 (TensorRT 8.6 parses up to 17) it
-    converts the graph down with onnx's version converter, and when that fails it silently keeps 18
-    (transformers' ResNet). The converter itself leaves opset-18 attributes on nodes it converts:
-    Split's `num_outputs` (GPT-2's attention) and ReduceMean's `noop_with_empty_axes` (ResNet's
-    pooling), which the older schemas do not define, so ONNX Runtime refuses the graph ("invalid
-    model"). Both are dropped: Split-13 without `split` cuts into as many equal parts as it has
-    outputs, and noop_with_empty_axes=0 is opset 13's behaviour. Any semantic change would show in the
-    export check against PyTorch that follows."""
-    from onnx import version_converter
-
-    repairs = []
-    exported = default_opset(model)
-    if exported > opset:
-        try:
-            model = version_converter.convert_version(model, opset)
-        except Exception as exc:
-            raise UserError(
-                f"the dynamo exporter produced opset {exported} and converting it to opset {opset} failed: "
-                f"{exception_summary(exc)}; export with --opset {exported} (TensorRT 8.6 parses up to 17)."
-            ) from None
-        repairs.append(f"converted opset {exported} to {opset}")
-    dropped = drop_unknown_attributes(model, opset)
-    repairs += [f"dropped '{attr}' from {count} {op} node(s)" for (op, attr), count in sorted(dropped.items())]
-    return model, repairs
-
-
-def drop_unknown_attributes(model: Any, opset: int) -> dict[tuple[str, str], int]:
-    """Remove attributes that the default-domain schema at `opset` does not define; count per (op, attr)."""
-    from onnx import defs
-
-    dropped: dict[tuple[str, str], int] = {}
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            continue
-        try:
-            known = set(defs.get_schema(node.op_type, opset).attributes)
-        except Exception:
-            continue
-        unknown = [a for a in node.attribute if a.name not in known]
-        if not unknown:
-            continue
-        kept = [a for a in node.attribute if a.name in known]
-        del node.attribute[:]
-        node.attribute.extend(kept)
-        for attr in unknown:
-            dropped[(node.op_type, attr.name)] = dropped.get((node.op_type, attr.name), 0) + 1
-    return dropped
-
-
-WRAPPER_SCOPE = "inner"  # the attribute under which KeywordCall holds the user's module
-
-
-def strip_wrapper_scope(model: Any) -> None:
-    """Give nodes, tensors and weights the names the user's own module has: the exporters prefix
-    everything with the wrapper's attribute ('/inner/layer/Reshape_4', 'inner.layer.weight'), and
-    these names appear in build errors and reports. A name is kept where stripping would collide."""
-    scope_prefixes = (f"/{WRAPPER_SCOPE}/", f"{WRAPPER_SCOPE}.")
-    graphs = [model.graph]
-    names: set[str] = set()
-    while graphs:  # every (sub)graph: node names, tensors, weights, value infos
-        graph = graphs.pop()
-        names.update(t.name for t in graph.initializer)
-        names.update(v.name for v in graph.value_info)
-        for node in graph.node:
-            names.update(node.input)
-            names.update(node.output)
-            names.add(node.name)
-            graphs.extend(a.g for a in node.attribute if a.HasField("g"))
-    renamed = {}
-    for name in names:
-        for prefix in scope_prefixes:
-            if name.startswith(prefix):
-                short = ("/" if prefix.startswith("/") else "") + name[len(prefix) :]
-                if short not in names:
-                    renamed[name] = short
-    if renamed:
-        _rename_everywhere(model.graph, renamed)
-
-
-def _rename_everywhere(graph: Any, renamed: dict[str, str]) -> None:
-    for tensor in list(graph.initializer) + list(graph.value_info):
-        tensor.name = renamed.get(tensor.name, tensor.name)
-    for node in graph.node:
-        node.name = renamed.get(node.name, node.name)
-        node.input[:] = [renamed.get(n, n) for n in node.input]
-        node.output[:] = [renamed.get(n, n) for n in node.output]
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                _rename_everywhere(attr.g, renamed)
-
-
-def module_to_export(loaded: LoadedModel, call: Any) -> Any:
-    """The keyword call, except for TorchScript: the tracer refuses a loaded ScriptModule inside a Python
-    module ("not part of the active trace"), and a ScriptModule is already called positionally, so
-    it is exported as it is (its outputs are matched to the declared names by position)."""
-    import torch
-
-    return loaded.module if isinstance(loaded.module, torch.jit.ScriptModule) else call
-
-
-def _dry_run(call: Any, args: tuple) -> None:
-    """Call the module once before exporting: a declared output it does not return is a UserError here,
-    rather than an exception buried inside the exporter's trace."""
-    import torch
-
-    try:
-        with torch.no_grad():
-            call(*args)
-    except UserError:
-        raise
-    except Exception as exc:
-        raise UserError(
-            f"calling the model with its example inputs failed: {exception_summary(exc)}; fix the model or its example inputs."
-        ) from None
-
-
 def stderr_note(message: str) -> None:
     """A 'note:' line on stderr: what trtforge chose or rewrote for the user (stdout stays clean for --json)."""
     print(f"note: {message}", file=sys.stderr, flush=True)
@@ -736,7 +435,7 @@ def export_model(
     output_names = config.output_names() or loaded.output_names or returned_output_names(loaded, config)
     call = keyword_call(loaded, [s.name for s in config.inputs], output_names)
     args = export_inputs(loaded, config, seed)
-    _dry_run(call, args)
+    dry_run(call, args)
     tokenizer = tokenizer_source(config, loaded)
     output = Path(output)
     with tempfile.TemporaryDirectory(prefix="trtforge-export-") as tmp:

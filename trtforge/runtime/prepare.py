@@ -79,7 +79,7 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     is_engine = target_path.suffix != ".onnx"
     engine_sidecar = None
     if is_engine:
-        from trtforge.build.step import read_engine_sidecar
+        from trtforge.build.engine_record import read_engine_sidecar
 
         engine_sidecar = read_engine_sidecar(target_path)
         recorded = engine_sidecar.get("reference_onnx") or engine_sidecar["source_onnx"]

@@ -214,7 +214,7 @@ def _resolve(path: Path) -> _Target:
         )
     specs = [InputSpec(**s) for s in export_side["inputs"]]
     axes = kv_axes({k: AxisRange(**v) for k, v in export_side["axes"].items()}, kv)
-    from trtforge.export.kvcache import tier_ranges
+    from trtforge.build.profiles import tier_ranges
 
     tiers = {a: tier_ranges(list(b), axes[a], a) for a, b in kv["tiers"].items()}
     profiles, phases = plan_kv_profiles(specs, axes, tiers, kv)
@@ -226,7 +226,7 @@ def _stepper(target: _Target, options: StatefulOptions) -> Any:
         return OrtStepper(target.path, target.kv["layout"], options.providers)
     from trtforge.backends.engine_layers import runtime_identity
     from trtforge.backends.tensorrt import load_trt
-    from trtforge.build.step import check_engine_compat, read_engine_sidecar
+    from trtforge.build.engine_record import check_engine_compat, read_engine_sidecar
 
     mod = load_trt(options.backend)
     side = read_engine_sidecar(target.path, verify=True)

@@ -95,7 +95,7 @@ class TrtStepper:
         cudart = cuda_runtime()
         self.cuda_check, self._cudart = cuda_check, cudart
         self.free_before = cuda_check(cudart.cudaMemGetInfo())[0]
-        from trtforge.backends.tensorrt import load_engine_plugin_libraries
+        from trtforge.backends.plugin_libraries import load_engine_plugin_libraries
 
         load_engine_plugin_libraries(mod, sidecar, engine_path)
         self.runtime = self.trt.Runtime(self.trt.Logger(self.trt.Logger.ERROR))

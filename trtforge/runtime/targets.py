@@ -65,7 +65,7 @@ class TrtTarget:
         from trtforge.backends.engine_layers import runtime_identity
         from trtforge.backends.tensorrt import load_trt
         from trtforge.backends.tensorrt_runtime import TrtRunner
-        from trtforge.build.step import check_engine_compat, read_engine_sidecar
+        from trtforge.build.engine_record import check_engine_compat, read_engine_sidecar
         from trtforge.core.platform import gpu_info
 
         self.sidecar = read_engine_sidecar(engine, verify=True)

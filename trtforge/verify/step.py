@@ -87,7 +87,7 @@ def trt_runner(engine: Path, sidecar: dict[str, Any]) -> Any:
     from trtforge.backends.engine_layers import runtime_identity
     from trtforge.backends.tensorrt import load_trt
     from trtforge.backends.tensorrt_runtime import TrtRunner
-    from trtforge.build.step import check_engine_compat
+    from trtforge.build.engine_record import check_engine_compat
 
     mod = load_trt(sidecar.get("backend", "auto"))
     check_engine_compat(engine, sidecar, runtime_identity(mod))
@@ -142,7 +142,7 @@ def open_target(target: Path, access: EngineAccess | None) -> tuple[Any, dict[st
     if target.suffix == ".onnx":
         load_onnx(target, load_external_data=False)  # a missing or unreadable file: one sentence
         return _OnnxTarget(target), None
-    from trtforge.build.step import read_engine_sidecar
+    from trtforge.build.engine_record import read_engine_sidecar
 
     sidecar = read_engine_sidecar(target, verify=True)
     access = access or default_engine_access()
@@ -447,7 +447,8 @@ def engine_layerwise(
     happening, so this engine is a diagnostic twin of the deployed one, not the same engine (as Polygraphy's
     `--trt-outputs mark all`); the report says so."""
     from trtforge.backends.tensorrt import BuildOptions
-    from trtforge.build.step import build, read_engine_sidecar
+    from trtforge.build.engine_record import read_engine_sidecar
+    from trtforge.build.step import build
 
     source = linked_path(engine, str(engine_sidecar.get("source_onnx") or ""))
     if not source.is_file():
