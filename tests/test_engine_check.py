@@ -121,7 +121,7 @@ def test_build_rechecks_an_engine_from_calibrate_and_only_such(tiny_fcn_clean, t
 def test_cli_exits_1_when_only_the_engine_fails(tiny_fcn_clean, tmp_path, monkeypatch, capsys):
     from trtforge.cli import app as cli
 
-    monkeypatch.setattr(engine_check, "default_hooks", lambda *a: _hooks(tiny_fcn_clean, ruin=True, built=[]))
+    monkeypatch.setattr("trtforge.calibrate.recheck.default_hooks", lambda *a: _hooks(tiny_fcn_clean, ruin=True, built=[]))
     monkeypatch.setattr(
         sys,
         "argv",

@@ -332,7 +332,7 @@ def test_a_cached_library_preloads_what_it_was_built_against(cache_here, tmp_pat
 
 
 def test_doctor_reports_the_cache_state(cache_here, monkeypatch):
-    from trtforge.core import platform as doctor
+    from trtforge.build.plugins import compile as doctor
 
     monkeypatch.setattr(plugins_build, "runtime_tensorrt_version", lambda: "8.6.1")
     state = doctor.plugin_library_state()

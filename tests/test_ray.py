@@ -171,7 +171,7 @@ def test_killed_calibration_actor_changes_nothing(minilm_clean, ray_cluster):
     """Collection with an actor that dies on its first unit: the retried statistics equal one process's."""
     from trtforge.calibrate import data as data_mod
     from trtforge.calibrate.collect import collect
-    from trtforge.calibrate.step import tokenizer_factory
+    from trtforge.calibrate.data import tokenizer_factory
     from trtforge.core.onnxio import load_onnx
     from trtforge.graph.index import io_specs
     from trtforge.scaleout.ray_calibrate import collect_ray

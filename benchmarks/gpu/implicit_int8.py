@@ -44,7 +44,7 @@ def _model(clean: Path):
 
 def _samples(clean: Path, folder: Path, max_samples: int | None, max_len: int | None = None):
     from trtforge.calibrate import data as data_mod
-    from trtforge.calibrate.step import max_sample_length, tokenizer_factory
+    from trtforge.calibrate.data import max_sample_length, tokenizer_factory
 
     specs, axes, _ = _model(clean)
     _, samples = data_mod.load_samples(folder, specs, tokenizer_factory(clean), max_len or max_sample_length(specs, axes), max_samples)
@@ -209,9 +209,10 @@ def compare(clean: Path, eval_data: Path, engines: list[str], max_samples: int |
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.backends.tensorrt import load_trt
     from trtforge.backends.tensorrt_runtime import TrtRunner
-    from trtforge.calibrate.engine_check import _Named
+    from trtforge.calibrate.data import limited_batches
+    from trtforge.calibrate.engine_check import NamedOutputs
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
-    from trtforge.calibrate.step import limited_batches, output_kinds_of
+    from trtforge.calibrate.step import output_kinds_of
     from trtforge.core.onnxio import load_onnx
     from trtforge.runtime.feeds import random_feeds
 
@@ -232,7 +233,7 @@ def compare(clean: Path, eval_data: Path, engines: list[str], max_samples: int |
         try:
             sidecar = json.loads(path.with_name(path.name + ".json").read_text())
             runner = TrtRunner(mod, path, sidecar)
-            acc = evaluate(_Named(runner, reference.output_names), batches, refs, kinds)
+            acc = evaluate(NamedOutputs(runner, reference.output_names), batches, refs, kinds)
             row.update(
                 mean_cosine=acc.mean_cosine,
                 min_cosine=acc.min_cosine,

@@ -329,7 +329,7 @@ def sample_feeds(
     folder = Path(data) if data else calibration_data_of(onnx_path, model)
     if folder is not None:
         from trtforge.calibrate import data as data_mod
-        from trtforge.calibrate.step import max_sample_length, tokenizer_factory
+        from trtforge.calibrate.data import max_sample_length, tokenizer_factory
 
         # The tokenizer through this ONNX's sidecar chain: its directory is relative to the export's ONNX.
         _, samples = data_mod.load_samples(folder, specs, tokenizer_factory(onnx_path), max_sample_length(specs, axes), max_samples)
@@ -359,7 +359,7 @@ def _batch_size(specs: list, axes: dict, wanted: int, sample: dict[str, np.ndarr
 def calibration_data_of(onnx_path: Path, model: onnx.ModelProto) -> Path | None:
     """The data folder recorded by a calibration cache made for this model (a Q/DQ model names its cache; a
     cleaned model has one beside it whose graph hash matches)."""
-    from trtforge.calibrate.step import paths_for
+    from trtforge.calibrate.options import paths_for
     from trtforge.core.artifacts import onnx_graph_hash, read_sidecar
 
     sidecar = read_sidecar(onnx_path, required=False) or {}

@@ -163,3 +163,11 @@ def options_from_section(section: Any, **overrides: Any) -> CalibrateOptions:
     if values["data"] is None:
         raise UserError("no calibration data given; pass --data FOLDER or set calibrate.data in the config.")
     return CalibrateOptions(**values)
+
+
+def paths_for(onnx_path: Path, output: Path | None) -> tuple[Path, Path]:
+    """(NAME.int8.onnx, NAME.calib.cache) for a (clean) ONNX, or beside the --output the user chose."""
+    stem = onnx_path.name.removesuffix(".onnx").removesuffix(".clean")
+    int8 = output or onnx_path.with_name(f"{stem}.int8.onnx")
+    cache = int8.with_name(int8.name.removesuffix(".onnx").removesuffix(".int8") + ".calib.cache")
+    return int8, cache

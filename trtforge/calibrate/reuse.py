@@ -124,9 +124,9 @@ def int8_decision(int8_path: Path, key: str, options: CalibrateOptions, hooks: A
         return None, why
     check = side.get("engine_check") or {}
     if options.engine_check and check.get("status") == "skipped":
-        from trtforge.calibrate.engine_check import default_hooks
+        from trtforge.calibrate.engine_check import runtime_hooks
 
-        if (hooks or default_hooks()).available()[0]:
+        if (hooks or runtime_hooks()).available()[0]:
             return None, f"{int8_path}'s engine re-check was skipped and can run here"
     return side, f"{int8_path} is the file its sidecar recorded, made from this cache for the same held-out data"
 

@@ -28,6 +28,7 @@ import onnx
 from trtforge import __version__
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
+from trtforge.calibrate import recheck
 from trtforge.calibrate.cache import read_cache, write_cache
 from trtforge.calibrate.collect import (
     QuantPlan,
@@ -36,9 +37,10 @@ from trtforge.calibrate.collect import (
     gemm_shapes,
     plan_quantization,
 )
+from trtforge.calibrate.data import limited_batches, max_sample_length, tokenizer_factory
 from trtforge.calibrate.evaluate import Accuracy, evaluate, reference_outputs
 from trtforge.calibrate.methods import compute_amax
-from trtforge.calibrate.options import METHODS, CalibrateOptions, CalibrateResult, MethodResult, gate_record
+from trtforge.calibrate.options import METHODS, CalibrateOptions, CalibrateResult, MethodResult, gate_record, paths_for
 from trtforge.calibrate.placement import PLACEMENT_VERSION
 from trtforge.calibrate.quantize import (
     insert_qdq,
@@ -67,28 +69,6 @@ from trtforge.core.errors import UserError
 from trtforge.core.onnxio import load_onnx, save_onnx
 from trtforge.graph.index import io_specs, name_all_nodes
 from trtforge.runtime.feeds import random_feeds
-
-
-def paths_for(onnx_path: Path, output: Path | None) -> tuple[Path, Path]:
-    stem = onnx_path.name.removesuffix(".onnx").removesuffix(".clean")
-    int8 = output or onnx_path.with_name(f"{stem}.int8.onnx")
-    cache = int8.with_name(int8.name.removesuffix(".onnx").removesuffix(".int8") + ".calib.cache")
-    return int8, cache
-
-
-def max_sample_length(specs: list[InputSpec], axes: dict[str, AxisRange]) -> int:
-    lengths = [axes[d].max for s in specs for d in s.shape[1:] if isinstance(d, str) and d in axes]
-    return max(lengths) if lengths else 512
-
-
-def tokenizer_factory(onnx_path: Path) -> Callable[[], Any] | None:
-    """The model's tokenizer (trtforge.tokenize.TextTokenizer), found through the sidecar chain of
-    `onnx_path` (the directory export saved, relative to its ONNX), or the built-in MiniLM's; None when
-    there is none."""
-    from trtforge.runtime.tokenize import TextTokenizer, find_tokenizer_dir
-
-    directory = find_tokenizer_dir(onnx_path)
-    return (lambda: TextTokenizer(directory)) if directory else None
 
 
 def _coverage(amax: dict[str, float], needed: list[str], cache: Path) -> None:
@@ -134,11 +114,6 @@ def _collector(options: CalibrateOptions) -> Callable[..., Any]:
     from trtforge.scaleout.ray_calibrate import collect_ray
 
     return partial(collect_ray, address=options.ray, actors=options.ray_actors)
-
-
-def limited_batches(samples: list[dict[str, np.ndarray]], limit: int | None) -> list[dict[str, np.ndarray]]:
-    chosen = samples[:limit] if limit else samples
-    return list(data_mod.batches(chosen, 16))
 
 
 class _Lazy:
@@ -489,11 +464,10 @@ def _calibrate(
 def _engine_check(
     int8_path: Path, sidecar: dict[str, Any], options: CalibrateOptions, hooks: Any, eval_batches: list, progress: Callable[[str], None]
 ) -> dict[str, Any]:
-    from trtforge.calibrate import engine_check
 
     if not options.engine_check:
         return {"status": "skipped", "message": "engine re-check: skipped (turned off)", "reason": options.engine_check_off}
-    return engine_check.after_calibrate(int8_path, sidecar, hooks, eval_batches, progress)
+    return recheck.after_calibrate(int8_path, sidecar, hooks, eval_batches, progress)
 
 
 def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:

@@ -41,7 +41,7 @@ def bisect(
     json_out: bool = opt.JsonOpt,
 ) -> None:
     """Q/DQ groups on and off, ORT vs the TensorRT engine: which groups TensorRT executes differently."""
-    from trtforge.calibrate.step import paths_for
+    from trtforge.calibrate.options import paths_for
     from trtforge.verify.bisect import BisectOptions, table_rows
     from trtforge.verify.bisect import bisect as bisect_step
 

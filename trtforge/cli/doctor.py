@@ -9,9 +9,10 @@ from trtforge.cli import ui
 
 def doctor(json_out: bool = opt.JsonOpt) -> None:
     """Report Python, torch, ONNX, ONNX Runtime, TensorRT, CUDA and the GPU, and what this machine can run."""
+    from trtforge.build.plugins.compile import plugin_library_state
     from trtforge.core.platform import report
 
-    data = report()
+    data = {**report(), "plugin_library": plugin_library_state()}
     if json_out:
         ui.print_json(data)
         return

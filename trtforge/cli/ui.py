@@ -41,9 +41,9 @@ def print_json(payload: Any) -> None:
 
 
 def _write_json(payload: Any) -> None:
-    from trtforge.core.artifacts import _json_default
+    from trtforge.core.artifacts import json_default
 
-    sys.stdout.write(json.dumps(payload, indent=2, default=_json_default) + "\n")
+    sys.stdout.write(json.dumps(payload, indent=2, default=json_default) + "\n")
     sys.stdout.flush()
 
 

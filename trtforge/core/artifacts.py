@@ -130,10 +130,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
-    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n")
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
     import numpy as np
 
     if isinstance(obj, np.generic):

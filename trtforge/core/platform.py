@@ -44,20 +44,6 @@ def gpu_info() -> dict[str, Any] | None:
         return None
 
 
-def plugin_library_state() -> dict[str, Any]:
-    """libtrtforge_plugins for this TensorRT and GPU: found (with its path), not built, stale, or unavailable (why)."""
-    from trtforge.build.plugins.compile import cache_dir, state_here
-    from trtforge.build.plugins.discovery import plugins_dir
-
-    state = state_here()
-    return {
-        "state": state.status,
-        "path": str(state.path) if state.path else None,
-        "detail": state.detail,
-        "cache_dir": str(plugins_dir(cache_dir())),
-    }
-
-
 # TensorRT-RTX's documented targets (support matrix 1.0-1.5), used when the installed module cannot say.
 RTX_DOCUMENTED_TARGETS = ("7.5", "8.6", "8.9", "12.0")
 
@@ -171,5 +157,4 @@ def report() -> dict[str, Any]:
         "gpu": gpu,
         "features": features,
         "engines": {flavour: why for flavour, (_, why) in support.items()},
-        "plugin_library": plugin_library_state(),
     }

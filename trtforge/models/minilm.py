@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.core.errors import UserError
-from trtforge.models import LoadedModel
+from trtforge.models.loaded import LoadedModel
 
 MAX_LENGTH = 512
 HIDDEN = 384

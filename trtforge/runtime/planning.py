@@ -74,7 +74,7 @@ def plan_document(
         seq = layout.seq_axis
         if seq is None:
             if chunk is not None:
-                raise _no_chunk_axis(layout)
+                raise no_chunk_axis(layout)
             return [Chunk(d, 0, doc.feeds, Window(0, 1, 0, 1), 1)]
         if chunk is None and limits.seq is not None and doc.length > limits.seq:
             raise UserError(
@@ -87,7 +87,7 @@ def plan_document(
     h, w_ = doc.hw
     if not layout.chunk_axes:
         if chunk is not None:
-            raise _no_chunk_axis(layout)
+            raise no_chunk_axis(layout)
         return [Chunk(d, 0, doc.feeds, Tile(Window(0, h, 0, h), Window(0, w_, 0, w_)), h * w_)]
     if chunk is None and limits.tile is not None and max(h, w_) > limits.tile:
         raise UserError(
@@ -113,7 +113,7 @@ def plan_document(
     ]
 
 
-def _no_chunk_axis(layout: Layout) -> UserError:
+def no_chunk_axis(layout: Layout) -> UserError:
     if layout.ambiguous:
         return UserError(
             f"the model's inputs have several dynamic axes ({', '.join(layout.ambiguous)}), so which one to chunk "

@@ -26,7 +26,7 @@ from trtforge.runtime.documents import Chunk, Document, load_documents
 from trtforge.runtime.feeds import random_feeds
 from trtforge.runtime.options import RunOptions
 from trtforge.runtime.outputs import OutputKind, merge_refusal, probe_sizes
-from trtforge.runtime.planning import Limits, _no_chunk_axis, cut_into_windows, make_chunks, plan_limits
+from trtforge.runtime.planning import Limits, cut_into_windows, make_chunks, no_chunk_axis, plan_limits
 from trtforge.runtime.tokenize import TextTokenizer, find_tokenizer_dir
 from trtforge.verify.tolerances import (
     Tolerance,
@@ -100,7 +100,7 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     if options.chunk is not None:
         check_overlap(options.chunk, options.overlap)
         if not layout.chunk_axes:
-            raise _no_chunk_axis(layout)
+            raise no_chunk_axis(layout)
         limit = limits.seq if layout.kind == "sequence" else limits.tile
         if limit is not None and options.chunk > limit:
             where = (

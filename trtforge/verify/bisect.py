@@ -172,11 +172,11 @@ def trt_measure(flavour: str, specs: list[InputSpec], profile: Profile, options:
         if not execute:
             return result
         from trtforge.backends.tensorrt_runtime import TrtRunner
-        from trtforge.calibrate.engine_check import _Named
+        from trtforge.calibrate.engine_check import NamedOutputs
 
         runner = TrtRunner(mod, engine, {"profiles": [profile.to_json()], "inputs": [s.model_dump() for s in specs]})
         try:
-            acc = evaluate(_Named(runner, list(refs[0])), batches, refs, kinds)
+            acc = evaluate(NamedOutputs(runner, list(refs[0])), batches, refs, kinds)
             timed = max(batches, key=lambda b: sum(v.size for v in b.values()))
             runner.timings.clear()
             for _ in range(options.repeat):
@@ -216,7 +216,7 @@ def bisect(
     progress: Callable[[str], None] = lambda _: None,
 ) -> BisectResult:
     """Run the bisection (module doc). `measure`/`availability` replace the TensorRT runtime in tests."""
-    from trtforge.calibrate.step import max_sample_length, tokenizer_factory
+    from trtforge.calibrate.data import max_sample_length, tokenizer_factory
 
     onnx_path = Path(onnx_path)
     out_dir = options.out_dir or onnx_path.with_name(onnx_path.name.removesuffix(".onnx").removesuffix(".clean") + ".bisect")

@@ -112,7 +112,7 @@ def check_options(options: CompareOptions) -> tuple[dict[str | None, float], dic
 def load_inputs(reference: Path, model: onnx.ModelProto, folder: Path, max_samples: int | None) -> tuple[list[dict[str, np.ndarray]], str]:
     """The samples of `folder` as `calibrate` reads them (the reference's input specs and tokenizer), and their kind."""
     from trtforge.calibrate import data as data_mod
-    from trtforge.calibrate.step import max_sample_length, tokenizer_factory
+    from trtforge.calibrate.data import max_sample_length, tokenizer_factory
 
     specs, axes, _ = io_specs(reference, model)
     dataset, samples = data_mod.load_samples(folder, specs, tokenizer_factory(reference), max_sample_length(specs, axes), max_samples)

@@ -262,3 +262,16 @@ def status(flags: dict[str, str | None], packages_dirs: list[str]) -> dict[str, 
         "missing": found.missing,
         "runtime_libraries": [str(p) for p in found.runtime_libraries],
     }
+
+
+def plugin_library_state() -> dict[str, Any]:
+    """libtrtforge_plugins for this TensorRT and GPU: found (with its path), not built, stale, or unavailable (why)."""
+    from trtforge.build.plugins.discovery import plugins_dir
+
+    state = state_here()
+    return {
+        "state": state.status,
+        "path": str(state.path) if state.path else None,
+        "detail": state.detail,
+        "cache_dir": str(plugins_dir(cache_dir())),
+    }
