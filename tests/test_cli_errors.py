@@ -88,7 +88,7 @@ def test_json_usage_errors_and_option_checks_print_an_object(tmp_path, monkeypat
 def test_a_failed_gate_after_the_result_adds_the_error_to_the_one_json_object(monkeypatch):
     """run/calibrate/build print their result, then fail their gate: stdout stays one parseable object."""
     import trtforge.core.platform
-    from trtforge.cli import ui
+    from trtforge.core import ui
 
     monkeypatch.setattr(trtforge.core.platform, "report", lambda: {"versions": {}})
     print_json = ui.print_json
@@ -104,7 +104,7 @@ def test_a_failed_gate_after_the_result_adds_the_error_to_the_one_json_object(mo
 
 
 def test_held_json_without_an_error_prints_the_result_unchanged(capsys):
-    from trtforge.cli import ui
+    from trtforge.core import ui
 
     with ui.held_json() as held:
         ui.print_json({"a": 1})

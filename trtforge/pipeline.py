@@ -216,7 +216,7 @@ class Pipeline:
         b = self.cfg.build
         src = self.paths["int8"] if b.precision in ("int8", "best") else self.paths["clean"]
         options = options_from_config(b)
-        from trtforge.cli import ui
+        from trtforge.core import ui
 
         with ui.build_progress(f"building {src.name}") as tick:
             result = build(

@@ -9,8 +9,9 @@ from typing import Optional
 import typer
 
 from trtforge import __version__
-from trtforge.cli import bisect, build, calibrate, clean, compare, doctor, export, inspect, pipeline, run, ui
+from trtforge.cli import bisect, build, calibrate, clean, compare, doctor, export, inspect, pipeline, run
 from trtforge.cli.plugins import plugins_app
+from trtforge.core import ui
 from trtforge.core.artifacts import published
 from trtforge.core.errors import INTERNAL_ERROR, INTERRUPTED, TrtforgeError, exception_summary
 from trtforge.core.errors import GateFailed as GateFailedError

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from trtforge.cli import options as opt
-from trtforge.cli import ui
+from trtforge.core import ui
 
 
 def clean(

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from trtforge.cli import options as opt
-from trtforge.cli import render, ui
+from trtforge.cli import render
+from trtforge.core import ui
 from trtforge.core.errors import GateFailed as GateFailedError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trtforge import __version__
 from trtforge.cli import options as opt
-from trtforge.cli import ui
+from trtforge.core import ui
 
 
 def doctor(json_out: bool = opt.JsonOpt) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from trtforge.cli import ui
+from trtforge.core import ui
 
 
 def engine_check(check: Optional[dict]) -> None:

@@ -511,7 +511,7 @@ def export_command(
     json_out: bool,
 ) -> None:
     """`trtforge export --kv-cache` (or a config with kv_cache.enabled): export, then render."""
-    from trtforge.cli import ui
+    from trtforge.core import ui
     from trtforge.core.config import apply_overrides
 
     base = kv_config(model, config)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge import __version__
-from trtforge.cli import ui
+from trtforge.core import ui
 from trtforge.core.artifacts import ensure_writable_dir, onnx_graph_hash, publish, refuse_overwrite, write_sidecar
 from trtforge.core.config import AxisRange, InputSpec, ModelConfig
 from trtforge.core.errors import UserError, exception_summary

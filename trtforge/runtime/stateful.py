@@ -447,7 +447,7 @@ def run_command(
     json_out: bool,
 ) -> None:
     """`trtforge run --stateful [--generate N]`: run, render, gate (exit 1 on a failed gate)."""
-    from trtforge.cli import ui
+    from trtforge.core import ui
     from trtforge.core.errors import GateFailed
 
     if inputs is None:
