@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from trtforge.backends.base import RunnerLifecycle
 from trtforge.backends.cuda_async import stack_into, submit_calls
 from trtforge.backends.cuda_memory import DeviceBuffer, PinnedBuffer, check_gpu_supported, cuda_check, cuda_handle, cuda_runtime
 from trtforge.build.profiles import Profile, profiles_from_json, select_profile
@@ -89,7 +90,7 @@ class BatchTiming:
     wall_ms: float  # wall time this batch cost: since the previous batch completed (see runloop.completion_intervals)
 
 
-class TrtRunner:
+class TrtRunner(RunnerLifecycle):
     """Runs an engine built by `trtforge build`; `run` for one batch, `run_many` for a pipelined stream.
 
     `slots` staging slots (device + pinned host buffers, sized once for any profile's largest batch, so

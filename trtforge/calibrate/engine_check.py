@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from trtforge.backends.base import RunnerLifecycle
+
 SKIPPED = "engine re-check: skipped (no GPU / no TensorRT runtime here)"
 # TensorRT 8.6 wheels come without working cuBLAS/cuDNN here: their tactic sources stay off (trtexec's
 # --tacticSources=-CUBLAS,-CUBLAS_LT,-CUDNN); TensorRT >= 10 dropped them anyway.
@@ -60,7 +62,7 @@ def runtime_hooks() -> EngineHooks:
     return EngineHooks(runtime_here, build, runner)
 
 
-class NamedOutputs:
+class NamedOutputs(RunnerLifecycle):
     """A runner whose output order is the reference's (the engine may list its outputs in another order;
     the sample cosine is taken on the first output)."""
 
@@ -71,8 +73,11 @@ class NamedOutputs:
         out = self.runner.run({k: v for k, v in feeds.items() if k in self.input_names})
         return {name: np.asarray(out[name], dtype=np.float32) for name in self.output_names}
 
+    def close(self) -> None:
+        self.runner.close()
 
-class RunOnce:
+
+class RunOnce(RunnerLifecycle):
     """A runner that executes each feed (by identity) once and answers repeats from what it kept: the FP8 gate reads
     its real batches twice (cosine over every feed, top-1 over the real ones) and the engine need not run them twice."""
 
@@ -84,6 +89,10 @@ class RunOnce:
         if id(feeds) not in self._outputs:
             self._outputs[id(feeds)] = self.runner.run(feeds)
         return self._outputs[id(feeds)]
+
+    def close(self) -> None:
+        self._outputs.clear()
+        self.runner.close()
 
 
 def gate_options(int8_sidecar: dict[str, Any]) -> Any:

@@ -67,6 +67,12 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         target: Any = TrtTarget.for_options(p.target_path, options)
     else:
         target = OrtTarget(p.target_path, options.providers)
+    with target:  # the engine's contexts, buffers and CUDA graphs are freed when the run ends, failed or not
+        return run_on(target, p, options, overlap, progress)
+
+
+def run_on(target: Any, p: Prepared, options: RunOptions, overlap: bool, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The run itself on an open target: warm-up, the loop, merges, then what is measured after it."""
     check_io(target, p.reference, p.target_path, p.reference_path)
     progress(
         f"{len(p.docs)} inputs on {target.label}; outputs "

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from trtforge.backends.base import RunnerLifecycle
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.core.errors import UserError
 from trtforge.runtime.loop import (
@@ -17,7 +18,7 @@ from trtforge.runtime.loop import (
 from trtforge.runtime.options import RunOptions
 
 
-class OrtTarget:
+class OrtTarget(RunnerLifecycle):
     backend = "onnxruntime"
     accepts_parts = False  # feeds must be stacked arrays
     warm_batches = 1  # batches per warm-up round
@@ -37,6 +38,12 @@ class OrtTarget:
             self.timings.append(("onnxruntime", (time.perf_counter() - start) * 1e3, None))
             yield tag, (out if consume is None else consume(tag, out))
 
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.runner.run(feeds)
+
+    def close(self) -> None:
+        self.runner.close()
+
     def memory(self) -> dict[str, Any]:
         return {"device": "cpu", "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -47,7 +54,7 @@ class OrtTarget:
         return {}
 
 
-class TrtTarget:
+class TrtTarget(RunnerLifecycle):
     backend = "tensorrt"
     accepts_parts = True  # a batch's feeds may be its chunks' arrays: stacked straight into pinned memory
 
@@ -119,6 +126,12 @@ class TrtTarget:
             yield tag, out
         for t in self.runner.timings[start:]:
             self.timings.append((f"profile {t.profile}", t.wall_ms, t.gpu_ms))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.runner.run(feeds)
+
+    def close(self) -> None:
+        self.runner.close()
 
     def memory(self) -> dict[str, Any]:
         return {
