@@ -238,7 +238,7 @@ class Pipeline:
         return f"{result.sidecar['backend']} {result.sidecar['tensorrt_version']}, {len(result.profiles)} profiles, {result.sidecar['build_seconds']:.1f} s{recheck}"
 
     def _run(self) -> str:
-        from trtforge.runtime.options import RunOptions
+        from trtforge.runtime.options import options_from_section
         from trtforge.runtime.step import run
 
         r = self.cfg.run
@@ -249,23 +249,11 @@ class Pipeline:
             side = read_sidecar(self.paths["engine"]) or {}
             target = Path(side.get("built_onnx") or self.paths["clean"])
             note = f" (engine not executable here: ran {target.name} on ONNX Runtime)"
-        # Only gates the YAML sets are 'set' (fail when unevaluable); the rest take defaults (report.py).
-        gates = {
-            key: getattr(r, key) if key in r.model_fields_set else None
-            for key in ("max_rel_l2", "min_cosine", "min_chunk_cosine", "min_top1_agreement", "min_pixel_agreement")
-        }
-        options = RunOptions(
-            inputs=Path(r.inputs),
-            chunk=r.chunk,
-            overlap=r.overlap,
-            batch_size=r.batch_size,
-            merge=r.merge,
-            last_window=r.last_window,
-            warmup=r.warmup,
+        options = options_from_section(
+            r,
             reference=self.paths["clean"],
             report=self.paths["run"],
             tokenizer=Path(self.cfg.model.tokenizer) if self.cfg.model.tokenizer else None,
-            **gates,
         )
         report = run(target, options, progress=self.log)
         precision = report["precision_error"]

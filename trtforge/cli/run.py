@@ -236,35 +236,30 @@ def run_cmd(
         return run_command(target, inputs, chunk, generate, reference, report, backend, provider, max_rel_l2, json_out)
     from trtforge.core.config import RunSection, load_config
     from trtforge.core.errors import GateFailed
+    from trtforge.runtime.options import options_from_section
     from trtforge.runtime.outputs import parse_override
-    from trtforge.runtime.step import RunOptions
     from trtforge.runtime.step import run as run_step
 
     section = load_config(config).run if config else opt.section_for_target(target) or RunSection()
 
-    def gate(flag: Optional[float], key: str) -> Optional[float]:
-        """A flag, else the config key if the YAML sets it: only those are 'set' gates (see report.py)."""
-        return flag if flag is not None else (getattr(section, key) if key in section.model_fields_set else None)
-
-    chosen_inputs = inputs or (Path(section.inputs) if section.inputs else None)
-    if chosen_inputs is None:
-        raise UserError("no inputs given; pass --inputs FOLDER or set run.inputs in the config.")
-    options = RunOptions(
-        inputs=chosen_inputs,
-        chunk=None if no_chunking else (chunk or section.chunk),
-        overlap=0 if no_chunking else (overlap if overlap is not None else section.overlap),
-        batch_size=batch_size or section.batch_size,
-        merge=merge or section.merge,
-        warmup=warmup if warmup is not None else section.warmup,
-        reference=reference or (Path(section.reference) if section.reference else None),
+    options = options_from_section(
+        section,
+        inputs=inputs,
+        no_chunking=no_chunking,
+        chunk=chunk,
+        overlap=overlap,
+        batch_size=batch_size,
+        merge=merge,
+        warmup=warmup,
+        reference=reference,
         backend=backend,
-        max_rel_l2=gate(max_rel_l2, "max_rel_l2"),
-        min_cosine=gate(min_cosine, "min_cosine"),
-        min_chunk_cosine=gate(min_chunk_cosine, "min_chunk_cosine"),
-        min_top1_agreement=gate(min_top1_agreement, "min_top1_agreement"),
-        min_pixel_agreement=gate(min_pixel_agreement, "min_pixel_agreement"),
+        max_rel_l2=max_rel_l2,
+        min_cosine=min_cosine,
+        min_chunk_cosine=min_chunk_cosine,
+        min_top1_agreement=min_top1_agreement,
+        min_pixel_agreement=min_pixel_agreement,
         providers=list(provider or []),
-        report=report or (Path(section.report) if section.report else None),
+        report=report,
         naive=naive,
         tokenizer=tokenizer,
         output_kinds=dict(parse_override(o) for o in output_kind or []),
@@ -284,7 +279,7 @@ def run_cmd(
         pinned_reserve_mb=pinned_reserve_mb,
         merge_workers=merge_workers,
         plan_processes=plan_processes,
-        last_window=last_window or section.last_window,
+        last_window=last_window,
         switch_interval_us=switch_interval_us,
         gc_pause=gc_pause,
         atol=list(atol or []),

@@ -1,10 +1,13 @@
-"""`run`'s options: one dataclass, the defaults the CLI and the pipeline both use."""
+"""`run`'s options: one dataclass, and the one mapping from a config's `run` section to it (the CLI and the pipeline
+both use it). The defaults a config can set come from the config schema (core/config.RunSection), so there is one
+source of them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtforge.core.config import RunSection
 from trtforge.core.errors import UserError
 from trtforge.runtime.loop import (
     check_gpu_wait,
@@ -13,15 +16,19 @@ from trtforge.verify.tolerances import (
     check_statistic,
 )
 
+_SECTION = RunSection()  # the config schema's defaults
+SECTION_KEYS = ("chunk", "overlap", "batch_size", "merge", "last_window", "warmup")
+GATE_KEYS = ("max_rel_l2", "min_cosine", "min_chunk_cosine", "min_top1_agreement", "min_pixel_agreement")
+
 
 @dataclass
 class RunOptions:
     inputs: Path
-    chunk: int | None = 256
-    overlap: int = 32
-    batch_size: int = 8
-    merge: str = "center"
-    warmup: int = 2
+    chunk: int | None = _SECTION.chunk  # None: inputs cut at the model's own maximum length
+    overlap: int = _SECTION.overlap
+    batch_size: int = _SECTION.batch_size
+    merge: str = _SECTION.merge
+    warmup: int = _SECTION.warmup
     reference: Path | None = None
     backend: str = "auto"
     # Gates: None = not set (max_rel_l2 and min_cosine then take their defaults; see report.py).
@@ -67,7 +74,7 @@ class RunOptions:
     switch_interval_us: int = 500
     # Python's cyclic garbage collector off while the loop runs, after one collection before the clock (collect_garbage)
     gc_pause: bool = True
-    last_window: str = "full"  # a sequence's last window: "full" (ends at the input's end, as long as the others) or "short"
+    last_window: str = _SECTION.last_window  # a sequence's last window: "full" (ends at the input's end, as long as the others) or "short"
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
     # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
     precision_check: bool = True
@@ -120,3 +127,19 @@ class RunOptions:
 
 
 # -- inputs --------------------------------------------------------------------------------------
+
+
+def options_from_section(section: RunSection, inputs: Path | None = None, no_chunking: bool = False, **given: object) -> RunOptions:
+    """The options a run section gives, with what the user gave (not None) taking precedence. Gates are 'set' only where
+    a flag or the YAML sets them (an unset one takes its default, which fails nothing when unevaluable: verify/gates.py);
+    paths in the section are taken as written. no_chunking: whole inputs (chunk None, overlap 0)."""
+    chosen = inputs or (Path(section.inputs) if section.inputs else None)
+    if chosen is None:
+        raise UserError("no inputs given; pass --inputs FOLDER or set run.inputs in the config.")
+    values: dict[str, object] = {key: getattr(section, key) for key in SECTION_KEYS}
+    values.update({key: getattr(section, key) if key in section.model_fields_set else None for key in GATE_KEYS})
+    values.update({key: Path(v) for key in ("reference", "report") if (v := getattr(section, key))})
+    values.update({key: value for key, value in given.items() if value is not None})
+    if no_chunking:
+        values.update(chunk=None, overlap=0)
+    return RunOptions(inputs=chosen, **values)  # type: ignore[arg-type]
