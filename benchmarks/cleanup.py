@@ -39,8 +39,8 @@ def export(name: str, exporter: str, work: Path, configs: Path) -> Path:
     path = work / f"{name}.{exporter}.onnx"
     if path.exists():
         return path
-    from trtforge.config import apply_overrides, load_config
-    from trtforge.export import export_model
+    from trtforge.core.config import apply_overrides, load_config
+    from trtforge.export.step import export_model
 
     before = os.getcwd()
     os.chdir(ROOT)
@@ -53,7 +53,7 @@ def export(name: str, exporter: str, work: Path, configs: Path) -> Path:
 
 
 def run_trtforge(source: Path, target: Path) -> str | None:
-    from trtforge.graph import clean_file
+    from trtforge.graph.index import clean_file
 
     result = clean_file(source, target)
     slim = result.sidecar["slim"]
@@ -118,8 +118,8 @@ def rel_l2(reference: np.ndarray, candidate: np.ndarray) -> float:
 
 
 def measure(name: str, source: Path, work: Path, repeats: int) -> list[dict[str, Any]]:
-    from trtforge.feeds import random_feeds
-    from trtforge.graph import io_specs
+    from trtforge.runtime.feeds import random_feeds
+    from trtforge.graph.index import io_specs
 
     model = onnx.load(str(source))
     specs, axes, _ = io_specs(source, model)

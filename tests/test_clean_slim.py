@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import trtforge.graph.slim as slim
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.errors import UserError
-from trtforge.graph import clean_file, clean_model
+from trtforge.core.errors import UserError
+from trtforge.graph.index import clean_file, clean_model
 
 
 def _shape_slice_model(path):
@@ -54,8 +54,8 @@ def test_clean_leaves_at_most_onnxslims_node_count_on_the_zoo(name, exporter, zo
     """The issue's bar: <= 1.15x onnxslim's nodes (before onnxslim, clean left Swin 1448 -> 824 against onnxslim's
     270). The parity proof ran (clean_file raises GateFailed otherwise) and its rel-L2 is recorded per output."""
     onnxslim = require("onnxslim")
-    from trtforge.config import apply_overrides, load_config
-    from trtforge.export import export_model
+    from trtforge.core.config import apply_overrides, load_config
+    from trtforge.export.step import export_model
 
     before = os.getcwd()
     os.chdir(ROOT)
@@ -189,7 +189,7 @@ def test_onnxslim_failure_falls_back_with_a_note(tmp_path, monkeypatch):
 
     from typer.testing import CliRunner
 
-    from trtforge.cli import app
+    from trtforge.cli.app import app
 
     shown = CliRunner().invoke(app, ["clean", str(path), "-o", str(tmp_path / "c2.onnx")])
     assert shown.exit_code == 0, shown.output
@@ -199,7 +199,7 @@ def test_onnxslim_failure_falls_back_with_a_note(tmp_path, monkeypatch):
 def test_pipeline_cleans_for_its_build_backend(tmp_path):
     """clean.parser auto follows the pipeline's --backend, and another target re-runs the clean step."""
     require("tensorrt_rtx")
-    from trtforge.config import apply_overrides, load_config
+    from trtforge.core.config import apply_overrides, load_config
     from trtforge.pipeline import Pipeline
 
     cfg = load_config(ROOT / "configs" / "tiny-fcn.yaml")

@@ -15,8 +15,8 @@ from typing import Any, get_args
 
 import onnx
 
-from trtforge.config import CleanSection
-from trtforge.errors import UserError
+from trtforge.core.config import CleanSection
+from trtforge.core.errors import UserError
 
 # Parser targets of `clean --parser` (config key clean.parser), and the rewrites each one's ONNX parser needs.
 PARSERS: tuple[str, ...] = get_args(CleanSection.model_fields["parser"].annotation)
