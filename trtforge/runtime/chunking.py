@@ -177,7 +177,7 @@ class StreamingMerge:
     def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Allocate the merged array with its pages in memory before the windows arrive: run calls this on the
         planning threads, where it overlaps the GPU instead of slowing the merge's copies (first-touch page faults
-        were most of the merge's cost on the H200 box; np.zeros alone maps no page; a pooled buffer that served an
+        can be most of the merge's cost; np.zeros alone maps no page; a pooled buffer that served an
         earlier input is mapped already)."""
         self.merged = self._allocate(feature_shape, dtype, page_in=True)
 
@@ -378,8 +378,8 @@ def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.nd
     if isinstance(chunk_means, np.ndarray):  # the rows stacked already (run's merge keeps a batch's rows as one array)
         return (chunk_means.astype(np.float64) * counts[:, None]).sum(axis=0) / counts.sum()
     # stack in the parts' own dtype, then one cast (the same values): np.array(chunk_means, dtype=np.float64) in one call
-    # made `run` from text 30-45% slower on the H200 box (w26c: it converts element by element; benchmarks/RESULTS.md,
-    # 2026-12-03 w26), and a cast per part cost ~2.5x this (29 MiniLM rows: 131 against 52 us on the dev machine)
+    # converts element by element, and a cast per part costs more than this one (figures:
+    # docs/performance.md#run-loop-defaults)
     stacked = np.stack(chunk_means).astype(np.float64)
     return (stacked * counts[:, None]).sum(axis=0) / counts.sum()
 
