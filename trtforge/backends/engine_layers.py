@@ -83,7 +83,7 @@ def _engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None)
 _LOG_PREFIX = re.compile(r"^(?:\[[^\]]*\]\s*)+(?=Layer\(|Name: )")  # "[V] [TRT] " and timestamps
 _LOG86_LAYER = re.compile(r"^Layer\(([^)]*)\): (.*?), Tactic: (\S+?), (.*)$")
 _LOG86_TENSOR = re.compile(r"(?:^|, )(.*?)\[([A-Za-z][A-Za-z0-9]*)\(([-\d,\s]*)\)\]")
-# The same report as TensorRT 8.6 GA and 9.x print it on the H200 (the bracketed form above gave every
+# The same report as some TensorRT 8.6 GA and 9.x builds print it (the bracketed form above gives every
 # layer empty I/O there): "name (Dtype[dims])".
 _LOG86_TENSOR_PAREN = re.compile(r"(?:^|, )(.*?) \(([A-Za-z][A-Za-z0-9]*)\[([-\d,\s]*)\]\)")
 _LOG10_LAYER = re.compile(r"^Name: (.*?), LayerType: (.*?), Inputs: \[(.*?)\], Constants: .*?Outputs: \[(.*?)\], TacticName: ([^,]*)")

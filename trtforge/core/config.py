@@ -162,7 +162,7 @@ class BuildSection(Strict):
     compute_capabilities: list[str] = Field(default_factory=list)
     # Attention fusion (trtforge.fusion): auto = where the installed TensorRT runs a fused kernel it would not pick.
     fuse_attention: Switch = "auto"
-    # bias+GELU pass: auto = TensorRT 8.x fp16 builds, where the H200 measured the plugin faster.
+    # bias+GELU pass: auto = TensorRT 8.x fp16 builds, where the plugin measured faster (docs/performance.md#fusion-passes-auto-modes).
     fuse_gelu: Switch = "auto"
     fuse_skip_layernorm: Switch = "auto"
     # fp16 MatMuls by constant weights as TrtforgeGemm (cuBLASLt, timed per shape): auto = fp16 builds, measured faster.
@@ -182,7 +182,7 @@ class BuildSection(Strict):
     # unset: the data of a calibration cache beside the model, else random feeds.
     calib_data: str | None = None
     # With fp8, FC1 writes e4m3 straight into FC2 (no fp16 FFN activation, no conversion). auto: wherever a pair exists
-    # (measured 1.80-1.82x torch eager at 64x512 against fp8's 1.60-1.61x, same accuracy; w39); on: a model without a pair
+    # (faster than unchained at the same accuracy; docs/performance.md#fp8-defaults); on: a model without a pair
     # is an error; off: each GEMM converts its own input.
     fp8_chain_ffn: Switch = "auto"
 

@@ -177,7 +177,7 @@ class StreamingMerge:
     def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Allocate the merged array with its pages in memory before the windows arrive: run calls this on the
         planning threads, where it overlaps the GPU instead of slowing the merge's copies (first-touch page faults
-        were most of the merge's cost on the H200 box; np.zeros alone maps no page; a pooled buffer that served an
+        can be most of the merge's cost; np.zeros alone maps no page; a pooled buffer that served an
         earlier input is mapped already)."""
         self.merged = self._allocate(feature_shape, dtype, page_in=True)
 
@@ -201,13 +201,13 @@ class StreamingMerge:
         w = self.windows[index]
         if part.shape[0] != w.length:
             raise ValueError(f"window output has {part.shape[0]} positions, the window {w.length}")
-        self._merged_for(part)
+        merged = self._merged_for(part)
         if self.weights is None:
-            self.merged[w.keep_start : w.keep_end] = part[w.keep_start - w.start : w.keep_end - w.start]
+            merged[w.keep_start : w.keep_end] = part[w.keep_start - w.start : w.keep_end - w.start]
         else:
-            wt = self.weights[index].astype(self.merged.dtype).reshape((-1,) + (1,) * (part.ndim - 1))
+            wt = self.weights[index].astype(merged.dtype).reshape((-1,) + (1,) * (part.ndim - 1))
             with self._lock:
-                self.merged[w.start : w.end] += part * wt
+                merged[w.start : w.end] += part * wt
         self.seen.add(index)
 
     def segments(self, first: int, offsets: list[int], source_positions: int) -> list[tuple[int, int, int]]:
@@ -276,10 +276,10 @@ class StreamingMerge:
         placed = self.segments(first, offsets, source.shape[0])
         starts = np.fromiter((src for src, _, _ in placed), np.int64, len(placed))
         lengths = np.fromiter((n for _, _, n in placed), np.int64, len(placed))
-        self._merged_for(source)
+        merged = self._merged_for(source)
         lo, hi = placed[0][1], placed[-1][1] + placed[-1][2]
         index = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(hi - lo)
-        target = self.merged[lo:hi]
+        target = merged[lo:hi]
         if source.dtype == target.dtype:
             np.take(source, index, axis=0, out=target, mode="clip")  # 'raise' would buffer a copy; bounds checked above
         else:
@@ -300,7 +300,7 @@ class RowRun(NamedTuple):
     doc: int
     first: int
     row: int
-    count: int
+    count: int  # type: ignore[assignment]  # the rows it spans; tuple.count is never called on a RowRun
     content_start: int
     length: int | None
 
@@ -378,8 +378,8 @@ def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.nd
     if isinstance(chunk_means, np.ndarray):  # the rows stacked already (run's merge keeps a batch's rows as one array)
         return (chunk_means.astype(np.float64) * counts[:, None]).sum(axis=0) / counts.sum()
     # stack in the parts' own dtype, then one cast (the same values): np.array(chunk_means, dtype=np.float64) in one call
-    # made `run` from text 30-45% slower on the H200 box (w26c: it converts element by element; benchmarks/RESULTS.md,
-    # 2026-12-03 w26), and a cast per part cost ~2.5x this (29 MiniLM rows: 131 against 52 us on the dev machine)
+    # converts element by element, and a cast per part costs more than this one (figures:
+    # docs/performance.md#run-loop-defaults)
     stacked = np.stack(chunk_means).astype(np.float64)
     return (stacked * counts[:, None]).sum(axis=0) / counts.sum()
 
