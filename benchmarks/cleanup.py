@@ -118,8 +118,8 @@ def rel_l2(reference: np.ndarray, candidate: np.ndarray) -> float:
 
 
 def measure(name: str, source: Path, work: Path, repeats: int) -> list[dict[str, Any]]:
-    from trtforge.runtime.feeds import random_feeds
     from trtforge.graph.index import io_specs
+    from trtforge.runtime.feeds import random_feeds
 
     model = onnx.load(str(source))
     specs, axes, _ = io_specs(source, model)

@@ -28,7 +28,6 @@ from trtforge.runtime.feeds import random_feeds, specs_from_onnx, two_shapes
 from trtforge.verify.compare import Comparator
 from trtforge.verify.gates import check_outputs
 
-
 PASSTHROUGH_OPS = ("Identity", "Dropout")
 
 
