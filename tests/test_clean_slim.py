@@ -210,3 +210,22 @@ def test_pipeline_cleans_for_its_build_backend(tmp_path):
     assert elsewhere._fp("clean") != rtx._fp("clean")  # same config and ONNX, another target: clean runs again
     pinned = Pipeline(apply_overrides(cfg, {"clean.parser": "trt8"}), tmp_path, "tensorrt_rtx")
     assert pinned._clean_parser() == "trt8"
+
+
+def test_weights_equal_to_an_identity_keep_their_nodes(tmp_path):
+    """A fresh model's zero bias and unit scale stay nodes (onnxslim alone deletes x + 0 and x * 1): the cleaned graph
+    has the trained model's structure, and the bias is still there for the build's fusion passes to fold."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), "w")
+    bias = numpy_helper.from_array(np.zeros(4, np.float32), "bias")
+    scale = numpy_helper.from_array(np.ones(4, np.float32), "scale")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "bias"], ["hb"]),
+        helper.make_node("Mul", ["hb", "scale"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [w, bias, scale]), opset_imports=[helper.make_opsetid("", 17)])
+    cleaned, counts = clean_model(model)
+    assert [n.op_type for n in cleaned.graph.node] == ["MatMul", "Add", "Mul"] and "note" not in counts["slim"]
+    assert [i.name for i in cleaned.graph.input] == ["x"] and {t.name for t in cleaned.graph.initializer} == {"w", "bias", "scale"}
