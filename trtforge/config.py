@@ -61,25 +61,50 @@ class InputSpec(Strict):
         return value
 
 
-OUTPUT_KINDS = ("token", "pooled", "logits", "dense")
+OUTPUT_KINDS = ("token", "pooled", "logits", "dense", "boxes")
+BOX_KEYS = ("format", "scores", "activation", "no_object", "score_threshold")
 
 
 class OutputSpec(Strict):
     """What an output means, which decides how chunks merge and which metric judges it:
     token: one vector per position of the sequence axis; pooled: one vector per sequence (never
     softmaxed); logits: class logits per sequence or image; dense: an image [N, C, H, W] at the
-    input's resolution times `scale` (0.25 for a segmentation map at 1/4, 2 for super-resolution)."""
+    input's resolution times `scale` (0.25 for a segmentation map at 1/4, 2 for super-resolution);
+    boxes: a box per query [N, Q, 4] in `format`, scored by the output `scores` names ([N, Q, C] class
+    logits or [N, Q] scores), compared and merged as detections (verify/boxes.py)."""
 
     name: str
-    kind: Literal["token", "pooled", "logits", "dense"] | None = None
+    kind: Literal["token", "pooled", "logits", "dense", "boxes"] | None = None
     # Output size / input size along each spatial axis; dense outputs only.
     scale: float | None = Field(None, gt=0)
+    # boxes only: the box coordinates' format; the output holding the class logits or scores; how those become
+    # scores (softmax over classes, sigmoid per class, none: already scores); whether the last class is "no object"
+    # (DETR, YOLOS); the score a box needs to count.
+    format: Literal["cxcywh_norm", "xyxy_norm", "xyxy_px", "xywh_px"] | None = None
+    scores: str | None = None
+    activation: Literal["softmax", "sigmoid", "none"] = "softmax"
+    no_object: bool = False
+    score_threshold: float = Field(0.5, ge=0, le=1)
 
     @model_validator(mode="after")
     def _scale_for_dense(self) -> "OutputSpec":
         if self.scale is not None and self.kind not in (None, "dense"):
             raise ValueError(f"output '{self.name}': 'scale' applies to dense outputs only, not '{self.kind}'")
+        if self.kind == "boxes":
+            for key in ("format", "scores"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"output '{self.name}' is kind boxes and needs '{key}' (see docs/concepts/output-kinds.md)")
+        else:
+            given = [k for k in BOX_KEYS if getattr(self, k) != type(self).model_fields[k].default]
+            if given:
+                raise ValueError(f"output '{self.name}': '{given[0]}' applies to boxes outputs only, not '{self.kind}'")
         return self
+
+    def box_spec(self) -> Any:
+        from trtforge.verify.boxes import BoxSpec
+
+        assert self.format is not None and self.scores is not None
+        return BoxSpec(self.format, self.scores, self.activation, self.no_object, self.score_threshold)
 
 
 class SourceSpec(Strict):
@@ -200,6 +225,17 @@ class RunSection(Strict):
     # per-pixel argmax agreement of dense outputs.
     min_top1_agreement: float | None = Field(None, ge=0, le=1)
     min_pixel_agreement: float | None = Field(None, ge=0, le=1)
+    # Detectors (boxes outputs): the overlap of image slices as a share of the slice size (SAHI's overlap ratio; sets
+    # `overlap`), how the slices' boxes merge (nms or greedy merging, class by class) and the IoU at which they do.
+    slice_overlap: float | None = Field(None, ge=0, lt=1)
+    box_merge: Literal["nms", "greedy"] = "nms"
+    iou: float = Field(0.5, gt=0, le=1)
+    # Box gates: recall of the reference boxes and mean IoU of the matched ones, target vs ORT fp32 (default 0.9 each
+    # where the model has a boxes output) and sliced vs whole (unset: reported, not gated).
+    min_box_recall: float | None = Field(None, ge=0, le=1)
+    min_matched_iou: float | None = Field(None, ge=0, le=1)
+    min_chunk_box_recall: float | None = Field(None, ge=0, le=1)
+    min_chunk_matched_iou: float | None = Field(None, ge=0, le=1)
     reference: str | None = None
     report: str | None = None
 
@@ -263,6 +299,19 @@ class ModelConfig(Strict):
             repeated = sorted({n for n in names if names.count(n) > 1})
             if repeated:
                 raise ValueError(f"{what} names '{repeated[0]}' more than once")
+        for out in self.outputs:
+            if out.kind == "boxes":
+                named = next((o for o in self.outputs if o.name == out.scores), None)
+                if named is None or named is out:
+                    raise ValueError(
+                        f"output '{out.name}' takes its scores from '{out.scores}', which is not another declared output "
+                        f"(outputs: {', '.join(self.output_names())})"
+                    )
+                if named.kind is not None:
+                    raise ValueError(
+                        f"output '{named.name}' holds the scores of boxes output '{out.name}' and takes its kind from it; "
+                        f"drop its kind '{named.kind}'"
+                    )
         for spec in self.inputs:
             for dim in spec.shape:
                 if isinstance(dim, str) and dim not in self.axes:

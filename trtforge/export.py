@@ -517,6 +517,7 @@ def output_specs(model: Any, config: ModelConfig, loaded: LoadedModel) -> list[d
                 "shape": dims,
                 "kind": kind,
                 "scale": spec.scale if spec else None,
+                **({"boxes": spec.box_spec().to_json()} if spec and spec.kind == "boxes" else {}),
             }
         )
     return specs

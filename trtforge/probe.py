@@ -10,7 +10,7 @@ from trtforge.config import AxisRange, InputSpec
 from trtforge.errors import UserError
 from trtforge.feeds import random_feeds
 from trtforge.layout import Layout
-from trtforge.outputs import OutputKind, Probe, declared_kinds, needs_probe, probe_sizes, resolve
+from trtforge.outputs import OutputKind, Probe, declared_boxes, declared_kinds, needs_probe, probe_sizes, resolve
 
 
 def output_kinds(
@@ -27,8 +27,10 @@ def output_kinds(
     (the reference at two sizes of its chunk axis). strict=False leaves undecidable kinds None."""
     chain = chain if chain is not None else sidecar_chain(reference_path)
     declared: dict[str, tuple[str | None, float | None]] = {}
+    boxes = {}
     for _, side in reversed(chain):  # the nearest sidecar wins
         declared.update(declared_kinds(side.get("outputs")))
+        boxes.update(declared_boxes(side.get("outputs")))
     declared.update(overrides or {})
     unknown = [n for n in (overrides or {}) if n not in reference.output_names]
     if unknown:
@@ -37,8 +39,8 @@ def output_kinds(
             f"(outputs: {', '.join(reference.output_names)})."
         )
     probes = []
-    if needs_probe(reference.output_names, declared):
+    if needs_probe(reference.output_names, declared, boxes):
         for sizes in probe_sizes(layout, axes):
             out = reference.run(random_feeds(specs, sizes, seed=0))
             probes.append(Probe(sizes, {k: tuple(v.shape) for k, v in out.items()}))
-    return resolve(reference.output_names, declared, layout, probes, strict)
+    return resolve(reference.output_names, declared, layout, probes, strict, boxes)

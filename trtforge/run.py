@@ -71,6 +71,7 @@ from trtforge.outputs import OutputKind, merge_refusal, probe_sizes
 from trtforge.outwriter import OutputWriter
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, latency_stats, target_precision
+from trtforge.runtime.slicing import BOX_MERGES, merge_boxes, shift, slice_tiles
 from trtforge.runloop import (
     Batcher,
     StageClock,
@@ -80,6 +81,7 @@ from trtforge.runloop import (
     wall_over_gpu,
 )
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, wrap_spans
+from trtforge.verify.boxes import detections
 from trtforge.verify.compare import Comparator, worst
 from trtforge.verify.gates import evaluate_gates, gate_notes, gates_from
 from trtforge.verify.tolerances import (
@@ -313,6 +315,15 @@ class RunOptions:
     min_chunk_cosine: float | None = None
     min_top1_agreement: float | None = None
     min_pixel_agreement: float | None = None
+    min_box_recall: float | None = None
+    min_matched_iou: float | None = None
+    min_chunk_box_recall: float | None = None
+    min_chunk_matched_iou: float | None = None
+    # Detectors: image slices overlapping by this share of --chunk (sets overlap), their boxes merged by nms or greedy
+    # merging at IoU `iou` (runtime/slicing.py)
+    slice_overlap: float | None = None
+    box_merge: str = "nms"
+    iou: float = 0.5
     providers: list[str] = field(default_factory=list)
     report: Path | None = None
     naive: bool = False  # one chunk per execute (for benchmarks)
@@ -387,6 +398,15 @@ class RunOptions:
             raise UserError(f"--merge-workers {self.merge_workers} is negative; use 0 (merge on the collecting thread) or more.")
         if self.switch_interval_us < 1:
             raise UserError(f"--switch-interval-us {self.switch_interval_us} must be at least 1 (microseconds).")
+        if self.box_merge not in BOX_MERGES:
+            raise UserError(f"unknown --box-merge '{self.box_merge}'; use nms or greedy.")
+        if not 0 < self.iou <= 1:
+            raise UserError(f"--iou must be above 0 and at most 1, got {self.iou:g}.")
+        if self.slice_overlap is not None:
+            if not 0 <= self.slice_overlap < 1:
+                raise UserError(f"--slice-overlap must be at least 0 and below 1 (a share of the slice size), got {self.slice_overlap:g}.")
+            if self.chunk is not None:
+                self.overlap = int(round(self.slice_overlap * self.chunk))
 
     @property
     def full_last(self) -> bool:
@@ -399,6 +419,10 @@ class RunOptions:
             "min_chunk_cosine": self.min_chunk_cosine,
             "min_top1_agreement": self.min_top1_agreement,
             "min_pixel_agreement": self.min_pixel_agreement,
+            "min_box_recall": self.min_box_recall,
+            "min_matched_iou": self.min_matched_iou,
+            "min_chunk_box_recall": self.min_chunk_box_recall,
+            "min_chunk_matched_iou": self.min_chunk_matched_iou,
         }
 
 
@@ -539,8 +563,11 @@ def plan_document(
     tokenizer: TextTokenizer | None,
     scales: list[float],
     full_last: bool = False,
+    slices: bool = False,
 ) -> list[Chunk]:
-    """Document d's chunks. full_last: a sequence's last window is as long as the others (chunking.plan_windows)."""
+    """Document d's chunks. full_last: a sequence's last window is as long as the others (chunking.plan_windows).
+    slices: an image is cut into slices of one size, the last ones ending at its edges (runtime/slicing.py: for
+    detectors, whose boxes merge by position, not by tile weights)."""
     if doc.kind == "text":
         assert tokenizer is not None
         if doc.ids is None:  # tokenized here (load_documents(tokenize=False)), on a planning thread
@@ -592,7 +619,7 @@ def plan_document(
             f"image '{doc.name}' is {h}x{w_} but the model takes at most {limits.tile}x{limits.tile}; enable tiling with --chunk."
         )
     size = chunk or max(h, w_)
-    tiles = plan_tiles(h, w_, size, overlap if chunk else 0)
+    tiles = slice_tiles(h, w_, size, overlap if chunk else 0) if slices else plan_tiles(h, w_, size, overlap if chunk else 0)
     if len(tiles) > 1:
         for scale in scales:
             check_tile_scale(size, overlap, scale)
@@ -630,10 +657,11 @@ def make_chunks(
     tokenizer: TextTokenizer | None,
     scales: list[float],
     full_last: bool = False,
+    slices: bool = False,
 ) -> list[Chunk]:
     chunks: list[Chunk] = []
     for d, doc in enumerate(docs):
-        chunks += plan_document(d, doc, specs, layout, chunk, overlap, limits, tokenizer, scales, full_last)
+        chunks += plan_document(d, doc, specs, layout, chunk, overlap, limits, tokenizer, scales, full_last, slices)
     return chunks
 
 
@@ -827,8 +855,18 @@ def kept_size(window: Any) -> int:
     return window.keep_end - window.keep_start
 
 
-def merge_document(doc: Document, kind: OutputKind, parts: list[tuple[Chunk, np.ndarray]], options: RunOptions) -> np.ndarray:
-    """One input's output from its chunks' parts (chunk_part), by the output's kind."""
+def merge_document(
+    doc: Document,
+    kind: OutputKind,
+    parts: list[tuple[Chunk, np.ndarray]],
+    options: RunOptions,
+    scores: list[tuple[Chunk, np.ndarray]] | None = None,
+) -> np.ndarray:
+    """One input's output from its chunks' parts (chunk_part), by the output's kind. A boxes output takes its
+    box_scores output's parts (`scores`) too."""
+    if kind.kind == "boxes":
+        assert kind.boxes is not None and scores is not None
+        return merge_detections(doc, kind, parts, scores, options)
     parts = sorted(parts, key=lambda p: p[0].index)
     chunks, values = [c for c, _ in parts], [v for _, v in parts]
     tokens = [kept_size(c.window) for c in chunks]  # positions each chunk alone speaks for: overlaps count once
@@ -847,6 +885,25 @@ def merge_document(doc: Document, kind: OutputKind, parts: list[tuple[Chunk, np.
         raise UserError(f"output '{kind.name}' is dense but the input '{doc.name}' is not an image; declare the output's kind.")
     h, w = doc.hw
     return merge_tiles(values, h, w, options.chunk or max(h, w), options.overlap if options.chunk else 0, options.merge, kind.scale or 1.0)
+
+
+def merge_detections(
+    doc: Document, kind: OutputKind, parts: list[tuple[Chunk, np.ndarray]], scores: list[tuple[Chunk, np.ndarray]], options: RunOptions
+) -> np.ndarray:
+    """One image's detections [N, 6] (x1, y1, x2, y2 in the image's pixels, score, class) from its slices' boxes and
+    scores: each slice's boxes in its own pixels (normalised formats scaled by the slice's size), shifted to the
+    image's, then merged class by class (runtime/slicing.py). One slice goes through the same merge, so a whole pass
+    and a sliced one are judged alike."""
+    spec = kind.boxes
+    assert spec is not None
+    by_chunk = {c.index: v for c, v in scores}
+    rows = []
+    for c, value in sorted(parts, key=lambda p: p[0].index):
+        tile = c.window if isinstance(c.window, Tile) else None  # a whole non-image input: its own units, unshifted
+        h, w = (tile.rows.length, tile.cols.length) if tile else (1, 1)
+        found = detections(value[None], by_chunk[c.index][None], spec, h, w)[0]
+        rows.append(shift(found, tile.rows.start, tile.cols.start) if tile else found)
+    return merge_boxes(np.concatenate(rows), options.box_merge, options.iou).astype(np.float32)
 
 
 def plan_windows_of(chunks: Sequence[Chunk]) -> list[Any]:
@@ -997,7 +1054,11 @@ class _Merger:
     def _merged(self, d: int) -> dict[str, np.ndarray]:
         outs = {}
         for name, kind in self.kinds.items():
-            if (d, name) in self.streams:
+            if kind.kind == "box_scores":  # merged into its boxes output's detections
+                continue
+            if kind.kind == "boxes" and kind.boxes is not None:
+                outs[name] = merge_document(self.docs[d], kind, self.parts[(d, name)], self.options, self.parts[(d, kind.boxes.scores)])
+            elif (d, name) in self.streams:
                 outs[name] = self.streams[(d, name)].result()
             elif (d, name) in self.rows:
                 outs[name] = self._merged_rows(d, kind, self.rows[(d, name)])
@@ -1103,6 +1164,23 @@ class Prepared:
     def scales(self) -> list[float]:
         return [k.scale for k in self.kinds.values() if k.kind == "dense" and k.scale]
 
+    @property
+    def boxes(self) -> dict[str, Any]:
+        """Each boxes output's BoxSpec; a model with one is cut into slices (plan_document's `slices`)."""
+        return boxes_of(self.kinds)
+
+    def comparator(self, tolerances: dict[str, Tolerance] | None = None) -> Comparator:
+        return comparator_for(self.kinds, tolerances)
+
+
+def boxes_of(kinds: dict[str, OutputKind]) -> dict[str, Any]:
+    return {name: k.boxes for name, k in kinds.items() if k.kind == "boxes" and k.boxes is not None}
+
+
+def comparator_for(kinds: dict[str, OutputKind], tolerances: dict[str, Tolerance] | None = None) -> Comparator:
+    """The comparator for these outputs: by kind, boxes outputs by their BoxSpec."""
+    return Comparator({name: k.kind for name, k in kinds.items()}, tolerances, boxes_of(kinds))
+
 
 def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepared:
     """With plan=False, texts are not tokenized and `chunks` is empty: run() plans them while it runs."""
@@ -1162,7 +1240,8 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     if options.chunk is not None:
         refuse_unmergeable(kinds, docs, options.chunk, reference, reference_path, specs, axes, layout)
     scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
-    chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales, options.full_last) if plan else []
+    slices = bool(boxes_of(kinds))
+    chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales, options.full_last, slices) if plan else []
     batch_cap = options.batch_size
     if layout.batch_axis:
         b = layout.batch_axis
@@ -1222,6 +1301,12 @@ def refuse_unmergeable(
             f"({exception_summary(exc, 200)}); check the model's axis ranges."
         ) from None
     positions = sizes.get(layout.seq_axis) if layout.seq_axis else None
+    dense = [name for name, kind in kinds.items() if kind.kind == "dense"]
+    if boxes_of(kinds) and dense:
+        raise UserError(
+            f"output '{dense[0]}' is dense, and tiles of a dense map do not merge over the slices a detector's boxes are "
+            "cut into; run whole images (without --chunk), or run the dense output from a model without the boxes."
+        )
     for name, kind in kinds.items():
         why = merge_refusal(kind, layout.kind == "image", shapes.get(name), positions, layout.seq_axis)
         if why:
@@ -1309,7 +1394,17 @@ def run(target_path: Path, options: RunOptions, progress: Callable[[str], None] 
         else:
             with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
                 chunks = plan_document(
-                    d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last
+                    d,
+                    p.docs[d],
+                    p.specs,
+                    p.layout,
+                    options.chunk,
+                    options.overlap,
+                    p.limits,
+                    p.tokenizer,
+                    p.scales,
+                    options.full_last,
+                    bool(p.boxes),
                 )
         if not chunks:  # it would never be finished (nor merged)
             raise UserError(f"input '{p.docs[d].name}' is empty (no tokens or positions); remove it or give it content.")
@@ -1638,7 +1733,7 @@ def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[
     """The report's gates, with the defaults of the target's precision (verify/gates.py), which the report names."""
     onnx_sidecar = None if p.is_engine else read_sidecar(p.target_path, required=False)
     precision = target_precision(p.engine_sidecar if p.is_engine else None, onnx_sidecar, None if p.is_engine else p.target_path)
-    gates = evaluate_gates(report, gates_from(options.gate_values(), precision), tolerated=frozenset(p.tolerances))
+    gates = evaluate_gates(report, gates_from(options.gate_values(), precision, boxes=bool(p.boxes)), tolerated=frozenset(p.tolerances))
     notes = gate_notes(options.gate_values(), precision)
     if p.tolerances:
         notes = [*notes, f"--atol/--rtol replace the default gates for {', '.join(p.tolerances)}"]
@@ -1661,7 +1756,9 @@ def _warm_up(p: Prepared, options: RunOptions, target: Any) -> dict[str, tuple[t
     if options.warmup <= 0 or not p.docs:
         return None
     doc = replace(p.docs[0], feeds=dict(p.docs[0].feeds))
-    chunks = plan_document(0, doc, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last)
+    chunks = plan_document(
+        0, doc, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last, bool(p.boxes)
+    )
     first = [c for c in chunks if shape_key(c) == shape_key(chunks[0])]
     size = 1 if options.naive else p.batch_cap
     batch = stack([first[i % len(first)] for i in range(size)])
@@ -1689,7 +1786,7 @@ def _precision_error(
         reference.check_outputs(list(p.kinds))
     elif options.save_reference:
         reference = RecordingReference(p.reference, p.reference_path, onnx_graph_hash(load_onnx(p.reference_path)))
-    comparator = Comparator({name: k.kind for name, k in p.kinds.items()}, p.tolerances)
+    comparator = p.comparator(p.tolerances)
     try:
         for i, b in enumerate(batches):
             add_precision(comparator, reference, b, results[i])
@@ -1789,7 +1886,7 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
         return {"name": doc.name, "scope": "--no-chunking-check", "measured": False}, None
     sub, scope = _measurement_input(doc, p)
     sub_chunks = plan_document(
-        0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last
+        0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last, bool(p.boxes)
     )
     if len(sub_chunks) < 2:
         longest = p.limits.seq if doc.kind != "image" else p.limits.tile
@@ -1798,7 +1895,7 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
             "scope": f"not measurable: chunk ({options.chunk}) is not smaller than the longest input the model takes whole ({longest})",
             "measured": False,
         }, None
-    comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
+    comparator = p.comparator()
     whole_chunk = plan_document(0, sub, p.specs, p.layout, None, 0, Limits(), p.tokenizer, p.scales)[0]
     whole = p.reference.run(whole_chunk.feeds)
     parts: dict[str, list[tuple[Chunk, np.ndarray]]] = {}
@@ -1807,8 +1904,15 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
         for name, kind in p.kinds.items():
             parts.setdefault(name, []).append((c, chunk_part(kind, c, out[name])))
     for name, kind in p.kinds.items():
-        merged = merge_document(sub, kind, parts[name], options)
-        reference = merge_document(sub, kind, [(whole_chunk, chunk_part(kind, whole_chunk, whole[name]))], options)
+        if kind.kind == "box_scores":  # judged within its boxes output's detections
+            continue
+        scores, whole_scores = None, None
+        if kind.kind == "boxes" and kind.boxes is not None:
+            scored = p.kinds[kind.boxes.scores]
+            scores = parts[kind.boxes.scores]
+            whole_scores = [(whole_chunk, chunk_part(scored, whole_chunk, whole[kind.boxes.scores]))]
+        merged = merge_document(sub, kind, parts[name], options, scores)
+        reference = merge_document(sub, kind, [(whole_chunk, chunk_part(kind, whole_chunk, whole[name]))], options, whole_scores)
         comparator.add_output(name, reference[None], merged[None])
     return {"name": doc.name, "scope": scope, "chunks": len(sub_chunks), "measured": True}, comparator
 
@@ -1819,7 +1923,7 @@ def chunking_summary(parts: list[tuple[dict[str, Any], Comparator | None]], kind
     if not any(i["measured"] for i in per_input):
         reasons = sorted({i["scope"] for i in per_input})
         return {"measured": False, "reason": "; ".join(reasons), "per_input": per_input}
-    comparator = Comparator({name: k.kind for name, k in kinds.items()})
+    comparator = comparator_for(kinds)
     for _, part in parts:
         if part is not None:
             comparator.merge(part)

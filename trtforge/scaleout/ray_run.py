@@ -157,7 +157,7 @@ class RunWorker:
                 batches, outs = self.kept.pop(unit)
             else:
                 batches, outs, _ = self._infer(chunks)
-            precision = Comparator({name: k.kind for name, k in self.p.kinds.items()}, self.p.tolerances)
+            precision = self.p.comparator(self.p.tolerances)
             for b, out in zip(batches, outs):
                 add_precision(precision, self.p.reference, b, out)
         return {"precision": precision, "chunking": [chunking_error_of(doc, count, self.p, self.options) for doc, count in docs]}
@@ -299,7 +299,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
             return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
         if not chosen:
             return {"measured": False, "reason": "no units judged on this worker"}
-        total = Comparator({name: k.kind for name, k in p.kinds.items()}, p.tolerances)
+        total = p.comparator(p.tolerances)
         for u in sorted(chosen):
             total.merge(precision_parts[u])
         return precision_summary(total)
