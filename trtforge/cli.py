@@ -1145,12 +1145,18 @@ def _render_run(r: dict) -> None:
         f"merge {ch['merge']}), {r['batches']} batches on {r['backend']}"
     )
     con.print("outputs: " + ", ".join(f"{n} ({_kind_label(o)}, {o['source']})" for n, o in r["outputs"].items()))
-    rows = []
+    rows: list[list] = []
+    box_rows: list[list] = []
     for label, section in (("precision", r["precision_error"]), ("chunking", r["chunking_error"])):
         if not section.get("measured"):
             rows.append([f"{label}: {section.get('reason', 'not measured')}", "-", "-", "-", "-", "-"])
             continue
         for name, m in section["per_output"].items():
+            if "box_recall" in m:  # detections: the boxes table below
+                box_rows.append(
+                    [f"{label}: {name}", m["reference_boxes"], m["candidate_boxes"], m["box_recall"], m["box_precision"], m["matched_iou"], m["score_error"]]
+                )
+                continue
             task = m.get("top1_agreement", m.get("pixel_agreement", "-"))
             rows.append(
                 [
@@ -1163,6 +1169,14 @@ def _render_run(r: dict) -> None:
                 ]
             )
     con.print(ui.table("errors", ["check", "rel-L2", "cosine", "min row cosine", "min item cosine", "top-1 / pixel agr."], rows))
+    if box_rows:
+        con.print(
+            ui.table(
+                "boxes (matched at IoU >= 0.5, same class)",
+                ["check", "reference boxes", "target boxes", "recall", "precision", "matched IoU", "score error"],
+                box_rows,
+            )
+        )
     lat = [
         [
             label,

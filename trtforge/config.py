@@ -299,18 +299,18 @@ class ModelConfig(Strict):
             repeated = sorted({n for n in names if names.count(n) > 1})
             if repeated:
                 raise ValueError(f"{what} names '{repeated[0]}' more than once")
-        for out in self.outputs:
+        for i, out in enumerate(self.outputs):
             if out.kind == "boxes":
-                named = next((o for o in self.outputs if o.name == out.scores), None)
-                if named is None or named is out:
+                j = next((j for j, o in enumerate(self.outputs) if o.name == out.scores), None)
+                if j is None or j == i:
                     raise ValueError(
-                        f"output '{out.name}' takes its scores from '{out.scores}', which is not another declared output "
-                        f"(outputs: {', '.join(self.output_names())})"
+                        f"outputs.{i}.scores names '{out.scores}', which is not another declared output "
+                        f"(outputs: {', '.join(self.output_names())}); name the output holding the class logits or scores"
                     )
-                if named.kind is not None:
+                if self.outputs[j].kind is not None:
                     raise ValueError(
-                        f"output '{named.name}' holds the scores of boxes output '{out.name}' and takes its kind from it; "
-                        f"drop its kind '{named.kind}'"
+                        f"outputs.{j}.kind: output '{out.scores}' holds the scores of boxes output '{out.name}' and takes "
+                        f"its kind from it; drop its kind '{self.outputs[j].kind}'"
                     )
         for spec in self.inputs:
             for dim in spec.shape:

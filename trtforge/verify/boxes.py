@@ -96,11 +96,12 @@ def scores_and_classes(values: np.ndarray, spec: BoxSpec) -> tuple[np.ndarray, n
 def detections(boxes: np.ndarray, scores: np.ndarray, spec: BoxSpec, height: float = 1.0, width: float = 1.0) -> np.ndarray:
     """Rows (x1, y1, x2, y2, score, class) [B, Q, 6] from a batch's boxes [B, Q, 4] and class logits [B, Q, C] (or
     scores [B, Q]); a query under the threshold gets class -1. A NaN score keeps its row (so the NaN is seen)."""
-    if spec.activation == "softmax" and np.ndim(scores) == np.ndim(boxes) - 1:
-        spec = BoxSpec(spec.format, spec.scores, "none", False, spec.score_threshold)  # one score per query: nothing to softmax
-    score, cls = scores_and_classes(scores, spec) if np.ndim(scores) == np.ndim(boxes) else (np.asarray(scores, np.float64), None)
-    if cls is None:
+    if np.ndim(scores) == np.ndim(boxes) - 1:  # one score per query: one class; a softmax over one value is none
+        activation = "sigmoid" if spec.activation == "sigmoid" else "none"
+        score, _ = scores_and_classes(np.asarray(scores)[..., None], BoxSpec(spec.format, spec.scores, activation))
         cls = np.zeros_like(score)
+    else:
+        score, cls = scores_and_classes(scores, spec)
     kept = ~(score < spec.score_threshold)
     cls = np.where(kept, cls, -1.0)
     return np.concatenate([to_xyxy(boxes, spec.format, height, width), score[..., None], cls[..., None]], axis=-1)

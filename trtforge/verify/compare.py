@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from trtforge.verify.boxes import BoxSpec, ImageAgreement, agreement, box_metrics, detections
-from trtforge.verify.guards import ValueStats, reference_problem
+from trtforge.verify.guards import NO_BOXES, ValueStats, reference_problem
 from trtforge.verify.metrics import rowwise_cosine
 from trtforge.verify.tolerances import (
     ErrorHistogram,
@@ -232,7 +232,7 @@ class _Boxes:
         )
         problem = reference_problem(self.reference) if self.reference.nonfinite else None
         if problem is None and self.images and not ref_boxes:
-            problem = "it has no box above the score threshold in any image, so no box can be matched; lower the output's score_threshold"
+            problem = NO_BOXES
         out["reference_problem"] = problem
         return out
 
@@ -269,7 +269,7 @@ class Comparator:
             self._outputs[name].merge(acc)
 
     def result(self) -> dict[str, dict[str, Any]]:
-        return {name: acc.metrics() for name, acc in self._outputs.items() if acc.candidate.count}
+        return {name: acc.metrics() for name, acc in self._outputs.items() if acc.candidate.count or getattr(acc, "images", None)}
 
 
 def compare_outputs(
