@@ -119,6 +119,7 @@ def test_sliced_spot_detector_finds_the_whole_pass_box(tmp_path, spot_image, mer
     )  # fmt: skip
     report = _report(tmp_path, proc)
     assert report["chunking"]["overlap"] == 16 and report["inputs"][0]["chunks"] == 4 * 6  # rows 0, 48, 96, 136; cols 0, 48, ... 192, 236
+    assert report["batches"] == 3  # every slice 64 x 64 (the last ones end at the edges): one shape, batches of 8
     sliced = report["chunking_error"]
     assert sliced["per_input"][0]["scope"] == "top-left 128x128 crop"
     m = sliced["per_output"]["pred_boxes"]
@@ -225,18 +226,21 @@ def test_config_errors_name_the_key(boxes_entry, logits_entry, fragment):
 # -- the zoo's DETR --------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def detr(tmp_path_factory):
+def _export_zoo(name, folder, check=False):
     from trtforge.config import load_config
     from trtforge.export import export_model
 
     before = os.getcwd()
     os.chdir(ROOT)  # the config names zoo/models.py relative to the repository root
     try:
-        cfg = load_config(ROOT / "zoo" / "configs" / "detr.yaml")
-        return export_model(cfg, tmp_path_factory.mktemp("detr") / "detr.onnx", check=False).path  # test_export_zoo checks it
+        return export_model(load_config(ROOT / "zoo" / "configs" / f"{name}.yaml"), folder / f"{name}.onnx", check=check).path
     finally:
         os.chdir(before)
+
+
+@pytest.fixture(scope="module")
+def detr(tmp_path_factory):
+    return _export_zoo("detr", tmp_path_factory.mktemp("detr"))  # test_export_zoo checks its export
 
 
 def test_detr_runs_sliced_with_its_box_metrics(detr, tmp_path):
@@ -257,3 +261,22 @@ def test_detr_runs_sliced_with_its_box_metrics(detr, tmp_path):
     for key in ("box_recall", "box_precision", "matched_iou"):
         assert 0.0 <= m[key] <= 1.0
     assert not [g for g in report["gates"]["checked"] if g["gate"].startswith("min_chunk")]
+
+
+def test_conditional_detr_scores_by_sigmoid(tmp_path):
+    """The zoo's second detector: sigmoid class scores, no 'no object' class, run whole on small images against a copy
+    of itself as the reference: every box found, at the same place (the default box gates pass). Exported without
+    the export check, which takes ~40 s of CPU at its axis maxima (`trtforge export --config
+    zoo/configs/conditional-detr.yaml` runs it)."""
+    import shutil
+
+    model = _export_zoo("conditional-detr", tmp_path)
+    reference = tmp_path / "reference.onnx"
+    shutil.copy(model, reference)
+    shutil.copy(f"{model}.json", f"{reference}.json")
+    proc = run_cli("run", str(model), "--reference", str(reference), "--inputs", "calib_data/images_eval", "--report", str(tmp_path / "report.json"))
+    report = _report(tmp_path, proc)
+    assert report["outputs"]["pred_boxes"]["boxes"]["activation"] == "sigmoid"
+    m = report["precision_error"]["per_output"]["pred_boxes"]
+    assert m["reference_boxes"] > 0 and m["box_recall"] == 1.0 and m["matched_iou"] == pytest.approx(1.0)
+    assert {g["gate"]: g["status"] for g in report["gates"]["checked"]}["min_box_recall"] == "passed"

@@ -250,7 +250,17 @@ class Pipeline:
         # Only gates the YAML sets are 'set' (fail when unevaluable); the rest take defaults (report.py).
         gates = {
             key: getattr(r, key) if key in r.model_fields_set else None
-            for key in ("max_rel_l2", "min_cosine", "min_chunk_cosine", "min_top1_agreement", "min_pixel_agreement")
+            for key in (
+                "max_rel_l2",
+                "min_cosine",
+                "min_chunk_cosine",
+                "min_top1_agreement",
+                "min_pixel_agreement",
+                "min_box_recall",
+                "min_matched_iou",
+                "min_chunk_box_recall",
+                "min_chunk_matched_iou",
+            )
         }
         options = RunOptions(
             inputs=Path(r.inputs),
@@ -259,6 +269,9 @@ class Pipeline:
             batch_size=r.batch_size,
             merge=r.merge,
             last_window=r.last_window,
+            slice_overlap=r.slice_overlap,
+            box_merge=r.box_merge,
+            iou=r.iou,
             warmup=r.warmup,
             reference=self.paths["clean"],
             report=self.paths["run"],

@@ -541,6 +541,42 @@ def detr(size: str = "small") -> tuple:
     return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits", "pred_boxes"], None
 
 
+def conditional_detr(size: str = "small") -> tuple:
+    """transformers ConditionalDetrForObjectDetection on transformers' own ResNet backbone: DETR's layout (queries, class
+    logits `[B, Q, C]`, boxes `[B, Q, 4]` as normalised cx, cy, w, h) with sigmoid class scores and no "no object"
+    class (focal loss), as RT-DETR and Deformable DETR score theirs. Full: Conditional DETR ResNet-50 (300 queries)."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    if size == "full":
+        backbone = transformers.ResNetConfig(out_features=["stage4"])
+        config = transformers.ConditionalDetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False)
+        side = 512
+    else:
+        backbone = transformers.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic", out_features=["stage4"]
+        )
+        config = transformers.ConditionalDetrConfig(
+            use_timm_backbone=False,
+            backbone_config=backbone,
+            use_pretrained_backbone=False,
+            d_model=64,
+            encoder_layers=1,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            num_queries=10,
+            num_labels=5,
+            init_std=SMALL_INIT,
+        )
+        side = 64
+    module = transformers.ConditionalDetrForObjectDetection(config).eval()
+    return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits", "pred_boxes"], None
+
+
 def wav2vec2(size: str = "small") -> tuple:
     """transformers Wav2Vec2Model: raw 16 kHz samples `[B, T]` through a strided convolution stack (one frame per
     320 samples, 400 samples of receptive field) and a transformer with a convolutional position embedding:
