@@ -16,8 +16,9 @@ import pytest
 from conftest import ROOT, assert_user_error, run_cli
 from onnx import TensorProto, helper
 
-from trtforge.config import config_from_dict
-from trtforge.errors import UserError
+from trtforge.core.config import config_from_dict
+from trtforge.core.errors import UserError
+from trtforge.verify.boxes import BoxSpec
 
 SPOT = (90, 100)  # row, col of the bright pixel in the 200 x 300 image
 BOXES = {"format": "cxcywh_norm", "scores": "logits", "activation": "softmax", "no_object": True, "score_threshold": 0.5}
@@ -200,7 +201,9 @@ def _config(outputs):
 
 def test_config_declares_boxes():
     cfg = config_from_dict(_config(["logits", {"name": "pred_boxes", "kind": "boxes", "format": "xyxy_px", "scores": "logits"}]))
-    assert cfg.outputs[1].box_spec().to_json()["format"] == "xyxy_px"
+    keys = cfg.outputs[1].box_keys()
+    assert keys == {"format": "xyxy_px", "scores": "logits", "activation": "softmax", "no_object": False, "score_threshold": 0.5}
+    assert BoxSpec.from_json(keys).to_json() == keys  # what the export sidecar carries, as run reads it
 
 
 @pytest.mark.parametrize(
@@ -227,8 +230,8 @@ def test_config_errors_name_the_key(boxes_entry, logits_entry, fragment):
 
 
 def _export_zoo(name, folder, check=False):
-    from trtforge.config import load_config
-    from trtforge.export import export_model
+    from trtforge.core.config import load_config
+    from trtforge.export.step import export_model
 
     before = os.getcwd()
     os.chdir(ROOT)  # the config names zoo/models.py relative to the repository root

@@ -121,7 +121,7 @@ def plan_quantization(
     is skipped. Also the residual input of an Add whose other input comes from a convolution (ModelOpt's
     rule, which lets TensorRT fuse the Add into the convolution); where both come from convolutions, the one
     read elsewhere too, else input 1."""
-    from trtforge.graph import name_all_nodes
+    from trtforge.graph.index import name_all_nodes
 
     name_all_nodes(model)
     inits = {i.name: i for i in model.graph.initializer}

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtforge.chunking import Tile, windows_from_spans
-from trtforge.verify.boxes import COLUMNS, iou_matrix, kept
+from trtforge.runtime.chunking import Tile, windows_from_spans
+from trtforge.verify.boxes import COLUMNS, BoxSpec, detections, iou_matrix, kept
 
 BOX_MERGES = ("nms", "greedy")
 
@@ -76,3 +76,16 @@ def merge_boxes(rows: np.ndarray, method: str = "nms", iou: float = 0.5) -> np.n
         return np.zeros((0, COLUMNS))
     merged = np.stack(out)
     return merged[np.argsort(-merged[:, 4], kind="stable")]
+
+
+def merge_slices(slices: list[tuple[Tile | None, np.ndarray, np.ndarray]], spec: BoxSpec, method: str = "nms", iou: float = 0.5) -> np.ndarray:
+    """One image's detections [N, 6] (x1, y1, x2, y2 in the image's pixels, score, class) from its slices' (tile, boxes
+    [Q, 4], scores [Q, C] or [Q]): each slice's boxes read in its own pixels (normalised formats scaled by the slice's
+    size), shifted by its offset, then merged (`merge_boxes`). One slice goes through the same merge, so a whole pass
+    and a sliced one are judged alike. A tile of None: a whole input that is no image, its boxes in their own units."""
+    rows = []
+    for tile, boxes, scores in slices:
+        h, w = (tile.rows.length, tile.cols.length) if tile is not None else (1, 1)
+        found = detections(boxes[None], scores[None], spec, h, w)[0]
+        rows.append(shift(found, tile.rows.start, tile.cols.start) if tile is not None else found)
+    return merge_boxes(np.concatenate(rows) if rows else np.zeros((0, COLUMNS)), method, iou).astype(np.float32)
