@@ -86,7 +86,11 @@ def spot_detector(folder, boxes=BOXES, name="spot.onnx", extra_dense=False, side
         declared.append({"name": "image", "kind": "dense", "scale": 1.0})
     side = {
         "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 3, "height", "width"]}],
-        "axes": {"batch": {"min": 1, "opt": 2, "max": 8}, "height": {"min": 16, "opt": 64, "max": 128}, "width": {"min": 16, "opt": 64, "max": 128}},
+        "axes": {
+            "batch": {"min": 1, "opt": 2, "max": 8},
+            "height": {"min": 16, "opt": 64, "max": 128},
+            "width": {"min": 16, "opt": 64, "max": 128},
+        },
         "outputs": declared,
     }
     (folder / f"{name}.json").write_text(json.dumps(side))
@@ -156,7 +160,9 @@ def test_whole_pass_without_a_box_is_an_error(tmp_path, spot_image):
     image[0, :, 150, 250] = 1.0
     np.savez(spot_image / "spot.npz", x=image)
     proc = run_cli("run", str(spot_detector(tmp_path)), "--inputs", str(spot_image), "--chunk", "64", "--slice-overlap", "0.25")
-    assert_user_error(proc, "'pred_boxes'", "is empty (no box above its score threshold in any image)", "lower the boxes output's score_threshold")
+    assert_user_error(
+        proc, "'pred_boxes'", "is empty (no box above its score threshold in any image)", "lower the boxes output's score_threshold"
+    )
 
 
 @pytest.mark.parametrize(
@@ -214,7 +220,11 @@ def test_config_declares_boxes():
         ({"kind": "boxes", "format": "cxcywh", "scores": "logits"}, "logits", "config key 'outputs.1.format' must be"),
         ({"kind": "boxes", "format": "xyxy_px", "scores": "scores"}, "logits", "outputs.1.scores names 'scores', which is not another"),
         ({"kind": "boxes", "format": "xyxy_px", "scores": "pred_boxes"}, "logits", "which is not another declared output"),
-        ({"kind": "boxes", "format": "xyxy_px", "scores": "logits"}, {"name": "logits", "kind": "logits"}, "outputs.0.kind: output 'logits' holds"),
+        (
+            {"kind": "boxes", "format": "xyxy_px", "scores": "logits"},
+            {"name": "logits", "kind": "logits"},
+            "outputs.0.kind: output 'logits' holds",
+        ),
         ({"kind": "boxes", "format": "xyxy_px", "scores": "logits", "score_threshold": 1.5}, "logits", "outputs.1.score_threshold"),
         ({"kind": "pooled", "format": "xyxy_px"}, "logits", "'format' applies to boxes outputs only, not 'pooled'"),
     ],
@@ -277,7 +287,9 @@ def test_conditional_detr_scores_by_sigmoid(tmp_path):
     reference = tmp_path / "reference.onnx"
     shutil.copy(model, reference)
     shutil.copy(f"{model}.json", f"{reference}.json")
-    proc = run_cli("run", str(model), "--reference", str(reference), "--inputs", "calib_data/images_eval", "--report", str(tmp_path / "report.json"))
+    proc = run_cli(
+        "run", str(model), "--reference", str(reference), "--inputs", "calib_data/images_eval", "--report", str(tmp_path / "report.json")
+    )
     report = _report(tmp_path, proc)
     assert report["outputs"]["pred_boxes"]["boxes"]["activation"] == "sigmoid"
     m = report["precision_error"]["per_output"]["pred_boxes"]

@@ -95,7 +95,15 @@ def run_report(r: dict) -> None:
         for name, m in section["per_output"].items():
             if "box_recall" in m:  # detections: the boxes table below
                 box_rows.append(
-                    [f"{label}: {name}", m["reference_boxes"], m["candidate_boxes"], m["box_recall"], m["box_precision"], m["matched_iou"], m["score_error"]]
+                    [
+                        f"{label}: {name}",
+                        m["reference_boxes"],
+                        m["candidate_boxes"],
+                        m["box_recall"],
+                        m["box_precision"],
+                        m["matched_iou"],
+                        m["score_error"],
+                    ]
                 )
                 continue
             task = m.get("top1_agreement", m.get("pixel_agreement", "-"))

@@ -98,7 +98,10 @@ def run_cmd(
         help="Detectors: how the slices' boxes merge, class by class: nms (keep the best of overlapping boxes) or greedy (it grows to their union).",
     ),
     iou: Optional[float] = typer.Option(
-        None, "--iou", callback=opt.config_key("run.iou", "--iou"), help="Detectors: the IoU at which --box-merge merges two boxes (default 0.5)."
+        None,
+        "--iou",
+        callback=opt.config_key("run.iou", "--iou"),
+        help="Detectors: the IoU at which --box-merge merges two boxes (default 0.5).",
     ),
     min_box_recall: Optional[float] = typer.Option(
         None,

@@ -58,7 +58,9 @@ def merge_document(
     if kind.kind == "boxes":
         assert kind.boxes is not None and scores is not None
         by_chunk = {c.index: v for c, v in scores}
-        slices = [(c.window if isinstance(c.window, Tile) else None, v, by_chunk[c.index]) for c, v in sorted(parts, key=lambda p: p[0].index)]
+        slices = [
+            (c.window if isinstance(c.window, Tile) else None, v, by_chunk[c.index]) for c, v in sorted(parts, key=lambda p: p[0].index)
+        ]
         return merge_slices(slices, kind.boxes, options.box_merge, options.iou)
     parts = sorted(parts, key=lambda p: p[0].index)
     chunks, values = [c for c, _ in parts], [v for _, v in parts]

@@ -18,8 +18,8 @@ from trtforge.runtime.chunking import (
     plan_windows,
     scaled_size,
 )
-from trtforge.runtime.slicing import slice_tiles
 from trtforge.runtime.documents import Batch, Chunk, Document, DocumentPlan, WindowBlock, text_feeds
+from trtforge.runtime.slicing import slice_tiles
 from trtforge.runtime.tokenize import TextTokenizer, wrap_spans
 
 

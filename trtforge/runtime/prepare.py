@@ -132,7 +132,11 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
         refuse_unmergeable(kinds, docs, options.chunk, reference, reference_path, specs, axes, layout)
     scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
     slices = bool(boxes_of(kinds))
-    chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales, options.full_last, slices) if plan else []
+    chunks = (
+        make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales, options.full_last, slices)
+        if plan
+        else []
+    )
     batch_cap = options.batch_size
     if layout.batch_axis:
         b = layout.batch_axis

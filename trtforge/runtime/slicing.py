@@ -78,7 +78,9 @@ def merge_boxes(rows: np.ndarray, method: str = "nms", iou: float = 0.5) -> np.n
     return merged[np.argsort(-merged[:, 4], kind="stable")]
 
 
-def merge_slices(slices: list[tuple[Tile | None, np.ndarray, np.ndarray]], spec: BoxSpec, method: str = "nms", iou: float = 0.5) -> np.ndarray:
+def merge_slices(
+    slices: list[tuple[Tile | None, np.ndarray, np.ndarray]], spec: BoxSpec, method: str = "nms", iou: float = 0.5
+) -> np.ndarray:
     """One image's detections [N, 6] (x1, y1, x2, y2 in the image's pixels, score, class) from its slices' (tile, boxes
     [Q, 4], scores [Q, C] or [Q]): each slice's boxes read in its own pixels (normalised formats scaled by the slice's
     size), shifted by its offset, then merged (`merge_boxes`). One slice goes through the same merge, so a whole pass

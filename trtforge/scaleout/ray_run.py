@@ -36,10 +36,10 @@ from trtforge.core.errors import UserError
 from trtforge.runtime.documents import Chunk, Document, length_unit
 from trtforge.runtime.interpreter import collect_garbage, interpreter_for_loop
 from trtforge.runtime.measure import (
-    comparator_for,
     add_precision,
     chunking_error_of,
     chunking_summary,
+    comparator_for,
     gates_for,
     latency_summary,
     precision_summary,

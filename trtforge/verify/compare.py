@@ -241,7 +241,9 @@ class Comparator:
     """Accumulates reference-vs-candidate metrics per output over any number of batches. `boxes`: the BoxSpec of each
     boxes output, by which `add` turns raw outputs into detections (a boxes output without one is compared as numbers)."""
 
-    def __init__(self, kinds: dict[str, str | None], tolerances: dict[str, Tolerance] | None = None, boxes: dict[str, BoxSpec] | None = None):
+    def __init__(
+        self, kinds: dict[str, str | None], tolerances: dict[str, Tolerance] | None = None, boxes: dict[str, BoxSpec] | None = None
+    ):
         self.kinds = kinds
         self.boxes = {n: b for n, b in (boxes or {}).items() if kinds.get(n) == "boxes"}
         self._outputs: dict[str, Any] = {
@@ -257,7 +259,9 @@ class Comparator:
         for name, acc in self._outputs.items():
             spec = self.boxes.get(name) if isinstance(acc, _Boxes) else None
             if spec is not None:  # raw outputs of the same inputs: IoU does not change with the unit, so normalised stays
-                acc.add(detections(reference[name], reference[spec.scores], spec), detections(candidate[name], candidate[spec.scores], spec))
+                acc.add(
+                    detections(reference[name], reference[spec.scores], spec), detections(candidate[name], candidate[spec.scores], spec)
+                )
             else:
                 acc.add(reference[name], candidate[name], mask)
 
