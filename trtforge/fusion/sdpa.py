@@ -307,6 +307,8 @@ def verify_core(c: CoreAttention, values: dict[str, np.ndarray]) -> None:
     c.bias = needs_bias
     if found is not None:
         c.alignment, c.left_bound, c.right_bound = found
+        if needs_bias:  # the bias carries the window itself: cuDNN before 9.10.2 takes no left bound beside a bias
+            c.left_bound = NO_BOUND
         if c.left_bound == NO_BOUND and c.right_bound == NO_BOUND:
             c.alignment = 0
     bias = np.where(blocked, -np.inf, term) if needs_bias else None
