@@ -686,6 +686,7 @@ def test_tensorrt_rtx_fuses_every_zoo_attention_in_fp16_and_the_build_proves_it(
     engine = record["engine"]
     assert engine["known"] and engine["complete"] and engine["by_profile"] == [2] and engine["expected_per_profile"] == 2, engine
     assert set(engine["kinds"]) == {"_gemm_mha_v2"} and not [w for w in warnings if "fused in the engine" in w]
+    assert engine["fused"] == 2 and describe(record, "fp16")[0] == "attention: fused 2 of 2 (counted in the engine's layers)"
     proc = run_cli("inspect", str(tmp_path / "m.engine"))
     assert proc.returncode == 0 and "in the engine: 2 of 2 attention(s) fused" in proc.stdout
 

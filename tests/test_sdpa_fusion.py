@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from attention_emulation import emulate_flash_core_plugins, load_zoo
-from conftest import ROOT, export_zoo
+from conftest import ROOT, export_zoo, require
 from onnx import helper
 
 from trtforge.backends.onnxruntime import OrtRunner
@@ -113,7 +113,11 @@ def test_grouped_query_repeat_is_not_materialised(zoo, key):
 
 @pytest.mark.parametrize(
     "key,field,value",
-    [(("modernbert", "legacy"), "left_bound", NO_BOUND), (("gpt2-kv", "kv"), "alignment", 0), (("qwen2", "legacy"), "right_bound", NO_BOUND)],
+    [
+        (("modernbert", "legacy"), "left_bound", NO_BOUND),
+        (("gpt2-kv", "kv"), "alignment", 0),
+        (("qwen2", "legacy"), "right_bound", NO_BOUND),
+    ],
     ids=["window-dropped", "top-left-over-a-cache", "causal-dropped"],
 )
 def test_a_wrong_band_is_caught_by_the_comparison(zoo, key, field, value):
@@ -208,3 +212,23 @@ def test_a_mask_that_differs_between_heads_is_refused_and_a_bias_is_taken():
     want = OrtRunner(model.SerializeToString()).run(feeds)["y"]
     got = OrtRunner(emulate_flash_core_plugins(fused).SerializeToString()).run(feeds)["y"]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 5e-3
+
+
+@pytest.mark.parametrize(
+    "key,attentions",
+    [(("modernbert", "legacy"), 3), (("qwen2", "legacy"), 2), (("mpnet", "legacy"), 2)],
+    ids=lambda v: v[0] if isinstance(v, tuple) else None,
+)
+def test_a_tensorrt_rtx_build_states_how_many_attentions_it_fused(zoo, key, attentions, tmp_path):
+    """The build's first attention line and its sidecar give 'fused N of M', N counted in the engine's layers (what
+    TensorRT-RTX fused itself: the native route leaves the graph as it is)."""
+    require("tensorrt_rtx")
+    from trtforge.build import build
+    from trtforge.fusion.step import describe
+
+    result = build(zoo[key], tmp_path / "m.engine", "fp16", None, backend="tensorrt_rtx")
+    record = result.sidecar["attention_fusion"]
+    engine = record["engine"]
+    assert len(record["attentions"]) == attentions and engine["known"], record
+    assert 0 <= engine["fused"] <= attentions
+    assert describe(record, "fp16")[0] == f"attention: fused {engine['fused']} of {attentions} (counted in the engine's layers)"
