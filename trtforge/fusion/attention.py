@@ -104,7 +104,12 @@ def fuse_attention(
                 accepted_cores.append(core)
                 c.reason = None
                 continue
-            core.reason = r.reason if r.kind != "plugin" else f"it needs {FLASH_PLUGIN} v{FLASH_CORE_VERSION} (libtrtforge_plugins)"
+            core.reason = (
+                r.reason
+                if r.kind == "none" and FLASH_PLUGIN in r.reason
+                else f"it needs {FLASH_PLUGIN} v{FLASH_CORE_VERSION} (libtrtforge_plugins)"
+                + (f"; {r.reason}" if r.kind != "plugin" else "")
+            )
         c.reason = f"{c.reason}; as separate Q, K, V: {core.reason}"
     accepted = [c for c in cands if c.reason is None and c.softmax not in cores]
     report = FusionReport(route=route_name)
