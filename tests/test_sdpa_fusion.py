@@ -231,7 +231,7 @@ def test_a_tensorrt_rtx_build_states_how_many_attentions_it_fused(zoo, key, atte
     """The build's first attention line and its sidecar give 'fused N of M', N counted in the engine's layers (what
     TensorRT-RTX fused itself: the native route leaves the graph as it is)."""
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build import build, overhead_line
     from trtforge.fusion.step import describe
 
     result = build(zoo[key], tmp_path / "m.engine", "fp16", None, backend="tensorrt_rtx")
@@ -240,3 +240,9 @@ def test_a_tensorrt_rtx_build_states_how_many_attentions_it_fused(zoo, key, atte
     assert len(record["attentions"]) == attentions and engine["known"], record
     assert 0 <= engine["fused"] <= attentions
     assert describe(record, "fp16")[0] == f"attention: fused {engine['fused']} of {attentions} (counted in the engine's layers)"
+    # The build's own time against TensorRT's: every step timed, the build output's line made from the sidecar.
+    overhead = result.sidecar["build_overhead"]
+    assert overhead["tensorrt_seconds"] == pytest.approx(result.sidecar["build_seconds"], abs=1e-3) > 0
+    assert {"precision conversion", "attention pass", "layer inspection"} <= set(overhead["steps"])
+    assert overhead["trtforge_seconds"] == pytest.approx(sum(overhead["steps"].values()), abs=0.01)
+    assert overhead_line(overhead).startswith(f"build time: trtforge {overhead['trtforge_seconds']:.1f} s, TensorRT ")
