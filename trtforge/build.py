@@ -288,7 +288,6 @@ def build(
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
     check_options(options, precision)
-    clock = BuildClock()
     refuse_overwrite(
         "build",
         [onnx_path, lengths_file, options.calib_data, *(options.plugin_libraries or [])],
@@ -318,19 +317,15 @@ def build(
     data = Path(options.calib_data).resolve() if options.calib_data else None  # the sidecar names it wherever it is read
     if options.fp8_min_top1_agreement is not None and data is None:
         _require_real_inputs(onnx_path, model)
-    clock.lap("load and plan profiles")
     converted, precision_report, sampled = _prepare_precision(model, precision, onnx_path, specs, axes, data)
-    clock.lap("precision conversion")
     identity = runtime_identity(mod)
     before_fusion = converted if converted is not None else model
     attention_fused, fusion = _fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
-    clock.lap("attention pass")
     passes = (specs, axes, profiles, onnx_path)
     elementwise_fused, elementwise = _fuse_elementwise(
         mod, attention_fused if attention_fused is not None else before_fusion, before_fusion, precision, options, *passes
     )
     fused = elementwise_fused if elementwise_fused is not None else attention_fused
-    clock.lap("elementwise passes")
     fp8_record, fp8_check_feeds = None, None
     if options.gemm_precision == "fp8":  # the GEMM plugins' nodes as TrtforgeGemmFp8 (trtforge.fusion.fp8)
         fused, fp8_record, fp8_check_feeds = _gemm_fp8(
@@ -349,7 +344,6 @@ def build(
             options.fp8_min_top1_agreement,
             sampled,
         )
-        clock.lap("fp8 pass")
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -449,11 +443,9 @@ def build(
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    clock.lap("TensorRT build and writing the outputs")
     fields, layers = _layer_info(mod, out, profiles, output, warn)
     sidecar.update(fields)
     _attention_evidence(sidecar, layers, len(profiles), output, warn)
-    clock.lap("layer inspection")
     with output_lock(output):
         write_sidecar(output, sidecar)
     if engine_check:
@@ -476,52 +468,9 @@ def build(
             options.fp8_min_top1_agreement,
             fp8_record["gate"]["real_batches"],
         )
-    clock.lap("engine check")
-    sidecar["build_overhead"] = clock.overhead(out.seconds)
-    with output_lock(output):
-        write_sidecar(output, sidecar)
+        with output_lock(output):
+            write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
-
-
-class BuildClock:
-    """Wall time of each of build's steps, so trtforge's own share can be set against TensorRT's build."""
-
-    def __init__(self) -> None:
-        self.laps: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def lap(self, step: str) -> None:
-        now = time.perf_counter()
-        self.laps[step] = self.laps.get(step, 0.0) + now - self._last
-        self._last = now
-
-    def overhead(self, tensorrt_seconds: float) -> dict[str, Any]:
-        """The sidecar's build_overhead: TensorRT's build time, trtforge's (every other step, a failed first TensorRT
-        build of a fused graph included), its share of TensorRT's, and each step's seconds."""
-        steps = dict(self.laps)
-        key = "TensorRT build and writing the outputs"
-        if key in steps:
-            steps["writing the outputs"] = max(0.0, steps.pop(key) - tensorrt_seconds)
-        ours = sum(steps.values())
-        return {
-            "tensorrt_seconds": round(tensorrt_seconds, 3),
-            "trtforge_seconds": round(ours, 3),
-            "share_of_tensorrt": round(ours / tensorrt_seconds, 3) if tensorrt_seconds > 0 else None,
-            "steps": {k: round(v, 3) for k, v in sorted(steps.items(), key=lambda kv: -kv[1])},
-        }
-
-
-def overhead_line(record: dict[str, Any] | None) -> str | None:
-    """'build time: trtforge 3.1 s, TensorRT 12.4 s (25%); largest: ...' for the build output, or None."""
-    if not record:
-        return None
-    share = record.get("share_of_tensorrt")
-    largest = ", ".join(f"{k} {v:.1f} s" for k, v in list(record["steps"].items())[:3])
-    return (
-        f"build time: trtforge {record['trtforge_seconds']:.1f} s, TensorRT {record['tensorrt_seconds']:.1f} s"
-        + (f" ({share:.0%} of TensorRT's)" if share is not None else "")
-        + (f"; largest: {largest}" if largest else "")
-    )
 
 
 def _gemm_fp8(
@@ -665,14 +614,13 @@ def _fuse_attention(
 ) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """Run trtforge.fusion's attention pass for this TensorRT and GPU: (fused model or None, sidecar record)."""
     from trtforge.backends.tensorrt import plugin_registered
-    from trtforge.fusion.plugins import FLASH_CORE_VERSION, FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, backend_route
+    from trtforge.fusion.plugins import FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, backend_route
     from trtforge.fusion.step import attention_fusion, observation_sizes
 
     route = backend_route(mod.flavour, mod.version)
     wants = options.fuse_attention != "off" and route.kind == "plugin" and precision in ("fp16", "best")
     registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
     flash = plugin_registered(mod, FLASH_PLUGIN, FLASH_VERSION) if wants else False
-    flash_core = plugin_registered(mod, FLASH_PLUGIN, FLASH_CORE_VERSION) if wants else False
     feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and (registered or flash) else None
     projection = options.qkv_projection
     if projection == "auto":  # matmul where TrtforgeGemm will take the packed projection, else conv
@@ -694,7 +642,6 @@ def _fuse_attention(
         onnx_path.name,
         projection,
         flash_registered=flash,
-        flash_core_registered=flash_core,
     )
     record["qkv_projection_choice"] = options.qkv_projection
     return fused, record

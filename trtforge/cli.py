@@ -605,10 +605,6 @@ def _render_engine(side: dict, engine_path: Path, summary: Optional[dict]) -> No
         f"{side['backend']} {side['tensorrt_version']}, precision {side['precision']}, target {targets}, "
         f"engine {side['engine_bytes'] / 1e6:.1f} MB, built in {side['build_seconds']:.1f} s"
     )
-    from trtforge.build import overhead_line
-
-    if overhead_line(side.get("build_overhead")):
-        con.print(overhead_line(side.get("build_overhead")), markup=False)
     report = side.get("precision_report") or {}
     if report.get("fp32_nodes") is not None:
         con.print(
