@@ -14,10 +14,10 @@ from conftest import ROOT, export_zoo, require
 from onnx import helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.feeds import random_feeds
 from trtforge.fusion.attention import fuse_attention
 from trtforge.fusion.plugins import FLASH_PLUGIN, attention_route
 from trtforge.fusion.sdpa import NO_BOUND, band, band_mask
+from trtforge.runtime.feeds import random_feeds
 
 EXPORTS = [("modernbert", "legacy"), ("qwen2", "legacy"), ("t5-encoder", "legacy"), ("mpnet", "legacy")]
 KV_EXPORTS = ["gpt2-kv", "llama-kv"]
@@ -27,9 +27,9 @@ KV_EXPORTS = ["gpt2-kv", "llama-kv"]
 def zoo(tmp_path_factory):
     import os
 
-    from trtforge.config import load_config
-    from trtforge.graph import clean_file
-    from trtforge.kvcache import export_kv
+    from trtforge.core.config import load_config
+    from trtforge.export.kvcache import export_kv
+    from trtforge.graph.index import clean_file
 
     folder = tmp_path_factory.mktemp("sdpa")
     paths = export_zoo(folder, EXPORTS)
@@ -150,7 +150,7 @@ def test_without_the_flash_plugin_the_core_form_is_refused_with_both_reasons(zoo
 
 def test_fp16_converted_modernbert_is_fused_within_the_fp16_gate(zoo):
     """What build hands the pass on 8.6 for --precision fp16."""
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     key = ("modernbert", "legacy")
     model, specs, axes, sizes = load_zoo(zoo, key)
@@ -231,7 +231,8 @@ def test_a_tensorrt_rtx_build_states_how_many_attentions_it_fused(zoo, key, atte
     """The build's first attention line and its sidecar give 'fused N of M', N counted in the engine's layers (what
     TensorRT-RTX fused itself: the native route leaves the graph as it is)."""
     require("tensorrt_rtx")
-    from trtforge.build import build, overhead_line
+    from trtforge.build.clock import overhead_line
+    from trtforge.build.step import build
     from trtforge.fusion.step import describe
 
     result = build(zoo[key], tmp_path / "m.engine", "fp16", None, backend="tensorrt_rtx")
@@ -242,7 +243,7 @@ def test_a_tensorrt_rtx_build_states_how_many_attentions_it_fused(zoo, key, atte
     assert describe(record, "fp16")[0] == f"attention: fused {engine['fused']} of {attentions} (counted in the engine's layers)"
     # The build's own time against TensorRT's: every step timed, the build output's line made from the sidecar.
     overhead = result.sidecar["build_overhead"]
-    assert overhead["tensorrt_seconds"] == pytest.approx(result.sidecar["build_seconds"], abs=1e-3) > 0
+    assert overhead["tensorrt_seconds"] > 0 and overhead["tensorrt_seconds"] == pytest.approx(result.sidecar["build_seconds"], abs=1e-3)
     assert {"precision conversion", "attention pass", "layer inspection"} <= set(overhead["steps"])
     assert overhead["trtforge_seconds"] == pytest.approx(sum(overhead["steps"].values()), abs=0.01)
     assert overhead_line(overhead).startswith(f"build time: trtforge {overhead['trtforge_seconds']:.1f} s, TensorRT ")

@@ -250,7 +250,7 @@ def same_leading_dims(g: GraphIndex, t: str, known: set[str]) -> bool:
 
 def refuse_padding(sidecar: dict[str, Any] | None, name: str, arrays: dict[str, np.ndarray], engine: str) -> None:
     """`run`'s guard: an engine whose attention lost its mask must never see a padded row."""
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
 
     fusion = (sidecar or {}).get("attention_fusion") or {}
     if fusion.get("padding_allowed", True):

@@ -52,7 +52,7 @@ def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
 def observe(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
     """Values of the named tensors on ORT (graph outputs exposed untyped: ORT types them itself)."""
     from trtforge.backends.onnxruntime import OrtRunner
-    from trtforge.graph import expose_tensors
+    from trtforge.graph.index import expose_tensors
 
     return OrtRunner(expose_tensors(model, names, typed=False).SerializeToString()).run(feeds, names)
 
@@ -95,7 +95,7 @@ def plugin_with_cast(
 
 def finish_plugin_graph(out: onnx.ModelProto) -> onnx.ModelProto:
     """After a pass: drop what its plugin nodes orphaned, sort the nodes, declare the plugins' domain."""
-    from trtforge.graph import toposorted
+    from trtforge.graph.index import toposorted
 
     prune(out)
     out = toposorted(out)
