@@ -25,10 +25,10 @@ import onnx
 
 from trtforge.fusion.attention_match import Candidate, Projection, find_candidates
 from trtforge.fusion.attention_nodes import QKV_PROJECTIONS, activation_qdq, pack_qkv, packed_plugin_nodes
-from trtforge.fusion.attention_verify import reference_attention, verify
-from trtforge.fusion.index import GraphIndex, attr, drop_producers, finish_plugin_graph
+from trtforge.fusion.attention_verify import reference_attention, verify, verify_names
+from trtforge.fusion.index import GraphIndex, attr, drop_producers, finish_plugin_graph, observe
 from trtforge.fusion.plugins import FLASH_CORE_VERSION, FLASH_PLUGIN, FLASH_VERSION, PLUGIN_DOMAIN, PLUGIN_VERSION, Route
-from trtforge.fusion.sdpa import core_forms, core_mask_words, core_plugin_nodes
+from trtforge.fusion.sdpa import core_mask_words, core_names, core_plugin_nodes, match_cores, verify_cores
 
 __all__ = [
     "Candidate",
@@ -80,12 +80,17 @@ def fuse_attention(
     qkv_projection: how the packed QKV projection is written (QKV_PROJECTIONS; see _plugin_nodes); candidates: the
     model's find_candidates where the caller has them already (they are verified and given reasons here)."""
     cands = candidates if candidates is not None else find_candidates(model)
-    verify(model, cands, feeds)
+    # Where the packed form fails (Q, K, V no projections of one X, a bias or window on the scores), the SDPA core
+    # alone, Q, K, V as the graph feeds them, for TrtforgeFlashAttention v2. Both forms' tensors come from one ORT run
+    # (on a large model each session costs as much as the run).
+    cores = match_cores(model, [c for c in cands if c.attention and not c.quantized])
+    names = verify_names(cands) | core_names(cores)
+    values = observe(model, feeds, sorted(names)) if names else {}
+    verify(model, cands, feeds, values)
+    cores = {k: core for k, core in cores.items() if next(c for c in cands if c.softmax == k).reason is not None}
+    verify_cores(cores, values)
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    # Where the packed form fails (Q, K, V no projections of one X, a bias or window on the scores), the SDPA core
-    # alone, Q, K, V as the graph feeds them, for TrtforgeFlashAttention v2.
-    cores = core_forms(model, [c for c in cands if c.reason is not None and c.attention and not c.quantized], feeds)
     routes = {}
     for c in cands:
         if c.reason is None:

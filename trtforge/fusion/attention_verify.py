@@ -58,16 +58,26 @@ def varies_across_keys(term: np.ndarray, causal: bool = False) -> bool:
     return bool(np.abs(term - term[..., :1]).max() > 1e-6 * max(1.0, magnitude))
 
 
-def verify(model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.ndarray]) -> None:
-    """Numeric half of the match: heads, causality and the recomputed context against ORT's."""
+def verify_names(cands: list[Candidate]) -> set[str]:
+    """The tensors verify() reads for the candidates still standing."""
+    names: set[str] = set()
+    for c in cands:
+        if c.reason is None:
+            names.update([c.scores, c.probs, *c.ctx.split(","), *c.terms])
+            names.update(p.x for p in (c.q, c.k, c.v) if p is not None)
+    return names
+
+
+def verify(
+    model: onnx.ModelProto, cands: list[Candidate], feeds: dict[str, np.ndarray], values: dict[str, np.ndarray] | None = None
+) -> None:
+    """Numeric half of the match: heads, causality and the recomputed context against ORT's. values: verify_names'
+    tensors observed already (one ORT run shared with the SDPA-core form), else observed here."""
     live = [c for c in cands if c.reason is None]
     if not live:
         return
-    names = set()
-    for c in live:
-        names.update([c.scores, c.probs, *c.ctx.split(","), *c.terms])
-        names.update(p.x for p in (c.q, c.k, c.v) if p is not None)
-    values = observe(model, feeds, sorted(names))
+    if values is None:
+        values = observe(model, feeds, sorted(verify_names(live)))
     for c in live:
         scores, probs = values[c.scores], values[c.probs]
         if scores.ndim != 4:

@@ -21,7 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtforge.fusion.attention_match import pv_matmul
-from trtforge.fusion.index import GraphIndex, attr, observe
+from trtforge.fusion.index import GraphIndex, attr
 
 BLOCKED = -1e4  # an added score at or below this hides its key (masks write -inf, finfo.min or -1e4..-1e9)
 NO_BOUND = -1
@@ -399,24 +399,22 @@ def core_plugin_nodes(
     return nodes, inits
 
 
-def core_forms(model: onnx.ModelProto, cands: list[Any], feeds: dict[str, np.ndarray]) -> dict[str, CoreAttention]:
-    """The SDPA core of each candidate (by softmax name), matched and verified in one ONNX Runtime run."""
-    if not cands:
-        return {}
+def match_cores(model: onnx.ModelProto, cands: list[Any]) -> dict[str, CoreAttention]:
+    """The structural SDPA core of each candidate (by softmax name)."""
     g = GraphIndex(model)
     by_output = {n.output[0]: n for n in model.graph.node if n.op_type == "Softmax"}
-    cores = {}
-    for c in cands:
-        node = by_output.get(c.probs)
-        if node is None:
-            continue
-        cores[c.softmax] = match_core(g, node, c.softmax, pv_matmul(g, c.probs))
-    live = [c for c in cores.values() if c.reason is None]
-    if live:
-        values = observe(model, feeds, sorted({t for c in live for t in observed_names(c)}))
-        for c in live:
+    return {c.softmax: match_core(g, by_output[c.probs], c.softmax, pv_matmul(g, c.probs)) for c in cands if c.probs in by_output}
+
+
+def core_names(cores: dict[str, CoreAttention]) -> set[str]:
+    """The tensors verify_core reads for the cores still standing."""
+    return {t for c in cores.values() if c.reason is None for t in observed_names(c)}
+
+
+def verify_cores(cores: dict[str, CoreAttention], values: dict[str, np.ndarray]) -> None:
+    for c in cores.values():
+        if c.reason is None:
             verify_core(c, values)
-    return cores
 
 
 def core_mask_words(c: CoreAttention) -> str:
