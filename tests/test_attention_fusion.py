@@ -481,10 +481,12 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
 
         monkeypatch.setattr(build_mod, "fuse_attention", fused_attention)
         monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", ())
+        monkeypatch.setattr("trtforge.build.passes.ELEMENTWISE_PASSES", ())
     else:  # the one pass under test, as auto would apply it on 8.6 in fp16
         spec = dataclasses.replace(step.GELU_PASS if fusion == "gelu" else step.SKIP_LN_PASS, auto_precisions=("fp16",))
         real_fusion, real_skip = step.elementwise_fusion, step.elementwise_skip
         monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", (spec,))
+        monkeypatch.setattr("trtforge.build.passes.ELEMENTWISE_PASSES", (spec,))
         monkeypatch.setattr("trtforge.backends.plugin_libraries.plugin_registered", lambda mod, name, version: True)
         monkeypatch.setattr(
             step,
