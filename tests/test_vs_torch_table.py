@@ -98,7 +98,9 @@ def test_each_model_is_tabled_at_its_own_shapes_and_prefill_engines_against_torc
         "models": {
             "qwen2-prefill": {"shapes": {"1x4096": {"median_ms": 10.0, "mode": "one pass", "one_pass": {"median_ms": 10.0}}}},
             "qwen2-prefill-stateful": {
-                "shapes": {"1x4096": {"median_ms": 12.5, "mode": "chunk 512", "one_pass": {"skipped": "seq"}, "chunked": {"median_ms": 12.5}}}
+                "shapes": {
+                    "1x4096": {"median_ms": 12.5, "mode": "chunk 512", "one_pass": {"skipped": "seq"}, "chunked": {"median_ms": 12.5}}
+                }
             },
             "wav2vec2-base": {"shapes": {"8x160000": {"median_ms": 40.0}}},
         }
