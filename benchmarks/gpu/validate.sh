@@ -266,42 +266,48 @@ PY
   echo "| $m | $(basename "$e") | ${att:-no 'attention:' line} | ${bt:-no 'build time:' line} | ${side:-no sidecar | -} |"
 }
 
-# modern_times MODEL ROUND "NAME=ENGINE ..." [TORCH FLAGS]: the engines' and torch's GPU ms for one model, each half a
-# step of its own (WORKDIR/modern/{engine,torch}_MODEL_ROUND.json); round 1 runs the engines first, round 2 torch first.
+# modern_times MODEL ROUND "NAME=ENGINE ...": the engines' and torch eager's GPU ms for one model, each half a step of its
+# own (WORKDIR/modern/{engine,torch}_MODEL_ROUND.json); round 1 runs the engines first, round 2 torch first; round
+# compile: torch eager and torch.compile in one process (no engines).
 modern_times() {
-  local m=$1 r=$2 engines=$3 D=$W/modern; shift 3
-  local flags; flags=$(eng $engines)
+  local m=$1 r=$2 engines=$3 D=$W/modern flags
+  flags=$(eng $engines)
   local e="$RP benchmarks/vs_torch.py engine $flags --out $D/engine_${m}_$r.json"
-  local t="$TP benchmarks/vs_torch.py torch --models $m --no-e2e $* --out $D/torch_${m}_$r.json"
-  if [ "$r" = 1 ]; then
-    [ -n "$flags" ] && step "engine-$m-$r" 600 "$e"
-    step "torch-$m-$r" 900 "$t"
-  else
-    step "torch-$m-$r" 600 "$t"
-    [ -n "$flags" ] && step "engine-$m-$r" 600 "$e"
-  fi
+  local t="$TP benchmarks/vs_torch.py torch --models $m --no-e2e --out $D/torch_${m}_$r.json"
+  case $r in
+    1) [ -n "$flags" ] && step "engine-$m-$r" 600 "$e"; step "torch-$m-$r" 600 "$t" ;;
+    2) step "torch-$m-$r" 600 "$t"; [ -n "$flags" ] && step "engine-$m-$r" 600 "$e" ;;
+    compile) step "torch-$m-compile" 900 "$t --compile --compile-budget-s 600" ;;
+  esac
   return 0
 }
 
 suite_modern() {  # ModernBERT-base, wav2vec2-base and a Qwen2-shaped GQA decoder: fused attention, speed against torch
-  local D=$W/modern Q=$W/qwen2-kv/qwen2-kv T=$W/modern/wav60
-  mkdir -p "$D" "$T" "$W/qwen2-kv"
+  local D=$W/modern Q=$W/qwen2-kv/qwen2-kv T=$W/modern/wav60 B W2 m r args
+  mkdir -p "$D" "$T" "$W/qwen2-kv"; B=$(M modernbert-base); W2=$(M wav2vec2-base)
+  local QE="qwen2-prefill=$Q-full.fp16.engine qwen2-prefill-stateful=$Q.fp16.engine"
+  local E_modernbert_base="modernbert-base=$B.fp16.engine" E_wav2vec2_base="wav2vec2-base=$W2.fp16.engine" E_qwen2_prefill=$QE
   export_clean modernbert-base wav2vec2-base &
   if [ ! -f "$Q.onnx" ]; then  # the default exporter first (what a user runs), the dynamo exporter where it fails
     step export-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml -o $Q.onnx" ||
       step export-dynamo-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml --exporter dynamo -o $Q.onnx"
   fi
   wait
-  local B W2; B=$(M modernbert-base); W2=$(M wav2vec2-base)
-  # ModernBERT-base: the fp16 engine (trtforge's plugins where there are), against ORT fp32, against torch
+  # the figures first, in the order of their weight (a short window still gets ModernBERT-base's); proofs and
+  # torch.compile after them
   build modernbert-base fp16 --precision fp16
-  run_ref modernbert-base fp16
-  modern_times modernbert-base 1 "modernbert-base=$B.fp16.engine" --compile --compile-budget-s 600
-  modern_times modernbert-base 2 "modernbert-base=$B.fp16.engine"
-  # wav2vec2-base: 8 x 10 s against torch, and a chunked run over a 60 s recording (10 s windows, 1 s overlap)
+  modern_times modernbert-base 1 "$E_modernbert_base"
   build wav2vec2-base fp16 --precision fp16
-  modern_times wav2vec2-base 1 "wav2vec2-base=$W2.fp16.engine" --compile --compile-budget-s 600
-  modern_times wav2vec2-base 2 "wav2vec2-base=$W2.fp16.engine"
+  modern_times wav2vec2-base 1 "$E_wav2vec2_base"
+  if [ -f "$Q.onnx" ]; then  # stateful (chunk <= 512 over past tiers 0 / 1024 / 4096) and one pass (4224 at past 0)
+    step tokenize-qwen2-kv 120 "$TP benchmarks/gpu/stateful.py tokenize $Q.tokenizer $W/qwen2-kv/docs4096.jsonl 4096"
+    [ -f "$Q.fp16.engine" ] || step build-stateful-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=512;past=0,1024,4096' $TAC $PLUG_FLAG -o $Q.fp16.engine"
+    [ -f "$Q-full.fp16.engine" ] || step build-full-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=4224;past=0' $TAC $PLUG_FLAG -o $Q-full.fp16.engine"
+  fi
+  modern_times qwen2-prefill 1 "$QE"  # torch's prefill is timed without the engines too
+  [ -f "$Q.fp16.engine" ] && [ -f "$Q-full.fp16.engine" ] &&
+    step stateful-qwen2-kv 1200 "$RP -m trtforge run $Q.fp16.engine --inputs $W/qwen2-kv/docs4096.jsonl --chunk 512 --stateful --generate 32 --reference $Q-full.fp16.engine --report $W/qwen2-kv/stateful.json"
+  # a 60 s recording (16 kHz mono, 16 bit) through wav2vec2-base in 10 s windows with 1 s of overlap
   cat > "$D/write_wav.py" <<'PY'
 """A synthetic 16 kHz mono 16-bit recording: a gliding tone under noise. python3 write_wav.py OUT.wav SECONDS"""
 import math, random, struct, sys, wave
@@ -312,25 +318,14 @@ with wave.open(sys.argv[1], "wb") as out:
     out.writeframes(b"".join(struct.pack("<h", int(max(-1.0, min(1.0, x)) * 32767)) for x in samples))
 PY
   step wav60 120 "python3 $D/write_wav.py $T/minute.wav 60"
-  if [ -f "$W2.fp16.engine" ]; then
-    local chunked="--inputs $T --chunk 160000 --overlap 16000"
-    step run-wav60-wav2vec2-base 600 "$RP -m trtforge run $W2.fp16.engine --config $CFG/wav2vec2-base.yaml $chunked --report $W/wav2vec2-base/run_wav60.json"
-    step run-wav60-ref-wav2vec2-base 900 "$RP -m trtforge run $W2.fp16.engine --config $CFG/wav2vec2-base.yaml $chunked --reference $W2.clean.onnx --report $W/wav2vec2-base/run_wav60_ref.json"
-  fi
-  # the decoder: stateful prefill of 4096 tokens at chunk 512 against its one-pass engine, both with the plugins
-  if [ -f "$Q.onnx" ]; then
-    step tokenize-qwen2-kv 120 "$TP benchmarks/gpu/stateful.py tokenize $Q.tokenizer $W/qwen2-kv/docs4096.jsonl 4096"
-    [ -f "$Q.fp16.engine" ] || step build-stateful-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=512;past=0,1024,4096' $TAC $PLUG_FLAG -o $Q.fp16.engine"
-    [ -f "$Q-full.fp16.engine" ] || step build-full-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=4224;past=0' $TAC $PLUG_FLAG -o $Q-full.fp16.engine"
-    [ -f "$Q.fp16.engine" ] && [ -f "$Q-full.fp16.engine" ] &&
-      step stateful-qwen2-kv 1200 "$RP -m trtforge run $Q.fp16.engine --inputs $W/qwen2-kv/docs4096.jsonl --chunk 512 --stateful --generate 32 --reference $Q-full.fp16.engine --report $W/qwen2-kv/stateful.json"
-  fi
-  local QE="qwen2-prefill=$Q-full.fp16.engine qwen2-prefill-stateful=$Q.fp16.engine"  # torch's prefill is timed without them
-  modern_times qwen2-prefill 1 "$QE" --compile --compile-budget-s 600
-  modern_times qwen2-prefill 2 "$QE"
-  local r m args
-  for r in 1 2; do
-    args=""; for m in modernbert-base wav2vec2-base qwen2-prefill; do args="$args --torch $D/torch_${m}_$r.json --engine $D/engine_${m}_$r.json"; done
+  local chunked="--config $CFG/wav2vec2-base.yaml --inputs $T --chunk 160000 --overlap 16000"
+  [ -f "$W2.fp16.engine" ] && step run-wav60-wav2vec2-base 600 "$RP -m trtforge run $W2.fp16.engine $chunked --report $W/wav2vec2-base/run_wav60.json"
+  for m in modernbert-base wav2vec2-base qwen2-prefill; do args=E_${m//-/_}; modern_times "$m" 2 "${!args}"; done
+  for m in modernbert-base wav2vec2-base qwen2-prefill; do modern_times "$m" compile ""; done
+  run_ref modernbert-base fp16
+  [ -f "$W2.fp16.engine" ] && step run-wav60-ref-wav2vec2-base 900 "$RP -m trtforge run $W2.fp16.engine $chunked --reference $W2.clean.onnx --report $W/wav2vec2-base/run_wav60_ref.json"
+  for r in 1 2 compile; do  # the compile table sets each torch.compile against the engines of round 1
+    args=""; for m in modernbert-base wav2vec2-base qwen2-prefill; do args="$args --torch $D/torch_${m}_$r.json --engine $D/engine_${m}_${r/compile/1}.json"; done
     step "table-modern-$r" 60 "python3 benchmarks/vs_torch.py table $args --out $D/vs_torch_$r.json > $D/table_$r.md"
   done
   step stateful-table-qwen2-kv 60 "python3 benchmarks/gpu/stateful.py table $W/qwen2-kv | grep -v '^| ONNX Runtime' > $D/stateful.md"
@@ -342,8 +337,11 @@ PY
     build_facts wav2vec2-base "$W2.fp16.engine" build-fp16-wav2vec2-base
     build_facts qwen2-kv "$Q.fp16.engine" build-stateful-qwen2-kv
     build_facts qwen2-kv "$Q-full.fp16.engine" build-full-qwen2-kv
-    echo; echo "### against torch (round 1: engines first, torch.compile; round 2: torch first)"; echo
-    cat "$D/table_1.md" 2>/dev/null; echo; cat "$D/table_2.md" 2>/dev/null
+    for r in 1 2 compile; do
+      case $r in 1) echo; echo "### against torch eager, round 1 (engines first)" ;; 2) echo; echo "### against torch eager, round 2 (torch first)" ;;
+        compile) echo; echo "### against torch.compile (eager and compiled in one process; engines of round 1)" ;; esac
+      echo; cat "$D/table_$r.md" 2>/dev/null
+    done
     echo; echo "### stateful prefill, qwen2-kv (4096 tokens, chunk 512, against the one-pass engine)"; echo
     cat "$D/stateful.md" 2>/dev/null
     echo; echo "### runs against ONNX Runtime fp32 and over a 60 s recording"; echo
