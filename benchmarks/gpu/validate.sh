@@ -293,6 +293,7 @@ suite_modern() {  # ModernBERT-base, wav2vec2-base and a Qwen2-shaped GQA decode
       step export-dynamo-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml --exporter dynamo -o $Q.onnx"
   fi
   wait
+  [ -f "$B.clean.onnx" ] && [ -f "$W2.clean.onnx" ] || FAILED=1  # the exports ran in a subshell: their status is lost
   # the figures first, in the order of their weight (a short window still gets ModernBERT-base's); proofs and
   # torch.compile after them
   build modernbert-base fp16 --precision fp16
