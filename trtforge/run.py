@@ -67,10 +67,21 @@ from trtforge.graph import io_specs
 from trtforge.layout import Layout, model_layout
 from trtforge.onnxio import load_onnx
 from trtforge.outpool import OutputPool, ReservedMemory
-from trtforge.outputs import OutputKind, merge_refusal, probe_sizes
+from trtforge.outputs import OutputKind, declared_frame_rates, merge_refusal, probe_sizes
 from trtforge.outwriter import OutputWriter
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, latency_stats, target_precision
+from trtforge.runtime.audio import (
+    FrameRate,
+    audio_layout,
+    check_aligned,
+    fixed_window_part,
+    frame_windows,
+    merge_frames,
+    plan_fixed_windows,
+    plan_strided_windows,
+    reading_specs,
+)
 from trtforge.runloop import (
     Batcher,
     StageClock,
@@ -417,6 +428,8 @@ def load_documents(
         return _pretokenized(path, tokenizer)
     if path.is_file() and path.suffix in (".jsonl", ".txt"):
         files, kind = [path], "text"
+    elif path.is_file() and path.suffix.lower() == ".wav":
+        files, kind = [path], "audio"
     else:
         dataset = data_mod.scan(path)
         files, kind = dataset.files, dataset.kind
@@ -435,6 +448,8 @@ def load_documents(
         return docs
     if kind == "images":
         samples = data_mod.read_images(data_mod.Dataset(path, files, kind, ""), specs)
+    elif kind == "audio":
+        samples = data_mod.read_audio(data_mod.Dataset(path, files, kind, ""), specs)
     else:
         samples = data_mod.read_arrays(data_mod.Dataset(path, files, kind, ""), specs)
     docs = []
@@ -574,6 +589,8 @@ def plan_document(
             if chunk is not None:
                 raise _no_chunk_axis(layout)
             return [Chunk(d, 0, doc.feeds, Window(0, 1, 0, 1), 1)]
+        if layout.fixed_length or (layout.sample_stride and chunk):
+            return strided_chunks(d, doc, layout, chunk, overlap, full_last)
         if chunk is None and limits.seq is not None and doc.length > limits.seq:
             raise UserError(
                 f"input '{doc.name}' has {doc.length} positions but the model takes at most {limits.seq}; enable chunking with --chunk."
@@ -609,6 +626,21 @@ def plan_document(
         )
         for i, t in enumerate(tiles)
     ]
+
+
+def strided_chunks(d: int, doc: Document, layout: Layout, chunk: int | None, overlap: int, full_last: bool) -> list[Chunk]:
+    """An input's windows where outputs advance at a stride of it (runtime/audio.py): starting at multiples of the
+    stride; for a model that takes a fixed length, windows of exactly that length, the last one padded with zeros."""
+    seq = layout.seq_axis
+    if layout.fixed_length:
+        size = layout.fixed_length
+        windows = plan_fixed_windows(doc.length, size, overlap if doc.length > size else 0)
+        return [
+            Chunk(d, i, {k: fixed_window_part(v, layout.dims[k][seq], size) if k in layout.dims else v for k, v in layout.sliced(doc.feeds, {seq: (w.start, w.end)}).items()}, w, w.length)
+            for i, w in enumerate(windows)
+        ]
+    windows = plan_strided_windows(doc.length, chunk, overlap, layout.sample_stride, full_last)
+    return [Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length) for i, w in enumerate(windows)]
 
 
 def _no_chunk_axis(layout: Layout) -> UserError:
@@ -834,6 +866,8 @@ def merge_document(doc: Document, kind: OutputKind, parts: list[tuple[Chunk, np.
     tokens = [kept_size(c.window) for c in chunks]  # positions each chunk alone speaks for: overlaps count once
     if kind.kind == "logits":  # a probability vector per input, however many chunks
         return merge_logits(values, tokens, "mean_softmax")
+    if kind.kind == "token" and kind.stride:
+        return merge_frames(kind, [c.window for c in chunks], values, doc.length, options.merge)
     if len(values) == 1:
         return values[0]
     if kind.kind == "token":
@@ -906,7 +940,7 @@ class _Merger:
         d = chunks[0].doc if not isinstance(chunks, DocumentPlan) else chunks.blocks[0].doc
         windows = plan_windows_of(chunks)
         for name, (feature, dtype) in self.templates.items():
-            stream = StreamingMerge(windows, self.docs[d].length, self.options.merge, self.pool)
+            stream = StreamingMerge(*self._frames(d, name, windows), self.options.merge, self.pool)
             stream.preallocate(feature, dtype)
             with self._lock:
                 self.streams[(d, name)] = stream
@@ -945,7 +979,7 @@ class _Merger:
                     self.streams[(d, name)].mark(first, count)
                 done_rows = placed[name].rows
                 left = [r for r in runs if r.row not in done_rows]
-            if kind.kind == "token" and self.options.merge == "center":
+            if kind.kind == "token" and self.options.merge == "center" and not kind.stride:
                 left = self._take_runs(left, name, value)
             if kind.kind in ("pooled", "logits"):  # a row per window: a run's rows kept as one array, merged when done
                 kept = self.rows
@@ -961,7 +995,10 @@ class _Merger:
                         continue
                     part = chunk_part(kind, c, value[j : j + 1])
                     if self.counts[c.doc] > 1:
-                        self._stream(c.doc, name).add(c.index, part)
+                        stream = self._stream(c.doc, name)
+                        if kind.stride:  # a padded window's frames past the input's end are dropped
+                            part = part[: stream.windows[c.index].length]
+                        stream.add(c.index, part)
                     else:
                         self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
         if self.on_done is None:
@@ -1041,9 +1078,17 @@ class _Merger:
             with self._lock:
                 stream = self.streams.get((doc, name))
                 if stream is None:
-                    stream = StreamingMerge(self.windows[doc], self.docs[doc].length, self.options.merge, self.pool)
+                    stream = StreamingMerge(*self._frames(doc, name, self.windows[doc]), self.options.merge, self.pool)
                     self.streams[(doc, name)] = stream
         return stream
+
+    def _frames(self, doc: int, name: str, windows: list[Any]) -> tuple[list[Any], int]:
+        """The windows and length an output of input `doc` merges over: its input windows, or for an output at a stride
+        of the input, those windows in output frames."""
+        kind = self.kinds[name]
+        if kind.kind == "token" and kind.stride:
+            return frame_windows(windows, FrameRate(kind.stride, kind.frame_offset), self.docs[doc].length, kind.fixed_window)
+        return windows, self.docs[doc].length
 
     def results(self) -> list[dict[str, np.ndarray]]:
         """Every input's merged outputs (without on_done: with it, each went to on_done as it finished)."""
@@ -1131,12 +1176,23 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     ref_model = load_onnx(reference_path)
     specs, axes, _ = io_specs(reference_path, ref_model)
     del ref_model
-    layout = model_layout(specs)
-    limits = _limits(layout, axes, engine_sidecar)
+    chain = sidecar_chain(reference_path)
+    probe_layout = model_layout(specs)  # output kinds are inferred on the model's own axes
+    layout = audio_layout(probe_layout, specs, output_strides(chain, options.output_kinds))
+    limits = Limits(seq=layout.fixed_length) if layout.fixed_length else _limits(layout, axes, engine_sidecar)
     if options.chunk is not None:
         check_overlap(options.chunk, options.overlap)
         if not layout.chunk_axes:
             raise _no_chunk_axis(layout)
+        if layout.fixed_length and options.chunk != layout.fixed_length:
+            raise UserError(
+                f"--chunk {options.chunk}: {reference_path.name} takes exactly {layout.fixed_length} positions per window; "
+                f"pass --chunk {layout.fixed_length} (or leave --chunk out)."
+            )
+        if layout.sample_stride:
+            check_aligned(
+                options.chunk if not layout.fixed_length else layout.sample_stride, options.overlap, layout.sample_stride, "strided outputs"
+            )
         limit = limits.seq if layout.kind == "sequence" else limits.tile
         if limit is not None and options.chunk > limit:
             where = (
@@ -1147,11 +1203,12 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
             what = f"--chunk {options.chunk}" + ("" if layout.kind == "sequence" else " (tile size)")
             raise UserError(f"{what} is larger than {where} ({limit}); rebuild with larger tiers or lower --chunk.")
     reference = OrtRunner(reference_path)
-    chain = sidecar_chain(reference_path)
-    kinds = output_kinds(reference, reference_path, specs, axes, layout, options.output_kinds, chain)
+    kinds = output_kinds(reference, reference_path, specs, axes, probe_layout, options.output_kinds, chain)
+    if layout.fixed_length:
+        kinds = {n: replace(k, fixed_window=layout.fixed_length) if k.stride else k for n, k in kinds.items()}
     tok_dir = options.tokenizer or find_tokenizer_dir(reference_path, chain)
     tokenizer = TextTokenizer(tok_dir) if tok_dir else None
-    docs = load_documents(Path(options.inputs), specs, layout, tokenizer, tokenize=plan)
+    docs = load_documents(Path(options.inputs), reading_specs(specs, layout), layout, tokenizer, tokenize=plan)
     if not docs:
         raise UserError(f"{options.inputs} holds no inputs; add documents or arrays.")
     if is_engine:  # an engine whose fused attention dropped the mask must never see padding
@@ -1191,6 +1248,15 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     )
 
 
+def output_strides(chain: list[tuple[Path, dict]], overrides: dict[str, tuple[str, float | None]]) -> dict[str, int]:
+    """The strides export measured for token outputs (the nearest sidecar wins), less outputs --output-kind redeclares
+    as another kind."""
+    rates: dict[str, tuple[int, int]] = {}
+    for _, side in reversed(chain):
+        rates.update(declared_frame_rates(side.get("outputs")))
+    return {n: stride for n, (stride, _) in rates.items() if overrides.get(n, ("token", None))[0] == "token"}
+
+
 def cut_into_windows(doc: Document, chunk: int) -> bool:
     """Whether --chunk cuts this input into more than one window (a text: assumed so, its special tokens count too)."""
     if doc.kind == "image":
@@ -1221,7 +1287,7 @@ def refuse_unmergeable(
             f"ONNX Runtime fails on {reference_path.name} at {', '.join(f'{k}={v}' for k, v in sizes.items())} "
             f"({exception_summary(exc, 200)}); check the model's axis ranges."
         ) from None
-    positions = sizes.get(layout.seq_axis) if layout.seq_axis else None
+    positions = layout.fixed_length or (sizes.get(layout.seq_axis) if layout.seq_axis else None)
     for name, kind in kinds.items():
         why = merge_refusal(kind, layout.kind == "image", shapes.get(name), positions, layout.seq_axis)
         if why:
@@ -1533,7 +1599,7 @@ def _copy_merge_outputs(
         return [], f"--merge {options.merge} blends windows; only 'center' windows are copied"
     if not warm:
         return [], "no warm-up (--warmup 0): the merged outputs' layout is not known ahead"
-    names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and n in warm]
+    names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and not k.stride and n in warm]
     return (names, None) if names else ([], "no token output laid out [batch, positions, ...]")
 
 
@@ -1787,6 +1853,12 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
         return {"name": doc.name, "scope": "not chunked (fits one chunk)", "measured": False}, None
     if not options.chunking_check:
         return {"name": doc.name, "scope": "--no-chunking-check", "measured": False}, None
+    if p.layout.fixed_length:
+        return {
+            "name": doc.name,
+            "scope": f"not measurable: the model takes exactly {p.layout.fixed_length} positions, so no whole pass exists",
+            "measured": False,
+        }, None
     sub, scope = _measurement_input(doc, p)
     sub_chunks = plan_document(
         0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last
