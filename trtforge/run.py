@@ -1178,7 +1178,11 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     del ref_model
     chain = sidecar_chain(reference_path)
     probe_layout = model_layout(specs)  # output kinds are inferred on the model's own axes
-    layout = audio_layout(probe_layout, specs, output_strides(chain, options.output_kinds))
+    strides = output_strides(chain, options.output_kinds)
+    layout = audio_layout(probe_layout, specs, strides)
+    strided = "output " + ", ".join(f"'{n}'" for n in strides)
+    if layout.fixed_length:
+        check_aligned(layout.sample_stride, options.overlap, layout.sample_stride, strided)
     limits = Limits(seq=layout.fixed_length) if layout.fixed_length else _limits(layout, axes, engine_sidecar)
     if options.chunk is not None:
         check_overlap(options.chunk, options.overlap)
@@ -1189,10 +1193,8 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
                 f"--chunk {options.chunk}: {reference_path.name} takes exactly {layout.fixed_length} positions per window; "
                 f"pass --chunk {layout.fixed_length} (or leave --chunk out)."
             )
-        if layout.sample_stride:
-            check_aligned(
-                options.chunk if not layout.fixed_length else layout.sample_stride, options.overlap, layout.sample_stride, "strided outputs"
-            )
+        if layout.sample_stride and not layout.fixed_length:
+            check_aligned(options.chunk, options.overlap, layout.sample_stride, strided)
         limit = limits.seq if layout.kind == "sequence" else limits.tile
         if limit is not None and options.chunk > limit:
             where = (
@@ -1206,6 +1208,10 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     kinds = output_kinds(reference, reference_path, specs, axes, probe_layout, options.output_kinds, chain)
     if layout.fixed_length:
         kinds = {n: replace(k, fixed_window=layout.fixed_length) if k.stride else k for n, k in kinds.items()}
+    for kind in kinds.values():  # windows that leave frames uncovered, refused before any runs
+        if kind.stride and (options.chunk or layout.fixed_length):
+            size = layout.fixed_length or options.chunk
+            frame_windows(plan_fixed_windows(3 * size, size, options.overlap), FrameRate(kind.stride, kind.frame_offset), 3 * size, kind.fixed_window)
     tok_dir = options.tokenizer or find_tokenizer_dir(reference_path, chain)
     tokenizer = TextTokenizer(tok_dir) if tok_dir else None
     docs = load_documents(Path(options.inputs), reading_specs(specs, layout), layout, tokenizer, tokenize=plan)

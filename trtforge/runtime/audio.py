@@ -80,13 +80,14 @@ def fixed_frame_rate(length: int, frames: int, stride: int) -> FrameRate:
     return FrameRate(stride, offset)
 
 
-def check_aligned(chunk: int, overlap: int, stride: int, name: str) -> None:
-    """Windows over a strided output's input start at multiples of its stride: --chunk and --overlap must be such."""
+def check_aligned(chunk: int, overlap: int, stride: int, what: str) -> None:
+    """Windows over a strided output's input start at multiples of its stride: --chunk and --overlap must be such.
+    `what`: the outputs, as the sentence names them ("output 'x'")."""
     for value, flag in ((chunk, "--chunk"), (overlap, "--overlap")):
         if value % stride:
             lower, upper = value // stride * stride, (value // stride + 1) * stride
             raise UserError(
-                f"{flag} {value} is not a multiple of {stride}, the samples per frame of output '{name}'; use "
+                f"{flag} {value} is not a multiple of {stride}, the input samples per frame of {what}; use "
                 f"{lower if lower else upper} or {upper}."
             )
 
@@ -218,7 +219,7 @@ def write_wav(path: Path, samples: np.ndarray, rate: int, float32: bool = False)
             out.setnchannels(1)
             out.setsampwidth(2)
             out.setframerate(rate)
-            out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+            out.writeframes(np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2").tobytes())  # read_wav's scale
         return
     payload = samples.astype("<f4").tobytes()
     fmt = struct.pack("<HHIIHH", 3, 1, rate, rate * 4, 4, 32)
