@@ -301,7 +301,9 @@ def test_a_fixed_length_model_runs_in_padded_windows(tmp_path, in_root):
     onnx = export_model(config, tmp_path / "fixed.onnx", check=False).path
     assert json.loads(onnx.with_name("fixed.onnx.json").read_text())["outputs"][0]["stride"] == 320
     report, saved = tmp_path / "r.json", tmp_path / "out.npz"
-    proc = run_cli("run", str(onnx), "--inputs", "calib_data/audio", "--overlap", "3200", "--report", str(report), "--save-outputs", str(saved))
+    proc = run_cli(
+        "run", str(onnx), "--inputs", "calib_data/audio", "--overlap", "3200", "--report", str(report), "--save-outputs", str(saved)
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(report.read_text())
     lengths = {i["name"]: (i["length"], i["chunks"]) for i in r["inputs"]}
@@ -311,3 +313,16 @@ def test_a_fixed_length_model_runs_in_padded_windows(tmp_path, in_root):
         assert data["chirp/last_hidden_state"].shape == (FrameRate(320, 320).frames(48000), 64)
     proc = run_cli("run", str(onnx), "--inputs", "calib_data/audio", "--chunk", "8000")
     assert_user_error(proc, "takes exactly 16000 positions per window", "--chunk 16000")
+
+
+def test_npy_recordings_of_any_name_feed_a_one_input_model(tmp_path):
+    from trtforge.calibrate.data import read_arrays, scan
+
+    np.save(tmp_path / "talk.npy", np.zeros(48000, np.float32))
+    np.save(tmp_path / "song.npy", np.ones((1, 32000), np.float32))
+    spec = InputSpec(name="input_values", shape=["batch", "samples"])
+    samples = read_arrays(scan(tmp_path), [spec])
+    assert sorted(s["input_values"].shape for s in samples) == [(1, 32000), (1, 48000)]
+    two = [spec, InputSpec(name="attention_mask", dtype="int64", shape=["batch", "samples"])]
+    with pytest.raises(UserError, match="is not named after a model input"):
+        read_arrays(scan(tmp_path), two)

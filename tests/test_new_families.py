@@ -136,7 +136,9 @@ def test_chunked_wav2vec2_merges_frames_at_its_stride(exported, tmp_path):
     audio.mkdir()
     rng = np.random.default_rng(0)
     np.savez(audio / "talk.npz", input_values=rng.uniform(-1, 1, (1, 60 * 16000)).astype(np.float32))
-    proc = run_cli("run", str(exported("wav2vec2")), "--inputs", str(audio), "--chunk", "80000", "--overlap", "16000", "--no-chunking-check")
+    proc = run_cli(
+        "run", str(exported("wav2vec2")), "--inputs", str(audio), "--chunk", "80000", "--overlap", "16000", "--no-chunking-check"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 

@@ -71,6 +71,14 @@ from trtforge.outputs import OutputKind, declared_frame_rates, merge_refusal, pr
 from trtforge.outwriter import OutputWriter
 from trtforge.probe import output_kinds
 from trtforge.report import SCHEMA, latency_stats, target_precision
+from trtforge.runloop import (
+    Batcher,
+    StageClock,
+    batch_timeline,
+    check_gpu_wait,
+    stream_batches,
+    wall_over_gpu,
+)
 from trtforge.runtime.audio import (
     FrameRate,
     audio_layout,
@@ -81,14 +89,6 @@ from trtforge.runtime.audio import (
     plan_fixed_windows,
     plan_strided_windows,
     reading_specs,
-)
-from trtforge.runloop import (
-    Batcher,
-    StageClock,
-    batch_timeline,
-    check_gpu_wait,
-    stream_batches,
-    wall_over_gpu,
 )
 from trtforge.tokenize import TextTokenizer, find_tokenizer_dir, wrap_spans
 from trtforge.verify.compare import Comparator, worst
@@ -635,10 +635,12 @@ def strided_chunks(d: int, doc: Document, layout: Layout, chunk: int | None, ove
     if layout.fixed_length:
         size = layout.fixed_length
         windows = plan_fixed_windows(doc.length, size, overlap if doc.length > size else 0)
-        return [
-            Chunk(d, i, {k: fixed_window_part(v, layout.dims[k][seq], size) if k in layout.dims else v for k, v in layout.sliced(doc.feeds, {seq: (w.start, w.end)}).items()}, w, w.length)
-            for i, w in enumerate(windows)
-        ]
+        chunks = []
+        for i, w in enumerate(windows):
+            feeds = layout.sliced(doc.feeds, {seq: (w.start, w.end)})
+            padded = {k: fixed_window_part(v, layout.dims[k][seq], size) if seq in layout.dims.get(k, {}) else v for k, v in feeds.items()}
+            chunks.append(Chunk(d, i, padded, w, w.length))
+        return chunks
     windows = plan_strided_windows(doc.length, chunk, overlap, layout.sample_stride, full_last)
     return [Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length) for i, w in enumerate(windows)]
 
@@ -1211,7 +1213,8 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     for kind in kinds.values():  # windows that leave frames uncovered, refused before any runs
         if kind.stride and (options.chunk or layout.fixed_length):
             size = layout.fixed_length or options.chunk
-            frame_windows(plan_fixed_windows(3 * size, size, options.overlap), FrameRate(kind.stride, kind.frame_offset), 3 * size, kind.fixed_window)
+            rate = FrameRate(kind.stride, kind.frame_offset)
+            frame_windows(plan_fixed_windows(3 * size, size, options.overlap), rate, 3 * size, kind.fixed_window)
     tok_dir = options.tokenizer or find_tokenizer_dir(reference_path, chain)
     tokenizer = TextTokenizer(tok_dir) if tok_dir else None
     docs = load_documents(Path(options.inputs), reading_specs(specs, layout), layout, tokenizer, tokenize=plan)

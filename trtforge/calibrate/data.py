@@ -1,7 +1,9 @@
 """Calibration and evaluation samples from a folder.
 
 - `.npy` / `.npz`: arrays named after the model inputs (`.npy` files as INPUT_NAME.npy in a sample
-  sub-folder, or `.npz` holding every input). A leading batch axis is optional.
+  sub-folder, or `.npz` holding every input; for a model of one float [batch, samples] input (audio), any
+  `.npy` file is one recording).
+  A leading batch axis is optional.
 - `.txt` (one document per file) / `.jsonl` (`{"text": ...}` per line): tokenized with the model's own
   tokenizer (trtforge.tokenize: its own special tokens, no transformers needed), each sample keeping
   its own length (calibrating over many lengths, not one shape).
@@ -150,12 +152,20 @@ def read_arrays(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.n
                 array = np.load(path)
             except Exception:
                 raise UserError(f"{path} is not a readable .npy file; re-save it with numpy.save.") from None
+            if path.stem not in names and _one_audio_input(specs):  # a recording per file, of any name
+                samples.append(_check_sample({names[0]: array}, specs, path))
+                continue
             if path.stem not in names:
                 raise UserError(f"{path.name} is not named after a model input ({', '.join(names)}); rename it INPUT.npy.")
             by_dir.setdefault(path.parent, {})[path.stem] = array
     for folder, arrays in sorted(by_dir.items()):
         samples.append(_check_sample(arrays, specs, folder))
     return samples
+
+
+def _one_audio_input(specs: list[InputSpec]) -> bool:
+    """A model of one float [batch, samples] input (raw audio)."""
+    return len(specs) == 1 and len(specs[0].shape) == 2 and specs[0].dtype.startswith("float") and isinstance(specs[0].shape[1], str)
 
 
 def _check_sample(arrays: dict[str, np.ndarray], specs: list[InputSpec], where: Path) -> dict[str, np.ndarray]:

@@ -171,8 +171,7 @@ def read_wav(path: Path, rate: int | None = None) -> np.ndarray:
         raise UserError(f"{path} has {channels} channels; trtforge reads mono audio, so mix it down to one channel.")
     if rate is not None and file_rate != rate:
         raise UserError(
-            f"{path} is sampled at {file_rate} Hz but the model takes {rate} Hz; resample it to {rate} Hz "
-            "(trtforge does not resample)."
+            f"{path} is sampled at {file_rate} Hz but the model takes {rate} Hz; resample it to {rate} Hz (trtforge does not resample)."
         )
     if fmt == 1 and bits == 16:
         return (np.frombuffer(payload, dtype="<i2").astype(np.float32) / 32768.0).copy()
@@ -224,8 +223,15 @@ def write_wav(path: Path, samples: np.ndarray, rate: int, float32: bool = False)
     payload = samples.astype("<f4").tobytes()
     fmt = struct.pack("<HHIIHH", 3, 1, rate, rate * 4, 4, 32)
     Path(path).write_bytes(
-        b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(payload)) + b"WAVE"
-        + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(payload)) + payload
+        b"RIFF"
+        + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(payload))
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"data"
+        + struct.pack("<I", len(payload))
+        + payload
     )
 
 
@@ -244,7 +250,6 @@ def output_frame_rates(
     batch = inputs[0].shape[0] if inputs and isinstance(inputs[0].shape[0], str) else None
     seqs = {d for spec in inputs for d in spec.shape[1:] if isinstance(d, str) and d != batch}
     base = {**base, **({batch: 1} if batch else {})}
-    keys = {name: i for i, name in enumerate(token_outputs)}
     rates: dict[str, FrameRate] = {}
     if len(seqs) == 1:
         seq = seqs.pop()
@@ -334,9 +339,7 @@ def reading_specs(specs: list, layout) -> list:
     """Input specs for reading inputs of any length along a fixed-length model's window axis."""
     if not layout.fixed_length:
         return specs
-    return [
-        s.model_copy(update={"shape": [*s.shape[:-1], FIXED_AXIS]}) if FIXED_AXIS in layout.dims.get(s.name, {}) else s for s in specs
-    ]
+    return [s.model_copy(update={"shape": [*s.shape[:-1], FIXED_AXIS]}) if FIXED_AXIS in layout.dims.get(s.name, {}) else s for s in specs]
 
 
 def merge_frames(kind, windows: list[Window], parts: list[np.ndarray], length: int, merge: str) -> np.ndarray:
