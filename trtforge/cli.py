@@ -234,7 +234,7 @@ def clean(
 @app.command()
 def calibrate(
     onnx_path: Path = typer.Argument(..., metavar="ONNX", help="The cleaned ONNX (trtforge clean)."),
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Calibration folder: .npy/.npz, .txt/.jsonl or images."),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Calibration folder: .npy/.npz, .txt/.jsonl, images or .wav."),
     method: Optional[str] = typer.Option(
         None, "--method", callback=_key("calibrate.method", "--method"), help="entropy (TensorRT's KL search), percentile or minmax."
     ),
@@ -764,7 +764,7 @@ def bisect(
 @app.command(name="run")
 def run_cmd(
     target: Path = typer.Argument(..., metavar="ENGINE|ONNX", help="An engine from trtforge build, or an ONNX (ONNX Runtime)."),
-    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays or images."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays, images or .wav."),
     chunk: Optional[int] = typer.Option(
         None,
         "--chunk",
@@ -1197,7 +1197,7 @@ def compare(
     target: Path = typer.Argument(..., metavar="TARGET", help="The ONNX (ONNX Runtime) or engine to check."),
     reference: Path = typer.Argument(..., metavar="REFERENCE", help="The ONNX to check it against (ONNX Runtime), e.g. the fp32 one."),
     inputs: Path = typer.Option(
-        ..., "--inputs", "-i", help="Folder of .npy/.npz arrays, .txt/.jsonl texts (the reference's tokenizer) or images; each fed whole."
+        ..., "--inputs", "-i", help="Folder of .npy/.npz arrays, .txt/.jsonl texts (the tokenizer), images or .wav; each fed whole."
     ),
     atol: Optional[list[str]] = typer.Option(
         None, "--atol", help="Absolute tolerance, NAME:VALUE for one output or VALUE for all (repeatable)."
