@@ -49,7 +49,7 @@ def run_trtforge(onnx_path: str, count: int, tokens: int) -> dict:
     from trtforge.calibrate.collect import collect, plan_quantization
     from trtforge.calibrate.data import batches
     from trtforge.calibrate.methods import entropy_amax
-    from trtforge.onnxio import load_onnx
+    from trtforge.core.onnxio import load_onnx
 
     data = samples(count, tokens)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -68,8 +68,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
-    from trtforge.build import build
-    from trtforge.run import RunOptions, run
+    from trtforge.build.step import build
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     work = Path(tempfile.mkdtemp(prefix="trtforge-host-"))
     engine = build(args.onnx, work / "m.engine", "fp32", "seq=256", backend="tensorrt_rtx").engine_path

@@ -31,7 +31,7 @@ def export(path: Path) -> None:
     import torch
     from transformers import BertConfig, BertModel
 
-    from trtforge.artifacts import write_sidecar
+    from trtforge.core.artifacts import write_sidecar
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -78,8 +78,9 @@ def export(path: Path) -> None:
 
 
 def _chunk_batches(batch: int = BATCH) -> list[dict[str, np.ndarray]]:
-    from trtforge.chunking import plan_windows
-    from trtforge.run import Chunk, make_batches, stack
+    from trtforge.runtime.chunking import plan_windows
+    from trtforge.runtime.documents import Chunk
+    from trtforge.runtime.planning import make_batches, stack
 
     ids = np.random.default_rng(0).integers(1000, 30000, TOKENS)
     chunks = []
@@ -95,10 +96,10 @@ def _whole() -> dict[str, np.ndarray]:
 
 
 def measure_tensorrt(onnx_path: Path) -> dict:
-    from trtforge.artifacts import read_sidecar
     from trtforge.backends.tensorrt import BuildOptions, load_trt
     from trtforge.backends.tensorrt_runtime import TrtRunner
-    from trtforge.build import build
+    from trtforge.build.step import build
+    from trtforge.core.artifacts import read_sidecar
 
     mod = load_trt("tensorrt")
     out = {}

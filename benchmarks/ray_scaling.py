@@ -67,7 +67,7 @@ def gpu_count() -> int:
 
 def make_corpus(source: Path, reference: Path, min_tokens: int, into: Path) -> tuple[int, int]:
     """Copies of the .txt documents in `source` until >= min_tokens tokens (the model's tokenizer)."""
-    from trtforge.tokenize import TextTokenizer, find_tokenizer_dir
+    from trtforge.runtime.tokenize import TextTokenizer, find_tokenizer_dir
 
     directory = find_tokenizer_dir(reference)
     if directory is None:
@@ -117,13 +117,14 @@ def main() -> None:
     print(f"ray binaries made executable: {', '.join(fixed) if fixed else 'none needed'}", flush=True)
     import ray
 
-    from trtforge.run import RunOptions, run
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
     is_engine = args.target.suffix != ".onnx"
     reference = args.reference or args.target
     if is_engine and args.reference is None:
-        from trtforge.build import read_engine_sidecar
+        from trtforge.build.engine_record import read_engine_sidecar
 
         side = read_engine_sidecar(args.target)
         reference = Path(side.get("reference_onnx") or side["source_onnx"])

@@ -20,12 +20,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trtforge.run import RunOptions, make_batches, run, stack  # noqa: E402
+from trtforge.runtime.options import RunOptions  # noqa: E402
+from trtforge.runtime.planning import make_batches, stack  # noqa: E402
+from trtforge.runtime.step import run  # noqa: E402
 
 
 def bare_throughput(target_path: Path, options: RunOptions, repeats: int = 3) -> tuple[float, int]:
     """Chunks/s of the backend alone on pre-stacked batches (no chunking, merging or checks)."""
-    import trtforge.run as R
+    import trtforge.runtime.step as R
 
     p = R.prepare(target_path, options)
     batches = [stack(b) for b in make_batches(p.chunks, p.batch_cap, options.naive)]

@@ -235,9 +235,9 @@ def torch_half(args) -> None:
 def engine_half(args) -> None:
     import numpy as np
 
-    from trtforge.artifacts import read_sidecar
     from trtforge.backends.tensorrt import load_trt
     from trtforge.backends.tensorrt_runtime import TrtRunner
+    from trtforge.core.artifacts import read_sidecar
 
     mod = load_trt("auto")
     result: dict = {"tensorrt": mod.version, "iters": args.iters, "models": {}}

@@ -238,7 +238,7 @@ def emulate_skip_layernorm_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def load_zoo(zoo, key, seq=16):
     """(model, specs, axes, observation sizes) of one zoo export, as `trtforge build` would receive it."""
-    from trtforge.graph import io_specs
+    from trtforge.graph.index import io_specs
 
     path = zoo[key]
     model = onnx.load(path)
@@ -269,12 +269,12 @@ def fp16_plugin_chain(path):
     """A zoo export (biases and norms redrawn) as `build` fuses it for fp16 with libtrtforge_plugins, pass by pass: the
     fp16 conversion, bias+GELU with its GEMM (TrtforgeGemmGelu), skip-LayerNorm, then the GEMM pass.
     Returns (model, converted, {"gelu" | "skip_layernorm" | "gemm": (graph after it, its report)}, specs, axes)."""
-    from trtforge.feeds import random_feeds
+    from trtforge.build.precision import prepare_for_build
     from trtforge.fusion.gelu import fuse_gelu
     from trtforge.fusion.gemm import fuse_gemm
     from trtforge.fusion.skip_layernorm import fuse_skip_layernorm
-    from trtforge.graph import io_specs
-    from trtforge.precision import prepare_for_build
+    from trtforge.graph.index import io_specs
+    from trtforge.runtime.feeds import random_feeds
 
     model = with_random_vectors(onnx.load(path))
     specs, axes, _ = io_specs(path, model)

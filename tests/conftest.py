@@ -85,9 +85,9 @@ def minilm_int8(minilm_clean):
 def export_zoo(folder: Path, exports: list[tuple[str, str]]) -> dict[tuple[str, str], Path]:
     """Each small zoo model (zoo/configs/NAME.yaml) exported with each exporter and cleaned, as `trtforge build`
     would receive it: {(name, exporter): cleaned ONNX}. Runs from the project root (the configs' paths)."""
-    from trtforge.config import apply_overrides, load_config
-    from trtforge.export import export_model
-    from trtforge.graph import clean_file
+    from trtforge.core.config import apply_overrides, load_config
+    from trtforge.export.step import export_model
+    from trtforge.graph.index import clean_file
 
     before = os.getcwd()
     os.chdir(ROOT)

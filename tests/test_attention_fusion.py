@@ -15,11 +15,11 @@ from conftest import assert_user_error, export_zoo, require, run_cli
 from onnx import helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.errors import UserError
-from trtforge.feeds import random_feeds
+from trtforge.core.errors import UserError
 from trtforge.fusion.attention import Projection, find_candidates, fuse_attention, pack_qkv, reference_attention, refuse_padding
 from trtforge.fusion.plugins import PLUGIN, attention_route, backend_route
 from trtforge.fusion.step import attention_fusion, describe, sm_of
+from trtforge.runtime.feeds import random_feeds
 
 EXPORTS = [
     ("bert", "legacy"),
@@ -100,7 +100,7 @@ def _assert_equals_the_original_at_an_unseen_size(model, fused, specs, axes, siz
 def test_fp16_converted_graph_is_fused(zoo, key, qkv_projection):
     """What build actually hands the pass on 8.6: trtforge's fp16 conversion (fp16 weights, Casts around the
     ops kept fp32, the mask Add fed through a Cast). The fused graph stays within the fp16 gate of the fp32 original."""
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     model, specs, axes, sizes = _load(zoo, key)
     converted, _ = prepare_for_build(model, zoo[key], specs, axes)
@@ -118,8 +118,8 @@ def test_fp16_converted_graph_is_fused(zoo, key, qkv_projection):
 def _quantized(model, specs, sizes, quantize_attention=False):
     """calibrate's Q/DQ insertion on max-abs scales from one ORT run (the placement and insertion are the real ones)."""
     from trtforge.calibrate.placement import plan_quantization
-    from trtforge.graph import expose_tensors
-    from trtforge.quantize import insert_qdq
+    from trtforge.calibrate.quantize import insert_qdq
+    from trtforge.graph.index import expose_tensors
 
     plan = plan_quantization(model, None, quantize_attention)
     names = plan.activation_tensors({t.node for t in plan.targets})
@@ -134,7 +134,7 @@ def test_int8_projections_become_one_int8_qkv_gemm(zoo, key, qkv_projection):
     """calibrate's Q/DQ graph: each attention's Q, K, V INT8 projections become one INT8 GEMM (the packed weight
     behind its own Q/DQ, the per-channel scales re-packed with the scale folded into Q's). In fp32 the fused graph
     computes exactly what the Q/DQ graph does: the same int8 values, only their scales moved."""
-    from trtforge.quantize import int8_gemm_nodes
+    from trtforge.calibrate.quantize import int8_gemm_nodes
 
     model, specs, axes, sizes = _load(zoo, key)
     qdq = _quantized(model, specs, sizes)
@@ -155,7 +155,7 @@ def test_int8_best_graph_is_fused(zoo, qkv_projection):
     """What `build --precision best` hands the pass on 8.6: fp16 outside the INT8 GEMMs, whose Q/DQ stay fp32.
     Against the fp32 original the fused graph is about as close as the unfused one (fp16 rounding moves a few
     int8 values either way: the small zoo's activations quantize coarsely, 0.06-0.12 rel-L2 for both)."""
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     key = ("bert", "dynamo")
     model, specs, axes, sizes = _load(zoo, key)
@@ -466,8 +466,7 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
     require("tensorrt_rtx")
     import dataclasses
 
-    import trtforge.backends.tensorrt as tensorrt_mod
-    import trtforge.build as build_mod
+    import trtforge.build.step as build_mod
     import trtforge.fusion.step as step
     from trtforge.fusion.gelu import PLUGIN as GELU
     from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN
@@ -480,13 +479,15 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
                 model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, random_feeds(specs, feeds), onnx_path.name
             )
 
-        monkeypatch.setattr(build_mod, "_fuse_attention", fused_attention)
+        monkeypatch.setattr(build_mod, "fuse_attention", fused_attention)
         monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", ())
+        monkeypatch.setattr("trtforge.build.passes.ELEMENTWISE_PASSES", ())
     else:  # the one pass under test, as auto would apply it on 8.6 in fp16
         spec = dataclasses.replace(step.GELU_PASS if fusion == "gelu" else step.SKIP_LN_PASS, auto_precisions=("fp16",))
         real_fusion, real_skip = step.elementwise_fusion, step.elementwise_skip
         monkeypatch.setattr(build_mod, "ELEMENTWISE_PASSES", (spec,))
-        monkeypatch.setattr(tensorrt_mod, "plugin_registered", lambda mod, name, version: True)
+        monkeypatch.setattr("trtforge.build.passes.ELEMENTWISE_PASSES", (spec,))
+        monkeypatch.setattr("trtforge.backends.plugin_libraries.plugin_registered", lambda mod, name, version: True)
         monkeypatch.setattr(
             step,
             "elementwise_skip",
@@ -677,7 +678,7 @@ def test_tensorrt_rtx_fuses_every_zoo_attention_in_fp16_and_the_build_proves_it(
     attentions (BERT, RoBERTa, ViT, GPT-2 causal; both exporters) are Myelin fused-attention layers in the fp16 build,
     counted from the engine's layers against the graph's attentions; `inspect` prints the count."""
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build.step import build
 
     warnings: list[str] = []
     result = build(zoo[key], tmp_path / "m.engine", "fp16", None, backend="tensorrt_rtx", warn=warnings.append)
@@ -695,7 +696,7 @@ def test_tensorrt_rtx_fuses_the_other_architectures_attention_and_the_build_coun
     """DistilBERT, CLIP, DeBERTa-v3 (disentangled) and T5 (position bias): TensorRT-RTX fuses both layers' attention,
     and the build counts them against the graph's two (DeBERTa's were not counted before: 4 fused of 0)."""
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build.step import build
 
     warnings: list[str] = []
     result = build(zoo[key], tmp_path / "m.engine", "fp16", None, backend="tensorrt_rtx", warn=warnings.append)
@@ -708,7 +709,7 @@ def test_tensorrt_rtx_fuses_the_other_architectures_attention_and_the_build_coun
 def test_swin_window_attention_unfused_by_tensorrt_rtx_is_warned(zoo, tmp_path):
     """Swin's four window attentions (bias and shift mask) are not fused by TensorRT-RTX: the build says so."""
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build.step import build
 
     warnings: list[str] = []
     result = build(zoo[("swin", "legacy")], tmp_path / "m.engine", "fp16", None, backend="tensorrt_rtx", warn=warnings.append)
@@ -721,7 +722,7 @@ def test_swin_window_attention_unfused_by_tensorrt_rtx_is_warned(zoo, tmp_path):
 def test_an_fp32_engine_says_its_attention_is_not_fused(zoo, key, tmp_path):
     """TensorRT-RTX fuses attention in reduced precision only: an fp32 build of each zoo model holds none, and says so."""
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build.step import build
 
     result = build(zoo[key], tmp_path / "m.engine", "fp32", None, backend="tensorrt_rtx")
     engine = result.sidecar["attention_fusion"]["engine"]

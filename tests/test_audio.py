@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, assert_user_error, run_cli
 
-from trtforge.config import InputSpec, apply_overrides, load_config
-from trtforge.errors import UserError
-from trtforge.outputs import OutputKind
+from trtforge.core.config import InputSpec, apply_overrides, load_config
+from trtforge.core.errors import UserError
 from trtforge.runtime.audio import (
     FrameRate,
     check_aligned,
@@ -30,6 +29,7 @@ from trtforge.runtime.audio import (
     read_wav,
     write_wav,
 )
+from trtforge.runtime.outputs import OutputKind
 
 WAV2VEC2_CONVS = [(10, 5), (3, 2), (3, 2), (3, 2), (3, 2), (2, 2), (2, 2)]  # (kernel, stride) of its feature encoder
 
@@ -217,7 +217,7 @@ def in_root():
 @pytest.fixture(scope="module")
 def wav2vec2(tmp_path_factory, in_root):
     """The zoo's small wav2vec2 exported (stride measured), without the PyTorch check (not what these tests prove)."""
-    from trtforge.export import export_model
+    from trtforge.export.step import export_model
 
     out = tmp_path_factory.mktemp("audio") / "wav2vec2.onnx"
     return export_model(load_config(ROOT / "zoo" / "configs" / "wav2vec2.yaml"), out, check=False).path
@@ -229,7 +229,7 @@ def test_export_records_the_measured_stride(wav2vec2):
 
 
 def test_export_refuses_a_declared_stride_the_model_does_not_have(tmp_path, in_root):
-    from trtforge.export import export_model
+    from trtforge.export.step import export_model
 
     config = apply_overrides(load_config(ROOT / "zoo" / "configs" / "wav2vec2.yaml"), {})
     config.outputs[0].stride = 300
@@ -292,7 +292,7 @@ def test_a_stride_missing_from_an_older_sidecar_is_still_refused(wav2vec2, tmp_p
 def test_a_fixed_length_model_runs_in_padded_windows(tmp_path, in_root):
     """wav2vec2 exported at exactly 16000 samples (Whisper-style fixed windows): recordings of 2-3 s run as windows of
     16000 with an overlap, the last padded, merged to the recording's frames; no whole pass exists to measure against."""
-    from trtforge.export import export_model
+    from trtforge.export.step import export_model
 
     config = apply_overrides(load_config(ROOT / "zoo" / "configs" / "wav2vec2.yaml"), {})
     config.inputs[0].shape = ["batch", 16000]

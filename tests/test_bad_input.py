@@ -167,7 +167,7 @@ def test_two_builds_to_one_path(tiny_fcn_clean, tmp_path):
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
     side = json.loads((tmp_path / "same.engine.json").read_text())
-    from trtforge.artifacts import sha256_file
+    from trtforge.core.artifacts import sha256_file
 
     # Whichever build finished last, the engine and its sidecar are from the same build.
     assert sha256_file(engine) == side["engine_sha256"] and engine.stat().st_size == side["engine_bytes"]

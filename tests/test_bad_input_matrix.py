@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import ROOT, assert_user_error
 
-from trtforge import cli
+from trtforge.cli import app as cli
 
 
 def invoke(*args: object) -> subprocess.CompletedProcess:

@@ -9,13 +9,13 @@ import pytest
 from conftest import ROOT, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from trtforge.bisection import BisectOptions, bisect, data_profile, suspects, table_rows
 from trtforge.calibrate.collect import gemm_shapes, plan_quantization
 from trtforge.calibrate.groups import float_nodes_for, role_groups, select_groups, variants
-from trtforge.config import InputSpec
-from trtforge.feeds import random_feeds
-from trtforge.graph import io_specs, name_all_nodes
-from trtforge.onnxio import load_onnx
+from trtforge.core.config import InputSpec
+from trtforge.core.onnxio import load_onnx
+from trtforge.graph.index import io_specs, name_all_nodes
+from trtforge.runtime.feeds import random_feeds
+from trtforge.verify.bisect import BisectOptions, bisect, data_profile, suspects, table_rows
 
 
 @pytest.fixture(scope="module")

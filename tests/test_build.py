@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, assert_user_error, require, run_cli
 
-from trtforge.build import check_engine_compat, parse_tiers
-from trtforge.config import AxisRange
-from trtforge.errors import UserError
+from trtforge.build.engine_record import check_engine_compat
+from trtforge.build.step import parse_tiers
+from trtforge.core.config import AxisRange
+from trtforge.core.errors import UserError
 
 require("tensorrt_rtx")
 

@@ -5,8 +5,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from trtforge.backends.tensorrt import BuildOptions
-from trtforge.build import options_from_config
-from trtforge.config import BuildSection
+from trtforge.build.step import options_from_config
+from trtforge.core.config import BuildSection
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,7 @@ def test_an_fp8_gate_without_fp8_gemms_is_a_user_error():
     """--fp8-min-cosine (or the config key) with fp16 GEMMs would gate nothing: refused, not ignored."""
     import pytest
 
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
 
     with pytest.raises(UserError, match="--fp8-min-cosine"):
         options_from_config(BuildSection(gemm_precision="fp8", fp8_min_cosine=0.95), gemm_precision="fp16")
@@ -73,8 +73,8 @@ def test_sample_batches_fit_the_models_batch_axis(tmp_path):
     each sample (one per batch); a named axis takes max // the sample's rows."""
     import numpy as np
 
-    from trtforge.config import AxisRange, InputSpec
-    from trtforge.precision import _batch_size, sample_feeds
+    from trtforge.build.precision import _batch_size, sample_feeds
+    from trtforge.core.config import AxisRange, InputSpec
 
     ids = lambda lead: [InputSpec(name="input_ids", dtype="int64", shape=[lead, "seq"])]  # noqa: E731
     axes = {"batch": AxisRange(min=1, opt=2, max=2), "seq": AxisRange(min=1, opt=8, max=16)}

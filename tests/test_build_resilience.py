@@ -7,17 +7,11 @@ import re
 import pytest
 from conftest import require, run_cli
 
-from trtforge.backends.tensorrt import (
-    BuildProgress,
-    InspectorParseError,
-    parse_inspector_json,
-    parse_layer_log,
-    runs_int8,
-    summarize_layers,
-)
-from trtforge.config import AxisRange, InputSpec
-from trtforge.doctor import engine_support, rtx_targets
-from trtforge.profiles import plan_profiles, slow_build_warning, tier_ranges
+from trtforge.backends.engine_layers import InspectorParseError, parse_inspector_json, parse_layer_log, runs_int8, summarize_layers
+from trtforge.backends.tensorrt import BuildProgress
+from trtforge.build.profiles import plan_profiles, slow_build_warning, tier_ranges
+from trtforge.core.config import AxisRange, InputSpec
+from trtforge.core.platform import engine_support, rtx_targets
 
 # -- inspector JSON ----------------------------------------------------------------------------------
 
@@ -175,13 +169,13 @@ def test_pipeline_runs_rtx_engines_on_a_supported_gpu(monkeypatch):
     """The defect: a GPU with only TensorRT-RTX was treated as unable to run engines."""
     require("tensorrt_rtx")
     pytest.importorskip("cuda.bindings")
-    import trtforge.doctor as doctor
+    import trtforge.core.platform as doctor
     from trtforge.pipeline import _engine_runs_here
 
-    monkeypatch.setattr(doctor, "_module", lambda name: None if name == "tensorrt" else __import__(name))
-    monkeypatch.setattr(doctor, "_gpu", lambda: _gpu("8.9", "RTX 4090"))
+    monkeypatch.setattr(doctor, "trt_module", lambda name: None if name == "tensorrt" else __import__(name))
+    monkeypatch.setattr(doctor, "gpu_info", lambda: _gpu("8.9", "RTX 4090"))
     assert _engine_runs_here()
-    monkeypatch.setattr(doctor, "_gpu", lambda: _gpu("9.0", "NVIDIA H200"))
+    monkeypatch.setattr(doctor, "gpu_info", lambda: _gpu("9.0", "NVIDIA H200"))
     assert not _engine_runs_here()
 
 
@@ -211,12 +205,12 @@ def _conv_onnx(path):
 
 def test_engine_is_kept_when_the_inspector_fails(tmp_path, monkeypatch):
     require("tensorrt_rtx")
-    import trtforge.build as build_mod
+    import trtforge.build.step as build_mod
 
     def broken_inspector(*_args, **_kwargs):
         raise json.JSONDecodeError("Invalid control character at", "{\x01}", 1)
 
-    monkeypatch.setattr(build_mod, "engine_layers", broken_inspector)
+    monkeypatch.setattr("trtforge.build.engine_record.engine_layers", broken_inspector)
     warnings: list[str] = []
     engine = tmp_path / "c.engine"
     result = build_mod.build(_conv_onnx(tmp_path / "c.onnx"), engine, warn=warnings.append)

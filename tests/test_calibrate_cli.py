@@ -19,7 +19,7 @@ def test_minilm_entropy_reaches_the_gate(minilm_int8):
     assert side["method"] == "entropy" and len(side["graph_hash"]) == 64 and len(side["data_manifest_hash"]) == 64
     assert side["trtforge_version"] and side["tensors"] and side["params"]["smooth"] == 0.8
     assert cache.read_text().startswith("TRT-8600-EntropyCalibration2\n")
-    from trtforge.onnxio import load_onnx
+    from trtforge.core.onnxio import load_onnx
 
     ops = [n.op_type for n in load_onnx(int8).graph.node]
     assert ops.count("QuantizeLinear") >= 40 and "LayerNormalization" in ops

@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtforge.chunking import (
+from trtforge.core.errors import UserError
+from trtforge.runtime.chunking import (
     Window,
     merge_logits,
     merge_tiles,
@@ -15,7 +16,6 @@ from trtforge.chunking import (
     window_weights,
     windows_from_spans,
 )
-from trtforge.errors import UserError
 
 lengths = st.integers(1, 3000)
 chunks = st.integers(2, 600)
@@ -167,7 +167,7 @@ def test_tiled_tiny_fcn_equals_whole_image():
 def test_a_preallocated_merge_equals_the_lazy_one_and_refuses_another_shape():
     """StreamingMerge.preallocate (run pages in each input's merged output on its planning thread): same
     result as allocating on the first window; a window of another feature shape is refused, not broadcast."""
-    from trtforge.chunking import StreamingMerge, plan_windows
+    from trtforge.runtime.chunking import StreamingMerge, plan_windows
 
     windows = plan_windows(50, 16, 4)
     rng = np.random.default_rng(0)
@@ -191,7 +191,7 @@ def test_take_equals_adding_each_window(length, chunk, data):
     """StreamingMerge.take (run merges a batch's consecutive windows of one input with one np.take) must give what
     add gives window by window, for any run of windows placed anywhere in a flattened batch, with short or
     full-length last windows, and into a merged output of another dtype (the copying path)."""
-    from trtforge.chunking import StreamingMerge
+    from trtforge.runtime.chunking import StreamingMerge
 
     overlap = data.draw(st.integers(0, chunk - 1))
     windows = plan_windows(length, chunk, overlap, full_last=data.draw(st.booleans()))
@@ -224,7 +224,7 @@ def test_run_copies_of_a_batchs_windows_equal_adding_each_window(length, chunk, 
     """The copy-engine merge (run, --copy-engine-merge) writes a batch's kept slices with one strided (2-D) copy per
     stretch of like windows: replayed here with numpy, row by row as cuMemcpy2DAsync copies them, run_copies' copies
     must give what add gives window by window, fill every kept position once, and be the copies segments() lists."""
-    from trtforge.chunking import StreamingMerge
+    from trtforge.runtime.chunking import StreamingMerge
 
     overlap = data.draw(st.integers(0, chunk - 1))
     windows = plan_windows(length, chunk, overlap, full_last=data.draw(st.booleans()))
@@ -261,7 +261,7 @@ def test_run_copies_of_a_batchs_windows_equal_adding_each_window(length, chunk, 
 
 
 def test_run_copies_join_like_windows_only():
-    from trtforge.chunking import StreamingMerge, kept_stretches
+    from trtforge.runtime.chunking import StreamingMerge, kept_stretches
 
     # 1,000 positions in windows of 256 advancing by 224: the first keeps 240 from 0, three interior ones 224 from 16
     # (one stretch), the last 88 from 16
@@ -280,7 +280,7 @@ def test_run_copies_join_like_windows_only():
 
 
 def test_take_refuses_what_it_cannot_merge():
-    from trtforge.chunking import StreamingMerge
+    from trtforge.runtime.chunking import StreamingMerge
 
     windows = plan_windows(50, 16, 4)
     source = np.zeros((40, 3), np.float32)
@@ -301,8 +301,8 @@ def test_take_refuses_what_it_cannot_merge():
 def test_a_merge_into_reused_pool_memory_equals_a_fresh_one(length, chunk, merge, early, data):
     """run merges into pooled buffers that held an earlier input's output (outpool.py) and are not cleared for
     'center': every position must be written, and blends must start from zero, whatever the buffer held."""
-    from trtforge.chunking import StreamingMerge
-    from trtforge.outpool import OutputPool
+    from trtforge.runtime.chunking import StreamingMerge
+    from trtforge.runtime.outpool import OutputPool
 
     windows = plan_windows(length, chunk, data.draw(st.integers(0, chunk - 1)), full_last=data.draw(st.booleans()))
     rng = np.random.default_rng(length + 7 * chunk)
@@ -324,8 +324,8 @@ def test_a_merge_into_reused_pool_memory_equals_a_fresh_one(length, chunk, merge
 
 
 def test_center_merges_into_pool_memory_refuse_windows_that_leave_a_gap():
-    from trtforge.chunking import StreamingMerge, Window, check_center_cover
-    from trtforge.outpool import OutputPool
+    from trtforge.runtime.chunking import StreamingMerge, Window, check_center_cover
+    from trtforge.runtime.outpool import OutputPool
 
     check_center_cover(plan_windows(50, 16, 4), 50)
     gap = [Window(0, 10, 0, 10), Window(12, 20, 12, 20)]
@@ -341,7 +341,7 @@ def test_row_runs_join_consecutive_windows_of_one_input_in_consecutive_rows():
     consecutive windows of one input in consecutive rows at one content offset; `length` the longest window's."""
     from types import SimpleNamespace
 
-    from trtforge.chunking import RowRun, Tile, Window, row_runs
+    from trtforge.runtime.chunking import RowRun, Tile, Window, row_runs
 
     def chunk(d, i, start=1, n=5):
         return SimpleNamespace(doc=d, index=i, content=slice(start, start + n), window=Window(0, n, 0, n))
@@ -362,7 +362,7 @@ def test_row_runs_join_consecutive_windows_of_one_input_in_consecutive_rows():
 
 
 def test_throughput_unit_names_what_a_length_counts():
-    from trtforge.run import length_unit
+    from trtforge.runtime.documents import length_unit
 
     assert length_unit({"text"}) == "tokens" and length_unit({"image"}) == "pixels"
     assert length_unit({"seq"}) == "positions" and length_unit({"text", "seq"}) == "positions"

@@ -12,7 +12,7 @@ import pytest
 from conftest import assert_user_error, run_cli
 from test_bad_input_matrix import invoke
 
-from trtforge.errors import INTERNAL_ERROR, GateFailed, UserError
+from trtforge.core.errors import INTERNAL_ERROR, GateFailed, UserError
 
 
 @pytest.fixture(autouse=True)
@@ -23,12 +23,12 @@ def log_dir(monkeypatch, tmp_path) -> Path:
 
 
 def _doctor_raises(monkeypatch, exc: BaseException) -> None:
-    import trtforge.doctor
+    import trtforge.core.platform
 
     def report():
         raise exc
 
-    monkeypatch.setattr(trtforge.doctor, "report", report)
+    monkeypatch.setattr(trtforge.core.platform, "report", report)
 
 
 def test_an_unexpected_exception_is_one_line_a_log_and_exit_3(monkeypatch, log_dir):
@@ -87,10 +87,10 @@ def test_json_usage_errors_and_option_checks_print_an_object(tmp_path, monkeypat
 
 def test_a_failed_gate_after_the_result_adds_the_error_to_the_one_json_object(monkeypatch):
     """run/calibrate/build print their result, then fail their gate: stdout stays one parseable object."""
-    import trtforge.doctor
-    from trtforge import ui
+    import trtforge.core.platform
+    from trtforge.core import ui
 
-    monkeypatch.setattr(trtforge.doctor, "report", lambda: {"versions": {}})
+    monkeypatch.setattr(trtforge.core.platform, "report", lambda: {"versions": {}})
     print_json = ui.print_json
 
     def print_then_fail(payload):
@@ -104,7 +104,7 @@ def test_a_failed_gate_after_the_result_adds_the_error_to_the_one_json_object(mo
 
 
 def test_held_json_without_an_error_prints_the_result_unchanged(capsys):
-    from trtforge import ui
+    from trtforge.core import ui
 
     with ui.held_json() as held:
         ui.print_json({"a": 1})
@@ -142,9 +142,9 @@ def test_the_executable_exits_3_without_a_traceback(tmp_path):
     import sys
 
     code = (
-        "import sys, trtforge.doctor as d\n"
+        "import sys, trtforge.core.platform as d\n"
         "def boom(): raise AttributeError(\"'NoneType' object has no attribute 'shape'\")\n"
-        "d.report = boom\nsys.argv = ['trtforge', 'doctor']\nfrom trtforge.cli import entry\nentry()\n"
+        "d.report = boom\nsys.argv = ['trtforge', 'doctor']\nfrom trtforge.cli.app import entry\nentry()\n"
     )
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
@@ -159,9 +159,9 @@ def test_the_executable_exits_3_without_a_traceback(tmp_path):
 
 
 def test_a_result_that_is_not_json_is_an_internal_error(monkeypatch, log_dir):
-    import trtforge.doctor
+    import trtforge.core.platform
 
-    monkeypatch.setattr(trtforge.doctor, "report", lambda: {"versions": {"x": object()}})
+    monkeypatch.setattr(trtforge.core.platform, "report", lambda: {"versions": {"x": object()}})
     proc = invoke("doctor", "--json")
     assert proc.returncode == INTERNAL_ERROR and json.loads(proc.stdout)["error"]["kind"] == "internal_error", proc
     assert_user_error(proc, "internal error in 'doctor'", "TypeError", code=INTERNAL_ERROR)

@@ -17,9 +17,9 @@ from conftest import assert_user_error, export_zoo, require, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.compare_step import CompareOptions, EngineAccess, compare, first_jump, growth_factors
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 from trtforge.verify.gates import Gate
+from trtforge.verify.step import CompareOptions, EngineAccess, compare, first_jump, growth_factors
 
 CHAIN_TENSORS = ["h1_mm", "h1", "h1_relu", "h2_mm", "h2", "h2_relu", "y"]
 
@@ -68,7 +68,7 @@ def chains(tmp_path_factory) -> Path:
 @pytest.fixture
 def cli(monkeypatch, capsys):
     """The real command line, in this process (no interpreter start per call): (*args) -> CompletedProcess."""
-    from trtforge import cli as cli_module
+    from trtforge.cli import app as cli_module
 
     monkeypatch.setenv("CI", "true")
 
@@ -128,7 +128,7 @@ def test_growth_is_a_tensors_error_over_its_inputs_worst():
 
 
 def test_a_runtime_failure_on_a_sample_is_one_sentence():
-    from trtforge.compare_step import run_sample
+    from trtforge.verify.step import run_sample
 
     class Broken:
         def run(self, feeds):
@@ -139,8 +139,8 @@ def test_a_runtime_failure_on_a_sample_is_one_sentence():
 
 
 def test_outputs_with_a_tolerance_leave_the_default_gates_to_the_others():
-    from trtforge.compare_step import judge
     from trtforge.verify.compare import compare_outputs
+    from trtforge.verify.step import judge
     from trtforge.verify.tolerances import Tolerance
 
     rng = np.random.default_rng(0)
@@ -189,7 +189,8 @@ def test_layer_wise_names_the_node_that_makes_nan(chains):
 
 def test_layer_wise_spills_models_over_protobufs_limit_to_disk(chains, monkeypatch):
     """Over 2 GB a model cannot be handed to ONNX Runtime as bytes: the marked copies go to a scratch folder."""
-    from trtforge import compare_step, onnxio
+    from trtforge.core import onnxio
+    from trtforge.verify import step as compare_step
 
     saved = []
 
@@ -345,7 +346,7 @@ def test_layerwise_on_an_engine_rebuilds_it_with_the_tensors_marked_as_outputs(c
     """A real TensorRT-RTX build of the perturbed chain; ONNX Runtime on the ONNX each engine's sidecar names stands in
     for executing it (no engine executes here). The twin is built from that ONNX with the shared tensors as outputs."""
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build.step import build
 
     engine = build(chains / "pert.onnx", tmp_path / "pert.engine", precision="fp32").engine_path
     twins = []
@@ -367,7 +368,7 @@ def test_layerwise_on_an_engine_rebuilds_it_with_the_tensors_marked_as_outputs(c
 def test_a_built_engine_is_refused_where_none_can_execute(chains, tmp_path, cli):
     """A real engine (TensorRT-RTX builds ahead of time without a GPU) and its real sidecar, on this CPU machine."""
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build.step import build
     from trtforge.calibrate.engine_check import runtime_here
 
     if runtime_here()[0]:
@@ -381,9 +382,9 @@ def test_a_built_engine_is_refused_where_none_can_execute(chains, tmp_path, cli)
 
 
 def test_zoo_bert_layer_wise_against_its_fp16_conversion(tmp_path_factory):
-    from trtforge.graph import io_specs
-    from trtforge.onnxio import load_onnx, save_onnx
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
+    from trtforge.core.onnxio import load_onnx, save_onnx
+    from trtforge.graph.index import io_specs
 
     clean = export_zoo(tmp_path_factory.mktemp("zoo"), [("bert", "legacy")])[("bert", "legacy")]
     model = load_onnx(clean)

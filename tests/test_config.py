@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtforge.config import apply_overrides, config_from_dict, load_config
-from trtforge.errors import UserError
+from trtforge.core.config import apply_overrides, config_from_dict, load_config
+from trtforge.core.errors import UserError
 from trtforge.models import builtin_config_path
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtforge.chunking import StreamingMerge, plan_windows
-from trtforge.copymerge import CopyEngineMerge
-from trtforge.outpool import OutputPool
+from trtforge.runtime.chunking import StreamingMerge, plan_windows
+from trtforge.runtime.copymerge import CopyEngineMerge
+from trtforge.runtime.outpool import OutputPool
 
 
 def _allocate(nbytes):
@@ -97,8 +97,8 @@ def test_a_window_past_its_row_or_another_layout_goes_through_the_host():
 
 
 def test_reserve_bytes_covers_the_windows_in_flight_at_most_every_inputs_whole_output():
-    from trtforge.copymerge import reserve_bytes
-    from trtforge.outpool import capacity_for
+    from trtforge.runtime.copymerge import reserve_bytes
+    from trtforge.runtime.outpool import capacity_for
 
     # 2.5 x 10 windows x 256 positions x 8 bytes, under the whole bound
     assert reserve_bytes([100_000, 50_000], 8, 10, 256) == int(2.5 * 10 * 256 * 8)

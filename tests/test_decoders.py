@@ -37,7 +37,7 @@ def test_gqa_attention_runs_unrolled_with_the_same_values():
     import torch
     import torch.nn.functional as F
 
-    from trtforge.export import grouped_query_attention_unrolled
+    from trtforge.export.step import grouped_query_attention_unrolled
 
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 6, 5, 16), torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16)
@@ -80,7 +80,7 @@ def test_grouped_query_decoder_exports_with_the_default_command(factory, tmp_pat
 
 
 def test_qwen2_zoo_config_exports_with_the_default_exporter(tmp_path):
-    from trtforge.config import load_config
+    from trtforge.core.config import load_config
 
     assert load_config(ROOT / "zoo/configs/qwen2.yaml").export.exporter == "legacy"
     out = tmp_path / "qwen2.onnx"
@@ -137,7 +137,7 @@ def test_a_set_cache_max_that_does_not_fit_is_refused_naming_the_key(tmp_path):
 
 
 def test_unset_ranges_reads_what_the_config_file_sets(tmp_path):
-    from trtforge.kvcache import kv_config, unset_ranges
+    from trtforge.export.kvcache import kv_config, unset_ranges
 
     bare = kv_config("zoo/models.py:qwen2", None)
     assert unset_ranges(None, bare) == {"past.max", "past.opt", "seq"}
@@ -148,7 +148,7 @@ def test_unset_ranges_reads_what_the_config_file_sets(tmp_path):
 
 
 def _bare(seq_max: int = 512):
-    from trtforge.config import ModelConfig
+    from trtforge.core.config import ModelConfig
 
     return ModelConfig(
         name="m",
@@ -159,7 +159,7 @@ def _bare(seq_max: int = 512):
 
 
 def test_fit_ranges_keeps_defaults_that_fit_and_shares_small_position_tables():
-    from trtforge.kvcache import RANGE_KEYS, fit_ranges
+    from trtforge.export.kvcache import RANGE_KEYS, fit_ranges
 
     roomy, chosen = fit_ranges(_bare(), 4096, set(RANGE_KEYS))
     assert (roomy.kv_cache.past.max, roomy.axes["seq"].max, chosen) == (1024, 512, [])
@@ -172,9 +172,9 @@ def test_fit_ranges_keeps_defaults_that_fit_and_shares_small_position_tables():
 
 
 def test_fit_ranges_refuses_set_values_that_leave_no_room():
-    from trtforge.config import CacheRange
-    from trtforge.errors import UserError
-    from trtforge.kvcache import fit_ranges
+    from trtforge.core.config import CacheRange
+    from trtforge.core.errors import UserError
+    from trtforge.export.kvcache import fit_ranges
 
     with pytest.raises(UserError, match=r"axes\.seq\.max 1024 leaves no position for a cache"):
         fit_ranges(_bare(1024), 1024, {"past.max", "past.opt"})

@@ -15,8 +15,9 @@ from conftest import ROOT, require, run_cli
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import engine_check
 from trtforge.calibrate.engine_check import SKIPPED, EngineHooks
-from trtforge.calibrate.step import CalibrateOptions, calibrate, gate_failures
-from trtforge.onnxio import load_onnx
+from trtforge.calibrate.options import CalibrateOptions, gate_failures
+from trtforge.calibrate.step import calibrate
+from trtforge.core.onnxio import load_onnx
 
 DATA = ROOT / "calib_data" / "tiny_fcn"
 
@@ -83,7 +84,7 @@ def test_engine_equal_to_ort_passes_with_figures_side_by_side(tiny_fcn_clean, tm
 
 
 def test_a_q_dq_onnx_that_does_not_build_fails_the_check(tiny_fcn_clean, tmp_path):
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
 
     def no_build(onnx_path):
         raise UserError("the tensorrt 8.6.0 ONNX parser rejected fcn.int8.onnx: node 'q' (QuantizeLinear): unsupported")
@@ -118,9 +119,9 @@ def test_build_rechecks_an_engine_from_calibrate_and_only_such(tiny_fcn_clean, t
 
 
 def test_cli_exits_1_when_only_the_engine_fails(tiny_fcn_clean, tmp_path, monkeypatch, capsys):
-    from trtforge import cli
+    from trtforge.cli import app as cli
 
-    monkeypatch.setattr(engine_check, "default_hooks", lambda *a: _hooks(tiny_fcn_clean, ruin=True, built=[]))
+    monkeypatch.setattr("trtforge.calibrate.recheck.default_hooks", lambda *a: _hooks(tiny_fcn_clean, ruin=True, built=[]))
     monkeypatch.setattr(
         sys,
         "argv",
@@ -172,7 +173,7 @@ def test_cli_says_the_recheck_was_skipped_without_a_gpu(tiny_fcn_clean, tmp_path
 
 def test_build_says_the_recheck_was_skipped(tiny_fcn_clean, tmp_path, no_runtime):
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build.step import build
 
     calibrate(tiny_fcn_clean, _options(tmp_path, engine_check=False))
     result = build(tmp_path / "fcn.int8.onnx", tmp_path / "fcn.int8.engine", "int8", backend="tensorrt_rtx")

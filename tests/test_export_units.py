@@ -11,7 +11,7 @@ from conftest import FIXTURES, assert_user_error, run_cli
 from onnx import TensorProto, helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 
 # -- outputs: every kind of return, mapped to the declared names ----------------------------------
 
@@ -19,7 +19,7 @@ from trtforge.errors import UserError
 def test_named_outputs_of_model_output_dict_tuple_and_tensor():
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-    from trtforge.export import named_outputs
+    from trtforge.export.step import named_outputs
 
     a, b = torch.ones(1), torch.zeros(1)
     model_output = BaseModelOutputWithPooling(last_hidden_state=a, pooler_output=b)  # hidden_states None: skipped
@@ -30,7 +30,7 @@ def test_named_outputs_of_model_output_dict_tuple_and_tensor():
 
 
 def test_declared_output_the_module_does_not_return_is_named():
-    from trtforge.export import named_outputs, select_outputs
+    from trtforge.export.step import named_outputs, select_outputs
 
     pairs = named_outputs(OrderedDict(logits=torch.ones(1)))
     with pytest.raises(UserError, match="outputs pooled are declared but m returns only logits"):
@@ -66,7 +66,7 @@ def test_tuple_outputs_all_compared_and_named(tmp_path):
 
 
 def test_output_count_or_name_mismatch_between_torch_and_onnx_is_an_error():
-    from trtforge.export import require_same_outputs
+    from trtforge.export.check import require_same_outputs
 
     require_same_outputs(["a", "b"], ["a", "b"])
     with pytest.raises(UserError, match="only the ONNX graph returns c"):
@@ -77,8 +77,9 @@ def test_output_count_or_name_mismatch_between_torch_and_onnx_is_an_error():
 
 def test_check_against_torch_refuses_an_onnx_with_an_extra_output(tmp_path):
     """The ONNX returns two outputs where PyTorch returns one: an error naming the extra, not a silent zip."""
-    from trtforge.config import ModelConfig
-    from trtforge.export import check_against_torch, keyword_call
+    from trtforge.core.config import ModelConfig
+    from trtforge.export.check import check_against_torch
+    from trtforge.export.step import keyword_call
     from trtforge.models import LoadedModel
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
@@ -172,7 +173,7 @@ def test_clean_refuses_constant_reference_output(tmp_path):
 
 
 def test_exception_summary_strips_ansi_and_keeps_root_cause():
-    from trtforge.errors import exception_summary
+    from trtforge.core.errors import exception_summary
 
     try:
         try:
@@ -293,7 +294,7 @@ def test_clean_rewrites_shape_start_end_and_lists_nodes(tmp_path):
 
 
 def test_split_shape_slices_keeps_plain_shapes():
-    from trtforge.graph import split_shape_slices
+    from trtforge.graph.index import split_shape_slices
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, [2])
@@ -307,7 +308,7 @@ def test_split_shape_slices_keeps_plain_shapes():
 def test_opset_17_graph_loses_opset_18_attributes():
     """onnx's 18 -> 17 converter leaves Split's num_outputs (GPT-2) and ReduceMean's noop_with_empty_axes
     (ResNet): ONNX Runtime refuses such a graph. conform_to_opset drops them and says so."""
-    from trtforge.export import conform_to_opset
+    from trtforge.export.onnx_fixups import conform_to_opset
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, None]) for n in ("a", "b", "c")]
@@ -328,7 +329,7 @@ def test_opset_17_graph_loses_opset_18_attributes():
 
 
 def test_specs_from_examples_makes_text_seq_dynamic_and_masks_all_ones():
-    from trtforge.export import specs_from_examples
+    from trtforge.export.step import specs_from_examples
     from trtforge.models import LoadedModel
 
     ids = torch.tensor([[101, 2000, 102, 0], [101, 2001, 2002, 102]])

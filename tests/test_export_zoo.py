@@ -13,11 +13,11 @@ import onnx
 import pytest
 from conftest import ROOT, require, run_cli
 
-from trtforge.config import apply_overrides, load_config
-from trtforge.errors import UserError
-from trtforge.export import export_model
-from trtforge.graph import clean_file
-from trtforge.tokenize import find_tokenizer_dir
+from trtforge.core.config import apply_overrides, load_config
+from trtforge.core.errors import UserError
+from trtforge.export.step import export_model
+from trtforge.graph.index import clean_file
+from trtforge.runtime.tokenize import find_tokenizer_dir
 
 ZOO = (
     "bert",

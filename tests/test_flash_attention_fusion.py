@@ -14,11 +14,11 @@ from conftest import export_zoo
 from onnx import helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.errors import UserError
-from trtforge.feeds import random_feeds
+from trtforge.core.errors import UserError
 from trtforge.fusion.attention import fuse_attention
 from trtforge.fusion.plugins import FLASH_PLUGIN, PLUGIN, attention_route
 from trtforge.fusion.step import attention_fusion, describe
+from trtforge.runtime.feeds import random_feeds
 
 EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("roberta", "legacy"), ("vit", "dynamo"), ("gpt2", "legacy"), ("gpt2", "dynamo")]
 
@@ -109,7 +109,7 @@ def test_without_the_flash_plugin_gpt2_stays_refused_as_causal(zoo):
 
 def test_fp16_converted_graph_takes_the_flash_plugin(zoo):
     """What build hands the pass on 8.6 for --precision fp16: within the fp16 gate of the fp32 original."""
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     key = ("bert", "dynamo")
     model, specs, axes, sizes = _load(zoo, key)
@@ -186,7 +186,7 @@ def test_flash_nodes_share_one_sequence_tensor(zoo, key, fp16):
     """Every layer's flash node reads the first one's [S] tensor (one fill kernel in the engine, not one per layer),
     in the graph build hands the pass too (fp16-converted: no value_info left, so shape inference cannot tell; the
     graph between the layers does). The graph still equals the original (emulated)."""
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     model, specs, axes, sizes = _load(zoo, key)
     graph = prepare_for_build(model, zoo[key], specs, axes)[0] if fp16 else model

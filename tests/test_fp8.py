@@ -21,9 +21,9 @@ from conftest import ROOT, assert_user_error, export_zoo, run_cli
 from onnx import helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.feeds import random_feeds
 from trtforge.fusion import fp8
-from trtforge.graph import io_specs
+from trtforge.graph.index import io_specs
+from trtforge.runtime.feeds import random_feeds
 
 
 def test_quantize_e4m3_rounds_to_nearest_even_and_saturates():
@@ -196,23 +196,22 @@ def test_builds_fp8_step_converts_the_fused_graph_and_records_it(bert, monkeypat
     feeds include two random feeds the scales never saw."""
     from types import SimpleNamespace
 
-    import trtforge.backends.tensorrt as trt_backend
-    from trtforge import build as build_mod
-    from trtforge.errors import UserError
+    from trtforge.build import step as build_mod
+    from trtforge.core.errors import UserError
 
-    monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
+    monkeypatch.setattr("trtforge.backends.plugin_libraries.plugin_registered", lambda mod, name, version: True)
     model, converted, fused, specs, axes = _fused(bert)
     mod = SimpleNamespace(flavour="tensorrt", version="8.6.1")
-    out, record, feeds = build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, fused, converted, model, "fp16", bert, specs, axes, 0.99)
+    out, record, feeds = build_mod.gemm_fp8(mod, {"compute_capability": "9.0"}, fused, converted, model, "fp16", bert, specs, axes, 0.99)
     assert [n.op_type for n in out.graph.node].count(fp8.PLUGIN) == len(fp8.plugin_gemms(fused)) == len(record["replaced"])
     assert record["precision"] == "fp8" and record["gate"]["min_cosine"] == 0.99
     assert record["magnitudes_from"].startswith(("random feeds", "calibration data"))
     assert "seeds 100, 101" in record["gate"]["feeds"] and len(feeds) >= 2
     assert all(r["x_scale"] > 0 and r["w_scale"] > 0 for r in record["replaced"])
     with pytest.raises(UserError, match="found no GEMM plugin node"):
-        build_mod._gemm_fp8(mod, {"compute_capability": "9.0"}, None, converted, model, "fp16", bert, specs, axes, 0.99)
+        build_mod.gemm_fp8(mod, {"compute_capability": "9.0"}, None, converted, model, "fp16", bert, specs, axes, 0.99)
     with pytest.raises(UserError, match="no FP8 tensor cores"):
-        build_mod._gemm_fp8(mod, {"compute_capability": "8.6"}, fused, converted, model, "fp16", bert, specs, axes, 0.99)
+        build_mod.gemm_fp8(mod, {"compute_capability": "8.6"}, fused, converted, model, "fp16", bert, specs, axes, 0.99)
 
 
 def test_pipeline_honours_the_configs_gemm_precision(bert, tmp_path):
@@ -221,8 +220,8 @@ def test_pipeline_honours_the_configs_gemm_precision(bert, tmp_path):
     built its own options and dropped the key: an fp16 engine came out of an fp8 config.)"""
     import shutil
 
-    from trtforge.config import apply_overrides, load_config
-    from trtforge.errors import UserError
+    from trtforge.core.config import apply_overrides, load_config
+    from trtforge.core.errors import UserError
     from trtforge.pipeline import Pipeline
 
     cfg = apply_overrides(load_config(ROOT / "zoo" / "configs" / "bert.yaml"), {"build.gemm_precision": "fp8"})
@@ -319,15 +318,15 @@ def test_chaining_is_the_default_and_on_without_a_pair_says_so(bert, monkeypatch
     from types import SimpleNamespace
 
     import trtforge.backends.tensorrt as trt_backend
-    from trtforge import build as build_mod
-    from trtforge.errors import UserError
+    from trtforge.build import step as build_mod
+    from trtforge.core.errors import UserError
 
-    monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
+    monkeypatch.setattr("trtforge.backends.plugin_libraries.plugin_registered", lambda mod, name, version: True)
     model, converted, stages, specs, axes = fp16_plugin_chain(bert)
     mod = SimpleNamespace(flavour="tensorrt", version="8.6.1")
 
     def fp8_record(stage, chain):
-        return build_mod._gemm_fp8(
+        return build_mod.gemm_fp8(
             mod, {"compute_capability": "9.0"}, stages[stage][0], converted, model, "fp16", bert, specs, axes, 0.99, chain=chain
         )[1]
 
@@ -383,16 +382,15 @@ def test_a_graph_without_gemm_plugin_nodes_gets_no_fp8_engine(zoo_exports, monke
     build says where to look instead of building an fp16 engine under an fp8 name."""
     from types import SimpleNamespace
 
-    import trtforge.backends.tensorrt as trt_backend
-    from trtforge import build as build_mod
-    from trtforge.errors import UserError
+    from trtforge.build import step as build_mod
+    from trtforge.core.errors import UserError
 
-    monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
+    monkeypatch.setattr("trtforge.backends.plugin_libraries.plugin_registered", lambda mod, name, version: True)
     path = zoo_exports[("gpt2", "legacy")]
     model, converted, _, specs, axes = fp16_plugin_chain(path)
     assert not fp8.plugin_gemms(converted)
     with pytest.raises(UserError, match="found no GEMM plugin node"):
-        build_mod._gemm_fp8(
+        build_mod.gemm_fp8(
             SimpleNamespace(flavour="tensorrt", version="8.6.1"),
             {"compute_capability": "9.0"},
             converted,
@@ -499,20 +497,19 @@ def test_calib_data_sets_the_fp8_scales_and_joins_the_gates_feeds(bert, monkeypa
     judges on too, beside two random feeds no scale saw."""
     from types import SimpleNamespace
 
-    import trtforge.backends.tensorrt as trt_backend
-    from trtforge import build as build_mod
+    from trtforge.build import step as build_mod
 
-    monkeypatch.setattr(trt_backend, "plugin_registered", lambda mod, name, version: True)
+    monkeypatch.setattr("trtforge.backends.plugin_libraries.plugin_registered", lambda mod, name, version: True)
     model, converted, fused, specs, axes = _fused(bert)
     mod = SimpleNamespace(flavour="tensorrt", version="8.6.1")
     data = ROOT / "calib_data" / "minilm"
     args = (mod, {"compute_capability": "9.0"}, fused, converted, model, "fp16", bert, specs, axes, 0.99)
-    _, random_record, random_gate_feeds = build_mod._gemm_fp8(*args)
-    _, record, gate_feeds = build_mod._gemm_fp8(*args, data=data)
+    _, random_record, random_gate_feeds = build_mod.gemm_fp8(*args)
+    _, record, gate_feeds = build_mod.gemm_fp8(*args, data=data)
     assert random_record["magnitudes_from"].startswith("random feeds") and len(random_gate_feeds) == 2
     assert record["magnitudes_from"].startswith(f"calibration data {data}") and len(gate_feeds) > 2
     assert record["gate"]["feeds"].startswith(f"calibration data {data}")
-    from trtforge.precision import sample_feeds
+    from trtforge.build.precision import sample_feeds
 
     samples, _ = sample_feeds(bert, model, specs, axes, data)
     real = record["gate"]["real_batches"]
@@ -526,8 +523,8 @@ def test_calib_data_sets_the_fp8_scales_and_joins_the_gates_feeds(bert, monkeypa
 def test_build_hands_calib_data_and_the_top1_gate_to_each_step(vit_calib, monkeypatch, tmp_path):
     """build() passes --calib-data to the fp16 conversion and the FP8 step, and --fp8-min-top1-agreement with the count
     of real batches to the gate: each step stood in for, its arguments recorded (a dropped argument fails here)."""
-    from trtforge import build as build_mod
     from trtforge.backends.tensorrt import BuildOptions
+    from trtforge.build import step as build_mod
     from trtforge.calibrate import engine_check
 
     path, data = vit_calib
@@ -562,7 +559,7 @@ def test_build_hands_calib_data_and_the_top1_gate_to_each_step(vit_calib, monkey
         return {"status": "passed", "failures": []}
 
     monkeypatch.setattr(build_mod, "_prepare_precision", prepare)
-    monkeypatch.setattr(build_mod, "_gemm_fp8", gemm_fp8)
+    monkeypatch.setattr(build_mod, "gemm_fp8", gemm_fp8)
     monkeypatch.setattr(engine_check, "after_fp8_build", gate)
     options = BuildOptions(gemm_precision="fp8", calib_data=str(data), fp8_min_top1_agreement=0.9)
     build_mod.build(path, tmp_path / "v.engine", "fp16", backend="auto", options=options)

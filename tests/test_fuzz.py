@@ -8,11 +8,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trtforge.artifacts import read_sidecar
 from trtforge.calibrate.cache import read_cache
-from trtforge.config import ModelConfig, config_from_dict, load_config
-from trtforge.errors import UserError
-from trtforge.onnxio import load_onnx
+from trtforge.core.artifacts import read_sidecar
+from trtforge.core.config import ModelConfig, config_from_dict, load_config
+from trtforge.core.errors import UserError
+from trtforge.core.onnxio import load_onnx
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -10,9 +10,9 @@ from conftest import export_zoo
 from onnx import TensorProto, helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.feeds import random_feeds
 from trtforge.fusion.gelu import PLUGIN, fuse_gelu, gelu_erf, gelu_tanh
-from trtforge.graph import io_specs
+from trtforge.graph.index import io_specs
+from trtforge.runtime.feeds import random_feeds
 
 EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("vit", "legacy"), ("gpt2", "legacy"), ("gpt2", "dynamo")]
 
@@ -47,7 +47,7 @@ def test_every_gelu_becomes_one_plugin_with_its_bias(zoo, key):
 
 
 def test_fp16_graph_gets_an_fp16_plugin_and_bias(zoo):
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     key = ("bert", "legacy")
     model = onnx.load(zoo[key])
@@ -112,7 +112,7 @@ def test_build_step_modes(zoo):
     """The build's decision: auto fuses fp16 builds on TensorRT 8.x (measured faster there) and leaves INT8 best
     builds and other TensorRTs alone, saying why; on fuses wherever the plugin is registered and says in one
     sentence why it cannot elsewhere; off never."""
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
     from trtforge.fusion.step import describe_gelu, gelu_fusion
 
     key = ("bert", "dynamo")
@@ -181,7 +181,7 @@ def test_int8_best_graph_gelus_are_fused(zoo):
     first layer's was once refused because the search for its descendants stopped early)."""
     from test_attention_fusion import _quantized
 
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     key = ("bert", "legacy")
     model = with_random_vectors(onnx.load(zoo[key]))
@@ -202,8 +202,8 @@ def test_fp16_gelu_takes_its_gemm_into_trtforge_gemm_gelu(zoo, key):
     (cuBLASLt GELU_BIAS); emulated, the graph stays within the fp16 gate of the fp32 original."""
     from attention_emulation import emulate_gemm_gelu_plugins, reverse_weight_rows
 
+    from trtforge.build.precision import prepare_for_build
     from trtforge.fusion.gelu import GEMM_PLUGIN
-    from trtforge.precision import prepare_for_build
 
     model = with_random_vectors(onnx.load(zoo[key]))
     specs, axes, _ = io_specs(zoo[key], model)
@@ -241,7 +241,7 @@ def test_gemm_gelu_weights_stop_short_of_the_inline_attribute_budget(zoo, monkey
     """TrtforgeGemmGelu's weight is a node attribute, which ONNX keeps inside the .onnx file: past the budget the
     GELU keeps the plain GELU plugin and its GEMM stays TensorRT's."""
     import trtforge.fusion.gemm as gemm
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     key = ("bert", "legacy")
     model = with_random_vectors(onnx.load(zoo[key]))

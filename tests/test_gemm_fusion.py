@@ -11,9 +11,9 @@ from conftest import assert_user_error, export_zoo, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.feeds import random_feeds
 from trtforge.fusion.gemm import PLUGIN, fuse_gemm, gemm_candidates
-from trtforge.graph import io_specs
+from trtforge.graph.index import io_specs
+from trtforge.runtime.feeds import random_feeds
 
 EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("vit", "legacy"), ("gpt2", "legacy"), ("gpt2", "dynamo")]
 
@@ -33,7 +33,7 @@ def _const_matmuls(model):
 def test_fp16_projections_become_trtforge_gemm_and_equal_the_original(zoo, key):
     """BERT's and ViT's Linear layers export as MatMul (+ Add), GPT-2's Conv1D as ONNX Gemm with its bias as C: each
     becomes one TrtforgeGemm with its bias folded."""
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     model = with_random_vectors(onnx.load(zoo[key]))
     specs, axes, _ = io_specs(zoo[key], model)
@@ -165,7 +165,7 @@ def test_fp32_weights_are_refused_with_the_reason():
 
 
 def test_auto_fuses_fp16_builds_only_and_on_needs_the_plugin():
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
     from trtforge.fusion.step import GEMM_PASS, elementwise_fusion
 
     model = _tiny()
@@ -219,7 +219,7 @@ def test_a_shared_weight_and_one_past_the_attribute_budget_are_refused():
 
 
 def test_qkv_projection_auto_is_matmul_only_where_trtforge_gemm_takes_it():
-    from trtforge.config import BuildSection
+    from trtforge.core.config import BuildSection
     from trtforge.fusion.step import QKV_CHOICES, qkv_gemm_applies, resolve_qkv_projection
 
     assert BuildSection().qkv_projection == "auto" and QKV_CHOICES == ("auto", "matmul", "conv")

@@ -4,9 +4,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trtforge.config import AxisRange, InputSpec
-from trtforge.graph import clean_model, graph_stats, verify_same
-from trtforge.onnxio import load_onnx, save_onnx
+from trtforge.core.config import AxisRange, InputSpec
+from trtforge.core.onnxio import load_onnx, save_onnx
+from trtforge.graph.index import clean_model, graph_stats, verify_same
 
 
 def _model(nodes, initializers, outputs=("y",)):

@@ -1,8 +1,8 @@
 """What `trtforge inspect` can say about INT8 on TensorRT 8.6 (issue 10): the layer report's second format,
 int8 kernel names, and Myelin layers reported as opaque instead of as 'no INT8'."""
 
-from trtforge.backends.tensorrt import int8_kernel, parse_layer_log, runs_int8, summarize_layers
-from trtforge.build import _add_tactic_names
+from trtforge.backends.engine_layers import int8_kernel, parse_layer_log, runs_int8, summarize_layers
+from trtforge.build.engine_record import add_tactic_names
 
 # SAMPLE INPUT (written for this test in the format TensorRT 8.6 GA / 9.x print: "name (Dtype[dims])"). On
 # the H200 the bracketed parser read every layer of BERT-base and ResNet-50 with empty I/O: this format.
@@ -65,5 +65,5 @@ def test_inspector_tactic_names_complete_the_build_log():
         },
         "a bare name",
     ]
-    _add_tactic_names(layers, [l for l in inspector if isinstance(l, dict)])
+    add_tactic_names(layers, [l for l in inspector if isinstance(l, dict)])
     assert layers[1]["TacticName"].startswith("sm80_xmma") and "TacticName" not in layers[2]

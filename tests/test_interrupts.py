@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from trtforge import interrupts
+from trtforge.core import interrupts
 
 
 @pytest.fixture(autouse=True)
@@ -93,8 +93,8 @@ def test_outside_the_main_thread_nothing_changes():
 def test_the_interrupt_message_lists_what_was_already_written(tmp_path):
     from pathlib import Path
 
-    from trtforge.artifacts import published, write_text_atomic
-    from trtforge.cli import interrupted_message
+    from trtforge.cli.app import interrupted_message
+    from trtforge.core.artifacts import published, write_text_atomic
 
     assert interrupted_message([]) == "interrupted: nothing was written under the final output names."
     before = len(published())
@@ -110,7 +110,7 @@ def test_main_in_process_leaves_the_ctrl_c_handler_alone(monkeypatch):
     """Only the executable ignores a late Ctrl-C (cli.entry): tests and embedders that call main() keep theirs."""
     import sys
 
-    from trtforge import cli
+    from trtforge.cli import app as cli
 
     monkeypatch.setattr(sys, "argv", ["trtforge", "--help"])
     before = signal.getsignal(signal.SIGINT)
@@ -124,7 +124,7 @@ def test_main_in_process_leaves_the_ctrl_c_handler_alone(monkeypatch):
 def test_a_block_ending_with_an_error_after_ctrl_c_raises_the_interrupt():
     """Ctrl-C while the parser reads a graph it then rejects: the build's fallback catches the parser's error, so
     the interrupt must come out instead of it, or the fallback would build (and publish) another engine."""
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
 
     with pytest.raises(KeyboardInterrupt) as caught:
         with interrupts.deferred():
@@ -144,7 +144,7 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     from pathlib import Path
 
     code = (
-        "from trtforge import interrupts\nimport time\nwith interrupts.deferred():\n    print('ready', flush=True)\n"
+        "from trtforge.core import interrupts\nimport time\nwith interrupts.deferred():\n    print('ready', flush=True)\n"
         "    time.sleep(60)  # native work that never returns early\n"
     )
     root = Path(__file__).resolve().parents[1]
@@ -175,7 +175,7 @@ def test_children_started_while_spawning_ignore_ctrl_c_and_the_parent_gets_its_h
     import subprocess
     import sys
 
-    from trtforge.interrupts import ignored_while_spawning
+    from trtforge.core.interrupts import ignored_while_spawning
 
     before = signal.getsignal(signal.SIGINT)
     probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"]

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from conftest import ROOT, assert_user_error, require, run_cli
 
-from trtforge.config import AxisRange, CacheRange, InputSpec
-from trtforge.errors import UserError
-from trtforge.kvcache import plan_kv_profiles, select_phase_profile, suggest_tier
-from trtforge.profiles import tier_ranges
+from trtforge.build.kv_profiles import plan_kv_profiles, select_phase_profile, suggest_tier
+from trtforge.build.profiles import tier_ranges
+from trtforge.core.config import AxisRange, CacheRange, InputSpec
+from trtforge.core.errors import UserError
 
 MODELS = {"gpt2": "zoo/configs/gpt2-kv.yaml", "llama": "zoo/configs/llama-kv.yaml"}
 

@@ -1,4 +1,4 @@
-"""run's merger (_Merger): every output of every input put back from batches of chunks, however the batches mix
+"""run's merger (Merger): every output of every input put back from batches of chunks, however the batches mix
 inputs, split rows over threads, or order the windows. Checked against merging each input's windows on its own."""
 
 from types import SimpleNamespace
@@ -6,9 +6,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trtforge.chunking import merge_pooled, merge_windows, plan_windows
-from trtforge.outputs import OutputKind
-from trtforge.run import Chunk, Document, _Merger, kept_size, merge_document
+from trtforge.runtime.chunking import merge_pooled, merge_windows, plan_windows
+from trtforge.runtime.documents import Chunk, Document
+from trtforge.runtime.merge import Merger, kept_size, merge_document
+from trtforge.runtime.outputs import OutputKind
 
 
 def _plan(lengths, chunk=12, overlap=4, specials=(1, 1), full_last=False):
@@ -35,7 +36,7 @@ def test_batches_mixing_inputs_merge_like_each_input_alone(merge, order, full_la
     docs, chunks = _plan([40, 9, 23, 30], full_last=full_last)  # the 9-token input is one window
     rng = np.random.default_rng(1)
     kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token"), "pooler_output": OutputKind("pooler_output", "pooled")}
-    merger = _Merger(docs, chunks, kinds, SimpleNamespace(merge=merge, chunk=12, overlap=4))
+    merger = Merger(docs, chunks, kinds, SimpleNamespace(merge=merge, chunk=12, overlap=4))
     if merge == "center":
         for d in range(len(docs)):
             merger.prepare([c for c in chunks if c.doc == d])  # run's planning threads page the outputs in
@@ -63,7 +64,7 @@ def test_batches_mixing_inputs_merge_like_each_input_alone(merge, order, full_la
 
 def test_center_merge_copies_a_run_of_windows_at_once(monkeypatch):
     """Under 'center', a batch's consecutive windows of one input are merged by one StreamingMerge.take."""
-    import trtforge.chunking as chunking
+    import trtforge.runtime.chunking as chunking
 
     docs, chunks = _plan([60, 30])
     calls = []
@@ -74,7 +75,7 @@ def test_center_merge_copies_a_run_of_windows_at_once(monkeypatch):
         lambda self, first, source, offsets: (calls.append((first, len(offsets))), take(self, first, source, offsets))[1],
     )
     kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token")}
-    merger = _Merger(docs, chunks, kinds, SimpleNamespace(merge="center", chunk=12, overlap=4))
+    merger = Merger(docs, chunks, kinds, SimpleNamespace(merge="center", chunk=12, overlap=4))
     first_doc = [c for c in chunks if c.doc == 0]
     batch = first_doc[2:6] + [c for c in chunks if c.doc == 1][:2] + [first_doc[7]]
     merger.add(batch, _outputs(batch, np.random.default_rng(0)))
@@ -100,7 +101,7 @@ def test_a_token_output_shorter_than_its_windows_is_refused():
     next row, so each row is checked (as add checks each window)."""
     docs, chunks = _plan([60])
     kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token")}
-    merger = _Merger(docs, chunks, kinds, SimpleNamespace(merge="center", chunk=12, overlap=4))
+    merger = Merger(docs, chunks, kinds, SimpleNamespace(merge="center", chunk=12, overlap=4))
     batch = chunks[:3]
     short = {"last_hidden_state": np.zeros((3, 10, 3), np.float32)}  # the windows need positions 1..11
     with pytest.raises(ValueError, match="has 10 positions per row"):
@@ -112,7 +113,7 @@ def test_each_input_is_handed_on_once_when_finished_and_its_memory_serves_later_
     """With on_done (run's path), an input goes to on_done as soon as its last chunk is merged, exactly once, with
     what results() gives, and once released its pooled memory holds later inputs' outputs: batches straddle inputs,
     rows are split over "threads", and the first inputs' memory is dirty when the later ones reuse it."""
-    from trtforge.outpool import OutputPool
+    from trtforge.runtime.outpool import OutputPool
 
     lengths = [40, 9, 23, 30, 55, 41, 26, 33]
     docs, chunks = _plan(lengths)
@@ -121,7 +122,7 @@ def test_each_input_is_handed_on_once_when_finished_and_its_memory_serves_later_
     rng = np.random.default_rng(3)
     batches = [chunks[k : k + 5] for k in range(0, len(chunks), 5)]
     outs = [_outputs(b, rng) for b in batches]
-    reference = _Merger(docs, chunks, kinds, options)  # no pool, no on_done: every input kept to the end
+    reference = Merger(docs, chunks, kinds, options)  # no pool, no on_done: every input kept to the end
     for b, o in zip(batches, outs):
         reference.add(b, o)
     expected = reference.results()
@@ -137,7 +138,7 @@ def test_each_input_is_handed_on_once_when_finished_and_its_memory_serves_later_
                 v[...] = np.nan
         release()
 
-    merger = _Merger(docs, chunks, kinds, options, pool=pool, on_done=on_done)
+    merger = Merger(docs, chunks, kinds, options, pool=pool, on_done=on_done)
     for batch_no, (b, o) in enumerate(zip(batches, outs)):
         for rows in ([0, 1, 2], [3, 4]):
             merger.add(b, {k: v.copy() for k, v in o.items()}, [r for r in rows if r < len(b)], copy=True)
@@ -155,7 +156,7 @@ def test_two_threads_finishing_one_input_at_once_hand_it_on_exactly_once():
     chunks they merge must be handed on once, by whichever finishes last, with both halves in it."""
     import threading
 
-    from trtforge.outpool import OutputPool
+    from trtforge.runtime.outpool import OutputPool
 
     kinds = {"last_hidden_state": OutputKind("last_hidden_state", "token")}
     options = SimpleNamespace(merge="center", chunk=12, overlap=4)
@@ -164,7 +165,7 @@ def test_two_threads_finishing_one_input_at_once_hand_it_on_exactly_once():
         rng = np.random.default_rng(trial)
         batches = [chunks[k : k + 6] for k in range(0, len(chunks), 6)]
         outs = [_outputs(b, rng) for b in batches]
-        reference = _Merger(docs, chunks, kinds, options)
+        reference = Merger(docs, chunks, kinds, options)
         for b, o in zip(batches, outs):
             reference.add(b, o)
         expected = reference.results()
@@ -175,7 +176,7 @@ def test_two_threads_finishing_one_input_at_once_hand_it_on_exactly_once():
                 done.append((d, outputs["last_hidden_state"].copy()))
             release()
 
-        merger = _Merger(docs, chunks, kinds, options, pool=OutputPool(), on_done=on_done)
+        merger = Merger(docs, chunks, kinds, options, pool=OutputPool(), on_done=on_done)
         barrier = threading.Barrier(2, timeout=10)  # a thread that failed breaks it: the other fails too, no hang
 
         errors = []
@@ -210,8 +211,9 @@ def test_batches_of_block_runs_merge_like_each_input_alone(merge):
     lists of their chunks."""
     from test_runloop import _text_plans
 
-    from trtforge.run import Batch, shape_key
-    from trtforge.runloop import Batcher
+    from trtforge.runtime.documents import Batch
+    from trtforge.runtime.loop import Batcher
+    from trtforge.runtime.planning import shape_key
 
     lengths = [40, 9, 23, 3, 61, 14]
     plans = _text_plans(lengths)
@@ -225,7 +227,7 @@ def test_batches_of_block_runs_merge_like_each_input_alone(merge):
     batcher = Batcher(5, shape_key, group=Batch)
     batches = [b for plan in plans for b in batcher.add_many(plan)] + batcher.flush()
     rng = np.random.default_rng(4)
-    by_runs, by_rows = (_Merger(docs, [], kinds, options) for _ in range(2))
+    by_runs, by_rows = (Merger(docs, [], kinds, options) for _ in range(2))
     for merger in (by_runs, by_rows):
         for plan in plans:
             merger.add_plan(plan)

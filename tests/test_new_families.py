@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from conftest import ROOT, assert_user_error, run_cli
 
-from trtforge.config import apply_overrides, load_config
-from trtforge.errors import UserError
-from trtforge.export import export_model
-from trtforge.outputs import OutputKind, merge_refusal
+from trtforge.core.config import apply_overrides, load_config
+from trtforge.core.errors import UserError
+from trtforge.export.step import export_model
+from trtforge.runtime.outputs import OutputKind, merge_refusal
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -165,7 +165,7 @@ def test_merge_refusal_by_kind_and_shape():
 
 
 def test_largest_working_size_by_bisection():
-    from trtforge.axislimits import axis_limit_error, largest_working
+    from trtforge.export.axislimits import axis_limit_error, largest_working
 
     tried = []
 

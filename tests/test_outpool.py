@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trtforge.outpool import OutputPool, capacity_for
+from trtforge.runtime.outpool import OutputPool, capacity_for
 
 
 @given(st.integers(1, 10_000_000))
@@ -132,7 +132,7 @@ def test_an_allocator_gives_the_buffers_and_frees_the_dropped_and_at_close():
 
 
 def test_reserved_memory_carves_page_aligned_pieces_then_allocates_beyond_and_frees_the_block_once():
-    from trtforge.outpool import ReservedMemory
+    from trtforge.runtime.outpool import ReservedMemory
 
     given, freed = [], []
 
@@ -167,7 +167,7 @@ def test_reserved_memory_carves_page_aligned_pieces_then_allocates_beyond_and_fr
 
 
 def test_a_pool_on_reserved_memory_hands_out_pieces_of_the_block_that_never_overlap():
-    from trtforge.outpool import ReservedMemory
+    from trtforge.runtime.outpool import ReservedMemory
 
     reserved = ReservedMemory(1 << 20, lambda n: (np.zeros(n, np.uint8), lambda: None))
     pool = OutputPool(allocate=reserved)

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from trtforge.chunking import merge_pooled, merge_tiles, plan_tiles, scaled_tiles
-from trtforge.config import AxisRange, InputSpec
-from trtforge.errors import UserError
-from trtforge.layout import model_layout
-from trtforge.outputs import Probe, parse_override, probe_sizes, resolve
+from trtforge.core.config import AxisRange, InputSpec
+from trtforge.core.errors import UserError
+from trtforge.core.layout import model_layout
+from trtforge.runtime.chunking import merge_pooled, merge_tiles, plan_tiles, scaled_tiles
+from trtforge.runtime.outputs import Probe, parse_override, probe_sizes, resolve
 from trtforge.verify.compare import compare_outputs
 from trtforge.verify.gates import evaluate_gates, gates_from
 
@@ -141,7 +141,7 @@ def test_a_gate_naming_a_metric_no_output_has_fails():
 
 def test_int8_targets_are_gated_by_cosine_not_the_fp16_rel_l2_default():
     """H200: BERT-base's INT8 engine (cosine 0.9997, rel-L2 0.025) failed `run`'s fp16-level rel-L2 default."""
-    from trtforge.report import target_precision
+    from trtforge.runtime.report import target_precision
     from trtforge.verify.gates import gate_notes
 
     healthy_int8 = _report(per_output={"h": {"rel_l2": 0.025, "cosine": 0.9997}})
@@ -164,7 +164,7 @@ def test_int8_targets_are_gated_by_cosine_not_the_fp16_rel_l2_default():
 def test_fp8_gemm_engines_are_gated_by_cosine_like_int8():
     """H100 w37c: BERT-base's FP8-GEMM engine (build gate cosine 0.9984) measured rel-L2 0.070 / cosine 0.9976 on real
     text and failed `run`'s fp16-level rel-L2 default; it is an fp16 build whose sidecar says its GEMMs are fp8."""
-    from trtforge.report import target_precision
+    from trtforge.runtime.report import target_precision
     from trtforge.verify.gates import gate_notes
 
     side = {"precision": "fp16", "gemm_precision": {"precision": "fp8"}}

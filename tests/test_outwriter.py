@@ -6,9 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from trtforge.artifacts import NpzStream
-from trtforge.errors import UserError
-from trtforge.outwriter import OutputWriter
+from trtforge.core.artifacts import NpzStream
+from trtforge.core.errors import UserError
+from trtforge.runtime.outwriter import OutputWriter
 
 
 def test_an_npz_written_array_by_array_loads_as_np_savez_writes_it(tmp_path):

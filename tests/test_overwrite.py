@@ -21,8 +21,8 @@ def _artifact(path, parent=None):
 
 
 def _refused(*args, **kwargs):
-    from trtforge.artifacts import refuse_overwrite
-    from trtforge.errors import UserError
+    from trtforge.core.artifacts import refuse_overwrite
+    from trtforge.core.errors import UserError
 
     with pytest.raises(UserError) as info:
         refuse_overwrite(*args, **kwargs)
@@ -42,7 +42,7 @@ def test_output_is_the_input_however_spelled(tmp_path, monkeypatch):
 
 
 def test_output_or_its_sidecar_over_an_input_sidecar_or_lineage(tmp_path):
-    from trtforge.artifacts import refuse_overwrite
+    from trtforge.core.artifacts import refuse_overwrite
 
     raw = _artifact(tmp_path / "m.onnx")
     clean = _artifact(tmp_path / "m.clean.onnx", parent=raw)

@@ -98,7 +98,7 @@ def test_the_build_steps_fingerprint_covers_calib_datas_files(tmp_path):
     calibrate's data does for the INT8 scales."""
     import shutil
 
-    from trtforge.config import apply_overrides, load_config
+    from trtforge.core.config import apply_overrides, load_config
     from trtforge.pipeline import Pipeline
 
     data = tmp_path / "data"

@@ -11,9 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtforge.errors import UserError
-from trtforge.planning_processes import PlanningProcesses, PlanSettings, _worker_ready
-from trtforge.run import Document, DocumentPlan, RunOptions, plan_document, prepare
+from trtforge.core.errors import UserError
+from trtforge.runtime.documents import Document, DocumentPlan
+from trtforge.runtime.options import RunOptions
+from trtforge.runtime.planning import plan_document
+from trtforge.runtime.planning_processes import PlanningProcesses, PlanSettings, _worker_ready
+from trtforge.runtime.prepare import prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 

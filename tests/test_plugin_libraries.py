@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from conftest import assert_user_error, run_cli
 
-from trtforge.backends import tensorrt as trt_backend
-from trtforge.backends.tensorrt import CUDNN_LIB_ENV, TrtModule, cudnn_lib_dirs, load_engine_plugin_libraries, load_plugin_libraries
-from trtforge.errors import UserError
+from trtforge.backends import plugin_libraries as trt_backend
+from trtforge.backends.plugin_libraries import CUDNN_LIB_ENV, cudnn_lib_dirs, load_engine_plugin_libraries, load_plugin_libraries
+from trtforge.backends.tensorrt import TrtModule
+from trtforge.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 

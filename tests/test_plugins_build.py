@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import assert_user_error, run_cli
 
-from trtforge import plugins_build
-from trtforge.artifacts import sha256_file
-from trtforge.backends import tensorrt as trt_backend
-from trtforge.backends.tensorrt import TrtModule, cudnn_lib_dirs
-from trtforge.errors import UserError
-from trtforge.plugin_discovery import (
+from trtforge.backends import plugin_libraries as trt_backend
+from trtforge.backends.plugin_libraries import cudnn_lib_dirs
+from trtforge.backends.tensorrt import TrtModule
+from trtforge.build.plugins import compile as plugins_build
+from trtforge.build.plugins.discovery import (
     LIBRARY_NAME,
     SIDECAR_KIND,
     Inputs,
@@ -28,6 +27,8 @@ from trtforge.plugin_discovery import (
     parse_arch,
     sources_digest,
 )
+from trtforge.core.artifacts import sha256_file
+from trtforge.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "trtforge" / "native"
@@ -331,7 +332,7 @@ def test_a_cached_library_preloads_what_it_was_built_against(cache_here, tmp_pat
 
 
 def test_doctor_reports_the_cache_state(cache_here, monkeypatch):
-    from trtforge import doctor
+    from trtforge.build.plugins import compile as doctor
 
     monkeypatch.setattr(plugins_build, "runtime_tensorrt_version", lambda: "8.6.1")
     state = doctor.plugin_library_state()

@@ -11,12 +11,12 @@ from conftest import require, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.build.precision import convert_fp16, prepare_for_build
 from trtforge.calibrate.collect import plan_quantization
-from trtforge.feeds import random_feeds
-from trtforge.graph import io_specs
-from trtforge.onnxio import load_onnx
-from trtforge.precision import convert_fp16, prepare_for_build
-from trtforge.quantize import insert_qdq
+from trtforge.calibrate.quantize import insert_qdq
+from trtforge.core.onnxio import load_onnx
+from trtforge.graph.index import io_specs
+from trtforge.runtime.feeds import random_feeds
 
 
 def _topologically_sorted(model):
@@ -181,7 +181,7 @@ def test_best_keeps_no_cast_inside_an_int8_convolutions_epilogue():
 
 def test_an_epilogue_node_kept_fp32_for_another_reason_does_not_break_the_chain():
     """The residual Add kept fp32 because its output is large: the ReLU after it still joins conv1's epilogue."""
-    from trtforge.precision import nodes_to_keep_fp32
+    from trtforge.build.precision import nodes_to_keep_fp32
 
     keep = nodes_to_keep_fp32(_residual_block_qdq(), {"s": 1000.0})
     assert keep["add"].startswith("output 's' reached") and "epilogue" in keep["relu1"]
@@ -218,7 +218,7 @@ def _bucket_model():
 def test_integer_arithmetic_stays_fp32():
     """MPNet-small's fp16 build missed its gate (rel-L2 0.03): `compare --layerwise` named the relative-position bias
     Gather, whose bucket indices fp16 had moved. The float nodes that only compute an integer stay fp32."""
-    from trtforge.precision import integer_math_nodes
+    from trtforge.build.precision import integer_math_nodes
 
     model = _bucket_model()
     assert integer_math_nodes(model) == {"to_float", "plus_one", "log", "scale_mul", "to_int"}
@@ -233,7 +233,7 @@ def test_integer_arithmetic_stays_fp32():
 
 def test_integer_arithmetic_in_fp16_moves_buckets(monkeypatch):
     """Without the rule the same model's buckets move: the check above can fail."""
-    import trtforge.precision as precision
+    import trtforge.build.precision as precision
 
     monkeypatch.setattr(precision, "integer_math_nodes", lambda model: set())
     feeds = [{"x": np.zeros(500, np.float32), "dist": np.arange(500, dtype=np.int64)}]

@@ -3,9 +3,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtforge.config import AxisRange, InputSpec
-from trtforge.errors import UserError
-from trtforge.profiles import Tier, auto_tier_bounds, plan_profiles, select_profile, tier_ranges
+from trtforge.build.profiles import Tier, auto_tier_bounds, plan_profiles, select_profile, tier_ranges
+from trtforge.core.config import AxisRange, InputSpec
+from trtforge.core.errors import UserError
 
 SEQ = AxisRange(min=1, opt=128, max=2048)
 SPECS = [InputSpec(name="ids", dtype="int64", shape=["batch", "seq"]), InputSpec(name="mask", dtype="int64", shape=["batch", "seq"])]

@@ -10,10 +10,11 @@ from onnx import TensorProto, helper, numpy_helper
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate.cache import format_cache, read_cache, write_cache
 from trtforge.calibrate.collect import plan_quantization
+from trtforge.calibrate.options import CalibrateOptions
+from trtforge.calibrate.quantize import insert_qdq, int8_gemm_nodes, per_channel_scales, weight_axis
+from trtforge.calibrate.reuse import cache_decision, expected_fingerprint
 from trtforge.calibrate.smooth import apply_smoothing, smoothing_groups, smoothing_scales
-from trtforge.calibrate.step import CalibrateOptions, cache_decision, expected_fingerprint
-from trtforge.errors import UserError
-from trtforge.quantize import insert_qdq, int8_gemm_nodes, per_channel_scales, weight_axis
+from trtforge.core.errors import UserError
 
 
 def independent_cache_reader(text: str) -> tuple[str, str, dict[str, float]]:
@@ -283,8 +284,8 @@ def test_residual_add_of_two_convolutions_quantizes_the_skip_branch():
 def test_a_cache_from_an_older_placement_says_so(tmp_path):
     """qdq_from_cache on a cache made before the two-conv rule (no scale for the skip branch): one sentence naming
     the placement versions, not "made for another model"."""
-    from trtforge.artifacts import write_sidecar
     from trtforge.calibrate.step import qdq_from_cache
+    from trtforge.core.artifacts import write_sidecar
 
     model = _downsample_block()
     onnx.save(model, str(tmp_path / "m.onnx"))

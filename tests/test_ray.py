@@ -146,7 +146,7 @@ def test_run_on_two_actors_equals_one_process(calibrated, minilm_clean, single_r
 
 
 def test_killed_actor_is_retried_and_no_document_is_lost_or_doubled(calibrated, minilm_clean, single_run, ray_cluster, tmp_path):
-    from trtforge.run import RunOptions
+    from trtforge.runtime.options import RunOptions
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
     options = RunOptions(
@@ -171,14 +171,14 @@ def test_killed_calibration_actor_changes_nothing(minilm_clean, ray_cluster):
     """Collection with an actor that dies on its first unit: the retried statistics equal one process's."""
     from trtforge.calibrate import data as data_mod
     from trtforge.calibrate.collect import collect
-    from trtforge.calibrate.step import _tokenizer_factory
-    from trtforge.graph import io_specs
-    from trtforge.onnxio import load_onnx
+    from trtforge.calibrate.data import tokenizer_factory
+    from trtforge.core.onnxio import load_onnx
+    from trtforge.graph.index import io_specs
     from trtforge.scaleout.ray_calibrate import collect_ray
 
     model = load_onnx(minilm_clean)
     specs, _, _ = io_specs(minilm_clean, model)
-    _, samples = data_mod.load_samples(ROOT / "calib_data/minilm", specs, _tokenizer_factory(minilm_clean), 128, 24)
+    _, samples = data_mod.load_samples(ROOT / "calib_data/minilm", specs, tokenizer_factory(minilm_clean), 128, 24)
     batches = list(data_mod.batches(samples, 4))
     tensors = [n.output[0] for n in model.graph.node if n.op_type in ("MatMul", "Gelu", "Softmax")][:6]
     channel = [n.output[0] for n in model.graph.node if n.op_type == "LayerNormalization"][:2]
@@ -193,8 +193,8 @@ def test_killed_calibration_actor_changes_nothing(minilm_clean, ray_cluster):
 
 
 def test_more_actors_than_the_cluster_holds_is_a_user_error(minilm_clean, ray_cluster):
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.options import RunOptions
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
     with pytest.raises(UserError, match="--ray-actors 3 asks for more ONNX Runtime actors than the Ray cluster's 2 CPUs"):
@@ -211,7 +211,8 @@ def test_an_actors_units_run_under_the_loops_interpreter_settings(minilm_clean, 
     import sys
     from dataclasses import replace
 
-    from trtforge.run import RunOptions, prepare
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.prepare import prepare
     from trtforge.scaleout.ray_run import RunWorker
 
     options = RunOptions(

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from trtforge.config import InputSpec
-from trtforge.errors import UserError
+from trtforge.core.config import InputSpec
+from trtforge.core.errors import UserError
 
 NIGHTLY = os.environ.get("TRTFORGE_NIGHTLY", "") not in ("", "0")
 EXAMPLES = 10_000 if NIGHTLY else 200
@@ -195,8 +195,8 @@ def test_text_and_jsonl_of_any_bytes(tmp_path, blob, name):
 )
 def test_pretokenized_jsonl_of_any_bytes(tmp_path, blob):
     """run's pre-tokenized inputs ({"input_ids": [...]} per line) and its first-line sniffing."""
-    from trtforge.layout import Layout  # noqa: F401 - run's module imports it
-    from trtforge.run import _pretokenized, load_documents
+    from trtforge.core.layout import Layout  # noqa: F401 - run's module imports it
+    from trtforge.runtime.documents import _pretokenized, load_documents
 
     path = tmp_path / "ids.jsonl"
     path.write_bytes(blob)
@@ -243,7 +243,7 @@ image_files = st.builds(
     st.sampled_from(["a.png", "a.jpg", "a.bmp"]),
 )
 def test_images_of_any_bytes(tmp_path, blob, name):
-    from trtforge.config import AxisRange
+    from trtforge.core.config import AxisRange
 
     folder = _fresh(tmp_path / "d")
     (folder / name).write_bytes(blob)
@@ -268,7 +268,7 @@ BASE_CONFIG = (Path(__file__).resolve().parents[1] / "configs" / "tiny-fcn.yaml"
     )
 )
 def test_yaml_config_of_any_bytes(tmp_path, blob):
-    from trtforge.config import ModelConfig, load_config
+    from trtforge.core.config import ModelConfig, load_config
 
     path = tmp_path / "c.yaml"
     path.write_bytes(blob)
@@ -314,7 +314,7 @@ sidecar_bytes = st.one_of(
 @PROPERTY
 @given(sidecar_bytes)
 def test_any_sidecar(tmp_path, blob):
-    from trtforge.artifacts import read_sidecar
+    from trtforge.core.artifacts import read_sidecar
 
     (tmp_path / "a.onnx.json").write_bytes(blob)
     try:
@@ -363,7 +363,7 @@ def _engine_sidecars(draw) -> bytes:
 @given(st.one_of(sidecar_bytes, _engine_sidecars()))
 def test_any_engine_sidecar(tmp_path, blob):
     """inspect/run read the engine's sidecar first: every key they rely on is checked before use."""
-    from trtforge.build import read_engine_sidecar
+    from trtforge.build.engine_record import read_engine_sidecar
 
     (tmp_path / "e.engine").write_bytes(b"\x00" * 4)
     (tmp_path / "e.engine.json").write_bytes(blob)
@@ -381,7 +381,7 @@ def test_any_onnx_sidecar_input_specs(tmp_path, blob):
     import onnx
     from onnx import TensorProto, helper
 
-    from trtforge.graph import io_specs
+    from trtforge.graph.index import io_specs
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],
@@ -411,7 +411,7 @@ def test_any_onnx_sidecar_input_specs(tmp_path, blob):
     )
 )
 def test_lengths_file_of_any_bytes(tmp_path, blob):
-    from trtforge.build import read_lengths
+    from trtforge.build.step import read_lengths
 
     path = tmp_path / "lengths.txt"
     path.write_bytes(blob)
@@ -444,7 +444,7 @@ TOKENIZER_JSON = json.dumps(
 )
 def test_tokenizer_folder_of_any_bytes(tmp_path, tokenizer_json, tokenizer_config):
     pytest.importorskip("tokenizers")
-    from trtforge.tokenize import TextTokenizer
+    from trtforge.runtime.tokenize import TextTokenizer
 
     folder = _fresh(tmp_path / "tok")
     (folder / "tokenizer.json").write_bytes(tokenizer_json)

@@ -25,7 +25,8 @@ def work(tiny_fcn_clean, tmp_path):
 
 
 def _calibrate(work, method="percentile"):
-    from trtforge.calibrate.step import CalibrateOptions, calibrate
+    from trtforge.calibrate.options import CalibrateOptions
+    from trtforge.calibrate.step import calibrate
 
     options = CalibrateOptions(data=work / "data", method=method, min_cosine=0.5, engine_check=False)
     return calibrate(work / "t.clean.onnx", options)
@@ -83,7 +84,7 @@ def test_crash_between_cache_and_its_sidecar(work, monkeypatch):
     """A disk full after the minmax cache was written and before its sidecar: the percentile sidecar left beside a
     minmax cache must not make the next percentile run reuse it."""
     from trtforge.calibrate import step
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
 
     _calibrate(work)
     real = step.write_sidecar
@@ -146,7 +147,7 @@ def test_edited_qdq_onnx_is_written_again(work):
 def test_a_second_run_on_the_same_outputs_waits_for_the_first(work):
     """Two calibrate runs on the same outputs: the second waits for the first's lock, so the files on disk come from
     one run (the old code wrote an entropy Q/DQ ONNX beside a minmax cache)."""
-    from trtforge.artifacts import output_lock
+    from trtforge.core.artifacts import output_lock
 
     int8 = work / "t.int8.onnx"
     env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true")
@@ -195,7 +196,7 @@ def test_output_lock_excludes_and_leaves_no_lock_file(tmp_path):
     while it still holds it; a waiter that then finds its file gone locks the new one)."""
     import time
 
-    from trtforge.artifacts import output_lock
+    from trtforge.core.artifacts import output_lock
 
     events = []
 

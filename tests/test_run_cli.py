@@ -325,7 +325,8 @@ def test_parallel_merge_from_the_targets_own_outputs_equals_the_copying_loop(min
     to float32 rounding for the overlapping 'linear' blend (locked, summed in the order windows arrive: where a
     full-length last window overlaps two others, three terms meet and their order shows in the last bit). With
     --plan-processes, worker processes tokenize and plan the texts: same outputs again."""
-    from trtforge.run import RunOptions, run
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     saved = {}
     for name, check, workers, warmup, processes in (("serial", True, 1, 0, 0), ("parallel", False, 3, 1, 0), ("processes", False, 2, 1, 2)):
@@ -375,8 +376,9 @@ def test_saved_outputs_are_written_as_inputs_finish_and_their_memory_serves_late
     import json as json_mod
     import time
 
-    from trtforge.artifacts import NpzStream
-    from trtforge.run import RunOptions, run
+    from trtforge.core.artifacts import NpzStream
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     rng = np.random.default_rng(0)
     docs = tmp_path / "docs.jsonl"  # 24 inputs of 160 distinct random tokens: 5 windows of 48 each, equal sizes
@@ -409,8 +411,9 @@ def test_plan_processes_from_ids_equal_the_planning_threads(minilm_clean, tmp_pa
     the planning threads give, for inputs of one window and of many; an empty input is refused as without them."""
     import json as json_mod
 
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions, run
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     rng = np.random.default_rng(1)
     docs = tmp_path / "docs.jsonl"
@@ -448,7 +451,7 @@ def test_a_merged_batchs_windows_are_let_go_without_the_precision_check(minilm_c
     import json as json_mod
     import weakref
 
-    from trtforge import run as run_module
+    from trtforge.runtime import step as run_module
 
     rng = np.random.default_rng(2)
     docs = tmp_path / "docs.jsonl"
@@ -464,7 +467,7 @@ def test_a_merged_batchs_windows_are_let_go_without_the_precision_check(minilm_c
         return chunks
 
     alive_at_end = []
-    finish = run_module._Merger._finish
+    finish = run_module.Merger._finish
 
     def counted(self, d):
         finish(self, d)
@@ -473,7 +476,7 @@ def test_a_merged_batchs_windows_are_let_go_without_the_precision_check(minilm_c
             alive_at_end.append(sum(r() is not None for k in range(len(self.docs) - 4) for r in blocks[k]))
 
     monkeypatch.setattr(run_module, "plan_document", watched)
-    monkeypatch.setattr(run_module._Merger, "_finish", counted)
+    monkeypatch.setattr(run_module.Merger, "_finish", counted)
     report = run_module.run(
         minilm_clean,
         run_module.RunOptions(
@@ -501,9 +504,10 @@ def test_a_failed_save_stops_the_run_and_leaves_no_file(minilm_clean, tmp_path, 
     thread are left behind."""
     import threading
 
-    from trtforge.artifacts import NpzStream
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions, run
+    from trtforge.core.artifacts import NpzStream
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     def full_disk(self, key, array):
         raise UserError(f"could not write {self.final}: No space left on device; free space or choose another path.")
@@ -543,8 +547,8 @@ def test_the_run_loop_flags_reach_the_run_options(minilm_clean, tmp_path, monkey
     """--no-pad-batches and --gpu-wait go from the command line into RunOptions (and a bad --gpu-wait is one sentence)."""
     from typer.testing import CliRunner
 
-    import trtforge.run as run_mod
-    from trtforge.cli import app
+    import trtforge.runtime.step as run_mod
+    from trtforge.cli.app import app
 
     seen = []
 
@@ -569,8 +573,9 @@ def test_the_garbage_collector_is_off_while_the_loop_runs_and_back_after(minilm_
     (after one collection before the clock), on again after it, also when the loop fails; --no-gc-pause leaves it on."""
     import gc
 
-    import trtforge.run as run_mod
-    from trtforge.run import RunOptions, run
+    import trtforge.runtime.step as run_mod
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     seen, plan_document = [], run_mod.plan_document
 
@@ -609,8 +614,9 @@ def test_the_garbage_collector_stays_off_where_the_caller_had_it_off_and_merge_w
     ONNX Runtime) is refused before anything is loaded, and negative worker counts are refused outright."""
     import gc
 
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions, run
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     common = dict(
         inputs=Path("calib_data/minilm_long"), chunk=256, overlap=32, batch_size=8, warmup=0, precision_check=False, chunking_check=False
@@ -634,7 +640,8 @@ def test_a_relative_reference_in_an_older_sidecar_is_found_from_another_folder(m
     the folder the step ran in: it is found beside the sidecar from any working folder."""
     import shutil
 
-    from trtforge.run import RunOptions, prepare
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.prepare import prepare
 
     folder = tmp_path / "models"
     folder.mkdir()

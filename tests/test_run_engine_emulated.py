@@ -18,8 +18,8 @@ import pytest
 from conftest import require
 from test_runloop import FakeCudart, FakeLogger, fake_driver
 
-from trtforge.artifacts import read_sidecar
 from trtforge.backends.onnxruntime import OrtRunner
+from trtforge.core.artifacts import read_sidecar
 
 
 class OrtEngine:
@@ -126,7 +126,7 @@ class NullEngine(OrtEngine):
 def engine(minilm_clean, tmp_path_factory):
     """A real engine file and sidecar (TensorRT-RTX builds without a GPU), one profile of chunks up to 256."""
     require("tensorrt_rtx")
-    from trtforge.build import build
+    from trtforge.build.step import build
 
     out = tmp_path_factory.mktemp("emulated") / "minilm.engine"
     result = build(minilm_clean, out, "fp32", "seq=256", backend="tensorrt_rtx")
@@ -138,8 +138,7 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     `onnx_path`) over the fake CUDA; benchmarks/host_overhead.py passes a null engine."""
     import trtforge.backends.tensorrt as tensorrt_mod
     import trtforge.backends.tensorrt_runtime as rt
-    import trtforge.build as build_mod
-    import trtforge.doctor as doctor
+    import trtforge.core.platform as doctor
     from trtforge.backends.cuda_async import submit_calls
 
     cudart = FakeCudart()
@@ -157,11 +156,12 @@ def _emulate(monkeypatch, onnx_path, engine_path, engine_cls=None):
     trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="input"), nptype=lambda t: t, Runtime=runtime)
     emulated = {"engines": engines, "driver": driver, "cudart": cudart}
     monkeypatch.setattr(tensorrt_mod, "load_trt", lambda backend="auto": tensorrt_mod.TrtModule(trt, "tensorrt", "8.6.0"))
-    monkeypatch.setattr(tensorrt_mod, "runtime_identity", lambda mod: {})
-    monkeypatch.setattr(build_mod, "check_engine_compat", lambda path, sidecar, identity: None)
-    monkeypatch.setattr(doctor, "_gpu", lambda: {"name": "emulated", "compute_capability": "9.0"})
-    monkeypatch.setattr(rt, "_cudart", lambda: cudart)
-    monkeypatch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
+    monkeypatch.setattr("trtforge.backends.engine_layers.runtime_identity", lambda mod: {})
+    monkeypatch.setattr("trtforge.build.engine_record.check_engine_compat", lambda path, sidecar, identity: None)
+    monkeypatch.setattr(doctor, "gpu_info", lambda: {"name": "emulated", "compute_capability": "9.0"})
+    monkeypatch.setattr(rt, "cuda_runtime", lambda: cudart)
+    monkeypatch.setattr("trtforge.backends.cuda_memory.cuda_runtime", lambda: cudart)
+    monkeypatch.setattr(rt, "check_gpu_supported", lambda flavour, path: None)
     monkeypatch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
     return emulated
 
@@ -191,7 +191,8 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(
     engine, minilm_clean, tmp_path, monkeypatch, precision_check, overlap_merges, copy_engine, reserve, threads
 ):
     """threads: planning and merging threads each (0: planned on the submitting thread, merged on the collecting one)."""
-    from trtforge.run import RunOptions, run
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -208,26 +209,27 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(
     )
     common.update(merge_workers=threads, plan_workers=threads)
     emulated = _emulate(monkeypatch, minilm_clean, engine)
-    import trtforge.run as run_mod
+    import trtforge.runtime.step as run_mod
 
-    merged_rows, merging_threads, add = [], set(), run_mod._Merger.add
+    merged_rows, merging_threads, add = [], set(), run_mod.Merger.add
 
     def recording_add(self, batch, out, rows=None, copy=False, placed=None):  # how each batch reached the merge
         merged_rows.append(None if rows is None else list(rows))
         merging_threads.add(threading.current_thread().name.split("_")[0])
         return add(self, batch, out, rows, copy, placed)
 
-    monkeypatch.setattr(run_mod._Merger, "add", recording_add)
-    import trtforge.backends.tensorrt_runtime as rt
+    monkeypatch.setattr(run_mod.Merger, "add", recording_add)
 
-    pinned, freed, allocate = [], [], rt.allocate_pinned
+    from trtforge.backends.cuda_memory import allocate_pinned as allocate
+
+    pinned, freed = [], []
 
     def recording_allocate(nbytes):  # the merged outputs' page-locked memory: every allocation freed by the end
         raw, free = allocate(nbytes)
         pinned.append(raw.ctypes.data)
         return raw, lambda: (freed.append(raw.ctypes.data), free())
 
-    monkeypatch.setattr(rt, "allocate_pinned", recording_allocate)
+    monkeypatch.setattr("trtforge.backends.cuda_memory.allocate_pinned", recording_allocate)
     report = run(
         engine,
         RunOptions(
@@ -286,8 +288,9 @@ def test_run_on_an_engine_merges_what_onnx_runtime_computes(
 def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path, monkeypatch):
     """When the loop fails, run closes the batch stream: documents not yet started are never planned (nor their
     merged outputs allocated) after the run gave up."""
-    import trtforge.run as run_mod
-    from trtforge.run import RunOptions, run
+    import trtforge.runtime.step as run_mod
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -298,7 +301,7 @@ def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path
     calls, planned = [], []
     plan_document = run_mod.plan_document
     monkeypatch.setattr(run_mod, "plan_document", lambda d, *args: planned.append(d) or plan_document(d, *args))
-    add = run_mod._Merger.add
+    add = run_mod.Merger.add
 
     def failing_add(self, *args, **kwargs):
         calls.append(1)
@@ -306,7 +309,7 @@ def test_a_run_that_fails_mid_loop_stops_planning(engine, minilm_clean, tmp_path
             raise RuntimeError("merge failed")
         return add(self, *args, **kwargs)
 
-    monkeypatch.setattr(run_mod._Merger, "add", failing_add)
+    monkeypatch.setattr(run_mod.Merger, "add", failing_add)
     with pytest.raises(RuntimeError, match="merge failed"):
         run(engine, RunOptions(inputs=docs, chunk=256, overlap=32, batch_size=4, warmup=1, plan_workers=1, precision_check=False))
     at_failure = len(planned)
@@ -319,10 +322,12 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
     creators); one that is gone is a one-sentence error naming the engine; --plugin-library gives its new place."""
     import subprocess
 
+    import trtforge.backends.plugin_libraries as plugin_mod
     import trtforge.backends.tensorrt as tensorrt_mod
-    from trtforge.artifacts import write_sidecar
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions, run
+    from trtforge.core.artifacts import write_sidecar
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     src = tmp_path / "p.c"
     src.write_text("int trtforge_emulated_plugin(void) { return 7; }\n")
@@ -341,7 +346,7 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
     with pytest.raises(UserError, match=r"engine m\.engine holds plugin layers from .*moved\.so.*--plugin-library"):
         run(copy, RunOptions(**options))
     assert not emulated["engines"]  # refused before deserializing
-    monkeypatch.setattr(tensorrt_mod, "_preload_cudnn", lambda: None)
+    monkeypatch.setattr(plugin_mod, "_preload_cudnn", lambda: None)
     loaded_at_deserialize = []
     runtime = tensorrt_mod.load_trt().trt.Runtime
 
@@ -349,7 +354,7 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
         real = runtime(logger)
         return SimpleNamespace(
             deserialize_cuda_engine=lambda data: (
-                loaded_at_deserialize.append(str(lib.resolve()) in tensorrt_mod._PLUGIN_LIBRARIES) or real.deserialize_cuda_engine(data)
+                loaded_at_deserialize.append(str(lib.resolve()) in plugin_mod._PLUGIN_LIBRARIES) or real.deserialize_cuda_engine(data)
             )
         )
 
@@ -361,8 +366,9 @@ def test_run_loads_the_engines_plugin_libraries_before_deserializing_it(engine, 
 def test_pre_tokenized_inputs_on_an_engine_are_planned_on_the_thread_feeding_it_by_default(engine, minilm_clean, tmp_path, monkeypatch):
     """Nothing to tokenize, an engine: no planning threads by default (run.default_plan_workers), every input planned on
     the thread that submits the batches, and the merged outputs those ONNX Runtime gives (planned by 2 threads there)."""
-    import trtforge.run as run_mod
-    from trtforge.run import RunOptions, run
+    import trtforge.runtime.step as run_mod
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     rng = np.random.default_rng(0)
     ids = tmp_path / "ids.jsonl"

@@ -46,10 +46,11 @@ def test_roberta_windows_carry_its_own_specials(workdir, tmp_path):
 
 def test_roberta_text_feeds_use_0_and_2():
     """The window feeds themselves: <s>=0 ... </s>=2, never BERT's 101/102."""
-    from trtforge.config import InputSpec
-    from trtforge.layout import model_layout
-    from trtforge.run import Document, Limits, plan_document
-    from trtforge.tokenize import TextTokenizer
+    from trtforge.core.config import InputSpec
+    from trtforge.core.layout import model_layout
+    from trtforge.runtime.documents import Document
+    from trtforge.runtime.planning import Limits, plan_document
+    from trtforge.runtime.tokenize import TextTokenizer
 
     tok = TextTokenizer(ROOT / "zoo/tokenizers/roberta-bpe")
     specs = [

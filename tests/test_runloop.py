@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from trtforge.backends.cuda_async import submit_calls
-from trtforge.runloop import (
+from trtforge.runtime.loop import (
     CAPTURE,
     ENQUEUE,
     LAUNCH,
@@ -85,7 +85,7 @@ def _chunks(doc_lengths):
 
 
 def test_streamed_batches_are_make_batches_batches():
-    from trtforge.run import make_batches
+    from trtforge.runtime.planning import make_batches
 
     planned = _chunks([5, 1, 7, 3])
     key = lambda c: c[2]  # noqa: E731
@@ -152,7 +152,8 @@ def test_add_many_forms_the_batches_add_forms_one_chunk_at_a_time():
 
 
 def test_batch_parts_are_block_slices_that_stack_to_the_batch():
-    from trtforge.run import Chunk, batch_parts, stack
+    from trtforge.runtime.documents import Chunk
+    from trtforge.runtime.planning import batch_parts, stack
 
     def block_chunks(d, rows, base):
         block = {"input_ids": np.arange(rows * 4).reshape(rows, 4) + base, "attention_mask": np.ones((rows, 4), np.int64)}
@@ -171,7 +172,8 @@ def test_batch_parts_are_block_slices_that_stack_to_the_batch():
 def test_a_block_chunk_is_its_blocks_row_also_after_replace_and_stages_as_block_slices():
     from dataclasses import replace
 
-    from trtforge.run import BlockChunk, batch_parts, stack
+    from trtforge.runtime.documents import BlockChunk
+    from trtforge.runtime.planning import batch_parts, stack
 
     block = {"input_ids": np.arange(12).reshape(3, 4), "attention_mask": np.ones((3, 4), np.int64)}
     chunks = [BlockChunk(0, r, None, None, 4, slice(1, 3), block, r, ("k",)) for r in range(3)]
@@ -551,10 +553,11 @@ def _runner(monkeypatch, tmp_path, **kwargs):
     engine = FakeEngine(cudart, capture_fails=kwargs.pop("capture_fails", False))
     trt = SimpleNamespace(Logger=FakeLogger, TensorIOMode=SimpleNamespace(INPUT="in"), nptype=lambda t: t)
     trt.Runtime = lambda logger: SimpleNamespace(deserialize_cuda_engine=lambda data: engine)
-    monkeypatch.setattr(rt, "_cudart", lambda: cudart)
+    monkeypatch.setattr(rt, "cuda_runtime", lambda: cudart)
+    monkeypatch.setattr("trtforge.backends.cuda_memory.cuda_runtime", lambda: cudart)
     driver = kwargs.pop("driver", None) or fake_driver(cudart)
     monkeypatch.setattr(rt, "submit_calls", lambda c, check, event, stream: submit_calls(c, check, event, stream, driver))
-    monkeypatch.setattr(rt, "_check_gpu_supported", lambda flavour, path: None)
+    monkeypatch.setattr(rt, "check_gpu_supported", lambda flavour, path: None)
     path = tmp_path / "fake.engine"
     path.write_bytes(b"engine")
     profiles = [
@@ -670,8 +673,8 @@ def test_a_partial_batch_is_not_padded_where_rows_might_not_stay_rows(monkeypatc
 
 
 def test_a_blocking_gpu_wait_syncs_on_blocking_events_with_the_same_outputs(monkeypatch, tmp_path):
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.options import RunOptions
 
     runner, engine = _runner(monkeypatch, tmp_path, slots=2, gpu_wait="block")
     for (tag, out), (_, feeds) in zip(runner.run_many(_batches()), _batches()):
@@ -741,7 +744,7 @@ def test_stage_clock_sums_each_stage_over_threads():
     import threading
     import time
 
-    from trtforge.runloop import StageClock
+    from trtforge.runtime.loop import StageClock
 
     clock = StageClock()
 
@@ -866,8 +869,8 @@ def test_batch_timeline_keeps_order_and_caps():
 
 def test_run_options_refuse_a_negative_plan_ahead():
     """The API's way in (the CLI's --plan-ahead has min=0): a negative lead would silently mean unbounded."""
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.options import RunOptions
 
     with pytest.raises(UserError, match=r"--plan-ahead -1 is negative; use 0 \(no bound\)"):
         RunOptions(inputs="docs", plan_ahead=-1)
@@ -881,21 +884,22 @@ def test_the_loops_switch_interval_is_set_while_it_runs_and_restored(minilm_clea
     copy may wait for the GIL), reported, and the caller's interval back afterwards; below 1 us is refused."""
     import sys
 
-    import trtforge.run as run_mod
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions, run
+    import trtforge.runtime.step as run_mod
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.options import RunOptions
+    from trtforge.runtime.step import run
 
     with pytest.raises(UserError, match="--switch-interval-us 0 must be at least 1"):
         RunOptions(inputs="docs", switch_interval_us=0)
     seen = []
-    merge_add = run_mod._Merger.add
+    merge_add = run_mod.Merger.add
 
     def recording_add(self, *args, **kwargs):
         seen.append(sys.getswitchinterval())
         return merge_add(self, *args, **kwargs)
 
     before = sys.getswitchinterval()
-    run_mod._Merger.add = recording_add
+    run_mod.Merger.add = recording_add
     try:
         report = run(
             minilm_clean,
@@ -911,7 +915,7 @@ def test_the_loops_switch_interval_is_set_while_it_runs_and_restored(minilm_clea
             ),
         )
     finally:
-        run_mod._Merger.add = merge_add
+        run_mod.Merger.add = merge_add
     assert seen and all(abs(s - 50e-6) < 2e-6 for s in seen)  # Python keeps it in whole microseconds
     assert report["runtime"]["switch_interval_us"] == 50 and sys.getswitchinterval() == before
 
@@ -920,7 +924,7 @@ def test_placed_outputs_go_where_place_says_and_the_slot_gets_only_its_rows(monk
     """run_many(place=...) (the copy-engine merge): each batch's strided copies land in the caller's page-locked memory
     (every other row, positions 1..s-1, one 2-D copy) and the slot gets exactly the slot_rows ranges, at their offsets."""
     from trtforge.backends import tensorrt_runtime as rt
-    from trtforge.copymerge import OutputCopies
+    from trtforge.runtime.copymerge import OutputCopies
 
     runner, _ = _runner(monkeypatch, tmp_path, slots=3)
     batches = [(tag, feeds) for tag, feeds in _batches() if feeds["x"].shape[0] >= 2]
@@ -953,7 +957,7 @@ def test_placed_outputs_go_where_place_says_and_the_slot_gets_only_its_rows(monk
 
 
 def test_planning_threads_default_to_none_on_an_engine_and_two_on_onnx_runtime_unless_they_tokenize():
-    from trtforge.run import default_plan_workers
+    from trtforge.runtime.step import default_plan_workers
 
     assert default_plan_workers(True, 16) == 8 and default_plan_workers(True, 4) == 4
     assert default_plan_workers(True, 16, engine=True) == 8  # tokenizing releases the GIL: threads on an engine too
@@ -966,8 +970,9 @@ def test_planning_threads_default_to_none_on_an_engine_and_two_on_onnx_runtime_u
 
 def _text_plans(lengths, chunk=16, overlap=4):
     """Real plans (run.plan_document) of pre-tokenized inputs of `lengths` tokens, with [CLS]/[SEP]-like specials."""
-    from trtforge.config import InputSpec
-    from trtforge.run import Document, Limits, plan_document
+    from trtforge.core.config import InputSpec
+    from trtforge.runtime.documents import Document
+    from trtforge.runtime.planning import Limits, plan_document
 
     tokenizer = SimpleNamespace(
         prefix=[101], suffix=[102], specials=2, capacity=lambda c, o: c - 2, type_ids=lambda block: np.zeros_like(block)
@@ -985,8 +990,9 @@ def test_block_plans_batch_stage_and_run_like_their_chunks_one_by_one(size):
     """A DocumentPlan's rows join a Batcher's run.Batch groups as runs; those batches equal, as chunks, the batches
     the same chunks form one by one (and make_batches), stage to the same arrays, and give the runs the per-row
     path of chunking.row_runs gives."""
-    from trtforge.chunking import row_runs
-    from trtforge.run import Batch, DocumentPlan, batch_parts, make_batches, shape_key, stack
+    from trtforge.runtime.chunking import row_runs
+    from trtforge.runtime.documents import Batch, DocumentPlan
+    from trtforge.runtime.planning import batch_parts, make_batches, shape_key, stack
 
     plans = _text_plans([40, 9, 23, 3, 61, 14])
     assert all(isinstance(p, DocumentPlan) for p in plans)
@@ -1016,8 +1022,9 @@ def test_block_plans_batch_stage_and_run_like_their_chunks_one_by_one(size):
 
 
 def test_a_batch_mixes_block_rows_and_plain_chunks_in_order():
-    from trtforge.chunking import RowRun, Window
-    from trtforge.run import Batch, Chunk, batch_parts
+    from trtforge.runtime.chunking import RowRun, Window
+    from trtforge.runtime.documents import Batch, Chunk
+    from trtforge.runtime.planning import batch_parts
 
     plan = _text_plans([40])[0]
     block = plan.blocks[0]

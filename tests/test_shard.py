@@ -79,7 +79,7 @@ def test_affinity_keeps_a_unit_on_its_worker_until_that_worker_dies():
 def test_ray_missing_or_unreachable_is_one_sentence(monkeypatch):
     import sys
 
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
     from trtforge.scaleout.pool import _probe, require_ray
 
     with pytest.raises(UserError, match="no Ray cluster answers at '127.0.0.1:1'"):

@@ -11,9 +11,9 @@ from conftest import export_zoo
 from onnx import TensorProto, helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.feeds import random_feeds
 from trtforge.fusion.skip_layernorm import PLUGIN, fuse_skip_layernorm, plugin_layernorm
-from trtforge.graph import io_specs
+from trtforge.graph.index import io_specs
+from trtforge.runtime.feeds import random_feeds
 
 EXPORTS = [("bert", "legacy"), ("bert", "dynamo"), ("vit", "legacy"), ("gpt2", "legacy")]
 
@@ -50,7 +50,7 @@ def test_post_ln_residuals_become_plugins_and_pre_ln_ones_are_refused(zoo, key):
 
 
 def test_fp16_graph_absorbs_the_casts_around_the_fp32_layernorm(zoo):
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     key = ("bert", "legacy")
     model = with_random_vectors(onnx.load(zoo[key]))
@@ -141,7 +141,7 @@ def test_build_step_modes_and_all_three_passes_together(zoo):
     pass still finds every block (it reads its numbers from the unfused graph) and the emulated engine matches."""
     from attention_emulation import emulate_gelu_plugins, emulate_plugins
 
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
     from trtforge.fusion.attention import fuse_attention
     from trtforge.fusion.gelu import fuse_gelu
     from trtforge.fusion.plugins import attention_route
@@ -189,7 +189,7 @@ def test_cli_build_fuse_skip_layernorm_needs_tensorrt_8(zoo, tmp_path):
 def test_the_real_minilm_fp16_graph_has_every_residual_block_fused(minilm_clean):
     """All-MiniLM-L6-v2's real weights (hidden 384: the plugin's 256-thread kernel, fp16 sums, no epsilon): every block
     within the fp16 tolerance."""
-    from trtforge.precision import prepare_for_build
+    from trtforge.build.precision import prepare_for_build
 
     model = onnx.load(minilm_clean)
     specs, axes, _ = io_specs(minilm_clean, model)

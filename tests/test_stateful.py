@@ -8,8 +8,9 @@ import pytest
 from conftest import ROOT, assert_user_error, run_cli
 from test_kvcache import gpt2_kv, llama_kv  # noqa: F401  (session fixtures: one export per model)
 
-from trtforge.errors import UserError
-from trtforge.stateful import SCHEMA, OrtStepper, cache_plan, ping_pong, plan_steps
+from trtforge.core.errors import UserError
+from trtforge.runtime.stateful import SCHEMA, plan_steps
+from trtforge.runtime.steppers import OrtStepper, cache_plan, ping_pong
 
 
 def _docs(tmp_path, tokens):
@@ -65,7 +66,7 @@ def test_stateful_equals_full_pass_and_generates_exactly(name, request, tmp_path
 
 def test_chunk_boundaries_do_not_matter_and_a_lost_cache_is_caught(llama_kv):  # noqa: F811
     """The comparison the report makes can fail: resetting the cache between chunks is far off."""
-    from trtforge.artifacts import read_sidecar
+    from trtforge.core.artifacts import read_sidecar
 
     layout = read_sidecar(llama_kv)["kv_cache"]["layout"]
     s = OrtStepper(llama_kv, layout)

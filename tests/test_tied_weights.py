@@ -4,7 +4,8 @@ with smoothing and its INT8 output stays within the gate (issue 10 done-when).""
 import numpy as np
 import pytest
 
-from trtforge.calibrate.step import CalibrateOptions, calibrate
+from trtforge.calibrate.options import CalibrateOptions
+from trtforge.calibrate.step import calibrate
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -51,7 +52,7 @@ def albert_onnx(tmp_path_factory):
             "last_hidden_state": {0: "batch", 1: "seq"},
         },
     )
-    from trtforge.graph import clean_file
+    from trtforge.graph.index import clean_file
 
     clean_file(path)  # folds the exporter's Identity copies: every layer then reads the same initializers
     path = folder / "albert.clean.onnx"

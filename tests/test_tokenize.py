@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from trtforge.chunking import plan_windows
-from trtforge.tokenize import TextTokenizer, map_windows
+from trtforge.runtime.chunking import plan_windows
+from trtforge.runtime.tokenize import TextTokenizer, map_windows
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = (ROOT / "calib_data/minilm_long/logging_inspect.txt").read_text()[:4000]
@@ -50,7 +50,7 @@ def test_map_windows_uses_offsets_and_ids():
 
 
 def test_directory_without_tokenizer_json_is_a_user_error(tmp_path):
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
 
     with pytest.raises(UserError, match="has no tokenizer.json"):
         TextTokenizer(tmp_path)
@@ -61,9 +61,9 @@ def test_a_dangling_tokenizer_pointer_falls_back_up_the_sidecar_chain(tmp_path):
     (up the `parent` chain) still leads to it; with no valid pointer anywhere it is one clear error."""
     import shutil
 
-    from trtforge.artifacts import write_sidecar
-    from trtforge.errors import UserError
-    from trtforge.tokenize import find_tokenizer_dir
+    from trtforge.core.artifacts import write_sidecar
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.tokenize import find_tokenizer_dir
 
     export_dir, copy_dir = tmp_path / "export", tmp_path / "copy"
     export_dir.mkdir(), copy_dir.mkdir()
@@ -83,9 +83,9 @@ def test_a_relative_parent_is_followed_from_another_working_folder(tmp_path, mon
     and the KV-cache lookup find it from any folder, beside the sidecar; a build's lineage protects it."""
     import shutil
 
-    from trtforge.artifacts import lineage, sidecar_chain, write_sidecar
-    from trtforge.kvcache import kv_meta
-    from trtforge.tokenize import find_tokenizer_dir
+    from trtforge.core.artifacts import lineage, sidecar_chain, write_sidecar
+    from trtforge.export.kvcache import kv_meta
+    from trtforge.runtime.tokenize import find_tokenizer_dir
 
     work = tmp_path / "out"
     work.mkdir()
@@ -103,9 +103,9 @@ def test_a_relative_parent_is_followed_from_another_working_folder(tmp_path, mon
 def test_the_sidecar_chain_ends_at_a_file_seen_before_however_spelled(tmp_path, monkeypatch):
     """Two sidecars naming each other through `../d/...` (a spelling that grows on every hop) and a file naming itself:
     the chain ends at the first file seen again instead of walking until the path is too long."""
-    from trtforge.artifacts import sidecar_chain, write_sidecar
-    from trtforge.kvcache import kv_meta
-    from trtforge.tokenize import find_tokenizer_dir
+    from trtforge.core.artifacts import sidecar_chain, write_sidecar
+    from trtforge.export.kvcache import kv_meta
+    from trtforge.runtime.tokenize import find_tokenizer_dir
 
     d = tmp_path / "d"
     d.mkdir()
@@ -123,9 +123,9 @@ def test_the_sidecar_chain_ends_at_a_file_seen_before_however_spelled(tmp_path, 
 def test_a_corrupt_export_sidecar_is_an_error_for_the_kv_cache_lookup_and_the_end_of_the_chain_elsewhere(tmp_path):
     """Stopping at a corrupt sidecar would build or run a KV-cache model as a plain one: kv_meta says which file;
     the tokenizer lookup falls back as it does for any chain that ends."""
-    from trtforge.artifacts import sidecar_chain, sidecar_path, write_sidecar
-    from trtforge.errors import UserError
-    from trtforge.kvcache import kv_meta
+    from trtforge.core.artifacts import sidecar_chain, sidecar_path, write_sidecar
+    from trtforge.core.errors import UserError
+    from trtforge.export.kvcache import kv_meta
 
     write_sidecar(tmp_path / "m.clean.onnx", {"kind": "onnx", "step": "clean", "parent": str(tmp_path / "m.onnx")})
     sidecar_path(tmp_path / "m.onnx").write_text('{"kind": "onnx", "step": "exp')
@@ -149,7 +149,8 @@ def test_run_plans_the_tokenizers_own_windows(which, tmp_path):
     """run plans a text's windows from its ids alone (one encode, no tokenizer state touched, so planning threads
     run in parallel); they must be the very windows the tokenizer's truncation with stride cuts. With
     full_last (run's default) the same, except that the last one is extended back to full length."""
-    from trtforge.run import Document, Limits, plan_document
+    from trtforge.runtime.documents import Document
+    from trtforge.runtime.planning import Limits, plan_document
 
     directory = {"minilm": _minilm_dir(), "typed-specials": _typed_specials_dir(tmp_path)}.get(which, ROOT / "zoo/tokenizers" / which)
     tok = TextTokenizer(directory)
@@ -181,7 +182,7 @@ def test_run_plans_the_tokenizers_own_windows(which, tmp_path):
 def test_wrap_spans_puts_equal_length_windows_in_one_block():
     """run builds a document's windows as rows of one block per length, so a batch of consecutive windows is
     staged with one copy; each row must be the span's ids inside the model's specials."""
-    from trtforge.tokenize import wrap_spans
+    from trtforge.runtime.tokenize import wrap_spans
 
     ids = np.arange(1000, 1023)
     spans = [(0, 8), (6, 14), (12, 20), (16, 21), (18, 23)]
@@ -204,7 +205,7 @@ def test_wrap_spans_puts_equal_length_windows_in_one_block():
 def test_wrap_spans_rows_are_the_spans_ids_however_the_windows_are_spaced(spans):
     """Evenly spaced windows are gathered through one strided view, others by indexing: the same rows either way,
     also from ids that are a strided (non-contiguous) view."""
-    from trtforge.tokenize import wrap_spans
+    from trtforge.runtime.tokenize import wrap_spans
 
     ids = np.arange(2000, 2046)[::2]  # 23 ids, stride 16 bytes
     (block,) = wrap_spans(ids, spans, [101], [102])
@@ -213,7 +214,7 @@ def test_wrap_spans_rows_are_the_spans_ids_however_the_windows_are_spaced(spans)
 
 
 def test_wrap_spans_takes_empty_spans_any_int_ids_and_arrays_of_spans():
-    from trtforge.tokenize import wrap_spans
+    from trtforge.runtime.tokenize import wrap_spans
 
     ids = np.arange(100, 120, dtype=np.int32)
     blocks = wrap_spans(ids, [(0, 0), (3, 3), (5, 9), (20, 20)], [1], [2])
@@ -227,22 +228,22 @@ def test_wrap_spans_takes_empty_spans_any_int_ids_and_arrays_of_spans():
 @pytest.mark.parametrize("spans", [[(-1, 3)], [(4, 2)], [(21, 21)], [(0, 21)]], ids=["negative", "backwards", "empty-past-end", "past-end"])
 def test_wrap_spans_refuses_a_span_outside_the_ids(spans):
     """The old indexing read a negative start from the document's end: a wrong row, never an error."""
-    from trtforge.tokenize import wrap_spans
+    from trtforge.runtime.tokenize import wrap_spans
 
     with pytest.raises(IndexError, match="outside the document's 20 ids"):
         wrap_spans(np.arange(20), spans, [1], [2])
 
 
 def test_wrap_spans_refuses_spans_past_the_ids():
-    from trtforge.tokenize import wrap_spans
+    from trtforge.runtime.tokenize import wrap_spans
 
     with pytest.raises(IndexError):  # the strided view must not read past the document
         wrap_spans(np.arange(10), [(0, 8), (4, 12)], [101], [102])
 
 
 def test_run_options_refuse_an_unknown_last_window():
-    from trtforge.errors import UserError
-    from trtforge.run import RunOptions
+    from trtforge.core.errors import UserError
+    from trtforge.runtime.options import RunOptions
 
     with pytest.raises(UserError, match="unknown --last-window 'Full'; use full or short"):
         RunOptions(inputs=Path("x"), last_window="Full")
@@ -252,8 +253,8 @@ def test_run_options_refuse_an_unknown_last_window():
 def test_text_feeds_use_the_ids_uncopied_and_share_one_read_only_block_of_ones_for_the_masks():
     """`run` plans every input on the thread feeding the GPU: no copy of ids already of the input's type, the masks views
     of one block of ones (read-only, so nothing can write into what every input shares); types only where asked."""
-    from trtforge.config import InputSpec
-    from trtforge.run import text_feeds
+    from trtforge.core.config import InputSpec
+    from trtforge.runtime.documents import text_feeds
 
     specs = [
         InputSpec(name="input_ids", dtype="int64", shape=["batch", "seq"]),

@@ -25,7 +25,7 @@ def test_usage_errors_exit_2_with_one_message(args, says):
 def test_both_click_copies_are_caught():
     import typer
 
-    from trtforge.cli import _click_error_types
+    from trtforge.cli.app import _click_error_types
 
     usage_errors, aborts = _click_error_types()
     assert isinstance(typer.BadParameter("x"), usage_errors) and typer.Abort in aborts

@@ -7,7 +7,7 @@ worst even when it is NaN."""
 import numpy as np
 import pytest
 
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 from trtforge.verify import metrics
 from trtforge.verify.compare import Comparator, compare_arrays, compare_outputs, worst
 from trtforge.verify.gates import (

@@ -48,7 +48,7 @@ def zoo_runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
 
 
 def _config(name: str):
-    from trtforge.config import load_config
+    from trtforge.core.config import load_config
 
     return load_config(ROOT / "zoo" / "configs" / f"{name}.yaml")
 
@@ -96,7 +96,7 @@ def test_pipeline_passes_with_gates(zoo_runs, name):
 def test_text_models_use_their_own_special_tokens(zoo_runs):
     """The tokenizer export saved beside each text model wraps windows in that model's own specials:
     BERT [CLS]=101 ... [SEP]=102, RoBERTa <s>=0 ... </s>=2, GPT-2 none."""
-    from trtforge.tokenize import TextTokenizer
+    from trtforge.runtime.tokenize import TextTokenizer
 
     expected = {"bert": ([101], [102]), "roberta": ([0], [2]), "gpt2": ([], [])}
     for name, (prefix, suffix) in expected.items():

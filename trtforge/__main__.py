@@ -1,4 +1,4 @@
-from trtforge.cli import entry
+from trtforge.cli.app import entry
 
 if __name__ == "__main__":
     entry()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtforge import __version__
-from trtforge.artifacts import (
+from trtforge.core.artifacts import (
     content_mismatch,
     content_sha256,
     output_lock,
@@ -32,8 +32,8 @@ from trtforge.artifacts import (
     write_json_atomic,
     write_sidecar,
 )
-from trtforge.config import ModelConfig
-from trtforge.errors import GateFailed, TrtforgeError, UserError
+from trtforge.core.config import ModelConfig
+from trtforge.core.errors import GateFailed, TrtforgeError, UserError
 
 STEPS = ("export", "clean", "calibrate", "build", "run")
 
@@ -178,19 +178,20 @@ class Pipeline:
 
     # -- the steps -----------------------------------------------------------------------------
     def _export(self) -> str:
-        from trtforge.export import export_model
+        from trtforge.export.step import export_model
 
         result = export_model(self.cfg, self.paths["onnx"])
         return f"{len(result.checks)} axis checks passed"
 
     def _clean(self) -> str:
-        from trtforge.graph import clean_file
+        from trtforge.graph.index import clean_file
 
         result = clean_file(self.paths["onnx"], self.paths["clean"], self.cfg.clean.fold_size_limit_mb, self.cfg.clean.tolerance)
         return f"{result.before.nodes} -> {result.after.nodes} nodes, rel-L2 {max(result.rel_l2.values()):.1e}"
 
     def _calibrate(self) -> str:
-        from trtforge.calibrate.step import calibrate, gate_failures, options_from_section
+        from trtforge.calibrate.options import gate_failures, options_from_section
+        from trtforge.calibrate.step import calibrate
 
         options = options_from_section(self.cfg.calibrate, output=self.paths["int8"])
         # An int8/best build step re-checks its own engine with the same gate: one engine build, not two.
@@ -210,12 +211,12 @@ class Pipeline:
         return detail
 
     def _build(self) -> str:
-        from trtforge.build import build, options_from_config
+        from trtforge.build.step import build, options_from_config
 
         b = self.cfg.build
         src = self.paths["int8"] if b.precision in ("int8", "best") else self.paths["clean"]
         options = options_from_config(b)
-        from trtforge import ui
+        from trtforge.core import ui
 
         with ui.build_progress(f"building {src.name}") as tick:
             result = build(
@@ -237,7 +238,8 @@ class Pipeline:
         return f"{result.sidecar['backend']} {result.sidecar['tensorrt_version']}, {len(result.profiles)} profiles, {result.sidecar['build_seconds']:.1f} s{recheck}"
 
     def _run(self) -> str:
-        from trtforge.run import RunOptions, run
+        from trtforge.runtime.options import options_from_section
+        from trtforge.runtime.step import run
 
         r = self.cfg.run
         if not r.inputs:
@@ -247,23 +249,11 @@ class Pipeline:
             side = read_sidecar(self.paths["engine"]) or {}
             target = Path(side.get("built_onnx") or self.paths["clean"])
             note = f" (engine not executable here: ran {target.name} on ONNX Runtime)"
-        # Only gates the YAML sets are 'set' (fail when unevaluable); the rest take defaults (report.py).
-        gates = {
-            key: getattr(r, key) if key in r.model_fields_set else None
-            for key in ("max_rel_l2", "min_cosine", "min_chunk_cosine", "min_top1_agreement", "min_pixel_agreement")
-        }
-        options = RunOptions(
-            inputs=Path(r.inputs),
-            chunk=r.chunk,
-            overlap=r.overlap,
-            batch_size=r.batch_size,
-            merge=r.merge,
-            last_window=r.last_window,
-            warmup=r.warmup,
+        options = options_from_section(
+            r,
             reference=self.paths["clean"],
             report=self.paths["run"],
             tokenizer=Path(self.cfg.model.tokenizer) if self.cfg.model.tokenizer else None,
-            **gates,
         )
         report = run(target, options, progress=self.log)
         precision = report["precision_error"]
@@ -280,7 +270,7 @@ class Pipeline:
                 raise UserError(f"{name} '{value}' is not a step; use one of {', '.join(STEPS)}.")
         chosen = [only] if only else list(STEPS[STEPS.index(from_step) :] if from_step else STEPS)
         if "build" in chosen:  # a build section that contradicts itself fails now, not after export and calibrate
-            from trtforge.build import check_options, options_from_config
+            from trtforge.build.step import check_options, options_from_config
 
             check_options(options_from_config(self.cfg.build), self.cfg.build.precision)
         self._refuse_overwrite()
@@ -385,6 +375,6 @@ def _torch() -> str | None:
 
 def _engine_runs_here() -> bool:
     """A GPU and a TensorRT flavour that runs engines on it (TensorRT-RTX too, where it supports the GPU)."""
-    from trtforge.doctor import engine_flavour_here
+    from trtforge.core.platform import engine_flavour_here
 
     return engine_flavour_here() is not None

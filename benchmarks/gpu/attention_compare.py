@@ -25,11 +25,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from trtforge.backends.cuda_memory import DeviceBuffer, cuda_check, cuda_handle, cuda_runtime  # noqa: E402
 from trtforge.backends.onnxruntime import OrtRunner  # noqa: E402
-from trtforge.backends.tensorrt_runtime import DeviceBuffer, _cudart, _handle, _ok  # noqa: E402
-from trtforge.feeds import random_feeds  # noqa: E402
-from trtforge.graph import io_specs  # noqa: E402
-from trtforge.onnxio import load_onnx  # noqa: E402
+from trtforge.core.onnxio import load_onnx  # noqa: E402
+from trtforge.graph.index import io_specs  # noqa: E402
+from trtforge.runtime.feeds import random_feeds  # noqa: E402
 
 FUSED_WORDS = re.compile(r"qkv_to_context|CustomQKV|fmha|mha|flash|attention", re.I)
 NORM_WORDS = re.compile(r"LayerNorm|LayerNormalization|Erf|gelu|intermediate", re.I)
@@ -65,7 +65,7 @@ class Engine:
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if n not in self.inputs]
         self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
-        self.stream = _ok(_cudart().cudaStreamCreate())
+        self.stream = cuda_check(cuda_runtime().cudaStreamCreate())
         self.contexts: dict[int, object] = {}
 
     def profile_for(self, feeds: dict[str, np.ndarray]) -> int:
@@ -80,19 +80,19 @@ class Engine:
         raise ValueError(f"no profile of {self.path.name} admits { ({n: feeds[n].shape for n in self.inputs}) }")
 
     def bind(self, feeds: dict[str, np.ndarray]):
-        cudart = _cudart()
+        cudart = cuda_runtime()
         index = self.profile_for(feeds)
         if index not in self.contexts:
             ctx = self.engine.create_execution_context()
-            ctx.set_optimization_profile_async(index, _handle(self.stream))
-            _ok(cudart.cudaStreamSynchronize(self.stream))
+            ctx.set_optimization_profile_async(index, cuda_handle(self.stream))
+            cuda_check(cudart.cudaStreamSynchronize(self.stream))
             self.contexts[index] = ctx
         ctx = self.contexts[index]
         buffers = {}
         for name in self.inputs:
             host = np.ascontiguousarray(feeds[name].astype(self.dtypes[name]))
             buf = DeviceBuffer(max(host.nbytes, 1))
-            _ok(cudart.cudaMemcpy(buf.ptr, host.ctypes.data, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
+            cuda_check(cudart.cudaMemcpy(buf.ptr, host.ctypes.data, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
             ctx.set_input_shape(name, host.shape)
             ctx.set_tensor_address(name, buf.ptr)
             buffers[name] = buf
@@ -105,32 +105,32 @@ class Engine:
         return ctx, buffers, shapes
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        cudart = _cudart()
+        cudart = cuda_runtime()
         ctx, buffers, shapes = self.bind(feeds)
-        if not ctx.execute_async_v3(_handle(self.stream)):
+        if not ctx.execute_async_v3(cuda_handle(self.stream)):
             raise RuntimeError("execute_async_v3 failed")
-        _ok(cudart.cudaStreamSynchronize(self.stream))
+        cuda_check(cudart.cudaStreamSynchronize(self.stream))
         out = {}
         for name, shape in shapes.items():
             host = np.empty(shape, self.dtypes[name])
-            _ok(cudart.cudaMemcpy(host.ctypes.data, buffers[name].ptr, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost))
+            cuda_check(cudart.cudaMemcpy(host.ctypes.data, buffers[name].ptr, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost))
             out[name] = host
         for buf in buffers.values():
             buf.free()
         return out
 
     def time_ms(self, feeds: dict[str, np.ndarray], warmup: int = 10, iters: int = 50) -> float:
-        cudart = _cudart()
+        cudart = cuda_runtime()
         ctx, buffers, _ = self.bind(feeds)
         for _ in range(warmup):
-            ctx.execute_async_v3(_handle(self.stream))
-        start, end = _ok(cudart.cudaEventCreate()), _ok(cudart.cudaEventCreate())
-        _ok(cudart.cudaEventRecord(start, self.stream))
+            ctx.execute_async_v3(cuda_handle(self.stream))
+        start, end = cuda_check(cudart.cudaEventCreate()), cuda_check(cudart.cudaEventCreate())
+        cuda_check(cudart.cudaEventRecord(start, self.stream))
         for _ in range(iters):
-            ctx.execute_async_v3(_handle(self.stream))
-        _ok(cudart.cudaEventRecord(end, self.stream))
-        _ok(cudart.cudaEventSynchronize(end))
-        ms = float(_ok(cudart.cudaEventElapsedTime(start, end))) / iters
+            ctx.execute_async_v3(cuda_handle(self.stream))
+        cuda_check(cudart.cudaEventRecord(end, self.stream))
+        cuda_check(cudart.cudaEventSynchronize(end))
+        ms = float(cuda_check(cudart.cudaEventElapsedTime(start, end))) / iters
         for buf in buffers.values():
             buf.free()
         return ms

@@ -169,40 +169,40 @@ def build(onnx_path: Path) -> None:
 def _time_engine(path: Path, iters: int = 200, profile_once: bool = False) -> float:
     import tensorrt as trt
 
-    from trtforge.backends.tensorrt_runtime import _cudart, _handle, _ok
+    from trtforge.backends.cuda_memory import cuda_check, cuda_handle, cuda_runtime
 
-    cudart = _cudart()
+    cudart = cuda_runtime()
     logger = trt.Logger(trt.Logger.WARNING)
     engine = trt.Runtime(logger).deserialize_cuda_engine(path.read_bytes())
     context = engine.create_execution_context()
-    stream = _ok(cudart.cudaStreamCreate())
+    stream = cuda_check(cudart.cudaStreamCreate())
     buffers = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
         nbytes = int(np.prod(engine.get_tensor_shape(name))) * np.dtype(trt.nptype(engine.get_tensor_dtype(name))).itemsize
-        buffers.append(_ok(cudart.cudaMalloc(nbytes)))
-        _ok(cudart.cudaMemset(buffers[-1], 0, nbytes))
+        buffers.append(cuda_check(cudart.cudaMalloc(nbytes)))
+        cuda_check(cudart.cudaMemset(buffers[-1], 0, nbytes))
         context.set_tensor_address(name, buffers[-1])
     for _ in range(20):
-        context.execute_async_v3(_handle(stream))
+        context.execute_async_v3(cuda_handle(stream))
     if profile_once:  # under `ncu --profile-from-start off`: one execution's kernels
-        _ok(cudart.cudaStreamSynchronize(stream))
-        _ok(cudart.cudaProfilerStart())
-        context.execute_async_v3(_handle(stream))
-        _ok(cudart.cudaStreamSynchronize(stream))
-        _ok(cudart.cudaProfilerStop())
+        cuda_check(cudart.cudaStreamSynchronize(stream))
+        cuda_check(cudart.cudaProfilerStart())
+        context.execute_async_v3(cuda_handle(stream))
+        cuda_check(cudart.cudaStreamSynchronize(stream))
+        cuda_check(cudart.cudaProfilerStop())
         return 0.0
     times = []
     for _ in range(5):
-        start, end = _ok(cudart.cudaEventCreate()), _ok(cudart.cudaEventCreate())
-        _ok(cudart.cudaEventRecord(start, stream))
+        start, end = cuda_check(cudart.cudaEventCreate()), cuda_check(cudart.cudaEventCreate())
+        cuda_check(cudart.cudaEventRecord(start, stream))
         for _ in range(iters // 5):
-            context.execute_async_v3(_handle(stream))
-        _ok(cudart.cudaEventRecord(end, stream))
-        _ok(cudart.cudaEventSynchronize(end))
-        times.append(_ok(cudart.cudaEventElapsedTime(start, end)) / (iters // 5))
+            context.execute_async_v3(cuda_handle(stream))
+        cuda_check(cudart.cudaEventRecord(end, stream))
+        cuda_check(cudart.cudaEventSynchronize(end))
+        times.append(cuda_check(cudart.cudaEventElapsedTime(start, end)) / (iters // 5))
     for b in buffers:
-        _ok(cudart.cudaFree(b))
+        cuda_check(cudart.cudaFree(b))
     return float(np.median(times))
 
 

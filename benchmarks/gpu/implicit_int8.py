@@ -34,8 +34,8 @@ TACTICS_OFF = ("CUBLAS", "CUBLAS_LT", "CUDNN")
 
 
 def _model(clean: Path):
-    from trtforge.graph import io_specs
-    from trtforge.onnxio import load_onnx
+    from trtforge.core.onnxio import load_onnx
+    from trtforge.graph.index import io_specs
 
     model = load_onnx(clean, load_external_data=False)
     specs, axes, side = io_specs(clean, model)
@@ -44,16 +44,16 @@ def _model(clean: Path):
 
 def _samples(clean: Path, folder: Path, max_samples: int | None, max_len: int | None = None):
     from trtforge.calibrate import data as data_mod
-    from trtforge.calibrate.step import _max_length, _tokenizer_factory
+    from trtforge.calibrate.data import max_sample_length, tokenizer_factory
 
     specs, axes, _ = _model(clean)
-    _, samples = data_mod.load_samples(folder, specs, _tokenizer_factory(clean), max_len or _max_length(specs, axes), max_samples)
+    _, samples = data_mod.load_samples(folder, specs, tokenizer_factory(clean), max_len or max_sample_length(specs, axes), max_samples)
     return specs, axes, samples
 
 
 def _one_profile(specs, axes) -> dict:
     """The profile every engine of this benchmark is built with: each axis' declared min/opt/max."""
-    from trtforge.profiles import plan_profiles
+    from trtforge.build.profiles import plan_profiles
 
     return plan_profiles(specs, axes, {})[0]
 
@@ -98,7 +98,7 @@ class _Capture:
 def build_implicit(clean: Path, engine: Path, data: Path, max_samples: int, seq: int | None, batch: int) -> None:
     import tensorrt as trt
 
-    from trtforge.backends.tensorrt_runtime import DeviceBuffer, _cudart, _ok
+    from trtforge.backends.cuda_memory import DeviceBuffer, cuda_check, cuda_runtime
 
     specs, axes, samples = _samples(clean, data, max_samples, seq)
     calib = _calibration_batches(specs, samples, batch, seq)
@@ -111,7 +111,7 @@ def build_implicit(clean: Path, engine: Path, data: Path, max_samples: int, seq:
     if not parser.parse_from_file(str(clean)):
         raise SystemExit("parse failed: " + "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
     dtypes = {network.get_input(i).name: np.dtype(trt.nptype(network.get_input(i).dtype)) for i in range(network.num_inputs)}
-    cudart = _cudart()
+    cudart = cuda_runtime()
     buffers = {n: DeviceBuffer(max(b[n].astype(dtypes[n]).nbytes for b in calib)) for n in dtypes}
     cache_path = engine.with_name(engine.name + ".calib.cache")
 
@@ -128,7 +128,7 @@ def build_implicit(clean: Path, engine: Path, data: Path, max_samples: int, seq:
                 return None
             for n in names:
                 host = np.ascontiguousarray(calib[inner.i][n].astype(dtypes[n]))
-                _ok(cudart.cudaMemcpy(buffers[n].ptr, host.ctypes.data, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
+                cuda_check(cudart.cudaMemcpy(buffers[n].ptr, host.ctypes.data, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
             inner.i += 1
             return [buffers[n].ptr for n in names]
 
@@ -180,7 +180,8 @@ def build_implicit(clean: Path, engine: Path, data: Path, max_samples: int, seq:
 def _layer_evidence(engine: Path, blob: bytes, profile, layer_log: str) -> dict:
     """What TensorRT shows of the engine's precisions: the build log's report and the inspector at the
     opt shapes, each summarized with trtforge's parser (and the raw text kept for the parser's sake)."""
-    from trtforge.backends.tensorrt import engine_layers, load_trt, parse_layer_log, summarize_layers
+    from trtforge.backends.engine_layers import engine_layers, parse_layer_log, summarize_layers
+    from trtforge.backends.tensorrt import load_trt
 
     engine.with_name(engine.name + ".layers.log").write_text(layer_log)
     evidence = {"build_log": summarize_layers(parse_layer_log(layer_log)) if layer_log else None}
@@ -208,17 +209,18 @@ def compare(clean: Path, eval_data: Path, engines: list[str], max_samples: int |
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.backends.tensorrt import load_trt
     from trtforge.backends.tensorrt_runtime import TrtRunner
-    from trtforge.calibrate.engine_check import _Named
+    from trtforge.calibrate.data import limited_batches
+    from trtforge.calibrate.engine_check import NamedOutputs
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
-    from trtforge.calibrate.step import _eval_batches, _output_kinds
-    from trtforge.feeds import random_feeds
-    from trtforge.onnxio import load_onnx
+    from trtforge.calibrate.step import output_kinds_of
+    from trtforge.core.onnxio import load_onnx
+    from trtforge.runtime.feeds import random_feeds
 
     specs, axes, _ = _model(clean)
     _, _, samples = _samples(clean, eval_data, max_samples)
-    batches = _eval_batches(samples, max_samples)
+    batches = limited_batches(samples, max_samples)
     reference = OrtRunner(load_onnx(clean).SerializeToString())
-    kinds = _output_kinds(reference, clean, specs, axes)  # declared in the sidecar chain, as calibrate reads them
+    kinds = output_kinds_of(reference, clean, specs, axes)  # declared in the sidecar chain, as calibrate reads them
     refs = reference_outputs(reference, batches)
     text = any(s.name == "input_ids" for s in specs)
     shapes = [{"batch": b, "seq": s} for b, s in TEXT_SHAPES] if text else [{"batch": b} for b in IMAGE_BATCHES]
@@ -231,7 +233,7 @@ def compare(clean: Path, eval_data: Path, engines: list[str], max_samples: int |
         try:
             sidecar = json.loads(path.with_name(path.name + ".json").read_text())
             runner = TrtRunner(mod, path, sidecar)
-            acc = evaluate(_Named(runner, reference.output_names), batches, refs, kinds)
+            acc = evaluate(NamedOutputs(runner, reference.output_names), batches, refs, kinds)
             row.update(
                 mean_cosine=acc.mean_cosine,
                 min_cosine=acc.min_cosine,

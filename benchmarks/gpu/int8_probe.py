@@ -36,8 +36,8 @@ VOCAB = (1000, 30000)
 def variants(clean: str, int8: str, out: str) -> None:
     import onnx
 
-    from trtforge import precision
-    from trtforge.onnxio import load_onnx, save_onnx
+    from trtforge.build import precision
+    from trtforge.core.onnxio import load_onnx, save_onnx
 
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -120,11 +120,12 @@ class Engine:
     def __init__(self, path: str):
         import tensorrt as trt
 
-        from trtforge.backends.tensorrt_runtime import _cudart, _ok
+        from trtforge.backends.cuda_memory import cuda_check, cuda_runtime
 
-        self.trt, self.cudart, self._ok = trt, _cudart(), _ok
-        from trtforge.artifacts import read_sidecar
-        from trtforge.backends.tensorrt import load_engine_plugin_libraries, load_trt
+        self.trt, self.cudart, self.cuda_check = trt, cuda_runtime(), cuda_check
+        from trtforge.backends.plugin_libraries import load_engine_plugin_libraries
+        from trtforge.backends.tensorrt import load_trt
+        from trtforge.core.artifacts import read_sidecar
 
         logger = trt.Logger(trt.Logger.WARNING)
         trt.init_libnvinfer_plugins(logger, "")
@@ -132,12 +133,12 @@ class Engine:
         load_engine_plugin_libraries(load_trt("tensorrt"), side, path)  # trtforge's plugin layers
         self.engine = trt.Runtime(logger).deserialize_cuda_engine(Path(path).read_bytes())
         self.context = self.engine.create_execution_context()
-        self.stream = _ok(self.cudart.cudaStreamCreate())
+        self.stream = cuda_check(self.cudart.cudaStreamCreate())
         self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.buffers: dict[str, int] = {}
         size = 64 * 512 * 768 * 4 * 2
         for n in self.names:
-            self.buffers[n] = _ok(self.cudart.cudaMalloc(size))
+            self.buffers[n] = cuda_check(self.cudart.cudaMalloc(size))
 
     def set(self, b: int, s: int, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -150,15 +151,15 @@ class Engine:
         for k in range(self.engine.num_optimization_profiles):  # the first profile that admits (b, s)
             ranges = [self.engine.get_tensor_profile_shape(n, k) for n in inputs]
             if all(lo[0] <= b <= hi[0] and lo[-1] <= s <= hi[-1] for lo, _opt, hi in ranges):
-                from trtforge.backends.tensorrt_runtime import _handle
+                from trtforge.backends.cuda_memory import cuda_handle
 
-                self.context.set_optimization_profile_async(k, _handle(self.stream))
+                self.context.set_optimization_profile_async(k, cuda_handle(self.stream))
                 break
         for n in self.names:
             if self.engine.get_tensor_mode(n) == self.trt.TensorIOMode.INPUT:
                 host = np.ascontiguousarray(feeds[n].astype(self.trt.nptype(self.engine.get_tensor_dtype(n))))
                 self.context.set_input_shape(n, host.shape)
-                self._ok(
+                self.cuda_check(
                     self.cudart.cudaMemcpy(
                         self.buffers[n], host.ctypes.data, host.nbytes, self.cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
                     )
@@ -167,21 +168,21 @@ class Engine:
         return feeds
 
     def execute(self) -> None:
-        from trtforge.backends.tensorrt_runtime import _handle
+        from trtforge.backends.cuda_memory import cuda_handle
 
-        self.context.execute_async_v3(_handle(self.stream))
+        self.context.execute_async_v3(cuda_handle(self.stream))
 
     def output(self, name: str) -> np.ndarray:
         shape = tuple(self.context.get_tensor_shape(name))
         host = np.empty(shape, dtype=self.trt.nptype(self.engine.get_tensor_dtype(name)))
-        self._ok(self.cudart.cudaStreamSynchronize(self.stream))
-        self._ok(
+        self.cuda_check(self.cudart.cudaStreamSynchronize(self.stream))
+        self.cuda_check(
             self.cudart.cudaMemcpy(host.ctypes.data, self.buffers[name], host.nbytes, self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
         )
         return host.astype(np.float32)
 
     def time_ms(self, iters: int = 50) -> float:
-        c, ok = self.cudart, self._ok
+        c, ok = self.cudart, self.cuda_check
         for _ in range(5):
             self.execute()
         times = []
@@ -226,10 +227,10 @@ def once(engine: str, shape: str) -> None:
     for _ in range(3):
         e.execute()
     e.output(e.names[-1])
-    e._ok(e.cudart.cudaProfilerStart())
+    e.cuda_check(e.cudart.cudaProfilerStart())
     e.execute()
     e.output(e.names[-1])
-    e._ok(e.cudart.cudaProfilerStop())
+    e.cuda_check(e.cudart.cudaProfilerStop())
 
 
 def _category(name: str) -> str:

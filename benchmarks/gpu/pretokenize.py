@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from trtforge.tokenize import TextTokenizer
+from trtforge.runtime.tokenize import TextTokenizer
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from trtforge.backends.tensorrt_runtime import DeviceBuffer, _cudart, _handle, _ok  # noqa: E402
+from trtforge.backends.cuda_memory import DeviceBuffer, cuda_check, cuda_handle, cuda_runtime  # noqa: E402
 
 HEADS, HEAD = 12, 64
 HIDDEN = HEADS * HEAD
@@ -56,8 +56,8 @@ def build_and_time(trt, make_network, feeds: dict[str, np.ndarray], out_name: st
         return {"error": "build_serialized_network returned None"}
     engine = trt.Runtime(logger).deserialize_cuda_engine(blob)
     context = engine.create_execution_context()
-    cudart = _cudart()
-    stream = _ok(cudart.cudaStreamCreate())
+    cudart = cuda_runtime()
+    stream = cuda_check(cudart.cudaStreamCreate())
     buffers = {}
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
@@ -65,7 +65,7 @@ def build_and_time(trt, make_network, feeds: dict[str, np.ndarray], out_name: st
         if name in feeds:
             host = np.ascontiguousarray(feeds[name].astype(dtype))
             buf = DeviceBuffer(host.nbytes)
-            _ok(cudart.cudaMemcpy(buf.ptr, host.ctypes.data, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
+            cuda_check(cudart.cudaMemcpy(buf.ptr, host.ctypes.data, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
         else:
             shape = tuple(context.get_tensor_shape(name))
             host = np.empty(shape, dtype=dtype)
@@ -73,16 +73,16 @@ def build_and_time(trt, make_network, feeds: dict[str, np.ndarray], out_name: st
         buffers[name] = (buf, host)
         context.set_tensor_address(name, buf.ptr)
     for _ in range(5):
-        context.execute_async_v3(_handle(stream))
-    start, end = _ok(cudart.cudaEventCreate()), _ok(cudart.cudaEventCreate())
-    _ok(cudart.cudaEventRecord(start, stream))
+        context.execute_async_v3(cuda_handle(stream))
+    start, end = cuda_check(cudart.cudaEventCreate()), cuda_check(cudart.cudaEventCreate())
+    cuda_check(cudart.cudaEventRecord(start, stream))
     for _ in range(iters):
-        context.execute_async_v3(_handle(stream))
-    _ok(cudart.cudaEventRecord(end, stream))
-    _ok(cudart.cudaEventSynchronize(end))
-    ms = _ok(cudart.cudaEventElapsedTime(start, end)) / iters
+        context.execute_async_v3(cuda_handle(stream))
+    cuda_check(cudart.cudaEventRecord(end, stream))
+    cuda_check(cudart.cudaEventSynchronize(end))
+    ms = cuda_check(cudart.cudaEventElapsedTime(start, end)) / iters
     buf, host = buffers[out_name]
-    _ok(cudart.cudaMemcpy(host.ctypes.data, buf.ptr, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost))
+    cuda_check(cudart.cudaMemcpy(host.ctypes.data, buf.ptr, host.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost))
     inspector = engine.create_engine_inspector()
     layers = inspector.get_engine_information(trt.LayerInformationFormat.JSON)
     kernels = sorted(

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.backends.base import RunnerLifecycle
+from trtforge.core.errors import UserError
 
 
 def available_providers() -> list[str]:
@@ -30,7 +31,7 @@ def session_options(threads: int | None = None):
     return options
 
 
-class OrtRunner:
+class OrtRunner(RunnerLifecycle):
     def __init__(self, model: str | os.PathLike | bytes, providers: list[str] | None = None, threads: int | None = None):
         import onnxruntime as ort
 
@@ -55,3 +56,6 @@ class OrtRunner:
         names = outputs or self.output_names
         values = self.session.run(names, {k: feeds[k] for k in self.input_names}, self._run_options)
         return dict(zip(names, values))
+
+    def close(self) -> None:
+        self.session = None  # ONNX Runtime frees the session's memory with the last reference

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.artifacts import NpzStream
-from trtforge.errors import UserError
+from trtforge.backends.base import RunnerLifecycle
+from trtforge.core.artifacts import NpzStream
+from trtforge.core.errors import UserError
 
 FORMAT = "trtforge.reference/1"
 
@@ -39,7 +40,7 @@ def batch_rows(feeds: dict[str, np.ndarray]) -> int:
     return int(np.asarray(next(iter(feeds.values()))).shape[0]) if feeds else 0
 
 
-class RecordingReference:
+class RecordingReference(RunnerLifecycle):
     """Runs the reference and keeps every row it answered, to be written by `save`."""
 
     def __init__(self, runner: Any, reference_path: Path, graph_hash: str | None):
@@ -60,6 +61,9 @@ class RecordingReference:
             self.rows.setdefault(row_key(feeds, r), {name: np.asarray(out[name])[r] for name in self.output_names})
         return out
 
+    def close(self) -> None:
+        self.runner.close()
+
     def save(self, path: Path) -> None:
         stream = NpzStream(path)
         try:
@@ -73,7 +77,7 @@ class RecordingReference:
         stream.close()
 
 
-class StoredReference:
+class StoredReference(RunnerLifecycle):
     """Answers a batch from a file `RecordingReference.save` wrote; every row must be in it."""
 
     def __init__(self, path: Path):

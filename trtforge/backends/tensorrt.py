@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import re
 import threading
 import time
@@ -21,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
+from trtforge.backends.plugin_libraries import init_plugins
+from trtforge.build.profiles import Profile
+from trtforge.core import interrupts
+from trtforge.core.errors import UserError
 
-from trtforge import interrupts
-from trtforge.artifacts import sha256_file
-from trtforge.errors import UserError
-from trtforge.profiles import Profile
+LAYER_LOG_HEADERS = ("Engine Layer Information:", "Layers:")  # where the verbose build log starts listing layers
 
 
 @dataclass
@@ -71,7 +70,7 @@ def load_trt(backend: str = "auto") -> TrtModule:
     raise UserError(f"{wanted} is not installed; `pip install tensorrt-rtx` builds engines without a GPU (extra 'rtx').")
 
 
-class _Logger:
+class Logger:
     """Collects TensorRT's messages so failures can be turned into one sentence.
 
     VERBOSE messages are dropped (8.6 logs every tactic timing) except the builder's per-layer report,
@@ -140,157 +139,7 @@ class BuildOutput:
     layer_log: str = ""  # the builder's VERBOSE per-layer report (see parse_layer_log)
 
 
-def init_plugins(mod: TrtModule) -> None:
-    """Register libnvinfer_plugin's creators (idempotent); a TensorRT without the library registers none."""
-    init = getattr(mod.trt, "init_libnvinfer_plugins", None)
-    if init is not None:
-        init(mod.trt.Logger(mod.trt.Logger.ERROR), "")
-
-
-CUDNN_LIB_ENV = "TRTFORGE_CUDNN_LIB"  # a directory holding libcudnn*.so.9, for plugin libraries that link cuDNN
-_LOADED_LIBRARIES: dict[str, Any] = {}
-
-
-def cudnn_lib_dirs(env: dict[str, str], search_path: list[str], recorded: Path | None = None) -> list[Path]:
-    """Where cuDNN 9's libraries may be, in order: $TRTFORGE_CUDNN_LIB, the directory the plugin library was built
-    against (its cache sidecar's), then each nvidia/cudnn/lib under the search path (the nvidia-cudnn-cu12/cu13 wheels'
-    layout). Pure, so the order is tested without any library."""
-    dirs = [Path(env[CUDNN_LIB_ENV])] if env.get(CUDNN_LIB_ENV) else []
-    dirs += [recorded] if recorded is not None else []
-    dirs += [Path(p) / "nvidia" / "cudnn" / "lib" for p in search_path if p]
-    return [d for d in dirs if (d / "libcudnn.so.9").is_file()]
-
-
-def _preload_cudnn(recorded: Path | None = None) -> Path | None:
-    """Load cuDNN 9's parts (graph first) by full path, globally, so a plugin library's `libcudnn.so.9` and cuDNN's
-    own dlopen of its sub-libraries resolve to them; None when no directory holds them (the loader's own search
-    path, e.g. LD_LIBRARY_PATH, may still find them)."""
-    import ctypes
-    import os
-    import sys
-
-    found = cudnn_lib_dirs(dict(os.environ), sys.path, recorded)
-    if not found:
-        return None
-    order = ["libcudnn_graph.so.9", "libcudnn.so.9"]
-    for lib in order + sorted(p.name for p in found[0].glob("libcudnn_*.so.9") if p.name not in order):
-        path = str(found[0] / lib)
-        if path not in _LOADED_LIBRARIES:
-            _LOADED_LIBRARIES[path] = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-    return found[0]
-
-
-_PLUGIN_LIBRARIES: dict[str, dict[str, Any]] = {}  # every plugin library loaded in this process: {path, sha256}
-
-
-def loaded_plugin_libraries() -> list[dict[str, Any]]:
-    """What an engine built now may depend on: TensorRT's plugin registry is process-wide, so a library that an earlier
-    build (or a pipeline step) of this process loaded serves this build's passes too, and its sidecar must name it."""
-    return [dict(r) for r in _PLUGIN_LIBRARIES.values()]
-
-
-def _preload_companions(library: Path) -> Path | None:
-    """For a library `trtforge plugins build` made (its cache sidecar beside it): load the cuBLASLt and nvrtc it found
-    in the wheels (opened later by name, by the GEMM plugin and by cuDNN) and return the cuDNN lib directory it was built
-    against; None for any other library."""
-    import ctypes
-
-    from trtforge.plugin_discovery import SIDECAR_KIND
-
-    try:
-        record = json.loads(Path(str(library) + ".json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("kind") != SIDECAR_KIND:
-        return None
-    for lib in record.get("runtime_libraries") or []:
-        if Path(lib).is_file() and lib not in _LOADED_LIBRARIES:
-            try:
-                _LOADED_LIBRARIES[lib] = ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-            except OSError:  # the loader's own search may still find another copy; the plugin says so if not
-                pass
-    cudnn = (record.get("cudnn") or {}).get("lib")
-    return Path(cudnn) if cudnn else None
-
-
-def load_plugin_libraries(mod: TrtModule, paths: list[str] | None) -> list[dict[str, Any]]:
-    """Load each plugin library (its creators register themselves with TensorRT's registry when loaded), once per
-    process; [{path, sha256}] of these. A missing or unloadable file is the user's to fix: one sentence."""
-    import ctypes
-
-    records = []
-    for raw in paths or []:
-        path = Path(raw).expanduser().resolve()
-        if not path.is_file():
-            raise UserError(
-                f"plugin library {raw} does not exist; build it with `trtforge plugins build` or fix "
-                "--plugin-library (config key build.plugin_libraries)."
-            )
-        if mod.flavour != "tensorrt":
-            raise UserError(f"plugin library {path.name} is a TensorRT plugin; {mod.label} does not load plugins (drop --plugin-library).")
-        key = str(path)
-        if key not in _LOADED_LIBRARIES:
-            init_plugins(mod)  # TensorRT's own creators first; the library's register beside them
-            built_with = _preload_companions(path)
-            try:
-                cudnn = _preload_cudnn(built_with) if built_with is not None else _preload_cudnn()
-            except OSError as exc:
-                raise UserError(
-                    f"cannot load cuDNN for plugin library {path.name}: {exc}; point {CUDNN_LIB_ENV} at a "
-                    "cuDNN 9 lib directory built for this CUDA."
-                ) from exc
-            try:
-                _LOADED_LIBRARIES[key] = ctypes.CDLL(key, mode=ctypes.RTLD_GLOBAL)
-            except OSError as exc:
-                hint = (
-                    f"cuDNN was taken from {cudnn}"
-                    if cudnn
-                    else f"no cuDNN 9 found: set {CUDNN_LIB_ENV} to the directory of libcudnn.so.9 or put it on LD_LIBRARY_PATH"
-                )
-                raise UserError(f"cannot load plugin library {path}: {exc} ({hint}).") from exc
-            _PLUGIN_LIBRARIES[key] = {"path": key, "sha256": sha256_file(path)}
-        records.append(dict(_PLUGIN_LIBRARIES[key]))
-    return records
-
-
-def load_engine_plugin_libraries(mod: TrtModule, sidecar: dict[str, Any], engine_path: Path | str) -> list[dict[str, Any]]:
-    """Load the plugin libraries an engine's sidecar says its build loaded: they must be in the process before the
-    engine is deserialized. A library that is gone is named with the engine, so the fix (rebuild, or --plugin-library)
-    is clear."""
-    paths = [_cached_in_place_of(mod, r["path"]) for r in sidecar.get("plugin_libraries") or []]
-    for p in paths:
-        if not Path(p).is_file():
-            raise UserError(
-                f"engine {Path(engine_path).name} holds plugin layers from {p}, which does not exist; "
-                "give its new place with --plugin-library, run `trtforge plugins build`, or rebuild the engine."
-            )
-    return load_plugin_libraries(mod, paths)
-
-
-def _cached_in_place_of(mod: TrtModule, recorded: str) -> str:
-    """A recorded libtrtforge_plugins that is not on this machine (the engine was built elsewhere, or the cache moved)
-    is replaced by this machine's cached library for the same TensorRT and GPU, built from the same sources."""
-    from trtforge.plugin_discovery import LIBRARY_NAME
-
-    if Path(recorded).is_file() or Path(recorded).name != LIBRARY_NAME or mod.flavour != "tensorrt":
-        return recorded
-    from trtforge.plugins_build import gpu_sm, state_for
-
-    state = state_for(mod.version, gpu_sm())
-    return str(state.path) if state.status == "found" and state.path else recorded
-
-
-def plugin_registered(mod: TrtModule, name: str, version: str) -> bool:
-    if mod.flavour != "tensorrt":
-        return False
-    try:
-        init_plugins(mod)
-        return mod.trt.get_plugin_registry().get_plugin_creator(name, version, "") is not None
-    except Exception:  # no plugin library, or a registry API this TensorRT does not have
-        return False
-
-
-def _parse(mod: TrtModule, onnx_path: Path, logger: _Logger, node_names: list[tuple[str, str]]) -> tuple[Any, Any, Any]:
+def _parse(mod: TrtModule, onnx_path: Path, logger: Logger, node_names: list[tuple[str, str]]) -> tuple[Any, Any, Any]:
     trt = mod.trt
     builder = trt.Builder(logger.impl)
     if mod.flavour == "tensorrt_rtx":
@@ -493,9 +342,9 @@ def _heartbeat(progress: BuildProgress, on_tick: Tick | None, interval_s: float)
 
 def _rtx_runs_here() -> bool:
     """A GPU that TensorRT-RTX supports is present (it refuses sm_90 H100/H200)."""
-    from trtforge.doctor import _support_here
+    from trtforge.core.platform import support_here
 
-    return _support_here()["tensorrt_rtx"][0]
+    return support_here()["tensorrt_rtx"][0]
 
 
 def _io_of(network: Any) -> list[dict[str, Any]]:
@@ -543,7 +392,7 @@ def _build_engine(
     tick_s: float,
     node_names: list[tuple[str, str]],
 ) -> BuildOutput:
-    logger = _Logger(mod.trt)
+    logger = Logger(mod.trt)
     notes: list[str] = []
     builder, network, _parser = _parse(mod, onnx_path, logger, node_names)
     interrupts.check()
@@ -577,20 +426,20 @@ _TENSOR_RE = re.compile(r"tensor:? '?([^\s':]+)")
 
 
 def _explain_build_failure(
-    mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions, logger: _Logger, node_names: list[tuple[str, str]]
+    mod: TrtModule, onnx_path: Path, profiles: list[Profile], options: BuildOptions, logger: Logger, node_names: list[tuple[str, str]]
 ) -> str:
-    first = _shorten(logger.errors()[0]) if logger.errors() else "the builder returned no engine"
+    first = shorten(logger.errors()[0]) if logger.errors() else "the builder returned no engine"
     if len(profiles) > 1:
         for profile in profiles:  # rebuild each profile alone: which one breaks?
             interrupts.check()
-            single = _Logger(mod.trt)
+            single = Logger(mod.trt)
             builder, network, _ = _parse(mod, onnx_path, single, node_names)
             config, _, _ = _configure(mod, builder, network, options, [profile], [])
             with _monitored(mod, config, BuildProgress(1)):  # Ctrl-C cancels these rebuilds too (TensorRT >= 10, RTX)
                 rebuilt = builder.build_serialized_network(network, config)
             interrupts.check()  # a cancelled rebuild is Ctrl-C, not the failing profile
             if rebuilt is None:
-                msg = _shorten(single.errors()[0]) if single.errors() else first
+                msg = shorten(single.errors()[0]) if single.errors() else first
                 return _sentence(profile, msg)
     return _sentence(profiles[0], first) if len(profiles) == 1 else f"the engine build failed: {first}"
 
@@ -604,250 +453,5 @@ def _sentence(profile: Profile, message: str) -> str:
     )
 
 
-def _shorten(message: str) -> str:
+def shorten(message: str) -> str:
     return " ".join(message.split())[:400]
-
-
-class InspectorParseError(ValueError):
-    """The engine inspector's JSON could not be read even after repair."""
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_BAD_ESCAPE = re.compile(r'\\(?!["\\/bfnrtu])')
-
-
-def parse_inspector_json(text: str) -> dict[str, Any]:
-    """The inspector's JSON, read tolerantly. Pure.
-
-    TensorRT 8.6 wrote raw control characters into layer names of a torchvision ResNet-50
-    ("Invalid control character"): strict=False accepts them inside strings; the fallback blanks control
-    characters anywhere (outside strings too) and doubles stray backslashes. Raises InspectorParseError with the reason."""
-    import json
-
-    try:
-        data = json.loads(text, strict=False)
-    except ValueError:
-        repaired = _CONTROL.sub(" ", _BAD_ESCAPE.sub(r"\\\\", text))
-        try:
-            data = json.loads(repaired, strict=False)
-        except ValueError as exc:
-            raise InspectorParseError(f"unreadable engine inspector JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise InspectorParseError(f"engine inspector JSON is a {type(data).__name__}, not an object")
-    return data
-
-
-def engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None = None) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """Layer information (DETAILED) from the engine inspector, or (None, why) where it cannot load.
-
-    With dynamic shapes, formats and precisions are only known for concrete shapes: an execution
-    context set to `profile`'s opt shapes is handed to the inspector. Raises InspectorParseError."""
-    with interrupts.deferred():  # TensorRT swallows a KeyboardInterrupt raised in its logger
-        return _engine_layers(mod, engine_bytes, profile)
-
-
-def _engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None) -> tuple[list[dict[str, Any]] | None, str | None]:
-    trt = mod.trt
-    logger = _Logger(trt)
-    try:
-        runtime = trt.Runtime(logger.impl)
-        engine = runtime.deserialize_cuda_engine(engine_bytes)
-    except Exception as exc:
-        return None, f"cannot deserialize here: {exc}"
-    if engine is None:
-        why = _shorten(logger.errors()[0]) if logger.errors() else "deserialization returned None"
-        return None, f"cannot deserialize here ({why})"
-    inspector = engine.create_engine_inspector()
-    context = None
-    context_error = None
-    if profile is not None:
-        try:
-            context = engine.create_execution_context()
-            for name, (_lo, opt, _hi) in profile.shapes.items():
-                context.set_input_shape(name, opt)
-            inspector.execution_context = context
-        except Exception as exc:  # formats then stay "N/A due to dynamic shapes"; say why
-            context, context_error = None, f"{type(exc).__name__}: {exc}"
-    info = parse_inspector_json(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
-    layers = info.get("Layers", [])
-    return [layer if isinstance(layer, dict) else {"Name": layer} for layer in layers], context_error
-
-
-# The builder's VERBOSE per-layer report: 8.6 prints "Engine Layer Information:" then one
-# "Layer(TYPE): NAME, Tactic: T, in[Dtype(dims)], ... -> out[Dtype(dims)]" line per layer; TensorRT 10 and
-# TensorRT-RTX print "Layers:" then "Name: N, LayerType: T, Inputs: [ { Name: x, ..., Datatype: Float, ... }], ...".
-LAYER_LOG_HEADERS = ("Engine Layer Information:", "Layers:")
-_LOG_PREFIX = re.compile(r"^(?:\[[^\]]*\]\s*)+(?=Layer\(|Name: )")  # "[V] [TRT] " and timestamps
-_LOG86_LAYER = re.compile(r"^Layer\(([^)]*)\): (.*?), Tactic: (\S+?), (.*)$")
-_LOG86_TENSOR = re.compile(r"(?:^|, )(.*?)\[([A-Za-z][A-Za-z0-9]*)\(([-\d,\s]*)\)\]")
-# The same report as TensorRT 8.6 GA and 9.x print it on the H200 (the bracketed form above gave every
-# layer empty I/O there): "name (Dtype[dims])".
-_LOG86_TENSOR_PAREN = re.compile(r"(?:^|, )(.*?) \(([A-Za-z][A-Za-z0-9]*)\[([-\d,\s]*)\]\)")
-_LOG10_LAYER = re.compile(r"^Name: (.*?), LayerType: (.*?), Inputs: \[(.*?)\], Constants: .*?Outputs: \[(.*?)\], TacticName: ([^,]*)")
-_LOG10_TENSOR = re.compile(r"\{ Name: (.*?), Dimensions: \[([-\d,]*)\].*?Datatype: (\w+)")
-
-
-def parse_layer_log(text: str) -> list[dict[str, Any]]:
-    """Per-layer types and I/O datatypes from the builder's verbose layer report (either format). Pure.
-
-    The records use the inspector's JSON keys (Name, LayerType, Inputs, Outputs with Datatype) so one
-    summary serves both; dims of dynamic axes are negative."""
-    layers = []
-    for line in (raw.strip() for raw in text.splitlines()):
-        line = _LOG_PREFIX.sub("", line)
-        m86 = _LOG86_LAYER.match(line)
-        if m86:
-            ins, _, outs = m86.group(4).partition(" -> ")
-            layers.append(
-                {
-                    "Name": m86.group(2),
-                    "LayerType": m86.group(1),
-                    "TacticValue": m86.group(3),
-                    "Inputs": _tensors86(ins),
-                    "Outputs": _tensors86(outs),
-                }
-            )
-            continue
-        m10 = _LOG10_LAYER.match(line)
-        if m10:
-            layers.append(
-                {
-                    "Name": m10.group(1),
-                    "LayerType": m10.group(2),
-                    "TacticName": m10.group(5),
-                    "Inputs": _tensors10(m10.group(3)),
-                    "Outputs": _tensors10(m10.group(4)),
-                }
-            )
-    return layers
-
-
-def _tensors86(part: str) -> list[dict[str, Any]]:
-    found = _LOG86_TENSOR.findall(part) or _LOG86_TENSOR_PAREN.findall(part)
-    return [
-        {"Name": name.strip(), "Datatype": dtype, "Dimensions": [int(d) for d in dims.split(",") if d.strip()]}
-        for name, dtype, dims in found
-    ]
-
-
-def _tensors10(part: str) -> list[dict[str, Any]]:
-    return [
-        {"Name": name, "Datatype": dtype, "Dimensions": [int(d) for d in dims.split(",") if d]}
-        for name, dims, dtype in _LOG10_TENSOR.findall(part)
-    ]
-
-
-_DTYPE_WORDS = (
-    ("Int8", ("int8",)),
-    ("BFloat16", ("bfloat16", "bf16")),
-    ("Half", ("half", "fp16")),
-    ("FP8", ("fp8",)),
-    ("Int32", ("int32",)),
-    ("Int64", ("int64",)),
-    ("Bool", ("bool",)),
-    ("Float", ("float", "fp32")),
-)
-
-
-def tensor_dtype(tensor: dict[str, Any]) -> str | None:
-    """'Int8', 'Half', 'Float', ... from a build-log record or the inspector's 'Format/Datatype' text;
-    None where unknown (the 8.6 inspector says 'N/A due to dynamic shapes')."""
-    text = str(tensor.get("Datatype") or tensor.get("Format/Datatype") or "").lower()
-    return next((name for name, words in _DTYPE_WORDS if any(w in text for w in words)), None)
-
-
-_INT8_KERNEL = re.compile(r"(?:^|[_\W])(?:i8|int8|imma)(?:[_\W\d]|$)|i8i8|int8x4|i8816|i8832", re.IGNORECASE)
-
-
-def int8_kernel(name: str) -> bool:
-    """A kernel/tactic name that says int8 math: 'i8i8', 'imma', 'int8', '_s8_'... (Ampere/Hopper xmma
-    names such as sm90_xmma_gemm_i8i8_i8i32_f32_...). Pure."""
-    return bool(_INT8_KERNEL.search(name or ""))
-
-
-def runs_int8(layer: dict[str, Any]) -> bool:
-    """A compute layer that consumes int8 tensors or runs an int8 kernel (reformats that only
-    quantize/dequantize do not count)."""
-    if "reformat" in str(layer.get("LayerType", "")).lower():
-        return False
-    if int8_kernel(str(layer.get("TacticName") or "")):
-        return True
-    return any(tensor_dtype(t) == "Int8" for t in layer.get("Inputs") or [] if isinstance(t, dict))
-
-
-def opaque(layer: dict[str, Any]) -> bool:
-    """A Myelin 'ForeignNode' that names no kernel: TensorRT 8.6 compiles whole transformer blocks into
-    one such layer and neither its inspector nor its build log lists the kernels inside, so whether the
-    GEMMs in it run int8 cannot be read off the engine (only a kernel profile, e.g. Nsight Compute, shows it)."""
-    mye = "myelin" in str(layer.get("LayerType", "")).lower() or "ForeignNode" in str(layer.get("Name", ""))
-    return mye and not layer.get("TacticName")
-
-
-def summarize_layers(layers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts of layers by type and by output precision, and the layers that run INT8 (pure)."""
-    by_type: dict[str, int] = {}
-    by_precision: dict[str, int] = {}
-    for layer in layers:
-        kind = str(layer.get("LayerType", "Unknown"))
-        by_type[kind] = by_type.get(kind, 0) + 1
-        outputs = [t for t in layer.get("Outputs") or [] if isinstance(t, dict)]
-        precision = (tensor_dtype(outputs[0]) or "unknown") if outputs else "unknown"
-        by_precision[precision] = by_precision.get(precision, 0) + 1
-    int8 = [str(layer.get("Name")) for layer in layers if runs_int8(layer)]
-    hidden = [str(layer.get("Name")) for layer in layers if opaque(layer)]
-    boundary = sorted(
-        {
-            tensor_dtype(t) or "unknown"
-            for layer in layers
-            if opaque(layer)
-            for t in (layer.get("Inputs") or []) + (layer.get("Outputs") or [])
-            if isinstance(t, dict)
-        }
-    )
-    return {
-        "by_type": by_type,
-        "by_precision": by_precision,
-        "int8_layers": int8,
-        "opaque_layers": hidden,
-        "opaque_boundary_types": boundary,
-        "int8_verdict": int8_verdict(len(layers), int8, hidden, boundary),
-    }
-
-
-def int8_verdict(total: int, int8: list[str], hidden: list[str], boundary: list[str]) -> str:
-    """One sentence on what the engine shows about INT8, saying plainly what it cannot show. Pure."""
-    shown = f"{len(int8)} of {total} layers run INT8 (int8 inputs or an int8 kernel)"
-    if not hidden:
-        return shown
-    types = f" (tensor types at their boundaries: {', '.join(boundary)})" if boundary else ""
-    return (
-        f"{shown}; {len(hidden)} Myelin layer(s) are opaque{types}: this TensorRT lists no kernels inside them, "
-        "so whether their GEMMs run INT8 cannot be told from the engine; a kernel profile shows it "
-        "(benchmarks/gpu/int8_probe.py kernels on an Nsight Compute CSV)"
-    )
-
-
-def runtime_identity(mod: TrtModule) -> dict[str, Any]:
-    from trtforge.doctor import _gpu
-
-    gpu = _gpu()
-    return {
-        "backend": mod.flavour,
-        "version": mod.version,
-        "gpu": gpu["name"] if gpu else None,
-        "compute_capability": gpu["compute_capability"] if gpu else None,
-    }
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    return np.dtype(
-        {
-            "float32": np.float32,
-            "float16": np.float16,
-            "int32": np.int32,
-            "int64": np.int64,
-            "bool": np.bool_,
-            "int8": np.int8,
-            "uint8": np.uint8,
-        }[name]
-    )

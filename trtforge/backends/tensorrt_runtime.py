@@ -28,88 +28,14 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from trtforge import interrupts
+from trtforge.backends.base import RunnerLifecycle
 from trtforge.backends.cuda_async import stack_into, submit_calls
-from trtforge.copymerge import OutputCopies
-from trtforge.errors import UserError
-from trtforge.profiles import Profile, profiles_from_json, select_profile
-from trtforge.runloop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, check_gpu_wait, padded_batch, slot_bytes
-
-
-def _cudart() -> Any:
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        try:
-            from cuda import cudart  # type: ignore[no-redef]  # cuda-python < 12.6
-        except ImportError:
-            raise UserError("cuda-python is not installed; `pip install cuda-python` (extra 'cuda') to run engines.") from None
-    return cudart
-
-
-def _handle(obj: Any) -> int:
-    """TensorRT takes CUDA streams as plain integers; cuda-python gives typed handles."""
-    try:
-        return int(obj)
-    except TypeError:
-        return int(obj.getPtr())
-
-
-def _ok(result: Any) -> Any:
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        cudart = _cudart()
-        name = cudart.cudaGetErrorString(err)[1]
-        raise RuntimeError(f"CUDA error {int(err)}: {name.decode() if isinstance(name, bytes) else name}")
-    if not rest:
-        return None
-    return rest[0] if len(rest) == 1 else tuple(rest)
-
-
-def _check_gpu_supported(flavour: str, engine_path: Path) -> None:
-    """Say in one sentence when this GPU cannot run the flavour's engines (TensorRT-RTX refuses sm_90)."""
-    from trtforge.doctor import _support_here
-
-    ok, why = _support_here().get(flavour, (True, ""))
-    if not ok:
-        raise UserError(
-            f"{Path(engine_path).name} cannot run here: {flavour} engines {why.removeprefix('no: ')}; "
-            "rebuild it with a TensorRT that supports this GPU, or run its ONNX on ONNX Runtime."
-        )
-
-
-class PinnedBuffer:
-    def __init__(self, nbytes: int):
-        self.nbytes = max(int(nbytes), 1)
-        self.ptr = int(_ok(_cudart().cudaMallocHost(self.nbytes)))
-        self._raw = (ctypes.c_byte * self.nbytes).from_address(self.ptr)
-        self._views: dict[tuple[str, tuple[int, ...]], np.ndarray] = {}
-
-    def view(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """The buffer's first bytes as an array; views are kept per (dtype, shape): a batch asks for the same ones."""
-        key = (np.dtype(dtype).str, tuple(shape))
-        view = self._views.get(key)
-        if view is None:
-            view = np.frombuffer(self._raw, dtype=dtype, count=math.prod(shape)).reshape(shape)
-            self._views[key] = view
-        return view
-
-    def free(self) -> None:
-        if self.ptr:
-            self._views.clear()
-            _cudart().cudaFreeHost(self.ptr)
-            self.ptr = 0
-
-
-class DeviceBuffer:
-    def __init__(self, nbytes: int):
-        self.nbytes = max(int(nbytes), 1)
-        self.ptr = int(_ok(_cudart().cudaMalloc(self.nbytes)))
-
-    def free(self) -> None:
-        if self.ptr:
-            _cudart().cudaFree(self.ptr)
-            self.ptr = 0
+from trtforge.backends.cuda_memory import DeviceBuffer, PinnedBuffer, check_gpu_supported, cuda_check, cuda_handle, cuda_runtime
+from trtforge.build.profiles import Profile, profiles_from_json, select_profile
+from trtforge.core import interrupts
+from trtforge.core.errors import UserError
+from trtforge.runtime.copymerge import OutputCopies
+from trtforge.runtime.loop import CAPTURE, ENQUEUE, LAUNCH, GraphCache, StageClock, check_gpu_wait, padded_batch, slot_bytes
 
 
 class RuntimeLogger:
@@ -157,13 +83,6 @@ class _Slot:
     pending: Any = None  # (tag, profile, output shapes, not a graph replay) of the batch in flight
 
 
-def allocate_pinned(nbytes: int) -> tuple[np.ndarray, Callable[[], None]]:
-    """Page-locked host memory as a uint8 array, and what frees it (an outpool.OutputPool allocator): memory the GPU's
-    copy engine may write into asynchronously."""
-    buffer = PinnedBuffer(nbytes)
-    return buffer.view(np.uint8, (buffer.nbytes,)), buffer.free
-
-
 @dataclass
 class BatchTiming:
     profile: int
@@ -171,7 +90,7 @@ class BatchTiming:
     wall_ms: float  # wall time this batch cost: since the previous batch completed (see runloop.completion_intervals)
 
 
-class TrtRunner:
+class TrtRunner(RunnerLifecycle):
     """Runs an engine built by `trtforge build`; `run` for one batch, `run_many` for a pipelined stream.
 
     `slots` staging slots (device + pinned host buffers, sized once for any profile's largest batch, so
@@ -196,13 +115,13 @@ class TrtRunner:
         gpu_wait: str = "spin",
     ):
         self.mod, self.trt = mod, mod.trt
-        _check_gpu_supported(mod.flavour, engine_path)
-        cudart = _cudart()
-        self.free_before = _ok(cudart.cudaMemGetInfo())[0]
+        check_gpu_supported(mod.flavour, engine_path)
+        cudart = cuda_runtime()
+        self.free_before = cuda_check(cudart.cudaMemGetInfo())[0]
         self.logger = RuntimeLogger(self.trt)
         logger = self.logger.impl
         data = Path(engine_path).read_bytes()
-        from trtforge.backends.tensorrt import load_engine_plugin_libraries
+        from trtforge.backends.plugin_libraries import load_engine_plugin_libraries
 
         load_engine_plugin_libraries(mod, sidecar, engine_path)  # their layers' creators, first
         with interrupts.deferred():  # TensorRT swallows a KeyboardInterrupt raised in its logger
@@ -219,13 +138,13 @@ class TrtRunner:
         self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == mode_in]
         self.output_names = [n for n in names if self.engine.get_tensor_mode(n) != mode_in]
         self.dtypes = {n: np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
-        self.compute_stream = _ok(cudart.cudaStreamCreate())
-        self.h2d_stream = _ok(cudart.cudaStreamCreate())
-        self.d2h_stream = _ok(cudart.cudaStreamCreate())
-        self._streams = {name: _handle(getattr(self, name)) for name in ("compute_stream", "h2d_stream", "d2h_stream")}
-        probe = _ok(cudart.cudaEventCreate())
+        self.compute_stream = cuda_check(cudart.cudaStreamCreate())
+        self.h2d_stream = cuda_check(cudart.cudaStreamCreate())
+        self.d2h_stream = cuda_check(cudart.cudaStreamCreate())
+        self._streams = {name: cuda_handle(getattr(self, name)) for name in ("compute_stream", "h2d_stream", "d2h_stream")}
+        probe = cuda_check(cudart.cudaEventCreate())
         # the submitting path's calls keep the GIL (cuda_async.py says why), where the probe shows they work here
-        self.cuda, self.submit_calls = submit_calls(cudart, _ok, _handle(probe), self._streams["compute_stream"])
+        self.cuda, self.submit_calls = submit_calls(cudart, cuda_check, cuda_handle(probe), self._streams["compute_stream"])
         cudart.cudaEventDestroy(probe)
         self.timings: list[BatchTiming] = []
         self.peak_bytes = 0
@@ -298,8 +217,8 @@ class TrtRunner:
             ctx = self._new_context()
             if ctx is None:
                 raise RuntimeError(f"TensorRT could not create an execution context for profile {profile} (out of GPU memory?)")
-            ctx.set_optimization_profile_async(profile, _handle(self.compute_stream))
-            _ok(_cudart().cudaStreamSynchronize(self.compute_stream))
+            ctx.set_optimization_profile_async(profile, cuda_handle(self.compute_stream))
+            cuda_check(cuda_runtime().cudaStreamSynchronize(self.compute_stream))
             self.contexts[profile] = ctx
         return self.contexts[profile]
 
@@ -315,21 +234,21 @@ class TrtRunner:
         }
 
     def _make_slot(self, sizes: dict[str, int]) -> _Slot:
-        cudart = _cudart()
+        cudart = cuda_runtime()
         slot = _Slot()
         for name in ("h2d", "start", "end", "d2h"):
             if name == "d2h" and self.gpu_wait == "block":  # the one the collector synchronizes on
-                slot.events[name] = _ok(cudart.cudaEventCreateWithFlags(getattr(cudart, "cudaEventBlockingSync", 1)))
+                slot.events[name] = cuda_check(cudart.cudaEventCreateWithFlags(getattr(cudart, "cudaEventBlockingSync", 1)))
             else:
-                slot.events[name] = _ok(cudart.cudaEventCreate())
-            slot.event_handles[name] = _handle(slot.events[name])
+                slot.events[name] = cuda_check(cudart.cudaEventCreate())
+            slot.event_handles[name] = cuda_handle(slot.events[name])
         for name, nbytes in sizes.items():
             slot.device[name] = DeviceBuffer(nbytes)
             slot.host[name] = PinnedBuffer(nbytes)
         return slot
 
     def _note_memory(self) -> None:
-        free, _total = _ok(_cudart().cudaMemGetInfo())
+        free, _total = cuda_check(cuda_runtime().cudaMemGetInfo())
         self.peak_bytes = max(self.peak_bytes, int(self.free_before - free))
 
     def profile_for(self, feeds: dict[str, Any], shapes: dict[str, tuple[int, ...]] | None = None) -> int:
@@ -388,16 +307,16 @@ class TrtRunner:
 
     def _capture(self, ctx: Any) -> tuple[Any, str | None]:
         """One enqueue captured as a CUDA graph and instantiated; (None, why) when TensorRT's enqueue cannot be captured."""
-        cudart = _cudart()
+        cudart = cuda_runtime()
         stream = self.compute_stream
         try:
-            _ok(cudart.cudaStreamBeginCapture(stream, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
+            cuda_check(cudart.cudaStreamBeginCapture(stream, cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal))
         except RuntimeError as exc:
             return None, f"cudaStreamBeginCapture: {exc}"
         why = None
         with self.logger.holding() as held:  # an engine that refuses capture says so in an error: recorded, not printed
             try:
-                if not ctx.execute_async_v3(_handle(stream)):
+                if not ctx.execute_async_v3(cuda_handle(stream)):
                     why = "execute_async_v3 failed under capture" + (f" ({held[-1]})" if held else "")
             except Exception as exc:  # the capture is ended below either way; the batch then runs plainly
                 why = f"execute_async_v3 under capture: {type(exc).__name__}: {exc}"[:300]
@@ -407,7 +326,7 @@ class TrtRunner:
                 cudart.cudaGraphDestroy(graph)
             return None, why or f"cudaStreamEndCapture: CUDA error {int(err)}"
         try:
-            exe = _ok(cudart.cudaGraphInstantiateWithFlags(graph, 0))
+            exe = cuda_check(cudart.cudaGraphInstantiateWithFlags(graph, 0))
         except RuntimeError as exc:
             cudart.cudaGraphDestroy(graph)
             return None, f"cudaGraphInstantiate: {exc}"
@@ -475,7 +394,7 @@ class TrtRunner:
                 raise RuntimeError(f"TensorRT execution failed on profile {profile}")
         else:
             exe = graph[1] if graph is not None else self.graphs.graphs[(profile, shape, s)][1]
-            cuda.launch(_handle(exe), streams["compute_stream"])
+            cuda.launch(cuda_handle(exe), streams["compute_stream"])
         self.graphs.done(profile, shape, s, action, graph, error)
         cuda.record(events["end"], streams["compute_stream"])
         cuda.wait(streams["d2h_stream"], events["end"])
@@ -484,10 +403,10 @@ class TrtRunner:
         slot.pending = (tag, profile, shapes, action != LAUNCH)
 
     def _collect(self, s: int, consume: Callable[[Any, dict[str, np.ndarray]], Any] | None = None) -> tuple[Any, Any]:
-        cudart = _cudart()
+        cudart = cuda_runtime()
         slot = self.slots[s]
         with self.host.stage("wait_gpu"):  # the collector thread waiting for the batch's compute and D2H copies
-            _ok(cudart.cudaEventSynchronize(slot.events["d2h"]))
+            cuda_check(cudart.cudaEventSynchronize(slot.events["d2h"]))
         done = time.perf_counter()
         tag, profile, shapes, not_replay = slot.pending
         slot.pending = None
@@ -531,7 +450,7 @@ class TrtRunner:
         try:
             yield from self._pipelined(batches, profile, consume, place)
         finally:  # a failed or abandoned loop: no copy may still be writing into memory the caller frees next
-            cudart = _cudart()
+            cudart = cuda_runtime()
             for name in ("compute_stream", "h2d_stream", "d2h_stream"):
                 cudart.cudaStreamSynchronize(getattr(self, name))
 
@@ -603,7 +522,7 @@ class TrtRunner:
         )
 
     def close(self) -> None:
-        cudart = _cudart()
+        cudart = cuda_runtime()
         for graph, exe in self.graphs.graphs.values():
             cudart.cudaGraphExecDestroy(exe)
             cudart.cudaGraphDestroy(graph)

@@ -18,8 +18,8 @@ import math
 import struct
 from pathlib import Path
 
-from trtforge.artifacts import content_mismatch, sha256_bytes, write_text_atomic
-from trtforge.errors import UserError
+from trtforge.core.artifacts import content_mismatch, sha256_bytes, write_text_atomic
+from trtforge.core.errors import UserError
 
 ALGORITHMS = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration", "percentile": "LegacyCalibration"}
 DEFAULT_TRT_VERSION = "8600"

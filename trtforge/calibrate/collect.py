@@ -16,7 +16,7 @@ import onnx
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate.methods import StreamingHistogram
 from trtforge.calibrate.placement import GEMM_OPS, QuantPlan, QuantTarget, plan_quantization  # noqa: F401 (re-exported)
-from trtforge.graph import expose_tensors
+from trtforge.graph.index import expose_tensors
 
 
 @dataclass

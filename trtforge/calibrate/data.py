@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from trtforge.config import InputSpec
-from trtforge.errors import UserError
+from trtforge.core.config import AxisRange, InputSpec
+from trtforge.core.errors import UserError
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -294,3 +294,23 @@ def batches(
 
 def _stack(group: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([s[k] for s in group], axis=0) for k in group[0]}
+
+
+def max_sample_length(specs: list[InputSpec], axes: dict[str, AxisRange]) -> int:
+    lengths = [axes[d].max for s in specs for d in s.shape[1:] if isinstance(d, str) and d in axes]
+    return max(lengths) if lengths else 512
+
+
+def tokenizer_factory(onnx_path: Path) -> Callable[[], Any] | None:
+    """The model's tokenizer (trtforge.tokenize.TextTokenizer), found through the sidecar chain of
+    `onnx_path` (the directory export saved, relative to its ONNX), or the built-in MiniLM's; None when
+    there is none."""
+    from trtforge.runtime.tokenize import TextTokenizer, find_tokenizer_dir
+
+    directory = find_tokenizer_dir(onnx_path)
+    return (lambda: TextTokenizer(directory)) if directory else None
+
+
+def limited_batches(samples: list[dict[str, np.ndarray]], limit: int | None) -> list[dict[str, np.ndarray]]:
+    chosen = samples[:limit] if limit else samples
+    return list(batches(chosen, 16))

@@ -1,9 +1,9 @@
 """Engine re-check: the held-out INT8 gate measured on the TensorRT engine, beside ONNX Runtime's figure.
 
 ONNX Runtime executing a Q/DQ ONNX is not what users deploy. TensorRT fuses and reorders the graph, so
-its rounding happens elsewhere (issue 10: BERT-base at cosine 0.9998 on ORT ran at 0.74 on the
-engine). So where this machine can execute TensorRT engines, `calibrate` (after writing the Q/DQ ONNX)
-and `build` (for an int8/best engine whose ONNX came from calibrate) run the same held-out samples
+its rounding happens elsewhere (a BERT-base Q/DQ ONNX at cosine 0.9998 on ORT ran at 0.74 on the
+engine; docs/performance.md#int8-qdq-placement). So where this machine can execute TensorRT engines,
+`calibrate` (after writing the Q/DQ ONNX) and `build` (for an int8/best engine whose ONNX came from calibrate) run the same held-out samples
 through the engine and apply the same gate. A gate that passes on ORT and fails on the engine is a
 failed check (exit 1). Where no engine can execute, the check is recorded as skipped, with the
 reason, in the output and in the sidecar.
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from trtforge.backends.base import RunnerLifecycle
 
 SKIPPED = "engine re-check: skipped (no GPU / no TensorRT runtime here)"
 # TensorRT 8.6 wheels come without working cuBLAS/cuDNN here: their tactic sources stay off (trtexec's
@@ -34,9 +36,9 @@ class EngineHooks:
 
 def runtime_here() -> tuple[bool, str]:
     """(True, flavour) when a TensorRT flavour can execute engines on this machine, else (False, why)."""
-    from trtforge.doctor import _support_here
+    from trtforge.core.platform import support_here
 
-    support = _support_here()
+    support = support_here()
     for flavour in ("tensorrt", "tensorrt_rtx"):
         ok, _why = support.get(flavour, (False, ""))
         if ok:
@@ -44,19 +46,12 @@ def runtime_here() -> tuple[bool, str]:
     return False, "; ".join(f"{k}: {why.removeprefix('no: ')}" for k, (_, why) in support.items())
 
 
-def default_hooks(precision: str = "best") -> EngineHooks:
-    def build(onnx_path: Path) -> tuple[Path, dict[str, Any]]:
-        from trtforge.backends.tensorrt import BuildOptions, load_trt
-        from trtforge.build import build as build_engine
-        from trtforge.build import default_engine_path
+def runtime_hooks() -> EngineHooks:
+    """Hooks that open a runner on an engine that exists (build's re-checks); building one is calibrate's
+    (calibrate/recheck.default_hooks)."""
 
-        _, flavour = runtime_here()
-        mod = load_trt(flavour)
-        options = BuildOptions(tactic_sources=TACTICS_86 if mod.flavour == "tensorrt" and mod.major < 10 else None)
-        result = build_engine(
-            onnx_path, default_engine_path(onnx_path, precision), precision, backend=flavour, options=options, engine_check=False
-        )
-        return result.engine_path, result.sidecar
+    def build(onnx_path: Path) -> tuple[Path, dict[str, Any]]:
+        raise RuntimeError(f"runtime hooks build no engines ({onnx_path})")
 
     def runner(engine: Path, sidecar: dict[str, Any]) -> Any:
         from trtforge.backends.tensorrt import load_trt
@@ -67,7 +62,7 @@ def default_hooks(precision: str = "best") -> EngineHooks:
     return EngineHooks(runtime_here, build, runner)
 
 
-class _Named:
+class NamedOutputs(RunnerLifecycle):
     """A runner whose output order is the reference's (the engine may list its outputs in another order;
     the sample cosine is taken on the first output)."""
 
@@ -78,8 +73,11 @@ class _Named:
         out = self.runner.run({k: v for k, v in feeds.items() if k in self.input_names})
         return {name: np.asarray(out[name], dtype=np.float32) for name in self.output_names}
 
+    def close(self) -> None:
+        self.runner.close()
 
-class _RunOnce:
+
+class RunOnce(RunnerLifecycle):
     """A runner that executes each feed (by identity) once and answers repeats from what it kept: the FP8 gate reads
     its real batches twice (cosine over every feed, top-1 over the real ones) and the engine need not run them twice."""
 
@@ -92,10 +90,14 @@ class _RunOnce:
             self._outputs[id(feeds)] = self.runner.run(feeds)
         return self._outputs[id(feeds)]
 
+    def close(self) -> None:
+        self._outputs.clear()
+        self.runner.close()
+
 
 def gate_options(int8_sidecar: dict[str, Any]) -> Any:
     """The calibrate options that carry the gate and held-out data recorded in a calibrate sidecar."""
-    from trtforge.calibrate.step import CalibrateOptions
+    from trtforge.calibrate.options import CalibrateOptions
 
     held = int8_sidecar.get("held_out") or {}
     gate = int8_sidecar.get("gate") or {}
@@ -126,8 +128,8 @@ def recheck(
     ORT figure; returns {status: passed|failed, ort, engine, failures, rows} (rows: the side-by-side table)."""
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
-    from trtforge.calibrate.step import gate_failures
-    from trtforge.onnxio import load_onnx
+    from trtforge.calibrate.options import gate_failures
+    from trtforge.core.onnxio import load_onnx
 
     options = gate_options(int8_sidecar)
     if batches is None:
@@ -136,7 +138,7 @@ def recheck(
     refs = reference_outputs(reference, batches)
     ort = int8_sidecar.get("accuracy") or {}
     kinds = ort.get("output_kinds") or {}
-    accuracy = evaluate(_Named(runner, reference.output_names), batches, refs, kinds).to_json()
+    accuracy = evaluate(NamedOutputs(runner, reference.output_names), batches, refs, kinds).to_json()
     accuracy["output_kinds"] = kinds
     fraction = int8_sidecar.get("int8_gemm_flops_fraction", 1.0)
     failures = [
@@ -164,9 +166,9 @@ def recheck(
 def held_out_batches(int8_onnx: Path, int8_sidecar: dict[str, Any]) -> list[dict[str, np.ndarray]]:
     """The held-out batches calibrate evaluated on (same data, same limit, same batching)."""
     from trtforge.calibrate import data as data_mod
-    from trtforge.calibrate.step import _eval_batches, _max_length, _tokenizer_factory
-    from trtforge.config import AxisRange, InputSpec
-    from trtforge.errors import UserError
+    from trtforge.calibrate.data import limited_batches, max_sample_length, tokenizer_factory
+    from trtforge.core.config import AxisRange, InputSpec
+    from trtforge.core.errors import UserError
 
     held = int8_sidecar.get("held_out") or {}
     if not held.get("data"):
@@ -174,9 +176,9 @@ def held_out_batches(int8_onnx: Path, int8_sidecar: dict[str, Any]) -> list[dict
     specs = [InputSpec(**s) for s in int8_sidecar["inputs"]]
     axes = {k: AxisRange(**v) for k, v in int8_sidecar["axes"].items()}
     _, samples = data_mod.load_samples(
-        Path(held["data"]), specs, _tokenizer_factory(int8_onnx), _max_length(specs, axes), held.get("max_samples")
+        Path(held["data"]), specs, tokenizer_factory(int8_onnx), max_sample_length(specs, axes), held.get("max_samples")
     )
-    return _eval_batches(samples, held.get("max_samples"))
+    return limited_batches(samples, held.get("max_samples"))
 
 
 def _headline(acc: dict[str, Any]) -> dict[str, Any]:
@@ -206,38 +208,9 @@ def side_by_side(ort: dict[str, Any], engine: dict[str, Any], options: Any) -> l
     return rows
 
 
-def after_calibrate(
-    int8_onnx: Path,
-    int8_sidecar: dict[str, Any],
-    hooks: EngineHooks | None,
-    batches: list[dict[str, np.ndarray]] | None = None,
-    progress: Callable[[str], None] = lambda _: None,
-) -> dict[str, Any]:
-    """calibrate's re-check: build an engine from the Q/DQ ONNX just written, then `recheck`."""
-    hooks = hooks or default_hooks()
-    ok, why = hooks.available()
-    if not ok:
-        return skipped(why)
-    progress("engine re-check: building a TensorRT engine from the Q/DQ ONNX")
-    from trtforge.errors import UserError
-
-    try:
-        engine, engine_sidecar = hooks.build(int8_onnx)
-    except UserError as exc:  # an INT8 model TensorRT cannot build fails the check; calibrate's files stay
-        return {
-            "status": "failed",
-            "engine_path": None,
-            "backend": why,
-            "precision": None,
-            "rows": [],
-            "failures": [f"the engine re-check could not build an engine from {int8_onnx.name}: {exc}"],
-        }
-    return recheck(int8_onnx, int8_sidecar, engine, engine_sidecar, hooks.runner(engine, engine_sidecar), batches)
-
-
 def after_build(engine: Path, engine_sidecar: dict[str, Any], hooks: EngineHooks | None = None) -> dict[str, Any] | None:
     """build's re-check for an int8/best engine whose ONNX came from calibrate; None for other engines."""
-    from trtforge.artifacts import read_sidecar
+    from trtforge.core.artifacts import read_sidecar
 
     if engine_sidecar.get("precision") not in ("int8", "best"):
         return None
@@ -253,7 +226,7 @@ def after_build(engine: Path, engine_sidecar: dict[str, Any], hooks: EngineHooks
             else f"{source}.json names no held-out data (an older trtforge calibrate); re-run calibrate"
         )
         return skipped(why, "engine re-check: skipped (held-out data not found)")
-    hooks = hooks or default_hooks()
+    hooks = hooks or runtime_hooks()
     ok, why = hooks.available()
     if not ok:
         return skipped(why)
@@ -271,17 +244,18 @@ def after_fp8_build(
 ) -> dict[str, Any]:
     """build's gate for --gemm-precision fp8: the engine against ONNX Runtime fp32 on the reference ONNX, over `feeds`;
     failed (exit 1) when the mean sample cosine is under min_cosine, or a logits output's top-1 agreement under
-    min_top1 (None: reported, not gated; a cosine let a ViT through whose top-1 FP8 had flipped, w40). Top-1 is judged
+    min_top1 (None: reported, not gated; a cosine gate alone lets through a classifier whose top-1 FP8 flipped,
+    docs/performance.md#fp8-defaults). Top-1 is judged
     on the first real_batches feeds, the real inputs: random ones give nearly flat logits, whose top-1 any rounding
     flips (without real inputs it is reported as on random feeds, and cannot be gated). FP8's error is not the fp16
     conversion's, and only the engine shows it: ORT cannot run the plugin."""
-    from trtforge.artifacts import declared_output_kinds
     from trtforge.backends.onnxruntime import OrtRunner
     from trtforge.calibrate.evaluate import evaluate, reference_outputs
-    from trtforge.onnxio import load_onnx
+    from trtforge.core.artifacts import declared_output_kinds
+    from trtforge.core.onnxio import load_onnx
     from trtforge.verify.gates import screen
 
-    hooks = hooks or default_hooks()
+    hooks = hooks or runtime_hooks()
     ok, why = hooks.available()
     if not ok:
         return skipped(why, "FP8 engine check: skipped (no GPU / no TensorRT runtime here)")
@@ -296,7 +270,7 @@ def after_fp8_build(
     }
     kinds = declared_output_kinds(Path(engine_sidecar["reference_onnx"]))
     try:
-        runner = _RunOnce(_Named(hooks.runner(engine, engine_sidecar), reference.output_names))
+        runner = RunOnce(NamedOutputs(hooks.runner(engine, engine_sidecar), reference.output_names))
         accuracy = evaluate(runner, feeds, refs, kinds).to_json()  # the top-1 pass below reads the real batches' outputs again
         on_real = evaluate(runner, feeds[:real_batches], refs[:real_batches], kinds).to_json() if real_batches else None
     except Exception as exc:  # an engine that cannot execute has failed its gate; the engine file stays, marked failed

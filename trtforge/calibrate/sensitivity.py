@@ -14,8 +14,8 @@ import onnx
 
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate.placement import QuantPlan
-from trtforge.graph import helper_value_info
-from trtforge.quantize import insert_qdq
+from trtforge.calibrate.quantize import insert_qdq
+from trtforge.graph.index import helper_value_info
 
 
 def shadow_model(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float]) -> tuple[onnx.ModelProto, dict[str, tuple[str, str]]]:
@@ -42,7 +42,7 @@ def shadow_model(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float]
     out.graph.initializer.extend(i for i in qdq.graph.initializer if i.name not in names)
     for original, shadow in pairs.values():
         out.graph.output.extend([helper_value_info(original, onnx.TensorProto.FLOAT), helper_value_info(shadow, onnx.TensorProto.FLOAT)])
-    from trtforge.graph import toposorted
+    from trtforge.graph.index import toposorted
 
     return toposorted(out), pairs
 

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from trtforge.graph import name_all_nodes
+from trtforge.graph.index import name_all_nodes
 
 SCALE_MIN, SCALE_MAX = 1e-4, 1e4
 

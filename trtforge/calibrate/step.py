@@ -17,30 +17,19 @@ Order of work:
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import onnx
 
-from trtforge import __version__, interrupts
-from trtforge.artifacts import (
-    content_mismatch,
-    content_sha256,
-    onnx_graph_hash,
-    output_locks,
-    read_sidecar,
-    refuse_overwrite,
-    sha256_bytes,
-    write_sidecar,
-)
+from trtforge import __version__
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.calibrate import data as data_mod
-from trtforge.calibrate.cache import cache_mismatch, read_cache, write_cache
+from trtforge.calibrate import recheck
+from trtforge.calibrate.cache import read_cache, write_cache
 from trtforge.calibrate.collect import (
     QuantPlan,
     collect,
@@ -48,156 +37,38 @@ from trtforge.calibrate.collect import (
     gemm_shapes,
     plan_quantization,
 )
+from trtforge.calibrate.data import limited_batches, max_sample_length, tokenizer_factory
 from trtforge.calibrate.evaluate import Accuracy, evaluate, reference_outputs
 from trtforge.calibrate.methods import compute_amax
+from trtforge.calibrate.options import METHODS, CalibrateOptions, CalibrateResult, MethodResult, gate_record, paths_for
 from trtforge.calibrate.placement import PLACEMENT_VERSION
+from trtforge.calibrate.quantize import (
+    insert_qdq,
+    int8_gemm_nodes,
+    quantized_nodes,
+    residual_adds,
+)
+from trtforge.calibrate.reuse import cache_decision, expected_fingerprint, int8_decision, int8_reuse_key, reuse_recorded
 from trtforge.calibrate.sensitivity import layer_errors
 from trtforge.calibrate.smooth import (
     apply_smoothing,
     smoothing_groups,
     smoothing_scales,
 )
-from trtforge.config import AxisRange, InputSpec
-from trtforge.errors import UserError
-from trtforge.feeds import random_feeds
-from trtforge.graph import io_specs, name_all_nodes
-from trtforge.onnxio import load_onnx, save_onnx
-from trtforge.quantize import (
-    insert_qdq,
-    int8_gemm_nodes,
-    quantized_nodes,
-    residual_adds,
+from trtforge.core import interrupts
+from trtforge.core.artifacts import (
+    content_sha256,
+    onnx_graph_hash,
+    output_locks,
+    read_sidecar,
+    refuse_overwrite,
+    write_sidecar,
 )
-from trtforge.verify.gates import screen
-from trtforge.verify.metrics import worst_of
-
-METHODS = ("entropy", "percentile", "minmax")
-
-
-@dataclass
-class CalibrateOptions:
-    data: Path
-    method: str = "entropy"
-    percentile: float = 99.99
-    num_bins: int = 2048
-    batch_size: int = 16
-    max_samples: int | None = None
-    smooth: float | None = None
-    eval_data: Path | None = None
-    max_eval_samples: int | None = None
-    min_cosine: float = 0.99
-    min_top1_agreement: float | None = None  # task gates on held-out data (None: reported, not gated)
-    min_pixel_agreement: float | None = None
-    min_int8_flops: float = 0.8
-    fallback: bool = True
-    sensitivity_samples: int = 48
-    sensitivity_top: int = 4  # layers (by local error) that get an end-to-end leave-one-out check
-    quantize_attention: bool = False  # quantize attention BMMs (QK^T, softmax.V); off: TensorRT 8.6 breaks them
-    strict_cache: bool = False
-    from_cache: Path | None = None
-    output: Path | None = None  # the int8 ONNX; the cache goes beside it
-    engine_check: bool = True  # re-check the gate on a TensorRT engine where one can execute (engine_check.py)
-    engine_check_off: str = "--no-engine-check"  # why, when engine_check is off
-    ray: str | None = None  # collect activations on Ray actors at this address ('auto': local); same cache
-    ray_actors: int | None = None
-
-
-@dataclass
-class MethodResult:
-    method: str
-    amax: dict[str, float]
-    float_nodes: list[str]
-    accuracy: Accuracy | None
-    int8_flops_fraction: float
-    sensitivity: dict[str, float] = field(default_factory=dict)
-    layer_errors: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class CalibrateResult:
-    int8_path: Path
-    cache_path: Path
-    reused: bool
-    reason: str
-    result: MethodResult
-    sidecar: dict[str, Any]
-    comparison: list[MethodResult] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-def paths_for(onnx_path: Path, output: Path | None) -> tuple[Path, Path]:
-    stem = onnx_path.name.removesuffix(".onnx").removesuffix(".clean")
-    int8 = output or onnx_path.with_name(f"{stem}.int8.onnx")
-    cache = int8.with_name(int8.name.removesuffix(".onnx").removesuffix(".int8") + ".calib.cache")
-    return int8, cache
-
-
-def _max_length(specs: list[InputSpec], axes: dict[str, AxisRange]) -> int:
-    lengths = [axes[d].max for s in specs for d in s.shape[1:] if isinstance(d, str) and d in axes]
-    return max(lengths) if lengths else 512
-
-
-def _tokenizer_factory(onnx_path: Path) -> Callable[[], Any] | None:
-    """The model's tokenizer (trtforge.tokenize.TextTokenizer), found through the sidecar chain of
-    `onnx_path` (the directory export saved, relative to its ONNX), or the built-in MiniLM's; None when
-    there is none."""
-    from trtforge.tokenize import TextTokenizer, find_tokenizer_dir
-
-    directory = find_tokenizer_dir(onnx_path)
-    return (lambda: TextTokenizer(directory)) if directory else None
-
-
-def expected_fingerprint(graph_hash: str, manifest: str, options: CalibrateOptions) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "num_bins": options.num_bins,
-        "max_samples": options.max_samples,
-        "smooth": options.smooth,
-        "fallback": options.fallback,
-        "min_cosine": options.min_cosine,
-        "min_int8_flops": options.min_int8_flops,
-        "quantize_attention": options.quantize_attention,
-        "placement": PLACEMENT_VERSION,
-    }
-    if options.method == "percentile":
-        params["percentile"] = options.percentile
-    return {
-        "graph_hash": graph_hash,
-        "data_manifest_hash": manifest,
-        "method": options.method,
-        "params": params,
-        "trtforge_version": __version__,
-    }
-
-
-def cache_decision(cache: Path, fingerprint: dict[str, Any], strict: bool) -> tuple[dict[str, Any] | None, str]:
-    """(the sidecar to reuse, or None; why). Never reuses silently: every outcome has a reason. Reused only when the
-    sidecar matches and the cache is the file it recorded (its bytes, its header's algorithm)."""
-    if not cache.exists():
-        return None, "no cache yet"
-    try:
-        sidecar = read_sidecar(cache, required=False)
-    except UserError as exc:
-        sidecar, unreadable = None, str(exc)
-    else:
-        unreadable = None
-    if sidecar is None:
-        why = unreadable.rstrip(".") if unreadable else f"cache {cache} has no sidecar, so what it was computed from is unknown"
-    else:
-        diffs = [k for k in fingerprint if sidecar.get(k) != fingerprint[k]]
-        labels = {
-            "graph_hash": "another model graph",
-            "data_manifest_hash": "other calibration data",
-            "method": "another method",
-            "params": "other parameters",
-            "trtforge_version": "another trtforge version",
-        }
-        mismatch = None if diffs else cache_mismatch(cache, sidecar, fingerprint["method"])
-        if not diffs and not mismatch:
-            return sidecar, f"reused {cache}: graph, data, method and parameters match and the cache is the file its sidecar recorded"
-        why = f"cache {cache} was made for {', '.join(labels[d] for d in diffs)}" if diffs else str(mismatch)
-    if strict:
-        raise UserError(f"{why}; delete it or run without --strict-cache to recalibrate.")
-    return None, why + "; recalibrating"
+from trtforge.core.config import AxisRange, InputSpec
+from trtforge.core.errors import UserError
+from trtforge.core.onnxio import load_onnx, save_onnx
+from trtforge.graph.index import io_specs, name_all_nodes
+from trtforge.runtime.feeds import random_feeds
 
 
 def _coverage(amax: dict[str, float], needed: list[str], cache: Path) -> None:
@@ -245,11 +116,6 @@ def _collector(options: CalibrateOptions) -> Callable[..., Any]:
     return partial(collect_ray, address=options.ray, actors=options.ray_actors)
 
 
-def _eval_batches(samples: list[dict[str, np.ndarray]], limit: int | None) -> list[dict[str, np.ndarray]]:
-    chosen = samples[:limit] if limit else samples
-    return list(data_mod.batches(chosen, 16))
-
-
 class _Lazy:
     """A value computed on first call, then kept."""
 
@@ -269,14 +135,6 @@ def _flops_fraction(flops: dict[str, float], int8_nodes: set[str]) -> float:
 
 
 # Where the GEMM FLOPs that do not run int8 went, by the reason they stay float (the exclusion rules, the fallback).
-FLOAT_FLOPS_REASONS = {
-    "attention_bmm": "attention's activation x activation MatMuls (--quantize-attention quantizes them)",
-    "gemv": "matrix-vector products",
-    "conv_channels": "convolutions with too few channels for int8 kernels",
-    "output_layer": "the output layer",
-    "fallback": "layers the accuracy fallback kept float",
-    "other": "GEMMs with an input that cannot be quantized",
-}
 
 
 def float_flops_shares(flops: dict[str, float], int8_nodes: set[str], excluded: dict[str, str], float_nodes: set[str]) -> dict[str, float]:
@@ -359,7 +217,7 @@ def _refuse_quantized(onnx_path: Path, model: Any) -> None:
     activations and stack a second Q/DQ pair on each tensor."""
     count = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
     if count:
-        from trtforge.artifacts import read_sidecar
+        from trtforge.core.artifacts import read_sidecar
 
         try:
             source = (read_sidecar(onnx_path, required=False) or {}).get("reference_onnx")
@@ -395,96 +253,6 @@ def calibrate(
         return _calibrate(onnx_path, int8_path, cache_path, options, compare_methods, progress, progress_bar, engine_hooks, start)
 
 
-@dataclass
-class RecordedAccuracy:
-    """Held-out accuracy as a sidecar recorded it (a verified reuse evaluates nothing): what Accuracy's readers use."""
-
-    mean_cosine: float
-    min_cosine: float
-    per_output: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-def int8_reuse_key(
-    cache_sha256: str, graph_hash: str, held_out_manifest: str, options: CalibrateOptions, parent: dict[str, Any] | None
-) -> str:
-    """What the Q/DQ ONNX's recorded results depend on beyond its cache (whose own sidecar covers graph, data, method
-    and parameters): the held-out data and its limit, the declared output kinds, and whether the engine re-check runs."""
-    return sha256_bytes(
-        json.dumps(
-            {
-                "cache_sha256": cache_sha256,
-                "parent_graph_hash": graph_hash,
-                "held_out_manifest_hash": held_out_manifest,
-                "max_eval_samples": options.max_eval_samples,
-                "outputs": (parent or {}).get("outputs"),
-                "engine_check": options.engine_check,
-                "trtforge_version": __version__,
-            },
-            sort_keys=True,
-            default=str,
-        ).encode()
-    )
-
-
-def int8_decision(int8_path: Path, key: str, options: CalibrateOptions, hooks: Any) -> tuple[dict[str, Any] | None, str]:
-    """(the Q/DQ ONNX's sidecar whose results stand, or None; why). Its results stand when the sidecar was written for
-    `key` and the file (weights included) is the one it recorded. An engine re-check that was skipped for want of a
-    runtime is run now where one has appeared."""
-    if not int8_path.exists():
-        return None, f"no Q/DQ ONNX {int8_path} yet"
-    try:
-        side = read_sidecar(int8_path, required=False)
-    except UserError as exc:
-        return None, str(exc).rstrip(".")
-    if not side or side.get("step") != "calibrate":
-        return None, f"{int8_path} has no calibrate sidecar"
-    if side.get("reuse_key") != key:
-        return None, f"{int8_path} was made from another cache, held-out data or options"
-    why = content_mismatch(int8_path, side.get("sha256"))
-    if why:
-        return None, why
-    check = side.get("engine_check") or {}
-    if options.engine_check and check.get("status") == "skipped":
-        from trtforge.calibrate.engine_check import default_hooks
-
-        if (hooks or default_hooks()).available()[0]:
-            return None, f"{int8_path}'s engine re-check was skipped and can run here"
-    return side, f"{int8_path} is the file its sidecar recorded, made from this cache for the same held-out data"
-
-
-def _reuse_recorded(
-    int8_path: Path,
-    cache_path: Path,
-    cache_sidecar: dict[str, Any],
-    side: dict[str, Any],
-    reason: str,
-    options: CalibrateOptions,
-    start: float,
-) -> CalibrateResult:
-    """A verified reuse: the cache's scales and the Q/DQ ONNX's recorded results, nothing evaluated or rewritten but the
-    sidecar's account of this run (reused, why, the gates and held-out paths asked for now)."""
-    _, amax = read_cache(cache_path)
-    acc = side.get("accuracy") or {}
-    accuracy = RecordedAccuracy(acc["mean_cosine"], acc["min_cosine"], acc.get("per_output") or {}) if acc else None
-    result = MethodResult(
-        side["method"],
-        amax,
-        list(side.get("float_nodes") or []),
-        accuracy,
-        side["int8_gemm_flops_fraction"],
-        cache_sidecar.get("sensitivity", {}),
-        cache_sidecar.get("layer_errors", {}),
-    )
-    side = {
-        **side,
-        "cache_reused": True,
-        "cache_reason": reason,
-        **gate_record(options),
-    }
-    write_sidecar(int8_path, side)
-    return CalibrateResult(int8_path, cache_path, True, reason, result, side, [], time.perf_counter() - start)
-
-
 def _calibrate(
     onnx_path: Path,
     int8_path: Path,
@@ -518,7 +286,7 @@ def _calibrate(
         )
         if recorded is not None:
             progress(f"reused {why}: its recorded held-out results stand, nothing re-evaluated")
-            return _reuse_recorded(
+            return reuse_recorded(
                 int8_path,
                 cache_path,
                 reused_sidecar,
@@ -528,8 +296,8 @@ def _calibrate(
                 start,
             )
         progress(f"{why}; writing it again from the reused cache")
-    tokenizer = _tokenizer_factory(onnx_path)
-    max_len = _max_length(specs, axes)
+    tokenizer = tokenizer_factory(onnx_path)
+    max_len = max_sample_length(specs, axes)
     dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples, declared)
     if dataset.manifest_hash != fingerprint["data_manifest_hash"]:
         raise UserError(f"calibration data {options.data} changed while calibrate read it; run it again once the folder is settled.")
@@ -549,11 +317,11 @@ def _calibrate(
     eval_samples = samples
     if options.eval_data:
         _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples, declared)
-    eval_batches = _eval_batches(eval_samples, options.max_eval_samples)
+    eval_batches = limited_batches(eval_samples, options.max_eval_samples)
     reference = OrtRunner(model.SerializeToString())
-    kinds = _output_kinds(reference, onnx_path, specs, axes)
+    kinds = output_kinds_of(reference, onnx_path, specs, axes)
     eval_refs = reference_outputs(reference, eval_batches)
-    sens_batches = _eval_batches(eval_samples, options.sensitivity_samples)
+    sens_batches = limited_batches(eval_samples, options.sensitivity_samples)
     sens_refs = _Lazy(lambda: reference_outputs(reference, sens_batches))  # only the fallback needs them
     flops = gemm_flops(model, shapes)
 
@@ -696,11 +464,10 @@ def _calibrate(
 def _engine_check(
     int8_path: Path, sidecar: dict[str, Any], options: CalibrateOptions, hooks: Any, eval_batches: list, progress: Callable[[str], None]
 ) -> dict[str, Any]:
-    from trtforge.calibrate import engine_check
 
     if not options.engine_check:
         return {"status": "skipped", "message": "engine re-check: skipped (turned off)", "reason": options.engine_check_off}
-    return engine_check.after_calibrate(int8_path, sidecar, hooks, eval_batches, progress)
+    return recheck.after_calibrate(int8_path, sidecar, hooks, eval_batches, progress)
 
 
 def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
@@ -727,99 +494,9 @@ def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
     return insert_qdq(working, plan, amax, float_nodes)
 
 
-def _output_kinds(reference: OrtRunner, onnx_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange]) -> dict[str, str | None]:
+def output_kinds_of(reference: OrtRunner, onnx_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange]) -> dict[str, str | None]:
     """{output: kind or None}: declared in the sidecar chain or inferred (None where undecidable: metrics only)."""
-    from trtforge.layout import model_layout
-    from trtforge.probe import output_kinds
+    from trtforge.core.layout import model_layout
+    from trtforge.graph.probe import output_kinds
 
     return {name: k.kind for name, k in output_kinds(reference, onnx_path, specs, axes, model_layout(specs), strict=False).items()}
-
-
-TASK_GATES = (
-    ("min_top1_agreement", "top1_agreement", "logits", "top-1 agreement"),
-    ("min_pixel_agreement", "pixel_agreement", "dense", "per-pixel argmax agreement"),
-)
-
-
-def gate_record(options: CalibrateOptions) -> dict[str, Any]:
-    """The sidecar's gate and what it was measured on (held_out), so that `build` can re-check it on the engine."""
-    return {
-        "gate": {
-            "min_cosine": options.min_cosine,
-            "min_int8_flops": options.min_int8_flops,
-            "min_top1_agreement": options.min_top1_agreement,
-            "min_pixel_agreement": options.min_pixel_agreement,
-        },
-        "held_out": {
-            "data": str(options.eval_data or options.data),
-            "max_samples": options.max_eval_samples,
-            "calibration_data": str(options.data),
-        },
-    }
-
-
-def gate_failures(sidecar: dict[str, Any], options: CalibrateOptions) -> list[str]:
-    """Why the INT8 model misses its gates (empty when it passes). A task gate (top-1 / pixel
-    agreement) that no output can be judged by fails too, naming the outputs and their kinds."""
-    acc = sidecar.get("accuracy") or {}
-    where = options.eval_data or options.data
-    failures = [f"{f} on {where}" for f in screen(acc.get("per_output") or {}, f"calibrate's held-out check on {where}", "the INT8 model")]
-    if acc and not acc["mean_cosine"] >= options.min_cosine:
-        failures.append(
-            f"INT8 mean cosine {acc['mean_cosine']:.4f} is below the gate {options.min_cosine} on {where}; "
-            "try --smooth, another --method, or a lower --min-int8-flops to allow more float layers"
-        )
-    for key, metric, kind, label in TASK_GATES:
-        threshold = getattr(options, key)
-        if threshold is None:
-            continue
-        values = {n: m[metric] for n, m in (acc.get("per_output") or {}).items() if metric in m}
-        if not values:
-            kinds = ", ".join(f"{n} ({k or 'kind unknown'})" for n, k in (acc.get("output_kinds") or {}).items())
-            failures.append(
-                f"{key} {threshold:g} could not be evaluated: no {kind} output has {label} (outputs: {kinds}); "
-                f"declare the output's kind in the config's `outputs`"
-            )
-            continue
-        value = worst_of(list(values.values()), "min")
-        name = next(n for n, v in values.items() if v == value or value != value and v != v)
-        if not value >= threshold:
-            failures.append(f"INT8 {label} of '{name}' is {value:.4f}, below the gate {threshold:g} ({key}) on {where}")
-    check = sidecar.get("engine_check") or {}
-    if check.get("status") == "failed":
-        failures += check["failures"]
-    if sidecar["int8_gemm_flops_fraction"] < options.min_int8_flops:
-        rest = "; ".join(
-            f"{FLOAT_FLOPS_REASONS.get(why, why)} {share:.1%}"
-            for why, share in (sidecar.get("float_gemm_flops") or {}).items()
-            if share >= 0.001
-        )
-        failures.append(
-            f"only {sidecar['int8_gemm_flops_fraction']:.1%} of GEMM FLOPs run in INT8, below the floor "
-            f"{options.min_int8_flops:.0%} (min_int8_flops)"
-            + (f"; float: {rest}" if rest else "")
-            + "; lower --min-int8-flops (calibrate.min_int8_flops) where this model's float share is expected"
-        )
-    return failures
-
-
-def options_from_section(section: Any, **overrides: Any) -> CalibrateOptions:
-    """CalibrateOptions from a config's `calibrate` section; keyword overrides win when not None."""
-    values = dict(
-        data=Path(section.data) if section.data else None,
-        method=section.method,
-        percentile=section.percentile,
-        num_bins=section.num_bins,
-        batch_size=section.batch_size,
-        max_samples=section.max_samples,
-        smooth=section.smooth,
-        eval_data=Path(section.eval_data) if section.eval_data else None,
-        min_cosine=section.min_cosine,
-        min_int8_flops=section.min_int8_flops,
-        min_top1_agreement=section.min_top1_agreement,
-        min_pixel_agreement=section.min_pixel_agreement,
-    )
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    if values["data"] is None:
-        raise UserError("no calibration data given; pass --data FOLDER or set calibrate.data in the config.")
-    return CalibrateOptions(**values)

@@ -406,7 +406,7 @@ def find_candidates(model: onnx.ModelProto) -> list[Candidate]:
 def observe(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
     """Values of the named tensors on ORT (graph outputs exposed untyped: ORT types them itself)."""
     from trtforge.backends.onnxruntime import OrtRunner
-    from trtforge.graph import expose_tensors
+    from trtforge.graph.index import expose_tensors
 
     return OrtRunner(expose_tensors(model, names, typed=False).SerializeToString()).run(feeds, names)
 
@@ -780,7 +780,7 @@ def plugin_with_cast(
 
 def finish_plugin_graph(out: onnx.ModelProto) -> onnx.ModelProto:
     """After a pass: drop what its plugin nodes orphaned, sort the nodes, declare the plugins' domain."""
-    from trtforge.graph import toposorted
+    from trtforge.graph.index import toposorted
 
     prune(out)
     out = toposorted(out)
@@ -958,7 +958,7 @@ def same_leading_dims(g: _Graph, t: str, known: set[str]) -> bool:
 
 def refuse_padding(sidecar: dict[str, Any] | None, name: str, arrays: dict[str, np.ndarray], engine: str) -> None:
     """`run`'s guard: an engine whose attention lost its mask must never see a padded row."""
-    from trtforge.errors import UserError
+    from trtforge.core.errors import UserError
 
     fusion = (sidecar or {}).get("attention_fusion") or {}
     if fusion.get("padding_allowed", True):

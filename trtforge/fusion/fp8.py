@@ -116,7 +116,7 @@ def refusal(g: PluginGemm, amax: float | None) -> str | None:
 def observe_peaks(observe_model: onnx.ModelProto, feeds_list: list[dict[str, np.ndarray]], names: list[str]) -> dict[str, float]:
     """max |value| of each named tensor of observe_model (those it has) over the feeds, from ONNX Runtime."""
     from trtforge.backends.onnxruntime import OrtRunner
-    from trtforge.graph import expose_tensors
+    from trtforge.graph.index import expose_tensors
 
     present = {o for node in observe_model.graph.node for o in node.output} | {i.name for i in observe_model.graph.input}
     wanted = [n for n in dict.fromkeys(names) if n in present]

@@ -27,8 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtforge.core.onnxio import PROTOBUF_LIMIT
 from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish_plugin_graph, plugin_with_cast
-from trtforge.onnxio import PROTOBUF_LIMIT
 
 PLUGIN = "TrtforgeGemm"
 PLUGIN_VERSION = "1"

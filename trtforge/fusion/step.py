@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, find_candidates, fuse_attention
 from trtforge.fusion.engine_evidence import evidence_lines
 from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION, fuse_gelu

@@ -9,24 +9,13 @@ from __future__ import annotations
 import importlib.util
 import sys
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
+from trtforge.models.loaded import LoadedModel
 
 BUILTIN_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-@dataclass
-class LoadedModel:
-    module: Any  # torch.nn.Module
-    example_inputs: dict[str, Any]  # name -> torch.Tensor
-    output_names: list[str] = field(default_factory=list)
-    source: str = ""
-    tokenizer: Any = None
-    # Kinds (token/pooled/logits/dense) the model itself knows for its outputs; a config's kinds win.
-    output_kinds: dict[str, str] = field(default_factory=dict)
 
 
 def _builtin_factories() -> dict[str, Callable[..., LoadedModel]]:
@@ -142,7 +131,7 @@ def torchscript_examples(path: Path, inputs: list[Any], axes: dict[str, Any]) ->
     called POSITIONALLY with them, in the order the config lists its inputs."""
     import torch
 
-    from trtforge.feeds import random_feeds
+    from trtforge.runtime.feeds import random_feeds
 
     if not inputs:
         raise UserError(

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trtforge.errors import UserError
-from trtforge.models import LoadedModel
+from trtforge.core.errors import UserError
+from trtforge.models.loaded import LoadedModel
 
 MAX_LENGTH = 512
 HIDDEN = 384

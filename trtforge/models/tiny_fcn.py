@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtforge.models import LoadedModel
+from trtforge.models.loaded import LoadedModel
 
 RECEPTIVE_FIELD = 9
 CHANNELS_IN = 3

@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from trtforge.chunking import Window, check_overlap, plan_windows, windows_from_spans
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
+from trtforge.runtime.chunking import Window, check_overlap, plan_windows, windows_from_spans
 
 
 @dataclass(frozen=True)
@@ -345,7 +345,7 @@ def reading_specs(specs: list, layout) -> list:
 def merge_frames(kind, windows: list[Window], parts: list[np.ndarray], length: int, merge: str) -> np.ndarray:
     """A strided token output of one input from its windows' parts (frames along axis 0): the windows mapped to frames
     (frame_windows), each part cut to its window's frames (a padded window's frames past the input's end dropped)."""
-    from trtforge.chunking import StreamingMerge
+    from trtforge.runtime.chunking import StreamingMerge
 
     rate = FrameRate(kind.stride, kind.frame_offset)
     frames, total = frame_windows(windows, rate, length, kind.fixed_window)
@@ -355,3 +355,49 @@ def merge_frames(kind, windows: list[Window], parts: list[np.ndarray], length: i
     for i, (w, part) in enumerate(zip(frames, parts)):
         merger.add(i, part[: w.length])
     return merger.result()
+
+
+def output_strides(chain: list, overrides: dict) -> dict[str, int]:
+    """The strides export measured for token outputs, from a sidecar chain (the nearest sidecar wins), less outputs
+    --output-kind redeclares as another kind."""
+    from trtforge.runtime.outputs import declared_frame_rates
+
+    rates: dict[str, tuple[int, int]] = {}
+    for _, side in reversed(chain):
+        rates.update(declared_frame_rates(side.get("outputs")))
+    return {n: stride for n, (stride, _) in rates.items() if overrides.get(n, ("token", None))[0] == "token"}
+
+
+def run_layout(layout, specs: list, chain: list, overrides: dict, chunk: int | None, overlap: int, model: str):
+    """`run`'s layout where token outputs advance at a stride (audio_layout), with --chunk and --overlap checked
+    against it: multiples of the stride, and for a fixed-length model --chunk its length or nothing."""
+    strides = output_strides(chain, overrides)
+    layout = audio_layout(layout, specs, strides)
+    if not layout.sample_stride:
+        return layout
+    what = "output " + ", ".join(f"'{n}'" for n in strides)
+    if layout.fixed_length:
+        if chunk is not None and chunk != layout.fixed_length:
+            raise UserError(
+                f"--chunk {chunk}: {model} takes exactly {layout.fixed_length} positions per window; pass --chunk "
+                f"{layout.fixed_length} (or leave --chunk out)."
+            )
+        check_aligned(layout.sample_stride, overlap, layout.sample_stride, what)
+    elif chunk is not None:
+        check_aligned(chunk, overlap, layout.sample_stride, what)
+    return layout
+
+
+def run_kinds(kinds: dict, layout, chunk: int | None, overlap: int) -> dict:
+    """The output kinds with a fixed-length model's window recorded on its strided outputs; windows that would leave
+    frames of a strided output uncovered are refused here, before anything runs."""
+    from dataclasses import replace
+
+    if layout.fixed_length:
+        kinds = {n: replace(k, fixed_window=layout.fixed_length) if k.stride else k for n, k in kinds.items()}
+    size = layout.fixed_length or chunk
+    for kind in kinds.values():
+        if kind.stride and size:
+            rate = FrameRate(kind.stride, kind.frame_offset)
+            frame_windows(plan_fixed_windows(3 * size, size, overlap), rate, 3 * size, kind.fixed_window)
+    return kinds

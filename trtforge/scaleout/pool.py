@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trtforge.errors import TrtforgeError, UserError
+from trtforge.core.errors import TrtforgeError, UserError
 from trtforge.scaleout.shard import Ledger
 
 

@@ -17,8 +17,8 @@ import onnx
 
 from trtforge.calibrate.collect import Statistics, collect_with, exposing_runner
 from trtforge.calibrate.methods import StreamingHistogram
-from trtforge.errors import UserError
-from trtforge.graph import expose_tensors
+from trtforge.core.errors import UserError
+from trtforge.graph.index import expose_tensors
 from trtforge.scaleout.pool import Pool, connect, require_ray
 from trtforge.scaleout.shard import Ledger, split_evenly
 

@@ -4,7 +4,7 @@ The driver prepares the run exactly as one process does (run.prepare: documents,
 kinds), cuts the documents into units of whole documents (shard.plan_units) and hands units to actors,
 one per GPU (an engine) or per CPU slot (an ONNX on ONNX Runtime). Each actor holds its own target and
 reference runner, forms its unit's batches (run.make_batches) and merges each document with the
-one-process merger (run._Merger): a unit holds its documents whole, so every document's chunk plan and
+one-process merger (run.Merger): a unit holds its documents whole, so every document's chunk plan and
 merge are those of one process. Merging where the outputs are keeps the driver off the critical path
 (with fast engines, shipping raw chunk outputs to one driver to merge there would cap the scaling);
 merged documents travel to the driver only when they are saved (--save-outputs), and the driver
@@ -31,31 +31,24 @@ from typing import Any, Callable
 import numpy as np
 
 from trtforge import __version__
-from trtforge.artifacts import write_json_atomic
-from trtforge.errors import UserError
-from trtforge.report import SCHEMA
-from trtforge.run import (
-    Chunk,
-    Document,
-    Prepared,
-    RunOptions,
-    _check_io,
-    _check_save_outputs,
-    _collect_garbage,
-    _latency,
-    _Merger,
+from trtforge.core.artifacts import write_json_atomic
+from trtforge.core.errors import UserError
+from trtforge.runtime.documents import Chunk, Document, length_unit
+from trtforge.runtime.interpreter import collect_garbage, interpreter_for_loop
+from trtforge.runtime.measure import (
     add_precision,
     chunking_error_of,
     chunking_summary,
     gates_for,
-    interpreter_for_loop,
-    length_unit,
-    make_batches,
+    latency_summary,
     precision_summary,
-    prepare,
     self_referenced,
-    stack,
 )
+from trtforge.runtime.merge import Merger
+from trtforge.runtime.options import RunOptions
+from trtforge.runtime.planning import make_batches, stack
+from trtforge.runtime.prepare import Prepared, check_io, check_save_outputs, prepare
+from trtforge.runtime.report import SCHEMA
 from trtforge.scaleout.pool import Pool, connect, require_ray
 from trtforge.scaleout.shard import Ledger, plan_units, unit_size, worker_figures
 from trtforge.verify.compare import Comparator
@@ -80,21 +73,21 @@ class RunWorker:
 
     def setup(self, warm: list[list[Chunk]], warmup: int) -> dict[str, Any]:
         from trtforge.backends.onnxruntime import OrtRunner
-        from trtforge.run import OrtTarget, TrtTarget
-        from trtforge.tokenize import TextTokenizer
+        from trtforge.runtime.targets import OrtTarget, TrtTarget
+        from trtforge.runtime.tokenize import TextTokenizer
 
         p, options = self.p, self.options
         self.target = (
             TrtTarget.for_options(p.target_path, options) if p.is_engine else OrtTarget(p.target_path, options.providers, self.threads)
         )
         reference = OrtRunner(p.reference_path, threads=self.threads)
-        _check_io(self.target, reference, p.target_path, p.reference_path)
+        check_io(self.target, reference, p.target_path, p.reference_path)
         self.p = replace(p, reference=reference, tokenizer=TextTokenizer(self.tokenizer_dir) if self.tokenizer_dir else None)
         for _ in range(warmup):
             list(self.target.run_many([(None, stack(b)) for b in warm]))
         self.target.timings.clear()
         if options.gc_pause:  # off from here until judging, as one process's loop keeps it off over its whole clock
-            _collect_garbage()
+            collect_garbage()
             gc.disable()
         return {
             "label": self.target.label,
@@ -103,7 +96,7 @@ class RunWorker:
             "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
-    def _infer(self, chunks: list[Chunk], merger: _Merger | None = None) -> tuple[list[list[Chunk]], list[dict[str, np.ndarray]], float]:
+    def _infer(self, chunks: list[Chunk], merger: Merger | None = None) -> tuple[list[list[Chunk]], list[dict[str, np.ndarray]], float]:
         batches = make_batches(chunks, self.p.batch_cap, self.options.naive)
         outs: list[dict[str, np.ndarray]] = []
         start = time.perf_counter()
@@ -127,7 +120,7 @@ class RunWorker:
         whole in a unit, so the merge is the one-process merge) and returned only when they are saved."""
         local = {d: i for i, (d, _) in enumerate(docs)}
         chunks = [replace(c, doc=local[c.doc]) for c in chunks]  # the merger indexes documents from 0
-        merger = _Merger([doc for _, doc in docs], chunks, self.p.kinds, self.options)
+        merger = Merger([doc for _, doc in docs], chunks, self.p.kinds, self.options)
         mark = len(self.target.timings)
         batches, outs, busy = self._infer(chunks, merger)
         merged = merger.results()
@@ -197,7 +190,7 @@ def run_ray(
         )
     ray = require_ray()
     p = prepare(target_path, options)
-    _check_save_outputs(p.docs, options.save_outputs)  # inputs sharing a name would overwrite each other's keys
+    check_save_outputs(p.docs, options.save_outputs)  # inputs sharing a name would overwrite each other's keys
     joined = connect(ray_options.address)
     try:
         return _run(ray, p, options, ray_options, progress)
@@ -311,7 +304,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
     precision = precision_of(list(range(len(units))))
 
     if options.save_outputs:
-        from trtforge.artifacts import atomic_path
+        from trtforge.core.artifacts import atomic_path
 
         with atomic_path(options.save_outputs) as tmp:
             with open(tmp, "wb") as fh:
@@ -329,7 +322,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
                 "documents": stats["documents"],
                 **worker_figures(stats["tokens"], stats["busy_s"], stats["chunks"], stats["batches"]),
                 "retried_units": w.retried_units,
-                "latency": _latency(stats["timings"]),
+                "latency": latency_summary(stats["timings"]),
                 "memory": memory.get(w.id),
                 "judged_units": len(judged_by.get(w.id, [])),
                 "precision_error": precision_of(judged_by.get(w.id, [])),
@@ -361,7 +354,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
         "batches": batches_total,
         "precision_error": precision,
         "chunking_error": chunking_summary([chunking_parts[d] for d in range(len(p.docs))], p.kinds),
-        "latency": _latency(timings),
+        "latency": latency_summary(timings),
         "throughput": {
             "seconds": wall,
             "inputs_per_s": len(p.docs) / wall,

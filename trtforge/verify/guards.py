@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 
 RELATIVE_SPREAD = 1e-6
 SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtforge.errors import UserError
+from trtforge.core.errors import UserError
 
 BINS_PER_DECADE = 64
 LOWEST_DECADE, HIGHEST_DECADE = -45, 40
