@@ -313,6 +313,8 @@ def test_a_fixed_length_model_runs_in_padded_windows(tmp_path, in_root):
         assert data["chirp/last_hidden_state"].shape == (FrameRate(320, 320).frames(48000), 64)
     proc = run_cli("run", str(onnx), "--inputs", "calib_data/audio", "--chunk", "8000")
     assert_user_error(proc, "takes exactly 16000 positions per window", "--chunk 16000")
+    proc = run_cli("run", str(onnx), "--inputs", "calib_data/audio", "--overlap", "3000")
+    assert_user_error(proc, "windows of 16000 positions must advance by a multiple of 320", "use --overlap 2880 or 3200")
 
 
 def test_npy_recordings_of_any_name_feed_a_one_input_model(tmp_path):

@@ -382,7 +382,14 @@ def run_layout(layout, specs: list, chain: list, overrides: dict, chunk: int | N
                 f"--chunk {chunk}: {model} takes exactly {layout.fixed_length} positions per window; pass --chunk "
                 f"{layout.fixed_length} (or leave --chunk out)."
             )
-        check_aligned(layout.sample_stride, overlap, layout.sample_stride, what)
+        size, stride = layout.fixed_length, layout.sample_stride
+        if (size - overlap) % stride:
+            upper = overlap + (size - overlap) % stride
+            fits = " or ".join(str(v) for v in (upper - stride, upper) if 0 <= v < size)
+            raise UserError(
+                f"--overlap {overlap}: windows of {size} positions must advance by a multiple of {stride}, the input "
+                f"positions per frame of {what}; use --overlap {fits}."
+            )
     elif chunk is not None:
         check_aligned(chunk, overlap, layout.sample_stride, what)
     return layout
