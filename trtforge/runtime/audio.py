@@ -119,9 +119,9 @@ def plan_fixed_windows(length: int, size: int, overlap: int) -> list[Window]:
 def frame_windows(windows: list[Window], rate: FrameRate, length: int, window_size: int | None = None) -> tuple[list[Window], int]:
     """Sample windows mapped to output frames: window [s, e) gives frames [s / stride, s / stride + frames(e - s)) of
     the whole pass' frames(length) (frames(window_size) for fixed windows, whose padded frames past the input's end are
-    dropped). Keep ranges split each overlap's frames half/half. UserError where a window does not start at a multiple
-    of the stride, or where consecutive windows leave frames uncovered (the overlap is narrower than the front-end's
-    receptive field)."""
+    dropped). Keep ranges split each overlap's frames half/half. UserError where consecutive windows leave frames
+    uncovered (the overlap is narrower than the front-end's receptive field); ValueError where a window does not start
+    at a multiple of the stride (plans here never make one)."""
     total = rate.frames(length)
     spans = []
     for w in windows:
