@@ -6,8 +6,6 @@ import json
 import re
 from typing import Any
 
-import numpy as np
-
 from trtforge.backends.tensorrt import Logger, TrtModule, shorten
 from trtforge.build.profiles import Profile
 from trtforge.core import interrupts
@@ -240,17 +238,3 @@ def runtime_identity(mod: TrtModule) -> dict[str, Any]:
         "gpu": gpu["name"] if gpu else None,
         "compute_capability": gpu["compute_capability"] if gpu else None,
     }
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    return np.dtype(
-        {
-            "float32": np.float32,
-            "float16": np.float16,
-            "int32": np.int32,
-            "int64": np.int64,
-            "bool": np.bool_,
-            "int8": np.int8,
-            "uint8": np.uint8,
-        }[name]
-    )
