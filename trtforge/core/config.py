@@ -52,6 +52,8 @@ class InputSpec(Strict):
     shape: list[Annotated[int, Field(ge=1)] | str]
     # Values drawn for random test inputs: [low, high) for integers, [low, high] for floats.
     value_range: tuple[Annotated[float, Field(allow_inf_nan=False)], Annotated[float, Field(allow_inf_nan=False)]] = (0.0, 1.0)
+    # Audio: the samples per second this input takes; WAV files at another rate are refused (never resampled).
+    sample_rate: int | None = Field(None, ge=1)
 
     @field_validator("value_range")
     @classmethod
@@ -74,11 +76,15 @@ class OutputSpec(Strict):
     kind: Literal["token", "pooled", "logits", "dense"] | None = None
     # Output size / input size along each spatial axis; dense outputs only.
     scale: float | None = Field(None, gt=0)
+    # Input samples per output frame (wav2vec2: 320); token outputs only. Measured at export and checked against this.
+    stride: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _scale_for_dense(self) -> "OutputSpec":
         if self.scale is not None and self.kind not in (None, "dense"):
             raise ValueError(f"output '{self.name}': 'scale' applies to dense outputs only, not '{self.kind}'")
+        if self.stride is not None and self.kind not in (None, "token"):
+            raise ValueError(f"output '{self.name}': 'stride' applies to token outputs only, not '{self.kind}'")
         return self
 
 

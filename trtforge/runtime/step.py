@@ -362,7 +362,7 @@ def _copy_merge_outputs(
         return [], f"--merge {options.merge} blends windows; only 'center' windows are copied"
     if not warm:
         return [], "no warm-up (--warmup 0): the merged outputs' layout is not known ahead"
-    names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and n in warm]
+    names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and not k.stride and n in warm]
     return (names, None) if names else ([], "no token output laid out [batch, positions, ...]")
 
 
