@@ -30,6 +30,7 @@ bench: install
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider

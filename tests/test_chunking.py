@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from chunk_oracles import merge_windows, tile_weight_maps
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -8,11 +9,9 @@ from trtforge.runtime.chunking import (
     Window,
     merge_logits,
     merge_tiles,
-    merge_windows,
     plan_tiles,
     plan_windows,
     pooled_mean,
-    tile_weight_maps,
     window_weights,
     windows_from_spans,
 )

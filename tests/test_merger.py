@@ -5,8 +5,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from chunk_oracles import merge_windows
 
-from trtforge.runtime.chunking import merge_pooled, merge_windows, plan_windows
+from trtforge.runtime.chunking import merge_pooled, plan_windows
 from trtforge.runtime.documents import Chunk, Document
 from trtforge.runtime.merge import Merger, kept_size, merge_document
 from trtforge.runtime.outputs import OutputKind

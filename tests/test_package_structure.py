@@ -155,3 +155,11 @@ def test_core_is_below_and_cli_above_everything():
 def test_no_module_over_600_lines():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_every_folder_of_modules_is_a_package():
+    """A folder of modules without __init__.py imports from a checkout but is left out of the wheel."""
+    missing = [
+        str(d.relative_to(ROOT.parent)) for d in ROOT.rglob("*") if d.is_dir() and any(d.glob("*.py")) and not (d / "__init__.py").exists()
+    ]
+    assert missing == []

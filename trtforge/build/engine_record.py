@@ -29,7 +29,7 @@ def layer_info(
     inspector_layers, why_not, inspector_error = None, None, None
     try:
         inspector_layers, why_not = engine_layers(mod, out.engine, profiles[0])
-    except Exception as exc:  # a broken inspector must never cost the engine (issue 9: ResNet-50 JSON)
+    except Exception as exc:  # a broken inspector must never cost the engine (TensorRT 8.6's has failed on ResNet-50)
         inspector_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         warn(f"the engine inspector failed ({inspector_error}); the engine is written, layer info comes from the build log.")
     try:

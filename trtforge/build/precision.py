@@ -158,7 +158,7 @@ def nodes_to_keep_fp32(
             keep[node.name] = "reads an fp32 DequantizeLinear (no Cast between DQ and its GEMM)"
     # An fp32 INT8 convolution's epilogue (ReLU, residual Add, ...) stays fp32 with it: TensorRT fuses
     # Conv -> ReLU -> Q and Conv -> Add(DQ residual) -> ReLU -> Q into one int8 kernel only with no Cast in
-    # between (H200, 8.6: ResNet-50's Casts left every ReLU and residual Add a separate layer, 2x fp16's time).
+    # between (with Casts, every ReLU and residual Add stays a layer of its own: docs/performance.md#int8-qdq-placement).
     producer = {o: n for n in model.graph.node for o in n.output}
     constants = set(inits) | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
     kept_conv = {n.name for n in model.graph.node if n.op_type in CONV_OPS and n.name in keep and any(i in kept_dq for i in n.input)}

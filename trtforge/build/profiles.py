@@ -158,7 +158,7 @@ def profiles_from_json(data: list[dict]) -> list[Profile]:
     for item in data:
         axes = {a: Tier(*v) for a, v in item["axes"].items()}
         shapes = {n: (tuple(s["min"]), tuple(s["opt"]), tuple(s["max"])) for n, s in item.get("shapes", {}).items()}
-        profiles.append(Profile(int(item["index"]), axes, shapes))  # type: ignore[arg-type]
+        profiles.append(Profile(int(item["index"]), axes, shapes))
     return profiles
 
 

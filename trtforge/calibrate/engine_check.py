@@ -1,9 +1,9 @@
 """Engine re-check: the held-out INT8 gate measured on the TensorRT engine, beside ONNX Runtime's figure.
 
 ONNX Runtime executing a Q/DQ ONNX is not what users deploy. TensorRT fuses and reorders the graph, so
-its rounding happens elsewhere (issue 10: BERT-base at cosine 0.9998 on ORT ran at 0.74 on the
-engine). So where this machine can execute TensorRT engines, `calibrate` (after writing the Q/DQ ONNX)
-and `build` (for an int8/best engine whose ONNX came from calibrate) run the same held-out samples
+its rounding happens elsewhere (a BERT-base Q/DQ ONNX at cosine 0.9998 on ORT ran at 0.74 on the
+engine; docs/performance.md#int8-qdq-placement). So where this machine can execute TensorRT engines,
+`calibrate` (after writing the Q/DQ ONNX) and `build` (for an int8/best engine whose ONNX came from calibrate) run the same held-out samples
 through the engine and apply the same gate. A gate that passes on ORT and fails on the engine is a
 failed check (exit 1). Where no engine can execute, the check is recorded as skipped, with the
 reason, in the output and in the sidecar.
@@ -244,7 +244,8 @@ def after_fp8_build(
 ) -> dict[str, Any]:
     """build's gate for --gemm-precision fp8: the engine against ONNX Runtime fp32 on the reference ONNX, over `feeds`;
     failed (exit 1) when the mean sample cosine is under min_cosine, or a logits output's top-1 agreement under
-    min_top1 (None: reported, not gated; a cosine let a ViT through whose top-1 FP8 had flipped, w40). Top-1 is judged
+    min_top1 (None: reported, not gated; a cosine gate alone lets through a classifier whose top-1 FP8 flipped,
+    docs/performance.md#fp8-defaults). Top-1 is judged
     on the first real_batches feeds, the real inputs: random ones give nearly flat logits, whose top-1 any rounding
     flips (without real inputs it is reported as on random feeds, and cannot be gated). FP8's error is not the fp16
     conversion's, and only the engine shows it: ORT cannot run the plugin."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtforge.backends.base import Runner
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.verify.compare import Comparator, items
 from trtforge.verify.metrics import rowwise_cosine
@@ -53,7 +54,7 @@ def reference_outputs(runner: OrtRunner, batches: list[dict[str, np.ndarray]]) -
 
 
 def evaluate(
-    candidate: OrtRunner,
+    candidate: Runner,
     batches: list[dict[str, np.ndarray]],
     references: list[dict[str, np.ndarray]],
     kinds: dict[str, str | None] | None = None,

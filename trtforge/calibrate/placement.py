@@ -14,8 +14,8 @@ Exclusions, as in ModelOpt's int8 ONNX PTQ (modelopt/onnx/quantization: graph_ut
 find_nodes_from_matmul_to_exclude, find_nodes_from_convs_to_exclude, find_nodes_from_mha_to_exclude),
 each recorded with the rule's name:
 - `attention_bmm`: a MatMul whose both inputs are activations (QK^T, softmax.V). TensorRT 8.6 computes
-  int8 attention BMMs differently from the ONNX semantics (BERT engine cosine 0.74 vs 0.9989 with them
-  float, issue 10), so they stay float unless asked for.
+  int8 attention BMMs differently from the ONNX semantics (a BERT engine's cosine fell far below the ORT
+  figure with them int8; docs/performance.md#int8-qdq-placement), so they stay float unless asked for.
 - `gemv`: a matrix-vector product (ModelOpt: M or N is 1 at the calibration shapes), which cannot use
   tensor cores; Q/DQ there only adds work.
 - `conv_channels`: ModelOpt's int8 Conv rule: input or output channels < 16, unless (group 1, a
@@ -162,7 +162,7 @@ def plan_quantization(
                 continue
             # Both branches are convolutions (ResNet's downsampling blocks, MobileNetV2's blocks after a stride).
             # TensorRT fuses the Add into one of them only if the other arrives int8; without a Q/DQ both wrote
-            # fp16 and a separate kernel quantized the sum (H200 kernel list, 2026-12-01). The Q/DQ goes on the
+            # fp16 and a separate kernel quantized the sum (docs/performance.md#int8-qdq-placement). The Q/DQ goes on the
             # branch read elsewhere too (already quantized for that reader: no new rounding, and the other conv
             # can fuse), else on input 1, the skip branch of torch exports (`out += identity`), which NVIDIA's
             # QAT ResNet recipe quantizes.

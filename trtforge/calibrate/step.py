@@ -41,7 +41,6 @@ from trtforge.calibrate.data import limited_batches, max_sample_length, tokenize
 from trtforge.calibrate.evaluate import Accuracy, evaluate, reference_outputs
 from trtforge.calibrate.methods import compute_amax
 from trtforge.calibrate.options import METHODS, CalibrateOptions, CalibrateResult, MethodResult, gate_record, paths_for
-from trtforge.calibrate.placement import PLACEMENT_VERSION
 from trtforge.calibrate.quantize import (
     insert_qdq,
     int8_gemm_nodes,
@@ -60,7 +59,6 @@ from trtforge.core.artifacts import (
     content_sha256,
     onnx_graph_hash,
     output_locks,
-    read_sidecar,
     refuse_overwrite,
     write_sidecar,
 )
@@ -468,30 +466,6 @@ def _engine_check(
     if not options.engine_check:
         return {"status": "skipped", "message": "engine re-check: skipped (turned off)", "reason": options.engine_check_off}
     return recheck.after_calibrate(int8_path, sidecar, hooks, eval_batches, progress)
-
-
-def qdq_from_cache(onnx_path: Path, cache_path: Path) -> onnx.ModelProto:
-    """Rebuild the Q/DQ model from a cleaned ONNX and a trtforge cache (its sidecar carries the SmoothQuant
-    scales and the float fallback layers), with no data: for machines that have the cache but not the data."""
-    model = load_onnx(onnx_path)
-    name_all_nodes(model)
-    sidecar = read_sidecar(cache_path, required=True) or {}
-    _, amax = read_cache(cache_path)
-    smooth = {k: np.asarray(v, dtype=np.float32) for k, v in (sidecar.get("smooth_scales") or {}).items()}
-    working = apply_smoothing(model, smooth) if smooth else model
-    specs, axes, _ = io_specs(onnx_path, model)
-    shapes = gemm_shapes(model, random_feeds(specs, {name: rng.opt for name, rng in axes.items()}))
-    plan = plan_quantization(working, shapes, bool((sidecar.get("params") or {}).get("quantize_attention")))
-    float_nodes = set(sidecar.get("float_nodes", []))
-    needed = _needed_tensors(plan, float_nodes)
-    made_under = (sidecar.get("params") or {}).get("placement", 1)
-    if made_under != PLACEMENT_VERSION and any(t not in amax for t in needed):
-        raise UserError(
-            f"calibration cache {cache_path} was made under Q/DQ placement {made_under}, this trtforge places "
-            f"by {PLACEMENT_VERSION} and needs scales it lacks; recalibrate with `trtforge calibrate`."
-        )
-    _coverage(amax, needed, cache_path)
-    return insert_qdq(working, plan, amax, float_nodes)
 
 
 def output_kinds_of(reference: OrtRunner, onnx_path: Path, specs: list[InputSpec], axes: dict[str, AxisRange]) -> dict[str, str | None]:

@@ -37,6 +37,10 @@ def engine(side: dict, engine_path: Path, summary: Optional[dict]) -> None:
         f"{side['backend']} {side['tensorrt_version']}, precision {side['precision']}, target {targets}, "
         f"engine {side['engine_bytes'] / 1e6:.1f} MB, built in {side['build_seconds']:.1f} s"
     )
+    from trtforge.build.clock import overhead_line
+
+    if overhead_line(side.get("build_overhead")):
+        con.print(overhead_line(side.get("build_overhead")), markup=False)
     report = side.get("precision_report") or {}
     if report.get("fp32_nodes") is not None:
         con.print(

@@ -15,7 +15,7 @@ from trtforge.core.errors import UserError
 
 def run_cmd(
     target: Path = typer.Argument(..., metavar="ENGINE|ONNX", help="An engine from trtforge build, or an ONNX (ONNX Runtime)."),
-    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays or images."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays, images or .wav."),
     chunk: Optional[int] = typer.Option(
         None,
         "--chunk",

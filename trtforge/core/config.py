@@ -52,6 +52,8 @@ class InputSpec(Strict):
     shape: list[Annotated[int, Field(ge=1)] | str]
     # Values drawn for random test inputs: [low, high) for integers, [low, high] for floats.
     value_range: tuple[Annotated[float, Field(allow_inf_nan=False)], Annotated[float, Field(allow_inf_nan=False)]] = (0.0, 1.0)
+    # Audio: the samples per second this input takes; WAV files at another rate are refused (never resampled).
+    sample_rate: int | None = Field(None, ge=1)
 
     @field_validator("value_range")
     @classmethod
@@ -77,6 +79,8 @@ class OutputSpec(Strict):
     kind: Literal["token", "pooled", "logits", "dense", "boxes"] | None = None
     # Output size / input size along each spatial axis; dense outputs only.
     scale: float | None = Field(None, gt=0)
+    # Input samples per output frame (wav2vec2: 320); token outputs only. Measured at export and checked against this.
+    stride: int | None = Field(None, ge=1)
     # boxes only: the box coordinates' format; the output holding the class logits or scores; how those become
     # scores (softmax over classes, sigmoid per class, none: already scores); whether the last class is "no object"
     # (DETR, YOLOS); the score a box needs to count.
@@ -90,6 +94,8 @@ class OutputSpec(Strict):
     def _scale_for_dense(self) -> "OutputSpec":
         if self.scale is not None and self.kind not in (None, "dense"):
             raise ValueError(f"output '{self.name}': 'scale' applies to dense outputs only, not '{self.kind}'")
+        if self.stride is not None and self.kind not in (None, "token"):
+            raise ValueError(f"output '{self.name}': 'stride' applies to token outputs only, not '{self.kind}'")
         if self.kind == "boxes":
             for key in ("format", "scores"):
                 if getattr(self, key) is None:
@@ -182,7 +188,7 @@ class BuildSection(Strict):
     compute_capabilities: list[str] = Field(default_factory=list)
     # Attention fusion (trtforge.fusion): auto = where the installed TensorRT runs a fused kernel it would not pick.
     fuse_attention: Switch = "auto"
-    # bias+GELU pass: auto = TensorRT 8.x fp16 builds, where the H200 measured the plugin faster.
+    # bias+GELU pass: auto = TensorRT 8.x fp16 builds, where the plugin measured faster (docs/performance.md#fusion-passes-auto-modes).
     fuse_gelu: Switch = "auto"
     fuse_skip_layernorm: Switch = "auto"
     # fp16 MatMuls by constant weights as TrtforgeGemm (cuBLASLt, timed per shape): auto = fp16 builds, measured faster.
@@ -202,7 +208,7 @@ class BuildSection(Strict):
     # unset: the data of a calibration cache beside the model, else random feeds.
     calib_data: str | None = None
     # With fp8, FC1 writes e4m3 straight into FC2 (no fp16 FFN activation, no conversion). auto: wherever a pair exists
-    # (measured 1.80-1.82x torch eager at 64x512 against fp8's 1.60-1.61x, same accuracy; w39); on: a model without a pair
+    # (faster than unchained at the same accuracy; docs/performance.md#fp8-defaults); on: a model without a pair
     # is an error; off: each GEMM converts its own input.
     fp8_chain_ffn: Switch = "auto"
 

@@ -177,7 +177,7 @@ class StreamingMerge:
     def preallocate(self, feature_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Allocate the merged array with its pages in memory before the windows arrive: run calls this on the
         planning threads, where it overlaps the GPU instead of slowing the merge's copies (first-touch page faults
-        were most of the merge's cost on the H200 box; np.zeros alone maps no page; a pooled buffer that served an
+        can be most of the merge's cost; np.zeros alone maps no page; a pooled buffer that served an
         earlier input is mapped already)."""
         self.merged = self._allocate(feature_shape, dtype, page_in=True)
 
@@ -201,13 +201,13 @@ class StreamingMerge:
         w = self.windows[index]
         if part.shape[0] != w.length:
             raise ValueError(f"window output has {part.shape[0]} positions, the window {w.length}")
-        self._merged_for(part)
+        merged = self._merged_for(part)
         if self.weights is None:
-            self.merged[w.keep_start : w.keep_end] = part[w.keep_start - w.start : w.keep_end - w.start]
+            merged[w.keep_start : w.keep_end] = part[w.keep_start - w.start : w.keep_end - w.start]
         else:
-            wt = self.weights[index].astype(self.merged.dtype).reshape((-1,) + (1,) * (part.ndim - 1))
+            wt = self.weights[index].astype(merged.dtype).reshape((-1,) + (1,) * (part.ndim - 1))
             with self._lock:
-                self.merged[w.start : w.end] += part * wt
+                merged[w.start : w.end] += part * wt
         self.seen.add(index)
 
     def segments(self, first: int, offsets: list[int], source_positions: int) -> list[tuple[int, int, int]]:
@@ -276,10 +276,10 @@ class StreamingMerge:
         placed = self.segments(first, offsets, source.shape[0])
         starts = np.fromiter((src for src, _, _ in placed), np.int64, len(placed))
         lengths = np.fromiter((n for _, _, n in placed), np.int64, len(placed))
-        self._merged_for(source)
+        merged = self._merged_for(source)
         lo, hi = placed[0][1], placed[-1][1] + placed[-1][2]
         index = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(hi - lo)
-        target = self.merged[lo:hi]
+        target = merged[lo:hi]
         if source.dtype == target.dtype:
             np.take(source, index, axis=0, out=target, mode="clip")  # 'raise' would buffer a copy; bounds checked above
         else:
@@ -300,7 +300,7 @@ class RowRun(NamedTuple):
     doc: int
     first: int
     row: int
-    count: int
+    count: int  # type: ignore[assignment]  # the rows it spans; tuple.count is never called on a RowRun
     content_start: int
     length: int | None
 
@@ -362,24 +362,14 @@ def kept_stretches(windows: list[Window]) -> list[tuple[int, int, int, int, int,
     return [tuple(st) for st in out]  # type: ignore[misc]
 
 
-def merge_windows(outputs: list[np.ndarray], windows: list[Window], length: int, merge: str = "center", axis: int = 0) -> np.ndarray:
-    """Put per-window outputs (window positions along `axis`) back into one array of `length` positions."""
-    if merge not in MERGES:
-        raise UserError(f"unknown merge '{merge}'; use one of {', '.join(MERGES)}.")
-    merger = StreamingMerge(windows, length, merge)
-    for i, out in enumerate(outputs):
-        merger.add(i, np.moveaxis(out, axis, 0))
-    return np.moveaxis(merger.result(), 0, axis)
-
-
 def pooled_mean(chunk_means: list[np.ndarray], token_counts: list[int]) -> np.ndarray:
     """A sequence embedding from per-chunk mean embeddings, weighted by each chunk's (kept) token count."""
     counts = np.asarray(token_counts, dtype=np.float64)
     if isinstance(chunk_means, np.ndarray):  # the rows stacked already (run's merge keeps a batch's rows as one array)
         return (chunk_means.astype(np.float64) * counts[:, None]).sum(axis=0) / counts.sum()
     # stack in the parts' own dtype, then one cast (the same values): np.array(chunk_means, dtype=np.float64) in one call
-    # made `run` from text 30-45% slower on the H200 box (w26c: it converts element by element; benchmarks/RESULTS.md,
-    # 2026-12-03 w26), and a cast per part cost ~2.5x this (29 MiniLM rows: 131 against 52 us on the dev machine)
+    # converts element by element, and a cast per part costs more than this one (figures:
+    # docs/performance.md#run-loop-defaults)
     stacked = np.stack(chunk_means).astype(np.float64)
     return (stacked * counts[:, None]).sum(axis=0) / counts.sum()
 
@@ -412,20 +402,6 @@ class Tile:
 
 def plan_tiles(height: int, width: int, tile: int, overlap: int) -> list[Tile]:
     return [Tile(r, c) for r in plan_windows(height, tile, overlap) for c in plan_windows(width, tile, overlap)]
-
-
-def tile_weight_maps(height: int, width: int, tile: int, overlap: int, merge: str) -> list[np.ndarray]:
-    """Separable per-tile weights (rows x cols), normalised to sum to 1 at every pixel.
-
-    'linear' and 'cosine' ramp across the overlaps; 'gaussian' weights each tile by a Gaussian bump
-    centred on it, so every seam is a smooth cross-fade.
-    """
-    kind = merge
-    rows = plan_windows(height, tile, overlap)
-    cols = plan_windows(width, tile, overlap)
-    row_w = window_weights(rows, height, kind)
-    col_w = window_weights(cols, width, kind)
-    return [np.outer(rw, cw) for rw in row_w for cw in col_w]
 
 
 def merge_tiles(

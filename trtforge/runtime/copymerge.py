@@ -3,22 +3,20 @@ input's merged output, so the host never copies those bytes (`run` on an engine 
 --no-copy-engine-merge turns it off).
 
 Why: `run`'s host merge copied every batch's token output twice (the D2H copy into a staging slot, then np.take
-into the merged output): 5.5 MB per MiniLM batch, 11 MB per BERT-base one. On the H200 box that merge took ~3 ms of
-a merge thread per batch against 1.33 ms of GPU, and the staging slot stayed held until it finished, so the GPU
-waited (benchmarks/RESULTS.md, 2026-12-02). Under 'center' merging, a batch's consecutive windows of one input keep
+into the merged output): 5.5 MB per MiniLM batch, 11 MB per BERT-base one. That merge took a merge thread longer than
+the batch's GPU time, and the staging slot stayed held until it finished, so the GPU waited (figures:
+docs/performance.md#copy-engine-merge-defaults). Under 'center' merging, a batch's consecutive windows of one input keep
 slices that tile one range of its merged output, one slice per row at the same offset for the interior windows:
 one strided (2-D) copy per run of like windows (StreamingMerge.run_copies). The merged outputs come from page-locked
 pooled memory (outpool.OutputPool with tensorrt_runtime.allocate_pinned), so the copies are asynchronous and
-pinning is paid once per pooled buffer. The earlier `--direct-merge` (removed 2026-12-01) page-locked every input's
-output and copied row by row: 1,632 copies and a cudaHostRegister per input cost more than the merge it removed.
+pinning is paid once per pooled buffer. The earlier `--direct-merge` page-locked every input's output and copied row
+by row: a copy per row and a cudaHostRegister per input cost more than the merge it removed.
 
-Measured on the H200 (benchmarks/RESULTS.md, 2026-12-02 w17/w18/w20/w21): outputs bit-equal to the host merge's. With
-each pooled buffer page-locked when first needed, inside the timed loop, it ran 7-46% slower than the host merge (w18);
-w20's timeline put that in the page-locking (the first six batch-64 MiniLM batches ~190 ms). So `run` page-locks one
-block before the clock (outpool.ReservedMemory, sized by `reserve_bytes`) and carves the pool's buffers out of it: in
-w21, three rounds at batch 64, MiniLM ran at 1.06-1.12x the GPU's time (host merge 1.12-1.38x, page-locking in the
-loop 1.48-1.58x) and BERT-base at 1.01-1.02x (host 1.03-1.08x). On by default; reserving costs 0.24-0.75 s before the
-clock (~3 GB/s), reported as runtime.output_pool.reserved.
+Its outputs are bit-equal to the host merge's. With each pooled buffer page-locked when first needed, inside the timed
+loop, it ran slower than the host merge, the time going to the page-locking. So `run` page-locks one block before the
+clock (outpool.ReservedMemory, sized by `reserve_bytes`) and carves the pool's buffers out of it. That way it runs
+closer to the GPU's time than the host merge, and it is on by default. Reserving takes time before the clock, reported
+as runtime.output_pool.reserved. Figures: docs/performance.md#copy-engine-merge-defaults.
 
 Pure: plans addresses and byte counts from the merger's state; the runtime issues the copies.
 """
@@ -60,7 +58,7 @@ def reserve_bytes(
     """Page-locked bytes to reserve before the loop for the merged token outputs (pure): `factor` x the positions of the
     windows in flight (queued, on the GPU, merging) x their bytes per position, at most what every input's merged
     output could take (each input's upper bound of positions, rounded up as the pool rounds it). factor 2.5: the pool's
-    fresh memory on the H200 was 2.1x those bytes on MiniLM and BERT-base at batch 64 (w18: 0.62 and 1.3 GB), since
+    fresh memory was about 2x those bytes on MiniLM and BERT-base (docs/performance.md#copy-engine-merge-defaults), since
     inputs planned ahead hold their buffers and idle ones of other sizes stay pooled. windows_in_flight None: planning
     is unbounded (every input may be in flight)."""
     whole = sum(capacity_for(n) for n in position_bounds if n > 0) * bytes_per_position

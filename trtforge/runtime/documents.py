@@ -96,8 +96,7 @@ class WindowBlock:
     """Consecutive text windows of one input, all of one length, planned at once: window first + r is row r of every
     array in `feeds` (tokenize.wrap_spans). `run`'s loop batches, stages, places and merges a block's rows a run at a
     time (Batch, batch_parts, chunking.row_runs), never one window at a time: Python per window on the threads that
-    share the GIL with the one feeding the GPU held MiniLM's loop at 2.1-2.9x its GPU time on the H200 box (~3 ms of
-    it per batch of 64 against 1.5 ms of GPU; benchmarks/RESULTS.md, 2026-12-04 w27)."""
+    share the GIL with the one feeding the GPU keeps the GPU waiting (figures: docs/performance.md#run-loop-defaults)."""
 
     doc: int
     first: int
@@ -239,6 +238,8 @@ def load_documents(
         return _pretokenized(path, tokenizer)
     if path.is_file() and path.suffix in (".jsonl", ".txt"):
         files, kind = [path], "text"
+    elif path.is_file() and path.suffix.lower() == ".wav":
+        files, kind = [path], "audio"
     else:
         dataset = data_mod.scan(path)
         files, kind = dataset.files, dataset.kind
@@ -257,6 +258,8 @@ def load_documents(
         return docs
     if kind == "images":
         samples = data_mod.read_images(data_mod.Dataset(path, files, kind, ""), specs)
+    elif kind == "audio":
+        samples = data_mod.read_audio(data_mod.Dataset(path, files, kind, ""), specs)
     else:
         samples = data_mod.read_arrays(data_mod.Dataset(path, files, kind, ""), specs)
     docs = []

@@ -34,9 +34,9 @@ def collect_garbage() -> float:
 
     Why: Python's cyclic collector runs a full pass, over every object of the process, when enough objects have
     piled up, on whichever thread allocates; that thread holds the GIL meanwhile, so every thread of the loop stops.
-    A full pass took 16-34 ms on the dev machine (~56k objects); on the GPU box MiniLM batches of 1.5 ms of GPU took
-    10-47 ms of wall in bursts (benchmarks/RESULTS.md, 2026-12-05 w31/w32). The loop makes no reference cycles to speak
-    of (30 cyclic objects over a whole MiniLM run, all from setting up ctypes), so nothing piles up while it is off."""
+    A full pass takes tens of ms, many times a batch's GPU time (figures: docs/performance.md#run-loop-defaults). The
+    loop makes no reference cycles to speak of (30 cyclic objects over a whole MiniLM run, all from setting up ctypes),
+    so nothing piles up while it is off."""
     begin = time.perf_counter()
     gc.collect()
     return round(time.perf_counter() - begin, 6)

@@ -162,11 +162,11 @@ def padded_batch(shapes: dict[str, tuple[int, ...]], ran: set[int]) -> int | Non
     """The rows to pad a batch to: the fewest of those that already ran (`ran`, at the same dims after the batch axis)
     above its own, None where it has a size that ran, none is larger, or its inputs disagree on the batch axis. Pure.
 
-    Why: a stream's last batch is partial, and a batch size the engine has not run is a new shape: on the H200 box
-    that batch took 65-121 ms of GPU against 1.5-5.8 ms for a full one (TensorRT's first run of a shape, trtforge's
-    plugins' per-shape cuDNN graphs and GEMM choice, a CUDA-graph capture; benchmarks/RESULTS.md, 2026-12-03 w26). Padded
-    with copies of its last row, it replays a captured graph; rows never mix in these models, and the padding rows
-    are dropped before anything reads the outputs."""
+    Why: a stream's last batch is partial, and a batch size the engine has not run is a new shape, which costs many
+    full batches' GPU time (TensorRT's first run of a shape, trtforge's plugins' per-shape cuDNN graphs and GEMM choice,
+    a CUDA-graph capture; figures: docs/performance.md#run-loop-defaults). Padded with copies of its last row, it
+    replays a captured graph; rows never mix in these models, and the padding rows are dropped before anything reads
+    the outputs."""
     sizes = {dims[0] for dims in shapes.values() if dims}
     if len(sizes) != 1:
         return None
@@ -274,7 +274,7 @@ def stream_batches(
     ahead > 0 bounds how far planning runs ahead of the consumer: at most `ahead` batches wait to be taken and
     2 x `workers` documents are handed to the threads at a time. Unbounded (0), planning that outpaces the GPU
     (texts tokenized elsewhere) ran every document at once at the start, its threads contending for the GIL
-    with the thread feeding the GPU: on the H200 box the first ~45 batches took 3-13 ms of wall for 1.3 of GPU.
+    with the thread feeding the GPU, which then stalled (figures: docs/performance.md#run-loop-defaults).
 
     workers == 0: no threads; each document is planned on the consumer's thread when the batches before it are taken
     (`ahead` does not apply), and a planning error is raised there."""

@@ -162,6 +162,12 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
         return {"name": doc.name, "scope": "not chunked (fits one chunk)", "measured": False}, None
     if not options.chunking_check:
         return {"name": doc.name, "scope": "--no-chunking-check", "measured": False}, None
+    if p.layout.fixed_length:
+        return {
+            "name": doc.name,
+            "scope": f"not measurable: the model takes exactly {p.layout.fixed_length} positions, so no whole pass exists",
+            "measured": False,
+        }, None
     sub, scope = measurement_input(doc, p)
     sub_chunks = plan_document(
         0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last, p.slices

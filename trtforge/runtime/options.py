@@ -79,8 +79,8 @@ class RunOptions:
     overlap_merges: bool = True
     # with overlapped merges: the GPU's copy engine writes token outputs' kept windows straight into their inputs'
     # merged outputs (page-locked pooled memory, reserved before the clock), so the host copies none of those bytes
-    # (copymerge.py). On by default: on the H200 at batch 64 it ran MiniLM at 1.06-1.12x the GPU's time where the host
-    # merge ran 1.12-1.38x, BERT-base at 1.01-1.02x against 1.03-1.08x, with bit-equal outputs (RESULTS.md, 2026-12-02 w21)
+    # (copymerge.py). On by default: closer to the GPU's time than the host merge, with bit-equal outputs (figures:
+    # docs/performance.md#copy-engine-merge-defaults)
     copy_engine_merge: bool = True
     # with the copy-engine merge: MB of page-locked memory reserved before the clock for the merged outputs (None: sized
     # by copymerge.reserve_bytes; 0: none, every pooled buffer page-locked when first needed, inside the loop)
@@ -90,16 +90,16 @@ class RunOptions:
     plan_processes: int = 0
     # Python's GIL switch interval while the loop runs: a thread back from a GIL-free numpy copy or CUDA wait waits up to
     # this long for the GIL while another thread runs Python (benchmarks/gil_handoff.py); Python's default is 5000.
-    # 20-500 ran alike on MiniLM on the H200 box (benchmarks/RESULTS.md, 2026-12-02 w15)
+    # 20-500 ran alike on MiniLM (docs/performance.md#run-loop-defaults)
     switch_interval_us: int = 500
     # Python's cyclic garbage collector off while the loop runs, after one collection before the clock (collect_garbage)
     gc_pause: bool = True
     last_window: str = _SECTION.last_window  # a sequence's last window: "full" (ends at the input's end, as long as the others) or "short"
     # False: no ONNX Runtime pass over every chunk after the loop, and no outputs kept for it (speed runs: it took
-    # 148 s of CPU after a 0.8 s BERT-base run over 356k tokens on the H200 box); precision is reported not measured.
+    # minutes of CPU after a ~1 s BERT-base run, docs/performance.md#run-loop-defaults); precision is reported not measured.
     precision_check: bool = True
-    # False: no chunked-vs-whole ONNX Runtime fp32 pass per input after the loop (it took ~80 s of CPU after a ~1 s
-    # BERT-base run over 192 inputs on the H200 box); the chunking error is reported not measured.
+    # False: no chunked-vs-whole ONNX Runtime fp32 pass per input after the loop (it can take a minute of CPU after a
+    # ~1 s BERT-base run; docs/performance.md#run-loop-defaults); the chunking error is reported not measured.
     chunking_check: bool = True
     plugin_libraries: list[str] = field(default_factory=list)  # override the engine sidecar's plugin libraries' paths
     # Per-output tolerances (verify/tolerances.py): 'NAME:VALUE' or 'VALUE', on the error statistic error_stat.

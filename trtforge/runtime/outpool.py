@@ -17,8 +17,8 @@ With `allocate`, buffers come from it instead of numpy: `run` passes page-locked
 writes merged outputs into (--copy-engine-merge); pinning is paid once per buffer, not per input.
 
 `ReservedMemory` is such an allocator that page-locks one block before the timed loop and carves buffers out of it:
-page-locking inside the loop (cudaHostAlloc, which CUDA synchronises with other threads' calls) cost the first six
-batch-64 MiniLM batches ~190 ms on the H200 box (2026-12-02 w20), where the loop after them ran at 1.09-1.12x the GPU.
+page-locking inside the loop (cudaHostAlloc, which CUDA synchronises with other threads' calls) stalls the loop's first
+batches (figures: docs/performance.md#copy-engine-merge-defaults).
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ class OutputKind:
     kind: str | None  # None: unknown (strict=False only)
     scale: float | None = None  # dense only: output spatial size / input spatial size
     source: str = "declared"  # declared | inferred
+    stride: int | None = None  # token only: input samples per output frame, measured at export (runtime/audio.py)
+    frame_offset: int = 0  # token with a stride: frames(L) = (L - frame_offset) // stride
+    fixed_window: int | None = None  # a model that takes exactly this many input positions (windows padded to it)
     boxes: BoxSpec | None = None  # boxes only: how its boxes and scores read
 
     @property
@@ -38,7 +41,13 @@ class OutputKind:
 
     def to_json(self) -> dict[str, Any]:
         out = {"kind": self.kind, "scale": self.scale, "source": self.source}
+        if self.stride is not None:
+            out.update(stride=self.stride, frame_offset=self.frame_offset)
         return {**out, "boxes": self.boxes.to_json()} if self.boxes else out
+
+    def frames(self, positions: int) -> int:
+        """The output's positions for `positions` input positions."""
+        return positions if self.stride is None else max(0, (positions - self.frame_offset) // self.stride)
 
 
 def boxes_of(kinds: dict[str, OutputKind]) -> dict[str, BoxSpec]:
@@ -74,6 +83,15 @@ def declared_kinds(
     for name, (kind, scale) in (overrides or {}).items():
         declared[name] = (kind, scale)
     return declared
+
+
+def declared_frame_rates(sidecar_outputs: list[Any] | None) -> dict[str, tuple[int, int]]:
+    """{output: (stride, frame_offset)} for the token outputs export measured advancing at a stride of the input."""
+    return {
+        e["name"]: (int(e["stride"]), int(e.get("frame_offset") or 0))
+        for e in sidecar_outputs or []
+        if isinstance(e, dict) and e.get("name") and e.get("stride")
+    }
 
 
 def parse_override(text: str) -> tuple[str, tuple[str, float | None]]:
@@ -251,11 +269,23 @@ def merge_refusal(kind: OutputKind, image: bool, shape: tuple[int, ...] | None, 
             f"maps and this one has rank {len(shape)}; run whole images (without --chunk), or declare the kind it has "
             f"(--output-kind {name}=KIND)."
         )
-    if kind.kind == "token" and not image and shape is not None and positions is not None and (len(shape) < 2 or shape[1] != positions):
+    if (
+        kind.kind == "token"
+        and not image
+        and shape is not None
+        and positions is not None
+        and (len(shape) < 2 or shape[1] != kind.frames(positions))
+    ):
         got = shape[1] if len(shape) >= 2 else "no"
+        if kind.stride is not None:
+            return (
+                f"output '{name}' has {got} frames for {positions} input positions along '{axis}', not the "
+                f"{kind.frames(positions)} its recorded stride ({kind.stride}) gives; re-export the model."
+            )
         return (
             f"output '{name}' has {got} positions for {positions} input positions along '{axis}' (it advances at a "
-            f"stride of the input, which trtforge does not support for chunked runs yet), so windows over the input "
-            f"cannot be mapped to its positions; run without --chunk (whole inputs, up to axes.{axis}.max)."
+            f"stride of the input, and no stride is recorded for it), so windows over the input cannot be mapped to its "
+            f"positions; declare it `kind: token` under 'outputs' in the config and re-export (export measures its "
+            f"stride), or run without --chunk (whole inputs, up to axes.{axis}.max)."
         )
     return None

@@ -10,6 +10,7 @@ import numpy as np
 from trtforge.core.config import AxisRange, InputSpec
 from trtforge.core.errors import UserError
 from trtforge.core.layout import Layout
+from trtforge.runtime.audio import fixed_window_part, plan_fixed_windows, plan_strided_windows
 from trtforge.runtime.chunking import (
     Tile,
     Window,
@@ -80,6 +81,8 @@ def plan_document(
             if chunk is not None:
                 raise no_chunk_axis(layout)
             return [Chunk(d, 0, doc.feeds, Window(0, 1, 0, 1), 1)]
+        if layout.fixed_length or (layout.sample_stride and chunk):
+            return strided_chunks(d, doc, layout, chunk, overlap, full_last)
         if chunk is None and limits.seq is not None and doc.length > limits.seq:
             raise UserError(
                 f"input '{doc.name}' has {doc.length} positions but the model takes at most {limits.seq}; enable chunking with --chunk."
@@ -115,6 +118,22 @@ def plan_document(
         )
         for i, t in enumerate(tiles)
     ]
+
+
+def strided_chunks(d: int, doc: Document, layout: Layout, chunk: int | None, overlap: int, full_last: bool) -> list[Chunk]:
+    """An input's windows where outputs advance at a stride of it (runtime/audio.py): starting at multiples of the
+    stride; for a model that takes a fixed length, windows of exactly that length, the last one padded with zeros."""
+    seq = layout.seq_axis
+    if layout.fixed_length:
+        size = layout.fixed_length
+        chunks = []
+        for i, w in enumerate(plan_fixed_windows(doc.length, size, overlap if doc.length > size else 0)):
+            feeds = layout.sliced(doc.feeds, {seq: (w.start, w.end)})
+            padded = {k: fixed_window_part(v, layout.dims[k][seq], size) if seq in layout.dims.get(k, {}) else v for k, v in feeds.items()}
+            chunks.append(Chunk(d, i, padded, w, w.length))
+        return chunks
+    windows = plan_strided_windows(doc.length, chunk, overlap, layout.sample_stride, full_last)
+    return [Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length) for i, w in enumerate(windows)]
 
 
 def no_chunk_axis(layout: Layout) -> UserError:

@@ -2,11 +2,11 @@
 
 Why processes: in `run` every millisecond a thread of the loop's process holds the GIL is one the thread feeding
 the GPU may wait for. Tokenizing releases the GIL, but turning its ids into an array does not, and planning a text
-input's windows (tokenize.wrap_spans, run.text_feeds) is a few dozen numpy calls driven from Python per input. On the
-H200 box MiniLM's loop held the GIL for its whole wall time, 1.8-1.9x its GPU time, and planning was ~40% of what
-held it (benchmarks/RESULTS.md, 2026-12-04 w28). A worker plans a whole input (run.plan_document) and returns its plan
-in one pickle: a few arrays per block of equal-length windows (run.DocumentPlan), so the loop's process only
-unpickles it. concurrent.futures' process pool does the transport; nothing here is a hand-written pool.
+input's windows (tokenize.wrap_spans, run.text_feeds) is a few dozen numpy calls driven from Python per input, a large
+share of what holds the GIL in the loop's process (figures: docs/performance.md#run-loop-defaults). A worker plans a
+whole input (run.plan_document) and returns its plan in one pickle: a few arrays per block of equal-length windows
+(run.DocumentPlan), so the loop's process only unpickles it. concurrent.futures' process pool does the transport;
+nothing here is a hand-written pool.
 
 Workers are spawned (tokenizers' own threads do not survive a fork), load the tokenizer and the planning settings
 once, plan one input per call on their own thread (a tokenizers thread pool per process would only add threads) and
@@ -63,8 +63,8 @@ class PlanningProcesses:
     def start(self) -> None:
         """Every worker up, its tokenizer loaded. A pool spawns a worker per task while none is idle, so one round
         of tasks spawns them all; but a worker up early may run several of them while another is still importing
-        (~0.5 s), so rounds go on until every worker has answered. On the H200 box, returning after one round
-        left workers starting while the clock ran: the first ~35 batches of a run waited on them (~0.3 s)."""
+        (~0.5 s), so rounds go on until every worker has answered: returning after one round leaves workers
+        starting while the clock runs, and the run's first batches wait on them."""
         from concurrent.futures.process import BrokenProcessPool
 
         from trtforge.core.interrupts import ignored_while_spawning

@@ -19,6 +19,7 @@ from trtforge.core.layout import Layout, model_layout
 from trtforge.core.onnxio import load_onnx
 from trtforge.graph.index import io_specs
 from trtforge.graph.probe import output_kinds
+from trtforge.runtime.audio import reading_specs, run_kinds, run_layout
 from trtforge.runtime.chunking import (
     check_overlap,
 )
@@ -100,8 +101,10 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     ref_model = load_onnx(reference_path)
     specs, axes, _ = io_specs(reference_path, ref_model)
     del ref_model
-    layout = model_layout(specs)
-    limits = plan_limits(layout, axes, engine_sidecar)
+    chain = sidecar_chain(reference_path)
+    probe_layout = model_layout(specs)  # output kinds are inferred on the model's own axes
+    layout = run_layout(probe_layout, specs, chain, options.output_kinds, options.chunk, options.overlap, reference_path.name)
+    limits = Limits(seq=layout.fixed_length) if layout.fixed_length else plan_limits(layout, axes, engine_sidecar)
     if options.chunk is not None:
         check_overlap(options.chunk, options.overlap)
         if not layout.chunk_axes:
@@ -116,11 +119,11 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
             what = f"--chunk {options.chunk}" + ("" if layout.kind == "sequence" else " (tile size)")
             raise UserError(f"{what} is larger than {where} ({limit}); rebuild with larger tiers or lower --chunk.")
     reference = OrtRunner(reference_path)
-    chain = sidecar_chain(reference_path)
-    kinds = output_kinds(reference, reference_path, specs, axes, layout, options.output_kinds, chain)
+    kinds = output_kinds(reference, reference_path, specs, axes, probe_layout, options.output_kinds, chain)
+    kinds = run_kinds(kinds, layout, options.chunk, options.overlap)
     tok_dir = options.tokenizer or find_tokenizer_dir(reference_path, chain)
     tokenizer = TextTokenizer(tok_dir) if tok_dir else None
-    docs = load_documents(Path(options.inputs), specs, layout, tokenizer, tokenize=plan)
+    docs = load_documents(Path(options.inputs), reading_specs(specs, layout), layout, tokenizer, tokenize=plan)
     if not docs:
         raise UserError(f"{options.inputs} holds no inputs; add documents or arrays.")
     if is_engine:  # an engine whose fused attention dropped the mask must never see padding
@@ -188,7 +191,7 @@ def refuse_unmergeable(
             f"ONNX Runtime fails on {reference_path.name} at {', '.join(f'{k}={v}' for k, v in sizes.items())} "
             f"({exception_summary(exc, 200)}); check the model's axis ranges."
         ) from None
-    positions = sizes.get(layout.seq_axis) if layout.seq_axis else None
+    positions = layout.fixed_length or (sizes.get(layout.seq_axis) if layout.seq_axis else None)
     dense = [name for name, kind in kinds.items() if kind.kind == "dense"]
     if boxes_of(kinds) and dense:
         raise UserError(

@@ -158,7 +158,7 @@ def run_on(target: Any, p: Prepared, options: RunOptions, overlap: bool, progres
                 merger.prepare(chunks)
         return chunks
 
-    # 2 by default: BERT-base and MiniLM ran fastest with 2 on the H200 box (16 CPUs), ahead of 4
+    # 2 by default: BERT-base and MiniLM ran fastest with 2, ahead of 4 (figures: docs/performance.md#run-loop-defaults)
     # 0: on the thread that collects each batch (no merging threads); valid only where merging overlaps (below)
     merge_workers = options.merge_workers if options.merge_workers is not None else min(2, os.cpu_count() or 2)
 
@@ -193,8 +193,8 @@ def run_on(target: Any, p: Prepared, options: RunOptions, overlap: bool, progres
     batches: list[list[Chunk] | None] = []  # by tag; without the precision check each is dropped once merged (consume)
     parts = getattr(target, "accepts_parts", False)
     # Tokenizing releases the GIL: documents in parallel. With plans from worker processes as well (the threads wait
-    # for them): 2 planning threads starved the loop on the H200 box (their page-in of merged outputs under GIL
-    # contention, with ids from tokenizing processes; 2026-12-02 w11).
+    # for them): 2 planning threads starved the loop (their page-in of merged outputs under GIL contention, with ids
+    # from tokenizing processes; figures: docs/performance.md#run-loop-defaults).
     workers = (
         options.plan_workers
         if options.plan_workers is not None
@@ -218,8 +218,8 @@ def run_on(target: Any, p: Prepared, options: RunOptions, overlap: bool, progres
     # Merging runs on `merge_workers` threads (numpy copies release the GIL), overlapping the submission and
     # inference of the next batches. Without the precision check nothing keeps a batch's outputs, so they
     # are merged straight out of the target's pinned output memory, each batch's rows split over the
-    # threads (no per-batch copy or allocation: on the H200 box copying out and merging 1 GB of BERT-base
-    # outputs on one thread took 3.6x the GPU time). With planning, merging and collecting threads about,
+    # threads (no per-batch copy or allocation: copying out and merging on one thread left the loop several
+    # times the GPU's time; docs/performance.md#run-loop-defaults). With planning, merging and collecting threads about,
     # the thread feeding the GPU must not wait Python's default 5 ms for the GIL: a shorter switch
     # interval while the loop runs.
     stream = feeds()
@@ -350,12 +350,11 @@ def run_on(target: Any, p: Prepared, options: RunOptions, overlap: bool, progres
 def default_plan_workers(mostly_waiting: bool, cpus: int, engine: bool = False) -> int:
     """Planning threads when --plan-workers is not given: min(8, CPUs) where they mostly wait without the GIL, on the
     tokenizer (it releases the GIL, so documents tokenize in parallel) or on planning processes (which plan even
-    pre-tokenized ids; with tokenizing processes 2 planning threads starved the loop, 2026-12-02 w11). Else planning is
+    pre-tokenized ids; with tokenizing processes 2 planning threads starved the loop). Else planning is
     Python that contends for the GIL with the thread feeding the GPU: on an engine none (0: each input planned on that
     thread when its batches are needed), for ONNX Runtime 2 (its run releases the GIL, and the threads plan meanwhile).
-    MiniLM from ids on the H100 box (w31, 3 rotated rounds over 768 inputs): 5.8-7.7M tokens/s, wall/GPU 1.17-1.58,
-    planned on the thread feeding the GPU against 3.8-4.9M, 1.85-2.38 with 2 threads; BERT-base 1.002 against
-    1.004-1.009 (benchmarks/RESULTS.md, 2026-12-05 w31). Earlier, with threads only, 2 beat 8 and 1 (2026-12-03 w26)."""
+    Planning on the thread feeding the GPU beat 2 planning threads on MiniLM and BERT-base from ids (figures:
+    docs/performance.md#run-loop-defaults)."""
     if mostly_waiting:
         return min(8, max(1, cpus))
     return 0 if engine else min(2, max(1, cpus))
@@ -373,7 +372,7 @@ def _copy_merge_outputs(
         return [], f"--merge {options.merge} blends windows; only 'center' windows are copied"
     if not warm:
         return [], "no warm-up (--warmup 0): the merged outputs' layout is not known ahead"
-    names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and n in warm]
+    names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and not k.stride and n in warm]
     return (names, None) if names else ([], "no token output laid out [batch, positions, ...]")
 
 

@@ -83,7 +83,7 @@ class TextTokenizer:
         """The text's token ids without special tokens. A batch call, because it releases the GIL (encode holds it
         for the whole text), so planning threads tokenize while batches run; the `_fast` one where the installed
         tokenizers has it (>= 0.20): it skips the character offsets, which these ids do not need (same ids, 1.2x
-        the tokens/s on MiniLM's documents here; tokenizing was most of `run`'s planning time on the H200 box)."""
+        the tokens/s on MiniLM's documents; tokenizing is most of `run`'s planning time on text inputs)."""
         encode = getattr(self.tok, "encode_batch_fast", None) or self.tok.encode_batch
         return np.asarray(encode([text], add_special_tokens=False)[0].ids, dtype=np.int64)
 

@@ -112,7 +112,7 @@ class _Output:
             self.agree += int(np.sum(a.argmax(axis=1) == b.argmax(axis=1)))
             self.votes += int(a.size // a.shape[1])
         if self.tolerance is not None:
-            if self.abs_err is None:
+            if self.abs_err is None or self.rel_err is None:
                 self.abs_err, self.rel_err = ErrorHistogram(), ErrorHistogram()
             self.abs_err.add(diff)
             self.rel_err.add(relative_errors(a, diff))
@@ -132,11 +132,11 @@ class _Output:
         self.votes += other.votes
         self.reference.merge(other.reference)
         self.candidate.merge(other.candidate)
-        if other.abs_err is not None:
-            if self.abs_err is None:
+        if other.abs_err is not None and other.rel_err is not None:
+            if self.abs_err is None or self.rel_err is None:
                 self.abs_err, self.rel_err = ErrorHistogram(), ErrorHistogram()
             self.abs_err.merge(other.abs_err)
-            self.rel_err.merge(other.rel_err)  # type: ignore[union-attr]
+            self.rel_err.merge(other.rel_err)
         self.violations += other.violations
 
     def metrics(self) -> dict[str, Any]:
