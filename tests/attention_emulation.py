@@ -86,10 +86,83 @@ def emulate_flash_plugins(model: onnx.ModelProto, dtype: int = onnx.TensorProto.
     from trtforge.fusion.plugins import FLASH_PLUGIN
 
     def expand(node, a, p, c):
+        if a["plugin_version"] != b"1":
+            return [node]
         assert len(node.input) == 2 and set(a) >= {"scale", "causal"}, node.name
         return _packed_attention(
             node.input[0], node.input[1], node.output[0], a["hidden_size"], a["num_heads"], a["scale"], a["causal"], dtype, p, c
         )
+
+    return _expand(model, FLASH_PLUGIN, expand)
+
+
+def emulate_flash_core_plugins(model: onnx.ModelProto) -> onnx.ModelProto:
+    """TrtforgeFlashAttention v2 (separate Q, K, V) as the ops its contract says cuDNN computes, in fp32: inputs q
+    [B, H, Sq, D], k and v [B, Hk, Skv, D] (head h reads kv head h // (H / Hk)), optional bias [1|B, 1|H, Sq, Skv];
+    softmax(scale q kᵀ + bias) v with key j of query i hidden outside i' - left_bound < j <= i' + right_bound
+    (i' = i, or i + Skv - Sq with alignment 1; a bound of -1 is none); output [B, H, Sq, D] in q's type."""
+    from trtforge.fusion.plugins import FLASH_CORE_VERSION, FLASH_PLUGIN
+
+    def expand(node, a, p, c):
+        if a["plugin_version"] != FLASH_CORE_VERSION.encode():
+            return [node]
+        assert len(node.input) == 3 + a["has_bias"], node.name
+        rep = a["num_heads"] // a["kv_heads"]
+        i64 = lambda v: np.array(v, np.int64)  # noqa: E731
+        nodes = [helper.make_node("Cast", [t], [p + n], to=onnx.TensorProto.FLOAT) for t, n in zip(node.input[:3], ("q", "k", "v"))]
+        for t in ("k", "v"):  # [B, Hk, S, D] -> [B, Hk, rep, S, D] -> [B, H, S, D]
+            nodes += [
+                helper.make_node("Unsqueeze", [p + t, c(t + "ax", i64([2]))], [p + t + "5"]),
+                helper.make_node("Shape", [p + t + "5"], [p + t + "s5"]),
+                helper.make_node("Mul", [p + t + "s5", c(t + "rep", i64([1, 1, rep, 1, 1]))], [p + t + "s5r"]),
+                helper.make_node("Expand", [p + t + "5", p + t + "s5r"], [p + t + "x"]),
+                helper.make_node("Reshape", [p + t + "x", c(t + "heads", i64([0, a["num_heads"], -1, a["head_size"]]))], [p + t + "h"]),
+            ]
+        nodes += [
+            helper.make_node("Transpose", [p + "kh"], [p + "kt"], perm=[0, 1, 3, 2]),
+            helper.make_node("MatMul", [p + "q", p + "kt"], [p + "qk"]),
+            helper.make_node("Mul", [p + "qk", c("scale", np.array(a["scale"], np.float32))], [p + "scores"]),
+        ]
+        scores = p + "scores"
+        if a["has_bias"]:
+            nodes += [
+                helper.make_node("Cast", [node.input[3]], [p + "bias"], to=onnx.TensorProto.FLOAT),
+                helper.make_node("Add", [scores, p + "bias"], [p + "biased"]),
+            ]
+            scores = p + "biased"
+        if a["left_bound"] != -1 or a["right_bound"] != -1:
+            # d[i, j] = j - i - (Skv - Sq if bottom-right else 0), from the score's shape
+            nodes += [
+                helper.make_node("Shape", [scores], [p + "sshape"]),
+                helper.make_node("Gather", [p + "sshape", c("i2", i64(2))], [p + "sq"]),
+                helper.make_node("Gather", [p + "sshape", c("i3", i64(3))], [p + "skv"]),
+                helper.make_node("Range", [c("z", i64(0)), p + "sq", c("o", i64(1))], [p + "qi"]),
+                helper.make_node("Range", [c("z2", i64(0)), p + "skv", c("o2", i64(1))], [p + "kj"]),
+                helper.make_node("Unsqueeze", [p + "qi", c("ax1", i64([1]))], [p + "qcol"]),
+                helper.make_node("Sub", [p + "kj", p + "qcol"], [p + "d0"]),
+                helper.make_node("Sub", [p + "skv", p + "sq"], [p + "shift"]),
+                helper.make_node("Mul", [p + "shift", c("align", i64(a["alignment"]))], [p + "ashift"]),
+                helper.make_node("Sub", [p + "d0", p + "ashift"], [p + "d"]),
+            ]
+            kept = []
+            if a["right_bound"] != -1:
+                nodes.append(helper.make_node("LessOrEqual", [p + "d", c("right", i64(a["right_bound"]))], [p + "in_r"]))
+                kept.append(p + "in_r")
+            if a["left_bound"] != -1:
+                nodes.append(helper.make_node("Greater", [p + "d", c("left", i64(-a["left_bound"]))], [p + "in_l"]))
+                kept.append(p + "in_l")
+            keep = kept[0]
+            if len(kept) == 2:
+                nodes.append(helper.make_node("And", kept, [p + "keep"]))
+                keep = p + "keep"
+            nodes.append(helper.make_node("Where", [keep, scores, c("ninf", np.array(-np.inf, np.float32))], [p + "masked"]))
+            scores = p + "masked"
+        dtype = onnx.TensorProto.FLOAT16  # the plugin's type
+        return nodes + [
+            helper.make_node("Softmax", [scores], [p + "probs"], axis=-1),
+            helper.make_node("MatMul", [p + "probs", p + "vh"], [p + "out32"]),
+            helper.make_node("Cast", [p + "out32"], [node.output[0]], to=dtype),
+        ]
 
     return _expand(model, FLASH_PLUGIN, expand)
 

@@ -321,17 +321,17 @@ def test_a_small_position_bias_is_refused_however_close_the_context():
 
 
 def test_a_score_term_varies_across_keys_where_a_query_attends():
-    from trtforge.fusion.attention import _varies_across_keys
+    from trtforge.fusion.attention_verify import varies_across_keys
 
     s = 4
     padding = np.zeros((2, 1, 1, s))  # an additive padding mask on unpadded rows
     causal = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, 0.0)[None, None]
     window = np.where(np.eye(s, k=2, dtype=bool), -np.inf, 0.0)[None, None]  # a {0, -inf} window mask
-    assert not _varies_across_keys(padding) and not _varies_across_keys(np.full((1, 2, s, s), -3.0))
-    assert _varies_across_keys(np.random.default_rng(0).normal(0, 1e-4, (1, 2, s, s)))  # a tiny position bias
-    assert _varies_across_keys(window) and _varies_across_keys(causal)
-    assert not _varies_across_keys(causal, causal=True)  # above the diagonal a causal query attends to nothing
-    assert _varies_across_keys(causal + np.tril(np.arange(s * s).reshape(s, s)), causal=True)
+    assert not varies_across_keys(padding) and not varies_across_keys(np.full((1, 2, s, s), -3.0))
+    assert varies_across_keys(np.random.default_rng(0).normal(0, 1e-4, (1, 2, s, s)))  # a tiny position bias
+    assert varies_across_keys(window) and varies_across_keys(causal)
+    assert not varies_across_keys(causal, causal=True)  # above the diagonal a causal query attends to nothing
+    assert varies_across_keys(causal + np.tril(np.arange(s * s).reshape(s, s)), causal=True)
 
 
 def test_a_layout_the_pass_does_not_model_is_refused_not_fused_wrong():
@@ -687,6 +687,7 @@ def test_tensorrt_rtx_fuses_every_zoo_attention_in_fp16_and_the_build_proves_it(
     engine = record["engine"]
     assert engine["known"] and engine["complete"] and engine["by_profile"] == [2] and engine["expected_per_profile"] == 2, engine
     assert set(engine["kinds"]) == {"_gemm_mha_v2"} and not [w for w in warnings if "fused in the engine" in w]
+    assert engine["fused"] == 2 and describe(record, "fp16")[0] == "attention: fused 2 of 2 (counted in the engine's layers)"
     proc = run_cli("inspect", str(tmp_path / "m.engine"))
     assert proc.returncode == 0 and "in the engine: 2 of 2 attention(s) fused" in proc.stdout
 

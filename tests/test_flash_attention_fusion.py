@@ -210,7 +210,8 @@ def test_gpt2_flash_nodes_keep_their_own_sequence_tensor(zoo):
 def test_same_leading_dims_needs_every_path_to_keep_them():
     from onnx import TensorProto, numpy_helper
 
-    from trtforge.fusion.attention import _Graph, same_leading_dims
+    from trtforge.fusion.attention import same_leading_dims
+    from trtforge.fusion.index import GraphIndex
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 4])
     inits = [
@@ -229,7 +230,7 @@ def test_same_leading_dims_needs_every_path_to_keep_them():
         helper.make_node("Add", ["ln", "b3"], ["wide"]),
         helper.make_node("LayerNormalization", ["r", "b", "b"], ["ln0"], axis=0),
     ]
-    g = _Graph(
+    g = GraphIndex(
         helper.make_model(
             helper.make_graph(
                 nodes, "g", [x], [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("mixed", "wide", "ln0")], inits

@@ -198,7 +198,7 @@ def test_more_actors_than_the_cluster_holds_is_a_user_error(minilm_clean, ray_cl
     from trtforge.scaleout.ray_run import RayOptions, run_ray
 
     with pytest.raises(UserError, match="--ray-actors 3 asks for more ONNX Runtime actors than the Ray cluster's 2 CPUs"):
-        run_ray(minilm_clean, RunOptions(inputs=ROOT / "calib_data/minilm_long"), RayOptions("auto", actors=3))
+        run_ray(minilm_clean, RunOptions(inputs=ROOT / "calib_data/minilm_long", chunk=256, overlap=32), RayOptions("auto", actors=3))
 
 
 @pytest.mark.parametrize("pause", [True, False])

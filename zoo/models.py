@@ -541,6 +541,42 @@ def detr(size: str = "small") -> tuple:
     return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits", "pred_boxes"], None
 
 
+def conditional_detr(size: str = "small") -> tuple:
+    """transformers ConditionalDetrForObjectDetection on transformers' own ResNet backbone: DETR's layout (queries, class
+    logits `[B, Q, C]`, boxes `[B, Q, 4]` as normalised cx, cy, w, h) with sigmoid class scores and no "no object"
+    class (focal loss), as RT-DETR and Deformable DETR score theirs. Full: Conditional DETR ResNet-50 (300 queries)."""
+    import torch
+
+    transformers = _hf()
+    _seed()
+    if size == "full":
+        backbone = transformers.ResNetConfig(out_features=["stage4"])
+        config = transformers.ConditionalDetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False)
+        side = 512
+    else:
+        backbone = transformers.ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic", out_features=["stage4"]
+        )
+        config = transformers.ConditionalDetrConfig(
+            use_timm_backbone=False,
+            backbone_config=backbone,
+            use_pretrained_backbone=False,
+            d_model=64,
+            encoder_layers=1,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            num_queries=10,
+            num_labels=5,
+            init_std=SMALL_INIT,
+        )
+        side = 64
+    module = transformers.ConditionalDetrForObjectDetection(config).eval()
+    return module, {"pixel_values": torch.rand(2, 3, side, side)}, ["logits", "pred_boxes"], None
+
+
 def wav2vec2(size: str = "small") -> tuple:
     """transformers Wav2Vec2Model: raw 16 kHz samples `[B, T]` through a strided convolution stack (one frame per
     320 samples, 400 samples of receptive field) and a transformer with a convolutional position embedding:
@@ -566,3 +602,30 @@ def wav2vec2(size: str = "small") -> tuple:
     module = transformers.Wav2Vec2Model(config).eval()
     seconds = 2.0 if size == "full" else 1.0
     return module, {"input_values": torch.randn(2, int(16000 * seconds))}, ["last_hidden_state"], None
+
+
+def modernbert(size: str = "small") -> tuple:
+    """transformers ModernBertModel: rotary positions applied after the fused Wqkv projection, GeGLU MLP, global
+    attention every third layer and a local (sliding-window) band elsewhere. Full: ModernBERT-base's shape (22
+    layers, hidden 768, 12 heads, window 128). Small: 3 layers (global, local, local), hidden 64, 4 heads, a window
+    of 8 tokens (|i - j| <= 4), so sequences of 16 and more show the band."""
+    transformers = _hf()
+    _seed()
+    tok = _tokenizer("bert")
+    common = {"vocab_size": 30522, "pad_token_id": 0, "attn_implementation": "eager"}
+    if size == "full":
+        config = transformers.ModernBertConfig(**common)
+    else:
+        config = transformers.ModernBertConfig(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            global_attn_every_n_layers=3,
+            local_attention=8,
+            max_position_embeddings=512,
+            initializer_range=SMALL_INIT,
+            **common,
+        )
+    module = transformers.ModernBertModel(config).eval()
+    return module, _text_examples(tok, ("input_ids", "attention_mask")), ["last_hidden_state"], tok

@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu/validate.sh [-w WORKDIR] [-t SECONDS] SUITE [SUITE ...]
 #   bash benchmarks/gpu/validate.sh list
 #
-# Suites: zoo vs-torch int8 fp8 attention runloop stateful ray (all: every suite, in that order).
+# Suites: zoo vs-torch int8 fp8 attention runloop stateful ray modern (all: every suite, in that order).
 # Run it from the repository root. Every step runs under a timeout capped by the deadline (-t, default 3600 s),
 # writes its output to WORKDIR/log.STEP and appends {step, rc, seconds, cmd, tail} to WORKDIR/steps.jsonl; a failed
 # step does not stop the suite. WORKDIR (default out/gpu-validation) ends with SUMMARY.md, the tables of the suites
@@ -28,7 +28,7 @@ ROOT=$(pwd)
 W=out/gpu-validation SECS=3600
 while getopts "w:t:" o; do case $o in w) W=$OPTARG ;; t) SECS=$OPTARG ;; *) exit 2 ;; esac; done
 shift $((OPTIND - 1))
-SUITES_ALL="zoo vs-torch int8 fp8 attention runloop stateful ray"
+SUITES_ALL="zoo vs-torch int8 fp8 attention runloop stateful ray modern"
 if [ "${1:-}" = list ] || [ $# -eq 0 ]; then
   echo "suites: $SUITES_ALL (or all)"; [ $# -eq 0 ] && exit 2; exit 0
 fi
@@ -245,6 +245,118 @@ suite_ray() {  # `run --ray`: one actor per GPU against the one-process run, on 
   step ray-run 900 "$RP -m trtforge run $B.fp16.engine --config $CFG/bert-base.yaml --reference $B.clean.onnx --ray auto --report $W/bert-base/ray_run.json"
   step ray-scaling 900 "$RP benchmarks/ray_scaling.py $B.fp16.engine --reference $B.clean.onnx --min-tokens 200000 --chunk 256 --overlap 32 --batch-size 16 --json $W/ray_scaling.json"
   section "ray"; tail -8 "$W/log.ray-scaling" >> "$W/SUMMARY.md" 2>/dev/null
+}
+
+# build_facts MODEL ENGINE STEP: a markdown row of what a build printed and recorded: its 'attention: fused N of M' and
+# 'build time:' lines (WORKDIR/log.STEP), and from the engine's sidecar the build seconds and the accuracy gate.
+build_facts() {
+  local m=$1 e=$2 log=$W/log.$3 att bt side
+  att=$(grep -m1 -o 'attention: fused.*' "$log" 2>/dev/null); bt=$(grep -m1 -o 'build time:.*' "$log" 2>/dev/null)
+  side=$(python3 - "$e.json" <<'PY' 2>/dev/null
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    print("no sidecar | -"); raise SystemExit
+check = s.get("engine_check") or {}
+seconds = s.get("build_seconds")
+print(f"{seconds:.0f} s" if isinstance(seconds, (int, float)) else "-", "|", check.get("status") or "-")
+PY
+)
+  echo "| $m | $(basename "$e") | ${att:-no 'attention:' line} | ${bt:-no 'build time:' line} | ${side:-no sidecar | -} |"
+}
+
+# modern_times MODEL ROUND "NAME=ENGINE ...": the engines' and torch eager's GPU ms for one model, each half a step of its
+# own (WORKDIR/modern/{engine,torch}_MODEL_ROUND.json); round 1 runs the engines first, round 2 torch first; round
+# compile: torch eager and torch.compile in one process (no engines).
+modern_times() {
+  local m=$1 r=$2 engines=$3 D=$W/modern flags
+  flags=$(eng $engines)
+  local e="$RP benchmarks/vs_torch.py engine $flags --out $D/engine_${m}_$r.json"
+  local t="$TP benchmarks/vs_torch.py torch --models $m --no-e2e --out $D/torch_${m}_$r.json"
+  case $r in
+    1) [ -n "$flags" ] && step "engine-$m-$r" 600 "$e"; step "torch-$m-$r" 600 "$t" ;;
+    2) step "torch-$m-$r" 600 "$t"; [ -n "$flags" ] && step "engine-$m-$r" 600 "$e" ;;
+    compile) step "torch-$m-compile" 900 "$t --compile --compile-budget-s 600" ;;
+  esac
+  return 0
+}
+
+suite_modern() {  # ModernBERT-base, wav2vec2-base and a Qwen2-shaped GQA decoder: fused attention, speed against torch
+  local D=$W/modern Q=$W/qwen2-kv/qwen2-kv T=$W/modern/wav60 B W2 m r args
+  mkdir -p "$D" "$T" "$W/qwen2-kv"; B=$(M modernbert-base); W2=$(M wav2vec2-base)
+  local QE="qwen2-prefill=$Q-full.fp16.engine qwen2-prefill-stateful=$Q.fp16.engine"
+  local E_modernbert_base="modernbert-base=$B.fp16.engine" E_wav2vec2_base="wav2vec2-base=$W2.fp16.engine" E_qwen2_prefill=$QE
+  export_clean modernbert-base wav2vec2-base &
+  if [ ! -f "$Q.onnx" ]; then  # the default exporter first (what a user runs), the dynamo exporter where it fails
+    step export-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml -o $Q.onnx" ||
+      step export-dynamo-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml --exporter dynamo -o $Q.onnx"
+  fi
+  wait
+  [ -f "$B.clean.onnx" ] && [ -f "$W2.clean.onnx" ] || FAILED=1  # the exports ran in a subshell: their status is lost
+  # the figures first, in the order of their weight (a short window still gets ModernBERT-base's); proofs and
+  # torch.compile after them
+  build modernbert-base fp16 --precision fp16
+  modern_times modernbert-base 1 "$E_modernbert_base"
+  build wav2vec2-base fp16 --precision fp16
+  modern_times wav2vec2-base 1 "$E_wav2vec2_base"
+  if [ -f "$Q.onnx" ]; then  # stateful (chunk <= 512 over past tiers 0 / 1024 / 4096) and one pass (4224 at past 0)
+    step tokenize-qwen2-kv 120 "$TP benchmarks/gpu/stateful.py tokenize $Q.tokenizer $W/qwen2-kv/docs4096.jsonl 4096"
+    [ -f "$Q.fp16.engine" ] || step build-stateful-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=512;past=0,1024,4096' $TAC $PLUG_FLAG -o $Q.fp16.engine"
+    [ -f "$Q-full.fp16.engine" ] || step build-full-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=4224;past=0' $TAC $PLUG_FLAG -o $Q-full.fp16.engine"
+  fi
+  modern_times qwen2-prefill 1 "$QE"  # torch's prefill is timed without the engines too
+  [ -f "$Q.fp16.engine" ] && [ -f "$Q-full.fp16.engine" ] &&
+    step stateful-qwen2-kv 1200 "$RP -m trtforge run $Q.fp16.engine --inputs $W/qwen2-kv/docs4096.jsonl --chunk 512 --stateful --generate 32 --reference $Q-full.fp16.engine --report $W/qwen2-kv/stateful.json"
+  # a 60 s recording (16 kHz mono, 16 bit) through wav2vec2-base in 10 s windows with 1 s of overlap
+  cat > "$D/write_wav.py" <<'PY'
+"""A synthetic 16 kHz mono 16-bit recording: a gliding tone under noise. python3 write_wav.py OUT.wav SECONDS"""
+import math, random, struct, sys, wave
+rate, seconds, rng = 16000, float(sys.argv[2]), random.Random(0)
+with wave.open(sys.argv[1], "wb") as out:
+    out.setnchannels(1); out.setsampwidth(2); out.setframerate(rate)
+    samples = (0.3 * math.sin(2 * math.pi * (200 + 80 * math.sin(0.6 * i / rate)) * i / rate) + 0.05 * rng.gauss(0, 1) for i in range(int(rate * seconds)))
+    out.writeframes(b"".join(struct.pack("<h", int(max(-1.0, min(1.0, x)) * 32767)) for x in samples))
+PY
+  step wav60 120 "python3 $D/write_wav.py $T/minute.wav 60"
+  local chunked="--config $CFG/wav2vec2-base.yaml --inputs $T --chunk 160000 --overlap 16000"
+  [ -f "$W2.fp16.engine" ] && step run-wav60-wav2vec2-base 600 "$RP -m trtforge run $W2.fp16.engine $chunked --report $W/wav2vec2-base/run_wav60.json"
+  for m in modernbert-base wav2vec2-base qwen2-prefill; do args=E_${m//-/_}; modern_times "$m" 2 "${!args}"; done
+  for m in modernbert-base wav2vec2-base qwen2-prefill; do modern_times "$m" compile ""; done
+  run_ref modernbert-base fp16
+  [ -f "$W2.fp16.engine" ] && step run-wav60-ref-wav2vec2-base 900 "$RP -m trtforge run $W2.fp16.engine $chunked --reference $W2.clean.onnx --report $W/wav2vec2-base/run_wav60_ref.json"
+  for r in 1 2 compile; do  # the compile table sets each torch.compile against the engines of round 1
+    args=""; for m in modernbert-base wav2vec2-base qwen2-prefill; do args="$args --torch $D/torch_${m}_$r.json --engine $D/engine_${m}_${r/compile/1}.json"; done
+    step "table-modern-$r" 60 "python3 benchmarks/vs_torch.py table $args --out $D/vs_torch_$r.json > $D/table_$r.md"
+  done
+  step stateful-table-qwen2-kv 60 "python3 benchmarks/gpu/stateful.py table $W/qwen2-kv | grep -v '^| ONNX Runtime' > $D/stateful.md"
+  section "modern"
+  {
+    echo "### builds"; echo
+    echo "| model | engine | attention | build time | build s (sidecar) | accuracy gate |"; echo "|---|---|---|---|---|---|"
+    build_facts modernbert-base "$B.fp16.engine" build-fp16-modernbert-base
+    build_facts wav2vec2-base "$W2.fp16.engine" build-fp16-wav2vec2-base
+    build_facts qwen2-kv "$Q.fp16.engine" build-stateful-qwen2-kv
+    build_facts qwen2-kv "$Q-full.fp16.engine" build-full-qwen2-kv
+    for r in 1 2 compile; do
+      case $r in 1) echo; echo "### against torch eager, round 1 (engines first)" ;; 2) echo; echo "### against torch eager, round 2 (torch first)" ;;
+        compile) echo; echo "### against torch.compile (eager and compiled in one process; engines of round 1)" ;; esac
+      echo; cat "$D/table_$r.md" 2>/dev/null
+    done
+    echo; echo "### stateful prefill, qwen2-kv (4096 tokens, chunk 512, against the one-pass engine)"; echo
+    cat "$D/stateful.md" 2>/dev/null
+    echo; echo "### runs against ONNX Runtime fp32 and over a 60 s recording"; echo
+    for f in "$W/modernbert-base/run_ref_fp16.json" "$W/wav2vec2-base/run_wav60.json" "$W/wav2vec2-base/run_wav60_ref.json"; do
+      python3 - "$f" <<'PY' 2>/dev/null || echo "- $f: not produced (see steps.jsonl)"
+import json, sys
+r = json.load(open(sys.argv[1]))
+keep = lambda d: {k: d.get(k) for k in ("measured", "worst", "reason") if k in (d or {})}
+print(f"- {sys.argv[1]}: precision {json.dumps(keep(r.get('precision_error')))}; chunking {json.dumps(keep(r.get('chunking_error')))}; "
+      f"throughput {json.dumps({k: r.get('throughput', {}).get(k) for k in ('tokens_per_s', 'unit', 'chunks_per_s', 'seconds')})}; "
+      f"gates {json.dumps(r.get('gates'))}")
+PY
+    done
+  } >> "$W/SUMMARY.md"
 }
 
 { echo "# GPU validation"; echo; echo "suites: $*; $(date -u +%FT%TZ); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; } >> "$W/SUMMARY.md"

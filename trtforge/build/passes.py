@@ -94,13 +94,14 @@ def fuse_attention(
 ) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """Run trtforge.fusion's attention pass for this TensorRT and GPU: (fused model or None, sidecar record)."""
     from trtforge.backends.plugin_libraries import plugin_registered
-    from trtforge.fusion.plugins import FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, backend_route
+    from trtforge.fusion.plugins import FLASH_CORE_VERSION, FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, backend_route
     from trtforge.fusion.step import attention_fusion, observation_sizes
 
     route = backend_route(mod.flavour, mod.version)
     wants = options.fuse_attention != "off" and route.kind == "plugin" and precision in ("fp16", "best")
     registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
     flash = plugin_registered(mod, FLASH_PLUGIN, FLASH_VERSION) if wants else False
+    flash_core = plugin_registered(mod, FLASH_PLUGIN, FLASH_CORE_VERSION) if wants else False
     feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and (registered or flash) else None
     projection = options.qkv_projection
     if projection == "auto":  # matmul where TrtforgeGemm will take the packed projection, else conv
@@ -122,6 +123,7 @@ def fuse_attention(
         onnx_path.name,
         projection,
         flash_registered=flash,
+        flash_core_registered=flash_core,
     )
     record["qkv_projection_choice"] = options.qkv_projection
     return fused, record

@@ -22,6 +22,7 @@ import onnx
 from trtforge import __version__
 from trtforge.backends.engine_layers import runtime_identity
 from trtforge.backends.tensorrt import BuildOptions, BuildOutput, Tick, TrtModule, build_engine, load_trt
+from trtforge.build.clock import TENSORRT_LAP, BuildClock
 from trtforge.build.engine_record import layer_info, stderr_warning
 from trtforge.build.passes import attention_evidence, fuse_attention, fuse_elementwise, gemm_fp8
 from trtforge.build.profiles import Profile, Tier, auto_tier_bounds, plan_profiles, slow_build_warning, tier_ranges
@@ -277,6 +278,7 @@ def build(
     onnx_path = Path(onnx_path)
     options = options or BuildOptions()
     check_options(options, precision)
+    clock = BuildClock()
     refuse_overwrite(
         "build",
         [onnx_path, lengths_file, options.calib_data, *(options.plugin_libraries or [])],
@@ -307,15 +309,19 @@ def build(
     data = Path(options.calib_data).resolve() if options.calib_data else None  # the sidecar names it wherever it is read
     if options.fp8_min_top1_agreement is not None and data is None:
         _require_real_inputs(onnx_path, model)
+    clock.lap("load and plan profiles")
     converted, precision_report, sampled = _prepare_precision(model, precision, onnx_path, specs, axes, data)
+    clock.lap("precision conversion")
     identity = runtime_identity(mod)
     before_fusion = converted if converted is not None else model
     attention_fused, fusion = fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
+    clock.lap("attention pass")
     passes = (specs, axes, profiles, onnx_path)
     elementwise_fused, elementwise = fuse_elementwise(
         mod, attention_fused if attention_fused is not None else before_fusion, before_fusion, precision, options, *passes
     )
     fused = elementwise_fused if elementwise_fused is not None else attention_fused
+    clock.lap("elementwise passes")
     fp8_record, fp8_check_feeds = None, None
     if options.gemm_precision == "fp8":  # the GEMM plugins' nodes as TrtforgeGemmFp8 (trtforge.fusion.fp8)
         fused, fp8_record, fp8_check_feeds = gemm_fp8(
@@ -334,6 +340,7 @@ def build(
             options.fp8_min_top1_agreement,
             sampled,
         )
+        clock.lap("fp8 pass")
     unfused = converted
     if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
         converted = fused
@@ -433,9 +440,11 @@ def build(
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+    clock.lap(TENSORRT_LAP)
     fields, layers = layer_info(mod, out, profiles, output, warn)
     sidecar.update(fields)
     attention_evidence(sidecar, layers, len(profiles), output, warn)
+    clock.lap("layer inspection")
     with output_lock(output):
         write_sidecar(output, sidecar)
     if engine_check:
@@ -458,8 +467,10 @@ def build(
             options.fp8_min_top1_agreement,
             fp8_record["gate"]["real_batches"],
         )
-        with output_lock(output):
-            write_sidecar(output, sidecar)
+    clock.lap("engine check")
+    sidecar["build_overhead"] = clock.overhead(out.seconds)
+    with output_lock(output):
+        write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
 
 

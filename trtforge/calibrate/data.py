@@ -1,10 +1,14 @@
 """Calibration and evaluation samples from a folder.
 
 - `.npy` / `.npz`: arrays named after the model inputs (`.npy` files as INPUT_NAME.npy in a sample
-  sub-folder, or `.npz` holding every input). A leading batch axis is optional.
+  sub-folder, or `.npz` holding every input; for a model of one float [batch, samples] input (audio), any
+  `.npy` file is one recording).
+  A leading batch axis is optional.
 - `.txt` (one document per file) / `.jsonl` (`{"text": ...}` per line): tokenized with the model's own
   tokenizer (trtforge.tokenize: its own special tokens, no transformers needed), each sample keeping
   its own length (calibrating over many lengths, not one shape).
+- audio (`.wav`, mono, 16-bit PCM or 32-bit float): the samples of a model's one audio input, [1, T]; a file at
+  another rate than the input's `sample_rate` is refused (never resampled).
 - images (`.png`, `.jpg`, `.jpeg`, `.bmp`): read with Pillow, scaled to [0, 1], NCHW; resized bilinearly
   to the model's height and width where those are fixed (ViT 32x32), else kept at their own size.
 
@@ -28,24 +32,27 @@ from trtforge.core.errors import UserError
 TEXT_SUFFIXES = (".txt", ".jsonl")
 ARRAY_SUFFIXES = (".npy", ".npz")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+AUDIO_SUFFIXES = (".wav",)
 
 
 @dataclass
 class Dataset:
     folder: Path
     files: list[Path]
-    kind: str  # "text" | "arrays" | "images"
+    kind: str  # "text" | "arrays" | "images" | "audio"
     manifest_hash: str
 
 
 def scan(folder: str | Path) -> Dataset:
     folder = Path(folder)
     if not folder.is_dir():
-        raise UserError(f"data folder {folder} does not exist; pass a folder of .npy/.npz, .txt/.jsonl or image files.")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + ARRAY_SUFFIXES + IMAGE_SUFFIXES)
+        raise UserError(f"data folder {folder} does not exist; pass a folder of .npy/.npz, .txt/.jsonl, image or .wav files.")
+    files = sorted(
+        p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + ARRAY_SUFFIXES + IMAGE_SUFFIXES + AUDIO_SUFFIXES
+    )
     if not files:
-        raise UserError(f"data folder {folder} holds no .npy/.npz, .txt/.jsonl or image files; add samples to it.")
-    kinds = {("text" if p.suffix.lower() in TEXT_SUFFIXES else "arrays" if p.suffix.lower() in ARRAY_SUFFIXES else "images") for p in files}
+        raise UserError(f"data folder {folder} holds no .npy/.npz, .txt/.jsonl, image or .wav files; add samples to it.")
+    kinds = {_file_kind(p) for p in files}
     if len(kinds) > 1:
         raise UserError(f"data folder {folder} mixes {' and '.join(sorted(kinds))}; keep one kind of sample per folder.")
     digest = hashlib.sha256()
@@ -53,6 +60,27 @@ def scan(folder: str | Path) -> Dataset:
         digest.update(str(path.relative_to(folder)).encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return Dataset(folder, files, kinds.pop(), digest.hexdigest())
+
+
+def _file_kind(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in TEXT_SUFFIXES:
+        return "text"
+    if suffix in ARRAY_SUFFIXES:
+        return "arrays"
+    return "audio" if suffix in AUDIO_SUFFIXES else "images"
+
+
+def read_audio(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.ndarray]]:
+    """Each mono WAV file as the samples of the model's one input, shaped [1, T] (runtime/audio.read_wav), checked
+    against the input's declared sample rate."""
+    from trtforge.runtime.audio import read_wav
+
+    if len(specs) != 1 or len(specs[0].shape) != 2 or not specs[0].dtype.startswith("float"):
+        shown = ", ".join(f"{s.name} {list(s.shape)}" for s in specs)
+        raise UserError(f"audio files feed one float [batch, samples] input, but the model takes {shown}; give .npz samples instead.")
+    spec = specs[0]
+    return [{spec.name: read_wav(path, spec.sample_rate)[None].astype(spec.dtype)} for path in dataset.files]
 
 
 def read_utf8(path: Path) -> str:
@@ -124,12 +152,20 @@ def read_arrays(dataset: Dataset, specs: list[InputSpec]) -> list[dict[str, np.n
                 array = np.load(path)
             except Exception:
                 raise UserError(f"{path} is not a readable .npy file; re-save it with numpy.save.") from None
+            if path.stem not in names and _one_audio_input(specs):  # a recording per file, of any name
+                samples.append(_check_sample({names[0]: array}, specs, path))
+                continue
             if path.stem not in names:
                 raise UserError(f"{path.name} is not named after a model input ({', '.join(names)}); rename it INPUT.npy.")
             by_dir.setdefault(path.parent, {})[path.stem] = array
     for folder, arrays in sorted(by_dir.items()):
         samples.append(_check_sample(arrays, specs, folder))
     return samples
+
+
+def _one_audio_input(specs: list[InputSpec]) -> bool:
+    """A model of one float [batch, samples] input (raw audio)."""
+    return len(specs) == 1 and len(specs[0].shape) == 2 and specs[0].dtype.startswith("float") and isinstance(specs[0].shape[1], str)
 
 
 def _check_sample(arrays: dict[str, np.ndarray], specs: list[InputSpec], where: Path) -> dict[str, np.ndarray]:
@@ -225,6 +261,8 @@ def load_samples(
         samples = tokenize(read_texts(dataset), tokenizer_factory(), specs, max_length)
     elif dataset.kind == "arrays":
         samples = read_arrays(dataset, specs)
+    elif dataset.kind == "audio":
+        samples = read_audio(dataset, specs)
     else:
         samples = read_images(dataset, specs)
     for i, sample in enumerate(samples):

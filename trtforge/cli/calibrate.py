@@ -15,7 +15,7 @@ from trtforge.core.errors import UserError
 
 def calibrate(
     onnx_path: Path = typer.Argument(..., metavar="ONNX", help="The cleaned ONNX (trtforge clean)."),
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Calibration folder: .npy/.npz, .txt/.jsonl or images."),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Calibration folder: .npy/.npz, .txt/.jsonl, images or .wav."),
     method: Optional[str] = typer.Option(
         None,
         "--method",

@@ -17,7 +17,7 @@ def compare(
     target: Path = typer.Argument(..., metavar="TARGET", help="The ONNX (ONNX Runtime) or engine to check."),
     reference: Path = typer.Argument(..., metavar="REFERENCE", help="The ONNX to check it against (ONNX Runtime), e.g. the fp32 one."),
     inputs: Path = typer.Option(
-        ..., "--inputs", "-i", help="Folder of .npy/.npz arrays, .txt/.jsonl texts (the reference's tokenizer) or images; each fed whole."
+        ..., "--inputs", "-i", help="Folder of .npy/.npz arrays, .txt/.jsonl texts (the tokenizer), images or .wav; each fed whole."
     ),
     atol: Optional[list[str]] = typer.Option(
         None, "--atol", help="Absolute tolerance, NAME:VALUE for one output or VALUE for all (repeatable)."

@@ -37,6 +37,10 @@ def engine(side: dict, engine_path: Path, summary: Optional[dict]) -> None:
         f"{side['backend']} {side['tensorrt_version']}, precision {side['precision']}, target {targets}, "
         f"engine {side['engine_bytes'] / 1e6:.1f} MB, built in {side['build_seconds']:.1f} s"
     )
+    from trtforge.build.clock import overhead_line
+
+    if overhead_line(side.get("build_overhead")):
+        con.print(overhead_line(side.get("build_overhead")), markup=False)
     report = side.get("precision_report") or {}
     if report.get("fp32_nodes") is not None:
         con.print(
@@ -86,12 +90,26 @@ def run_report(r: dict) -> None:
         f"merge {ch['merge']}), {r['batches']} batches on {r['backend']}"
     )
     con.print("outputs: " + ", ".join(f"{n} ({kind_label(o)}, {o['source']})" for n, o in r["outputs"].items()))
-    rows = []
+    rows: list[list] = []
+    box_rows: list[list] = []
     for label, section in (("precision", r["precision_error"]), ("chunking", r["chunking_error"])):
         if not section.get("measured"):
             rows.append([f"{label}: {section.get('reason', 'not measured')}", "-", "-", "-", "-", "-"])
             continue
         for name, m in section["per_output"].items():
+            if "box_recall" in m:  # detections: the boxes table below
+                box_rows.append(
+                    [
+                        f"{label}: {name}",
+                        m["reference_boxes"],
+                        m["candidate_boxes"],
+                        m["box_recall"],
+                        m["box_precision"],
+                        m["matched_iou"],
+                        m["score_error"],
+                    ]
+                )
+                continue
             task = m.get("top1_agreement", m.get("pixel_agreement", "-"))
             rows.append(
                 [
@@ -104,6 +122,14 @@ def run_report(r: dict) -> None:
                 ]
             )
     con.print(ui.table("errors", ["check", "rel-L2", "cosine", "min row cosine", "min item cosine", "top-1 / pixel agr."], rows))
+    if box_rows:
+        con.print(
+            ui.table(
+                "boxes (matched at IoU >= 0.5, same class)",
+                ["check", "reference boxes", "target boxes", "recall", "precision", "matched IoU", "score error"],
+                box_rows,
+            )
+        )
     lat = [
         [
             label,

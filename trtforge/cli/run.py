@@ -15,7 +15,7 @@ from trtforge.core.errors import UserError
 
 def run_cmd(
     target: Path = typer.Argument(..., metavar="ENGINE|ONNX", help="An engine from trtforge build, or an ONNX (ONNX Runtime)."),
-    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays or images."),
+    inputs: Optional[Path] = typer.Option(None, "--inputs", "-i", help="Folder or .jsonl of texts, .npy/.npz arrays, images or .wav."),
     chunk: Optional[int] = typer.Option(
         None,
         "--chunk",
@@ -84,6 +84,48 @@ def run_cmd(
         "--min-pixel-agreement",
         callback=opt.config_key("run.min_pixel_agreement", "--min-pixel-agreement"),
         help="Precision gate on dense outputs' per-pixel argmax agreement.",
+    ),
+    slice_overlap: Optional[float] = typer.Option(
+        None,
+        "--slice-overlap",
+        callback=opt.config_key("run.slice_overlap", "--slice-overlap"),
+        help="Detectors: slices of an image share this share of --chunk (the slice size) with their neighbours, e.g. 0.2; sets --overlap.",
+    ),
+    box_merge: Optional[str] = typer.Option(
+        None,
+        "--box-merge",
+        callback=opt.config_key("run.box_merge", "--box-merge"),
+        help="Detectors: how the slices' boxes merge, class by class: nms (keep the best of overlapping boxes) or greedy (it grows to their union).",
+    ),
+    iou: Optional[float] = typer.Option(
+        None,
+        "--iou",
+        callback=opt.config_key("run.iou", "--iou"),
+        help="Detectors: the IoU at which --box-merge merges two boxes (default 0.5).",
+    ),
+    min_box_recall: Optional[float] = typer.Option(
+        None,
+        "--min-box-recall",
+        callback=opt.config_key("run.min_box_recall", "--min-box-recall"),
+        help="Precision gate on boxes outputs: share of the reference's boxes the target finds at IoU >= 0.5 (default 0.9).",
+    ),
+    min_matched_iou: Optional[float] = typer.Option(
+        None,
+        "--min-matched-iou",
+        callback=opt.config_key("run.min_matched_iou", "--min-matched-iou"),
+        help="Precision gate on boxes outputs: mean IoU of the matched boxes (default 0.9).",
+    ),
+    min_chunk_box_recall: Optional[float] = typer.Option(
+        None,
+        "--min-chunk-box-recall",
+        callback=opt.config_key("run.min_chunk_box_recall", "--min-chunk-box-recall"),
+        help="Slicing gate: share of the whole pass's boxes the sliced run finds (default: not gated).",
+    ),
+    min_chunk_matched_iou: Optional[float] = typer.Option(
+        None,
+        "--min-chunk-matched-iou",
+        callback=opt.config_key("run.min_chunk_matched_iou", "--min-chunk-matched-iou"),
+        help="Slicing gate: mean IoU of the sliced run's boxes matched to the whole pass's (default: not gated).",
     ),
     atol: Optional[list[str]] = typer.Option(
         None,
@@ -258,6 +300,13 @@ def run_cmd(
         min_chunk_cosine=min_chunk_cosine,
         min_top1_agreement=min_top1_agreement,
         min_pixel_agreement=min_pixel_agreement,
+        min_box_recall=min_box_recall,
+        min_matched_iou=min_matched_iou,
+        min_chunk_box_recall=min_chunk_box_recall,
+        min_chunk_matched_iou=min_chunk_matched_iou,
+        slice_overlap=slice_overlap,
+        box_merge=box_merge,
+        iou=iou,
         providers=list(provider or []),
         report=report,
         naive=naive,

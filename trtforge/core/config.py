@@ -52,6 +52,8 @@ class InputSpec(Strict):
     shape: list[Annotated[int, Field(ge=1)] | str]
     # Values drawn for random test inputs: [low, high) for integers, [low, high] for floats.
     value_range: tuple[Annotated[float, Field(allow_inf_nan=False)], Annotated[float, Field(allow_inf_nan=False)]] = (0.0, 1.0)
+    # Audio: the samples per second this input takes; WAV files at another rate are refused (never resampled).
+    sample_rate: int | None = Field(None, ge=1)
 
     @field_validator("value_range")
     @classmethod
@@ -61,25 +63,52 @@ class InputSpec(Strict):
         return value
 
 
-OUTPUT_KINDS = ("token", "pooled", "logits", "dense")
+OUTPUT_KINDS = ("token", "pooled", "logits", "dense", "boxes")
+BOX_KEYS = ("format", "scores", "activation", "no_object", "score_threshold")
 
 
 class OutputSpec(Strict):
     """What an output means, which decides how chunks merge and which metric judges it:
     token: one vector per position of the sequence axis; pooled: one vector per sequence (never
     softmaxed); logits: class logits per sequence or image; dense: an image [N, C, H, W] at the
-    input's resolution times `scale` (0.25 for a segmentation map at 1/4, 2 for super-resolution)."""
+    input's resolution times `scale` (0.25 for a segmentation map at 1/4, 2 for super-resolution);
+    boxes: a box per query [N, Q, 4] in `format`, scored by the output `scores` names ([N, Q, C] class
+    logits or [N, Q] scores), compared and merged as detections (verify/boxes.py)."""
 
     name: str
-    kind: Literal["token", "pooled", "logits", "dense"] | None = None
+    kind: Literal["token", "pooled", "logits", "dense", "boxes"] | None = None
     # Output size / input size along each spatial axis; dense outputs only.
     scale: float | None = Field(None, gt=0)
+    # Input samples per output frame (wav2vec2: 320); token outputs only. Measured at export and checked against this.
+    stride: int | None = Field(None, ge=1)
+    # boxes only: the box coordinates' format; the output holding the class logits or scores; how those become
+    # scores (softmax over classes, sigmoid per class, none: already scores); whether the last class is "no object"
+    # (DETR, YOLOS); the score a box needs to count.
+    format: Literal["cxcywh_norm", "xyxy_norm", "xyxy_px", "xywh_px"] | None = None
+    scores: str | None = None
+    activation: Literal["softmax", "sigmoid", "none"] = "softmax"
+    no_object: bool = False
+    score_threshold: float = Field(0.5, ge=0, le=1)
 
     @model_validator(mode="after")
     def _scale_for_dense(self) -> "OutputSpec":
         if self.scale is not None and self.kind not in (None, "dense"):
             raise ValueError(f"output '{self.name}': 'scale' applies to dense outputs only, not '{self.kind}'")
+        if self.stride is not None and self.kind not in (None, "token"):
+            raise ValueError(f"output '{self.name}': 'stride' applies to token outputs only, not '{self.kind}'")
+        if self.kind == "boxes":
+            for key in ("format", "scores"):
+                if getattr(self, key) is None:
+                    raise ValueError(f"output '{self.name}' is kind boxes and needs '{key}' (see docs/concepts/output-kinds.md)")
+        else:
+            given = [k for k in BOX_KEYS if getattr(self, k) != type(self).model_fields[k].default]
+            if given:
+                raise ValueError(f"output '{self.name}': '{given[0]}' applies to boxes outputs only, not '{self.kind}'")
         return self
+
+    def box_keys(self) -> dict[str, Any]:
+        """A boxes output's keys, as the export sidecar carries them (verify/boxes.BoxSpec reads them)."""
+        return {key: getattr(self, key) for key in BOX_KEYS}
 
 
 class SourceSpec(Strict):
@@ -203,6 +232,17 @@ class RunSection(Strict):
     # per-pixel argmax agreement of dense outputs.
     min_top1_agreement: float | None = Field(None, ge=0, le=1)
     min_pixel_agreement: float | None = Field(None, ge=0, le=1)
+    # Detectors (boxes outputs): the overlap of image slices as a share of the slice size (SAHI's overlap ratio; sets
+    # `overlap`), how the slices' boxes merge (nms or greedy merging, class by class) and the IoU at which they do.
+    slice_overlap: float | None = Field(None, ge=0, lt=1)
+    box_merge: Literal["nms", "greedy"] = "nms"
+    iou: float = Field(0.5, gt=0, le=1)
+    # Box gates: recall of the reference boxes and mean IoU of the matched ones, target vs ORT fp32 (default 0.9 each
+    # where the model has a boxes output) and sliced vs whole (unset: reported, not gated).
+    min_box_recall: float | None = Field(None, ge=0, le=1)
+    min_matched_iou: float | None = Field(None, ge=0, le=1)
+    min_chunk_box_recall: float | None = Field(None, ge=0, le=1)
+    min_chunk_matched_iou: float | None = Field(None, ge=0, le=1)
     reference: str | None = None
     report: str | None = None
 
@@ -266,6 +306,19 @@ class ModelConfig(Strict):
             repeated = sorted({n for n in names if names.count(n) > 1})
             if repeated:
                 raise ValueError(f"{what} names '{repeated[0]}' more than once")
+        for i, out in enumerate(self.outputs):
+            if out.kind == "boxes":
+                j = next((j for j, o in enumerate(self.outputs) if o.name == out.scores), None)
+                if j is None or j == i:
+                    raise ValueError(
+                        f"outputs.{i}.scores names '{out.scores}', which is not another declared output "
+                        f"(outputs: {', '.join(self.output_names())}); name the output holding the class logits or scores"
+                    )
+                if self.outputs[j].kind is not None:
+                    raise ValueError(
+                        f"outputs.{j}.kind: output '{out.scores}' holds the scores of boxes output '{out.name}' and takes "
+                        f"its kind from it; drop its kind '{self.outputs[j].kind}'"
+                    )
         for spec in self.inputs:
             for dim in spec.shape:
                 if isinstance(dim, str) and dim not in self.axes:

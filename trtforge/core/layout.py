@@ -23,6 +23,8 @@ class Layout:
     image_input: str | None = None  # the [N, C, H, W] input of an image model
     fixed_hw: tuple[int, int] | None = None  # an image model's fixed H, W (images are resized to it)
     ambiguous: tuple[str, ...] = ()  # several candidate sequence axes: chunking needs one
+    sample_stride: int | None = None  # windows start at multiples of this (token outputs at a stride: runtime/audio.py)
+    fixed_length: int | None = None  # the model takes exactly this many positions: windows of it, the last one padded
 
     @property
     def seq_axis(self) -> str | None:

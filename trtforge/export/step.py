@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge import __version__
+from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.core import ui
 from trtforge.core.artifacts import ensure_writable_dir, onnx_graph_hash, publish, refuse_overwrite, write_sidecar
 from trtforge.core.config import AxisRange, InputSpec, ModelConfig
@@ -321,9 +322,32 @@ def _run_exporter(call: Any, args: tuple, config: ModelConfig, output_names: lis
     return []
 
 
-def output_specs(model: Any, config: ModelConfig, loaded: LoadedModel) -> list[dict[str, Any]]:
+def frame_rates(onnx_path: Path, config: ModelConfig, loaded: LoadedModel, output_names: list[str], seed: int = 0) -> dict[str, Any]:
+    """Token outputs that advance at a stride of the input (audio frames), their frame rates measured on ONNX Runtime
+    (runtime/audio.py), the config's declared strides checked against them."""
+    from trtforge.runtime.audio import output_frame_rates
+
+    declared = {o.name: o for o in config.outputs}
+    tokens = {
+        name: (declared[name].stride if name in declared else None)
+        for name in output_names
+        if (declared[name].kind if name in declared and declared[name].kind else loaded.output_kinds.get(name)) == "token"
+        or (name in declared and declared[name].stride is not None)
+    }
+    if not tokens:
+        return {}
+    runner = OrtRunner(onnx_path)
+
+    def shapes_at(sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in runner.run(random_feeds(config.inputs, sizes, seed)).items()}
+
+    return output_frame_rates(shapes_at, config.inputs, config.axes, tokens, example_axis_sizes(config, loaded))
+
+
+def output_specs(model: Any, config: ModelConfig, loaded: LoadedModel, rates: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The sidecar's `outputs`: name, dtype and shape from the graph, kind and scale from the config's
-    OutputSpec (else the built-in model's known kind, else None for later steps to infer)."""
+    OutputSpec (else the built-in model's known kind, else None for later steps to infer); a strided token output's
+    frame rate (`stride` input samples per frame, `frame_offset`: frames(L) = (L - frame_offset) // stride)."""
     from trtforge.runtime.feeds import ONNX_DTYPES
 
     declared = {o.name: o for o in config.outputs}
@@ -340,8 +364,12 @@ def output_specs(model: Any, config: ModelConfig, loaded: LoadedModel) -> list[d
                 "shape": dims,
                 "kind": kind,
                 "scale": spec.scale if spec else None,
+                **({"boxes": spec.box_keys()} if spec and spec.kind == "boxes" else {}),
             }
         )
+        rate = (rates or {}).get(value.name)
+        if rate is not None:
+            specs[-1].update(stride=rate.stride, frame_offset=rate.offset)
     return specs
 
 
@@ -451,6 +479,7 @@ def export_model(
         save_onnx(model, raw)
         # ORT must see the final file layout; check the raw export, then save it atomically.
         checks = check_against_torch(raw, call, loaded, config, output_names, seed) if check else []
+        rates = frame_rates(raw, config, loaded, output_names, seed)
         sidecar = {
             "kind": "onnx",
             "step": "export",
@@ -464,7 +493,7 @@ def export_model(
             "exporter_rewrites": rewrites,
             "inputs": [s.model_dump() for s in config.inputs],
             "axes": {k: v.model_dump() for k, v in config.axes.items()},
-            "outputs": output_specs(model, config, loaded),
+            "outputs": output_specs(model, config, loaded, rates),
             "tokenizer": None,
             "graph_hash": onnx_graph_hash(model),
             "check": [{"axis": c.axis, "size": c.size, "sizes": c.sizes, "metrics": c.metrics} for c in checks],

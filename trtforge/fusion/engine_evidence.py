@@ -87,6 +87,7 @@ def attention_evidence(
         return {"known": False, "why": why_no_layers or "no layer information", "expected_per_profile": expected}
     found = fused_attention_layers(layers, [r["node"] for r in record.get("replaced") or [] if r.get("node")], profiles)
     complete = _every_profile_holds(found["by_profile"], found["layers"], profiles, expected)
+    per_profile = min(found["by_profile"]) if found["by_profile"] else found["layers"] // max(1, profiles)
     return {
         "known": True,
         "layers": found["layers"],
@@ -95,7 +96,21 @@ def attention_evidence(
         "by_profile": found["by_profile"],
         "expected_per_profile": expected,
         "complete": complete,
+        "fused": min(per_profile, expected) if expected else per_profile,  # in the profile that fused the fewest
     }
+
+
+def fused_count(record: dict[str, Any]) -> tuple[int | None, int, str]:
+    """(attentions fused, attentions the graph holds, where the count comes from) for the build's one-line summary: the
+    engine's layers where they were read, else what the pass replaced (None where TensorRT fuses them itself and its
+    layers could not be read)."""
+    attentions = len(record["attentions"]) if "attentions" in record else len(record.get("replaced") or [])
+    ev = record.get("engine") or {}
+    if ev.get("known"):
+        return ev.get("fused", ev.get("layers", 0)), attentions, "counted in the engine's layers"
+    if record.get("route") == "native":
+        return None, attentions, f"TensorRT fuses them itself; its layers were not read ({ev.get('why') or 'no layer information'})"
+    return len(record.get("replaced") or []), attentions, "replaced by the pass; the engine's layers were not read"
 
 
 def _every_profile_holds(by_profile: list[int] | None, layers: int, profiles: int, fused: int) -> bool:

@@ -34,10 +34,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from trtforge.fusion.attention import PassReport
 from trtforge.fusion.gelu import GEMM_PLUGIN as GEMM_GELU_PLUGIN
 from trtforge.fusion.gelu import gelu_tanh
 from trtforge.fusion.gemm import PLUGIN as GEMM_PLUGIN
+from trtforge.fusion.index import PassReport
 from trtforge.fusion.plugins import PLUGIN_DOMAIN
 
 PLUGIN = "TrtforgeGemmFp8"

@@ -24,8 +24,8 @@ import onnx
 from onnx import numpy_helper
 
 from trtforge.fusion import gemm as gemm_pass  # the budget read at call time (one setting for both GEMM plugins)
-from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish_plugin_graph, observe, plugin_with_cast
 from trtforge.fusion.gemm import attribute_bytes, plugin_weight, weight_fields
+from trtforge.fusion.index import GraphIndex, PassReport, drop_producers, finish_plugin_graph, observe, plugin_with_cast
 
 PLUGIN = "CustomGeluPluginDynamic"
 PLUGIN_VERSION = "1"
@@ -63,7 +63,7 @@ class GeluCandidate:
     reason: str | None = None
 
 
-def _non_scalar_operand(g: _Graph, node: onnx.NodeProto) -> str | None:
+def _non_scalar_operand(g: GraphIndex, node: onnx.NodeProto) -> str | None:
     """The other input of a binary node whose one input is a scalar constant, else None."""
     a, b = node.input[0], node.input[1]
     if g.scalar(b) is not None:
@@ -73,7 +73,7 @@ def _non_scalar_operand(g: _Graph, node: onnx.NodeProto) -> str | None:
     return None
 
 
-def _up_to_x(g: _Graph, t: str) -> list[str]:
+def _up_to_x(g: GraphIndex, t: str) -> list[str]:
     """Tensors above t through scalar Mul/Div/Add and Cast: the candidates for x (nearest first)."""
     out = [t]
     for _ in range(6):
@@ -92,7 +92,7 @@ def _up_to_x(g: _Graph, t: str) -> list[str]:
 
 
 def find_gelus(model: onnx.ModelProto) -> list[GeluCandidate]:
-    g = _Graph(model)
+    g = GraphIndex(model)
     found = []
     for i, node in enumerate(model.graph.node):
         if node.op_type not in ("Erf", "Tanh"):
@@ -122,7 +122,7 @@ def find_gelus(model: onnx.ModelProto) -> list[GeluCandidate]:
     return found
 
 
-def _region(g: _Graph, x: str, y: str) -> set[str] | None:
+def _region(g: GraphIndex, x: str, y: str) -> set[str] | None:
     """Every tensor on a path from x to y (y included): what the plugin replaces. None when a node on the
     way reads a non-constant tensor that does not come from x (then it is not a function of x alone)."""
     below, frontier = set(), [x]
@@ -146,7 +146,7 @@ def verify(model: onnx.ModelProto, cands: list[GeluCandidate], feeds: dict[str, 
     live = [c for c in cands if c.reason is None]
     if not live:
         return
-    g = _Graph(model)
+    g = GraphIndex(model)
     names = sorted({t for c in live for t in (*c.x.split(","), *c.y.split(","))})
     values = observe(model, feeds, names)
     for c in live:
@@ -184,7 +184,7 @@ def verify(model: onnx.ModelProto, cands: list[GeluCandidate], feeds: dict[str, 
         c.bias, c.pre_bias = _foldable_bias(g, c.x, region, values[c.x].shape[-1])
 
 
-def _foldable_bias(g: _Graph, x: str, region: set[str], width: int) -> tuple[np.ndarray | None, str | None]:
+def _foldable_bias(g: GraphIndex, x: str, region: set[str], width: int) -> tuple[np.ndarray | None, str | None]:
     """(bias, the tensor it is added to) when x = Add(t, constant [width]) and only the GELU reads x."""
     add = g.producer.get(x)
     if add is None or add.op_type != "Add" or any(not set(u.output) & region for u in g.data_consumers(x)):
@@ -195,7 +195,7 @@ def _foldable_bias(g: _Graph, x: str, region: set[str], width: int) -> tuple[np.
     return g.const(consts[0]), next(i for i in add.input if i != consts[0])
 
 
-def gemm_in_front(g: _Graph, c: GeluCandidate) -> tuple[str, np.ndarray] | None:
+def gemm_in_front(g: GraphIndex, c: GeluCandidate) -> tuple[str, np.ndarray] | None:
     """(x, W) when the GELU's folded bias is added to MatMul(x, W) with W a constant [K, N] fp16 matrix that only this
     GELU reads, in an fp16 GELU: what TrtforgeGemmGelu takes whole. None otherwise (the GELU plugin alone then)."""
     if c.bias is None or c.pre_bias is None or c.dtypes[0] != np.float16:
@@ -223,7 +223,7 @@ def fuse_gelu(
     if not accepted:
         return model, report
     out = drop_producers(model, {c.y for c in accepted})
-    g = _Graph(model)
+    g = GraphIndex(model)
     room = gemm_pass.ATTRIBUTE_BUDGET - attribute_bytes(model)  # the plugin's weight is a node attribute: never past 2 GB inline
     for i, c in enumerate(accepted):
         source = c.pre_bias if c.bias is not None else c.x

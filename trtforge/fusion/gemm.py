@@ -28,7 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtforge.core.onnxio import PROTOBUF_LIMIT
-from trtforge.fusion.attention import PassReport, _Graph, drop_producers, finish_plugin_graph, plugin_with_cast
+from trtforge.fusion.index import GraphIndex, PassReport, drop_producers, finish_plugin_graph, plugin_with_cast
 
 PLUGIN = "TrtforgeGemm"
 PLUGIN_VERSION = "1"
@@ -40,7 +40,7 @@ def attribute_bytes(model: onnx.ModelProto) -> int:
     return sum(len(a.t.raw_data) or a.t.ByteSize() for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR)
 
 
-def plugin_weight(g: _Graph, mm: onnx.NodeProto) -> tuple[np.ndarray | None, str | None]:
+def plugin_weight(g: GraphIndex, mm: onnx.NodeProto) -> tuple[np.ndarray | None, str | None]:
     """(MatMul mm's weight, None) when a GEMM plugin's fields can take it: a constant fp16 [K, N] matrix that mm alone
     reads, multiplying an activation; else (None, why). Both TrtforgeGemm and TrtforgeGemmGelu hold it as a field."""
     w = g.const(mm.input[1]) if len(mm.input) >= 2 else None
@@ -70,7 +70,7 @@ def weight_fields(w: np.ndarray, bias: np.ndarray | None, prefix: str) -> dict[s
     return fields
 
 
-def gemm_operands(g: _Graph, gemm: onnx.NodeProto) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
+def gemm_operands(g: GraphIndex, gemm: onnx.NodeProto) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
     """(W as [K, N], its bias C as [N] or None, None) when ONNX Gemm node gemm is a plugin GEMM: x @ W + C with alpha 1,
     beta 1 (where C is given) and x not transposed; else (None, None, why)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in gemm.attribute}
@@ -94,7 +94,7 @@ def gemm_operands(g: _Graph, gemm: onnx.NodeProto) -> tuple[np.ndarray | None, n
     return w, c.reshape(-1), None
 
 
-def _bias_after(g: _Graph, y: str, width: int) -> tuple[np.ndarray, str] | None:
+def _bias_after(g: GraphIndex, y: str, width: int) -> tuple[np.ndarray, str] | None:
     """(bias, the Add's output) when MatMul output y's only reader is Add(y, constant [width]) and y is no graph output."""
     readers = g.consumers.get(y, [])
     if len(readers) != 1 or y in g.outputs or readers[0].op_type != "Add":
@@ -112,7 +112,7 @@ def _bias_after(g: _Graph, y: str, width: int) -> tuple[np.ndarray, str] | None:
 def gemm_candidates(model: onnx.ModelProto, budget: int = ATTRIBUTE_BUDGET) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(what the pass takes: node, x, W, bias or None, the tensor the plugin writes; what it refuses, with why) over
     the MatMuls and Gemms whose second input is a constant. budget: bytes of weights the graph may take into attributes."""
-    g = _Graph(model)
+    g = GraphIndex(model)
     taken, refused = [], []
     room = budget - attribute_bytes(model)
     for node in model.graph.node:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 PLUGIN = "CustomQKVToContextPluginDynamic"
 PLUGIN_VERSION = "2"
 FLASH_PLUGIN = "TrtforgeFlashAttention"
-FLASH_VERSION = "1"
+FLASH_VERSION = "1"  # packed QKV [tokens, 3E, 1, 1] (the projection fused in front)
+FLASH_CORE_VERSION = "2"  # separate Q, K, V [B, H, S, D], grouped-query heads, diagonal band, optional bias
 FLASH_MIN_SM = 80  # cuDNN's fused flash attention: Ampere and newer
 FLASH_MAX_HEAD = 128
 PLUGIN_DOMAIN = "trt.plugins"

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from trtforge.fusion.attention import PassReport, _attr, _Graph, drop_producers, finish_plugin_graph, observe, plugin_with_cast
+from trtforge.fusion.index import GraphIndex, PassReport, attr, drop_producers, finish_plugin_graph, observe, plugin_with_cast
 
 PLUGIN = "CustomSkipLayerNormPluginDynamic"
 PLUGIN_VERSION = "2"
@@ -55,21 +55,21 @@ class SkipLnCandidate:
     reason: str | None = None
 
 
-def _only_consumer(g: _Graph, tensor: str) -> onnx.NodeProto | None:
+def _only_consumer(g: GraphIndex, tensor: str) -> onnx.NodeProto | None:
     """The one node reading `tensor` (Shape included), when it is not also a graph output."""
     users = g.consumers.get(tensor, [])
     return users[0] if len(users) == 1 and tensor not in g.outputs else None
 
 
 def find_skip_layernorms(model: onnx.ModelProto) -> list[SkipLnCandidate]:
-    g = _Graph(model)
+    g = GraphIndex(model)
     found = []
     for i, node in enumerate(model.graph.node):
         if node.op_type != "LayerNormalization":
             continue
         cand = SkipLnCandidate(node=node.name or f"LayerNormalization#{i}")
         found.append(cand)
-        axis = _attr(node, "axis", -1)
+        axis = attr(node, "axis", -1)
         gamma = g.const(node.input[1])
         beta = g.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if gamma is None or gamma.ndim != 1 or (beta is not None and beta.shape != gamma.shape):

@@ -13,7 +13,7 @@ import onnx
 
 from trtforge.core.errors import UserError
 from trtforge.fusion.attention import QKV_PROJECTIONS, FusionReport, find_candidates, fuse_attention
-from trtforge.fusion.engine_evidence import evidence_lines
+from trtforge.fusion.engine_evidence import evidence_lines, fused_count
 from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION, fuse_gelu
 from trtforge.fusion.gelu import PLUGIN as GELU_PLUGIN
 from trtforge.fusion.gelu import PLUGIN_VERSION as GELU_VERSION
@@ -21,6 +21,7 @@ from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY_PLUGIN
 from trtforge.fusion.gemm import PLUGIN_VERSION as GEMM_ONLY_VERSION
 from trtforge.fusion.gemm import fuse_gemm
 from trtforge.fusion.plugins import (
+    FLASH_CORE_VERSION,
     FLASH_PLUGIN,
     FLASH_VERSION,
     PLUGIN,
@@ -30,6 +31,7 @@ from trtforge.fusion.plugins import (
     backend_route,
     flash_refusal,
 )
+from trtforge.fusion.sdpa import CoreAttention
 from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN_PLUGIN
 from trtforge.fusion.skip_layernorm import PLUGIN_VERSION as SKIP_LN_VERSION
 from trtforge.fusion.skip_layernorm import fuse_skip_layernorm
@@ -93,10 +95,13 @@ def attention_fusion(
     onnx_name: str,
     qkv_projection: str = "conv",
     flash_registered: bool = False,
+    flash_core_registered: bool | None = None,
 ) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """(the fused model, or None when the graph stays as it is; the sidecar's `attention_fusion`).
     plugin_registered: TensorRT's CustomQKVToContextPluginDynamic v2; flash_registered: trtforge's
-    TrtforgeFlashAttention (libtrtforge_plugins loaded), preferred per attention where it applies."""
+    TrtforgeFlashAttention (libtrtforge_plugins loaded), preferred per attention where it applies; flash_core_registered:
+    its version 2 (separate Q, K, V), which the SDPA-core form needs (None: as flash_registered)."""
+    core_registered = flash_registered if flash_core_registered is None else flash_core_registered
     if mode not in MODES:
         raise UserError(f"--fuse-attention '{mode}' is not one of {', '.join(MODES)} (config key build.fuse_attention).")
     if qkv_projection not in QKV_PROJECTIONS:
@@ -138,6 +143,12 @@ def attention_fusion(
 
     def route_for(c: Any) -> Any:
         route = attention_route(flavour, version, sm, c.head_size, c.seq, c.causal, flash_registered)
+        if isinstance(c, CoreAttention) and route.plugin == FLASH_PLUGIN and not core_registered:
+            return Route(
+                "none",
+                f"{FLASH_PLUGIN} v{FLASH_CORE_VERSION} is not in this TensorRT's plugin registry (an older libtrtforge_plugins: "
+                "rebuild it with `trtforge plugins build`)",
+            )
         if route.plugin == PLUGIN and route.kind == "plugin" and not plugin_registered:
             return Route(
                 "none",
@@ -378,15 +389,27 @@ def describe(record: dict[str, Any], precision: str | None = None) -> list[str]:
     """Lines for the build output: what was replaced, what was not and why, and what the engine's layers show."""
     if not record:
         return []
-    lines = [f"attention fusion ({record.get('mode')}): {record.get('why')}"]
+    fused, attentions, source = fused_count(record)
+    lines = [
+        f"attention: fused {'?' if fused is None else fused} of {attentions} ({source})",
+        f"attention fusion ({record.get('mode')}): {record.get('why')}",
+    ]
     replaced = record.get("replaced") or []
-    if replaced:
-        names = [r["softmax"] for r in replaced]
+    for plugin in sorted({r["plugin"] for r in replaced}):
+        group = [r for r in replaced if r["plugin"] == plugin]
+        names = [r["softmax"] for r in group]
+        if "mask" in group[0]:  # the SDPA-core form: separate Q, K, V
+            forms = sorted(
+                {
+                    f"{r['heads']}/{r['kv_heads']} heads x {r['head_size']}, mask {r['mask']}" + (", bias" if r["bias"] else "")
+                    for r in group
+                }
+            )
+            how = "; ".join(forms)
+        else:
+            how = f"heads {group[0]['heads']} x {group[0]['head_size']}, QKV projection as {record.get('qkv_projection', 'conv')}"
         lines.append(
-            f"  replaced {len(replaced)} attention(s) by {replaced[0]['plugin']} (heads {replaced[0]['heads']} x "
-            f"{replaced[0]['head_size']}, QKV projection as {record.get('qkv_projection', 'conv')}): "
-            + ", ".join(names[:3])
-            + (", ..." if len(names) > 3 else "")
+            f"  replaced {len(group)} attention(s) by {plugin} ({how}): " + ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         )
     lines += _refused_by_reason(record, "softmax")
     if not record.get("padding_allowed", True):

@@ -238,6 +238,8 @@ def load_documents(
         return _pretokenized(path, tokenizer)
     if path.is_file() and path.suffix in (".jsonl", ".txt"):
         files, kind = [path], "text"
+    elif path.is_file() and path.suffix.lower() == ".wav":
+        files, kind = [path], "audio"
     else:
         dataset = data_mod.scan(path)
         files, kind = dataset.files, dataset.kind
@@ -256,6 +258,8 @@ def load_documents(
         return docs
     if kind == "images":
         samples = data_mod.read_images(data_mod.Dataset(path, files, kind, ""), specs)
+    elif kind == "audio":
+        samples = data_mod.read_audio(data_mod.Dataset(path, files, kind, ""), specs)
     else:
         samples = data_mod.read_arrays(data_mod.Dataset(path, files, kind, ""), specs)
     docs = []

@@ -18,19 +18,25 @@ from trtforge.runtime.loop import (
 )
 from trtforge.runtime.merge import chunk_part, merge_document
 from trtforge.runtime.options import RunOptions
-from trtforge.runtime.outputs import OutputKind
+from trtforge.runtime.outputs import OutputKind, boxes_of
 from trtforge.runtime.planning import Limits, plan_document, stack
 from trtforge.runtime.prepare import Prepared
 from trtforge.runtime.report import latency_stats, target_precision
 from trtforge.verify.compare import Comparator, worst
 from trtforge.verify.gates import evaluate_gates, gate_notes, gates_from
+from trtforge.verify.tolerances import Tolerance
+
+
+def comparator_for(kinds: dict[str, OutputKind], tolerances: dict[str, Tolerance] | None = None) -> Comparator:
+    """The comparator for these outputs: by kind, boxes outputs by their BoxSpec."""
+    return Comparator({name: k.kind for name, k in kinds.items()}, tolerances, boxes_of(kinds))
 
 
 def gates_for(report: dict[str, Any], p: Prepared, options: RunOptions) -> dict[str, Any]:
     """The report's gates, with the defaults of the target's precision (verify/gates.py), which the report names."""
     onnx_sidecar = None if p.is_engine else read_sidecar(p.target_path, required=False)
     precision = target_precision(p.engine_sidecar if p.is_engine else None, onnx_sidecar, None if p.is_engine else p.target_path)
-    gates = evaluate_gates(report, gates_from(options.gate_values(), precision), tolerated=frozenset(p.tolerances))
+    gates = evaluate_gates(report, gates_from(options.gate_values(), precision, boxes=p.slices), tolerated=frozenset(p.tolerances))
     notes = gate_notes(options.gate_values(), precision)
     if p.tolerances:
         notes = [*notes, f"--atol/--rtol replace the default gates for {', '.join(p.tolerances)}"]
@@ -58,7 +64,7 @@ def precision_error(
         reference.check_outputs(list(p.kinds))
     elif options.save_reference:
         reference = RecordingReference(p.reference, p.reference_path, onnx_graph_hash(load_onnx(p.reference_path)))
-    comparator = Comparator({name: k.kind for name, k in p.kinds.items()}, p.tolerances)
+    comparator = comparator_for(p.kinds, p.tolerances)
     try:
         for i, b in enumerate(batches):
             add_precision(comparator, reference, b, results[i])
@@ -156,9 +162,15 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
         return {"name": doc.name, "scope": "not chunked (fits one chunk)", "measured": False}, None
     if not options.chunking_check:
         return {"name": doc.name, "scope": "--no-chunking-check", "measured": False}, None
+    if p.layout.fixed_length:
+        return {
+            "name": doc.name,
+            "scope": f"not measurable: the model takes exactly {p.layout.fixed_length} positions, so no whole pass exists",
+            "measured": False,
+        }, None
     sub, scope = measurement_input(doc, p)
     sub_chunks = plan_document(
-        0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last
+        0, sub, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last, p.slices
     )
     if len(sub_chunks) < 2:
         longest = p.limits.seq if doc.kind != "image" else p.limits.tile
@@ -167,7 +179,7 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
             "scope": f"not measurable: chunk ({options.chunk}) is not smaller than the longest input the model takes whole ({longest})",
             "measured": False,
         }, None
-    comparator = Comparator({name: k.kind for name, k in p.kinds.items()})
+    comparator = comparator_for(p.kinds)
     whole_chunk = plan_document(0, sub, p.specs, p.layout, None, 0, Limits(), p.tokenizer, p.scales)[0]
     whole = p.reference.run(whole_chunk.feeds)
     parts: dict[str, list[tuple[Chunk, np.ndarray]]] = {}
@@ -176,8 +188,14 @@ def chunking_error_of(doc: Document, count: int, p: Prepared, options: RunOption
         for name, kind in p.kinds.items():
             parts.setdefault(name, []).append((c, chunk_part(kind, c, out[name])))
     for name, kind in p.kinds.items():
-        merged = merge_document(sub, kind, parts[name], options)
-        reference = merge_document(sub, kind, [(whole_chunk, chunk_part(kind, whole_chunk, whole[name]))], options)
+        if kind.kind == "box_scores":  # judged within its boxes output's detections
+            continue
+        scores, whole_scores = None, None
+        if kind.kind == "boxes" and kind.boxes is not None:
+            scores = parts[kind.boxes.scores]
+            whole_scores = [(whole_chunk, chunk_part(p.kinds[kind.boxes.scores], whole_chunk, whole[kind.boxes.scores]))]
+        merged = merge_document(sub, kind, parts[name], options, scores)
+        reference = merge_document(sub, kind, [(whole_chunk, chunk_part(kind, whole_chunk, whole[name]))], options, whole_scores)
         comparator.add_output(name, reference[None], merged[None])
     return {"name": doc.name, "scope": scope, "chunks": len(sub_chunks), "measured": True}, comparator
 
@@ -188,7 +206,7 @@ def chunking_summary(parts: list[tuple[dict[str, Any], Comparator | None]], kind
     if not any(i["measured"] for i in per_input):
         reasons = sorted({i["scope"] for i in per_input})
         return {"measured": False, "reason": "; ".join(reasons), "per_input": per_input}
-    comparator = Comparator({name: k.kind for name, k in kinds.items()})
+    comparator = comparator_for(kinds)
     for _, part in parts:
         if part is not None:
             comparator.merge(part)

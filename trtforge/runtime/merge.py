@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from trtforge.core.errors import UserError
+from trtforge.runtime.audio import FrameRate, frame_windows, merge_frames
 from trtforge.runtime.chunking import (
     RowRun,
     StreamingMerge,
@@ -23,6 +24,7 @@ from trtforge.runtime.documents import Chunk, Document, DocumentPlan
 from trtforge.runtime.options import RunOptions
 from trtforge.runtime.outpool import OutputPool
 from trtforge.runtime.outputs import OutputKind
+from trtforge.runtime.slicing import merge_slices
 
 
 def chunk_part(kind: OutputKind, chunk: Chunk, value: np.ndarray) -> np.ndarray:
@@ -45,13 +47,29 @@ def kept_size(window: Any) -> int:
     return window.keep_end - window.keep_start
 
 
-def merge_document(doc: Document, kind: OutputKind, parts: list[tuple[Chunk, np.ndarray]], options: RunOptions) -> np.ndarray:
-    """One input's output from its chunks' parts (chunk_part), by the output's kind."""
+def merge_document(
+    doc: Document,
+    kind: OutputKind,
+    parts: list[tuple[Chunk, np.ndarray]],
+    options: RunOptions,
+    scores: list[tuple[Chunk, np.ndarray]] | None = None,
+) -> np.ndarray:
+    """One input's output from its chunks' parts (chunk_part), by the output's kind. A boxes output takes its
+    box_scores output's parts (`scores`) too, and gives the image's merged detections (runtime/slicing.py)."""
+    if kind.kind == "boxes":
+        assert kind.boxes is not None and scores is not None
+        by_chunk = {c.index: v for c, v in scores}
+        slices = [
+            (c.window if isinstance(c.window, Tile) else None, v, by_chunk[c.index]) for c, v in sorted(parts, key=lambda p: p[0].index)
+        ]
+        return merge_slices(slices, kind.boxes, options.box_merge, options.iou)
     parts = sorted(parts, key=lambda p: p[0].index)
     chunks, values = [c for c, _ in parts], [v for _, v in parts]
     tokens = [kept_size(c.window) for c in chunks]  # positions each chunk alone speaks for: overlaps count once
     if kind.kind == "logits":  # a probability vector per input, however many chunks
         return merge_logits(values, tokens, "mean_softmax")
+    if kind.kind == "token" and kind.stride:
+        return merge_frames(kind, [c.window for c in chunks], values, doc.length, options.merge)
     if len(values) == 1:
         return values[0]
     if kind.kind == "token":
@@ -124,7 +142,7 @@ class Merger:
         d = chunks[0].doc if not isinstance(chunks, DocumentPlan) else chunks.blocks[0].doc
         windows = plan_windows_of(chunks)
         for name, (feature, dtype) in self.templates.items():
-            stream = StreamingMerge(windows, self.docs[d].length, self.options.merge, self.pool)
+            stream = StreamingMerge(*self._frames(d, name, windows), self.options.merge, self.pool)
             stream.preallocate(feature, dtype)
             with self._lock:
                 self.streams[(d, name)] = stream
@@ -163,7 +181,7 @@ class Merger:
                     self.streams[(d, name)].mark(first, count)
                 done_rows = placed[name].rows
                 left = [r for r in runs if r.row not in done_rows]
-            if kind.kind == "token" and self.options.merge == "center":
+            if kind.kind == "token" and self.options.merge == "center" and not kind.stride:
                 left = self._take_runs(left, name, value)
             if kind.kind in ("pooled", "logits"):  # a row per window: a run's rows kept as one array, merged when done
                 kept = self.rows
@@ -179,7 +197,10 @@ class Merger:
                         continue
                     part = chunk_part(kind, c, value[j : j + 1])
                     if self.counts[c.doc] > 1:
-                        self._stream(c.doc, name).add(c.index, part)
+                        stream = self._stream(c.doc, name)
+                        if kind.stride:  # a padded window's frames past the input's end are dropped
+                            part = part[: stream.windows[c.index].length]
+                        stream.add(c.index, part)
                     else:
                         self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
         if self.on_done is None:
@@ -215,7 +236,11 @@ class Merger:
     def _merged(self, d: int) -> dict[str, np.ndarray]:
         outs = {}
         for name, kind in self.kinds.items():
-            if (d, name) in self.streams:
+            if kind.kind == "box_scores":  # merged into its boxes output's detections
+                continue
+            if kind.kind == "boxes" and kind.boxes is not None:
+                outs[name] = merge_document(self.docs[d], kind, self.parts[(d, name)], self.options, self.parts[(d, kind.boxes.scores)])
+            elif (d, name) in self.streams:
                 outs[name] = self.streams[(d, name)].result()
             elif (d, name) in self.rows:
                 outs[name] = self._merged_rows(d, kind, self.rows[(d, name)])
@@ -259,9 +284,17 @@ class Merger:
             with self._lock:
                 stream = self.streams.get((doc, name))
                 if stream is None:
-                    stream = StreamingMerge(self.windows[doc], self.docs[doc].length, self.options.merge, self.pool)
+                    stream = StreamingMerge(*self._frames(doc, name, self.windows[doc]), self.options.merge, self.pool)
                     self.streams[(doc, name)] = stream
         return stream
+
+    def _frames(self, doc: int, name: str, windows: list[Any]) -> tuple[list[Any], int]:
+        """The windows and length an output of input `doc` merges over: its input windows, or for an output at a stride
+        of the input, those windows in output frames."""
+        kind = self.kinds[name]
+        if kind.kind == "token" and kind.stride:
+            return frame_windows(windows, FrameRate(kind.stride, kind.frame_offset), self.docs[doc].length, kind.fixed_window)
+        return windows, self.docs[doc].length
 
     def results(self) -> list[dict[str, np.ndarray]]:
         """Every input's merged outputs (without on_done: with it, each went to on_done as it finished)."""

@@ -12,13 +12,24 @@ from trtforge.core.errors import UserError
 from trtforge.runtime.loop import (
     check_gpu_wait,
 )
+from trtforge.runtime.slicing import BOX_MERGES
 from trtforge.verify.tolerances import (
     check_statistic,
 )
 
 _SECTION = RunSection()  # the config schema's defaults
-SECTION_KEYS = ("chunk", "overlap", "batch_size", "merge", "last_window", "warmup")
-GATE_KEYS = ("max_rel_l2", "min_cosine", "min_chunk_cosine", "min_top1_agreement", "min_pixel_agreement")
+SECTION_KEYS = ("chunk", "overlap", "batch_size", "merge", "last_window", "warmup", "slice_overlap", "box_merge", "iou")
+GATE_KEYS = (
+    "max_rel_l2",
+    "min_cosine",
+    "min_chunk_cosine",
+    "min_top1_agreement",
+    "min_pixel_agreement",
+    "min_box_recall",
+    "min_matched_iou",
+    "min_chunk_box_recall",
+    "min_chunk_matched_iou",
+)
 
 
 @dataclass
@@ -37,6 +48,15 @@ class RunOptions:
     min_chunk_cosine: float | None = None
     min_top1_agreement: float | None = None
     min_pixel_agreement: float | None = None
+    min_box_recall: float | None = None
+    min_matched_iou: float | None = None
+    min_chunk_box_recall: float | None = None
+    min_chunk_matched_iou: float | None = None
+    # Detectors: image slices overlapping by this share of --chunk (sets overlap), their boxes merged by nms or greedy
+    # merging at IoU `iou` (runtime/slicing.py)
+    slice_overlap: float | None = _SECTION.slice_overlap
+    box_merge: str = _SECTION.box_merge
+    iou: float = _SECTION.iou
     providers: list[str] = field(default_factory=list)
     report: Path | None = None
     naive: bool = False  # one chunk per execute (for benchmarks)
@@ -111,6 +131,15 @@ class RunOptions:
             raise UserError(f"--merge-workers {self.merge_workers} is negative; use 0 (merge on the collecting thread) or more.")
         if self.switch_interval_us < 1:
             raise UserError(f"--switch-interval-us {self.switch_interval_us} must be at least 1 (microseconds).")
+        if self.box_merge not in BOX_MERGES:
+            raise UserError(f"unknown --box-merge '{self.box_merge}'; use nms or greedy.")
+        if not 0 < self.iou <= 1:
+            raise UserError(f"--iou must be above 0 and at most 1, got {self.iou:g}.")
+        if self.slice_overlap is not None:
+            if not 0 <= self.slice_overlap < 1:
+                raise UserError(f"--slice-overlap must be at least 0 and below 1 (a share of the slice size), got {self.slice_overlap:g}.")
+            if self.chunk is not None:
+                self.overlap = int(round(self.slice_overlap * self.chunk))
 
     @property
     def full_last(self) -> bool:
@@ -123,6 +152,10 @@ class RunOptions:
             "min_chunk_cosine": self.min_chunk_cosine,
             "min_top1_agreement": self.min_top1_agreement,
             "min_pixel_agreement": self.min_pixel_agreement,
+            "min_box_recall": self.min_box_recall,
+            "min_matched_iou": self.min_matched_iou,
+            "min_chunk_box_recall": self.min_chunk_box_recall,
+            "min_chunk_matched_iou": self.min_chunk_matched_iou,
         }
 
 

@@ -6,6 +6,8 @@ only where the shapes leave no doubt, from probe runs of the model at two sizes 
 - rank 3 whose dim 1 follows the input's sequence axis -> token;
 - rank 4 of an image model -> dense, scale = output H / input H (the same for W and at every probe);
 - rank 2 [batch, N] is a pooled vector or class logits: only a declaration can tell -> UserError.
+A boxes output is only ever declared (with its format and the output holding its class logits or scores, which
+becomes a box_scores output: verify/boxes.py); the sidecar carries its BoxSpec under `boxes`.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import Any
 
 from trtforge.core.errors import UserError
 from trtforge.core.layout import Layout
+from trtforge.verify.boxes import BoxSpec
 
 KINDS = ("token", "pooled", "logits", "dense")
+BOX_KINDS = ("boxes", "box_scores")  # declared in the config only: a boxes output needs its BoxSpec
 
 
 @dataclass(frozen=True)
@@ -26,13 +30,38 @@ class OutputKind:
     kind: str | None  # None: unknown (strict=False only)
     scale: float | None = None  # dense only: output spatial size / input spatial size
     source: str = "declared"  # declared | inferred
+    stride: int | None = None  # token only: input samples per output frame, measured at export (runtime/audio.py)
+    frame_offset: int = 0  # token with a stride: frames(L) = (L - frame_offset) // stride
+    fixed_window: int | None = None  # a model that takes exactly this many input positions (windows padded to it)
+    boxes: BoxSpec | None = None  # boxes only: how its boxes and scores read
 
     @property
     def seq_dim(self) -> int:
         return 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "scale": self.scale, "source": self.source}
+        out = {"kind": self.kind, "scale": self.scale, "source": self.source}
+        if self.stride is not None:
+            out.update(stride=self.stride, frame_offset=self.frame_offset)
+        return {**out, "boxes": self.boxes.to_json()} if self.boxes else out
+
+    def frames(self, positions: int) -> int:
+        """The output's positions for `positions` input positions."""
+        return positions if self.stride is None else max(0, (positions - self.frame_offset) // self.stride)
+
+
+def boxes_of(kinds: dict[str, OutputKind]) -> dict[str, BoxSpec]:
+    """Each boxes output's BoxSpec, by name (a model with one is cut into slices, and compared by matching)."""
+    return {name: k.boxes for name, k in kinds.items() if k.kind == "boxes" and k.boxes is not None}
+
+
+def declared_boxes(sidecar_outputs: list[Any] | None) -> dict[str, BoxSpec]:
+    """{boxes output: its BoxSpec} from the export sidecar's `outputs`."""
+    specs = {}
+    for entry in sidecar_outputs or []:
+        if isinstance(entry, dict) and entry.get("kind") == "boxes" and isinstance(entry.get("boxes"), dict):
+            specs[entry["name"]] = BoxSpec.from_json(entry["boxes"])
+    return specs
 
 
 @dataclass(frozen=True)
@@ -56,6 +85,15 @@ def declared_kinds(
     return declared
 
 
+def declared_frame_rates(sidecar_outputs: list[Any] | None) -> dict[str, tuple[int, int]]:
+    """{output: (stride, frame_offset)} for the token outputs export measured advancing at a stride of the input."""
+    return {
+        e["name"]: (int(e["stride"]), int(e.get("frame_offset") or 0))
+        for e in sidecar_outputs or []
+        if isinstance(e, dict) and e.get("name") and e.get("stride")
+    }
+
+
 def parse_override(text: str) -> tuple[str, tuple[str, float | None]]:
     """'NAME=KIND' or 'NAME=dense:SCALE' (the --output-kind flag)."""
     name, sep, rest = text.partition("=")
@@ -73,8 +111,12 @@ def parse_override(text: str) -> tuple[str, tuple[str, float | None]]:
     return name, (kind, value)
 
 
-def needs_probe(names: list[str], declared: dict[str, tuple[str | None, float | None]]) -> bool:
-    return any(declared.get(n, (None, None))[0] is None or (declared[n][0] == "dense" and declared[n][1] is None) for n in names)
+def needs_probe(names: list[str], declared: dict[str, tuple[str | None, float | None]], boxes: dict[str, BoxSpec] | None = None) -> bool:
+    named = {b.scores for b in (boxes or {}).values()}  # box_scores outputs need no declaration of their own
+    return any(
+        n not in named and (declared.get(n, (None, None))[0] is None or (declared[n][0] == "dense" and declared[n][1] is None))
+        for n in names
+    )
 
 
 def _ask(name: str, shape: tuple[int, ...] | None, why: str, choices: str = "token|pooled|logits|dense") -> UserError:
@@ -104,12 +146,29 @@ def _dense_scale(name: str, layout: Layout, probes: list[Probe]) -> float:
 
 
 def resolve(
-    names: list[str], declared: dict[str, tuple[str | None, float | None]], layout: Layout, probes: list[Probe], strict: bool = True
+    names: list[str],
+    declared: dict[str, tuple[str | None, float | None]],
+    layout: Layout,
+    probes: list[Probe],
+    strict: bool = True,
+    boxes: dict[str, BoxSpec] | None = None,
 ) -> dict[str, OutputKind]:
     """The kind of every output: declared ones as given (dense scales measured if missing), the rest
-    inferred. strict=False (metrics only, no merging) gives kind None where run would raise."""
+    inferred. strict=False (metrics only, no merging) gives kind None where run would raise. `boxes`: each
+    declared boxes output's BoxSpec; the output it names for its scores is a box_scores output."""
+    boxes = {n: b for n, b in (boxes or {}).items() if declared.get(n, (None, None))[0] == "boxes"}
+    scores_of = {b.scores: n for n, b in boxes.items()}
     kinds: dict[str, OutputKind] = {}
     for name in names:
+        if name in boxes or name in scores_of:
+            spec = boxes.get(name)
+            if spec is not None and spec.scores not in names:
+                raise UserError(
+                    f"boxes output '{name}' takes its scores from '{spec.scores}', which is not an output of the model "
+                    f"(outputs: {', '.join(names)}); fix its 'scores' key in the config and re-export."
+                )
+            kinds[name] = OutputKind(name, "boxes", boxes=spec) if spec else OutputKind(name, "box_scores")
+            continue
         if not strict:
             try:
                 kinds.update(resolve([name], declared, layout, probes, True))
@@ -118,6 +177,11 @@ def resolve(
             continue
         kind, scale = declared.get(name, (None, None))
         shape = probes[0].shapes.get(name) if probes else None
+        if kind == "boxes":
+            raise UserError(
+                f"output '{name}' is declared boxes without its format and scores; declare them in the config "
+                f"(`outputs: [{{name: {name}, kind: boxes, format: cxcywh_norm, scores: LOGITS}}]`) and re-export."
+            )
         if kind is not None and kind not in KINDS:
             raise UserError(f"output '{name}' has kind '{kind}' in its sidecar; use one of {', '.join(KINDS)}.")
         if kind == "dense":
@@ -179,6 +243,13 @@ def merge_refusal(kind: OutputKind, image: bool, shape: tuple[int, ...] | None, 
     run (sequence models). Token outputs merge window by window along their positions, which must be the input's;
     pooled and logits outputs merge one [batch, N] vector per window; image tiles merge dense maps and such vectors."""
     name = kind.name
+    if kind.kind == "boxes" and shape is not None and (len(shape) != 3 or shape[-1] != 4):
+        return (
+            f"output '{name}' (shape {list(shape)}) is declared boxes, but slices merge boxes only as [batch, queries, 4]; "
+            "run whole images (without --chunk), or fix its kind in the config."
+        )
+    if kind.kind in BOX_KINDS and not image:
+        return f"output '{name}' is a {kind.kind} output, which merges over image slices only; run whole inputs (without --chunk)."
     if image and kind.kind == "token":
         return (
             f"output '{name}' is a token output of an image model, and token outputs cannot be merged across tiles "
@@ -198,11 +269,23 @@ def merge_refusal(kind: OutputKind, image: bool, shape: tuple[int, ...] | None, 
             f"maps and this one has rank {len(shape)}; run whole images (without --chunk), or declare the kind it has "
             f"(--output-kind {name}=KIND)."
         )
-    if kind.kind == "token" and not image and shape is not None and positions is not None and (len(shape) < 2 or shape[1] != positions):
+    if (
+        kind.kind == "token"
+        and not image
+        and shape is not None
+        and positions is not None
+        and (len(shape) < 2 or shape[1] != kind.frames(positions))
+    ):
         got = shape[1] if len(shape) >= 2 else "no"
+        if kind.stride is not None:
+            return (
+                f"output '{name}' has {got} frames for {positions} input positions along '{axis}', not the "
+                f"{kind.frames(positions)} its recorded stride ({kind.stride}) gives; re-export the model."
+            )
         return (
             f"output '{name}' has {got} positions for {positions} input positions along '{axis}' (it advances at a "
-            f"stride of the input, which trtforge does not support for chunked runs yet), so windows over the input "
-            f"cannot be mapped to its positions; run without --chunk (whole inputs, up to axes.{axis}.max)."
+            f"stride of the input, and no stride is recorded for it), so windows over the input cannot be mapped to its "
+            f"positions; declare it `kind: token` under 'outputs' in the config and re-export (export measures its "
+            f"stride), or run without --chunk (whole inputs, up to axes.{axis}.max)."
         )
     return None

@@ -10,6 +10,7 @@ import numpy as np
 from trtforge.core.config import AxisRange, InputSpec
 from trtforge.core.errors import UserError
 from trtforge.core.layout import Layout
+from trtforge.runtime.audio import fixed_window_part, plan_fixed_windows, plan_strided_windows
 from trtforge.runtime.chunking import (
     Tile,
     Window,
@@ -19,6 +20,7 @@ from trtforge.runtime.chunking import (
     scaled_size,
 )
 from trtforge.runtime.documents import Batch, Chunk, Document, DocumentPlan, WindowBlock, text_feeds
+from trtforge.runtime.slicing import slice_tiles
 from trtforge.runtime.tokenize import TextTokenizer, wrap_spans
 
 
@@ -41,8 +43,11 @@ def plan_document(
     tokenizer: TextTokenizer | None,
     scales: list[float],
     full_last: bool = False,
+    slices: bool = False,
 ) -> list[Chunk]:
-    """Document d's chunks. full_last: a sequence's last window is as long as the others (chunking.plan_windows)."""
+    """Document d's chunks. full_last: a sequence's last window is as long as the others (chunking.plan_windows).
+    slices: an image is cut into slices of one size, the last ones ending at its edges (runtime/slicing.py: for
+    detectors, whose boxes merge by position, not by tile weights)."""
     if doc.kind == "text":
         assert tokenizer is not None
         if doc.ids is None:  # tokenized here (load_documents(tokenize=False)), on a planning thread
@@ -76,6 +81,8 @@ def plan_document(
             if chunk is not None:
                 raise no_chunk_axis(layout)
             return [Chunk(d, 0, doc.feeds, Window(0, 1, 0, 1), 1)]
+        if layout.fixed_length or (layout.sample_stride and chunk):
+            return strided_chunks(d, doc, layout, chunk, overlap, full_last)
         if chunk is None and limits.seq is not None and doc.length > limits.seq:
             raise UserError(
                 f"input '{doc.name}' has {doc.length} positions but the model takes at most {limits.seq}; enable chunking with --chunk."
@@ -94,7 +101,7 @@ def plan_document(
             f"image '{doc.name}' is {h}x{w_} but the model takes at most {limits.tile}x{limits.tile}; enable tiling with --chunk."
         )
     size = chunk or max(h, w_)
-    tiles = plan_tiles(h, w_, size, overlap if chunk else 0)
+    tiles = slice_tiles(h, w_, size, overlap if chunk else 0) if slices else plan_tiles(h, w_, size, overlap if chunk else 0)
     if len(tiles) > 1:
         for scale in scales:
             check_tile_scale(size, overlap, scale)
@@ -111,6 +118,22 @@ def plan_document(
         )
         for i, t in enumerate(tiles)
     ]
+
+
+def strided_chunks(d: int, doc: Document, layout: Layout, chunk: int | None, overlap: int, full_last: bool) -> list[Chunk]:
+    """An input's windows where outputs advance at a stride of it (runtime/audio.py): starting at multiples of the
+    stride; for a model that takes a fixed length, windows of exactly that length, the last one padded with zeros."""
+    seq = layout.seq_axis
+    if layout.fixed_length:
+        size = layout.fixed_length
+        chunks = []
+        for i, w in enumerate(plan_fixed_windows(doc.length, size, overlap if doc.length > size else 0)):
+            feeds = layout.sliced(doc.feeds, {seq: (w.start, w.end)})
+            padded = {k: fixed_window_part(v, layout.dims[k][seq], size) if seq in layout.dims.get(k, {}) else v for k, v in feeds.items()}
+            chunks.append(Chunk(d, i, padded, w, w.length))
+        return chunks
+    windows = plan_strided_windows(doc.length, chunk, overlap, layout.sample_stride, full_last)
+    return [Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length) for i, w in enumerate(windows)]
 
 
 def no_chunk_axis(layout: Layout) -> UserError:
@@ -132,10 +155,11 @@ def make_chunks(
     tokenizer: TextTokenizer | None,
     scales: list[float],
     full_last: bool = False,
+    slices: bool = False,
 ) -> list[Chunk]:
     chunks: list[Chunk] = []
     for d, doc in enumerate(docs):
-        chunks += plan_document(d, doc, specs, layout, chunk, overlap, limits, tokenizer, scales, full_last)
+        chunks += plan_document(d, doc, specs, layout, chunk, overlap, limits, tokenizer, scales, full_last, slices)
     return chunks
 
 

@@ -19,13 +19,14 @@ from trtforge.core.layout import Layout, model_layout
 from trtforge.core.onnxio import load_onnx
 from trtforge.graph.index import io_specs
 from trtforge.graph.probe import output_kinds
+from trtforge.runtime.audio import reading_specs, run_kinds, run_layout
 from trtforge.runtime.chunking import (
     check_overlap,
 )
 from trtforge.runtime.documents import Chunk, Document, load_documents
 from trtforge.runtime.feeds import random_feeds
 from trtforge.runtime.options import RunOptions
-from trtforge.runtime.outputs import OutputKind, merge_refusal, probe_sizes
+from trtforge.runtime.outputs import OutputKind, boxes_of, merge_refusal, probe_sizes
 from trtforge.runtime.planning import Limits, cut_into_windows, make_chunks, no_chunk_axis, plan_limits
 from trtforge.runtime.tokenize import TextTokenizer, find_tokenizer_dir
 from trtforge.verify.tolerances import (
@@ -67,6 +68,11 @@ class Prepared:
     def scales(self) -> list[float]:
         return [k.scale for k in self.kinds.values() if k.kind == "dense" and k.scale]
 
+    @property
+    def slices(self) -> bool:
+        """Images are cut into slices of one size (a detector's: planning.plan_document's `slices`)."""
+        return bool(boxes_of(self.kinds))
+
 
 def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepared:
     """With plan=False, texts are not tokenized and `chunks` is empty: run() plans them while it runs."""
@@ -95,8 +101,10 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     ref_model = load_onnx(reference_path)
     specs, axes, _ = io_specs(reference_path, ref_model)
     del ref_model
-    layout = model_layout(specs)
-    limits = plan_limits(layout, axes, engine_sidecar)
+    chain = sidecar_chain(reference_path)
+    probe_layout = model_layout(specs)  # output kinds are inferred on the model's own axes
+    layout = run_layout(probe_layout, specs, chain, options.output_kinds, options.chunk, options.overlap, reference_path.name)
+    limits = Limits(seq=layout.fixed_length) if layout.fixed_length else plan_limits(layout, axes, engine_sidecar)
     if options.chunk is not None:
         check_overlap(options.chunk, options.overlap)
         if not layout.chunk_axes:
@@ -111,11 +119,11 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
             what = f"--chunk {options.chunk}" + ("" if layout.kind == "sequence" else " (tile size)")
             raise UserError(f"{what} is larger than {where} ({limit}); rebuild with larger tiers or lower --chunk.")
     reference = OrtRunner(reference_path)
-    chain = sidecar_chain(reference_path)
-    kinds = output_kinds(reference, reference_path, specs, axes, layout, options.output_kinds, chain)
+    kinds = output_kinds(reference, reference_path, specs, axes, probe_layout, options.output_kinds, chain)
+    kinds = run_kinds(kinds, layout, options.chunk, options.overlap)
     tok_dir = options.tokenizer or find_tokenizer_dir(reference_path, chain)
     tokenizer = TextTokenizer(tok_dir) if tok_dir else None
-    docs = load_documents(Path(options.inputs), specs, layout, tokenizer, tokenize=plan)
+    docs = load_documents(Path(options.inputs), reading_specs(specs, layout), layout, tokenizer, tokenize=plan)
     if not docs:
         raise UserError(f"{options.inputs} holds no inputs; add documents or arrays.")
     if is_engine:  # an engine whose fused attention dropped the mask must never see padding
@@ -126,7 +134,12 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     if options.chunk is not None:
         refuse_unmergeable(kinds, docs, options.chunk, reference, reference_path, specs, axes, layout)
     scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
-    chunks = make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales, options.full_last) if plan else []
+    slices = bool(boxes_of(kinds))
+    chunks = (
+        make_chunks(docs, specs, layout, options.chunk, options.overlap, limits, tokenizer, scales, options.full_last, slices)
+        if plan
+        else []
+    )
     batch_cap = options.batch_size
     if layout.batch_axis:
         b = layout.batch_axis
@@ -178,7 +191,13 @@ def refuse_unmergeable(
             f"ONNX Runtime fails on {reference_path.name} at {', '.join(f'{k}={v}' for k, v in sizes.items())} "
             f"({exception_summary(exc, 200)}); check the model's axis ranges."
         ) from None
-    positions = sizes.get(layout.seq_axis) if layout.seq_axis else None
+    positions = layout.fixed_length or (sizes.get(layout.seq_axis) if layout.seq_axis else None)
+    dense = [name for name, kind in kinds.items() if kind.kind == "dense"]
+    if boxes_of(kinds) and dense:
+        raise UserError(
+            f"output '{dense[0]}' is dense, and tiles of a dense map do not merge over the slices a detector's boxes are "
+            "cut into; run whole images (without --chunk), or run the dense output from a model without the boxes."
+        )
     for name, kind in kinds.items():
         why = merge_refusal(kind, layout.kind == "image", shapes.get(name), positions, layout.seq_axis)
         if why:

@@ -139,7 +139,17 @@ def run_on(target: Any, p: Prepared, options: RunOptions, overlap: bool, progres
         else:
             with host.stage("plan"):  # tokenize + chunk one document (worker threads: summed over them)
                 chunks = plan_document(
-                    d, p.docs[d], p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last
+                    d,
+                    p.docs[d],
+                    p.specs,
+                    p.layout,
+                    options.chunk,
+                    options.overlap,
+                    p.limits,
+                    p.tokenizer,
+                    p.scales,
+                    options.full_last,
+                    p.slices,
                 )
         if not chunks:  # it would never be finished (nor merged)
             raise UserError(f"input '{p.docs[d].name}' is empty (no tokens or positions); remove it or give it content.")
@@ -362,7 +372,7 @@ def _copy_merge_outputs(
         return [], f"--merge {options.merge} blends windows; only 'center' windows are copied"
     if not warm:
         return [], "no warm-up (--warmup 0): the merged outputs' layout is not known ahead"
-    names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and n in warm]
+    names = [n for n, k in p.kinds.items() if k.kind == "token" and k.seq_dim == 1 and not k.stride and n in warm]
     return (names, None) if names else ([], "no token output laid out [batch, positions, ...]")
 
 
@@ -418,7 +428,9 @@ def _warm_up(p: Prepared, options: RunOptions, target: Any) -> dict[str, tuple[t
     if options.warmup <= 0 or not p.docs:
         return None
     doc = replace(p.docs[0], feeds=dict(p.docs[0].feeds))
-    chunks = plan_document(0, doc, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last)
+    chunks = plan_document(
+        0, doc, p.specs, p.layout, options.chunk, options.overlap, p.limits, p.tokenizer, p.scales, options.full_last, p.slices
+    )
     first = [c for c in chunks if shape_key(c) == shape_key(chunks[0])]
     size = 1 if options.naive else p.batch_cap
     batch = stack([first[i % len(first)] for i in range(size)])

@@ -39,6 +39,7 @@ from trtforge.runtime.measure import (
     add_precision,
     chunking_error_of,
     chunking_summary,
+    comparator_for,
     gates_for,
     latency_summary,
     precision_summary,
@@ -150,7 +151,7 @@ class RunWorker:
                 batches, outs = self.kept.pop(unit)
             else:
                 batches, outs, _ = self._infer(chunks)
-            precision = Comparator({name: k.kind for name, k in self.p.kinds.items()}, self.p.tolerances)
+            precision = comparator_for(self.p.kinds, self.p.tolerances)
             for b, out in zip(batches, outs):
                 add_precision(precision, self.p.reference, b, out)
         return {"precision": precision, "chunking": [chunking_error_of(doc, count, self.p, self.options) for doc, count in docs]}
@@ -292,7 +293,7 @@ def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, pr
             return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
         if not chosen:
             return {"measured": False, "reason": "no units judged on this worker"}
-        total = Comparator({name: k.kind for name, k in p.kinds.items()}, p.tolerances)
+        total = comparator_for(p.kinds, p.tolerances)
         for u in sorted(chosen):
             total.merge(precision_parts[u])
         return precision_summary(total)

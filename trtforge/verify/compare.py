@@ -6,7 +6,11 @@ fail). The comparator knows what an output means (outputs.py):
   sequence's mean-pooled vector (item cosine);
 - pooled [B, H]: cosine per vector (item cosine), rel-L2;
 - logits [B, C]: top-1 agreement, cosine per vector (item cosine), rel-L2;
-- dense  [B, C, H, W]: per-pixel argmax agreement over the channel axis, rel-L2, cosine per image.
+- dense  [B, C, H, W]: per-pixel argmax agreement over the channel axis, rel-L2, cosine per image;
+- boxes  [B, Q, 4] with the class logits or scores of another output (box_scores): the detections above the score
+  threshold matched by IoU (verify/boxes.py): box recall and precision, matched IoU and score error, per image and
+  overall; the box_scores output itself is compared as numbers (rel-L2, cosine). Merged detections (a sliced run's
+  rows (x1, y1, x2, y2, score, class), class -1 for none) are compared as they are (`add_output`).
 Every kind also reports rel_l2, cosine (whole tensor), min_row_cosine and max_abs; `item` is the unit
 a user sees (a sequence, a vector, an image), so `min_item_cosine` is the worst of them.
 
@@ -23,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from trtforge.verify.guards import ValueStats, reference_problem
+from trtforge.verify.boxes import BoxSpec, ImageAgreement, agreement, box_metrics, detections
+from trtforge.verify.guards import NO_BOXES, ValueStats, reference_problem
 from trtforge.verify.metrics import rowwise_cosine
 from trtforge.verify.tolerances import (
     ErrorHistogram,
@@ -180,20 +185,85 @@ def _whole_cosine(dot: float, ref2: float, cand2: float) -> float:
     return float(dot / np.sqrt(ref2 * cand2))
 
 
-class Comparator:
-    """Accumulates reference-vs-candidate metrics per output over any number of batches."""
+@dataclass
+class _Boxes:
+    """Running counts for one boxes output: each image's detections matched (verify/boxes.py), kept per image."""
 
-    def __init__(self, kinds: dict[str, str | None], tolerances: dict[str, Tolerance] | None = None):
+    kind: str = "boxes"
+    images: list[ImageAgreement] = field(default_factory=list)
+    reference: ValueStats = field(default_factory=ValueStats)
+    candidate: ValueStats = field(default_factory=ValueStats)
+
+    def add(self, ref: np.ndarray, cand: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """Detections [B, N, 6] of each side (N may differ): one image per batch row."""
+        ref, cand = np.asarray(ref, dtype=np.float64), np.asarray(cand, dtype=np.float64)
+        if len(ref) != len(cand):
+            raise ValueError(f"image count mismatch: reference {len(ref)} vs candidate {len(cand)}")
+        self.reference.add(ref)
+        self.candidate.add(cand)
+        for a, b in zip(ref, cand):
+            self.images.append(agreement(a, b))
+
+    def merge(self, other: "_Boxes") -> None:
+        self.images += other.images
+        self.reference.merge(other.reference)
+        self.candidate.merge(other.candidate)
+
+    def metrics(self) -> dict[str, Any]:
+        ref_boxes = sum(i.reference_boxes for i in self.images)
+        cand_boxes = sum(i.candidate_boxes for i in self.images)
+        matched = sum(i.matched for i in self.images)
+        out: dict[str, Any] = box_metrics(
+            ref_boxes, cand_boxes, matched, sum(i.iou_sum for i in self.images), sum(i.score_error_sum for i in self.images)
+        )
+        bad = self.candidate.nonfinite or self.reference.nonfinite
+        if bad:
+            out = {k: float("nan") for k in out}
+        per_image = [i.to_json() for i in self.images]
+        out.update(
+            reference_boxes=ref_boxes,
+            candidate_boxes=cand_boxes,
+            matched=matched,
+            items=len(self.images),
+            min_image_recall=float("nan") if bad else min((i["box_recall"] for i in per_image), default=1.0),
+            per_image=per_image,
+            candidate_nonfinite=self.candidate.nonfinite,
+            values=self.candidate.count,
+        )
+        problem = reference_problem(self.reference) if self.reference.nonfinite else None
+        if problem is None and self.images and not ref_boxes:
+            problem = NO_BOXES
+        out["reference_problem"] = problem
+        return out
+
+
+class Comparator:
+    """Accumulates reference-vs-candidate metrics per output over any number of batches. `boxes`: the BoxSpec of each
+    boxes output, by which `add` turns raw outputs into detections (a boxes output without one is compared as numbers)."""
+
+    def __init__(
+        self, kinds: dict[str, str | None], tolerances: dict[str, Tolerance] | None = None, boxes: dict[str, BoxSpec] | None = None
+    ):
         self.kinds = kinds
-        self._outputs = {name: _Output(kind, (tolerances or {}).get(name)) for name, kind in kinds.items()}
+        self.boxes = {n: b for n, b in (boxes or {}).items() if kinds.get(n) == "boxes"}
+        self._outputs: dict[str, Any] = {
+            name: _Boxes() if name in self.boxes else _Output(kind, (tolerances or {}).get(name)) for name, kind in kinds.items()
+        }
 
     def add(self, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], mask: np.ndarray | None = None) -> None:
         missing = [n for n in self._outputs if n not in candidate or n not in reference]
+        missing += [s.scores for s in self.boxes.values() if s.scores not in candidate or s.scores not in reference]
         if missing:
             side = "candidate" if missing[0] not in candidate else "reference"
             raise ValueError(f"the {side} lacks output '{missing[0]}'")
         for name, acc in self._outputs.items():
-            acc.add(reference[name], candidate[name], mask)
+            spec = self.boxes.get(name) if isinstance(acc, _Boxes) else None
+            if spec is not None:  # raw outputs of the same inputs: IoU does not change with the unit, so normalised stays
+                acc.add(
+                    detections(reference[name], reference[spec.scores], spec), detections(candidate[name], candidate[spec.scores], spec)
+                )
+            else:
+                acc.add(reference[name], candidate[name], mask)
 
     def add_output(self, name: str, reference: np.ndarray, candidate: np.ndarray, mask: np.ndarray | None = None) -> None:
         self._outputs[name].add(reference, candidate, mask)
@@ -203,7 +273,7 @@ class Comparator:
             self._outputs[name].merge(acc)
 
     def result(self) -> dict[str, dict[str, Any]]:
-        return {name: acc.metrics() for name, acc in self._outputs.items() if acc.candidate.count}
+        return {name: acc.metrics() for name, acc in self._outputs.items() if acc.candidate.count or getattr(acc, "images", None)}
 
 
 def compare_outputs(
@@ -224,7 +294,9 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray, kind: str | Non
     return compare_outputs({"output": kind}, {"output": reference}, {"output": candidate})["output"]
 
 
-NUMERIC_KEYS = ("rel_l2", "cosine", "min_row_cosine", "max_abs", "min_item_cosine", "mean_item_cosine", *TASK_METRIC.values())
+BOX_KEYS = ("box_recall", "box_precision", "matched_iou", "score_error", "min_image_recall")
+NUMERIC_KEYS = ("rel_l2", "cosine", "min_row_cosine", "max_abs", "min_item_cosine", "mean_item_cosine", *TASK_METRIC.values(), *BOX_KEYS)
+LARGER_IS_WORSE = ("rel_l2", "max_abs", "score_error")
 
 
 def worst(per_output: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -240,5 +312,5 @@ def worst(per_output: dict[str, dict[str, Any]]) -> dict[str, float]:
             elif value != value or out[key] != out[key]:
                 out[key] = float("nan")
             else:
-                out[key] = max(out[key], value) if key in ("rel_l2", "max_abs") else min(out[key], value)
+                out[key] = max(out[key], value) if key in LARGER_IS_WORSE else min(out[key], value)
     return out

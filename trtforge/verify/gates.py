@@ -12,6 +12,12 @@ Default gates follow the target's precision (`default_gates`): fp32 targets the 
 rel-L2 (1e-4: anything looser lets a 1%-perturbed fp32 weight through); fp16 and TF32 targets rel-L2 1e-2
 and cosine 0.99; INT8 and FP8-GEMM targets cosine 0.99 alone (their rounding puts rel-L2 at 2-10% on
 healthy engines). The report records which precision and which gates were used.
+
+Where the target has a boxes output, box recall >= 0.9 and matched IoU >= 0.9 gate its precision error by default
+(`BOX_DEFAULTS`), whatever the precision: the target and the reference run the very same slices, so a healthy fp16 or
+INT8 engine finds nearly every reference box (recall ~1; a box whose score sits at the threshold may flip) at nearly
+the same place (a few pixels of a box a hundred wide is IoU > 0.95). The sliced-vs-whole box gates have no default:
+a slice sees less context than the whole image, so how far sliced detection may differ is the user's call.
 """
 
 from __future__ import annotations
@@ -38,7 +44,12 @@ GATES = {
     "min_top1_agreement": GateSpec("min_top1_agreement", "precision_error", "top1_agreement", "min", "precision top-1 agreement"),
     "min_pixel_agreement": GateSpec("min_pixel_agreement", "precision_error", "pixel_agreement", "min", "precision pixel agreement"),
     "min_chunk_cosine": GateSpec("min_chunk_cosine", "chunking_error", "min_item_cosine", "min", "chunking item cosine"),
+    "min_box_recall": GateSpec("min_box_recall", "precision_error", "box_recall", "min", "precision box recall"),
+    "min_matched_iou": GateSpec("min_matched_iou", "precision_error", "matched_iou", "min", "precision matched IoU"),
+    "min_chunk_box_recall": GateSpec("min_chunk_box_recall", "chunking_error", "box_recall", "min", "slicing box recall"),
+    "min_chunk_matched_iou": GateSpec("min_chunk_matched_iou", "chunking_error", "matched_iou", "min", "slicing matched IoU"),
 }
+BOX_DEFAULTS = {"min_box_recall": 0.9, "min_matched_iou": 0.9}
 
 FP32_TOLERANCE = 1e-4  # the export step's default tolerance (config export.tolerance)
 LOW_PRECISIONS = ("fp16", "tf32")
@@ -66,8 +77,11 @@ class Gate:
     source: str  # "set" (a flag or config key) | "default for <precision> targets"
 
 
-def gates_from(values: dict[str, float | None], precision: str | None = None, fp32_tolerance: float = FP32_TOLERANCE) -> list[Gate]:
-    """Gates from {key: threshold or None}; None takes the key's default for the target's precision, if any."""
+def gates_from(
+    values: dict[str, float | None], precision: str | None = None, fp32_tolerance: float = FP32_TOLERANCE, boxes: bool = False
+) -> list[Gate]:
+    """Gates from {key: threshold or None}; None takes the key's default for the target's precision, if any (and with
+    `boxes`, a target with a boxes output, the box defaults)."""
     defaults_used = default_gates(precision, fp32_tolerance)
     source = f"default for {precision or 'fp32'} targets"
     gates = []
@@ -77,6 +91,8 @@ def gates_from(values: dict[str, float | None], precision: str | None = None, fp
             gates.append(Gate(key, float(value), "set"))
         elif key in defaults_used:
             gates.append(Gate(key, defaults_used[key], source))
+        elif boxes and key in BOX_DEFAULTS:
+            gates.append(Gate(key, BOX_DEFAULTS[key], "default for boxes outputs"))
     return gates
 
 

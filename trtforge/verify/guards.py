@@ -31,6 +31,9 @@ SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
 SMALLEST_MEASURABLE = float(np.sqrt(SMALLEST_NORMAL))
 
 
+NO_BOXES = "empty (no box above its score threshold in any image)"  # a boxes output's reference (verify/compare.py)
+
+
 class ReferenceUnusable(UserError):
     """The reference output cannot be measured against (NaN/Inf, zeros, constant, too small). Exit 2."""
 
@@ -105,6 +108,11 @@ def unusable_reference(name: str, reason: str, where: str) -> ReferenceUnusable:
         advice = (
             "the model's activations vanish layer by layer; initialise the weights at a larger scale (e.g. the "
             "config's initializer_range) or load trained weights"
+        )
+    elif reason == NO_BOXES:
+        advice = (
+            "lower the boxes output's score_threshold in the config and re-export, or give inputs with objects where the "
+            "check looks (a sliced run's whole pass sees the top-left crop the model takes whole)"
         )
     elif "NaN" in reason:
         advice = "the reference model itself computes NaN/Inf there; fix the model (or its inputs) before checking a target"
