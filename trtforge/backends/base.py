@@ -1,4 +1,5 @@
-"""The one Runner protocol: named numpy feeds in, named numpy outputs out, and a lifecycle.
+"""What every backend shares: the one Runner protocol (named numpy feeds in, named numpy outputs out, and a
+lifecycle), and TrtModule, the loaded TensorRT flavour.
 
 Every runner (OrtRunner, TrtRunner), `run`'s targets (OrtTarget, TrtTarget), the stateful steppers, the stored and
 recording references and the wrappers (NamedOutputs, RunOnce) implement it, as Polygraphy's BaseRunner does: open on
@@ -8,6 +9,7 @@ wraps. `RunnerLifecycle` gives the context manager; a class frees its own resour
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -38,3 +40,22 @@ class RunnerLifecycle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class TrtModule:
+    trt: Any
+    flavour: str  # "tensorrt" | "tensorrt_rtx"
+    version: str
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".")[0])
+
+    @property
+    def strongly_typed(self) -> bool:
+        return self.flavour == "tensorrt_rtx" or self.major >= 10
+
+    @property
+    def label(self) -> str:
+        return f"{self.flavour} {self.version}"

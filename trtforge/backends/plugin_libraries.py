@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from trtforge.backends.base import TrtModule
 from trtforge.core.artifacts import sha256_file
 from trtforge.core.errors import UserError
-
-if TYPE_CHECKING:  # only for annotations: tensorrt.py imports this module
-    from trtforge.backends.tensorrt import TrtModule
 
 
 def init_plugins(mod: TrtModule) -> None:

@@ -20,31 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from trtforge.backends.base import TrtModule
 from trtforge.backends.plugin_libraries import init_plugins
 from trtforge.build.profiles import Profile
 from trtforge.core import interrupts
 from trtforge.core.errors import UserError
 
 LAYER_LOG_HEADERS = ("Engine Layer Information:", "Layers:")  # where the verbose build log starts listing layers
-
-
-@dataclass
-class TrtModule:
-    trt: Any
-    flavour: str  # "tensorrt" | "tensorrt_rtx"
-    version: str
-
-    @property
-    def major(self) -> int:
-        return int(self.version.split(".")[0])
-
-    @property
-    def strongly_typed(self) -> bool:
-        return self.flavour == "tensorrt_rtx" or self.major >= 10
-
-    @property
-    def label(self) -> str:
-        return f"{self.flavour} {self.version}"
 
 
 def load_trt(backend: str = "auto") -> TrtModule:
