@@ -1,1 +1,1 @@
-"""Build-time graph passes that hand TensorRT fused kernels it does not find by itself (issue 11)."""
+"""Build-time graph passes that hand TensorRT fused kernels it does not find by itself ."""

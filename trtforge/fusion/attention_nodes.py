@@ -69,13 +69,12 @@ def packed_plugin_nodes(
     qkv_projection "matmul": MatMul [B, S, E_in] x [E_in, 3E], bias Add, Reshape to the plugin's [tokens, 3E, 1, 1].
     "conv": X reshaped to [tokens, E_in, 1, 1] first, then a 1x1 Conv (bias inside) writes [tokens, 3E, 1, 1] itself,
     as TensorRT's BERT demo feeds the plugin: on 8.6 a Reshape at the end of a Myelin region costs a copy kernel
-    (52 us per layer on BERT-base at 16x512, H200), a reshape before a convolution costs nothing. With INT8
+    per layer, a reshape before a convolution costs nothing. With INT8
     projections, x_qdq (activation_qdq of X) lets the reshape go before X's own Q/DQ, so that DequantizeLinear
     feeds the Conv directly, the pattern TensorRT fuses into an int8 convolution.
 
     seq_tensor: an earlier flash node's [S] tensor, of the same sequence length (same_leading_dims), which this flash
-    node then reads instead of writing its own: each is a fill kernel in the engine (cuFillLayer, ~2 us per layer at
-    16x512 on the H200)."""
+    node then reads instead of writing its own: each is a fill kernel in the engine (cuFillLayer) per layer."""
     flash = route.plugin == FLASH_PLUGIN
     seq_tensor = seq_tensor if flash else None
     q_factor = 1.0 if flash else c.scale * float(np.sqrt(route.padded_head or 64))

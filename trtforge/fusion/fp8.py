@@ -1,8 +1,8 @@
 """FP8 GEMMs (`build --gemm-precision fp8`): the GEMM passes' plugin nodes (TrtforgeGemm, TrtforgeGemmGelu) become
 TrtforgeGemmFp8, which runs the same product on e4m3 operands (trtforge/native/gemm_plugin.cpp).
 
-Why: at 64x512 the GEMMs are 8.2 of BERT-base's 10.8 ms in fp16 on the H200 (cuBLASLt's timed picks at 640-720
-TFLOP/s; benchmarks/RESULTS.md, w34), and Hopper's FP8 tensor cores do twice fp16's FLOPs. TensorRT 8.6 has no FP8
+Why: at 64x512 the GEMMs are most of BERT-base's fp16 engine time even at cuBLASLt's best kernels, and Hopper's FP8
+tensor cores do twice fp16's FLOPs (docs/performance.md#fp8-defaults). TensorRT 8.6 has no FP8
 type, so the GEMMs go through trtforge's cuBLASLt plugin, which converts x itself.
 
 Scales are per tensor, the standard FP8 recipe (ModelOpt's FP8 default, TransformerEngine's delayed scaling):
@@ -15,13 +15,12 @@ Chaining (`build --fp8-chain-ffn auto`, the default with fp8): where a TrtforgeG
 alone (FC1 -> FC2), FC1 writes e4m3 bytes and FC2 reads them, so FC2's input (BERT-base: 32768 x 3072 fp16 at 64x512) is
 neither written in fp16 nor converted. TensorRT 8.6 has no FP8 tensor type: the bytes travel in an fp16 tensor of half
 the width, which only the pair touches. It costs no accuracy (FC2 rounded FC1's output to e4m3 at the same scale
-anyway) and took BERT-base's 64x512 engine from 10.10 to 8.93 ms (H100, w39).
+anyway) and made BERT-base's 64x512 engine faster (docs/performance.md#fp8-defaults).
 
 Accuracy is not assumed: where the engine can execute, the build runs held-out feeds through it against ONNX Runtime
 fp32 and fails (exit 1) under build.fp8_min_cosine (calibrate.engine_check.after_fp8_build). quantize_e4m3 and
 fp8_gemm emulate the plugin's arithmetic on the CPU (ml_dtypes' e4m3, onnx's own dependency) so the tests can check the
-rewrite's numbers. Measured (H100, 2026-12-06, w37c and w39): BERT-base 64x512 fp16 10.91-11.03 ms, fp8 10.10-10.16 ms,
-fp8 chained 8.93-8.98 ms (1.80-1.82x torch eager), engine cosine 0.9984 against ORT fp32.
+rewrite's numbers. Timings and engine accuracy: docs/performance.md#fp8-defaults.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """bias + GELU fusion: each GELU an exporter wrote as elementwise ops (erf form, BERT/ViT; tanh form, GPT-2),
 with the bias Add in front of it, becomes one `CustomGeluPluginDynamic` node of TensorRT 8.6's plugin library.
 
-Why: on the H200 the fp16 BERT-base engine spends 1.07 of its 5.82 ms at 16x512 in Myelin's GELU kernels
-(12 x `__myl_DivCasErfCasAddMulMul`, 89 us, ~4x their memory time; benchmarks/RESULTS.md). The plugin is one
+Why: the fp16 BERT-base engine spends a large share of its time in Myelin's GELU kernels, at several times their memory
+time (docs/performance.md#fusion-passes-auto-modes). The plugin is one
 memory-bound kernel with the bias fused. It computes the tanh approximation 0.5x(1 + tanh(sqrt(2/pi)(x +
 0.044715x^3))) (TensorRT's geluKernel.cu) whatever form the graph had: for an erf GELU the difference is
 measured on the observed activations and reported; the engine is then held to the usual gates.

@@ -3,9 +3,8 @@ Conv1D exports as one), becomes one TrtforgeGemm node,
 trtforge's cuBLASLt plugin (trtforge/native/gemm_plugin.cpp), which times cuBLASLt's candidate kernels for each shape
 instead of taking TensorRT 8.6's pick.
 
-Why it exists: on the H200, TensorRT 8.6's own fp16 GEMMs in BERT-base ran at ~500 TFLOP/s for the attention output
-projection and ~670-720 for QKV and FC2 (benchmarks/RESULTS.md, 2026-12-03 kernel list), while cuBLASLt 13 carries
-newer Hopper kernels: with the plugin's timed pick, BERT-base fp16 ran 10.64 -> 10.45 ms at 64x512 there, so `auto`
+Why it exists: TensorRT 8.6's own fp16 GEMMs in BERT-base run below what cuBLASLt 13's newer Hopper kernels reach,
+and with the plugin's timed pick BERT-base fp16 ran faster (docs/performance.md#fusion-passes-auto-modes), so `auto`
 applies it to fp16 builds (trtforge.fusion.step.GEMM_PASS). Run after the GELU and skip-LayerNorm passes: those take
 their GEMMs and biases first (TrtforgeGemmGelu; the dense bias into skip-LayerNorm), this one takes the MatMuls left.
 A Gemm is taken where it is that same product: alpha 1, no transposed input (a transposed constant weight is transposed

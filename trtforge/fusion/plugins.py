@@ -15,7 +15,7 @@ Read from TensorRT 8.6.1's plugin sources (plugin/bertQKVToContextPlugin, qkvToC
 - trtforge's own `TrtforgeFlashAttention` v1 (trtforge/native/sdpa_plugin.cpp, built into libtrtforge_plugins.so by
   `trtforge plugins build`, which `build` then loads by default): cuDNN 9's flash attention (SDPA) behind the same packed-QKV input, for
   sm_80 and newer, head sizes that are multiples of 8 up to 128, any sequence length, bidirectional or causal.
-  Where it is registered it is preferred: on the H200 v2's sm_90 kernel runs at ~117 TFLOP/s.
+  Where it is registered it is preferred: v2 has an sm_90 kernel (docs/performance.md#fusion-passes-auto-modes).
 - TensorRT 10+ (and TensorRT-RTX) fuse multi-head attention themselves (Myelin MHA fusion, later
   IAttention): the pass leaves those graphs as they are.
 """

@@ -3,8 +3,8 @@ bias Add of the dense layer in front of it, becomes one `CustomSkipLayerNormPlug
 plugin library (version 2, the variable-sequence-length one: it takes any shape whose volume is a multiple of
 the hidden size, so the tensors keep the graph's [B, S, E] layout and need no reshape).
 
-Why: in the fp16 BERT-base engine on the H200 (TensorRT 8.6, 16x512) LayerNorm took 0.33 ms and Myelin's
-region-boundary copies and casts around the plugins another 0.41 (benchmarks/RESULTS.md, w4): trtforge's fp16
+Why: in the fp16 BERT-base engine on TensorRT 8.6, LayerNorm and Myelin's region-boundary copies and casts around the
+plugins take a measurable share of the time (docs/performance.md#fusion-passes-auto-modes): trtforge's fp16
 conversion keeps LayerNormalization fp32, so every residual block reads its fp16 sum through a Cast and writes
 a Cast back. The plugin adds, normalises and scales in fp16 in one memory-bound kernel, casts included.
 

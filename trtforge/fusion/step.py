@@ -63,9 +63,8 @@ QKV_CHOICES = ("auto", *QKV_PROJECTIONS)
 
 def resolve_qkv_projection(choice: str, gemm_takes_it: bool) -> str:
     """--qkv-projection auto: "matmul" where the GEMM pass will take the packed projection into TrtforgeGemm
-    (gemm_takes_it: qkv_gemm_applies), else "conv". On the H200 (TensorRT 8.6, BERT-base fp16, GPU ms at 16x128/16x512/64x512, two rounds each; RESULTS.md
-    2026-12-03 w24): conv with TensorRT's GEMM 1.09/2.99/10.64, matmul into TrtforgeGemm 0.94-0.97/2.85-2.87/10.45;
-    without the plugin a MatMul's Reshape before attention cost a copy kernel (conv measured faster, 2026-12-01).
+    (gemm_takes_it: qkv_gemm_applies), else "conv": the matmul into TrtforgeGemm ran faster than the conv on BERT-base
+    fp16, while without the plugin a MatMul's Reshape before attention costs a copy kernel (figures: docs/performance.md#fusion-passes-auto-modes).
     conv and matmul pass through; anything else is the attention pass's error."""
     if choice != "auto":
         return choice
@@ -179,7 +178,7 @@ GELU_MODES = ("auto", "on", "off")
 @dataclass(frozen=True)
 class ElementwisePass:
     """A pass that swaps a kind of elementwise block for one TensorRT 8.x plugin (GELU, skip-LayerNorm): its names,
-    its fuse function, and where `auto` applies it (the precisions the H200 measured it faster in, and why)."""
+    its fuse function, and where `auto` applies it (the precisions it was measured faster in, and why)."""
 
     key: str  # the sidecar record: f"{key}_fusion"; the flag: --fuse-{flag}; the config key: build.fuse_{key}
     flag: str
@@ -206,10 +205,9 @@ GELU_PASS = ElementwisePass(
     GELU_VERSION,
     fuse_gelu,
     ("fp16",),
-    # From the H200 (TensorRT 8.6, BERT-base, GPU ms at 16x512; benchmarks/RESULTS.md, 2026-12-01 w4): fp16 5.42 -> 5.06
-    # with the plugin (Myelin's erf GELU kernel took 89 us per layer, the plugin 41 us); INT8 best 5.67 -> 8.94 (the
-    # plugin splits each int8 GEMM's dequantize/quantize epilogue into separate kernels).
-    "the plugin was measured faster only in fp16 builds (INT8 best on the H200: 5.67 -> 8.94 ms at 16x512)",
+    # Faster in fp16 (one kernel for Myelin's erf GELU); slower in INT8 best, where it splits each int8 GEMM's
+    # dequantize/quantize epilogue into separate kernels (docs/performance.md#fusion-passes-auto-modes).
+    "the plugin was measured faster only in fp16 builds (INT8 best builds ran slower with it: docs/performance.md#fusion-passes-auto-modes)",
     "tanh GELU, bias folded",
     (("gemm_plugin", GEMM_PLUGIN, GEMM_VERSION),),
 )
@@ -221,10 +219,8 @@ SKIP_LN_PASS = ElementwisePass(
     SKIP_LN_VERSION,
     fuse_skip_layernorm,
     ("fp16", "best"),
-    # From the H200 (TensorRT 8.6, BERT-base, GPU ms at 16x128/16x512/64x512, engine cosine vs ORT fp32 on 64 held-out
-    # samples; benchmarks/RESULTS.md, 2026-12-01 sixth session): fp16 1.379/5.035/17.818 -> 1.202/4.310/14.500 (cosine
-    # 0.9999995 both); INT8 best 1.574/5.647/21.221 -> 1.553/5.407/19.307 (0.99982 both). fp32 and int8 not measured.
-    "the plugin was measured faster only in fp16 and INT8 best builds (BERT-base fp16 on the H200: 5.04 -> 4.31 ms at 16x512)",
+    # Faster in fp16 and INT8 best builds at the same engine accuracy; fp32 and int8 not measured (docs/performance.md#fusion-passes-auto-modes).
+    "the plugin was measured faster only in fp16 and INT8 best builds (docs/performance.md#fusion-passes-auto-modes)",
     "residual add + LayerNorm in one kernel, dense bias folded",
 )
 GEMM_PASS = ElementwisePass(
@@ -235,11 +231,9 @@ GEMM_PASS = ElementwisePass(
     GEMM_ONLY_VERSION,
     fuse_gemm,
     ("fp16",),
-    # From the H200 (TensorRT 8.6, BERT-base fp16 with flash + GemmGelu, GPU ms at 16x128/16x512/64x512, two rounds;
-    # benchmarks/RESULTS.md, 2026-12-03 w24): TensorRT's GEMMs 1.06-1.09/2.98-2.99/10.64; output projection and FC2 as
-    # TrtforgeGemm 0.98-1.01/2.90-2.91/10.53; QKV too (--qkv-projection matmul) 0.94-0.97/2.85-2.87/10.45; engine cosine
-    # vs ORT fp32 0.9999995 -> 0.9999998. INT8 best builds not measured (their GEMMs are Q/DQ'd, not constants).
-    "TrtforgeGemm was measured faster only in fp16 builds (BERT-base on the H200: 10.64 -> 10.45 ms at 64x512)",
+    # Faster than TensorRT's own GEMMs in fp16 builds at the same engine accuracy; INT8 best builds not measured (their
+    # GEMMs are Q/DQ'd, not constants) (docs/performance.md#fusion-passes-auto-modes).
+    "TrtforgeGemm was measured faster only in fp16 builds (docs/performance.md#fusion-passes-auto-modes)",
     "cuBLASLt matmul (+ bias epilogue), its kernel timed per shape",
     precisions=("fp16", "best"),
     library_note="libtrtforge_plugins",
@@ -263,7 +257,7 @@ def elementwise_fusion(
     fuse_options: dict[str, Any] | None = None,
 ) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """(the model with the pass applied, or None; the sidecar's `{key}_fusion`). `auto` (the default) fuses where the
-    H200 measured the plugin faster (TensorRT 8.x, spec.auto_precisions); `on` asks for it anywhere the plugin exists
+    plugin was measured faster (TensorRT 8.x, spec.auto_precisions); `on` asks for it anywhere the plugin exists
     and fails loudly where it cannot; `off` never."""
     if mode not in GELU_MODES:
         raise UserError(f"--fuse-{spec.flag} '{mode}' is not one of {', '.join(GELU_MODES)} (config key build.fuse_{spec.key}).")
