@@ -241,3 +241,18 @@ def test_integer_arithmetic_in_fp16_moves_buckets(monkeypatch):
     reference = OrtRunner(_bucket_model().SerializeToString()).run(feeds[0])["y"]
     got = OrtRunner(converted.SerializeToString()).run(feeds[0])["y"]
     assert not np.array_equal(reference, got)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[1.0, -3.0, 2.0], [np.inf, -2.0, 1.0], [np.nan, 5.0], [np.nan], [], [-np.inf, np.inf, -7.0], [-65504.0, 3.0]],
+)
+def test_finite_peak_is_the_largest_finite_magnitude(values):
+    """The fp16 guard's peak: max |x| over the finite values only, 0 where there is none (an inf or NaN elsewhere in
+    the tensor must neither hide the finite peak nor become it)."""
+    from trtforge.build.precision import finite_peak
+
+    for dtype in (np.float32, np.float16):
+        value = np.asarray(values, dtype)
+        finite = np.abs(value[np.isfinite(value)]).astype(np.float64)
+        assert finite_peak(value) == (float(finite.max()) if finite.size else 0.0)
