@@ -25,7 +25,28 @@ def ping_pong(step_index: int) -> tuple[int, int]:
     return step_index % 2, (step_index + 1) % 2
 
 
-class OrtStepper(RunnerLifecycle):
+class StepperRunner(RunnerLifecycle):
+    """What both steppers give the Runner protocol: input_ids in, the logits output of one pass per row out."""
+
+    output: str
+
+    def full(self, ids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    @property
+    def input_names(self) -> list[str]:
+        return ["input_ids"]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [self.output]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Each row of input_ids in one pass from an empty cache (positions from 0)."""
+        return {self.output: np.stack([self.full(np.asarray(row)) for row in feeds["input_ids"]])}
+
+
+class OrtStepper(StepperRunner):
     """A KV-cache ONNX on ONNX Runtime; the cache lives in OrtValues bound through IOBinding."""
 
     backend = "onnxruntime"
@@ -78,23 +99,11 @@ class OrtStepper(RunnerLifecycle):
         self.reset()
         return out
 
-    @property
-    def input_names(self) -> list[str]:
-        return ["input_ids"]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [self.output]
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The Runner protocol: each row of input_ids in one pass from an empty cache (positions from 0)."""
-        return {self.output: np.stack([self.full(np.asarray(row)) for row in feeds["input_ids"]])}
-
     def close(self) -> None:
         self.cache = []
 
 
-class TrtStepper(RunnerLifecycle):
+class TrtStepper(StepperRunner):
     """A KV-cache engine on TensorRT: one context per profile, the cache in two device buffers per
     tensor that swap roles every step (see the module doc)."""
 
@@ -206,18 +215,6 @@ class TrtStepper(RunnerLifecycle):
         out = self.step(ids, 0, profile)
         self.reset()
         return out
-
-    @property
-    def input_names(self) -> list[str]:
-        return ["input_ids"]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [self.output]
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The Runner protocol: each row of input_ids in one pass from an empty cache (positions from 0)."""
-        return {self.output: np.stack([self.full(np.asarray(row)) for row in feeds["input_ids"]])}
 
     def close(self) -> None:
         for buf in [b for slot in self.cache for b in slot] + list(self.bufs.values()) + list(self.host.values()):
