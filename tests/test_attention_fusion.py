@@ -474,7 +474,7 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
     feeds = {"batch": 2, "seq": 64}
     if fusion == "attention":
 
-        def fused_attention(mod, identity, model, precision, options, specs, axes, profiles, onnx_path):
+        def fused_attention(mod, identity, model, precision, options, specs, axes, profiles, onnx_path, observation=None):
             return step.attention_fusion(
                 model, "auto", precision, "tensorrt", "8.6.1", "8.0", True, random_feeds(specs, feeds), onnx_path.name
             )
@@ -496,8 +496,8 @@ def test_auto_falls_back_to_the_unfused_graph_when_the_fused_one_does_not_build(
         monkeypatch.setattr(
             step,
             "elementwise_fusion",
-            lambda s, model, observe, mode, precision, flavour, version, registered, f, name, options=None: real_fusion(
-                s, model, observe, mode, precision, "tensorrt", "8.6.1", True, f, name, options
+            lambda s, model, observe, mode, precision, flavour, version, registered, f, name, options=None, observation=None: real_fusion(
+                s, model, observe, mode, precision, "tensorrt", "8.6.1", True, f, name, options, observation
             ),
         )
     key, word, plugin, original = {

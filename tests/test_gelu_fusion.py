@@ -2,6 +2,8 @@
 exporters) becomes one CustomGeluPluginDynamic node, its bias folded in; the plugin is emulated on ORT
 (tests/attention_emulation.py) and compared with the ORIGINAL graph at a sequence length the pass never saw."""
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -10,7 +12,7 @@ from conftest import export_zoo
 from onnx import TensorProto, helper, numpy_helper
 
 from trtforge.backends.onnxruntime import OrtRunner
-from trtforge.fusion.gelu import PLUGIN, fuse_gelu, gelu_erf, gelu_tanh
+from trtforge.fusion.gelu import PLUGIN, erf, fuse_gelu, gelu_erf, gelu_tanh
 from trtforge.graph.index import io_specs
 from trtforge.runtime.feeds import random_feeds
 
@@ -106,6 +108,14 @@ def test_reference_formulas():
     x = np.linspace(-6, 6, 1001)
     assert np.abs(gelu_tanh(x) - gelu_erf(x)).max() < 1e-3
     assert gelu_erf(np.array([0.0, 1.0]))[1] == pytest.approx(0.8413447460685429)
+
+
+def test_vectorized_erf_matches_math_erf():
+    """The verification's erf is an approximation: within 2e-7 of math.erf everywhere, odd, and saturating."""
+    x = np.concatenate([np.linspace(-8, 8, 20001), [0.0, 1e-12, -1e-12, 30.0, -30.0]])
+    want = np.array([math.erf(v) for v in x])
+    assert np.abs(erf(x) - want).max() < 2e-7
+    assert erf(np.array([0.0]))[0] == 0.0 and erf(np.array([50.0]))[0] == 1.0
 
 
 def test_build_step_modes(zoo):

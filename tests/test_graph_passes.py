@@ -97,3 +97,45 @@ def test_external_data_roundtrip(tmp_path):
     loaded = load_onnx(path)
     np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), numpy_helper.to_array(model.graph.initializer[0]))
     assert not list(tmp_path.glob(".*"))  # no temp leftovers
+
+
+def _chain_with_a_branch() -> onnx.ModelProto:
+    """x -> a -> b -> y, with c reading a beside b, and an If whose branch reads b from the outer scope."""
+    from onnx import TensorProto, helper
+
+    then = helper.make_graph(
+        [helper.make_node("Identity", ["b"], ["t"])], "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])]
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="A"),
+        helper.make_node("Neg", ["a"], ["c"], name="C"),
+        helper.make_node("Relu", ["a"], ["b"], name="B"),
+        helper.make_node("If", ["cond"], ["i"], name="I", then_branch=then, else_branch=then),
+        helper.make_node("Add", ["b", "c"], ["y"], name="Y"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1]), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1]), helper.make_tensor_value_info("i", TensorProto.FLOAT, [1])],
+    )
+    return helper.make_model(graph)
+
+
+def test_sort_nodes_orders_in_place_keeping_the_original_order_among_ready_nodes():
+    from trtforge.graph.index import sort_nodes
+
+    model = _chain_with_a_branch()
+    want = [n.name for n in model.graph.node]
+    shuffled = [model.graph.node[i] for i in (4, 3, 2, 1, 0)]
+    scrambled = onnx.ModelProto()
+    scrambled.CopyFrom(model)
+    del scrambled.graph.node[:]
+    scrambled.graph.node.extend(shuffled)
+    assert sort_nodes(scrambled) is scrambled
+    # among nodes ready together the scrambled order (Y, I, B, C, A) holds: B before C; If waits for B, which its
+    # branch reads from the outer scope
+    assert [n.name for n in scrambled.graph.node] == ["A", "B", "I", "C", "Y"]
+    onnx.checker.check_model(scrambled)
+    # a sorted graph is left as it is
+    assert [n.name for n in sort_nodes(model).graph.node] == want

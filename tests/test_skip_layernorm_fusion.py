@@ -197,3 +197,38 @@ def test_the_real_minilm_fp16_graph_has_every_residual_block_fused(minilm_clean)
     _, report = fuse_skip_layernorm(converted, random_feeds(specs, {"batch": 2, "seq": 256}))
     assert len(report.replaced) == 12 and all(r["bias_folded"] and r["rel_l2"] < 3e-3 for r in report.replaced), report.to_json()
     assert [r["reason"] for r in report.refused] == [report.refused[0]["reason"]] and "differ in shape" in report.refused[0]["reason"]
+
+
+def test_one_observation_serves_the_attention_gelu_and_skip_layernorm_passes(zoo, monkeypatch):
+    """build observes the graph before fusion once for every pass (one ONNX Runtime session and run): the passes fed
+    from it give the graph byte for byte that each observing on its own gives, and ask for nothing it lacks."""
+    from types import SimpleNamespace
+
+    from trtforge.backends.tensorrt import BuildOptions
+    from trtforge.build.passes import shared_observation
+    from trtforge.build.profiles import plan_profiles
+    from trtforge.build.step import parse_tiers
+    from trtforge.fusion.attention import fuse_attention
+    from trtforge.fusion.gelu import fuse_gelu
+    from trtforge.fusion.plugins import attention_route
+
+    key = ("bert", "legacy")
+    model = with_random_vectors(onnx.load(zoo[key]))
+    specs, axes, _ = io_specs(zoo[key], model)
+    route = lambda c: attention_route("tensorrt", "8.6.1", 80, c.head_size, c.seq, c.causal)  # noqa: E731
+    monkeypatch.setattr("trtforge.backends.plugin_libraries.plugin_registered", lambda mod, name, version: True)
+    profiles = plan_profiles(specs, axes, parse_tiers("seq=32", {}, axes, None, 3))
+    observation = shared_observation(
+        SimpleNamespace(flavour="tensorrt", version="8.6.0"), model, "fp16", BuildOptions(), specs, axes, profiles
+    )
+    feeds = observation.feeds
+    assert all((v == 1).all() for k, v in feeds.items() if "mask" in k)
+    alone = fuse_skip_layernorm(fuse_gelu(fuse_attention(model, feeds, route, "x")[0], feeds, observe_model=model)[0], feeds, model)[0]
+    attn, _ = fuse_attention(model, {}, route, "x", observation=observation)
+    gelu, _ = fuse_gelu(attn, {}, observe_model=model, observation=observation)
+    shared, report = fuse_skip_layernorm(gelu, {}, model, observation=observation)
+    assert observation.runs == 1 and len(report.replaced) == 4
+    assert shared.SerializeToString() == alone.SerializeToString()
+    # the build's off switches leave their passes' tensors out of the observation
+    quiet = BuildOptions(fuse_attention="off", fuse_gelu="off", fuse_skip_layernorm="off")
+    assert shared_observation(SimpleNamespace(flavour="tensorrt", version="8.6.0"), model, "fp16", quiet, specs, axes, profiles) is None

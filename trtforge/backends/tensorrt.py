@@ -119,6 +119,8 @@ class BuildOutput:
     timing_cache_loaded: bool = False
     compute_capabilities: list[str] = field(default_factory=list)
     layer_log: str = ""  # the builder's VERBOSE per-layer report (see parse_layer_log)
+    # TensorRT's own work before the build: the builder (CUDA context), the ONNX parser (plugin creation), the config
+    parse_seconds: float = 0.0
 
 
 def _parse(mod: TrtModule, onnx_path: Path, logger: Logger, node_names: list[tuple[str, str]]) -> tuple[Any, Any, Any]:
@@ -376,6 +378,7 @@ def _build_engine(
 ) -> BuildOutput:
     logger = Logger(mod.trt)
     notes: list[str] = []
+    parse_start = time.perf_counter()
     builder, network, _parser = _parse(mod, onnx_path, logger, node_names)
     interrupts.check()
     known = {network.get_input(i).name for i in range(network.num_inputs)}
@@ -389,6 +392,7 @@ def _build_engine(
             )
     config, cache_loaded, ccs = _configure(mod, builder, network, options, profiles, notes)
     start = time.perf_counter()
+    parse_seconds = start - parse_start
     progress = BuildProgress(len(profiles))
     interrupts.check()
     with _monitored(mod, config, progress), _heartbeat(progress, on_tick, tick_s):
@@ -400,7 +404,8 @@ def _build_engine(
     timing = None
     if options.timing_cache is not None and mod.flavour != "tensorrt_rtx":
         timing = bytes(config.get_timing_cache().serialize())
-    return BuildOutput(bytes(serialized), seconds, _io_of(network), notes, timing, cache_loaded, ccs, "\n".join(logger.impl.layer_log))
+    layer_log = "\n".join(logger.impl.layer_log)
+    return BuildOutput(bytes(serialized), seconds, _io_of(network), notes, timing, cache_loaded, ccs, layer_log, parse_seconds)
 
 
 _LAYER_RE = re.compile(r"\bI\w+Layer ([^\s:]+)")

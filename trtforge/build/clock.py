@@ -21,15 +21,18 @@ class BuildClock:
         self.laps[step] = self.laps.get(step, 0.0) + now - self._last
         self._last = now
 
-    def overhead(self, tensorrt_seconds: float) -> dict[str, Any]:
-        """The sidecar's build_overhead: TensorRT's build time, trtforge's (every other step, a failed first TensorRT
-        build of a fused graph included), its share of TensorRT's, and each step's seconds, largest first."""
+    def overhead(self, build_seconds: float, parse_seconds: float = 0.0) -> dict[str, Any]:
+        """The sidecar's build_overhead: TensorRT's time (its builder, parser and config, parse_seconds, and its engine
+        build, build_seconds), trtforge's (every other step, a failed first TensorRT build of a fused graph included),
+        its share of TensorRT's, and each step's seconds, largest first."""
+        tensorrt_seconds = build_seconds + parse_seconds
         steps = dict(self.laps)
         if TENSORRT_LAP in steps:
             steps["writing the outputs"] = max(0.0, steps.pop(TENSORRT_LAP) - tensorrt_seconds)
         ours = sum(steps.values())
         return {
             "tensorrt_seconds": round(tensorrt_seconds, 3),
+            "tensorrt_parse_seconds": round(parse_seconds, 3),
             "trtforge_seconds": round(ours, 3),
             "share_of_tensorrt": round(ours / tensorrt_seconds, 3) if tensorrt_seconds > 0 else None,
             "steps": {k: round(v, 3) for k, v in sorted(steps.items(), key=lambda kv: -kv[1])},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -11,7 +12,8 @@ from trtforge.backends.tensorrt import BuildOptions, TrtModule
 from trtforge.build.profiles import Profile
 from trtforge.core.config import AxisRange, InputSpec
 from trtforge.core.errors import UserError
-from trtforge.fusion.step import ELEMENTWISE_PASSES
+from trtforge.fusion.index import Observation
+from trtforge.fusion.step import ELEMENTWISE_PASSES, ElementwisePass
 from trtforge.runtime.feeds import random_feeds
 
 PRECISIONS = ("fp32", "fp16", "int8", "best")
@@ -81,6 +83,73 @@ def gemm_fp8(
     return out, record, held_out
 
 
+@dataclass(frozen=True)
+class AttentionPlugins:
+    """Which attention plugins this build's TensorRT has, asked only where the pass can apply at all."""
+
+    registered: bool  # TensorRT's CustomQKVToContextPluginDynamic
+    flash: bool  # TrtforgeFlashAttention v1 (packed QKV)
+    flash_core: bool  # TrtforgeFlashAttention v2 (separate Q, K, V)
+
+    @property
+    def any(self) -> bool:
+        return self.registered or self.flash
+
+
+def attention_plugins(mod: TrtModule, precision: str, options: BuildOptions) -> AttentionPlugins:
+    from trtforge.backends.plugin_libraries import plugin_registered
+    from trtforge.fusion.plugins import FLASH_CORE_VERSION, FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, backend_route
+
+    route = backend_route(mod.flavour, mod.version)
+    if not (options.fuse_attention != "off" and route.kind == "plugin" and precision in ("fp16", "best")):
+        return AttentionPlugins(False, False, False)
+    return AttentionPlugins(
+        plugin_registered(mod, PLUGIN, PLUGIN_VERSION),
+        plugin_registered(mod, FLASH_PLUGIN, FLASH_VERSION),
+        plugin_registered(mod, FLASH_PLUGIN, FLASH_CORE_VERSION),
+    )
+
+
+def observing_passes(mod: TrtModule, precision: str, options: BuildOptions) -> list[ElementwisePass]:
+    """The elementwise passes that will observe tensors in this build (on, applicable and their plugin registered)."""
+    from trtforge.backends.plugin_libraries import plugin_registered
+    from trtforge.fusion.step import elementwise_skip
+
+    return [
+        spec
+        for spec in ELEMENTWISE_PASSES
+        if spec.observed_names is not None
+        and getattr(options, f"fuse_{spec.key}") != "off"
+        and elementwise_skip(spec, getattr(options, f"fuse_{spec.key}"), precision, mod.flavour, mod.version, True) is None
+        and plugin_registered(mod, spec.plugin, spec.version)
+    ]
+
+
+def shared_observation(
+    mod: TrtModule,
+    model: onnx.ModelProto,
+    precision: str,
+    options: BuildOptions,
+    specs: list[InputSpec],
+    axes: dict[str, AxisRange],
+    profiles: list[Profile],
+) -> Observation | None:
+    """One observation of the graph before fusion for the attention and elementwise passes that will verify on it (one
+    ONNX Runtime session and run instead of one per pass), on unpadded random feeds at observation_sizes; None where
+    no pass observes."""
+    from trtforge.fusion.attention import observed_names as attention_names
+    from trtforge.fusion.index import Observation
+    from trtforge.fusion.step import observation_sizes, unpadded
+
+    wanted = attention_names(model) if attention_plugins(mod, precision, options).any else set()
+    observing = observing_passes(mod, precision, options)
+    for spec in observing:
+        wanted |= spec.observed_names(model) if spec.observed_names is not None else set()
+    if not wanted and not observing:
+        return None
+    return Observation(model, unpadded(random_feeds(specs, observation_sizes(axes, profiles))), wanted)
+
+
 def fuse_attention(
     mod: TrtModule,
     identity: dict[str, Any],
@@ -91,18 +160,18 @@ def fuse_attention(
     axes: dict[str, AxisRange],
     profiles: list[Profile],
     onnx_path: Path,
+    observation: Observation | None = None,
 ) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
-    """Run trtforge.fusion's attention pass for this TensorRT and GPU: (fused model or None, sidecar record)."""
+    """Run trtforge.fusion's attention pass for this TensorRT and GPU: (fused model or None, sidecar record).
+    observation: shared_observation's for `model`, else the pass observes on feeds of its own."""
     from trtforge.backends.plugin_libraries import plugin_registered
-    from trtforge.fusion.plugins import FLASH_CORE_VERSION, FLASH_PLUGIN, FLASH_VERSION, PLUGIN, PLUGIN_VERSION, backend_route
     from trtforge.fusion.step import attention_fusion, observation_sizes
 
-    route = backend_route(mod.flavour, mod.version)
-    wants = options.fuse_attention != "off" and route.kind == "plugin" and precision in ("fp16", "best")
-    registered = plugin_registered(mod, PLUGIN, PLUGIN_VERSION) if wants else False
-    flash = plugin_registered(mod, FLASH_PLUGIN, FLASH_VERSION) if wants else False
-    flash_core = plugin_registered(mod, FLASH_PLUGIN, FLASH_CORE_VERSION) if wants else False
-    feeds = random_feeds(specs, observation_sizes(axes, profiles)) if wants and (registered or flash) else None
+    plugins = attention_plugins(mod, precision, options)
+    registered, flash, flash_core = plugins.registered, plugins.flash, plugins.flash_core
+    feeds = None
+    if plugins.any:
+        feeds = observation.feeds if observation is not None else random_feeds(specs, observation_sizes(axes, profiles))
     projection = options.qkv_projection
     if projection == "auto":  # matmul where TrtforgeGemm will take the packed projection, else conv
         from trtforge.fusion.step import GEMM_PASS, qkv_gemm_applies, resolve_qkv_projection
@@ -124,6 +193,7 @@ def fuse_attention(
         projection,
         flash_registered=flash,
         flash_core_registered=flash_core,
+        observation=observation if plugins.any else None,
     )
     record["qkv_projection_choice"] = options.qkv_projection
     return fused, record
@@ -140,10 +210,12 @@ def fuse_elementwise(
     profiles: list[Profile],
     onnx_path: Path,
     refused: dict[str, str] | None = None,
+    observation: Observation | None = None,
 ) -> tuple[onnx.ModelProto | None, dict[str, dict[str, Any]]]:
     """trtforge.fusion's elementwise plugin passes in order (bias+GELU, then skip-LayerNorm; --fuse-gelu,
     --fuse-skip-layernorm auto|on|off), each on the previous one's graph: (fused model or None, sidecar record per
-    pass). `refused`: passes that auto must leave out this time, with the reason (a fused graph that failed to build)."""
+    pass). `refused`: passes that auto must leave out this time, with the reason (a fused graph that failed to build).
+    observation: shared_observation's for observe_model, else the passes observe on feeds of their own."""
     from trtforge.backends.plugin_libraries import plugin_registered
     from trtforge.fusion.step import elementwise_fusion, elementwise_skip, observation_sizes
 
@@ -156,7 +228,7 @@ def fuse_elementwise(
         wants = mode != "off" and elementwise_skip(spec, mode, precision, mod.flavour, mod.version, True) is None
         registered = plugin_registered(mod, spec.plugin, spec.version) if wants else False
         if wants and registered and feeds is None:
-            feeds = random_feeds(specs, observation_sizes(axes, profiles))
+            feeds = observation.feeds if observation is not None else random_feeds(specs, observation_sizes(axes, profiles))
         fuse_options = (
             {kw: plugin_registered(mod, name, version) for kw, name, version in spec.optional_plugins} if wants and registered else {}
         )
@@ -172,6 +244,7 @@ def fuse_elementwise(
             feeds if wants and registered else None,
             onnx_path.name,
             fuse_options,
+            observation if observation is not None and observation.model is observe_model else None,
         )
         current = fused if fused is not None else current
     return current, records

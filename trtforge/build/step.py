@@ -24,7 +24,7 @@ from trtforge.backends.engine_layers import runtime_identity
 from trtforge.backends.tensorrt import BuildOptions, BuildOutput, Tick, TrtModule, build_engine, load_trt
 from trtforge.build.clock import TENSORRT_LAP, BuildClock
 from trtforge.build.engine_record import layer_info, stderr_warning
-from trtforge.build.passes import attention_evidence, fuse_attention, fuse_elementwise, gemm_fp8
+from trtforge.build.passes import attention_evidence, fuse_attention, fuse_elementwise, gemm_fp8, shared_observation
 from trtforge.build.profiles import Profile, Tier, auto_tier_bounds, plan_profiles, slow_build_warning, tier_ranges
 from trtforge.core import interrupts
 from trtforge.core.artifacts import (
@@ -314,11 +314,23 @@ def build(
     clock.lap("precision conversion")
     identity = runtime_identity(mod)
     before_fusion = converted if converted is not None else model
-    attention_fused, fusion = fuse_attention(mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path)
+    observation = shared_observation(mod, before_fusion, precision, options, specs, axes, profiles)
+    if observation is not None:
+        observation.values(observation.wanted)
+        clock.lap("observing the graph for the fusion passes")
+    attention_fused, fusion = fuse_attention(
+        mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path, observation
+    )
     clock.lap("attention pass")
     passes = (specs, axes, profiles, onnx_path)
     elementwise_fused, elementwise = fuse_elementwise(
-        mod, attention_fused if attention_fused is not None else before_fusion, before_fusion, precision, options, *passes
+        mod,
+        attention_fused if attention_fused is not None else before_fusion,
+        before_fusion,
+        precision,
+        options,
+        *passes,
+        observation=observation,
     )
     fused = elementwise_fused if elementwise_fused is not None else attention_fused
     clock.lap("elementwise passes")
@@ -379,7 +391,14 @@ def build(
             base = attention_fused if attention_fused is not None and not drop_attention else unfused
             refused = {spec.key: why for spec in drop_elementwise}
             again, records = fuse_elementwise(
-                mod, base if base is not None else before_fusion, before_fusion, precision, options, *passes, refused=refused
+                mod,
+                base if base is not None else before_fusion,
+                before_fusion,
+                precision,
+                options,
+                *passes,
+                refused=refused,
+                observation=observation,
             )
             elementwise.update(records)
             base = again if again is not None else base
@@ -468,7 +487,7 @@ def build(
             fp8_record["gate"]["real_batches"],
         )
     clock.lap("engine check")
-    sidecar["build_overhead"] = clock.overhead(out.seconds)
+    sidecar["build_overhead"] = clock.overhead(out.seconds, out.parse_seconds)
     with output_lock(output):
         write_sidecar(output, sidecar)
     return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])

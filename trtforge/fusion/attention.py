@@ -26,7 +26,7 @@ import onnx
 from trtforge.fusion.attention_match import Candidate, Projection, find_candidates
 from trtforge.fusion.attention_nodes import QKV_PROJECTIONS, activation_qdq, pack_qkv, packed_plugin_nodes
 from trtforge.fusion.attention_verify import reference_attention, verify, verify_names
-from trtforge.fusion.index import GraphIndex, attr, drop_producers, finish_plugin_graph, observe
+from trtforge.fusion.index import GraphIndex, Observation, attr, finish_plugin_graph, observe, remove_producers
 from trtforge.fusion.plugins import FLASH_CORE_VERSION, FLASH_PLUGIN, FLASH_VERSION, PLUGIN_DOMAIN, PLUGIN_VERSION, Route
 from trtforge.fusion.sdpa import core_mask_words, core_names, core_plugin_nodes, match_cores, verify_cores
 
@@ -62,6 +62,12 @@ class FusionReport:
         }
 
 
+def observed_names(model: onnx.ModelProto, candidates: list[Candidate] | None = None) -> set[str]:
+    """The tensors fuse_attention reads: both forms' (packed and SDPA core), for an observation shared with other passes."""
+    cands = candidates if candidates is not None else find_candidates(model)
+    return verify_names(cands) | core_names(match_cores(model, [c for c in cands if c.attention and not c.quantized]))
+
+
 def mask_inputs(model: onnx.ModelProto) -> list[str]:
     """Graph inputs that look like a padding mask (what `run` must see all ones for an unmasked engine)."""
     return [i.name for i in model.graph.input if "mask" in i.name.lower()]
@@ -75,17 +81,19 @@ def fuse_attention(
     apply: bool = True,
     qkv_projection: str = "conv",
     candidates: list[Candidate] | None = None,
+    observation: Observation | None = None,
 ) -> tuple[onnx.ModelProto, FusionReport]:
     """Match, verify, and (apply) replace every attention whose route is the plugin; report each one's fate.
     qkv_projection: how the packed QKV projection is written (QKV_PROJECTIONS; see _plugin_nodes); candidates: the
-    model's find_candidates where the caller has them already (they are verified and given reasons here)."""
+    model's find_candidates where the caller has them already (they are verified and given reasons here);
+    observation: the tensors of `model` observed with the other passes' (else observed here on `feeds`)."""
     cands = candidates if candidates is not None else find_candidates(model)
     # Where the packed form fails (Q, K, V no projections of one X, a bias or window on the scores), the SDPA core
     # alone, Q, K, V as the graph feeds them, for TrtforgeFlashAttention v2. Both forms' tensors come from one ORT run
     # (on a large model each session costs as much as the run).
     cores = match_cores(model, [c for c in cands if c.attention and not c.quantized])
     names = verify_names(cands) | core_names(cores)
-    values = observe(model, feeds, sorted(names)) if names else {}
+    values = {} if not names else observation.values(names) if observation is not None else observe(model, feeds, sorted(names))
     verify(model, cands, feeds, values)
     cores = {k: core for k, core in cores.items() if next(c for c in cands if c.softmax == k).reason is not None}
     verify_cores(cores, values)
@@ -125,7 +133,7 @@ def fuse_attention(
         for c in accepted + accepted_cores:
             report.refused.append({"softmax": c.softmax, "reason": "fusion not applied (--fuse-attention off)"})
         return (out if apply else model), report
-    out = drop_producers(out, {c.ctx for c in accepted} | {c.out for c in accepted_cores})
+    out = remove_producers(out, {c.ctx for c in accepted} | {c.out for c in accepted_cores})
     graph = GraphIndex(model)
     # Flash nodes whose inputs provably share [B, S] read one [S] tensor: the first one's (same_leading_dims; each
     # rewritten context keeps its attention input's [B, S], so it joins the group too).

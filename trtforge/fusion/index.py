@@ -57,6 +57,26 @@ def observe(model: onnx.ModelProto, feeds: dict[str, np.ndarray], names: list[st
     return OrtRunner(expose_tensors(model, names, typed=False).SerializeToString()).run(feeds, names)
 
 
+class Observation:
+    """Tensors of one graph on one set of feeds, observed on ONNX Runtime once for every pass that reads them: on a
+    full-size model a session and a run cost seconds each, and the attention, GELU and skip-LayerNorm passes all read
+    the graph before fusion. `wanted`: what the passes will ask for, observed together by the first request; a name
+    outside it is observed when asked."""
+
+    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], wanted: set[str] | None = None):
+        self.model, self.feeds = model, feeds
+        self.wanted = set(wanted or ())
+        self.cached: dict[str, np.ndarray] = {}
+        self.runs = 0
+
+    def values(self, names: list[str] | set[str]) -> dict[str, np.ndarray]:
+        missing = set(names) - self.cached.keys()
+        if missing:
+            self.cached.update(observe(self.model, self.feeds, sorted(missing | (self.wanted - self.cached.keys()))))
+            self.runs += 1
+        return {n: self.cached[n] for n in names}
+
+
 @dataclass
 class PassReport:
     """What an elementwise plugin pass (GELU, skip-LayerNorm) replaced and refused, as its sidecar record holds it."""
@@ -72,10 +92,14 @@ def drop_producers(model: onnx.ModelProto, tensors: set[str]) -> onnx.ModelProto
     """A copy of `model` without the nodes that write any of `tensors` (a pass's plugin nodes write them instead)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    kept = [n for n in out.graph.node if not (set(n.output) & tensors)]
-    del out.graph.node[:]
-    out.graph.node.extend(kept)
-    return out
+    return remove_producers(out, tensors)
+
+
+def remove_producers(model: onnx.ModelProto, tensors: set[str]) -> onnx.ModelProto:
+    """drop_producers in place (deleted from the back: rebuilding the list would copy every node's attributes)."""
+    for i in reversed([i for i, n in enumerate(model.graph.node) if set(n.output) & tensors]):
+        del model.graph.node[i]
+    return model
 
 
 def plugin_with_cast(
@@ -95,10 +119,10 @@ def plugin_with_cast(
 
 def finish_plugin_graph(out: onnx.ModelProto) -> onnx.ModelProto:
     """After a pass: drop what its plugin nodes orphaned, sort the nodes, declare the plugins' domain."""
-    from trtforge.graph.index import toposorted
+    from trtforge.graph.index import sort_nodes
 
     prune(out)
-    out = toposorted(out)
+    sort_nodes(out)
     if not any(o.domain == PLUGIN_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
     return out
@@ -118,9 +142,8 @@ def prune(model: onnx.ModelProto) -> None:
         if node is not None and id(node) not in keep:
             keep.add(id(node))
             stack.extend(i for i in node.input if i)
-    nodes = [n for n in g.node if id(n) in keep]
-    del g.node[:]
-    g.node.extend(nodes)
-    inits = [i for i in g.initializer if i.name in needed]
-    del g.initializer[:]
-    g.initializer.extend(inits)
+    # deleted in place, from the back: rebuilding the lists would copy every weight (plugin nodes carry theirs)
+    for i in reversed([i for i, n in enumerate(g.node) if id(n) not in keep]):
+        del g.node[i]
+    for i in reversed([i for i, t in enumerate(g.initializer) if t.name not in needed]):
+        del g.initializer[i]

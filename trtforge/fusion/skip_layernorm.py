@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from trtforge.fusion.index import GraphIndex, PassReport, attr, drop_producers, finish_plugin_graph, observe, plugin_with_cast
+from trtforge.fusion.index import GraphIndex, Observation, PassReport, attr, drop_producers, finish_plugin_graph, observe, plugin_with_cast
 
 PLUGIN = "CustomSkipLayerNormPluginDynamic"
 PLUGIN_VERSION = "2"
@@ -174,12 +174,23 @@ def plugin_layernorm(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, gamm
     return out.reshape(a.shape).astype(np.float64)
 
 
-def verify(model: onnx.ModelProto, cands: list[SkipLnCandidate], feeds: dict[str, np.ndarray]) -> None:
+def _names(cands: list[SkipLnCandidate]) -> list[str]:
+    return sorted({t for c in cands if c.reason is None for t in (c.a, c.b, c.y)})
+
+
+def observed_names(model: onnx.ModelProto) -> set[str]:
+    """The tensors fuse_skip_layernorm reads, for an observation shared with other passes."""
+    return set(_names(find_skip_layernorms(model)))
+
+
+def verify(
+    model: onnx.ModelProto, cands: list[SkipLnCandidate], feeds: dict[str, np.ndarray], observation: Observation | None = None
+) -> None:
     live = [c for c in cands if c.reason is None]
     if not live:
         return
-    names = sorted({t for c in live for t in (c.a, c.b, c.y)})
-    values = observe(model, feeds, names)
+    names = _names(live)
+    values = observation.values(names) if observation is not None else observe(model, feeds, names)
     for c in live:
         a, b = values[c.a], values[c.b]
         if a.shape != b.shape or a.dtype != b.dtype or a.shape[-1:] != c.gamma.shape:
@@ -208,12 +219,16 @@ def verify(model: onnx.ModelProto, cands: list[SkipLnCandidate], feeds: dict[str
 
 
 def fuse_skip_layernorm(
-    model: onnx.ModelProto, feeds: dict[str, np.ndarray], observe_model: onnx.ModelProto | None = None
+    model: onnx.ModelProto,
+    feeds: dict[str, np.ndarray],
+    observe_model: onnx.ModelProto | None = None,
+    observation: Observation | None = None,
 ) -> tuple[onnx.ModelProto, PassReport]:
     """Replace every verified residual LayerNorm by one plugin node. `observe_model`: the ONNX Runtime-runnable
-    graph the numbers come from when `model` already holds plugin nodes; the tensors matched keep their names."""
+    graph the numbers come from when `model` already holds plugin nodes; the tensors matched keep their names.
+    observation: observe_model's tensors observed with the other passes' (else observed here on `feeds`)."""
     cands = find_skip_layernorms(model)
-    verify(observe_model if observe_model is not None else model, cands, feeds)
+    verify(observe_model if observe_model is not None else model, cands, feeds, observation)
     report = PassReport([], [{"node": c.node, "reason": c.reason} for c in cands if c.reason is not None])
     accepted = [c for c in cands if c.reason is None]
     if not accepted:

@@ -17,9 +17,11 @@ from trtforge.fusion.engine_evidence import evidence_lines, fused_count
 from trtforge.fusion.gelu import GEMM_PLUGIN, GEMM_VERSION, fuse_gelu
 from trtforge.fusion.gelu import PLUGIN as GELU_PLUGIN
 from trtforge.fusion.gelu import PLUGIN_VERSION as GELU_VERSION
+from trtforge.fusion.gelu import observed_names as gelu_observed_names
 from trtforge.fusion.gemm import PLUGIN as GEMM_ONLY_PLUGIN
 from trtforge.fusion.gemm import PLUGIN_VERSION as GEMM_ONLY_VERSION
 from trtforge.fusion.gemm import fuse_gemm
+from trtforge.fusion.index import Observation
 from trtforge.fusion.plugins import (
     FLASH_CORE_VERSION,
     FLASH_PLUGIN,
@@ -35,6 +37,7 @@ from trtforge.fusion.sdpa import CoreAttention
 from trtforge.fusion.skip_layernorm import PLUGIN as SKIP_LN_PLUGIN
 from trtforge.fusion.skip_layernorm import PLUGIN_VERSION as SKIP_LN_VERSION
 from trtforge.fusion.skip_layernorm import fuse_skip_layernorm
+from trtforge.fusion.skip_layernorm import observed_names as skip_layernorm_observed_names
 
 MODES = ("auto", "on", "off")
 
@@ -95,11 +98,13 @@ def attention_fusion(
     qkv_projection: str = "conv",
     flash_registered: bool = False,
     flash_core_registered: bool | None = None,
+    observation: Observation | None = None,
 ) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """(the fused model, or None when the graph stays as it is; the sidecar's `attention_fusion`).
     plugin_registered: TensorRT's CustomQKVToContextPluginDynamic v2; flash_registered: trtforge's
     TrtforgeFlashAttention (libtrtforge_plugins loaded), preferred per attention where it applies; flash_core_registered:
-    its version 2 (separate Q, K, V), which the SDPA-core form needs (None: as flash_registered)."""
+    its version 2 (separate Q, K, V), which the SDPA-core form needs (None: as flash_registered). observation: the
+    model's tensors observed on unpadded(feeds) together with the elementwise passes' (else observed by the pass)."""
     core_registered = flash_registered if flash_core_registered is None else flash_core_registered
     if mode not in MODES:
         raise UserError(f"--fuse-attention '{mode}' is not one of {', '.join(MODES)} (config key build.fuse_attention).")
@@ -137,8 +142,7 @@ def attention_fusion(
         record.update(route="none", why=why_not)
         return None, record
     sm = sm_of(compute_capability)
-    # The pass verifies each attention on unpadded rows (what the fused engine will be allowed to see).
-    feeds = {k: (np.ones_like(v) if "mask" in k.lower() else v) for k, v in (feeds or {}).items()}
+    feeds = unpadded(feeds or {})
 
     def route_for(c: Any) -> Any:
         route = attention_route(flavour, version, sm, c.head_size, c.seq, c.causal, flash_registered)
@@ -163,13 +167,21 @@ def attention_fusion(
             f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash attention) where it applies, else {PLUGIN} v{PLUGIN_VERSION}"
         )
     )
-    fused, report = fuse_attention(model, feeds, route_for, why, qkv_projection=qkv_projection, candidates=candidates)
+    fused, report = fuse_attention(
+        model, feeds, route_for, why, qkv_projection=qkv_projection, candidates=candidates, observation=observation
+    )
     record.update(
         report.to_json(), route=base.kind, why=why, qkv_projection=qkv_projection, plugins=sorted({r["plugin"] for r in report.replaced})
     )
     if mode == "on" and not report.replaced and report.refused:
         raise UserError(f"--fuse-attention on found no attention in {onnx_name} it can fuse: {report.refused[0]['reason']}.")
     return (fused if report.replaced else None), record
+
+
+def unpadded(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The feeds with every mask input all ones: the attention pass verifies on unpadded rows (what the fused engine
+    will be allowed to see)."""
+    return {k: (np.ones_like(v) if "mask" in k.lower() else v) for k, v in feeds.items()}
 
 
 GELU_MODES = ("auto", "on", "off")
@@ -195,6 +207,9 @@ class ElementwisePass:
     precisions: tuple[str, ...] = ("fp16", "best", "fp32")  # where `on` can apply it at all
     # Where the plugin comes from, for the refusals: TensorRT's own plugins (None) or trtforge's library (its note).
     library_note: str | None = None
+    # The tensors its fuse function observes on ONNX Runtime (its `observation` keyword), for one observation shared by
+    # the passes; None where it observes nothing.
+    observed_names: Callable[[onnx.ModelProto], set[str]] | None = None
 
 
 GELU_PASS = ElementwisePass(
@@ -210,6 +225,7 @@ GELU_PASS = ElementwisePass(
     "the plugin was measured faster only in fp16 builds (INT8 best builds ran slower with it: docs/performance.md#fusion-passes-auto-modes)",
     "tanh GELU, bias folded",
     (("gemm_plugin", GEMM_PLUGIN, GEMM_VERSION),),
+    observed_names=gelu_observed_names,
 )
 SKIP_LN_PASS = ElementwisePass(
     "skip_layernorm",
@@ -222,6 +238,7 @@ SKIP_LN_PASS = ElementwisePass(
     # Faster in fp16 and INT8 best builds at the same engine accuracy; fp32 and int8 not measured (docs/performance.md#fusion-passes-auto-modes).
     "the plugin was measured faster only in fp16 and INT8 best builds (docs/performance.md#fusion-passes-auto-modes)",
     "residual add + LayerNorm in one kernel, dense bias folded",
+    observed_names=skip_layernorm_observed_names,
 )
 GEMM_PASS = ElementwisePass(
     "gemm",
@@ -255,10 +272,11 @@ def elementwise_fusion(
     feeds: dict | None,
     onnx_name: str,
     fuse_options: dict[str, Any] | None = None,
+    observation: Observation | None = None,
 ) -> tuple[onnx.ModelProto | None, dict[str, Any]]:
     """(the model with the pass applied, or None; the sidecar's `{key}_fusion`). `auto` (the default) fuses where the
     plugin was measured faster (TensorRT 8.x, spec.auto_precisions); `on` asks for it anywhere the plugin exists
-    and fails loudly where it cannot; `off` never."""
+    and fails loudly where it cannot; `off` never. observation: observe_model's tensors observed once for every pass."""
     if mode not in GELU_MODES:
         raise UserError(f"--fuse-{spec.flag} '{mode}' is not one of {', '.join(GELU_MODES)} (config key build.fuse_{spec.key}).")
     record: dict[str, Any] = {"mode": mode, "route": "off", "why": f"--fuse-{spec.flag} off", "replaced": [], "refused": []}
@@ -270,7 +288,8 @@ def elementwise_fusion(
             raise UserError(f"--fuse-{spec.flag} on cannot fuse {onnx_name}: {why_not}.")
         record.update(route="none", why=why_not)
         return None, record
-    fused, report = spec.fuse(model, feeds or {}, observe_model=observe_model, **(fuse_options or {}))
+    shared = {"observation": observation} if observation is not None and spec.observed_names is not None else {}
+    fused, report = spec.fuse(model, feeds or {}, observe_model=observe_model, **(fuse_options or {}), **shared)
     if not report.replaced:
         reason = report.refused[0]["reason"] if report.refused else f"the graph has no {spec.what} this pass knows"
         if mode == "on":
