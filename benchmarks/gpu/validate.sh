@@ -282,32 +282,32 @@ modern_times() {
   return 0
 }
 
+# modern_exports: the three modern models' exports (ModernBERT-base and wav2vec2-base cleaned; the Qwen2-shaped decoder
+# with the default exporter first, what a user runs, the dynamo exporter where it fails); started beside the plugin build.
+modern_exports() {
+  local Q=$W/qwen2-kv/qwen2-kv; mkdir -p "$W/qwen2-kv"
+  export_clean modernbert-base wav2vec2-base &
+  if [ ! -f "$Q.onnx" ]; then
+    step export-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml -o $Q.onnx" ||
+      step export-dynamo-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml --exporter dynamo -o $Q.onnx"
+  fi
+  wait
+}
+
 suite_modern() {  # ModernBERT-base, wav2vec2-base and a Qwen2-shaped GQA decoder: fused attention, speed against torch
   local D=$W/modern Q=$W/qwen2-kv/qwen2-kv T=$W/modern/wav60 B W2 m r args
   mkdir -p "$D" "$T" "$W/qwen2-kv"; B=$(M modernbert-base); W2=$(M wav2vec2-base)
   local QE="qwen2-prefill=$Q-full.fp16.engine qwen2-prefill-stateful=$Q.fp16.engine"
   local E_modernbert_base="modernbert-base=$B.fp16.engine" E_wav2vec2_base="wav2vec2-base=$W2.fp16.engine" E_qwen2_prefill=$QE
-  export_clean modernbert-base wav2vec2-base &
-  if [ ! -f "$Q.onnx" ]; then  # the default exporter first (what a user runs), the dynamo exporter where it fails
-    step export-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml -o $Q.onnx" ||
-      step export-dynamo-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml --exporter dynamo -o $Q.onnx"
-  fi
-  wait
+  if [ -n "${MODERN_EXPORTS:-}" ]; then wait "$MODERN_EXPORTS"; else modern_exports; fi
   [ -f "$B.clean.onnx" ] && [ -f "$W2.clean.onnx" ] || FAILED=1  # the exports ran in a subshell: their status is lost
-  # the figures first, in the order of their weight (a short window still gets ModernBERT-base's); proofs and
-  # torch.compile after them
+  # In the order of the figures' weight, each model's build, speed and accuracy together (a short window still gets
+  # ModernBERT-base's whole story); round 2 and torch.compile after every model's first round.
   build modernbert-base fp16 --precision fp16
   modern_times modernbert-base 1 "$E_modernbert_base"
+  run_ref modernbert-base fp16
   build wav2vec2-base fp16 --precision fp16
   modern_times wav2vec2-base 1 "$E_wav2vec2_base"
-  if [ -f "$Q.onnx" ]; then  # stateful (chunk <= 512 over past tiers 0 / 1024 / 4096) and one pass (4224 at past 0)
-    step tokenize-qwen2-kv 120 "$TP benchmarks/gpu/stateful.py tokenize $Q.tokenizer $W/qwen2-kv/docs4096.jsonl 4096"
-    [ -f "$Q.fp16.engine" ] || step build-stateful-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=512;past=0,1024,4096' $TAC $PLUG_FLAG -o $Q.fp16.engine"
-    [ -f "$Q-full.fp16.engine" ] || step build-full-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=4224;past=0' $TAC $PLUG_FLAG -o $Q-full.fp16.engine"
-  fi
-  modern_times qwen2-prefill 1 "$QE"  # torch's prefill is timed without the engines too
-  [ -f "$Q.fp16.engine" ] && [ -f "$Q-full.fp16.engine" ] &&
-    step stateful-qwen2-kv 1200 "$RP -m trtforge run $Q.fp16.engine --inputs $W/qwen2-kv/docs4096.jsonl --chunk 512 --stateful --generate 32 --reference $Q-full.fp16.engine --report $W/qwen2-kv/stateful.json"
   # a 60 s recording (16 kHz mono, 16 bit) through wav2vec2-base in 10 s windows with 1 s of overlap
   cat > "$D/write_wav.py" <<'PY'
 """A synthetic 16 kHz mono 16-bit recording: a gliding tone under noise. python3 write_wav.py OUT.wav SECONDS"""
@@ -321,10 +321,17 @@ PY
   step wav60 120 "python3 $D/write_wav.py $T/minute.wav 60"
   local chunked="--config $CFG/wav2vec2-base.yaml --inputs $T --chunk 160000 --overlap 16000"
   [ -f "$W2.fp16.engine" ] && step run-wav60-wav2vec2-base 600 "$RP -m trtforge run $W2.fp16.engine $chunked --report $W/wav2vec2-base/run_wav60.json"
+  if [ -f "$Q.onnx" ]; then  # stateful (chunk <= 512 over past tiers 0 / 1024 / 4096) and one pass (4224 at past 0)
+    step tokenize-qwen2-kv 120 "$TP benchmarks/gpu/stateful.py tokenize $Q.tokenizer $W/qwen2-kv/docs4096.jsonl 4096"
+    [ -f "$Q.fp16.engine" ] || step build-stateful-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=512;past=0,1024,4096' $TAC $PLUG_FLAG -o $Q.fp16.engine"
+    [ -f "$Q-full.fp16.engine" ] || step build-full-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=4224;past=0' $TAC $PLUG_FLAG -o $Q-full.fp16.engine"
+  fi
+  modern_times qwen2-prefill 1 "$QE"  # torch's prefill is timed without the engines too
+  [ -f "$Q.fp16.engine" ] && [ -f "$Q-full.fp16.engine" ] &&
+    step stateful-qwen2-kv 1200 "$RP -m trtforge run $Q.fp16.engine --inputs $W/qwen2-kv/docs4096.jsonl --chunk 512 --stateful --generate 32 --reference $Q-full.fp16.engine --report $W/qwen2-kv/stateful.json"
   for m in modernbert-base wav2vec2-base qwen2-prefill; do args=E_${m//-/_}; modern_times "$m" 2 "${!args}"; done
-  for m in modernbert-base wav2vec2-base qwen2-prefill; do modern_times "$m" compile ""; done
-  run_ref modernbert-base fp16
   [ -f "$W2.fp16.engine" ] && step run-wav60-ref-wav2vec2-base 900 "$RP -m trtforge run $W2.fp16.engine $chunked --reference $W2.clean.onnx --report $W/wav2vec2-base/run_wav60_ref.json"
+  for m in modernbert-base wav2vec2-base qwen2-prefill; do modern_times "$m" compile ""; done
   for r in 1 2 compile; do  # the compile table sets each torch.compile against the engines of round 1
     args=""; for m in modernbert-base wav2vec2-base qwen2-prefill; do args="$args --torch $D/torch_${m}_$r.json --engine $D/engine_${m}_${r/compile/1}.json"; done
     step "table-modern-$r" 60 "python3 benchmarks/vs_torch.py table $args --out $D/vs_torch_$r.json > $D/table_$r.md"
@@ -363,6 +370,7 @@ PY
 step gpu 30 "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader"
 step versions 120 "$RP -m trtforge doctor"
 cat "$W/log.gpu" "$W/log.versions" >> "$W/SUMMARY.md" 2>/dev/null
+case " $* " in *" modern "*) modern_exports & MODERN_EXPORTS=$! ;; esac  # beside the plugin build
 plugins
 for s in "$@"; do "suite_${s//-/_}"; done
 touch "$W/DONE"
