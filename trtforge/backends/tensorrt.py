@@ -166,8 +166,21 @@ def _tactic_mask(trt: Any, spec: str, default: int) -> int:
 def _configure(
     mod: TrtModule, builder: Any, network: Any, options: BuildOptions, profiles: list[Profile], notes: list[str]
 ) -> tuple[Any, bool, list[str]]:
-    trt = mod.trt
     config = builder.create_builder_config()
+    _set_builder_flags(mod, config, options, notes)
+    ccs = _set_compute_capabilities(mod, config, options, notes)
+    loaded = _set_timing_cache(mod, config, options, notes)
+    for profile in profiles:
+        trt_profile = builder.create_optimization_profile()
+        for name, (lo, opt, hi) in profile.shapes.items():
+            trt_profile.set_shape(name, lo, opt, hi)
+        config.add_optimization_profile(trt_profile)
+    return config, loaded, ccs
+
+
+def _set_builder_flags(mod: TrtModule, config: Any, options: BuildOptions, notes: list[str]) -> None:
+    """Memory, optimization level, layer detail, precision flags (weakly typed TensorRT only), tactics, compatibility."""
+    trt = mod.trt
     if options.workspace_mb:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mb * 1024 * 1024)
     if options.optimization_level is not None:
@@ -193,6 +206,11 @@ def _configure(
         config.hardware_compatibility_level = level
     if options.version_compatible:
         config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+
+
+def _set_compute_capabilities(mod: TrtModule, config: Any, options: BuildOptions, notes: list[str]) -> list[str]:
+    """TensorRT-RTX's target GPUs (the one here, else SM89 with a note); TensorRT builds for the GPU here only."""
+    trt = mod.trt
     ccs: list[str] = []
     if mod.flavour == "tensorrt_rtx":
         ccs = options.compute_capabilities or (["CURRENT"] if _rtx_runs_here() else ["SM89"])
@@ -209,6 +227,11 @@ def _configure(
             config.set_compute_capability(value, i)
     elif options.compute_capabilities:
         notes.append("compute capabilities apply to TensorRT-RTX only; ignored for TensorRT")
+    return ccs
+
+
+def _set_timing_cache(mod: TrtModule, config: Any, options: BuildOptions, notes: list[str]) -> bool:
+    """The timing cache the build starts from and adds to (TensorRT only); True when a non-empty one was loaded."""
     loaded = False
     if options.timing_cache is not None:
         if mod.flavour == "tensorrt_rtx":
@@ -218,12 +241,7 @@ def _configure(
             cache = config.create_timing_cache(blob)
             config.set_timing_cache(cache, ignore_mismatch=False)
             loaded = bool(blob)
-    for profile in profiles:
-        trt_profile = builder.create_optimization_profile()
-        for name, (lo, opt, hi) in profile.shapes.items():
-            trt_profile.set_shape(name, lo, opt, hi)
-        config.add_optimization_profile(trt_profile)
-    return config, loaded, ccs
+    return loaded
 
 
 PROFILE_PHASE = "Computing profile costs"  # TensorRT >= 10 / RTX: one run of steps per optimization profile

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from trtforge.calibrate.placement import GEMM_OPS, QuantPlan, constant_value, weight_axis  # noqa: F401 (re-exported)
+from trtforge.calibrate.placement import GEMM_OPS, QuantPlan, QuantTarget, constant_value, weight_axis  # noqa: F401 (re-exported)
 from trtforge.core.errors import UserError
 from trtforge.graph.index import toposorted
 
@@ -53,32 +53,61 @@ def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], 
     if opset < 13:
         raise UserError(f"Q/DQ with per-channel weights needs opset >= 13, the model has {opset}; re-export with --opset 17.")
     float_nodes = float_nodes or set()
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    nodes_by_name = {n.name: n for n in out.graph.node}
-    inits = {i.name: i for i in out.graph.initializer}
-    producers = {o: n for n in out.graph.node for o in n.output}
-    new_nodes: list[onnx.NodeProto] = []
-    dq_of: dict[str, str] = {}  # activation tensor -> its DequantizeLinear output (shared by consumers)
+    rewrite = _QdqRewrite(model, amax)
+    live = quantized_nodes(plan, float_nodes)
+    for target in plan.targets:
+        if target.node not in live:
+            continue
+        node = rewrite.nodes_by_name[target.node]
+        for i, tensor in enumerate(node.input[:2]):
+            if tensor in target.activations:
+                node.input[i] = rewrite.activation_dq(tensor)
+        if target.weight is not None:
+            rewrite.quantize_weight(target, node)
+    for add_name, tensor in residual_adds(plan, float_nodes).items():
+        node = rewrite.nodes_by_name[add_name]
+        for i, t in enumerate(node.input):
+            if t == tensor:
+                node.input[i] = rewrite.activation_dq(tensor)
+    out = rewrite.out
+    out.graph.node.extend(rewrite.new_nodes)
+    _prune_dead(out)
+    return toposorted(out)
 
-    def activation_dq(tensor: str) -> str:
-        if tensor not in dq_of:
-            if tensor not in amax:
+
+class _QdqRewrite:
+    """The model copy being rewritten and the Q/DQ nodes made so far: an activation's pair is made once, shared by its
+    consumers, and the graph's initializers and producers are read as they were before any was added."""
+
+    def __init__(self, model: onnx.ModelProto, amax: dict[str, float]):
+        self.out = onnx.ModelProto()
+        self.out.CopyFrom(model)
+        self.amax = amax
+        self.nodes_by_name = {n.name: n for n in self.out.graph.node}
+        self.inits = {i.name: i for i in self.out.graph.initializer}
+        self.producers = {o: n for n in self.out.graph.node for o in n.output}
+        self.new_nodes: list[onnx.NodeProto] = []
+        self.dq_of: dict[str, str] = {}  # activation tensor -> its DequantizeLinear output (shared by consumers)
+
+    def activation_dq(self, tensor: str) -> str:
+        """The DequantizeLinear output standing for `tensor`, its per-tensor pair made on first use."""
+        if tensor not in self.dq_of:
+            if tensor not in self.amax:
                 raise UserError(f"the calibration cache has no scale for tensor '{tensor}'; recalibrate without --from-cache or add it.")
-            scale = max(float(amax[tensor]) / INT8_MAX, 1e-12)
+            scale = max(float(self.amax[tensor]) / INT8_MAX, 1e-12)
             base = _safe(tensor)
-            out.graph.initializer.extend(
+            self.out.graph.initializer.extend(
                 [
                     numpy_helper.from_array(np.array(scale, dtype=np.float32), f"{base}_scale"),
                     numpy_helper.from_array(np.array(0, dtype=np.int8), f"{base}_zero_point"),
                 ]
             )
-            new_nodes.append(
+            self.new_nodes.append(
                 helper.make_node(
                     "QuantizeLinear", [tensor, f"{base}_scale", f"{base}_zero_point"], [f"{base}_q"], name=f"{base}_QuantizeLinear"
                 )
             )
-            new_nodes.append(
+            self.new_nodes.append(
                 helper.make_node(
                     "DequantizeLinear",
                     [f"{base}_q", f"{base}_scale", f"{base}_zero_point"],
@@ -86,37 +115,30 @@ def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], 
                     name=f"{base}_DequantizeLinear",
                 )
             )
-            dq_of[tensor] = f"{base}_dq"
-        return dq_of[tensor]
+            self.dq_of[tensor] = f"{base}_dq"
+        return self.dq_of[tensor]
 
-    live = quantized_nodes(plan, float_nodes)
-    for target in plan.targets:
-        if target.node not in live:
-            continue
-        node = nodes_by_name[target.node]
-        for i, tensor in enumerate(node.input[:2]):
-            if tensor in target.activations:
-                node.input[i] = activation_dq(tensor)
-        if target.weight is None:
-            continue
+    def quantize_weight(self, target: QuantTarget, node: onnx.NodeProto) -> None:
+        """Put the target's weight behind a per-channel Q/DQ pair (a Cast-fed or Constant weight on an fp32 copy)."""
+        assert target.weight is not None
         index = list(node.input).index(target.weight)
-        value = constant_value(target.weight, inits, producers)
+        value = constant_value(target.weight, self.inits, self.producers)
         if value is None:
             raise UserError(f"weight '{target.weight}' of node '{target.node}' is not a constant; re-run trtforge clean.")
         base = _safe(target.weight) + f"_{_safe(target.node)}"
         source = target.weight
-        if not (source in inits and inits[source].data_type == onnx.TensorProto.FLOAT):
+        if not (source in self.inits and self.inits[source].data_type == onnx.TensorProto.FLOAT):
             source = f"{base}_w"  # Cast-fed or Constant weight: its own fp32 initializer
-            out.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), source))
+            self.out.graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), source))
         axis = target.axis if target.axis is not None else weight_axis(node.op_type, value.ndim, index, node)
         scales = per_channel_scales(value.astype(np.float32), axis)
-        out.graph.initializer.extend(
+        self.out.graph.initializer.extend(
             [
                 numpy_helper.from_array(scales, f"{base}_wscale"),
                 numpy_helper.from_array(np.zeros_like(scales, dtype=np.int8), f"{base}_wzero_point"),
             ]
         )
-        new_nodes.append(
+        self.new_nodes.append(
             helper.make_node(
                 "QuantizeLinear",
                 [source, f"{base}_wscale", f"{base}_wzero_point"],
@@ -125,7 +147,7 @@ def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], 
                 axis=axis,
             )
         )
-        new_nodes.append(
+        self.new_nodes.append(
             helper.make_node(
                 "DequantizeLinear",
                 [f"{base}_wq", f"{base}_wscale", f"{base}_wzero_point"],
@@ -135,14 +157,6 @@ def insert_qdq(model: onnx.ModelProto, plan: QuantPlan, amax: dict[str, float], 
             )
         )
         node.input[index] = f"{base}_wdq"
-    for add_name, tensor in residual_adds(plan, float_nodes).items():
-        node = nodes_by_name[add_name]
-        for i, t in enumerate(node.input):
-            if t == tensor:
-                node.input[i] = activation_dq(tensor)
-    out.graph.node.extend(new_nodes)
-    _prune_dead(out)
-    return toposorted(out)
 
 
 def int8_gemm_nodes(model: onnx.ModelProto) -> set[str]:

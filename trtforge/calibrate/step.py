@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,7 +39,8 @@ from trtforge.calibrate.collect import (
     plan_quantization,
 )
 from trtforge.calibrate.data import limited_batches, max_sample_length, tokenizer_factory
-from trtforge.calibrate.evaluate import Accuracy, evaluate, reference_outputs
+from trtforge.calibrate.evaluate import evaluate, reference_outputs
+from trtforge.calibrate.fallback import fallback_search, float_flops_shares, flops_fraction, planned_int8, qdq_accuracy
 from trtforge.calibrate.methods import compute_amax
 from trtforge.calibrate.options import METHODS, CalibrateOptions, CalibrateResult, MethodResult, gate_record, paths_for
 from trtforge.calibrate.quantize import (
@@ -48,7 +50,6 @@ from trtforge.calibrate.quantize import (
     residual_adds,
 )
 from trtforge.calibrate.reuse import cache_decision, expected_fingerprint, int8_decision, int8_reuse_key, reuse_recorded
-from trtforge.calibrate.sensitivity import layer_errors
 from trtforge.calibrate.smooth import (
     apply_smoothing,
     smoothing_groups,
@@ -126,90 +127,6 @@ class _Lazy:
         return self._value
 
 
-def _flops_fraction(flops: dict[str, float], int8_nodes: set[str]) -> float:
-    """Share of all GEMM FLOPs (excluded and float layers included) in nodes that really run int8."""
-    total = sum(flops.values())
-    return 1.0 if total == 0 else sum(v for k, v in flops.items() if k in int8_nodes) / total
-
-
-# Where the GEMM FLOPs that do not run int8 went, by the reason they stay float (the exclusion rules, the fallback).
-
-
-def float_flops_shares(flops: dict[str, float], int8_nodes: set[str], excluded: dict[str, str], float_nodes: set[str]) -> dict[str, float]:
-    """Share of all GEMM FLOPs in nodes that do not run int8, by why: an exclusion rule, the fallback, or other."""
-    total = sum(flops.values())
-    shares: dict[str, float] = {}
-    for node, value in flops.items():
-        if total and node not in int8_nodes:
-            why = excluded.get(node) or ("fallback" if node in float_nodes else "other")
-            shares[why] = shares.get(why, 0.0) + value / total
-    return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
-
-
-def _planned_int8(plan: QuantPlan, float_nodes: set[str]) -> set[str]:
-    """GEMMs that run int8 once `float_nodes` stay float: targets with every input quantized (a target
-    whose weight is not a constant, e.g. a Conv with a computed kernel, has a float input)."""
-    live = quantized_nodes(plan, float_nodes)
-    return {t.node for t in plan.targets if t.node in live and (t.weight is not None or len(t.activations) == 2)}
-
-
-def _accuracy(
-    model: onnx.ModelProto,
-    plan: QuantPlan,
-    amax: dict[str, float],
-    float_nodes: set[str],
-    batches: list[dict[str, np.ndarray]],
-    refs: list[dict[str, np.ndarray]],
-) -> Accuracy:
-    qdq = insert_qdq(model, plan, amax, float_nodes)
-    return evaluate(OrtRunner(qdq.SerializeToString()), batches, refs)
-
-
-def fallback_search(
-    model: onnx.ModelProto,
-    plan: QuantPlan,
-    amax: dict[str, float],
-    flops: dict[str, float],
-    eval_batches: list,
-    eval_refs: list,
-    sens_batches: list,
-    sens_refs: list,
-    options: CalibrateOptions,
-    progress: Callable[[str], None],
-) -> tuple[set[str], Accuracy, dict[str, float]]:
-    """Keep the most sensitive layers in float until the gate holds or the INT8 FLOPs floor is reached.
-
-    Order: the top `sensitivity_top` layers by local error, re-ranked by their measured end-to-end gain
-    (leave one out), then the rest by local error. Returns (float nodes, accuracy, leave-one-out gains,
-    local errors)."""
-    float_nodes: set[str] = set()
-    accuracy = _accuracy(model, plan, amax, float_nodes, eval_batches, eval_refs)
-    if not options.fallback or accuracy.mean_cosine >= options.min_cosine:
-        return float_nodes, accuracy, {}, {}
-    progress(f"mean cosine {accuracy.mean_cosine:.4f} < {options.min_cosine}: ranking layers by their local INT8 error")
-    errors = layer_errors(model, plan, amax, sens_batches)
-    sens_refs = sens_refs() if callable(sens_refs) else sens_refs
-    ranked = sorted(errors, key=lambda n: -errors[n])
-    top = ranked[: options.sensitivity_top]
-    base = _accuracy(model, plan, amax, set(), sens_batches, sens_refs).mean_cosine
-    sensitivity = {node: _accuracy(model, plan, amax, {node}, sens_batches, sens_refs).mean_cosine - base for node in top}
-    order = sorted(top, key=lambda n: -sensitivity[n]) + ranked[len(top) :]
-    for node in order:
-        if node in sensitivity and sensitivity[node] <= 0:
-            continue  # measured: keeping it float does not help
-        if _flops_fraction(flops, _planned_int8(plan, float_nodes | {node})) < options.min_int8_flops:
-            continue  # too expensive to keep in float; a cheaper sensitive layer may still fit
-        float_nodes.add(node)
-        accuracy = _accuracy(model, plan, amax, float_nodes, eval_batches, eval_refs)
-        progress(
-            f"kept {node} in float: mean cosine {accuracy.mean_cosine:.4f}, "
-            f"INT8 FLOPs {_flops_fraction(flops, _planned_int8(plan, float_nodes)):.1%}"
-        )
-        if accuracy.mean_cosine >= options.min_cosine:
-            break
-    return float_nodes, accuracy, sensitivity, errors
-
-
 def _refuse_quantized(onnx_path: Path, model: Any) -> None:
     """A model that already holds Q/DQ nodes was quantized: calibrating it again would measure scales on rounded
     activations and stack a second Q/DQ pair on each tensor."""
@@ -251,6 +168,63 @@ def calibrate(
         return _calibrate(onnx_path, int8_path, cache_path, options, compare_methods, progress, progress_bar, engine_hooks, start)
 
 
+@dataclass
+class _Source:
+    """The graph to calibrate and what its sidecar chain says of it, read once for every later phase."""
+
+    model: onnx.ModelProto
+    specs: list[InputSpec]
+    axes: dict[str, AxisRange]
+    parent: dict[str, Any] | None
+    graph_hash: str
+    declared: dict[str, AxisRange] | None
+
+
+@dataclass
+class _CacheState:
+    """The cache's fingerprint and the decision to reuse it, which the data check, the scales and both sidecars follow."""
+
+    fingerprint: dict[str, Any]
+    reused_sidecar: dict[str, Any] | None
+    reason: str
+    held_out_manifest: str
+
+
+@dataclass
+class _Prepared:
+    """The calibration samples and the quantization plan on the (smoothed) graph, shared by the scale search and the records."""
+
+    tokenizer: Any
+    max_len: int
+    samples: list[dict[str, np.ndarray]]
+    calib_batches: list[dict[str, np.ndarray]]
+    smooth_scales: dict[str, np.ndarray]
+    working: onnx.ModelProto
+    opt_sizes: dict[str, Any]
+    plan: QuantPlan
+    flops: dict[str, float]
+
+
+@dataclass
+class _HeldOut:
+    """Held-out batches and the float model's outputs on them: what every accuracy check compares against."""
+
+    eval_batches: list[dict[str, np.ndarray]]
+    eval_refs: list[dict[str, np.ndarray]]
+    sens_batches: list[dict[str, np.ndarray]]
+    sens_refs: _Lazy
+    kinds: dict[str, str | None]
+
+
+@dataclass
+class _Int8Model:
+    """The Q/DQ graph of the chosen scales and what was measured on it, before any file is written."""
+
+    qdq: onnx.ModelProto
+    float_shares: dict[str, float]
+    accuracy_json: dict[str, Any]
+
+
 def _calibrate(
     onnx_path: Path,
     int8_path: Path,
@@ -262,6 +236,43 @@ def _calibrate(
     engine_hooks: Any,
     start: float,
 ) -> CalibrateResult:
+    source = _read_source(onnx_path)
+    cache = _cache_state(cache_path, source, options, progress)
+    if cache.reused_sidecar is not None:
+        reused = _reused_int8(int8_path, cache_path, cache, source, options, engine_hooks, progress, start)
+        if reused is not None:
+            return reused
+    prepared = _prepare(onnx_path, source, cache, options, progress, progress_bar)
+    held = _held_out(onnx_path, source, prepared, options)
+    if cache.reused_sidecar is not None:
+        result, comparison = _reused_scales(cache_path, cache.reused_sidecar, prepared, held, options), []
+    elif options.from_cache:
+        result, comparison = _imported_scales(options.from_cache, prepared, held, options, progress), []
+    else:
+        comparison = _measured_scales(prepared, held, options, compare_methods, progress, progress_bar)
+        result = next(r for r in comparison if r.method == options.method)
+    int8 = _int8_model(prepared, held, result)
+    # One unit, in this order: the cache, its sidecar naming the cache's hash, the Q/DQ ONNX, its sidecar naming both
+    # hashes. A crash between any two leaves a sidecar that does not describe its file, which the next run's hash tells.
+    with interrupts.deferred():
+        if cache.reused_sidecar is None:
+            cache_sha = _write_cache_files(onnx_path, cache_path, cache, prepared, result, options)
+        else:
+            cache_sha = cache.reused_sidecar["cache_sha256"]
+        save_onnx(int8.qdq, int8_path)
+        sidecar = _int8_sidecar(
+            onnx_path, int8_path, cache_path, cache_sha, source, cache, prepared, int8, result, comparison, options, start
+        )
+        write_sidecar(int8_path, sidecar)
+    sidecar["engine_check"] = _engine_check(int8_path, sidecar, options, engine_hooks, held.eval_batches, progress)
+    write_sidecar(int8_path, sidecar)
+    return CalibrateResult(
+        int8_path, cache_path, cache.reused_sidecar is not None, cache.reason, result, sidecar, comparison, time.perf_counter() - start
+    )
+
+
+def _read_source(onnx_path: Path) -> _Source:
+    """The graph, refused when already quantized, with every node named (the plan and the records name nodes)."""
     model = load_onnx(onnx_path)
     _refuse_quantized(onnx_path, model)
     name_all_nodes(model)
@@ -269,194 +280,272 @@ def _calibrate(
     graph_hash = (parent or {}).get("graph_hash") or onnx_graph_hash(model)
     # Axis ranges a sidecar declares bound the data; those read off a bare graph (1..64) are placeholders.
     declared = axes if parent and "inputs" in parent else None
-    dataset = data_mod.scan(options.data)
-    fingerprint = expected_fingerprint(graph_hash, dataset.manifest_hash, options)
+    return _Source(model, specs, axes, parent, graph_hash, declared)
 
+
+def _cache_state(cache_path: Path, source: _Source, options: CalibrateOptions, progress: Callable[[str], None]) -> _CacheState:
+    """Whether the cache beside the output is reused (never silently: a cache not reused says why)."""
+    dataset = data_mod.scan(options.data)
+    fingerprint = expected_fingerprint(source.graph_hash, dataset.manifest_hash, options)
     reused_sidecar, reason = (
         (None, f"imported {options.from_cache}") if options.from_cache else cache_decision(cache_path, fingerprint, options.strict_cache)
     )
     if reused_sidecar is None and not options.from_cache and cache_path.exists():
         progress(reason)
     held_out_manifest = data_mod.scan(options.eval_data).manifest_hash if options.eval_data else dataset.manifest_hash
-    if reused_sidecar is not None:
-        recorded, why = int8_decision(
-            int8_path, int8_reuse_key(reused_sidecar["cache_sha256"], graph_hash, held_out_manifest, options, parent), options, engine_hooks
-        )
-        if recorded is not None:
-            progress(f"reused {why}: its recorded held-out results stand, nothing re-evaluated")
-            return reuse_recorded(
-                int8_path,
-                cache_path,
-                reused_sidecar,
-                recorded,
-                f"{reason}; reused {int8_path} and its recorded held-out results (verified)",
-                options,
-                start,
-            )
+    return _CacheState(fingerprint, reused_sidecar, reason, held_out_manifest)
+
+
+def _int8_key(cache_sha: str, source: _Source, cache: _CacheState, options: CalibrateOptions) -> str:
+    """The reuse key the Q/DQ ONNX's sidecar records: made from this cache, graph and held-out data."""
+    return int8_reuse_key(cache_sha, source.graph_hash, cache.held_out_manifest, options, source.parent)
+
+
+def _reused_int8(
+    int8_path: Path,
+    cache_path: Path,
+    cache: _CacheState,
+    source: _Source,
+    options: CalibrateOptions,
+    engine_hooks: Any,
+    progress: Callable[[str], None],
+    start: float,
+) -> CalibrateResult | None:
+    """The recorded result when the Q/DQ ONNX beside a reused cache was verifiably made from it (None: write it again)."""
+    assert cache.reused_sidecar is not None
+    recorded, why = int8_decision(int8_path, _int8_key(cache.reused_sidecar["cache_sha256"], source, cache, options), options, engine_hooks)
+    if recorded is None:
         progress(f"{why}; writing it again from the reused cache")
+        return None
+    progress(f"reused {why}: its recorded held-out results stand, nothing re-evaluated")
+    return reuse_recorded(
+        int8_path,
+        cache_path,
+        cache.reused_sidecar,
+        recorded,
+        f"{cache.reason}; reused {int8_path} and its recorded held-out results (verified)",
+        options,
+        start,
+    )
+
+
+def _prepare(
+    onnx_path: Path,
+    source: _Source,
+    cache: _CacheState,
+    options: CalibrateOptions,
+    progress: Callable[[str], None],
+    progress_bar: Any,
+) -> _Prepared:
+    """The calibration samples (the folder unchanged since its fingerprint), SmoothQuant's scales and the plan."""
     tokenizer = tokenizer_factory(onnx_path)
-    max_len = max_sample_length(specs, axes)
-    dataset, samples = data_mod.load_samples(options.data, specs, tokenizer, max_len, options.max_samples, declared)
-    if dataset.manifest_hash != fingerprint["data_manifest_hash"]:
+    max_len = max_sample_length(source.specs, source.axes)
+    dataset, samples = data_mod.load_samples(options.data, source.specs, tokenizer, max_len, options.max_samples, source.declared)
+    if dataset.manifest_hash != cache.fingerprint["data_manifest_hash"]:
         raise UserError(f"calibration data {options.data} changed while calibrate read it; run it again once the folder is settled.")
-    recalibrate = reused_sidecar is None and not options.from_cache
+    recalibrate = cache.reused_sidecar is None and not options.from_cache
     calib_batches = list(data_mod.batches(samples, options.batch_size)) if recalibrate else []
     smooth_scales: dict[str, np.ndarray] = {}
-    if reused_sidecar is not None:
-        smooth_scales = {k: np.asarray(v, dtype=np.float32) for k, v in (reused_sidecar.get("smooth_scales") or {}).items()}
+    if cache.reused_sidecar is not None:
+        smooth_scales = {k: np.asarray(v, dtype=np.float32) for k, v in (cache.reused_sidecar.get("smooth_scales") or {}).items()}
     elif recalibrate and options.smooth is not None:
-        smooth_scales = _measure_smoothing(model, calib_batches, options, progress, progress_bar)
-    working = apply_smoothing(model, smooth_scales) if smooth_scales else model
+        smooth_scales = _measure_smoothing(source.model, calib_batches, options, progress, progress_bar)
+    working = apply_smoothing(source.model, smooth_scales) if smooth_scales else source.model
     # Shapes at the axes' opt sizes (the shape the engine is tuned for) drive the GEMV rule and the FLOPs.
-    opt_sizes = {name: rng.opt for name, rng in axes.items()}
-    shapes = gemm_shapes(model, random_feeds(specs, opt_sizes))
+    opt_sizes = {name: rng.opt for name, rng in source.axes.items()}
+    shapes = gemm_shapes(source.model, random_feeds(source.specs, opt_sizes))
     plan = plan_quantization(working, shapes, options.quantize_attention)
+    flops = gemm_flops(source.model, shapes)
+    return _Prepared(tokenizer, max_len, samples, calib_batches, smooth_scales, working, opt_sizes, plan, flops)
 
-    eval_samples = samples
+
+def _held_out(onnx_path: Path, source: _Source, prepared: _Prepared, options: CalibrateOptions) -> _HeldOut:
+    """The held-out samples (the calibration samples when no eval folder is given) and the float model's outputs."""
+    eval_samples = prepared.samples
     if options.eval_data:
-        _, eval_samples = data_mod.load_samples(options.eval_data, specs, tokenizer, max_len, options.max_eval_samples, declared)
+        _, eval_samples = data_mod.load_samples(
+            options.eval_data, source.specs, prepared.tokenizer, prepared.max_len, options.max_eval_samples, source.declared
+        )
     eval_batches = limited_batches(eval_samples, options.max_eval_samples)
-    reference = OrtRunner(model.SerializeToString())
-    kinds = output_kinds_of(reference, onnx_path, specs, axes)
+    reference = OrtRunner(source.model.SerializeToString())
+    kinds = output_kinds_of(reference, onnx_path, source.specs, source.axes)
     eval_refs = reference_outputs(reference, eval_batches)
     sens_batches = limited_batches(eval_samples, options.sensitivity_samples)
     sens_refs = _Lazy(lambda: reference_outputs(reference, sens_batches))  # only the fallback needs them
-    flops = gemm_flops(model, shapes)
+    return _HeldOut(eval_batches, eval_refs, sens_batches, sens_refs, kinds)
 
-    if reused_sidecar is not None:
-        _, amax = read_cache(cache_path)
-        float_nodes = set(reused_sidecar.get("float_nodes", []))
-        _coverage(amax, _needed_tensors(plan, float_nodes), cache_path)
-        accuracy = _accuracy(working, plan, amax, float_nodes, eval_batches, eval_refs)
-        result = MethodResult(
-            options.method,
-            amax,
-            sorted(float_nodes),
-            accuracy,
-            0.0,
-            reused_sidecar.get("sensitivity", {}),
-            reused_sidecar.get("layer_errors", {}),
-        )
-        comparison: list[MethodResult] = []
-    elif options.from_cache:
-        _, amax = read_cache(options.from_cache)
-        _coverage(amax, plan.activation_tensors(), options.from_cache)
-        float_nodes, accuracy, sensitivity, errors = fallback_search(
-            working, plan, amax, flops, eval_batches, eval_refs, sens_batches, sens_refs, options, progress
-        )
-        result = MethodResult(
-            options.method,
-            {t: amax[t] for t in plan.activation_tensors()},
-            sorted(float_nodes),
-            accuracy,
-            _flops_fraction(flops, _planned_int8(plan, float_nodes)),
-            sensitivity,
-            errors,
-        )
-        comparison = []
-    else:
-        tensors = plan.activation_tensors()
-        progress(f"collecting histograms of {len(tensors)} tensors over {len(samples)} samples")
-        stats = _collector(options)(working, calib_batches, tensors, None, options.num_bins, progress_bar)
-        methods = list(METHODS) if compare_methods else [options.method]
-        comparison = []
-        for method in methods:
-            amax = {t: compute_amax(stats.histograms[t], method, options.percentile) for t in tensors}
-            float_nodes, accuracy, sensitivity, errors = fallback_search(
-                working, plan, amax, flops, eval_batches, eval_refs, sens_batches, sens_refs, options, progress
-            )
-            comparison.append(
-                MethodResult(
-                    method,
-                    amax,
-                    sorted(float_nodes),
-                    accuracy,
-                    _flops_fraction(flops, _planned_int8(plan, float_nodes)),
-                    sensitivity,
-                    errors,
-                )
-            )
-        result = next(r for r in comparison if r.method == options.method)
 
-    qdq = insert_qdq(working, plan, result.amax, set(result.float_nodes))
+def _reused_scales(
+    cache_path: Path, reused_sidecar: dict[str, Any], prepared: _Prepared, held: _HeldOut, options: CalibrateOptions
+) -> MethodResult:
+    """The reused cache's scales and float layers, evaluated again on this held-out data."""
+    _, amax = read_cache(cache_path)
+    float_nodes = set(reused_sidecar.get("float_nodes", []))
+    _coverage(amax, _needed_tensors(prepared.plan, float_nodes), cache_path)
+    accuracy = qdq_accuracy(prepared.working, prepared.plan, amax, float_nodes, held.eval_batches, held.eval_refs)
+    return MethodResult(
+        options.method,
+        amax,
+        sorted(float_nodes),
+        accuracy,
+        0.0,
+        reused_sidecar.get("sensitivity", {}),
+        reused_sidecar.get("layer_errors", {}),
+    )
+
+
+def _searched(
+    method: str, amax: dict[str, float], prepared: _Prepared, held: _HeldOut, options: CalibrateOptions, progress: Callable[[str], None]
+) -> MethodResult:
+    """One method's scales with the float layers the accuracy fallback chose for them."""
+    float_nodes, accuracy, sensitivity, errors = fallback_search(
+        prepared.working,
+        prepared.plan,
+        amax,
+        prepared.flops,
+        held.eval_batches,
+        held.eval_refs,
+        held.sens_batches,
+        held.sens_refs,
+        options,
+        progress,
+    )
+    return MethodResult(
+        method,
+        amax,
+        sorted(float_nodes),
+        accuracy,
+        flops_fraction(prepared.flops, planned_int8(prepared.plan, float_nodes)),
+        sensitivity,
+        errors,
+    )
+
+
+def _imported_scales(
+    from_cache: Path, prepared: _Prepared, held: _HeldOut, options: CalibrateOptions, progress: Callable[[str], None]
+) -> MethodResult:
+    """Scales imported from another cache (only the tensors this plan needs), then the accuracy fallback."""
+    _, amax = read_cache(from_cache)
+    _coverage(amax, prepared.plan.activation_tensors(), from_cache)
+    result = _searched(options.method, amax, prepared, held, options, progress)
+    result.amax = {t: amax[t] for t in prepared.plan.activation_tensors()}  # the search saw every imported scale
+    return result
+
+
+def _measured_scales(
+    prepared: _Prepared,
+    held: _HeldOut,
+    options: CalibrateOptions,
+    compare_methods: bool,
+    progress: Callable[[str], None],
+    progress_bar: Any,
+) -> list[MethodResult]:
+    """Histograms from one streamed pass, then each method's scales and float layers (every method when compared)."""
+    tensors = prepared.plan.activation_tensors()
+    progress(f"collecting histograms of {len(tensors)} tensors over {len(prepared.samples)} samples")
+    stats = _collector(options)(prepared.working, prepared.calib_batches, tensors, None, options.num_bins, progress_bar)
+    methods = list(METHODS) if compare_methods else [options.method]
+    comparison = []
+    for method in methods:
+        amax = {t: compute_amax(stats.histograms[t], method, options.percentile) for t in tensors}
+        comparison.append(_searched(method, amax, prepared, held, options, progress))
+    return comparison
+
+
+def _int8_model(prepared: _Prepared, held: _HeldOut, result: MethodResult) -> _Int8Model:
+    """The Q/DQ graph, its real INT8 FLOPs share (set on `result`) and its task metrics on the held-out data."""
+    qdq = insert_qdq(prepared.working, prepared.plan, result.amax, set(result.float_nodes))
     # What really runs int8 is read off the written graph: both GEMM inputs behind a DequantizeLinear.
     int8_nodes = int8_gemm_nodes(qdq)
-    result.int8_flops_fraction = _flops_fraction(flops, int8_nodes)
-    float_shares = float_flops_shares(flops, int8_nodes, plan.excluded, set(result.float_nodes))
+    result.int8_flops_fraction = flops_fraction(prepared.flops, int8_nodes)
+    float_shares = float_flops_shares(prepared.flops, int8_nodes, prepared.plan.excluded, set(result.float_nodes))
     # Task metrics by output kind (top-1 / pixel agreement) on the held-out data, for the chosen model.
-    accuracy_json = evaluate(OrtRunner(qdq.SerializeToString()), eval_batches, eval_refs, kinds).to_json()
-    accuracy_json["output_kinds"] = kinds
-    # One unit, in this order: the cache, its sidecar naming the cache's hash, the Q/DQ ONNX, its sidecar naming both
-    # hashes. A crash between any two leaves a sidecar that does not describe its file, which the next run's hash tells.
-    with interrupts.deferred():
-        if reused_sidecar is None:
-            cache_sha = write_cache(cache_path, result.amax, result.method)
-            cache_sidecar = {
-                **fingerprint,
-                "kind": "calibration_cache",
-                "cache_sha256": cache_sha,
-                "tensors": result.amax,
-                "smooth_scales": {k: v.tolist() for k, v in smooth_scales.items()},
-                "float_nodes": result.float_nodes,
-                "sensitivity": result.sensitivity,
-                "layer_errors": result.layer_errors,
-                "excluded": plan.excluded,
-                "samples": len(samples),
-                "data": str(options.data),
-                "source_onnx": str(onnx_path),
+    accuracy_json = evaluate(OrtRunner(qdq.SerializeToString()), held.eval_batches, held.eval_refs, held.kinds).to_json()
+    accuracy_json["output_kinds"] = held.kinds
+    return _Int8Model(qdq, float_shares, accuracy_json)
+
+
+def _write_cache_files(
+    onnx_path: Path, cache_path: Path, cache: _CacheState, prepared: _Prepared, result: MethodResult, options: CalibrateOptions
+) -> str:
+    """The cache, then its sidecar naming the cache's hash; returns that hash."""
+    cache_sha = write_cache(cache_path, result.amax, result.method)
+    cache_sidecar = {
+        **cache.fingerprint,
+        "kind": "calibration_cache",
+        "cache_sha256": cache_sha,
+        "tensors": result.amax,
+        "smooth_scales": {k: v.tolist() for k, v in prepared.smooth_scales.items()},
+        "float_nodes": result.float_nodes,
+        "sensitivity": result.sensitivity,
+        "layer_errors": result.layer_errors,
+        "excluded": prepared.plan.excluded,
+        "samples": len(prepared.samples),
+        "data": str(options.data),
+        "source_onnx": str(onnx_path),
+    }
+    write_sidecar(cache_path, cache_sidecar)
+    return cache_sha
+
+
+def _int8_sidecar(
+    onnx_path: Path,
+    int8_path: Path,
+    cache_path: Path,
+    cache_sha: str,
+    source: _Source,
+    cache: _CacheState,
+    prepared: _Prepared,
+    int8: _Int8Model,
+    result: MethodResult,
+    comparison: list[MethodResult],
+    options: CalibrateOptions,
+    start: float,
+) -> dict[str, Any]:
+    """The Q/DQ ONNX's sidecar (once the file is written: it names its hash), what build and a later reuse read."""
+    parent = source.parent or {}
+    return {
+        "kind": "onnx",
+        "step": "calibrate",
+        "trtforge_version": __version__,
+        "parent": os.path.abspath(onnx_path),
+        "reference_onnx": os.path.abspath(onnx_path),
+        "parent_graph_hash": source.graph_hash,
+        "graph_hash": onnx_graph_hash(int8.qdq),
+        "sha256": content_sha256(int8_path),
+        "reuse_key": _int8_key(cache_sha, source, cache, options),
+        "inputs": [s.model_dump() for s in source.specs],
+        "axes": {k: v.model_dump() for k, v in source.axes.items()},
+        "outputs": parent.get("outputs"),
+        "source": parent.get("source"),
+        "config_name": parent.get("config_name"),
+        "cache": str(cache_path),
+        "cache_sha256": cache_sha,
+        "cache_reused": cache.reused_sidecar is not None,
+        "cache_reason": cache.reason,
+        "method": result.method,
+        "smooth": options.smooth if prepared.smooth_scales else None,
+        "quantized_nodes": len(prepared.plan.targets) - len(result.float_nodes),
+        "float_nodes": result.float_nodes,
+        "excluded": prepared.plan.excluded,
+        "quantize_attention": options.quantize_attention,
+        "int8_gemm_flops_fraction": result.int8_flops_fraction,
+        "float_gemm_flops": int8.float_shares,
+        "accuracy": int8.accuracy_json,
+        **gate_record(options),
+        "flops_at": prepared.opt_sizes,
+        "seconds": round(time.perf_counter() - start, 3),
+        "comparison": [
+            {
+                "method": r.method,
+                "mean_cosine": r.accuracy.mean_cosine if r.accuracy else None,
+                "min_cosine": r.accuracy.min_cosine if r.accuracy else None,
+                "int8_gemm_flops_fraction": r.int8_flops_fraction,
+                "float_nodes": len(r.float_nodes),
             }
-            write_sidecar(cache_path, cache_sidecar)
-        else:
-            cache_sha = reused_sidecar["cache_sha256"]
-        save_onnx(qdq, int8_path)
-        sidecar = {
-            "kind": "onnx",
-            "step": "calibrate",
-            "trtforge_version": __version__,
-            "parent": os.path.abspath(onnx_path),
-            "reference_onnx": os.path.abspath(onnx_path),
-            "parent_graph_hash": graph_hash,
-            "graph_hash": onnx_graph_hash(qdq),
-            "sha256": content_sha256(int8_path),
-            "reuse_key": int8_reuse_key(cache_sha, graph_hash, held_out_manifest, options, parent),
-            "inputs": [s.model_dump() for s in specs],
-            "axes": {k: v.model_dump() for k, v in axes.items()},
-            "outputs": (parent or {}).get("outputs"),
-            "source": (parent or {}).get("source"),
-            "config_name": (parent or {}).get("config_name"),
-            "cache": str(cache_path),
-            "cache_sha256": cache_sha,
-            "cache_reused": reused_sidecar is not None,
-            "cache_reason": reason,
-            "method": result.method,
-            "smooth": options.smooth if smooth_scales else None,
-            "quantized_nodes": len(plan.targets) - len(result.float_nodes),
-            "float_nodes": result.float_nodes,
-            "excluded": plan.excluded,
-            "quantize_attention": options.quantize_attention,
-            "int8_gemm_flops_fraction": result.int8_flops_fraction,
-            "float_gemm_flops": float_shares,
-            "accuracy": accuracy_json,
-            **gate_record(options),
-            "flops_at": opt_sizes,
-            "seconds": round(time.perf_counter() - start, 3),
-            "comparison": [
-                {
-                    "method": r.method,
-                    "mean_cosine": r.accuracy.mean_cosine if r.accuracy else None,
-                    "min_cosine": r.accuracy.min_cosine if r.accuracy else None,
-                    "int8_gemm_flops_fraction": r.int8_flops_fraction,
-                    "float_nodes": len(r.float_nodes),
-                }
-                for r in comparison
-            ],
-        }
-        write_sidecar(int8_path, sidecar)
-    sidecar["engine_check"] = _engine_check(int8_path, sidecar, options, engine_hooks, eval_batches, progress)
-    write_sidecar(int8_path, sidecar)
-    return CalibrateResult(
-        int8_path, cache_path, reused_sidecar is not None, reason, result, sidecar, comparison, time.perf_counter() - start
-    )
+            for r in comparison
+        ],
+    }
 
 
 def _engine_check(

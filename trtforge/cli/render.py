@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from trtforge.core import ui
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def engine_check(check: Optional[dict]) -> None:
@@ -90,6 +93,16 @@ def run_report(r: dict) -> None:
         f"merge {ch['merge']}), {r['batches']} batches on {r['backend']}"
     )
     con.print("outputs: " + ", ".join(f"{n} ({kind_label(o)}, {o['source']})" for n, o in r["outputs"].items()))
+    _run_errors(con, r)
+    _run_latency(con, r)
+    if r.get("workers"):
+        _ray_workers(con, r)
+    _run_throughput(con, r)
+    _run_gates(con, r)
+
+
+def _run_errors(con: Console, r: dict) -> None:
+    """run's precision and chunking errors: one table for arrays, one for detections' boxes."""
     rows: list[list] = []
     box_rows: list[list] = []
     for label, section in (("precision", r["precision_error"]), ("chunking", r["chunking_error"])):
@@ -130,6 +143,10 @@ def run_report(r: dict) -> None:
                 box_rows,
             )
         )
+
+
+def _run_latency(con: Console, r: dict) -> None:
+    """run's latency per batch, by group."""
     lat = [
         [
             label,
@@ -147,37 +164,44 @@ def run_report(r: dict) -> None:
             "latency per batch (warm-up excluded)", ["group", "batches", "p50 ms", "p90 ms", "p99 ms", "GPU p50 ms", "wall / GPU"], lat
         )
     )
-    if r.get("workers"):
-        con.print(
-            ui.table(
-                f"Ray workers ({r['ray']['actors']} actors, {r['ray']['units']} units, {r['ray']['retried_units']} retried)",
+
+
+def _ray_workers(con: Console, r: dict) -> None:
+    """run's Ray workers, one row each."""
+    con.print(
+        ui.table(
+            f"Ray workers ({r['ray']['actors']} actors, {r['ray']['units']} units, {r['ray']['retried_units']} retried)",
+            [
+                "worker",
+                "host",
+                "documents",
+                "chunks",
+                "batches",
+                f"{r['throughput'].get('unit', 'tokens')}/s",
+                "p50 ms",
+                "retried",
+                "alive",
+            ],
+            [
                 [
-                    "worker",
-                    "host",
-                    "documents",
-                    "chunks",
-                    "batches",
-                    f"{r['throughput'].get('unit', 'tokens')}/s",
-                    "p50 ms",
-                    "retried",
-                    "alive",
-                ],
-                [
-                    [
-                        w["worker"],
-                        w["host"] or "-",
-                        w["documents"],
-                        w["chunks"],
-                        w["batches"],
-                        w["tokens_per_s"],
-                        w["latency"]["all"]["wall"].get("p50_ms", 0.0),
-                        w["retried_units"],
-                        w["alive"],
-                    ]
-                    for w in r["workers"]
-                ],
-            )
+                    w["worker"],
+                    w["host"] or "-",
+                    w["documents"],
+                    w["chunks"],
+                    w["batches"],
+                    w["tokens_per_s"],
+                    w["latency"]["all"]["wall"].get("p50_ms", 0.0),
+                    w["retried_units"],
+                    w["alive"],
+                ]
+                for w in r["workers"]
+            ],
         )
+    )
+
+
+def _run_throughput(con: Console, r: dict) -> None:
+    """run's throughput and memory, then the runtime's CUDA graphs and host stages where reported."""
     t, m = r["throughput"], r["memory"]
     mem = f"peak GPU {m['peak_gpu_mb']:.0f} MiB" if "peak_gpu_mb" in m else f"peak RSS {m['peak_rss_mb']:.0f} MiB"
     con.print(f"throughput {t['inputs_per_s']:.2f} inputs/s, {t['tokens_per_s']:.0f} {t.get('unit', 'tokens')}/s; {mem}")
@@ -196,6 +220,10 @@ def run_report(r: dict) -> None:
             + ", ".join(f"{k} {v['seconds']:.3f}" for k, v in host["stages"].items()),
             markup=False,
         )
+
+
+def _run_gates(con: Console, r: dict) -> None:
+    """run's gates: passed or why not, what was not evaluated, and each threshold with its source."""
     skipped = [c for c in r["gates"]["checked"] if c["status"] == "not evaluated"]
     note = "; not evaluated (defaults): " + ", ".join(f"{c['gate']} ({c['reason']})" for c in skipped) if skipped else ""
     con.print("gates: " + ("passed" if r["gates"]["passed"] else "FAILED: " + "; ".join(r["gates"]["failures"])) + note)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 
@@ -11,6 +11,9 @@ from trtforge.cli import options as opt
 from trtforge.cli import render
 from trtforge.core import ui
 from trtforge.core.errors import UserError
+
+if TYPE_CHECKING:
+    from trtforge.runtime.options import RunOptions
 
 
 def run_cmd(
@@ -266,18 +269,11 @@ def run_cmd(
     if ray_actors is not None and not ray:
         raise UserError(f"--ray-actors {ray_actors} applies with --ray (actors on a Ray cluster); add --ray auto or drop it.")
     if stateful or generate:
-        if ray:
-            raise UserError("--ray does not combine with --stateful/--generate (a KV cache lives on one device); drop one.")
-        if plugin_library:
-            raise UserError(
-                "--plugin-library does not combine with --stateful/--generate yet: the stateful runner loads "
-                "the libraries its engine's sidecar records; rebuild the engine where the library now is."
-            )
+        _refuse_with_stateful(ray, plugin_library)
         from trtforge.runtime.stateful import run_command
 
         return run_command(target, inputs, chunk, generate, reference, report, backend, provider, max_rel_l2, json_out)
     from trtforge.core.config import RunSection, load_config
-    from trtforge.core.errors import GateFailed
     from trtforge.runtime.options import options_from_section
     from trtforge.runtime.outputs import parse_override
     from trtforge.runtime.step import run as run_step
@@ -341,24 +337,55 @@ def run_cmd(
         raise UserError(f"unknown --merge '{options.merge}'; use center, linear, cosine or gaussian.")
     log = (lambda msg: None) if json_out else (lambda msg: ui.console(stderr=True).print(msg, markup=False))
     if ray:
-        for flag, value in (
-            ("--plan-processes", options.plan_processes or None),
-            ("--plan-workers", plan_workers),
-            ("--merge-workers", merge_workers),
-        ):
-            if value is not None:
-                raise UserError(
-                    f"{flag} applies to one process's loop; with --ray the driver plans every input before the "
-                    "clock and each actor merges its units on one thread, drop it."
-                )
-        from trtforge.scaleout.ray_run import RayOptions, run_ray
-
-        result = run_ray(target, options, RayOptions(ray, opt.positive(ray_actors, "--ray-actors")), progress=log)
+        result = _run_on_ray(target, options, ray, ray_actors, plan_workers, merge_workers, log)
     else:
         result = run_step(target, options, progress=log)
+    _show_and_gate(result, options.report, json_out)
+
+
+def _refuse_with_stateful(ray: Optional[str], plugin_library: Optional[list[str]]) -> None:
+    """The flags a KV-cache run cannot honour, refused before anything loads."""
+    if ray:
+        raise UserError("--ray does not combine with --stateful/--generate (a KV cache lives on one device); drop one.")
+    if plugin_library:
+        raise UserError(
+            "--plugin-library does not combine with --stateful/--generate yet: the stateful runner loads "
+            "the libraries its engine's sidecar records; rebuild the engine where the library now is."
+        )
+
+
+def _run_on_ray(
+    target: Path,
+    options: RunOptions,
+    ray: str,
+    ray_actors: Optional[int],
+    plan_workers: Optional[int],
+    merge_workers: Optional[int],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """The run sharded over Ray actors, once the flags of one process's loop (which no actor has) are refused."""
+    for flag, value in (
+        ("--plan-processes", options.plan_processes or None),
+        ("--plan-workers", plan_workers),
+        ("--merge-workers", merge_workers),
+    ):
+        if value is not None:
+            raise UserError(
+                f"{flag} applies to one process's loop; with --ray the driver plans every input before the "
+                "clock and each actor merges its units on one thread, drop it."
+            )
+    from trtforge.scaleout.ray_run import RayOptions, run_ray
+
+    return run_ray(target, options, RayOptions(ray, opt.positive(ray_actors, "--ray-actors")), progress=log)
+
+
+def _show_and_gate(result: dict[str, Any], report: Optional[Path], json_out: bool) -> None:
+    """The result as JSON or tables, then exit 1 (GateFailed) when a gate failed."""
+    from trtforge.core.errors import GateFailed
+
     if json_out:
         ui.print_json(result)
     else:
         render.run_report(result)
     if not result["gates"]["passed"]:
-        raise GateFailed("; ".join(result["gates"]["failures"]) + (f"; see {options.report}" if options.report else ""))
+        raise GateFailed("; ".join(result["gates"]["failures"]) + (f"; see {report}" if report else ""))

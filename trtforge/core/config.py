@@ -302,10 +302,29 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _axes_declared(self) -> "ModelConfig":
+        self._names_unique()
+        self._boxes_scores_declared()
+        for spec in self.inputs:
+            for dim in spec.shape:
+                if isinstance(dim, str) and dim not in self.axes:
+                    raise ValueError(f"input '{spec.name}' uses axis '{dim}' which is not declared under 'axes'")
+        self._check_sizes_valid()
+        for axis in self.build.tiers:
+            if axis not in self.axes:
+                raise ValueError(
+                    f"build.tiers names axis '{axis}' which is not declared under 'axes' (declared: {', '.join(self.axes) or 'none'})"
+                )
+        return self
+
+    def _names_unique(self) -> None:
+        """Inputs and outputs are looked up by name: a name given twice is refused."""
         for what, names in (("inputs", [s.name for s in self.inputs]), ("outputs", self.output_names())):
             repeated = sorted({n for n in names if names.count(n) > 1})
             if repeated:
                 raise ValueError(f"{what} names '{repeated[0]}' more than once")
+
+    def _boxes_scores_declared(self) -> None:
+        """A boxes output names another declared output as its scores, and that one takes its kind from it."""
         for i, out in enumerate(self.outputs):
             if out.kind == "boxes":
                 j = next((j for j, o in enumerate(self.outputs) if o.name == out.scores), None)
@@ -319,10 +338,9 @@ class ModelConfig(Strict):
                         f"outputs.{j}.kind: output '{out.scores}' holds the scores of boxes output '{out.name}' and takes "
                         f"its kind from it; drop its kind '{self.outputs[j].kind}'"
                     )
-        for spec in self.inputs:
-            for dim in spec.shape:
-                if isinstance(dim, str) and dim not in self.axes:
-                    raise ValueError(f"input '{spec.name}' uses axis '{dim}' which is not declared under 'axes'")
+
+    def _check_sizes_valid(self) -> None:
+        """export.check_sizes names declared axes, within their ranges, with two sizes where the range has two."""
         for axis, sizes in self.export.check_sizes.items():
             if axis not in self.axes:
                 raise ValueError(f"export.check_sizes names axis '{axis}' which is not declared under 'axes'")
@@ -335,12 +353,6 @@ class ModelConfig(Strict):
                     f"export.check_sizes.{axis} needs at least two different sizes (got {sizes}): one size "
                     "cannot show that the exported graph follows the axis"
                 )
-        for axis in self.build.tiers:
-            if axis not in self.axes:
-                raise ValueError(
-                    f"build.tiers names axis '{axis}' which is not declared under 'axes' (declared: {', '.join(self.axes) or 'none'})"
-                )
-        return self
 
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
         """{input name: {dim index: axis name}} for torch.onnx.export."""

@@ -302,13 +302,10 @@ def export_kv(
     (fit_ranges); `note` gets one line for what was chosen and one for each rewrite made for the exporter
     (default: stderr). Grouped-query SDPA is exported as export_model does (grouped_query_attention_unrolled):
     transformers passes enable_gqa where its SDPA integration wants it (backend- and version-dependent)."""
-    import torch
-
     from trtforge.core.onnxio import load_onnx, save_onnx
     from trtforge.export.step import (
         AxisCheck,
         ExportResult,
-        grouped_query_attention_unrolled,
         output_specs,
         refuse_export_overwrite,
         save_tokenizer,
@@ -327,51 +324,13 @@ def export_kv(
     layout = cache_layout(module, config.model.source)
     config, chosen = fit_ranges(config, layout.max_positions, unset or set())
     if chosen:
-        _, seq_name = _seq_axes(config)
-        (note or stderr_note)(
-            f"{' and '.join(chosen)} chosen so that a cache of {config.kv_cache.past.max} plus a chunk of "
-            f"{config.axes[seq_name].max} tokens fits the model's {layout.max_positions} positions; set "
-            f"kv_cache.past.max and axes.{seq_name}.max to choose others."
-        )
+        _note_ranges_chosen(config, layout, chosen, note or stderr_note)
     specs, axes, past_range = kv_specs(config, layout)
-    batch_axis, seq_axis = _seq_axes(config)
-    adapter = _adapter(module, layout)
-    names = [s.name for s in specs]
-    outputs = [layout.output, *layout.present_names()]
-    dynamic = {n: {0: batch_axis, 1: seq_axis} for n in ("input_ids", "position_ids", layout.output)}
-    dynamic.update({n: {0: batch_axis, 2: config.kv_cache.past_axis} for n in layout.past_names()})
-    dynamic.update({n: {0: batch_axis, 2: TOTAL_AXIS} for n in layout.present_names()})
-    example = kv_feeds(layout, 2, 3, 5)  # distinct sizes, past > 0: nothing degenerate gets traced in
-    args = tuple(torch.from_numpy(example[n]) for n in names)
+    trace = _trace_setup(module, layout, config, specs)
     output = Path(output)
     with tempfile.TemporaryDirectory(prefix="trtforge-kv-") as tmp:
         raw = Path(tmp) / "raw.onnx"
-        sink = io.StringIO()
-        try:
-            with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                warnings.simplefilter("ignore")
-                logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-                with grouped_query_attention_unrolled() as rewritten:
-                    torch.onnx.export(
-                        adapter,
-                        args,
-                        str(raw),
-                        input_names=names,
-                        output_names=outputs,
-                        dynamic_axes=dynamic,
-                        opset_version=config.export.opset,
-                        dynamo=False,
-                        do_constant_folding=True,
-                    )
-        except Exception as exc:
-            raise UserError(
-                f"exporting {config.model.source} with a KV cache failed at opset {config.export.opset}: "
-                f"{exception_summary(exc)}; try another --opset."
-            ) from None
-        finally:
-            adapter.eval()  # the exporter restores the adapter's train flag onto the inner module
-            module.eval()
-        rewrites = unrolled_attention_rewrites(rewritten[0])
+        rewrites = unrolled_attention_rewrites(_run_exporter(trace, module, config, raw))
         for rewrite in rewrites:
             (note or stderr_note)(f"legacy exporter: {rewrite}.")
         model = load_onnx(raw)
@@ -384,7 +343,121 @@ def export_kv(
     out_specs = output_specs(model, config, loaded)
     for spec in out_specs:
         spec["kind"], spec["scale"] = ("token" if spec["name"] == layout.output else None), None
-    kv_meta = {
+    sidecar = {
+        **_export_record(config, rewrites, specs, axes, out_specs),
+        "graph_hash": onnx_graph_hash(model),
+        "tokenizer": output.name.removesuffix(".onnx") + ".tokenizer" if tokenizer is not None else None,
+        "kv_cache": _kv_cache_record(config, layout, past_range, chosen),
+        "check": [{"axis": c.axis, "size": c.size, "sizes": c.sizes, "metrics": c.metrics} for c in checks],
+        "check_tolerance": config.export.tolerance,
+        "checked": check,
+    }
+    seconds = time.perf_counter() - start
+    sidecar["seconds"] = round(seconds, 3)
+    write_sidecar(output, sidecar)
+    return ExportResult(
+        output, sidecar, [AxisCheck(**{k: c[k] for k in ("axis", "size", "sizes", "metrics")}) for c in sidecar["check"]], seconds
+    )
+
+
+def _note_ranges_chosen(config: ModelConfig, layout: CacheLayout, chosen: list[str], note: Callable[[str], None]) -> None:
+    """Say which ranges trtforge chose to fit the model's positions, and which keys choose others."""
+    _, seq_name = _seq_axes(config)
+    note(
+        f"{' and '.join(chosen)} chosen so that a cache of {config.kv_cache.past.max} plus a chunk of "
+        f"{config.axes[seq_name].max} tokens fits the model's {layout.max_positions} positions; set "
+        f"kv_cache.past.max and axes.{seq_name}.max to choose others."
+    )
+
+
+@dataclass
+class _Trace:
+    """What torch.onnx.export is given: the adapter around the module, example tensors, names and dynamic axes."""
+
+    adapter: Any
+    args: tuple[Any, ...]
+    names: list[str]
+    outputs: list[str]
+    dynamic: dict[str, dict[int, str]]
+
+
+def _trace_setup(module: Any, layout: CacheLayout, config: ModelConfig, specs: list[InputSpec]) -> _Trace:
+    """The adapter and an example at distinct sizes with past > 0, so that nothing degenerate gets traced in."""
+    import torch
+
+    batch_axis, seq_axis = _seq_axes(config)
+    adapter = _adapter(module, layout)
+    names = [s.name for s in specs]
+    outputs = [layout.output, *layout.present_names()]
+    dynamic = {n: {0: batch_axis, 1: seq_axis} for n in ("input_ids", "position_ids", layout.output)}
+    dynamic.update({n: {0: batch_axis, 2: config.kv_cache.past_axis} for n in layout.past_names()})
+    dynamic.update({n: {0: batch_axis, 2: TOTAL_AXIS} for n in layout.present_names()})
+    example = kv_feeds(layout, 2, 3, 5)  # distinct sizes, past > 0: nothing degenerate gets traced in
+    args = tuple(torch.from_numpy(example[n]) for n in names)
+    return _Trace(adapter, args, names, outputs, dynamic)
+
+
+def _run_exporter(trace: _Trace, module: Any, config: ModelConfig, raw: Path) -> Any:
+    """The legacy exporter's graph at `raw`, its chatter silenced; returns what the grouped-query rewrite recorded.
+    A failed export is a user error naming the opset."""
+    import torch
+
+    from trtforge.export.step import grouped_query_attention_unrolled
+
+    sink = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            warnings.simplefilter("ignore")
+            logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+            with grouped_query_attention_unrolled() as rewritten:
+                torch.onnx.export(
+                    trace.adapter,
+                    trace.args,
+                    str(raw),
+                    input_names=trace.names,
+                    output_names=trace.outputs,
+                    dynamic_axes=trace.dynamic,
+                    opset_version=config.export.opset,
+                    dynamo=False,
+                    do_constant_folding=True,
+                )
+    except Exception as exc:
+        raise UserError(
+            f"exporting {config.model.source} with a KV cache failed at opset {config.export.opset}: "
+            f"{exception_summary(exc)}; try another --opset."
+        ) from None
+    finally:
+        trace.adapter.eval()  # the exporter restores the adapter's train flag onto the inner module
+        module.eval()
+    return rewritten[0]
+
+
+def _export_record(
+    config: ModelConfig, rewrites: list[str], specs: list[InputSpec], axes: dict[str, AxisRange], out_specs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The export sidecar's account of how the graph was made and what it takes and gives."""
+    import torch
+
+    return {
+        "kind": "onnx",
+        "step": "export",
+        "trtforge_version": __version__,
+        "source": config.model.source,
+        "config_name": config.name,
+        "torch_version": torch.__version__,
+        "exporter": "legacy",
+        "opset": config.export.opset,
+        "exporter_rewrites": rewrites,
+        "inputs": [s.model_dump() for s in specs],
+        "axes": {k: v.model_dump() for k, v in axes.items()},
+        "outputs": out_specs,
+    }
+
+
+def _kv_cache_record(config: ModelConfig, layout: CacheLayout, past_range: CacheRange, chosen: list[str]) -> dict[str, Any]:
+    """The sidecar's `kv_cache`: the cache layout and axes, and the tiers build makes profiles of."""
+    batch_axis, seq_axis = _seq_axes(config)
+    return {
         "layout": asdict(layout),
         "batch_axis": batch_axis,
         "seq_axis": seq_axis,
@@ -398,32 +471,6 @@ def export_kv(
             config.kv_cache.past_axis: config.kv_cache.past_tiers or sorted({past_range.min, past_range.max}),
         },
     }
-    sidecar = {
-        "kind": "onnx",
-        "step": "export",
-        "trtforge_version": __version__,
-        "source": config.model.source,
-        "config_name": config.name,
-        "torch_version": torch.__version__,
-        "exporter": "legacy",
-        "opset": config.export.opset,
-        "exporter_rewrites": rewrites,
-        "inputs": [s.model_dump() for s in specs],
-        "axes": {k: v.model_dump() for k, v in axes.items()},
-        "outputs": out_specs,
-        "graph_hash": onnx_graph_hash(model),
-        "tokenizer": output.name.removesuffix(".onnx") + ".tokenizer" if tokenizer is not None else None,
-        "kv_cache": kv_meta,
-        "check": [{"axis": c.axis, "size": c.size, "sizes": c.sizes, "metrics": c.metrics} for c in checks],
-        "check_tolerance": config.export.tolerance,
-        "checked": check,
-    }
-    seconds = time.perf_counter() - start
-    sidecar["seconds"] = round(seconds, 3)
-    write_sidecar(output, sidecar)
-    return ExportResult(
-        output, sidecar, [AxisCheck(**{k: c[k] for k in ("axis", "size", "sizes", "metrics")}) for c in sidecar["check"]], seconds
-    )
 
 
 def check_plan(config: ModelConfig, past_range: CacheRange) -> list[tuple[str, dict[str, int]]]:

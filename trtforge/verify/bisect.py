@@ -30,7 +30,7 @@ from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.build.profiles import Profile, Tier
 from trtforge.calibrate import data as data_mod
 from trtforge.calibrate.cache import read_cache
-from trtforge.calibrate.collect import collect, gemm_shapes, plan_quantization
+from trtforge.calibrate.collect import QuantPlan, collect, gemm_shapes, plan_quantization
 from trtforge.calibrate.evaluate import evaluate, reference_outputs
 from trtforge.calibrate.groups import (
     float_nodes_for,
@@ -208,6 +208,21 @@ def _scales(working: onnx.ModelProto, plan, amax: dict[str, float], method: str,
     }
 
 
+@dataclass
+class _Setup:
+    """The fp32 graph and its smoothed working copy, the plan, its groups, the scales and the data batches:
+    what every variant is made from and measured on."""
+
+    model: onnx.ModelProto
+    working: onnx.ModelProto
+    specs: list[InputSpec]
+    plan: QuantPlan
+    groups: dict[str, list[str]]
+    amax: dict[str, float]
+    samples: list[dict[str, np.ndarray]]
+    batches: list[dict[str, np.ndarray]]
+
+
 def bisect(
     onnx_path: Path,
     options: BisectOptions,
@@ -216,19 +231,60 @@ def bisect(
     progress: Callable[[str], None] = lambda _: None,
 ) -> BisectResult:
     """Run the bisection (module doc). `measure`/`availability` replace the TensorRT runtime in tests."""
-    from trtforge.calibrate.data import max_sample_length, tokenizer_factory
-
     onnx_path = Path(onnx_path)
     out_dir = options.out_dir or onnx_path.with_name(onnx_path.name.removesuffix(".onnx").removesuffix(".clean") + ".bisect")
     report_path = options.report or out_dir / "bisect.json"
     inputs = [onnx_path, options.cache, options.data]
     refuse_overwrite("bisect", inputs, files=[report_path, out_dir])
+    setup = _setup(onnx_path, options, progress)
+    reference = OrtRunner(setup.model.SerializeToString())
+    refs = reference_outputs(reference, setup.batches)
+    require_informative_batches(refs, f"bisect's fp32 reference ({onnx_path.name} on {options.data})")
+    kinds = declared_output_kinds(onnx_path)
+    mode, why = availability or (engine_availability() if options.engine else ("none", "turned off (--no-engine)"))
+    if mode == "build" and not options.build_check:
+        mode, why = "none", why + "; build check turned off (--no-build-check)"
+    if measure is None and mode in ("run", "build"):
+        measure = trt_measure(why.split(" ")[0], setup.specs, data_profile(setup.specs, setup.batches), options, execute=mode == "run")
+    _prepare_out_dir(out_dir, report_path, inputs, setup.groups, options, measure is not None)
+    rows = [_variant_row(name, on, setup, refs, kinds, measure, out_dir, progress) for name, on in variants(setup.groups, options.modes)]
+    named = suspects(rows, options.max_gap)
+    status = {"run": "measured", "build": f"built only: {why}", "none": f"absent: {why}"}[mode]
+    report = {
+        "onnx": str(onnx_path),
+        "cache": str(options.cache),
+        "data": str(options.data),
+        "samples": len(setup.samples),
+        "precision": options.precision,
+        "max_gap": options.max_gap,
+        "engine": status,
+        "groups": {g: len(nodes) for g, nodes in setup.groups.items()},
+        "group_nodes": setup.groups,
+        "rows": rows,
+        "suspects": named,
+        "out_dir": str(out_dir),
+    }
+    write_json_atomic(report_path, report)
+    report["report"] = str(report_path)
+    return BisectResult(rows, setup.groups, named, status, report)
+
+
+def _read_fp32(onnx_path: Path, options: BisectOptions) -> onnx.ModelProto:
+    """The fp32 graph with every node named; a graph already quantized, or a cache that is not there, is refused."""
     model = load_onnx(onnx_path)
     name_all_nodes(model)
     if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
         raise UserError(f"{onnx_path} already holds Q/DQ nodes; bisect the cleaned fp32 ONNX (NAME.clean.onnx) with its --cache.")
     if not Path(options.cache).is_file():
         raise UserError(f"calibration cache {options.cache} does not exist; run `trtforge calibrate` first or pass --cache.")
+    return model
+
+
+def _setup(onnx_path: Path, options: BisectOptions, progress: Callable[[str], None]) -> _Setup:
+    """The cache's scales (and SmoothQuant) on the graph, the data, the plan with attention quantized, and its groups."""
+    from trtforge.calibrate.data import max_sample_length, tokenizer_factory
+
+    model = _read_fp32(onnx_path, options)
     specs, axes, _ = io_specs(onnx_path, model)
     cache_side = read_sidecar(Path(options.cache), required=False) or {}
     method, amax = read_cache(Path(options.cache))
@@ -257,18 +313,16 @@ def bisect(
         )
     )
     amax = _scales(working, plan, amax, str(method).lower(), calib, progress)
+    return _Setup(model, working, specs, plan, groups, amax, samples, batches)
 
-    reference = OrtRunner(model.SerializeToString())
-    refs = reference_outputs(reference, batches)
-    require_informative_batches(refs, f"bisect's fp32 reference ({onnx_path.name} on {options.data})")
-    kinds = declared_output_kinds(onnx_path)
-    mode, why = availability or (engine_availability() if options.engine else ("none", "turned off (--no-engine)"))
-    if mode == "build" and not options.build_check:
-        mode, why = "none", why + "; build check turned off (--no-build-check)"
-    if measure is None and mode in ("run", "build"):
-        measure = trt_measure(why.split(" ")[0], specs, data_profile(specs, batches), options, execute=mode == "run")
+
+def _prepare_out_dir(
+    out_dir: Path, report_path: Path, inputs: list[Path], groups: dict[str, list[str]], options: BisectOptions, measured: bool
+) -> None:
+    """The work folder, made once nothing it would hold (the report, and with an engine measurer each variant's
+    files) overwrites an input."""
     ensure_writable_dir(out_dir / "bisect.json")  # a file named like the folder: one sentence, not FileExistsError
-    if measure is not None:  # the variant files an engine measurement writes into out_dir
+    if measured:  # the variant files an engine measurement writes into out_dir
         refuse_overwrite(
             "bisect",
             inputs,
@@ -283,51 +337,42 @@ def bisect(
         )
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    rows = []
-    for name, on in variants(groups, options.modes):
-        progress(f"variant '{name}': {len(on)} group(s) quantized")
-        float_nodes = float_nodes_for(plan, groups, on)
-        qdq = insert_qdq(working, plan, amax, float_nodes)
-        acc = evaluate(OrtRunner(qdq.SerializeToString()), batches, refs, kinds)
-        mode_of = {"without": "off", "only": "alone"}
-        row: dict[str, Any] = {
-            "variant": name,
-            "mode": mode_of.get(name.split(" ")[0], "all"),
-            "group": name.split(" ", 1)[1] if " " in name else None,
-            "groups_on": sorted(on),
-            "quantized_nodes": len({t.node for t in plan.targets} - float_nodes),
-            "ort_mean_cosine": acc.mean_cosine,
-            "ort_min_cosine": acc.min_cosine,
-        }
-        if measure is not None:
-            path = save_onnx(qdq, out_dir / (_slug(name) + ".onnx"))
-            try:
-                engine = measure(path, qdq, batches, refs, kinds)
-            except Exception as exc:  # one variant that fails to build or run is a finding; the others still count
-                engine = {"error": str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"}
-            row["engine"] = engine
-            if engine.get("mean_cosine") is not None:
-                row["gap"] = acc.mean_cosine - engine["mean_cosine"]
-        rows.append(row)
-    named = suspects(rows, options.max_gap)
-    status = {"run": "measured", "build": f"built only: {why}", "none": f"absent: {why}"}[mode]
-    report = {
-        "onnx": str(onnx_path),
-        "cache": str(options.cache),
-        "data": str(options.data),
-        "samples": len(samples),
-        "precision": options.precision,
-        "max_gap": options.max_gap,
-        "engine": status,
-        "groups": {g: len(nodes) for g, nodes in groups.items()},
-        "group_nodes": groups,
-        "rows": rows,
-        "suspects": named,
-        "out_dir": str(out_dir),
+
+def _variant_row(
+    name: str,
+    on: set[str],
+    setup: _Setup,
+    refs: list[dict[str, np.ndarray]],
+    kinds: dict,
+    measure: EngineMeasure | None,
+    out_dir: Path,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """One variant's report row: its groups, ORT's accuracy, and the engine's figures (or why none) where measured."""
+    progress(f"variant '{name}': {len(on)} group(s) quantized")
+    float_nodes = float_nodes_for(setup.plan, setup.groups, on)
+    qdq = insert_qdq(setup.working, setup.plan, setup.amax, float_nodes)
+    acc = evaluate(OrtRunner(qdq.SerializeToString()), setup.batches, refs, kinds)
+    mode_of = {"without": "off", "only": "alone"}
+    row: dict[str, Any] = {
+        "variant": name,
+        "mode": mode_of.get(name.split(" ")[0], "all"),
+        "group": name.split(" ", 1)[1] if " " in name else None,
+        "groups_on": sorted(on),
+        "quantized_nodes": len({t.node for t in setup.plan.targets} - float_nodes),
+        "ort_mean_cosine": acc.mean_cosine,
+        "ort_min_cosine": acc.min_cosine,
     }
-    write_json_atomic(report_path, report)
-    report["report"] = str(report_path)
-    return BisectResult(rows, groups, named, status, report)
+    if measure is not None:
+        path = save_onnx(qdq, out_dir / (_slug(name) + ".onnx"))
+        try:
+            engine = measure(path, qdq, setup.batches, refs, kinds)
+        except Exception as exc:  # one variant that fails to build or run is a finding; the others still count
+            engine = {"error": str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"}
+        row["engine"] = engine
+        if engine.get("mean_cosine") is not None:
+            row["gap"] = acc.mean_cosine - engine["mean_cosine"]
+    return row
 
 
 def _slug(name: str) -> str:
