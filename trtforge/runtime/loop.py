@@ -282,37 +282,9 @@ def stream_batches(
         yield from _planned_inline(n_docs, plan, batcher, on_plan)
         return
     out: queue.Queue = queue.Queue(maxsize=max(0, int(ahead)))
-    stop = threading.Event()
     window = 2 * max(1, workers) if ahead > 0 else max(1, n_docs)
-
-    def put(item: Any) -> bool:
-        """Into the queue once there is room; False if the consumer has gone."""
-        return put_while(out, item, lambda: not stop.is_set())
-
-    def produce() -> None:
-        pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=_PLANNING)
-        try:
-            pending: deque = deque()
-            for d in range(n_docs):
-                while len(pending) < window and d + len(pending) < n_docs:
-                    pending.append(pool.submit(plan, d + len(pending)))
-                chunks = pending.popleft().result()
-                if stop.is_set():
-                    return
-                on_plan(d, chunks)
-                for b in batcher.add_many(chunks):
-                    if not put(b):
-                        return
-            for b in batcher.flush():
-                if not put(b):
-                    return
-            put(_END)
-        except BaseException as exc:  # handed to the consumer, raised there
-            put(exc)
-        finally:  # documents not yet started are never planned; those under way finish
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    thread = threading.Thread(target=produce, name=_PLANNING, daemon=True)
+    producer = _PlanningProducer(n_docs, plan, batcher, workers, on_plan, window, out)
+    thread = threading.Thread(target=producer.produce, name=_PLANNING, daemon=True)
     thread.start()
     try:
         while True:
@@ -323,11 +295,54 @@ def stream_batches(
                 raise item
             yield item
     finally:
-        stop.set()
+        producer.stop.set()
         # An iterator nobody closed is finalized by the garbage collector on whichever thread runs it, maybe a
         # planning one: joining there would wait for itself (found as a hang after a failed loop).
         if not threading.current_thread().name.startswith(_PLANNING):
             thread.join()
+
+
+@dataclass
+class _PlanningProducer:
+    """The planning thread of stream_batches: documents planned on a pool of threads in document order, their batches
+    put into the bounded queue the consumer reads, until it stops (`stop`)."""
+
+    n_docs: int
+    plan: Callable[[int], list[Any]]
+    batcher: Batcher
+    workers: int
+    on_plan: Callable[[int, list[Any]], None]
+    window: int  # documents handed to the threads at a time
+    out: queue.Queue
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def put(self, item: Any) -> bool:
+        """Into the queue once there is room; False if the consumer has gone."""
+        return put_while(self.out, item, lambda: not self.stop.is_set())
+
+    def produce(self) -> None:
+        """Every document's batches, then the batcher's rest and the end; an error is handed to the consumer."""
+        pool = ThreadPoolExecutor(max_workers=max(1, self.workers), thread_name_prefix=_PLANNING)
+        try:
+            pending: deque = deque()
+            for d in range(self.n_docs):
+                while len(pending) < self.window and d + len(pending) < self.n_docs:
+                    pending.append(pool.submit(self.plan, d + len(pending)))
+                chunks = pending.popleft().result()
+                if self.stop.is_set():
+                    return
+                self.on_plan(d, chunks)
+                for b in self.batcher.add_many(chunks):
+                    if not self.put(b):
+                        return
+            for b in self.batcher.flush():
+                if not self.put(b):
+                    return
+            self.put(_END)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self.put(exc)
+        finally:  # documents not yet started are never planned; those under way finish
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _planned_inline(

@@ -189,22 +189,31 @@ class Merger:
                     part = value[r.row : r.row + r.count]
                     kept.setdefault((r.doc, name), []).append((r.first, part.copy() if copy else part))
                 continue
-            for r in left:  # row by row: dense tiles, and token rows of blends and of single-window inputs
-                for j in range(r.row, r.row + r.count):
-                    c = batch[j]
-                    if kind.kind != "token":
-                        self.parts.setdefault((c.doc, name), []).append((c, value[j].copy() if copy else value[j]))
-                        continue
-                    part = chunk_part(kind, c, value[j : j + 1])
-                    if self.counts[c.doc] > 1:
-                        stream = self._stream(c.doc, name)
-                        if kind.stride:  # a padded window's frames past the input's end are dropped
-                            part = part[: stream.windows[c.index].length]
-                        stream.add(c.index, part)
-                    else:
-                        self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
-        if self.on_done is None:
-            return
+            self._add_row_by_row(batch, left, name, kind, value, copy)
+        if self.on_done is not None:
+            self._count_merged(runs)
+
+    def _add_row_by_row(
+        self, batch: Sequence[Chunk], runs: list[RowRun], name: str, kind: OutputKind, value: np.ndarray, copy: bool
+    ) -> None:
+        """The rows `add` merges one at a time: dense tiles, and token rows of blends and of single-window inputs."""
+        for r in runs:
+            for j in range(r.row, r.row + r.count):
+                c = batch[j]
+                if kind.kind != "token":
+                    self.parts.setdefault((c.doc, name), []).append((c, value[j].copy() if copy else value[j]))
+                    continue
+                part = chunk_part(kind, c, value[j : j + 1])
+                if self.counts[c.doc] > 1:
+                    stream = self._stream(c.doc, name)
+                    if kind.stride:  # a padded window's frames past the input's end are dropped
+                        part = part[: stream.windows[c.index].length]
+                    stream.add(c.index, part)
+                else:
+                    self.parts.setdefault((c.doc, name), []).append((c, part.copy() if copy else part))
+
+    def _count_merged(self, runs: list[RowRun]) -> None:
+        """Counts a batch's merged rows per input, then finishes each input whose last chunk this batch merged."""
         done = []
         with self._lock:  # after this thread's writes: the thread that merges an input's last chunk finishes it
             for r in runs:

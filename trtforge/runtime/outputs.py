@@ -161,13 +161,7 @@ def resolve(
     kinds: dict[str, OutputKind] = {}
     for name in names:
         if name in boxes or name in scores_of:
-            spec = boxes.get(name)
-            if spec is not None and spec.scores not in names:
-                raise UserError(
-                    f"boxes output '{name}' takes its scores from '{spec.scores}', which is not an output of the model "
-                    f"(outputs: {', '.join(names)}); fix its 'scores' key in the config and re-export."
-                )
-            kinds[name] = OutputKind(name, "boxes", boxes=spec) if spec else OutputKind(name, "box_scores")
+            kinds[name] = _box_kind(name, boxes.get(name), names)
             continue
         if not strict:
             try:
@@ -177,37 +171,55 @@ def resolve(
             continue
         kind, scale = declared.get(name, (None, None))
         shape = probes[0].shapes.get(name) if probes else None
-        if kind == "boxes":
-            raise UserError(
-                f"output '{name}' is declared boxes without its format and scores; declare them in the config "
-                f"(`outputs: [{{name: {name}, kind: boxes, format: cxcywh_norm, scores: LOGITS}}]`) and re-export."
-            )
-        if kind is not None and kind not in KINDS:
-            raise UserError(f"output '{name}' has kind '{kind}' in its sidecar; use one of {', '.join(KINDS)}.")
-        if kind == "dense":
-            if scale is None:
-                if shape is None or len(shape) != 4 or layout.kind != "image":
-                    raise _ask(name, shape, "is declared dense without a scale and its scale cannot be measured")
-                scale = _dense_scale(name, layout, probes)
-                kinds[name] = OutputKind(name, "dense", scale, "declared (scale measured)")
-            else:
-                kinds[name] = OutputKind(name, "dense", float(scale))
-            continue
         if kind is not None:
-            kinds[name] = OutputKind(name, kind)
-            continue
-        if shape is None:
-            raise _ask(name, None, "has no declared kind")
-        seq = layout.seq_axis
-        if len(shape) == 3 and seq and all(p.shapes[name][1] == p.sizes[seq] for p in probes) and len({p.sizes[seq] for p in probes}) > 1:
-            kinds[name] = OutputKind(name, "token", None, "inferred")
-        elif len(shape) == 4 and layout.kind == "image":
-            kinds[name] = OutputKind(name, "dense", _dense_scale(name, layout, probes), "inferred")
-        elif len(shape) == 2:
-            raise _ask(name, shape, "may be a pooled vector or class logits", "pooled|logits")
+            kinds[name] = _declared_kind(name, kind, scale, shape, layout, probes)
         else:
-            raise _ask(name, shape, "has a shape whose meaning cannot be inferred")
+            kinds[name] = _inferred_kind(name, shape, layout, probes)
     return kinds
+
+
+def _box_kind(name: str, spec: BoxSpec | None, names: list[str]) -> OutputKind:
+    """A declared boxes output (`spec`), or the box_scores output a boxes output names (no spec)."""
+    if spec is not None and spec.scores not in names:
+        raise UserError(
+            f"boxes output '{name}' takes its scores from '{spec.scores}', which is not an output of the model "
+            f"(outputs: {', '.join(names)}); fix its 'scores' key in the config and re-export."
+        )
+    return OutputKind(name, "boxes", boxes=spec) if spec else OutputKind(name, "box_scores")
+
+
+def _declared_kind(
+    name: str, kind: str, scale: float | None, shape: tuple[int, ...] | None, layout: Layout, probes: list[Probe]
+) -> OutputKind:
+    """An output's declared kind as given, a dense one's scale measured where it was not declared."""
+    if kind == "boxes":
+        raise UserError(
+            f"output '{name}' is declared boxes without its format and scores; declare them in the config "
+            f"(`outputs: [{{name: {name}, kind: boxes, format: cxcywh_norm, scores: LOGITS}}]`) and re-export."
+        )
+    if kind not in KINDS:
+        raise UserError(f"output '{name}' has kind '{kind}' in its sidecar; use one of {', '.join(KINDS)}.")
+    if kind != "dense":
+        return OutputKind(name, kind)
+    if scale is not None:
+        return OutputKind(name, "dense", float(scale))
+    if shape is None or len(shape) != 4 or layout.kind != "image":
+        raise _ask(name, shape, "is declared dense without a scale and its scale cannot be measured")
+    return OutputKind(name, "dense", _dense_scale(name, layout, probes), "declared (scale measured)")
+
+
+def _inferred_kind(name: str, shape: tuple[int, ...] | None, layout: Layout, probes: list[Probe]) -> OutputKind:
+    """An undeclared output's kind from its shapes in the probe runs, where they leave no doubt."""
+    if shape is None:
+        raise _ask(name, None, "has no declared kind")
+    seq = layout.seq_axis
+    if len(shape) == 3 and seq and all(p.shapes[name][1] == p.sizes[seq] for p in probes) and len({p.sizes[seq] for p in probes}) > 1:
+        return OutputKind(name, "token", None, "inferred")
+    if len(shape) == 4 and layout.kind == "image":
+        return OutputKind(name, "dense", _dense_scale(name, layout, probes), "inferred")
+    if len(shape) == 2:
+        raise _ask(name, shape, "may be a pooled vector or class logits", "pooled|logits")
+    raise _ask(name, shape, "has a shape whose meaning cannot be inferred")
 
 
 def probe_sizes(layout: Layout, axes: dict[str, Any]) -> list[dict[str, int]]:

@@ -50,47 +50,73 @@ def plan_document(
     detectors, whose boxes merge by position, not by tile weights)."""
     if doc.kind == "text":
         assert tokenizer is not None
-        if doc.ids is None:  # tokenized here (load_documents(tokenize=False)), on a planning thread
-            doc.ids = tokenizer.document(doc.text)
-            doc.length = int(doc.ids.size)
-        total = doc.length + tokenizer.specials
-        if chunk is None:
-            if limits.seq is not None and total > limits.seq:
-                raise UserError(
-                    f"input '{doc.name}' has {total} tokens but the model takes at most {limits.seq}; enable chunking with --chunk."
-                )
-            w = tokenizer.wrap(doc.ids)
-            return [Chunk(d, 0, text_feeds(w.ids, w.type_ids, specs), Window(0, doc.length, 0, doc.length), doc.length, w.content)]
-        # from the ids alone: the windows the tokenizer's truncation with stride cuts (tests/test_tokenize.py), the
-        # last one extended back to full length with full_last
-        windows = plan_windows(doc.length, tokenizer.capacity(chunk, overlap), overlap, full_last)
-        p = len(tokenizer.prefix)
-        types = any(spec.name == "token_type_ids" for spec in specs)
-        blocks, i = [], 0
-        for block in wrap_spans(doc.ids, [(w.start, w.end) for w in windows], tokenizer.prefix, tokenizer.suffix):
-            feeds = text_feeds(block, tokenizer.type_ids(block) if types else None, specs)  # an array per input per block: rows are views
-            key = tuple((k, (1, *v.shape[1:])) for k, v in sorted(feeds.items()))  # shape_key of every row
-            rows = block.shape[0]
-            n = block.shape[1] - len(tokenizer.prefix) - len(tokenizer.suffix)
-            blocks.append(WindowBlock(d, i, windows[i : i + rows], feeds, slice(p, p + n), key))
-            i += rows
-        return DocumentPlan(blocks)
+        return _plan_text(d, doc, specs, chunk, overlap, limits, tokenizer, full_last)
     if doc.kind == "seq":
-        seq = layout.seq_axis
-        if seq is None:
-            if chunk is not None:
-                raise no_chunk_axis(layout)
-            return [Chunk(d, 0, doc.feeds, Window(0, 1, 0, 1), 1)]
-        if layout.fixed_length or (layout.sample_stride and chunk):
-            return strided_chunks(d, doc, layout, chunk, overlap, full_last)
-        if chunk is None and limits.seq is not None and doc.length > limits.seq:
+        return _plan_sequence(d, doc, layout, chunk, overlap, limits, full_last)
+    return _plan_image(d, doc, layout, chunk, overlap, limits, scales, slices)
+
+
+def _plan_text(
+    d: int,
+    doc: Document,
+    specs: list[InputSpec],
+    chunk: int | None,
+    overlap: int,
+    limits: Limits,
+    tokenizer: TextTokenizer,
+    full_last: bool,
+) -> list[Chunk]:
+    """A text's windows as the tokenizer wraps them: one chunk without --chunk, else blocks of windows."""
+    if doc.ids is None:  # tokenized here (load_documents(tokenize=False)), on a planning thread
+        doc.ids = tokenizer.document(doc.text)
+        doc.length = int(doc.ids.size)
+    total = doc.length + tokenizer.specials
+    if chunk is None:
+        if limits.seq is not None and total > limits.seq:
             raise UserError(
-                f"input '{doc.name}' has {doc.length} positions but the model takes at most {limits.seq}; enable chunking with --chunk."
+                f"input '{doc.name}' has {total} tokens but the model takes at most {limits.seq}; enable chunking with --chunk."
             )
-        return [
-            Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length)
-            for i, w in enumerate(plan_windows(doc.length, chunk or doc.length, overlap if chunk else 0, full_last))
-        ]
+        w = tokenizer.wrap(doc.ids)
+        return [Chunk(d, 0, text_feeds(w.ids, w.type_ids, specs), Window(0, doc.length, 0, doc.length), doc.length, w.content)]
+    # from the ids alone: the windows the tokenizer's truncation with stride cuts (tests/test_tokenize.py), the
+    # last one extended back to full length with full_last
+    windows = plan_windows(doc.length, tokenizer.capacity(chunk, overlap), overlap, full_last)
+    p = len(tokenizer.prefix)
+    types = any(spec.name == "token_type_ids" for spec in specs)
+    blocks, i = [], 0
+    for block in wrap_spans(doc.ids, [(w.start, w.end) for w in windows], tokenizer.prefix, tokenizer.suffix):
+        feeds = text_feeds(block, tokenizer.type_ids(block) if types else None, specs)  # an array per input per block: rows are views
+        key = tuple((k, (1, *v.shape[1:])) for k, v in sorted(feeds.items()))  # shape_key of every row
+        rows = block.shape[0]
+        n = block.shape[1] - len(tokenizer.prefix) - len(tokenizer.suffix)
+        blocks.append(WindowBlock(d, i, windows[i : i + rows], feeds, slice(p, p + n), key))
+        i += rows
+    return DocumentPlan(blocks)
+
+
+def _plan_sequence(d: int, doc: Document, layout: Layout, chunk: int | None, overlap: int, limits: Limits, full_last: bool) -> list[Chunk]:
+    """An array input's windows along its sequence axis (strided where its outputs advance at a stride of it)."""
+    seq = layout.seq_axis
+    if seq is None:
+        if chunk is not None:
+            raise no_chunk_axis(layout)
+        return [Chunk(d, 0, doc.feeds, Window(0, 1, 0, 1), 1)]
+    if layout.fixed_length or (layout.sample_stride and chunk):
+        return strided_chunks(d, doc, layout, chunk, overlap, full_last)
+    if chunk is None and limits.seq is not None and doc.length > limits.seq:
+        raise UserError(
+            f"input '{doc.name}' has {doc.length} positions but the model takes at most {limits.seq}; enable chunking with --chunk."
+        )
+    return [
+        Chunk(d, i, layout.sliced(doc.feeds, {seq: (w.start, w.end)}), w, w.length)
+        for i, w in enumerate(plan_windows(doc.length, chunk or doc.length, overlap if chunk else 0, full_last))
+    ]
+
+
+def _plan_image(
+    d: int, doc: Document, layout: Layout, chunk: int | None, overlap: int, limits: Limits, scales: list[float], slices: bool
+) -> list[Chunk]:
+    """An image's tiles (or a detector's slices), each dense output's scale checked where there are several."""
     h, w_ = doc.hw
     if not layout.chunk_axes:
         if chunk is not None:

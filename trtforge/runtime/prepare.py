@@ -83,21 +83,7 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
         files=[options.report, options.save_outputs, options.save_reference],
     )
     is_engine = target_path.suffix != ".onnx"
-    engine_sidecar = None
-    if is_engine:
-        from trtforge.build.engine_record import read_engine_sidecar
-
-        engine_sidecar = read_engine_sidecar(target_path)
-        recorded = engine_sidecar.get("reference_onnx") or engine_sidecar["source_onnx"]
-    else:
-        recorded = (read_sidecar(target_path, required=False) or {}).get("reference_onnx")
-    # A recorded path relative to the folder its step ran in (older sidecars) is looked for from here too.
-    if options.reference:
-        reference_path = Path(options.reference)
-    elif recorded:
-        reference_path = linked_path(target_path, str(recorded))
-    else:
-        reference_path = target_path
+    engine_sidecar, reference_path = _reference_of(target_path, is_engine, options.reference)
     ref_model = load_onnx(reference_path)
     specs, axes, _ = io_specs(reference_path, ref_model)
     del ref_model
@@ -106,18 +92,7 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
     layout = run_layout(probe_layout, specs, chain, options.output_kinds, options.chunk, options.overlap, reference_path.name)
     limits = Limits(seq=layout.fixed_length) if layout.fixed_length else plan_limits(layout, axes, engine_sidecar)
     if options.chunk is not None:
-        check_overlap(options.chunk, options.overlap)
-        if not layout.chunk_axes:
-            raise no_chunk_axis(layout)
-        limit = limits.seq if layout.kind == "sequence" else limits.tile
-        if limit is not None and options.chunk > limit:
-            where = (
-                f"engine {target_path.name}'s largest profile"
-                if is_engine
-                else (f"the model's axis '{layout.seq_axis}'" if layout.kind == "sequence" else "the model's image axes")
-            )
-            what = f"--chunk {options.chunk}" + ("" if layout.kind == "sequence" else " (tile size)")
-            raise UserError(f"{what} is larger than {where} ({limit}); rebuild with larger tiers or lower --chunk.")
+        _check_chunk(options.chunk, options.overlap, layout, limits, target_path, is_engine)
     reference = OrtRunner(reference_path)
     kinds = output_kinds(reference, reference_path, specs, axes, probe_layout, options.output_kinds, chain)
     kinds = run_kinds(kinds, layout, options.chunk, options.overlap)
@@ -140,13 +115,7 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
         if plan
         else []
     )
-    batch_cap = options.batch_size
-    if layout.batch_axis:
-        b = layout.batch_axis
-        cap = max(p["axes"][b][2] for p in engine_sidecar["profiles"]) if engine_sidecar else (axes[b].max if b in axes else None)
-        batch_cap = min(batch_cap, cap) if cap else batch_cap
-    else:
-        batch_cap = 1
+    batch_cap = _batch_cap(options.batch_size, layout, engine_sidecar, axes)
     tolerances = tolerances_for(
         list(kinds), parse_tolerances(options.atol, "--atol"), parse_tolerances(options.rtol, "--rtol"), options.error_stat
     )
@@ -166,6 +135,51 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
         reference,
         tolerances,
     )
+
+
+def _reference_of(target_path: Path, is_engine: bool, given: Path | None) -> tuple[dict | None, Path]:
+    """The engine's sidecar (None for an ONNX) and the reference ONNX: --reference, else the one the target's sidecar
+    records, else the target itself."""
+    engine_sidecar = None
+    if is_engine:
+        from trtforge.build.engine_record import read_engine_sidecar
+
+        engine_sidecar = read_engine_sidecar(target_path)
+        recorded = engine_sidecar.get("reference_onnx") or engine_sidecar["source_onnx"]
+    else:
+        recorded = (read_sidecar(target_path, required=False) or {}).get("reference_onnx")
+    # A recorded path relative to the folder its step ran in (older sidecars) is looked for from here too.
+    if given:
+        return engine_sidecar, Path(given)
+    if recorded:
+        return engine_sidecar, linked_path(target_path, str(recorded))
+    return engine_sidecar, target_path
+
+
+def _check_chunk(chunk: int, overlap: int, layout: Layout, limits: Limits, target_path: Path, is_engine: bool) -> None:
+    """--chunk refused before anything runs where the model has no axis to chunk or takes no window (tile) that long."""
+    check_overlap(chunk, overlap)
+    if not layout.chunk_axes:
+        raise no_chunk_axis(layout)
+    limit = limits.seq if layout.kind == "sequence" else limits.tile
+    if limit is not None and chunk > limit:
+        where = (
+            f"engine {target_path.name}'s largest profile"
+            if is_engine
+            else (f"the model's axis '{layout.seq_axis}'" if layout.kind == "sequence" else "the model's image axes")
+        )
+        what = f"--chunk {chunk}" + ("" if layout.kind == "sequence" else " (tile size)")
+        raise UserError(f"{what} is larger than {where} ({limit}); rebuild with larger tiers or lower --chunk.")
+
+
+def _batch_cap(batch_size: int, layout: Layout, engine_sidecar: dict | None, axes: dict[str, AxisRange]) -> int:
+    """Chunks per batch: --batch-size, capped by the batch axis' largest size (the engine's profiles' or the model's);
+    1 for a model without a batch axis."""
+    if not layout.batch_axis:
+        return 1
+    b = layout.batch_axis
+    cap = max(p["axes"][b][2] for p in engine_sidecar["profiles"]) if engine_sidecar else (axes[b].max if b in axes else None)
+    return min(batch_size, cap) if cap else batch_size
 
 
 def refuse_unmergeable(

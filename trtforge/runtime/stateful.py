@@ -15,7 +15,6 @@ would give there, so token k is checked against argmax(full pass)[len(prompt) + 
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -28,6 +27,7 @@ import numpy as np
 from trtforge import __version__
 from trtforge.core.artifacts import read_sidecar, refuse_overwrite, write_json_atomic
 from trtforge.core.errors import UserError
+from trtforge.runtime.stateful_inputs import load_token_docs, tokenizer_encoder
 from trtforge.runtime.steppers import OrtStepper, TrtStepper, cache_plan
 
 SCHEMA = "trtforge.stateful/1"
@@ -82,59 +82,6 @@ def plan_steps(
     for k in range(max(0, generate - 1)):  # the first generated token comes from the prefill's last logits
         steps.append(Step("decode", length + k, length + k + 1, choose("decode", 1, length + k)))
     return steps
-
-
-# -- inputs ----------------------------------------------------------------------------------------
-
-
-def load_token_docs(path: Path, encode: Callable[[str], list[int]] | None, max_tokens: int | None = None) -> list[tuple[str, np.ndarray]]:
-    """(name, ids) per input: a folder of .txt, a .txt file, or .jsonl lines {"text"} or {"input_ids"}."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"inputs {path} do not exist; pass a folder of .txt files or a .jsonl file.")
-    items: list[tuple[str, Any]] = []
-    files = sorted(p for p in path.iterdir() if p.suffix in (".txt", ".jsonl")) if path.is_dir() else [path]
-    for f in files:
-        if f.suffix == ".jsonl":
-            for i, line in enumerate(f.read_text().splitlines()):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError:
-                    raise UserError(f"{f} line {i + 1} is not JSON; give one object per line with 'text' or 'input_ids'.") from None
-                if "input_ids" not in item and "text" not in item:
-                    raise UserError(f"{f} line {i + 1} has neither 'text' nor 'input_ids'.")
-                items.append((item.get("name", f"{f.stem}_{i}"), item.get("input_ids", item.get("text"))))
-        elif f.suffix == ".txt":
-            items.append((f.stem, f.read_text()))
-        else:
-            raise UserError(f"inputs {f} is not a .txt or .jsonl file; give texts for --stateful.")
-    if not items:
-        raise UserError(f"inputs {path} hold no .txt or .jsonl files.")
-    docs = []
-    for name, content in items:
-        if isinstance(content, str):
-            if encode is None:
-                raise UserError(f"{path} holds text, but the model's export saved no tokenizer; give .jsonl with input_ids.")
-            content = encode(content)
-        ids = np.asarray(content, dtype=np.int64)
-        docs.append((name, ids[:max_tokens] if max_tokens else ids))
-    return docs
-
-
-def tokenizer_encoder(export_side: dict[str, Any] | None, export_path: Path | None) -> Callable[[str], list[int]] | None:
-    """The export's saved tokenizer (tokenizer.json through the `tokenizers` library: no transformers needed)."""
-    rel = (export_side or {}).get("tokenizer")
-    if not rel or export_path is None:
-        return None
-    folder = export_path.parent / rel
-    if not (folder / "tokenizer.json").is_file():
-        raise UserError(f"tokenizer {folder} (named by {export_path}.json) has no tokenizer.json; re-run trtforge export --kv-cache.")
-    import tokenizers
-
-    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
-    return lambda text: tok.encode(text, add_special_tokens=False).ids
 
 
 # -- memory ----------------------------------------------------------------------------------------
@@ -235,10 +182,6 @@ def _stepper(target: _Target, options: StatefulOptions) -> Any:
 
 
 def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    from trtforge.build.kv_profiles import select_phase_profile
-    from trtforge.verify.compare import compare_arrays
-    from trtforge.verify.gates import check_outputs
-
     start_all = time.perf_counter()
     refuse_overwrite("run", [target_path, options.reference, options.inputs], files=[options.report])
     target = _resolve(target_path)
@@ -249,6 +192,31 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
     reference = _resolve(options.reference) if options.reference else target
     encode = tokenizer_encoder(target.export_side, target.export_path)
     docs = load_token_docs(options.inputs, encode, options.max_tokens)
+    plans, full_profiles = _plan_inputs(docs, target, reference, options)
+
+    stepper = _stepper(target, options)
+    chunked = _run_chunked(stepper, docs, plans, options, target.kind == "onnx" and options.measure_memory, progress)
+    # The full pass: the reference (default: the target itself), one step with an empty cache.
+    full_stepper = stepper if reference is target and target.kind == "onnx" else _stepper(reference, options)
+    if full_stepper is stepper:
+        full_stepper.reset()
+    full = _run_full(full_stepper, reference, docs, full_profiles, chunked, kind, options)
+    check = _check_chunking(docs, chunked, full, layout, reference, kind, target, options)
+    report = _stateful_report(target, stepper, options, chunked, full, check)
+    report["seconds"] = time.perf_counter() - start_all
+    if options.report:
+        write_json_atomic(options.report, report)
+    return report
+
+
+def _plan_inputs(
+    docs: list[tuple[str, np.ndarray]], target: _Target, reference: _Target, options: StatefulOptions
+) -> tuple[list[list[Step]], list[int | None]]:
+    """Every input planned before anything runs (a bad input fails in one sentence, fast): the target's steps, and
+    the reference engine's profile for the full pass (None on ONNX Runtime)."""
+    from trtforge.build.kv_profiles import select_phase_profile
+
+    layout = target.kv["layout"]
 
     def choose_for(t: _Target) -> Callable[[str, int, int], int]:
         return lambda phase, seq, past: (
@@ -256,14 +224,14 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
         )
 
     plans = []
-    for name, ids in docs:  # every input planned before anything runs: a bad input fails in one sentence, fast
+    for name, ids in docs:
         if ids.size + options.generate > layout["max_positions"]:
             raise UserError(
                 f"input {name} plus --generate {options.generate} is {ids.size + options.generate} tokens, "
                 f"beyond the model's {layout['max_positions']} positions; shorten it."
             )
         plans.append(plan_steps(int(ids.size), options.chunk, options.generate, choose_for(target)))
-    full_profiles = []
+    full_profiles: list[int | None] = []
     for name, ids in docs:
         if reference.kind == "engine":
             full_profiles.append(
@@ -273,91 +241,175 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
             )
         else:
             full_profiles.append(None)
+    return plans, full_profiles
 
-    stepper = _stepper(target, options)
-    per_profile: dict[int, dict[str, float]] = {}
-    docs_out, logits_all = [], []
-    decode_tokens, decode_seconds, prefill_tokens, prefill_seconds = 0, 0.0, 0, 0.0
-    rss = RssPeak() if target.kind == "onnx" and options.measure_memory else None
+
+@dataclass
+class _ChunkedPass:
+    """What the stateful pass gives the checks and the report: each input's entry and concatenated logits, tokens
+    and seconds of prefill (per profile too) and decode, and the peak memory."""
+
+    docs_out: list[dict[str, Any]] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)
+    per_profile: dict[int, dict[str, float]] = field(default_factory=dict)
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    peak: int = 0
+
+    def run_input(self, stepper: Any, name: str, ids: np.ndarray, steps: list[Step], generate: int) -> None:
+        """One input chunk by chunk on a reset cache, then its greedy decode."""
+        stepper.reset()
+        parts, generated = [], []
+        for step in steps:
+            if step.phase == "prefill":
+                t0 = time.perf_counter()
+                out = stepper.step(ids[step.start : step.end], step.past, step.profile)
+                dt = time.perf_counter() - t0
+                parts.append(out)
+                self.prefill_tokens += step.seq
+                self.prefill_seconds += dt
+                rec = self.per_profile.setdefault(step.profile, {"steps": 0, "tokens": 0, "seconds": 0.0})
+                rec["steps"] += 1
+                rec["tokens"] += step.seq
+                rec["seconds"] += dt
+            else:
+                if not generated:
+                    generated.append(int(parts[-1][-1].argmax()))
+                t0 = time.perf_counter()
+                out = stepper.step(np.asarray([generated[-1]], dtype=np.int64), step.past, step.profile)
+                self.decode_seconds += time.perf_counter() - t0
+                self.decode_tokens += 1
+                generated.append(int(out[-1].argmax()))
+        if generate and not generated:
+            generated.append(int(parts[-1][-1].argmax()))
+        self.logits.append(np.concatenate(parts, axis=0))
+        self.docs_out.append(
+            {"name": name, "tokens": int(ids.size), "chunks": sum(s.phase == "prefill" for s in steps), "generated": generated}
+        )
+
+
+def _run_chunked(
+    stepper: Any,
+    docs: list[tuple[str, np.ndarray]],
+    plans: list[list[Step]],
+    options: StatefulOptions,
+    sample_rss: bool,
+    progress: Callable[[str], None],
+) -> _ChunkedPass:
+    """Every input through the stepper chunk by chunk; the stepper is closed afterwards, failed or not."""
+    chunked = _ChunkedPass()
+    rss = RssPeak() if sample_rss else None
     try:
         with rss or _Null():
             for (name, ids), steps in zip(docs, plans):
                 progress(f"stateful: {name}, {ids.size} tokens in {sum(s.phase == 'prefill' for s in steps)} chunks")
-                stepper.reset()
-                parts, generated = [], []
-                for step in steps:
-                    if step.phase == "prefill":
-                        t0 = time.perf_counter()
-                        out = stepper.step(ids[step.start : step.end], step.past, step.profile)
-                        dt = time.perf_counter() - t0
-                        parts.append(out)
-                        prefill_tokens += step.seq
-                        prefill_seconds += dt
-                        rec = per_profile.setdefault(step.profile, {"steps": 0, "tokens": 0, "seconds": 0.0})
-                        rec["steps"] += 1
-                        rec["tokens"] += step.seq
-                        rec["seconds"] += dt
-                    else:
-                        if not generated:
-                            generated.append(int(parts[-1][-1].argmax()))
-                        t0 = time.perf_counter()
-                        out = stepper.step(np.asarray([generated[-1]], dtype=np.int64), step.past, step.profile)
-                        decode_seconds += time.perf_counter() - t0
-                        decode_tokens += 1
-                        generated.append(int(out[-1].argmax()))
-                if options.generate and not generated:
-                    generated.append(int(parts[-1][-1].argmax()))
-                logits_all.append(np.concatenate(parts, axis=0))
-                docs_out.append(
-                    {"name": name, "tokens": int(ids.size), "chunks": sum(s.phase == "prefill" for s in steps), "generated": generated}
-                )
-        stateful_peak = rss.peak if rss else stepper.peak_bytes
+                chunked.run_input(stepper, name, ids, steps, options.generate)
+        chunked.peak = rss.peak if rss else stepper.peak_bytes
     finally:
         stepper.close()
+    return chunked
 
-    # The full pass: the reference (default: the target itself), one step with an empty cache.
-    full_stepper = stepper if reference is target and target.kind == "onnx" else _stepper(reference, options)
-    if full_stepper is stepper:
-        full_stepper.reset()
+
+@dataclass
+class _FullPass:
+    """The full pass's logits paired with the stateful ones per input, the generation checks' matches, its tokens,
+    seconds and peak memory."""
+
+    per_doc: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    agreement: list[list[int]] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+    peak: int = 0
+
+
+def _run_full(
+    full_stepper: Any,
+    reference: _Target,
+    docs: list[tuple[str, np.ndarray]],
+    full_profiles: list[int | None],
+    chunked: _ChunkedPass,
+    kind: str | None,
+    options: StatefulOptions,
+) -> _FullPass:
+    """One full pass per input on the reference, each input's chunking error written into its entry, then the
+    generation check; the stepper is closed afterwards, failed or not."""
+    from trtforge.verify.compare import compare_arrays
+
     rss_full = RssPeak() if reference.kind == "onnx" and options.measure_memory else None
-    full_tokens, full_seconds = 0, 0.0
-    per_doc, agreement = [], []
+    full_pass = _FullPass()
     try:
         with rss_full or _Null():
             for i, (name, ids) in enumerate(docs):
                 t0 = time.perf_counter()
                 full = full_stepper.full(ids, full_profiles[i]) if reference.kind == "engine" else full_stepper.full(ids)
-                full_seconds += time.perf_counter() - t0
-                full_tokens += int(ids.size)
-                metrics = compare_arrays(full, logits_all[i], kind)
-                docs_out[i]["chunking_error"] = metrics
-                per_doc.append((full, logits_all[i]))
-        full_peak = rss_full.peak if rss_full else full_stepper.peak_bytes
+                full_pass.seconds += time.perf_counter() - t0
+                full_pass.tokens += int(ids.size)
+                metrics = compare_arrays(full, chunked.logits[i], kind)
+                chunked.docs_out[i]["chunking_error"] = metrics
+                full_pass.per_doc.append((full, chunked.logits[i]))
+        full_pass.peak = rss_full.peak if rss_full else full_stepper.peak_bytes
         if options.generate:
-            for i, (name, ids) in enumerate(docs):
-                gen = docs_out[i]["generated"]
-                seq = np.concatenate([ids, np.asarray(gen[:-1], dtype=np.int64)])
-                full = (
-                    full_stepper.full(
-                        seq,
-                        select_phase_profile(
-                            reference.profiles, reference.phases, "prefill", int(seq.size), 0, where=reference.where
-                        ).index,
-                    )
-                    if reference.kind == "engine"
-                    else full_stepper.full(seq)
-                )
-                expected = [int(v) for v in full[ids.size - 1 :].argmax(axis=-1)]
-                match = [int(a == b) for a, b in zip(gen, expected)]
-                first = next((k for k, m in enumerate(match) if not m), None)
-                docs_out[i]["generation"] = {"expected": expected, "agreement": float(np.mean(match)), "first_mismatch": first}
-                agreement.append(match)
+            full_pass.agreement = _check_generation(full_stepper, reference, docs, chunked.docs_out)
     finally:
         full_stepper.close()
+    return full_pass
 
-    ref_all = np.concatenate([f for f, _ in per_doc])
-    got_all = np.concatenate([g for _, g in per_doc])
-    per_input = {f"input {i} ({docs[i][0]})": d["chunking_error"] for i, d in enumerate(docs_out)}
+
+def _check_generation(
+    full_stepper: Any, reference: _Target, docs: list[tuple[str, np.ndarray]], docs_out: list[dict[str, Any]]
+) -> list[list[int]]:
+    """Each input's generated tokens against the argmax of one full pass over prompt + generated tokens (written
+    into its entry); returns the matches per input."""
+    from trtforge.build.kv_profiles import select_phase_profile
+
+    agreement = []
+    for i, (name, ids) in enumerate(docs):
+        gen = docs_out[i]["generated"]
+        seq = np.concatenate([ids, np.asarray(gen[:-1], dtype=np.int64)])
+        full = (
+            full_stepper.full(
+                seq,
+                select_phase_profile(reference.profiles, reference.phases, "prefill", int(seq.size), 0, where=reference.where).index,
+            )
+            if reference.kind == "engine"
+            else full_stepper.full(seq)
+        )
+        expected = [int(v) for v in full[ids.size - 1 :].argmax(axis=-1)]
+        match = [int(a == b) for a, b in zip(gen, expected)]
+        first = next((k for k, m in enumerate(match) if not m), None)
+        docs_out[i]["generation"] = {"expected": expected, "agreement": float(np.mean(match)), "first_mismatch": first}
+        agreement.append(match)
+    return agreement
+
+
+@dataclass
+class _ChunkingCheck:
+    """The chunking error over all inputs, the gate it is held to and the failures."""
+
+    error: dict[str, Any]
+    gate: float
+    failures: list[str]
+
+
+def _check_chunking(
+    docs: list[tuple[str, np.ndarray]],
+    chunked: _ChunkedPass,
+    full: _FullPass,
+    layout: dict[str, Any],
+    reference: _Target,
+    kind: str | None,
+    target: _Target,
+    options: StatefulOptions,
+) -> _ChunkingCheck:
+    """The stateful logits against the full pass's over all inputs, and per input against the gate."""
+    from trtforge.verify.compare import compare_arrays
+    from trtforge.verify.gates import check_outputs
+
+    ref_all = np.concatenate([f for f, _ in full.per_doc])
+    got_all = np.concatenate([g for _, g in full.per_doc])
+    per_input = {f"input {i} ({docs[i][0]})": d["chunking_error"] for i, d in enumerate(chunked.docs_out)}
     worst_name = max(per_input, key=lambda n: per_input[n]["rel_l2"] if per_input[n]["rel_l2"] == per_input[n]["rel_l2"] else np.inf)
     chunk_err = {
         "output": layout["output"],
@@ -372,29 +424,38 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
         "stateful run's check against one full pass",
         "the stateful run",
     )
+    return _ChunkingCheck(chunk_err, gate, failures)
+
+
+def _stateful_report(
+    target: _Target, stepper: Any, options: StatefulOptions, chunked: _ChunkedPass, full: _FullPass, check: _ChunkingCheck
+) -> dict[str, Any]:
+    """The report, but for its closing `seconds`."""
+    layout = target.kv["layout"]
     profiles_by_index = {p.index: p for p in target.profiles}
-    report = {
+    agreement = full.agreement
+    return {
         "schema": SCHEMA,
         "trtforge_version": __version__,
         "target": str(target.path),
         "backend": "onnxruntime" if target.kind == "onnx" else f"tensorrt {getattr(stepper, 'mod', None) and stepper.mod.version}",
         "model": {k: layout[k] for k in ("layers", "heads", "kv_heads", "head_dim", "output")},
         "chunk": options.chunk,
-        "inputs": docs_out,
-        "chunking_error": chunk_err,
+        "inputs": chunked.docs_out,
+        "chunking_error": check.error,
         "generation": None
         if not options.generate
         else {
             "tokens_per_input": options.generate,
             "agreement": float(np.mean([m for ms in agreement for m in ms])),
             "exact": all(all(ms) for ms in agreement),
-            "decode_tokens_per_s": decode_tokens / decode_seconds if decode_seconds else None,
-            "decode_steps": decode_tokens,
+            "decode_tokens_per_s": chunked.decode_tokens / chunked.decode_seconds if chunked.decode_seconds else None,
+            "decode_steps": chunked.decode_tokens,
             "check": "argmax of one full pass over prompt + generated tokens at each generated position (causal: equal to a recompute per step)",
         },
         "throughput": {
-            "prefill_tokens_per_s": prefill_tokens / prefill_seconds if prefill_seconds else None,
-            "full_pass_tokens_per_s": full_tokens / full_seconds if full_seconds else None,
+            "prefill_tokens_per_s": chunked.prefill_tokens / chunked.prefill_seconds if chunked.prefill_seconds else None,
+            "full_pass_tokens_per_s": full.tokens / full.seconds if full.seconds else None,
             "per_profile": [
                 {
                     "profile": idx,
@@ -403,7 +464,7 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
                     **rec,
                     "tokens_per_s": rec["tokens"] / rec["seconds"] if rec["seconds"] else None,
                 }
-                for idx, rec in sorted(per_profile.items())
+                for idx, rec in sorted(chunked.per_profile.items())
             ],
             "profiles_note": None
             if target.kind == "engine"
@@ -413,17 +474,13 @@ def run_stateful(target_path: Path, options: StatefulOptions, progress: Callable
             "method": "peak RSS above the level before the phase, sampled every ms, ONNX Runtime arena off"
             if target.kind == "onnx"
             else "device memory in use (cudaMemGetInfo) from engine load: contexts, activations and the cache buffers",
-            "stateful_prefill_peak_mb": stateful_peak / 2**20,
-            "full_pass_peak_mb": full_peak / 2**20,
+            "stateful_prefill_peak_mb": chunked.peak / 2**20,
+            "full_pass_peak_mb": full.peak / 2**20,
             "cache_plan": getattr(stepper, "plan", None)
-            or cache_plan(layout, max(d["tokens"] for d in docs_out) + options.generate, options.chunk, 4),
+            or cache_plan(layout, max(d["tokens"] for d in chunked.docs_out) + options.generate, options.chunk, 4),
         },
-        "gates": {"max_rel_l2": gate, "passed": not failures, "failures": failures},
-        "seconds": time.perf_counter() - start_all,
+        "gates": {"max_rel_l2": check.gate, "passed": not check.failures, "failures": check.failures},
     }
-    if options.report:
-        write_json_atomic(options.report, report)
-    return report
 
 
 class _Null:

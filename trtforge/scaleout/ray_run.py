@@ -201,184 +201,254 @@ def run_ray(
 
 
 def _run(ray: Any, p: Prepared, options: RunOptions, ray_options: RayOptions, progress: Callable[[str], None]) -> dict[str, Any]:
-    count, resources, threads = _actor_plan(ray, p.is_engine, ray_options.actors, ray_options.address)
-    by_doc: dict[int, list[Chunk]] = {}
-    for c in p.chunks:
-        by_doc.setdefault(c.doc, []).append(c)
-    doc_chunks = [len(by_doc[d]) for d in range(len(p.docs))]
-    size = ray_options.unit_chunks or unit_size(len(p.chunks), count, p.batch_cap)
-    units = plan_units(doc_chunks, size)
-    unit_chunks = [[c for d in u for c in by_doc[d]] for u in units]
-    # Warm-up as one process does it: the first batch of every shape of the whole run, on every actor.
+    actors = _Actors(*_actor_plan(ray, p.is_engine, ray_options.actors, ray_options.address))
+    driver = _Driver(p, options, ray_options, actors)
+    pool = _start_actors(ray, p, options, ray_options, actors, _warm_batches(p, options), progress)
+    label = pool.workers[0].info["label"]
+    progress(
+        f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(driver.units)} units on {actors.count} Ray actors ({label}); outputs "
+        + ", ".join(f"{k.name} ({k.kind})" for k in p.kinds.values())
+    )
+    infer_ledger, wall = driver.infer(pool)
+    memory = {w.id: ray.get(w.handle.memory.remote()) for w in pool.live()}
+    driver.judge(pool, infer_ledger)
+    precision = driver.precision_of(list(range(len(driver.units))))
+    if options.save_outputs:
+        _save_merged(options.save_outputs, p.docs, driver.merged)
+    workers = [driver.worker_report(w, infer_ledger, memory) for w in pool.workers]
+    report = driver.report(pool, label, wall, precision, memory, workers)
+    report["gates"] = gates_for(report, p, options)
+    if options.report:
+        write_json_atomic(options.report, report)
+    return report
+
+
+@dataclass
+class _Actors:
+    """How many actors, their Ray resources, and ONNX Runtime threads each (_actor_plan)."""
+
+    count: int
+    resources: dict[str, Any]
+    threads: int | None
+
+
+def _warm_batches(p: Prepared, options: RunOptions) -> list[list[Chunk]]:
+    """Warm-up as one process does it: the first batch of every shape of the whole run, on every actor."""
     seen, warm = set(), []
     for b in make_batches(p.chunks, p.batch_cap, options.naive):
         key = (len(b), tuple(v.shape for v in b[0].feeds.values()))
         if key not in seen:
             seen.add(key)
             warm.append(b)
+    return warm
 
-    actor_cls = ray.remote(**resources, max_restarts=0)(RunWorker)
+
+def _start_actors(
+    ray: Any,
+    p: Prepared,
+    options: RunOptions,
+    ray_options: RayOptions,
+    actors: _Actors,
+    warm: list[list[Chunk]],
+    progress: Callable[[str], None],
+) -> Pool:
+    """The actors, each set up and warmed up; the prepared run goes to them once, without its documents and runners."""
+    actor_cls = ray.remote(**actors.resources, max_restarts=0)(RunWorker)
     shared = replace(p, docs=[], chunks=[], reference=None, tokenizer=None)
-    tokenizer_dir = str(p.tokenizer.directory) if p.tokenizer else None
+    tokenizer_dir = _tokenizer_dir(p)
     shared_ref, warm_ref = ray.put(shared), ray.put(warm)
 
     def make(worker: int) -> Any:
         die = ray_options.die_after_batches if worker == 0 else None
-        return actor_cls.remote(shared_ref, options, tokenizer_dir, threads, die)
+        return actor_cls.remote(shared_ref, options, tokenizer_dir, actors.threads, die)
 
-    pool = Pool(make, lambda h: h.setup.remote(warm_ref, options.warmup), count, progress=progress)
+    pool = Pool(make, lambda h: h.setup.remote(warm_ref, options.warmup), actors.count, progress=progress)
     pool.wait_ready()
-    label = pool.workers[0].info["label"]
-    progress(
-        f"{len(p.docs)} inputs -> {len(p.chunks)} chunks -> {len(units)} units on {count} Ray actors ({label}); outputs "
-        + ", ".join(f"{k.name} ({k.kind})" for k in p.kinds.values())
-    )
+    return pool
 
-    merged: list[dict[str, np.ndarray] | None] = [None] * len(p.docs)
-    committed = [0] * len(p.docs)
-    per_worker: dict[int, dict[str, Any]] = {}
-    timings: list[tuple[str, float, float | None]] = []
-    batches_total = 0
 
-    def commit_infer(unit: int, worker: Any, result: dict[str, Any]) -> None:
-        nonlocal batches_total
+def _tokenizer_dir(p: Prepared) -> str | None:
+    """The folder each actor loads the tokenizer from (tokenizers travel as their folder)."""
+    return str(p.tokenizer.directory) if p.tokenizer else None
+
+
+def _save_merged(path: Path, docs: list[Document], merged: list[dict[str, np.ndarray] | None]) -> None:
+    """--save-outputs: every input's merged outputs as INPUT/OUTPUT keys of one .npz, written atomically."""
+    from trtforge.core.artifacts import atomic_path
+
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **{f"{d.name}/{name}": value for d, outs in zip(docs, merged) for name, value in outs.items()})
+
+
+def _no_stats() -> dict[str, Any]:
+    """A worker's figures before any unit of it is committed."""
+    return {"documents": 0, "chunks": 0, "batches": 0, "tokens": 0, "busy_s": 0.0, "timings": []}
+
+
+class _Driver:
+    """The driver's side of a Ray run: the documents cut into units of whole documents, what the actors send back
+    for each unit (committed once per unit), and the report made of it."""
+
+    def __init__(self, p: Prepared, options: RunOptions, ray_options: RayOptions, actors: _Actors):
+        self.p, self.options, self.ray_options, self.actors = p, options, ray_options, actors
+        by_doc: dict[int, list[Chunk]] = {}
+        for c in p.chunks:
+            by_doc.setdefault(c.doc, []).append(c)
+        self.doc_chunks = [len(by_doc[d]) for d in range(len(p.docs))]
+        self.size = ray_options.unit_chunks or unit_size(len(p.chunks), actors.count, p.batch_cap)
+        self.units = plan_units(self.doc_chunks, self.size)
+        self.unit_chunks = [[c for d in u for c in by_doc[d]] for u in self.units]
+        self.merged: list[dict[str, np.ndarray] | None] = [None] * len(p.docs)
+        self.committed = [0] * len(p.docs)
+        self.per_worker: dict[int, dict[str, Any]] = {}
+        self.timings: list[tuple[str, float, float | None]] = []
+        self.batches_total = 0
+        self.precision_parts: dict[int, Comparator | None] = {}
+        self.chunking_parts: dict[int, Any] = {}
+        self.judged_by: dict[int, list[int]] = {}  # worker -> units it judged, for its own figures
+
+    def infer(self, pool: Pool) -> tuple[Ledger, float]:
+        """Phase 1, on the clock: every unit through the actors; returns its ledger and the wall seconds."""
+        p, units, unit_chunks = self.p, self.units, self.unit_chunks
+        infer_ledger = Ledger(len(units))
+        start = time.perf_counter()
+        pool.run(
+            infer_ledger,
+            lambda h, u: h.infer.remote(u, unit_chunks[u], [(d, p.docs[d]) for d in units[u]]),
+            self.commit_infer,
+            self.ray_options.depth,
+        )
+        wall = time.perf_counter() - start
+        if self.committed != [1] * len(p.docs):  # the ledger's promise, checked on what came back
+            raise RuntimeError(f"documents merged other than once: {[d for d, n in enumerate(self.committed) if n != 1][:10]}")
+        return infer_ledger, wall
+
+    def commit_infer(self, unit: int, worker: Any, result: dict[str, Any]) -> None:
+        """A unit's inference result, once: its documents' merged outputs (when saved) and the worker's figures."""
         for i, d in enumerate(result["docs"]):
-            committed[d] += 1
+            self.committed[d] += 1
             if result["merged"] is not None:
-                merged[d] = result["merged"][i]
-        stats = per_worker.setdefault(worker.id, {"documents": 0, "chunks": 0, "batches": 0, "tokens": 0, "busy_s": 0.0, "timings": []})
-        stats["documents"] += len(units[unit])
-        stats["chunks"] += len(unit_chunks[unit])
+                self.merged[d] = result["merged"][i]
+        stats = self.per_worker.setdefault(worker.id, _no_stats())
+        stats["documents"] += len(self.units[unit])
+        stats["chunks"] += len(self.unit_chunks[unit])
         stats["batches"] += result["batches"]
-        stats["tokens"] += sum(p.docs[d].length for d in units[unit])
+        stats["tokens"] += sum(self.p.docs[d].length for d in self.units[unit])
         stats["busy_s"] += result["busy_s"]
         stats["timings"] += result["timings"]
-        timings.extend(result["timings"])
-        batches_total += result["batches"]
+        self.timings.extend(result["timings"])
+        self.batches_total += result["batches"]
 
-    infer_ledger = Ledger(len(units))
-    start = time.perf_counter()
-    pool.run(
-        infer_ledger, lambda h, u: h.infer.remote(u, unit_chunks[u], [(d, p.docs[d]) for d in units[u]]), commit_infer, ray_options.depth
-    )
-    wall = time.perf_counter() - start
-    if committed != [1] * len(p.docs):  # the ledger's promise, checked on what came back
-        raise RuntimeError(f"documents merged other than once: {[d for d, n in enumerate(committed) if n != 1][:10]}")
-    memory = {w.id: ray.get(w.handle.memory.remote()) for w in pool.live()}
+    def judge(self, pool: Pool, infer_ledger: Ledger) -> None:
+        """Phase 2, off the clock: each unit judged by the actor that inferred it (another where that one died)."""
+        p, units, unit_chunks, doc_chunks = self.p, self.units, self.unit_chunks, self.doc_chunks
+        judge_ledger = Ledger(len(units), affinity=dict(infer_ledger.done))
+        judge_ledger.dead |= {w.id for w in pool.workers if not w.alive}
+        pool.run(
+            judge_ledger,
+            lambda h, u: h.judge.remote(u, unit_chunks[u], [(p.docs[d], doc_chunks[d]) for d in units[u]]),
+            self.commit_judge,
+            self.ray_options.depth,
+        )
 
-    precision_parts: dict[int, Comparator | None] = {}
-    chunking_parts: dict[int, Any] = {}
+    def commit_judge(self, unit: int, worker: Any, result: dict[str, Any]) -> None:
+        """A unit's judging result: its precision comparator and its documents' chunking errors."""
+        self.precision_parts[unit] = result["precision"]
+        for d, part in zip(self.units[unit], result["chunking"]):
+            self.chunking_parts[d] = part
+        self.judged_by.setdefault(worker.id, []).append(unit)
 
-    judged_by: dict[int, list[int]] = {}  # worker -> units it judged, for its own figures
-
-    def commit_judge(unit: int, worker: Any, result: dict[str, Any]) -> None:
-        precision_parts[unit] = result["precision"]
-        for d, part in zip(units[unit], result["chunking"]):
-            chunking_parts[d] = part
-        judged_by.setdefault(worker.id, []).append(unit)
-
-    judge_ledger = Ledger(len(units), affinity=dict(infer_ledger.done))
-    judge_ledger.dead |= {w.id for w in pool.workers if not w.alive}
-    pool.run(
-        judge_ledger,
-        lambda h, u: h.judge.remote(u, unit_chunks[u], [(p.docs[d], doc_chunks[d]) for d in units[u]]),
-        commit_judge,
-        ray_options.depth,
-    )
-
-    def precision_of(chosen: list[int]) -> dict[str, Any]:
-        if not options.precision_check:
+    def precision_of(self, chosen: list[int]) -> dict[str, Any]:
+        """The precision error over the chosen units (in unit order), or why it was not measured."""
+        if not self.options.precision_check:
             return {"measured": False, "reason": "--no-precision-check"}
-        if self_referenced(p):
+        if self_referenced(self.p):
             return {"measured": False, "reason": "target is its own reference; pass --reference or run an engine"}
         if not chosen:
             return {"measured": False, "reason": "no units judged on this worker"}
-        total = comparator_for(p.kinds, p.tolerances)
+        total = comparator_for(self.p.kinds, self.p.tolerances)
         for u in sorted(chosen):
-            total.merge(precision_parts[u])
+            total.merge(self.precision_parts[u])
         return precision_summary(total)
 
-    def chunking_of(chosen: list[int]) -> dict[str, Any]:
-        docs = sorted(d for u in chosen for d in units[u])
-        return chunking_summary([chunking_parts[d] for d in docs], p.kinds) if docs else {"measured": False, "reason": "no documents"}
-
-    precision = precision_of(list(range(len(units))))
-
-    if options.save_outputs:
-        from trtforge.core.artifacts import atomic_path
-
-        with atomic_path(options.save_outputs) as tmp:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **{f"{d.name}/{name}": value for d, outs in zip(p.docs, merged) for name, value in outs.items()})
-
-    workers = []
-    for w in pool.workers:
-        stats = per_worker.get(w.id, {"documents": 0, "chunks": 0, "batches": 0, "tokens": 0, "busy_s": 0.0, "timings": []})
-        workers.append(
-            {
-                "worker": w.id,
-                **{k: w.info.get(k) for k in ("host", "pid", "devices")},
-                "alive": w.alive,
-                "units": sum(1 for owner in infer_ledger.done.values() if owner == w.id),
-                "documents": stats["documents"],
-                **worker_figures(stats["tokens"], stats["busy_s"], stats["chunks"], stats["batches"]),
-                "retried_units": w.retried_units,
-                "latency": latency_summary(stats["timings"]),
-                "memory": memory.get(w.id),
-                "judged_units": len(judged_by.get(w.id, [])),
-                "precision_error": precision_of(judged_by.get(w.id, [])),
-                "chunking_error": chunking_of(judged_by.get(w.id, [])),
-            }
+    def chunking_of(self, chosen: list[int]) -> dict[str, Any]:
+        """The chunking error over the chosen units' documents (in document order)."""
+        docs = sorted(d for u in chosen for d in self.units[u])
+        return (
+            chunking_summary([self.chunking_parts[d] for d in docs], self.p.kinds)
+            if docs
+            else {"measured": False, "reason": "no documents"}
         )
-    mems = [m for m in memory.values() if m]
-    memory_all = {k: (max(m[k] for m in mems) if isinstance(mems[0][k], (int, float)) else mems[0][k]) for k in mems[0]} if mems else {}
-    tokens = sum(d.length for d in p.docs)
-    report = {
-        "schema": SCHEMA,
-        "trtforge_version": __version__,
-        "target": str(p.target_path),
-        "backend": label,
-        "reference": str(p.reference_path),
-        "outputs": {name: k.to_json() for name, k in p.kinds.items()},
-        "tokenizer": tokenizer_dir,
-        "chunking": {
-            "chunk": options.chunk,
-            "overlap": options.overlap,
-            "merge": options.merge,
-            "batch_size": p.batch_cap,
-            "max_length": p.limits.seq,
-            "max_tile": p.limits.tile,
-            "naive": options.naive,
-            "last_window": options.last_window,
-        },
-        "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": doc_chunks[i]} for i, d in enumerate(p.docs)],
-        "batches": batches_total,
-        "precision_error": precision,
-        "chunking_error": chunking_summary([chunking_parts[d] for d in range(len(p.docs))], p.kinds),
-        "latency": latency_summary(timings),
-        "throughput": {
-            "seconds": wall,
-            "inputs_per_s": len(p.docs) / wall,
-            "tokens_per_s": tokens / wall,
-            "unit": length_unit({d.kind for d in p.docs}),
-            "chunks_per_s": len(p.chunks) / wall,
-        },
-        "memory": memory_all,
-        "workers": workers,
-        "ray": {
-            "address": ray_options.address,
-            "actors": count,
-            "resources_per_actor": resources,
-            "onnxruntime_threads": threads,
-            "units": len(units),
-            "unit_chunks": size,
-            "lost_workers": sum(1 for w in pool.workers if not w.alive),
-            "gc_paused_in_units": options.gc_pause,
-            "switch_interval_us": options.switch_interval_us,
-            "retried_units": sum(w.retried_units for w in pool.workers),
-        },
-    }
-    report["gates"] = gates_for(report, p, options)
-    if options.report:
-        write_json_atomic(options.report, report)
-    return report
+
+    def worker_report(self, w: Any, infer_ledger: Ledger, memory: dict[int, Any]) -> dict[str, Any]:
+        """One actor's entry under `workers`: where it ran, what it inferred and judged, its speed and memory."""
+        stats = self.per_worker.get(w.id, _no_stats())
+        return {
+            "worker": w.id,
+            **{k: w.info.get(k) for k in ("host", "pid", "devices")},
+            "alive": w.alive,
+            "units": sum(1 for owner in infer_ledger.done.values() if owner == w.id),
+            "documents": stats["documents"],
+            **worker_figures(stats["tokens"], stats["busy_s"], stats["chunks"], stats["batches"]),
+            "retried_units": w.retried_units,
+            "latency": latency_summary(stats["timings"]),
+            "memory": memory.get(w.id),
+            "judged_units": len(self.judged_by.get(w.id, [])),
+            "precision_error": self.precision_of(self.judged_by.get(w.id, [])),
+            "chunking_error": self.chunking_of(self.judged_by.get(w.id, [])),
+        }
+
+    def report(
+        self, pool: Pool, label: str, wall: float, precision: dict[str, Any], memory: dict[int, Any], workers: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The one-process report (without its gates) plus `workers` and `ray`."""
+        p, options = self.p, self.options
+        mems = [m for m in memory.values() if m]
+        memory_all = {k: (max(m[k] for m in mems) if isinstance(mems[0][k], (int, float)) else mems[0][k]) for k in mems[0]} if mems else {}
+        tokens = sum(d.length for d in p.docs)
+        return {
+            "schema": SCHEMA,
+            "trtforge_version": __version__,
+            "target": str(p.target_path),
+            "backend": label,
+            "reference": str(p.reference_path),
+            "outputs": {name: k.to_json() for name, k in p.kinds.items()},
+            "tokenizer": _tokenizer_dir(p),
+            "chunking": {
+                "chunk": options.chunk,
+                "overlap": options.overlap,
+                "merge": options.merge,
+                "batch_size": p.batch_cap,
+                "max_length": p.limits.seq,
+                "max_tile": p.limits.tile,
+                "naive": options.naive,
+                "last_window": options.last_window,
+            },
+            "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": self.doc_chunks[i]} for i, d in enumerate(p.docs)],
+            "batches": self.batches_total,
+            "precision_error": precision,
+            "chunking_error": chunking_summary([self.chunking_parts[d] for d in range(len(p.docs))], p.kinds),
+            "latency": latency_summary(self.timings),
+            "throughput": {
+                "seconds": wall,
+                "inputs_per_s": len(p.docs) / wall,
+                "tokens_per_s": tokens / wall,
+                "unit": length_unit({d.kind for d in p.docs}),
+                "chunks_per_s": len(p.chunks) / wall,
+            },
+            "memory": memory_all,
+            "workers": workers,
+            "ray": {
+                "address": self.ray_options.address,
+                "actors": self.actors.count,
+                "resources_per_actor": self.actors.resources,
+                "onnxruntime_threads": self.actors.threads,
+                "units": len(self.units),
+                "unit_chunks": self.size,
+                "lost_workers": sum(1 for w in pool.workers if not w.alive),
+                "gc_paused_in_units": options.gc_pause,
+                "switch_interval_us": options.switch_interval_us,
+                "retried_units": sum(w.retried_units for w in pool.workers),
+            },
+        }
