@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
+from trtforge import __version__
 from trtforge.backends.engine_layers import engine_layers, parse_layer_log, summarize_layers, tensor_dtype
-from trtforge.backends.tensorrt import BuildOutput, TrtModule
+from trtforge.backends.tensorrt import BuildOptions, BuildOutput, TrtModule
 from trtforge.build.profiles import Profile
 from trtforge.core.artifacts import (
     read_sidecar,
+    sha256_bytes,
     sha256_file,
     write_json_atomic,
 )
+from trtforge.core.config import AxisRange, InputSpec
 from trtforge.core.errors import UserError
 
 
@@ -168,3 +173,67 @@ def read_engine_sidecar(engine_path: Path, verify: bool = False) -> dict[str, An
         if sidecar.get("engine_sha256") and sha256_file(engine_path) != sidecar["engine_sha256"]:
             raise UserError(f"engine {engine_path} does not match its sidecar's hash (corrupt or replaced); rebuild it.")
     return sidecar
+
+
+def engine_sidecar(
+    mod: TrtModule,
+    identity: dict[str, Any],
+    precision: str,
+    profiles: list[Profile],
+    phases: Any,
+    out: BuildOutput,
+    specs: list[InputSpec],
+    axes: dict[str, AxisRange],
+    onnx_path: Path,
+    parent: dict[str, Any] | None,
+    built_onnx: Path,
+    source: Path,
+    precision_report: dict[str, Any],
+    fusion: dict[str, Any],
+    elementwise: dict[str, dict[str, Any]],
+    options: BuildOptions,
+    start: float,
+) -> dict[str, Any]:
+    """The engine's sidecar as written with the engine; layer info and the engine check are added later."""
+    return {
+        "kind": "engine",
+        "trtforge_version": __version__,
+        "backend": mod.flavour,
+        "tensorrt_version": mod.version,
+        "strongly_typed": mod.strongly_typed,
+        "gpu": identity["gpu"],
+        "compute_capability": identity["compute_capability"] if mod.flavour == "tensorrt" else None,
+        "target_compute_capabilities": out.compute_capabilities,
+        "precision": precision,
+        "tf32": bool(options.tf32) if precision == "fp32" else None,
+        "profiles": [p.to_json() for p in profiles],
+        "phases": phases,  # KV-cache engines: which profiles serve prefill and decode
+        "io": out.io,
+        "inputs": [s.model_dump() for s in specs],
+        "axes": {k: v.model_dump() for k, v in axes.items()},
+        "source_onnx": os.path.abspath(onnx_path),  # absolute: `run` finds it from any folder
+        "source_onnx_sha256": sha256_file(onnx_path),
+        "source_graph_hash": (parent or {}).get("graph_hash"),
+        "reference_onnx": (parent or {}).get("reference_onnx") or os.path.abspath(onnx_path),
+        "built_onnx": str(built_onnx),
+        "calibration_cache_sha256": (parent or {}).get("cache_sha256"),
+        "precision_report": precision_report,
+        "attention_fusion": fusion,
+        **{f"{key}_fusion": record for key, record in elementwise.items()},  # gelu_fusion, skip_layernorm_fusion
+        "build_options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
+        "timing_cache": {
+            "path": str(options.timing_cache) if options.timing_cache else None,
+            "loaded": out.timing_cache_loaded,
+            "saved": out.timing_cache is not None,
+        },
+        "build_seconds": round(out.seconds, 3),
+        "total_seconds": round(time.perf_counter() - start, 3),
+        "engine_bytes": len(out.engine),
+        "engine_sha256": sha256_bytes(out.engine),
+        "onnx_bytes": source.stat().st_size,  # the staged copy of built_onnx, or the source itself
+        "layer_info": None,
+        "layer_info_unavailable": "not inspected yet",
+        "layer_summary": None,
+        "inspector": None,
+        "notes": out.notes,
+    }

@@ -27,6 +27,7 @@ into one int8 kernel. A scale outside fp16's normal range keeps its Q/DQ fp32 th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,28 +136,13 @@ def nodes_to_keep_fp32(
 ) -> dict[str, str]:
     """Pure decision: node name -> why it stays fp32."""
     inits = {i.name: i for i in model.graph.initializer}
-    big_inits = set()
-    for init in inits.values():
-        if init.data_type == FLOAT:
-            array = numpy_helper.to_array(init)
-            if array.size and float(np.abs(array).max()) > init_max:
-                big_inits.add(init.name)
+    big_inits = _large_initializers(inits.values(), init_max)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     keep: dict[str, str] = {}
     for node in model.graph.node:
-        if node.op_type in op_block_list:
-            keep[node.name] = f"op {node.op_type} is on the fp32 block list"
-        elif node.domain not in ("", "ai.onnx") or node.op_type in _OPAQUE_OPS:
-            keep[node.name] = f"op {node.op_type} sets its own types or holds subgraphs"
-        elif node.op_type in QDQ_OPS and opset < 19:
-            keep[node.name] = f"opset {opset} < 19: {node.op_type} takes fp32 scales only"
-        elif node.op_type in QDQ_OPS and _scale_outside_fp16(inits.get(node.input[1])):
-            keep[node.name] = f"scale '{node.input[1]}' is outside fp16's normal range"
-        elif any(peaks.get(o, 0.0) > data_max for o in node.output):
-            o = next(o for o in node.output if peaks.get(o, 0.0) > data_max)
-            keep[node.name] = f"output '{o}' reached {peaks[o]:.4g} > {data_max:g}"
-        elif any(i in big_inits for i in node.input):
-            keep[node.name] = f"initializer '{next(i for i in node.input if i in big_inits)}' exceeds {init_max:g}"
+        why = _own_fp32_reason(node, peaks, inits, big_inits, opset, data_max, init_max, op_block_list)
+        if why is not None:
+            keep[node.name] = why
     for name in integer_math_nodes(model):
         keep.setdefault(
             name,
@@ -168,11 +154,55 @@ def nodes_to_keep_fp32(
     for node in model.graph.node:
         if node.name not in keep and node.op_type in GEMM_OPS and any(i in kept_dq for i in node.input):
             keep[node.name] = "reads an fp32 DequantizeLinear (no Cast between DQ and its GEMM)"
-    # An fp32 INT8 convolution's epilogue (ReLU, residual Add, ...) stays fp32 with it: TensorRT fuses
-    # Conv -> ReLU -> Q and Conv -> Add(DQ residual) -> ReLU -> Q into one int8 kernel only with no Cast in
-    # between (with Casts, every ReLU and residual Add stays a layer of its own: docs/performance.md#int8-qdq-placement).
+    _keep_conv_epilogues(model, keep, set(inits), kept_dq)
+    return keep
+
+
+def _large_initializers(inits: Iterable[onnx.TensorProto], init_max: float) -> set[str]:
+    """The float initializers holding a value beyond init_max, which fp16 cannot hold: their readers stay fp32."""
+    big_inits = set()
+    for init in inits:
+        if init.data_type == FLOAT:
+            array = numpy_helper.to_array(init)
+            if array.size and float(np.abs(array).max()) > init_max:
+                big_inits.add(init.name)
+    return big_inits
+
+
+def _own_fp32_reason(
+    node: onnx.NodeProto,
+    peaks: dict[str, float],
+    inits: dict[str, onnx.TensorProto],
+    big_inits: set[str],
+    opset: int,
+    data_max: float,
+    init_max: float,
+    op_block_list: tuple[str, ...],
+) -> str | None:
+    """Why a node stays fp32 for what it is or reads itself (None: nothing of its own keeps it), before its neighbours
+    are considered; the first reason that applies is the one reported."""
+    if node.op_type in op_block_list:
+        return f"op {node.op_type} is on the fp32 block list"
+    if node.domain not in ("", "ai.onnx") or node.op_type in _OPAQUE_OPS:
+        return f"op {node.op_type} sets its own types or holds subgraphs"
+    if node.op_type in QDQ_OPS and opset < 19:
+        return f"opset {opset} < 19: {node.op_type} takes fp32 scales only"
+    if node.op_type in QDQ_OPS and _scale_outside_fp16(inits.get(node.input[1])):
+        return f"scale '{node.input[1]}' is outside fp16's normal range"
+    if any(peaks.get(o, 0.0) > data_max for o in node.output):
+        o = next(o for o in node.output if peaks.get(o, 0.0) > data_max)
+        return f"output '{o}' reached {peaks[o]:.4g} > {data_max:g}"
+    if any(i in big_inits for i in node.input):
+        return f"initializer '{next(i for i in node.input if i in big_inits)}' exceeds {init_max:g}"
+    return None
+
+
+def _keep_conv_epilogues(model: onnx.ModelProto, keep: dict[str, str], init_names: set[str], kept_dq: set[str]) -> None:
+    """An fp32 INT8 convolution's epilogue (ReLU, residual Add, ...) stays fp32 with it: TensorRT fuses
+    Conv -> ReLU -> Q and Conv -> Add(DQ residual) -> ReLU -> Q into one int8 kernel only with no Cast in
+    between (with Casts, every ReLU and residual Add stays a layer of its own: docs/performance.md#int8-qdq-placement)."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    constants = set(inits) | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    constants = init_names | {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
     kept_conv = {n.name for n in model.graph.node if n.op_type in CONV_OPS and n.name in keep and any(i in kept_dq for i in n.input)}
     epilogue: set[str] = set()
     for node in model.graph.node:  # topological order: a chain grows from its convolution forward
@@ -184,7 +214,6 @@ def nodes_to_keep_fp32(
         if from_conv and others_fp32:
             epilogue.add(node.name)  # a node kept fp32 for another reason keeps that reason and the chain goes on
             keep.setdefault(node.name, "epilogue of an fp32 INT8 convolution (a Cast there blocks TensorRT's conv fusion)")
-    return keep
 
 
 INTEGER_TYPES = {

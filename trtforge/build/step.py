@@ -8,7 +8,6 @@ the input.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -19,13 +18,13 @@ from typing import Any, Callable
 
 import onnx
 
-from trtforge import __version__
 from trtforge.backends.engine_layers import runtime_identity
 from trtforge.backends.tensorrt import BuildOptions, BuildOutput, Tick, TrtModule, build_engine, load_trt
 from trtforge.build.clock import TENSORRT_LAP, BuildClock
-from trtforge.build.engine_record import layer_info, stderr_warning
+from trtforge.build.engine_record import engine_sidecar, layer_info, stderr_warning
 from trtforge.build.passes import attention_evidence, fuse_attention, fuse_elementwise, gemm_fp8, shared_observation
-from trtforge.build.profiles import Profile, Tier, auto_tier_bounds, plan_profiles, slow_build_warning, tier_ranges
+from trtforge.build.profiles import Profile, plan_profiles, slow_build_warning
+from trtforge.build.tiers import parse_tiers, read_lengths
 from trtforge.core import interrupts
 from trtforge.core.artifacts import (
     ensure_writable_dir,
@@ -35,15 +34,13 @@ from trtforge.core.artifacts import (
     publish,
     read_sidecar,
     refuse_overwrite,
-    sha256_bytes,
-    sha256_file,
     write_bytes_atomic,
     write_sidecar,
 )
 from trtforge.core.config import AxisRange, InputSpec
 from trtforge.core.errors import UserError
 from trtforge.core.onnxio import load_onnx, save_onnx
-from trtforge.fusion.step import ELEMENTWISE_PASSES
+from trtforge.fusion.step import ELEMENTWISE_PASSES, ElementwisePass
 from trtforge.graph.index import io_specs
 
 PRECISIONS = ("fp32", "fp16", "int8", "best")
@@ -94,68 +91,6 @@ def model_traits(model: onnx.ModelProto) -> tuple[bool, bool]:
         n.op_type == "Cast" and any(a.name == "to" and a.i == fp16 for a in n.attribute) for n in model.graph.node
     )
     return has_fp16, has_qdq
-
-
-def parse_tiers(
-    spec: str | None, config_tiers: dict[str, list[int]], axes: dict[str, AxisRange], lengths: list[int] | None = None, count: int = 3
-) -> dict[str, list[Tier]]:
-    """'128,256,512' (the sequence axis), 'seq=128,512;batch=8,32', 'auto', or the config's tiers."""
-    if not spec:
-        unknown = [axis for axis in config_tiers if axis not in axes]
-        if unknown:
-            raise UserError(
-                f"config key build.tiers names axis '{unknown[0]}', which the model does not have; its axes are: "
-                f"{', '.join(axes) or 'none'}."
-            )
-        return {axis: tier_ranges(bounds, axes[axis], axis) for axis, bounds in config_tiers.items()}
-    if spec.strip() == "auto":
-        if lengths is None:
-            raise UserError("--tiers auto needs real lengths; pass --lengths FILE (one integer per line).")
-        default_axis = _default_tier_axis(axes)
-        return {default_axis: auto_tier_bounds(lengths, count, axes[default_axis])}
-    tiers = {}
-    for part in filter(None, (p.strip() for p in spec.split(";"))):
-        axis, _, values = part.rpartition("=")
-        axis = axis.strip() or _default_tier_axis(axes)
-        if axis not in axes:
-            raise UserError(f"--tiers names axis '{axis}', which the model does not have; its axes are: {', '.join(axes)}.")
-        try:
-            bounds = [int(v) for v in values.split(",") if v.strip()]
-        except ValueError:
-            raise UserError(f"--tiers '{part}' must be comma-separated integers, e.g. 128,256,512.") from None
-        tiers[axis] = tier_ranges(bounds, axes[axis], axis)
-    return tiers
-
-
-def _default_tier_axis(axes: dict[str, AxisRange]) -> str:
-    for name in ("seq", "sequence", "seq_len", "tokens"):
-        if name in axes:
-            return name
-    non_batch = [a for a in axes if a != "batch"]
-    if len(non_batch) == 1:
-        return non_batch[0]
-    raise UserError(f"--tiers must name its axis when the model has several ({', '.join(axes)}): e.g. seq=128,512.")
-
-
-def read_lengths(path: Path) -> list[int]:
-    if not path.is_file():
-        raise UserError(f"lengths file {path} does not exist; give one integer per line.")
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-        values = json.loads(text) if text.startswith("[") else [int(line) for line in text.split() if line]
-        lengths = (
-            [int(v) for v in values]
-            if isinstance(values, list)
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in values)
-            else None
-        )
-    except (ValueError, TypeError, UnicodeDecodeError, OverflowError, RecursionError):
-        lengths = None
-    if lengths is None:
-        raise UserError(f"lengths file {path} must hold integers, one per line (or a JSON list).")
-    if any(n < 1 for n in lengths):
-        raise UserError(f"lengths file {path} holds {min(lengths)}; lengths must be at least 1.")
-    return lengths
 
 
 def default_engine_path(onnx_path: Path, precision: str) -> Path:
@@ -247,6 +182,59 @@ def check_options(options: BuildOptions, precision: str) -> None:
         )
 
 
+@dataclass
+class _BuildPlan:
+    """What every phase of a build reads: the runtime, the model and its profiles, and where the engine goes."""
+
+    mod: TrtModule
+    onnx_path: Path
+    output: Path
+    precision: str
+    options: BuildOptions
+    model: onnx.ModelProto
+    specs: list[InputSpec]
+    axes: dict[str, AxisRange]
+    parent: dict[str, Any] | None
+    profiles: list[Profile]
+    phases: Any
+    protected: dict[Path, str]
+    data: Path | None
+    warn: Callable[[str], None]
+    clock: BuildClock
+
+    def pass_inputs(self) -> tuple[list[InputSpec], dict[str, AxisRange], list[Profile], Path]:
+        """The elementwise passes' shared arguments, the same for the first pass and the fallback's."""
+        return self.specs, self.axes, self.profiles, self.onnx_path
+
+
+@dataclass
+class _PassedGraphs:
+    """The graphs and records of the passes before TensorRT, which the fallback build and the sidecar read again."""
+
+    converted: onnx.ModelProto | None
+    precision_report: dict[str, Any]
+    identity: dict[str, Any]
+    before_fusion: onnx.ModelProto
+    observation: Any
+    attention_fused: onnx.ModelProto | None
+    fusion: dict[str, Any]
+    elementwise: dict[str, dict[str, Any]]
+    fused: onnx.ModelProto | None
+    fp8_record: dict[str, Any] | None
+    fp8_check_feeds: Any
+
+
+@dataclass
+class _StagedGraph:
+    """The graph TensorRT builds and the folder it waits in until the engine exists; the fallback build replaces it."""
+
+    converted: onnx.ModelProto | None
+    folder: Path | None
+    built_onnx: Path
+    source: Path
+    model: onnx.ModelProto
+
+
 def build(
     onnx_path: Path,
     output: Path | None = None,
@@ -272,6 +260,28 @@ def build(
     The engine and its sidecar are written as soon as TensorRT returns; layer inspection comes after
     and can only add to the sidecar (a failed inspection is recorded and warned about, never fatal).
     on_tick(elapsed, progress) is called every tick_s seconds during the TensorRT build."""
+    plan = _plan_build(onnx_path, output, precision, tiers, config_tiers, backend, options, lengths_file, tier_count, warn)
+    graphs = _graph_passes(plan)
+    out, sidecar = _build_and_publish(plan, graphs, on_tick, tick_s)
+    plan.clock.lap(TENSORRT_LAP)
+    _after_build(plan, out, sidecar, graphs, engine_check, engine_hooks)
+    return BuildResult(plan.output, sidecar, plan.profiles, sidecar["layer_summary"])
+
+
+def _plan_build(
+    onnx_path: Path,
+    output: Path | None,
+    precision: str,
+    tiers: str | None,
+    config_tiers: dict[str, list[int]] | None,
+    backend: str,
+    options: BuildOptions | None,
+    lengths_file: Path | None,
+    tier_count: int,
+    warn: Callable[[str], None] | None,
+) -> _BuildPlan:
+    """Everything decided before the graph passes: the requests checked, the runtime and its plugins loaded, the profiles
+    planned; the build clock starts here, and its first lap ends here."""
     if precision not in PRECISIONS:
         raise UserError(f"unknown precision '{precision}'; use one of {', '.join(PRECISIONS)}.")
     warn = warn or stderr_warning
@@ -288,7 +298,7 @@ def build(
     if options.fp8_min_top1_agreement is not None:
         _require_logits(onnx_path)
     mod = load_trt(backend)
-    from trtforge.backends.plugin_libraries import load_plugin_libraries, loaded_plugin_libraries
+    from trtforge.backends.plugin_libraries import load_plugin_libraries
     from trtforge.build.plugins.compile import libraries_for_build
 
     # Before the fusion passes ask the registry: those given, none for 'none', else the cached libtrtforge_plugins.
@@ -310,26 +320,33 @@ def build(
     if options.fp8_min_top1_agreement is not None and data is None:
         _require_real_inputs(onnx_path, model)
     clock.lap("load and plan profiles")
-    converted, precision_report, sampled = _prepare_precision(model, precision, onnx_path, specs, axes, data)
+    return _BuildPlan(
+        mod, onnx_path, output, precision, options, model, specs, axes, parent, profiles, phases, protected, data, warn, clock
+    )
+
+
+def _graph_passes(plan: _BuildPlan) -> _PassedGraphs:
+    """The precision conversion, then the attention, elementwise and FP8 passes, each ending its lap of the clock."""
+    mod, precision, options, clock = plan.mod, plan.precision, plan.options, plan.clock
+    converted, precision_report, sampled = _prepare_precision(plan.model, precision, plan.onnx_path, plan.specs, plan.axes, plan.data)
     clock.lap("precision conversion")
     identity = runtime_identity(mod)
-    before_fusion = converted if converted is not None else model
-    observation = shared_observation(mod, before_fusion, precision, options, specs, axes, profiles)
+    before_fusion = converted if converted is not None else plan.model
+    observation = shared_observation(mod, before_fusion, precision, options, plan.specs, plan.axes, plan.profiles)
     if observation is not None:
         observation.values(observation.wanted)
         clock.lap("observing the graph for the fusion passes")
     attention_fused, fusion = fuse_attention(
-        mod, identity, before_fusion, precision, options, specs, axes, profiles, onnx_path, observation
+        mod, identity, before_fusion, precision, options, plan.specs, plan.axes, plan.profiles, plan.onnx_path, observation
     )
     clock.lap("attention pass")
-    passes = (specs, axes, profiles, onnx_path)
     elementwise_fused, elementwise = fuse_elementwise(
         mod,
         attention_fused if attention_fused is not None else before_fusion,
         before_fusion,
         precision,
         options,
-        *passes,
+        *plan.pass_inputs(),
         observation=observation,
     )
     fused = elementwise_fused if elementwise_fused is not None else attention_fused
@@ -341,128 +358,177 @@ def build(
             identity,
             fused,
             before_fusion,
-            model,
+            plan.model,
             precision,
-            onnx_path,
-            specs,
-            axes,
+            plan.onnx_path,
+            plan.specs,
+            plan.axes,
             options.fp8_min_cosine,
             options.fp8_chain_ffn,
-            data,
+            plan.data,
             options.fp8_min_top1_agreement,
             sampled,
         )
         clock.lap("fp8 pass")
-    unfused = converted
-    if fused is not None:  # saved beside the engine like a precision conversion; ORT keeps the original as reference
-        converted = fused
-    slow = slow_build_warning(profiles)
+    return _PassedGraphs(
+        converted,
+        precision_report,
+        identity,
+        before_fusion,
+        observation,
+        attention_fused,
+        fusion,
+        elementwise,
+        fused,
+        fp8_record,
+        fp8_check_feeds,
+    )
+
+
+def _build_and_publish(plan: _BuildPlan, graphs: _PassedGraphs, on_tick: Tick | None, tick_s: float) -> tuple[BuildOutput, dict[str, Any]]:
+    """TensorRT's build of the passes' graph (without auto's fusions where that fails), then the built ONNX, the engine
+    and their sidecars published; the staging folder is removed whatever happens."""
+    from trtforge.backends.plugin_libraries import loaded_plugin_libraries
+
+    # The fused graph is saved beside the engine like a precision conversion; ORT keeps the original as reference.
+    converted = graphs.fused if graphs.fused is not None else graphs.converted
+    slow = slow_build_warning(plan.profiles)
     if slow:
-        warn(slow)
-    built_onnx = onnx_path
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent)) if converted is not None else None
+        plan.warn(slow)
+    folder = Path(tempfile.mkdtemp(prefix=f".{plan.output.name}.", dir=plan.output.parent)) if converted is not None else None
+    staged = _StagedGraph(converted, folder, plan.onnx_path, plan.onnx_path, plan.model)
     try:
-        source = onnx_path
         if converted is not None:
             # The converted model is staged and only moved beside the engine once the engine exists.
-            built_onnx = converted_onnx_path(output, precision, protected)
-            source = save_onnx(converted, staging / built_onnx.name)
-            model = converted
-        options.has_fp16, options.has_qdq = model_traits(model)
+            staged.built_onnx = converted_onnx_path(plan.output, plan.precision, plan.protected)
+            staged.source = save_onnx(converted, staged.folder / staged.built_onnx.name)
+            staged.model = converted
+        plan.options.has_fp16, plan.options.has_qdq = model_traits(staged.model)
         start = time.perf_counter()
         try:
-            out = build_engine(mod, source, profiles, options, on_tick, tick_s)
+            out = build_engine(plan.mod, staged.source, plan.profiles, plan.options, on_tick, tick_s)
         except UserError as exc:
-            drop_attention = attention_fused is not None and options.fuse_attention == "auto"
-            drop_elementwise = [
-                spec
-                for spec in ELEMENTWISE_PASSES
-                if elementwise[spec.key]["route"] == "plugin" and elementwise[spec.key]["mode"] == "auto"
-            ]
-            if not (drop_attention or drop_elementwise) or fp8_record is not None:  # fp8 was asked for: no quiet fallback
+            drop_attention, drop_elementwise = _auto_fusions(plan, graphs)
+            if not (drop_attention or drop_elementwise) or graphs.fp8_record is not None:  # fp8 was asked for: no quiet fallback
                 raise
-            # auto promised a faster engine, not a failed build: record why and build without what auto added
-            # (a pass asked for with `on` stays).
-            dropped = " and ".join(["attention"] * drop_attention + [spec.what for spec in drop_elementwise])
-            warn(f"the fused graph did not build ({exc}); building without {dropped} fusion.")
-            why = f"fused graph failed to build: {str(exc)[:400]}"
-            if drop_attention:
-                fusion.update(route="none", why=why, replaced=[], padding_allowed=True, mask_inputs=[])
-            base = attention_fused if attention_fused is not None and not drop_attention else unfused
-            refused = {spec.key: why for spec in drop_elementwise}
-            again, records = fuse_elementwise(
-                mod,
-                base if base is not None else before_fusion,
-                before_fusion,
-                precision,
-                options,
-                *passes,
-                refused=refused,
-                observation=observation,
-            )
-            elementwise.update(records)
-            base = again if again is not None else base
-            converted = base
-            if converted is None:
-                shutil.rmtree(staging, ignore_errors=True)
-                staging, built_onnx, source, model = None, onnx_path, onnx_path, load_onnx(onnx_path)
-            else:
-                source = save_onnx(converted, staging / built_onnx.name)
-                model = converted
-            options.has_fp16, options.has_qdq = model_traits(model)
-            out = build_engine(mod, source, profiles, options, on_tick, tick_s)
-        sidecar = _engine_sidecar(
-            mod,
-            identity,
-            precision,
-            profiles,
-            phases,
+            out = _build_without_auto_fusion(plan, graphs, staged, exc, drop_attention, drop_elementwise, on_tick, tick_s)
+        sidecar = engine_sidecar(
+            plan.mod,
+            graphs.identity,
+            plan.precision,
+            plan.profiles,
+            plan.phases,
             out,
-            specs,
-            axes,
-            onnx_path,
-            parent,
-            built_onnx,
-            source,
-            precision_report,
-            fusion,
-            elementwise,
-            options,
+            plan.specs,
+            plan.axes,
+            plan.onnx_path,
+            plan.parent,
+            staged.built_onnx,
+            staged.source,
+            graphs.precision_report,
+            graphs.fusion,
+            graphs.elementwise,
+            plan.options,
             start,
         )
-        if fp8_record is not None:
-            sidecar["gemm_precision"] = fp8_record
+        if graphs.fp8_record is not None:
+            sidecar["gemm_precision"] = graphs.fp8_record
         # Every plugin library in the process (the registry is shared: an earlier build's serves this one too); run
         # loads them again before deserializing the engine.
         sidecar["plugin_libraries"] = loaded_plugin_libraries()
-        with interrupts.deferred():  # the built ONNX, the engine and their sidecars appear together or not at all
-            if converted is not None:
-                with output_lock(built_onnx):
-                    for staged in staging.iterdir():
-                        publish(staged, built_onnx.parent / staged.name)
-                    write_sidecar(
-                        built_onnx,
-                        {
-                            **(parent or {}),
-                            "step": "precision",
-                            "precision": precision,
-                            "parent": os.path.abspath(onnx_path),
-                            "graph_hash": onnx_graph_hash(converted),
-                            **precision_report,
-                        },
-                    )
-            with output_lock(output):  # engine and sidecar of one build, even when two builds target one path
-                write_bytes_atomic(output, out.engine)
-                if out.timing_cache is not None and options.timing_cache is not None:
-                    write_bytes_atomic(options.timing_cache, out.timing_cache)
-                write_sidecar(output, sidecar)
+        _publish(plan, graphs.precision_report, staged, out, sidecar)
     finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-    clock.lap(TENSORRT_LAP)
-    fields, layers = layer_info(mod, out, profiles, output, warn)
+        if staged.folder is not None:
+            shutil.rmtree(staged.folder, ignore_errors=True)
+    return out, sidecar
+
+
+def _auto_fusions(plan: _BuildPlan, graphs: _PassedGraphs) -> tuple[bool, list[ElementwisePass]]:
+    """What `auto` added to the graph, which a failed TensorRT build may go without: attention, and plugin passes."""
+    drop_attention = graphs.attention_fused is not None and plan.options.fuse_attention == "auto"
+    drop_elementwise = [
+        spec
+        for spec in ELEMENTWISE_PASSES
+        if graphs.elementwise[spec.key]["route"] == "plugin" and graphs.elementwise[spec.key]["mode"] == "auto"
+    ]
+    return drop_attention, drop_elementwise
+
+
+def _build_without_auto_fusion(
+    plan: _BuildPlan,
+    graphs: _PassedGraphs,
+    staged: _StagedGraph,
+    exc: UserError,
+    drop_attention: bool,
+    drop_elementwise: list[ElementwisePass],
+    on_tick: Tick | None,
+    tick_s: float,
+) -> BuildOutput:
+    """auto promised a faster engine, not a failed build: record why and build without what auto added (a pass asked
+    for with `on` stays)."""
+    dropped = " and ".join(["attention"] * drop_attention + [spec.what for spec in drop_elementwise])
+    plan.warn(f"the fused graph did not build ({exc}); building without {dropped} fusion.")
+    why = f"fused graph failed to build: {str(exc)[:400]}"
+    if drop_attention:
+        graphs.fusion.update(route="none", why=why, replaced=[], padding_allowed=True, mask_inputs=[])
+    base = graphs.attention_fused if graphs.attention_fused is not None and not drop_attention else graphs.converted
+    refused = {spec.key: why for spec in drop_elementwise}
+    again, records = fuse_elementwise(
+        plan.mod,
+        base if base is not None else graphs.before_fusion,
+        graphs.before_fusion,
+        plan.precision,
+        plan.options,
+        *plan.pass_inputs(),
+        refused=refused,
+        observation=graphs.observation,
+    )
+    graphs.elementwise.update(records)
+    staged.converted = again if again is not None else base
+    if staged.converted is None:
+        shutil.rmtree(staged.folder, ignore_errors=True)
+        staged.folder, staged.built_onnx, staged.source, staged.model = None, plan.onnx_path, plan.onnx_path, load_onnx(plan.onnx_path)
+    else:
+        staged.source = save_onnx(staged.converted, staged.folder / staged.built_onnx.name)
+        staged.model = staged.converted
+    plan.options.has_fp16, plan.options.has_qdq = model_traits(staged.model)
+    return build_engine(plan.mod, staged.source, plan.profiles, plan.options, on_tick, tick_s)
+
+
+def _publish(plan: _BuildPlan, precision_report: dict[str, Any], staged: _StagedGraph, out: BuildOutput, sidecar: dict[str, Any]) -> None:
+    """The built ONNX, the engine and their sidecars appear together or not at all."""
+    with interrupts.deferred():
+        if staged.converted is not None:
+            with output_lock(staged.built_onnx):
+                for item in staged.folder.iterdir():
+                    publish(item, staged.built_onnx.parent / item.name)
+                write_sidecar(
+                    staged.built_onnx,
+                    {
+                        **(plan.parent or {}),
+                        "step": "precision",
+                        "precision": plan.precision,
+                        "parent": os.path.abspath(plan.onnx_path),
+                        "graph_hash": onnx_graph_hash(staged.converted),
+                        **precision_report,
+                    },
+                )
+        with output_lock(plan.output):  # engine and sidecar of one build, even when two builds target one path
+            write_bytes_atomic(plan.output, out.engine)
+            if out.timing_cache is not None and plan.options.timing_cache is not None:
+                write_bytes_atomic(plan.options.timing_cache, out.timing_cache)
+            write_sidecar(plan.output, sidecar)
+
+
+def _after_build(
+    plan: _BuildPlan, out: BuildOutput, sidecar: dict[str, Any], graphs: _PassedGraphs, engine_check: bool, engine_hooks: Any
+) -> None:
+    """What only adds to the published sidecar: layer inspection, the engine checks and the build overhead, each
+    written as soon as it is known."""
+    output, options, clock = plan.output, plan.options, plan.clock
+    fields, layers = layer_info(plan.mod, out, plan.profiles, output, plan.warn)
     sidecar.update(fields)
-    attention_evidence(sidecar, layers, len(profiles), output, warn)
+    attention_evidence(sidecar, layers, len(plan.profiles), output, plan.warn)
     clock.lap("layer inspection")
     with output_lock(output):
         write_sidecar(output, sidecar)
@@ -474,87 +540,22 @@ def build(
             sidecar["engine_check"] = check
             with output_lock(output):
                 write_sidecar(output, sidecar)
-    if engine_check and fp8_record is not None:
+    if engine_check and graphs.fp8_record is not None:
         from trtforge.calibrate.engine_check import after_fp8_build
 
         sidecar["engine_check"] = after_fp8_build(
             output,
             sidecar,
-            fp8_check_feeds,
+            graphs.fp8_check_feeds,
             options.fp8_min_cosine,
             engine_hooks,
             options.fp8_min_top1_agreement,
-            fp8_record["gate"]["real_batches"],
+            graphs.fp8_record["gate"]["real_batches"],
         )
     clock.lap("engine check")
     sidecar["build_overhead"] = clock.overhead(out.seconds, out.parse_seconds)
     with output_lock(output):
         write_sidecar(output, sidecar)
-    return BuildResult(output, sidecar, profiles, sidecar["layer_summary"])
-
-
-def _engine_sidecar(
-    mod: TrtModule,
-    identity: dict[str, Any],
-    precision: str,
-    profiles: list[Profile],
-    phases: Any,
-    out: BuildOutput,
-    specs: list[InputSpec],
-    axes: dict[str, AxisRange],
-    onnx_path: Path,
-    parent: dict[str, Any] | None,
-    built_onnx: Path,
-    source: Path,
-    precision_report: dict[str, Any],
-    fusion: dict[str, Any],
-    elementwise: dict[str, dict[str, Any]],
-    options: BuildOptions,
-    start: float,
-) -> dict[str, Any]:
-    """The engine's sidecar as written with the engine; layer info and the engine check are added later."""
-    return {
-        "kind": "engine",
-        "trtforge_version": __version__,
-        "backend": mod.flavour,
-        "tensorrt_version": mod.version,
-        "strongly_typed": mod.strongly_typed,
-        "gpu": identity["gpu"],
-        "compute_capability": identity["compute_capability"] if mod.flavour == "tensorrt" else None,
-        "target_compute_capabilities": out.compute_capabilities,
-        "precision": precision,
-        "tf32": bool(options.tf32) if precision == "fp32" else None,
-        "profiles": [p.to_json() for p in profiles],
-        "phases": phases,  # KV-cache engines: which profiles serve prefill and decode
-        "io": out.io,
-        "inputs": [s.model_dump() for s in specs],
-        "axes": {k: v.model_dump() for k, v in axes.items()},
-        "source_onnx": os.path.abspath(onnx_path),  # absolute: `run` finds it from any folder
-        "source_onnx_sha256": sha256_file(onnx_path),
-        "source_graph_hash": (parent or {}).get("graph_hash"),
-        "reference_onnx": (parent or {}).get("reference_onnx") or os.path.abspath(onnx_path),
-        "built_onnx": str(built_onnx),
-        "calibration_cache_sha256": (parent or {}).get("cache_sha256"),
-        "precision_report": precision_report,
-        "attention_fusion": fusion,
-        **{f"{key}_fusion": record for key, record in elementwise.items()},  # gelu_fusion, skip_layernorm_fusion
-        "build_options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
-        "timing_cache": {
-            "path": str(options.timing_cache) if options.timing_cache else None,
-            "loaded": out.timing_cache_loaded,
-            "saved": out.timing_cache is not None,
-        },
-        "build_seconds": round(out.seconds, 3),
-        "total_seconds": round(time.perf_counter() - start, 3),
-        "engine_bytes": len(out.engine),
-        "engine_sha256": sha256_bytes(out.engine),
-        "onnx_bytes": source.stat().st_size,  # the staged copy of built_onnx, or the source itself
-        "layer_info": None,
-        "layer_info_unavailable": "not inspected yet",
-        "layer_summary": None,
-        "inspector": None,
-        "notes": out.notes,
-    }
 
 
 def converted_onnx_path(output: Path, precision: str, protected: dict[Path, str]) -> Path:

@@ -28,7 +28,7 @@ from trtforge.fusion.attention_nodes import QKV_PROJECTIONS, activation_qdq, pac
 from trtforge.fusion.attention_verify import reference_attention, verify, verify_names
 from trtforge.fusion.index import GraphIndex, Observation, attr, finish_plugin_graph, observe, remove_producers
 from trtforge.fusion.plugins import FLASH_CORE_VERSION, FLASH_PLUGIN, FLASH_VERSION, PLUGIN_DOMAIN, PLUGIN_VERSION, Route
-from trtforge.fusion.sdpa import core_mask_words, core_names, core_plugin_nodes, match_cores, verify_cores
+from trtforge.fusion.sdpa import CoreAttention, core_mask_words, core_names, core_plugin_nodes, match_cores, verify_cores
 
 __all__ = [
     "Candidate",
@@ -99,6 +99,30 @@ def fuse_attention(
     verify_cores(cores, values)
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    routes = _packed_routes(cands, route_for)
+    accepted_cores = _accept_cores(cands, cores, route_for)
+    accepted = [c for c in cands if c.reason is None and c.softmax not in cores]
+    report = FusionReport(route=route_name)
+    for c in cands:
+        if c.reason is not None:
+            report.refused.append({"softmax": c.softmax, "reason": c.reason})
+    if not (accepted or accepted_cores) or not apply:
+        for c in accepted + accepted_cores:
+            report.refused.append({"softmax": c.softmax, "reason": "fusion not applied (--fuse-attention off)"})
+        return (out if apply else model), report
+    out = remove_producers(out, {c.ctx for c in accepted} | {c.out for c in accepted_cores})
+    _add_packed_nodes(out, GraphIndex(model), accepted, routes, qkv_projection, report)
+    _add_core_nodes(out, accepted_cores, report)
+    out = finish_plugin_graph(out)
+    # verified unmasked on unpadded rows: only a mask input can pad (a bias input carries what the terms add)
+    if any(c.masked for c in accepted) or any(c.masked and not c.bias for c in accepted_cores):
+        report.mask_inputs = mask_inputs(model)
+        report.padding_allowed = not report.mask_inputs
+    return out, report
+
+
+def _packed_routes(cands: list[Candidate], route_for: Callable[[Candidate], Route]) -> dict[str, Route]:
+    """The route of each verified candidate in its packed form; one that no plugin takes gets the route's reason."""
     routes = {}
     for c in cands:
         if c.reason is None:
@@ -106,6 +130,12 @@ def fuse_attention(
             routes[c.softmax] = r
             if r.kind != "plugin":
                 c.reason = r.reason
+    return routes
+
+
+def _accept_cores(cands: list[Candidate], cores: dict[str, CoreAttention], route_for: Callable[[Any], Route]) -> list[CoreAttention]:
+    """The SDPA cores the flash plugin takes where the packed form was refused (their candidates then count as fused);
+    a core refused too adds its reason to its candidate's."""
     accepted_cores = []
     for c in cands:
         core = cores.get(c.softmax)
@@ -124,17 +154,19 @@ def fuse_attention(
                 + (f"; {r.reason}" if r.kind != "plugin" else "")
             )
         c.reason = f"{c.reason}; as separate Q, K, V: {core.reason}"
-    accepted = [c for c in cands if c.reason is None and c.softmax not in cores]
-    report = FusionReport(route=route_name)
-    for c in cands:
-        if c.reason is not None:
-            report.refused.append({"softmax": c.softmax, "reason": c.reason})
-    if not (accepted or accepted_cores) or not apply:
-        for c in accepted + accepted_cores:
-            report.refused.append({"softmax": c.softmax, "reason": "fusion not applied (--fuse-attention off)"})
-        return (out if apply else model), report
-    out = remove_producers(out, {c.ctx for c in accepted} | {c.out for c in accepted_cores})
-    graph = GraphIndex(model)
+    return accepted_cores
+
+
+def _add_packed_nodes(
+    out: onnx.ModelProto,
+    graph: GraphIndex,
+    accepted: list[Candidate],
+    routes: dict[str, Route],
+    qkv_projection: str,
+    report: FusionReport,
+) -> None:
+    """Each accepted packed attention's plugin nodes into `out` (graph indexes the original model), each recorded as
+    replaced."""
     # Flash nodes whose inputs provably share [B, S] read one [S] tensor: the first one's (same_leading_dims; each
     # rewritten context keeps its attention input's [B, S], so it joins the group too).
     seq_source, same_s = None, set()
@@ -166,6 +198,10 @@ def fuse_attention(
                 "qkv_projection": qkv_projection,
             }
         )
+
+
+def _add_core_nodes(out: onnx.ModelProto, accepted_cores: list[CoreAttention], report: FusionReport) -> None:
+    """Each accepted SDPA core's flash plugin node into `out`, each recorded as replaced."""
     for i, core in enumerate(accepted_cores):
         nodes, inits = core_plugin_nodes(core, f"fused_sdpa_{i}", FLASH_PLUGIN, FLASH_CORE_VERSION, PLUGIN_DOMAIN)
         out.graph.node.extend(nodes)
@@ -185,12 +221,6 @@ def fuse_attention(
                 "node": f"fused_sdpa_{i}/sdpa",
             }
         )
-    out = finish_plugin_graph(out)
-    # verified unmasked on unpadded rows: only a mask input can pad (a bias input carries what the terms add)
-    if any(c.masked for c in accepted) or any(c.masked and not c.bias for c in accepted_cores):
-        report.mask_inputs = mask_inputs(model)
-        report.padding_allowed = not report.mask_inputs
-    return out, report
 
 
 # Ops whose output keeps every axis but the last of its data inputs (with constants of at most one axis beside them).

@@ -224,29 +224,44 @@ def _projection(g: GraphIndex, start: str) -> Projection | None:
             bias = g.const(consts[0])
             t = next(i for i in node.input if i != consts[0])
         elif op == "MatMul":
-            w, wscale = g.const(node.input[1]), None
-            if w is None:
-                w, wscale = _quantized_weight(g, node.input[1], 1) or (None, None)
-            if w is None or w.ndim != 2:
-                return None
-            return _sliced(Projection(node.input[0], w, bias, scale, wscale), cols)
+            return _matmul_weights(g, node, bias, scale, cols)
         elif op == "Gemm":
-            trans_b = attr(node, "transB", 0)
-            w, wscale = g.const(node.input[1]), None
-            if w is None:
-                w, wscale = _quantized_weight(g, node.input[1], 0 if trans_b else 1) or (None, None)
-            if w is None or attr(node, "transA", 0) or attr(node, "alpha", 1.0) != 1.0:
-                return None
-            w = w.T if trans_b else w
-            if len(node.input) > 2 and node.input[2]:
-                c = g.const(node.input[2])
-                if c is None or bias is not None:
-                    return None
-                bias = c * attr(node, "beta", 1.0)
-            return _sliced(Projection(_gemm_input(g, node.input[0]), w, bias, scale, wscale), cols)
+            return _gemm_weights(g, node, bias, scale, cols)
         else:
             return None
     return None
+
+
+def _matmul_weights(
+    g: GraphIndex, node: onnx.NodeProto, bias: np.ndarray | None, scale: float, cols: Callable[[int], tuple[int, int]] | None
+) -> Projection | None:
+    """The end of _projection's walk at X @ W: W constant or dequantized, 2-D (None otherwise)."""
+    w, wscale = g.const(node.input[1]), None
+    if w is None:
+        w, wscale = _quantized_weight(g, node.input[1], 1) or (None, None)
+    if w is None or w.ndim != 2:
+        return None
+    return _sliced(Projection(node.input[0], w, bias, scale, wscale), cols)
+
+
+def _gemm_weights(
+    g: GraphIndex, node: onnx.NodeProto, bias: np.ndarray | None, scale: float, cols: Callable[[int], tuple[int, int]] | None
+) -> Projection | None:
+    """The end of _projection's walk at Gemm(X, W, C): W constant or dequantized, no transA or alpha, and C a constant
+    bias where no bias was met above it (None otherwise)."""
+    trans_b = attr(node, "transB", 0)
+    w, wscale = g.const(node.input[1]), None
+    if w is None:
+        w, wscale = _quantized_weight(g, node.input[1], 0 if trans_b else 1) or (None, None)
+    if w is None or attr(node, "transA", 0) or attr(node, "alpha", 1.0) != 1.0:
+        return None
+    w = w.T if trans_b else w
+    if len(node.input) > 2 and node.input[2]:
+        c = g.const(node.input[2])
+        if c is None or bias is not None:
+            return None
+        bias = c * attr(node, "beta", 1.0)
+    return _sliced(Projection(_gemm_input(g, node.input[0]), w, bias, scale, wscale), cols)
 
 
 def pv_matmul(g: GraphIndex, probs: str) -> onnx.NodeProto | None:

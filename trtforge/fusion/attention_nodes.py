@@ -3,6 +3,8 @@ plugin (CustomQKVToContextPluginDynamic v2 or TrtforgeFlashAttention v1) -> the 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -94,74 +96,11 @@ def packed_plugin_nodes(
     weight, nodes = n("qkv_weight"), []
     gemm_dtype = w.dtype
     if c.q.wscale is not None:  # INT8 projections: one INT8 GEMM, the packed weight behind its own Q/DQ
-        scales = pack_qkv_scales(c.q, c.k, c.v, c.heads, q_factor)
-        gemm_dtype = scales.dtype  # DequantizeLinear writes its scales' type
-        inits += [
-            numpy_helper.from_array(scales, n("qkv_wscale")),
-            numpy_helper.from_array(np.zeros(scales.shape, np.int8), n("qkv_wzero_point")),
-        ]
-        weight = n("qkv_wdq")
-        axis = 0 if conv else 1  # the output channels: Conv weight [3E, E_in, 1, 1], MatMul weight [E_in, 3E]
-        nodes += [
-            helper.make_node(
-                "QuantizeLinear",
-                [n("qkv_weight"), n("qkv_wscale"), n("qkv_wzero_point")],
-                [n("qkv_wq")],
-                name=n("qkv_wQuantizeLinear"),
-                axis=axis,
-            ),
-            helper.make_node(
-                "DequantizeLinear",
-                [n("qkv_wq"), n("qkv_wscale"), n("qkv_wzero_point")],
-                [weight],
-                name=n("qkv_wDequantizeLinear"),
-                axis=axis,
-            ),
-        ]
+        weight, gemm_dtype = _quantized_weight(c, q_factor, conv, n, nodes, inits)
     if conv:
-        # Conv's bias has the GEMM's type; a Cast after it (an fp32 INT8 or kept GEMM in an fp16 graph) gives the plugin's.
-        inits += [
-            numpy_helper.from_array(b.astype(gemm_dtype), n("qkv_bias")),
-            numpy_helper.from_array(np.array([-1, e_in, 1, 1], np.int64), n("x_tokens_shape")),
-        ]
-        if c.q.wscale is not None and x_qdq is not None:
-            source, x_scale, x_zero = x_qdq
-            nodes += [
-                helper.make_node("Reshape", [source, n("x_tokens_shape")], [n("x_tokens_float")], name=n("x_to_tokens")),
-                helper.make_node(
-                    "QuantizeLinear", [n("x_tokens_float"), x_scale, x_zero], [n("x_tokens_q")], name=n("x_tokens_QuantizeLinear")
-                ),
-                helper.make_node(
-                    "DequantizeLinear", [n("x_tokens_q"), x_scale, x_zero], [n("x_tokens")], name=n("x_tokens_DequantizeLinear")
-                ),
-            ]
-        else:
-            nodes.append(helper.make_node("Reshape", [x, n("x_tokens_shape")], [n("x_tokens")], name=n("x_to_tokens")))
-        nodes += [
-            helper.make_node("Conv", [n("x_tokens"), weight, n("qkv_bias")], [n("qkv_conv")], name=n("qkv_conv"), kernel_shape=[1, 1])
-        ]
-        qkv_tokens = n("qkv_conv")
-        if gemm_dtype != b.dtype:
-            nodes.append(
-                helper.make_node(
-                    "Cast", [qkv_tokens], [n("qkv_tokens")], name=n("qkv_conv_cast"), to=helper.np_dtype_to_tensor_dtype(b.dtype)
-                )
-            )
-            qkv_tokens = n("qkv_tokens")
+        qkv_tokens = _conv_projection(c, b, weight, gemm_dtype, e_in, x_qdq, n, nodes, inits)
     else:
-        inits += [numpy_helper.from_array(b, n("qkv_bias")), numpy_helper.from_array(np.array([-1, 3 * e, 1, 1], np.int64), n("qkv_shape"))]
-        mm = n("qkv_mm")
-        nodes.append(helper.make_node("MatMul", [x, weight], [mm], name=n("qkv_matmul")))
-        if gemm_dtype != b.dtype:  # e.g. an fp32 (INT8 or kept) GEMM in an fp16 graph
-            nodes.append(
-                helper.make_node("Cast", [mm], [n("qkv_mm_cast")], name=n("qkv_mm_cast"), to=helper.np_dtype_to_tensor_dtype(b.dtype))
-            )
-            mm = n("qkv_mm_cast")
-        nodes += [
-            helper.make_node("Add", [mm, n("qkv_bias")], [n("qkv")], name=n("qkv_bias_add")),
-            helper.make_node("Reshape", [n("qkv"), n("qkv_shape")], [n("qkv_tokens")], name=n("qkv_to_tokens")),
-        ]
-        qkv_tokens = n("qkv_tokens")
+        qkv_tokens = _matmul_projection(x, b, weight, gemm_dtype, e, n, nodes, inits)
     nodes += [
         helper.make_node("Shape", [x], [n("x_shape")], name=n("x_shape")),
         helper.make_node("Gather", [n("x_shape"), n("bs_index")], [n("bs")], name=n("batch_seq"), axis=0),
@@ -172,8 +111,122 @@ def packed_plugin_nodes(
             helper.make_node("Range", [n("zero"), n("s"), n("one")], [n("seq64")], name=n("max_seqlen64")),
             helper.make_node("Cast", [n("seq64")], [n("max_seqlen")], name=n("max_seqlen"), to=onnx.TensorProto.INT32),
         ]
-    if flash:
+    nodes += _plugin_call(c, flash, qkv_tokens, seq_tensor, e, n)
+    if c.ctx_rank == 2:  # the graph merged the tokens itself: [B*S, E]
+        inits.append(numpy_helper.from_array(np.array([-1, e], np.int64), n("ctx_shape")))
+    else:
+        nodes.append(helper.make_node("Concat", [n("bs"), n("hidden")], [n("ctx_shape")], name=n("ctx_shape"), axis=0))
+    nodes.append(helper.make_node("Reshape", [n("ctx_tokens"), n("ctx_shape")], [c.ctx], name=n("ctx")))
+    return nodes, inits
+
+
+def _quantized_weight(
+    c: Candidate,
+    q_factor: float,
+    conv: bool,
+    n: Callable[[str], str],
+    nodes: list[onnx.NodeProto],
+    inits: list[onnx.TensorProto],
+) -> tuple[str, np.dtype]:
+    """INT8 projections make one INT8 GEMM: the packed weight behind its own Q/DQ (appended to nodes and inits).
+    Returns the dequantized weight's name and the GEMM's type, which DequantizeLinear takes from its scales."""
+    scales = pack_qkv_scales(c.q, c.k, c.v, c.heads, q_factor)
+    inits += [
+        numpy_helper.from_array(scales, n("qkv_wscale")),
+        numpy_helper.from_array(np.zeros(scales.shape, np.int8), n("qkv_wzero_point")),
+    ]
+    weight = n("qkv_wdq")
+    axis = 0 if conv else 1  # the output channels: Conv weight [3E, E_in, 1, 1], MatMul weight [E_in, 3E]
+    nodes += [
+        helper.make_node(
+            "QuantizeLinear",
+            [n("qkv_weight"), n("qkv_wscale"), n("qkv_wzero_point")],
+            [n("qkv_wq")],
+            name=n("qkv_wQuantizeLinear"),
+            axis=axis,
+        ),
+        helper.make_node(
+            "DequantizeLinear",
+            [n("qkv_wq"), n("qkv_wscale"), n("qkv_wzero_point")],
+            [weight],
+            name=n("qkv_wDequantizeLinear"),
+            axis=axis,
+        ),
+    ]
+    return weight, scales.dtype
+
+
+def _conv_projection(
+    c: Candidate,
+    b: np.ndarray,
+    weight: str,
+    gemm_dtype: np.dtype,
+    e_in: int,
+    x_qdq: tuple[str, str, str] | None,
+    n: Callable[[str], str],
+    nodes: list[onnx.NodeProto],
+    inits: list[onnx.TensorProto],
+) -> str:
+    """The "conv" QKV projection (appended to nodes and inits): X as [tokens, E_in, 1, 1], a 1x1 Conv writing the
+    plugin's [tokens, 3E, 1, 1]. Returns the name of the plugin's QKV input."""
+    # Conv's bias has the GEMM's type; a Cast after it (an fp32 INT8 or kept GEMM in an fp16 graph) gives the plugin's.
+    inits += [
+        numpy_helper.from_array(b.astype(gemm_dtype), n("qkv_bias")),
+        numpy_helper.from_array(np.array([-1, e_in, 1, 1], np.int64), n("x_tokens_shape")),
+    ]
+    if c.q.wscale is not None and x_qdq is not None:
+        source, x_scale, x_zero = x_qdq
+        nodes += [
+            helper.make_node("Reshape", [source, n("x_tokens_shape")], [n("x_tokens_float")], name=n("x_to_tokens")),
+            helper.make_node(
+                "QuantizeLinear", [n("x_tokens_float"), x_scale, x_zero], [n("x_tokens_q")], name=n("x_tokens_QuantizeLinear")
+            ),
+            helper.make_node("DequantizeLinear", [n("x_tokens_q"), x_scale, x_zero], [n("x_tokens")], name=n("x_tokens_DequantizeLinear")),
+        ]
+    else:
+        nodes.append(helper.make_node("Reshape", [c.q.x, n("x_tokens_shape")], [n("x_tokens")], name=n("x_to_tokens")))
+    nodes += [helper.make_node("Conv", [n("x_tokens"), weight, n("qkv_bias")], [n("qkv_conv")], name=n("qkv_conv"), kernel_shape=[1, 1])]
+    qkv_tokens = n("qkv_conv")
+    if gemm_dtype != b.dtype:
         nodes.append(
+            helper.make_node("Cast", [qkv_tokens], [n("qkv_tokens")], name=n("qkv_conv_cast"), to=helper.np_dtype_to_tensor_dtype(b.dtype))
+        )
+        qkv_tokens = n("qkv_tokens")
+    return qkv_tokens
+
+
+def _matmul_projection(
+    x: str,
+    b: np.ndarray,
+    weight: str,
+    gemm_dtype: np.dtype,
+    e: int,
+    n: Callable[[str], str],
+    nodes: list[onnx.NodeProto],
+    inits: list[onnx.TensorProto],
+) -> str:
+    """The "matmul" QKV projection (appended to nodes and inits): MatMul, bias Add, Reshape to the plugin's
+    [tokens, 3E, 1, 1]. Returns the name of the plugin's QKV input."""
+    inits += [numpy_helper.from_array(b, n("qkv_bias")), numpy_helper.from_array(np.array([-1, 3 * e, 1, 1], np.int64), n("qkv_shape"))]
+    mm = n("qkv_mm")
+    nodes.append(helper.make_node("MatMul", [x, weight], [mm], name=n("qkv_matmul")))
+    if gemm_dtype != b.dtype:  # e.g. an fp32 (INT8 or kept) GEMM in an fp16 graph
+        nodes.append(helper.make_node("Cast", [mm], [n("qkv_mm_cast")], name=n("qkv_mm_cast"), to=helper.np_dtype_to_tensor_dtype(b.dtype)))
+        mm = n("qkv_mm_cast")
+    nodes += [
+        helper.make_node("Add", [mm, n("qkv_bias")], [n("qkv")], name=n("qkv_bias_add")),
+        helper.make_node("Reshape", [n("qkv"), n("qkv_shape")], [n("qkv_tokens")], name=n("qkv_to_tokens")),
+    ]
+    return n("qkv_tokens")
+
+
+def _plugin_call(
+    c: Candidate, flash: bool, qkv_tokens: str, seq_tensor: str | None, e: int, n: Callable[[str], str]
+) -> list[onnx.NodeProto]:
+    """The plugin node writing the context tokens: the flash plugin reads the [S] tensor, PLUGIN v2 the cu_seqlens
+    made here (every row full)."""
+    if flash:
+        return [
             helper.make_node(
                 FLASH_PLUGIN,
                 [qkv_tokens, seq_tensor or n("max_seqlen")],
@@ -187,32 +240,25 @@ def packed_plugin_nodes(
                 scale=float(c.scale),
                 causal=int(c.causal),
             )
-        )
-    else:
-        nodes += [
-            helper.make_node("Gather", [n("x_shape"), n("zero")], [n("b")], name=n("batch"), axis=0),
-            helper.make_node("Mul", [n("b"), n("s")], [n("tokens")], name=n("tokens")),
-            helper.make_node("Add", [n("tokens"), n("one")], [n("limit")], name=n("limit")),
-            helper.make_node("Range", [n("zero"), n("limit"), n("s")], [n("cu64")], name=n("cu_seqlens64")),
-            helper.make_node("Cast", [n("cu64")], [n("cu_seqlens")], name=n("cu_seqlens"), to=onnx.TensorProto.INT32),
-            helper.make_node(
-                PLUGIN,
-                [qkv_tokens, n("max_seqlen"), n("cu_seqlens"), n("max_seqlen")],
-                [n("ctx_tokens")],
-                name=n("qkv_to_context"),
-                domain=PLUGIN_DOMAIN,
-                plugin_version=PLUGIN_VERSION,
-                plugin_namespace="",
-                type_id=1,
-                hidden_size=e,
-                num_heads=c.heads,
-                has_mask=1,
-                var_seqlen=1,
-            ),
         ]
-    if c.ctx_rank == 2:  # the graph merged the tokens itself: [B*S, E]
-        inits.append(numpy_helper.from_array(np.array([-1, e], np.int64), n("ctx_shape")))
-    else:
-        nodes.append(helper.make_node("Concat", [n("bs"), n("hidden")], [n("ctx_shape")], name=n("ctx_shape"), axis=0))
-    nodes.append(helper.make_node("Reshape", [n("ctx_tokens"), n("ctx_shape")], [c.ctx], name=n("ctx")))
-    return nodes, inits
+    return [
+        helper.make_node("Gather", [n("x_shape"), n("zero")], [n("b")], name=n("batch"), axis=0),
+        helper.make_node("Mul", [n("b"), n("s")], [n("tokens")], name=n("tokens")),
+        helper.make_node("Add", [n("tokens"), n("one")], [n("limit")], name=n("limit")),
+        helper.make_node("Range", [n("zero"), n("limit"), n("s")], [n("cu64")], name=n("cu_seqlens64")),
+        helper.make_node("Cast", [n("cu64")], [n("cu_seqlens")], name=n("cu_seqlens"), to=onnx.TensorProto.INT32),
+        helper.make_node(
+            PLUGIN,
+            [qkv_tokens, n("max_seqlen"), n("cu_seqlens"), n("max_seqlen")],
+            [n("ctx_tokens")],
+            name=n("qkv_to_context"),
+            domain=PLUGIN_DOMAIN,
+            plugin_version=PLUGIN_VERSION,
+            plugin_namespace="",
+            type_id=1,
+            hidden_size=e,
+            num_heads=c.heads,
+            has_mask=1,
+            var_seqlen=1,
+        ),
+    ]

@@ -79,68 +79,74 @@ def verify(
     if values is None:
         values = observe(model, feeds, sorted(verify_names(live)))
     for c in live:
-        scores, probs = values[c.scores], values[c.probs]
-        if scores.ndim != 4:
-            c.reason = f"scores are {list(scores.shape)}, not [batch, heads, seq, seq]"
-            continue
-        if probs.shape != scores.shape:
-            c.reason = f"the softmax runs on a reshaped view of the scores ({list(probs.shape)}, scores {list(scores.shape)})"
-            continue
-        s = probs.shape[-1]
-        c.causal = bool(
-            s > 1 and probs.shape[-2] == s and not np.any(np.abs(probs[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]]) > 0)
+        c.reason = _scores_mismatch(c, values) or _projections_mismatch(c) or _context_mismatch(c, values)
+
+
+def _scores_mismatch(c: Candidate, values: dict[str, np.ndarray]) -> str | None:
+    """Why the observed scores and probabilities are no attention the plugin runs (None: they are); sets c.causal."""
+    scores, probs = values[c.scores], values[c.probs]
+    if scores.ndim != 4:
+        return f"scores are {list(scores.shape)}, not [batch, heads, seq, seq]"
+    if probs.shape != scores.shape:
+        return f"the softmax runs on a reshaped view of the scores ({list(probs.shape)}, scores {list(scores.shape)})"
+    s = probs.shape[-1]
+    c.causal = bool(
+        s > 1 and probs.shape[-2] == s and not np.any(np.abs(probs[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]]) > 0)
+    )
+    if c.causal and not c.masked:  # zeros without a mask term are underflow, not a mask the plugin may apply
+        return "probabilities above the diagonal are zero but no mask term precedes the softmax"
+    # Decided on the terms themselves, not on the recomputed context: a small bias stays within the tolerance
+    # below and the plugin would drop it.
+    if any(varies_across_keys(values[t], c.causal) for t in c.terms):
+        return (
+            "a term that varies across the keys is added to the scores on unpadded inputs, so it is no padding "
+            "mask (a relative-position bias or a window mask, as in T5 and Swin): the plugin adds none"
         )
-        if c.causal and not c.masked:  # zeros without a mask term are underflow, not a mask the plugin may apply
-            c.reason = "probabilities above the diagonal are zero but no mask term precedes the softmax"
-            continue
-        # Decided on the terms themselves, not on the recomputed context: a small bias stays within the tolerance
-        # below and the plugin would drop it.
-        if any(varies_across_keys(values[t], c.causal) for t in c.terms):
-            c.reason = (
-                "a term that varies across the keys is added to the scores on unpadded inputs, so it is no padding "
-                "mask (a relative-position bias or a window mask, as in T5 and Swin): the plugin adds none"
-            )
-            continue
-        if None in (c.q, c.k, c.v):
-            c.reason = "Q, K or V is not a projection X·W (+ b) by constant weights"
-            continue
-        quantized = [p.wscale is not None for p in (c.q, c.k, c.v)]
-        if any(quantized) and not all(quantized):
-            c.reason = "Q, K and V projections are not all INT8 or all float (one packed GEMM cannot mix them)"
-            continue
-        if all(quantized) and not (c.q.scale > 0 and c.k.scale > 0 and c.v.scale > 0 and c.scale > 0):
-            c.reason = "a non-positive scale on an INT8 projection cannot be folded into its weight scales"
-            continue
-        if not (c.q.x == c.k.x == c.v.x):
-            c.reason = "Q, K and V are projections of different tensors (cross-attention)"
-            continue
-        x = values[c.q.x]
-        if x.ndim != 3:
-            c.reason = f"the projected tensor is {list(x.shape)}, not [batch, seq, hidden]"
-            continue
-        c.heads = int(scores.shape[1])
-        e = c.q.weight.shape[1]
-        if not (c.k.weight.shape == c.q.weight.shape == c.v.weight.shape) or e % c.heads:
-            c.reason = f"Q/K/V weights {c.q.weight.shape}, {c.k.weight.shape}, {c.v.weight.shape} do not split into {c.heads} heads"
-            continue
-        c.head_size = e // c.heads
-        c.seq = int(x.shape[1])
-        tokens = x.shape[0] * x.shape[1]
-        # [B, S, E], or [B*S, E] where the exporter merged the tokens for the output projection's Gemm (GPT-2 dynamo)
-        ctx = [
-            t
-            for t in c.ctx.split(",")
-            if values[t].shape[-1] == e and (values[t].ndim == 3 or (values[t].ndim == 2 and values[t].shape[0] == tokens))
-        ]
-        if not ctx:
-            c.reason = "no [batch, seq, hidden] context tensor below probs @ V"
-            continue
-        c.ctx = ctx[0]
-        c.io_dtype = values[c.ctx].dtype
-        ref = reference_attention(x, c.q, c.k, c.v, c.heads, c.scale, c.causal)
-        fp16 = c.io_dtype == np.float16 or any(a is not None and a.dtype == np.float16 for p in (c.q, c.k, c.v) for a in (p.weight, p.bias))
-        tol = 2e-2 if fp16 else 1e-4  # a misread layout is off by O(1)
-        c.ctx_rank = values[c.ctx].ndim
-        err = _rel(values[c.ctx], ref.reshape(values[c.ctx].shape))
-        if not err <= tol:
-            c.reason = f"recomputed attention differs from the graph's (rel-L2 {err:.1e} > {tol:g}): a layout this pass does not model"
+    return None
+
+
+def _projections_mismatch(c: Candidate) -> str | None:
+    """Why Q, K and V cannot be packed into one projection of one tensor (None: they can)."""
+    if None in (c.q, c.k, c.v):
+        return "Q, K or V is not a projection X·W (+ b) by constant weights"
+    quantized = [p.wscale is not None for p in (c.q, c.k, c.v)]
+    if any(quantized) and not all(quantized):
+        return "Q, K and V projections are not all INT8 or all float (one packed GEMM cannot mix them)"
+    if all(quantized) and not (c.q.scale > 0 and c.k.scale > 0 and c.v.scale > 0 and c.scale > 0):
+        return "a non-positive scale on an INT8 projection cannot be folded into its weight scales"
+    if not (c.q.x == c.k.x == c.v.x):
+        return "Q, K and V are projections of different tensors (cross-attention)"
+    return None
+
+
+def _context_mismatch(c: Candidate, values: dict[str, np.ndarray]) -> str | None:
+    """Why the context recomputed from X and the weights is not the graph's (None: it is); sets the heads, the head
+    size, the sequence, the context tensor with its type and rank."""
+    x = values[c.q.x]
+    if x.ndim != 3:
+        return f"the projected tensor is {list(x.shape)}, not [batch, seq, hidden]"
+    c.heads = int(values[c.scores].shape[1])
+    e = c.q.weight.shape[1]
+    if not (c.k.weight.shape == c.q.weight.shape == c.v.weight.shape) or e % c.heads:
+        return f"Q/K/V weights {c.q.weight.shape}, {c.k.weight.shape}, {c.v.weight.shape} do not split into {c.heads} heads"
+    c.head_size = e // c.heads
+    c.seq = int(x.shape[1])
+    tokens = x.shape[0] * x.shape[1]
+    # [B, S, E], or [B*S, E] where the exporter merged the tokens for the output projection's Gemm (GPT-2 dynamo)
+    ctx = [
+        t
+        for t in c.ctx.split(",")
+        if values[t].shape[-1] == e and (values[t].ndim == 3 or (values[t].ndim == 2 and values[t].shape[0] == tokens))
+    ]
+    if not ctx:
+        return "no [batch, seq, hidden] context tensor below probs @ V"
+    c.ctx = ctx[0]
+    c.io_dtype = values[c.ctx].dtype
+    ref = reference_attention(x, c.q, c.k, c.v, c.heads, c.scale, c.causal)
+    fp16 = c.io_dtype == np.float16 or any(a is not None and a.dtype == np.float16 for p in (c.q, c.k, c.v) for a in (p.weight, p.bias))
+    tol = 2e-2 if fp16 else 1e-4  # a misread layout is off by O(1)
+    c.ctx_rank = values[c.ctx].ndim
+    err = _rel(values[c.ctx], ref.reshape(values[c.ctx].shape))
+    if not err <= tol:
+        return f"recomputed attention differs from the graph's (rel-L2 {err:.1e} > {tol:g}): a layout this pass does not model"
+    return None

@@ -268,30 +268,49 @@ def verify_core(c: CoreAttention, values: dict[str, np.ndarray]) -> None:
     if any(a.ndim != 4 for a in (q, k, v, out)):
         c.reason = f"Q, K, V or the context is not [batch, heads, seq, head] ({[list(a.shape) for a in (q, k, v, out)]})"
         return
-    for name, un in (("K", c.k_repeated), ("V", c.v_repeated)):
-        if not un:
-            continue
-        small, full = (k if name == "K" else v), values[un]
-        rep = full.shape[1] // max(small.shape[1], 1)
-        if rep < 1 or full.shape[1] % small.shape[1] or not np.array_equal(np.repeat(small, rep, axis=1), full):
-            c.reason = (
-                f"{name}'s heads are not repeated in place from {list(small.shape)} (a grouped-query layout this pass does not model)"
-            )
-            return
+    reason = _repeat_mismatch(c, k, v, values)
+    if reason is not None:
+        c.reason = reason
+        return
     b, h, sq, d = q.shape
     if k.shape[0] != b or v.shape != k.shape or k.shape[3] != d or h % k.shape[1] or out.shape != (b, h, sq, d):
         c.reason = f"Q {list(q.shape)}, K {list(k.shape)}, V {list(v.shape)} and context {list(out.shape)} are no SDPA shapes"
         return
     c.heads, c.kv_heads, c.head_size, c.q_len, c.kv_len = h, k.shape[1], d, sq, k.shape[2]
     c.io_dtype = out.dtype
-    term = added_term(c, values, (b, h, sq, c.kv_len))
+    reason, bias = _band_and_bias(c, added_term(c, values, (b, h, sq, c.kv_len)))
+    if reason is not None:
+        c.reason = reason
+        return
+    want = plugin_attention(q, k, v, c.scale, band_mask(sq, c.kv_len, c.alignment, c.left_bound, c.right_bound), bias)
+    fp16 = any(a.dtype == np.float16 for a in (q, k, v, out)) or (c.bias and any(values[t].dtype == np.float16 for t, _ in c.terms))
+    tol = 2e-2 if fp16 else 1e-4
+    err = _rel(out, want)
+    if not err <= tol:
+        c.reason = f"recomputed attention differs from the graph's (rel-L2 {err:.1e} > {tol:g}): a layout this pass does not model"
+
+
+def _repeat_mismatch(c: CoreAttention, k: np.ndarray, v: np.ndarray, values: dict[str, np.ndarray]) -> str | None:
+    """Why a grouped-query repeat of K or V is not the plain repeat of heads the plugin does itself (None: it is)."""
+    for name, un in (("K", c.k_repeated), ("V", c.v_repeated)):
+        if not un:
+            continue
+        small, full = (k if name == "K" else v), values[un]
+        rep = full.shape[1] // max(small.shape[1], 1)
+        if rep < 1 or full.shape[1] % small.shape[1] or not np.array_equal(np.repeat(small, rep, axis=1), full):
+            return f"{name}'s heads are not repeated in place from {list(small.shape)} (a grouped-query layout this pass does not model)"
+    return None
+
+
+def _band_and_bias(c: CoreAttention, term: np.ndarray) -> tuple[str | None, np.ndarray | None]:
+    """The added terms as the plugin takes them: a causal or window band (c.alignment and bounds) and, where the band
+    cannot carry them, a bias (c.bias). Returns why the plugin cannot take them (else None) and the bias to apply."""
     blocked = term <= BLOCKED
     keep = ~blocked
     if not np.array_equal(keep.all(axis=(0, 1)), keep.any(axis=(0, 1))):
-        c.reason = (
+        return (
             "the keys a mask hides differ between rows or heads on unpadded inputs (a padding or per-head mask cuDNN's band cannot take)"
-        )
-        return
+        ), None
     found = band(keep[0, 0])
     finite = np.where(blocked, np.nan, term)
     with np.errstate(invalid="ignore"):
@@ -302,11 +321,9 @@ def verify_core(c: CoreAttention, values: dict[str, np.ndarray]) -> None:
         needs_bias = True  # the pattern is no band: the terms themselves carry it
     if needs_bias:
         if c.where_masks:
-            c.reason = "a Where mask that is no causal or window band sits beside an added bias (no one bias tensor carries both)"
-            return
+            return "a Where mask that is no causal or window band sits beside an added bias (no one bias tensor carries both)", None
         if not c.terms:
-            c.reason = "the masked keys form no causal or window band"
-            return
+            return "the masked keys form no causal or window band", None
     c.bias = needs_bias
     if found is not None:
         c.alignment, c.left_bound, c.right_bound = found
@@ -314,13 +331,7 @@ def verify_core(c: CoreAttention, values: dict[str, np.ndarray]) -> None:
             c.left_bound = NO_BOUND
         if c.left_bound == NO_BOUND and c.right_bound == NO_BOUND:
             c.alignment = 0
-    bias = np.where(blocked, -np.inf, term) if needs_bias else None
-    want = plugin_attention(q, k, v, c.scale, band_mask(sq, c.kv_len, c.alignment, c.left_bound, c.right_bound), bias)
-    fp16 = any(a.dtype == np.float16 for a in (q, k, v, out)) or (needs_bias and any(values[t].dtype == np.float16 for t, _ in c.terms))
-    tol = 2e-2 if fp16 else 1e-4
-    err = _rel(out, want)
-    if not err <= tol:
-        c.reason = f"recomputed attention differs from the graph's (rel-L2 {err:.1e} > {tol:g}): a layout this pass does not model"
+    return None, (np.where(blocked, -np.inf, term) if needs_bias else None)
 
 
 def core_plugin_nodes(

@@ -131,11 +131,7 @@ def attention_fusion(
         if mode == "on" and base.kind == "none":
             raise UserError(f"--fuse-attention on: {base.reason}; use --fuse-attention auto or off.")
         return None, record
-    why_not = None
-    if precision not in ("fp16", "best"):
-        why_not = f"precision {precision}: the plugin's kernels are fp16 (build with --precision fp16 or best)"
-    elif not plugin_registered and not flash_registered:
-        why_not = f"neither {PLUGIN} v{PLUGIN_VERSION} nor {FLASH_PLUGIN} v{FLASH_VERSION} is in this TensorRT's plugin registry"
+    why_not = _attention_plugins_missing(precision, plugin_registered, flash_registered)
     if why_not:
         if mode == "on":
             raise UserError(f"--fuse-attention on cannot fuse {onnx_name}: {why_not}.")
@@ -143,6 +139,39 @@ def attention_fusion(
         return None, record
     sm = sm_of(compute_capability)
     feeds = unpadded(feeds or {})
+    route_for = _attention_router(flavour, version, sm, plugin_registered, flash_registered, core_registered)
+    why = (
+        base.reason
+        if not flash_registered
+        else (
+            f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash attention) where it applies, else {PLUGIN} v{PLUGIN_VERSION}"
+        )
+    )
+    fused, report = fuse_attention(
+        model, feeds, route_for, why, qkv_projection=qkv_projection, candidates=candidates, observation=observation
+    )
+    record.update(
+        report.to_json(), route=base.kind, why=why, qkv_projection=qkv_projection, plugins=sorted({r["plugin"] for r in report.replaced})
+    )
+    if mode == "on" and not report.replaced and report.refused:
+        raise UserError(f"--fuse-attention on found no attention in {onnx_name} it can fuse: {report.refused[0]['reason']}.")
+    return (fused if report.replaced else None), record
+
+
+def _attention_plugins_missing(precision: str, plugin_registered: bool, flash_registered: bool) -> str | None:
+    """Why no attention plugin can run this build at all (None: one can), before any candidate is routed."""
+    if precision not in ("fp16", "best"):
+        return f"precision {precision}: the plugin's kernels are fp16 (build with --precision fp16 or best)"
+    if not plugin_registered and not flash_registered:
+        return f"neither {PLUGIN} v{PLUGIN_VERSION} nor {FLASH_PLUGIN} v{FLASH_VERSION} is in this TensorRT's plugin registry"
+    return None
+
+
+def _attention_router(
+    flavour: str, version: str, sm: int | None, plugin_registered: bool, flash_registered: bool, core_registered: bool
+) -> Callable[[Any], Any]:
+    """The route of one attention (packed candidate or SDPA core) for fuse_attention: attention_route's choice, made
+    "none" where the plugin it names is not in the registry."""
 
     def route_for(c: Any) -> Any:
         route = attention_route(flavour, version, sm, c.head_size, c.seq, c.causal, flash_registered)
@@ -160,22 +189,7 @@ def attention_fusion(
             )
         return route
 
-    why = (
-        base.reason
-        if not flash_registered
-        else (
-            f"TensorRT {version}: {FLASH_PLUGIN} v{FLASH_VERSION} (cuDNN flash attention) where it applies, else {PLUGIN} v{PLUGIN_VERSION}"
-        )
-    )
-    fused, report = fuse_attention(
-        model, feeds, route_for, why, qkv_projection=qkv_projection, candidates=candidates, observation=observation
-    )
-    record.update(
-        report.to_json(), route=base.kind, why=why, qkv_projection=qkv_projection, plugins=sorted({r["plugin"] for r in report.replaced})
-    )
-    if mode == "on" and not report.replaced and report.refused:
-        raise UserError(f"--fuse-attention on found no attention in {onnx_name} it can fuse: {report.refused[0]['reason']}.")
-    return (fused if report.replaced else None), record
+    return route_for
 
 
 def unpadded(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
