@@ -295,3 +295,54 @@ def test_conditional_detr_scores_by_sigmoid(tmp_path):
     m = report["precision_error"]["per_output"]["pred_boxes"]
     assert m["reference_boxes"] > 0 and m["box_recall"] == 1.0 and m["matched_iou"] == pytest.approx(1.0)
     assert {g["gate"]: g["status"] for g in report["gates"]["checked"]}["min_box_recall"] == "passed"
+
+
+@pytest.fixture()
+def small_spot_image(tmp_path):
+    folder = tmp_path / "small"
+    folder.mkdir()
+    image = np.zeros((1, 3, 64, 96), dtype=np.float32)
+    image[0, :, 30, 40] = 1.0
+    np.savez(folder / "spot.npz", x=image)
+    return folder
+
+
+def test_compare_matches_boxes_as_run_does(tmp_path, small_spot_image):
+    """`compare` reads the boxes declaration from the sidecar: a copy of the detector finds every reference box at the
+    same place (box metrics, the box gates by default); a 16 px box against a 32 px one around the same pixel (IoU
+    0.25, and every number but the box size equal) is no match, which fails the default recall gate with exit 1."""
+    model = spot_detector(tmp_path)
+    same = spot_detector(tmp_path, name="same.onnx")
+    report = tmp_path / "report.json"
+    proc = run_cli("compare", str(model), str(same), "--inputs", str(small_spot_image), "--report", str(report))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads(report.read_text())["per_output"]["pred_boxes"]
+    assert (m["reference_boxes"], m["matched"], m["box_recall"]) == (1, 1, 1.0) and m["matched_iou"] == pytest.approx(1.0)
+    wider = spot_detector(tmp_path, name="wider.onnx", side=32.0)
+    proc = run_cli("compare", str(model), str(wider), "--inputs", str(small_spot_image), "--report", str(report))
+    assert_user_error(proc, "box recall of 'pred_boxes' 0 < 0.9 (min_box_recall)", code=1)
+
+
+def test_a_detector_without_chunk_is_sliced_at_its_input_size(tmp_path, spot_image):
+    """200 x 300 through a detector that takes at most 128, no --chunk: sliced as SAHI slices, at 128 with the default
+    overlap 0.2 of it (26 px), and the spot's one box found in image pixels. No pass larger than a slice exists here, so
+    the chunking error says it cannot be measured rather than comparing a slice with itself."""
+    model = spot_detector(tmp_path)
+    proc = run_cli(
+        "run",
+        str(model),
+        "--inputs",
+        str(spot_image),
+        "--report",
+        str(tmp_path / "report.json"),
+        "--save-outputs",
+        str(tmp_path / "out.npz"),
+    )
+    report = _report(tmp_path, proc)
+    assert report["chunking"]["chunk"] == 128 and report["chunking"]["overlap"] == 26
+    assert report["inputs"][0]["chunks"] == 2 * 3  # rows 0, 72; cols 0, 102, 172
+    assert report["chunking_error"]["reason"].startswith("not measurable: chunk (128) is not smaller")
+    with np.load(tmp_path / "out.npz") as saved:
+        found = saved["spot/pred_boxes"]
+    cy, cx = SPOT[0] + 0.5, SPOT[1] + 0.5
+    assert found.shape == (1, 6) and np.allclose(found[0, :4], [cx - 8, cy - 8, cx + 8, cy + 8], atol=1e-3)

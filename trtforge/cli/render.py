@@ -111,17 +111,7 @@ def _run_errors(con: Console, r: dict) -> None:
             continue
         for name, m in section["per_output"].items():
             if "box_recall" in m:  # detections: the boxes table below
-                box_rows.append(
-                    [
-                        f"{label}: {name}",
-                        m["reference_boxes"],
-                        m["candidate_boxes"],
-                        m["box_recall"],
-                        m["box_precision"],
-                        m["matched_iou"],
-                        m["score_error"],
-                    ]
-                )
+                box_rows.append(_box_row(f"{label}: {name}", m))
                 continue
             task = m.get("top1_agreement", m.get("pixel_agreement", "-"))
             rows.append(
@@ -135,12 +125,21 @@ def _run_errors(con: Console, r: dict) -> None:
                 ]
             )
     con.print(ui.table("errors", ["check", "rel-L2", "cosine", "min row cosine", "min item cosine", "top-1 / pixel agr."], rows))
-    if box_rows:
+    _box_table(con, box_rows, "check")
+
+
+def _box_row(label: str, m: dict) -> list:
+    return [label, m["reference_boxes"], m["candidate_boxes"], m["box_recall"], m["box_precision"], m["matched_iou"], m["score_error"]]
+
+
+def _box_table(con: Console, rows: list[list], first: str) -> None:
+    """Detections' agreement: boxes matched to the reference's, not compared as numbers."""
+    if rows:
         con.print(
             ui.table(
                 "boxes (matched at IoU >= 0.5, same class)",
-                ["check", "reference boxes", "target boxes", "recall", "precision", "matched IoU", "score error"],
-                box_rows,
+                [first, "reference boxes", "target boxes", "recall", "precision", "matched IoU", "score error"],
+                rows,
             )
         )
 
@@ -251,6 +250,7 @@ def compare_report(r: dict) -> None:
             else "-",
         ]
         for name, m in r["per_output"].items()
+        if "box_recall" not in m
     ]
     con.print(
         ui.table(
@@ -260,6 +260,7 @@ def compare_report(r: dict) -> None:
             rows,
         )
     )
+    _box_table(con, [_box_row(name, m) for name, m in r["per_output"].items() if "box_recall" in m], "output")
     lw = r.get("layerwise")
     if lw:
         rows = [

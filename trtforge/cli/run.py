@@ -92,7 +92,7 @@ def run_cmd(
         None,
         "--slice-overlap",
         callback=opt.config_key("run.slice_overlap", "--slice-overlap"),
-        help="Detectors: slices of an image share this share of --chunk (the slice size) with their neighbours, e.g. 0.2; sets --overlap.",
+        help="Detectors: slices of an image share this share of --chunk (the slice size) with their neighbours; sets --overlap. Without --chunk, images larger than the model takes are sliced at its input size with 0.2.",
     ),
     box_merge: Optional[str] = typer.Option(
         None,

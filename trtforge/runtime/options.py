@@ -18,6 +18,7 @@ from trtforge.verify.tolerances import (
 )
 
 _SECTION = RunSection()  # the config schema's defaults
+DEFAULT_SLICE_OVERLAP = 0.2  # a detector sliced without --chunk: SAHI's default overlap ratio
 SECTION_KEYS = ("chunk", "overlap", "batch_size", "merge", "last_window", "warmup", "slice_overlap", "box_merge", "iou")
 GATE_KEYS = (
     "max_rel_l2",

@@ -25,7 +25,7 @@ from trtforge.runtime.chunking import (
 )
 from trtforge.runtime.documents import Chunk, Document, load_documents
 from trtforge.runtime.feeds import random_feeds
-from trtforge.runtime.options import RunOptions
+from trtforge.runtime.options import DEFAULT_SLICE_OVERLAP, RunOptions
 from trtforge.runtime.outputs import OutputKind, boxes_of, merge_refusal, probe_sizes
 from trtforge.runtime.planning import Limits, cut_into_windows, make_chunks, no_chunk_axis, plan_limits
 from trtforge.runtime.tokenize import TextTokenizer, find_tokenizer_dir
@@ -106,6 +106,8 @@ def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepar
 
         for doc in docs:
             refuse_padding(engine_sidecar, doc.name, doc.feeds, target_path.name)
+    if options.chunk is None and boxes_of(kinds) and _slice_at_model_size(options, docs, limits):
+        _check_chunk(options.chunk, options.overlap, layout, limits, target_path, is_engine)
     if options.chunk is not None:
         refuse_unmergeable(kinds, docs, options.chunk, reference, reference_path, specs, axes, layout)
     scales = [k.scale for k in kinds.values() if k.kind == "dense" and k.scale]
@@ -154,6 +156,16 @@ def _reference_of(target_path: Path, is_engine: bool, given: Path | None) -> tup
     if recorded:
         return engine_sidecar, linked_path(target_path, str(recorded))
     return engine_sidecar, target_path
+
+
+def _slice_at_model_size(options: RunOptions, docs: list[Document], limits: Limits) -> bool:
+    """A detector given images larger than it takes, without --chunk, is sliced as SAHI slices: slices of the model's
+    largest input, overlapping by --slice-overlap (default 0.2) of it. Sets options.chunk and options.overlap."""
+    if limits.tile is None or not any(d.kind == "image" and max(d.hw) > limits.tile for d in docs):
+        return False
+    share = DEFAULT_SLICE_OVERLAP if options.slice_overlap is None else options.slice_overlap
+    options.chunk, options.overlap = limits.tile, int(round(share * limits.tile))
+    return True
 
 
 def _check_chunk(chunk: int, overlap: int, layout: Layout, limits: Limits, target_path: Path, is_engine: bool) -> None:

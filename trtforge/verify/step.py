@@ -42,7 +42,9 @@ from trtforge.core.artifacts import declared_output_kinds, linked_path, read_sid
 from trtforge.core.errors import UserError, exception_summary
 from trtforge.core.onnxio import PROTOBUF_LIMIT, load_onnx, save_onnx
 from trtforge.graph.index import expose_tensors, float_tensor_types, io_specs, toposorted
+from trtforge.runtime.outputs import declared_boxes
 from trtforge.runtime.report import target_precision
+from trtforge.verify.boxes import BoxSpec
 from trtforge.verify.compare import Comparator
 from trtforge.verify.gates import GATES, Gate, evaluate_gates, gate_notes, gates_from, passes
 from trtforge.verify.tolerances import Tolerance, check_statistic, parse_tolerances, tolerances_for
@@ -182,6 +184,17 @@ def check_io(target: Any, reference: OrtRunner, target_path: Path, reference_pat
         )
 
 
+def output_boxes(target: Path, reference: Path, kinds: dict[str, str | None]) -> dict[str, BoxSpec]:
+    """Each declared boxes output's BoxSpec (the reference's sidecar, else an ONNX target's), so that boxes are matched
+    by IoU as `run` matches them, not compared as plain numbers."""
+
+    def specs(path: Path) -> dict[str, BoxSpec]:
+        return declared_boxes((read_sidecar(path, required=False) or {}).get("outputs"))
+
+    declared = {**(specs(target) if target.suffix == ".onnx" else {}), **specs(reference)}
+    return {name: spec for name, spec in declared.items() if kinds.get(name) == "boxes"}
+
+
 def output_kinds(target: Path, reference: Path, names: list[str]) -> dict[str, str | None]:
     """Each reference output's declared kind (the reference's sidecar, else an ONNX target's); None where undeclared."""
     declared = {**(declared_output_kinds(target) if target.suffix == ".onnx" else {}), **declared_output_kinds(reference)}
@@ -194,10 +207,12 @@ def judge(
     tolerances: dict[str, Tolerance],
     values: dict[str, float | None],
     precision: str,
+    boxes: bool = False,
 ) -> dict[str, Any]:
     """The outputs' verdict: NaN/Inf screen and tolerances on every output, the gates set on every output, and the
-    precision's default gates on the outputs without a tolerance. {precision, passed, failures, checked, notes}."""
-    gates = gates_from(values, precision)
+    precision's default gates on the outputs without a tolerance (with `boxes`, the box defaults too).
+    {precision, passed, failures, checked, notes}."""
+    gates = gates_from(values, precision, boxes=boxes)
     set_gates = [g for g in gates if g.source == "set"]
     defaults = [g for g in gates if g.source != "set"]
 
@@ -514,7 +529,8 @@ def compare(
         tolerances = tolerances_for(list(kinds), atol, rtol, statistic)
         samples, data_kind = load_inputs(reference, ref_model, Path(options.inputs), options.max_samples)
         progress(f"comparing {target.name} against {reference.name} on {len(samples)} samples of {options.inputs}")
-        comparator = Comparator(kinds, tolerances)
+        boxes = output_boxes(target, reference, kinds)
+        comparator = Comparator(kinds, tolerances, boxes)
         for i, feeds in enumerate(samples):
             ref_out = run_sample(ref_runner, feeds, f"the reference {reference.name}", i)
             out = run_sample(runner, {k: v for k, v in feeds.items() if k in runner.input_names}, f"the target {target.name}", i)
@@ -534,7 +550,7 @@ def compare(
     onnx_sidecar = None if engine_sidecar else read_sidecar(target, required=False)
     precision = target_precision(engine_sidecar, onnx_sidecar, None if engine_sidecar else target)
     values = {"max_rel_l2": options.max_rel_l2, "min_cosine": options.min_cosine}
-    gates = judge(per_output, kinds, tolerances, values, precision)
+    gates = judge(per_output, kinds, tolerances, values, precision, boxes=bool(boxes))
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "target": str(target),
