@@ -1,6 +1,7 @@
 """The package's shape, checked on every CI run: no import cycles (function-level imports included, since a cycle
 hidden in a function is still a cycle), no private names used across modules, `core` below everything and `cli` above
-everything, no module over 600 lines. Reads the source with ast; imports nothing of trtforge."""
+everything, no module over 600 lines, no function body over 80 (complexity over 15 is ruff's C901, in pyproject.toml).
+Reads the source with ast; imports nothing of trtforge."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "trtforge"
 MAX_LINES = 600
+MAX_BODY_LINES = 80
 
 
 def module_name(path: Path) -> str:
@@ -163,3 +165,26 @@ def test_every_folder_of_modules_is_a_package():
         str(d.relative_to(ROOT.parent)) for d in ROOT.rglob("*") if d.is_dir() and any(d.glob("*.py")) and not (d / "__init__.py").exists()
     ]
     assert missing == []
+
+
+def body_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function's body, its signature and docstring left out (a long docstring is not long code)."""
+    body = function.body
+    if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return (body[-1].end_lineno or body[-1].lineno) - body[0].lineno + 1
+
+
+def long_functions(source: str, limit: int = MAX_BODY_LINES) -> dict[str, int]:
+    functions = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return {f"{f.name}:{f.lineno}": n for f in functions if (n := body_lines(f)) > limit}
+
+
+def test_long_function_finder_counts_the_body_only():
+    code = 'def f(\n    a,\n):\n    """Doc.\n\n    More."""\n' + "    a += 1\n" * 3 + "    return a\n"
+    assert long_functions(code, 4) == {} and long_functions(code, 3) == {"f:1": 4}
+
+
+def test_no_function_body_over_80_lines():
+    long = {f"{name}.{where}": n for name, path in modules().items() for where, n in long_functions(path.read_text()).items()}
+    assert long == {}
