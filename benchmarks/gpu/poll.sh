@@ -16,7 +16,9 @@ for line in sys.stdin:
         s = json.loads(line)
     except ValueError:
         continue
-    print("[%s] rc=%s %ss" % (s.get("step"), s.get("rc"), s.get("seconds", s.get("skipped", ""))), flush=True)'
+    print("[%s] rc=%s %ss" % (s.get("step"), s.get("rc"), s.get("seconds", s.get("skipped", ""))), flush=True)
+    if s.get("rc") not in (0, None):  # why, while the machine is still held: its log may not come back
+        print("    " + (s.get("tail") or "")[-400:].replace("\n", "\n    "), flush=True)'
     seen=$n
   fi
   [ -f "$W/DONE" ] && break

