@@ -23,6 +23,7 @@
 #                none (fp16 builds then use TensorRT's own plugins, and the fp8 suite is skipped)
 #   CONFIGS      the zoo's full-size configs [zoo/configs/full]
 #   ZOO_MODELS   the zoo suite's models [bert-base gpt2 vit-b16 roberta-base resnet50 deeplabv3]
+#   MODERN_MODELS the modern suite's models, to split it over short windows [modernbert-base wav2vec2-base qwen2-kv]
 set -u
 ROOT=$(pwd)
 W=out/gpu-validation SECS=3600
@@ -284,10 +285,13 @@ modern_times() {
 
 # modern_exports: the three modern models' exports (ModernBERT-base and wav2vec2-base cleaned; the Qwen2-shaped decoder
 # with the default exporter first, what a user runs, the dynamo exporter where it fails); started beside the plugin build.
+modern() { case " ${MODERN_MODELS:-modernbert-base wav2vec2-base qwen2-kv} " in *" $1 "*) return 0 ;; esac; return 1; }
+
 modern_exports() {
-  local Q=$W/qwen2-kv/qwen2-kv; mkdir -p "$W/qwen2-kv"
-  export_clean modernbert-base wav2vec2-base &
-  if [ ! -f "$Q.onnx" ]; then
+  local Q=$W/qwen2-kv/qwen2-kv m encoders=""; mkdir -p "$W/qwen2-kv"
+  for m in modernbert-base wav2vec2-base; do modern "$m" && encoders="$encoders $m"; done
+  [ -n "$encoders" ] && export_clean $encoders &
+  if modern qwen2-kv && [ ! -f "$Q.onnx" ]; then
     step export-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml -o $Q.onnx" ||
       step export-dynamo-qwen2-kv 1200 "$TP -m trtforge export --config $CFG/qwen2-kv.yaml --exporter dynamo -o $Q.onnx"
   fi
@@ -300,14 +304,21 @@ suite_modern() {  # ModernBERT-base, wav2vec2-base and a Qwen2-shaped GQA decode
   local QE="qwen2-prefill=$Q-full.fp16.engine qwen2-prefill-stateful=$Q.fp16.engine"
   local E_modernbert_base="modernbert-base=$B.fp16.engine" E_wav2vec2_base="wav2vec2-base=$W2.fp16.engine" E_qwen2_prefill=$QE
   if [ -n "${MODERN_EXPORTS:-}" ]; then wait "$MODERN_EXPORTS"; else modern_exports; fi
-  [ -f "$B.clean.onnx" ] && [ -f "$W2.clean.onnx" ] || FAILED=1  # the exports ran in a subshell: their status is lost
+  for m in modernbert-base wav2vec2-base; do  # the exports ran in a subshell: their status is lost
+    modern "$m" && { [ -f "$(M "$m").clean.onnx" ] || FAILED=1; }
+  done
+  local timed=""; for m in modernbert-base wav2vec2-base qwen2-prefill; do modern "${m/prefill/kv}" && timed="$timed $m"; done
   # In the order of the figures' weight, each model's build, speed and accuracy together (a short window still gets
   # ModernBERT-base's whole story); round 2 and torch.compile after every model's first round.
-  build modernbert-base fp16 --precision fp16
-  modern_times modernbert-base 1 "$E_modernbert_base"
-  run_ref modernbert-base fp16
-  build wav2vec2-base fp16 --precision fp16
-  modern_times wav2vec2-base 1 "$E_wav2vec2_base"
+  if modern modernbert-base; then
+    build modernbert-base fp16 --precision fp16
+    modern_times modernbert-base 1 "$E_modernbert_base"
+    run_ref modernbert-base fp16
+  fi
+  if modern wav2vec2-base; then
+    build wav2vec2-base fp16 --precision fp16
+    modern_times wav2vec2-base 1 "$E_wav2vec2_base"
+  fi
   # a 60 s recording (16 kHz mono, 16 bit) through wav2vec2-base in 10 s windows with 1 s of overlap
   cat > "$D/write_wav.py" <<'PY'
 """A synthetic 16 kHz mono 16-bit recording: a gliding tone under noise. python3 write_wav.py OUT.wav SECONDS"""
@@ -326,14 +337,14 @@ PY
     [ -f "$Q.fp16.engine" ] || step build-stateful-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=512;past=0,1024,4096' $TAC $PLUG_FLAG -o $Q.fp16.engine"
     [ -f "$Q-full.fp16.engine" ] || step build-full-qwen2-kv 1500 "$RP -m trtforge build $Q.onnx --precision fp16 --tiers 'seq=4224;past=0' $TAC $PLUG_FLAG -o $Q-full.fp16.engine"
   fi
-  modern_times qwen2-prefill 1 "$QE"  # torch's prefill is timed without the engines too
+  modern qwen2-kv && modern_times qwen2-prefill 1 "$QE"  # torch's prefill is timed without the engines too
   [ -f "$Q.fp16.engine" ] && [ -f "$Q-full.fp16.engine" ] &&
     step stateful-qwen2-kv 1200 "$RP -m trtforge run $Q.fp16.engine --inputs $W/qwen2-kv/docs4096.jsonl --chunk 512 --stateful --generate 32 --reference $Q-full.fp16.engine --report $W/qwen2-kv/stateful.json"
-  for m in modernbert-base wav2vec2-base qwen2-prefill; do args=E_${m//-/_}; modern_times "$m" 2 "${!args}"; done
+  for m in $timed; do args=E_${m//-/_}; modern_times "$m" 2 "${!args}"; done
   [ -f "$W2.fp16.engine" ] && step run-wav60-ref-wav2vec2-base 900 "$RP -m trtforge run $W2.fp16.engine $chunked --reference $W2.clean.onnx --report $W/wav2vec2-base/run_wav60_ref.json"
-  for m in modernbert-base wav2vec2-base qwen2-prefill; do modern_times "$m" compile ""; done
+  for m in $timed; do modern_times "$m" compile ""; done
   for r in 1 2 compile; do  # the compile table sets each torch.compile against the engines of round 1
-    args=""; for m in modernbert-base wav2vec2-base qwen2-prefill; do args="$args --torch $D/torch_${m}_$r.json --engine $D/engine_${m}_${r/compile/1}.json"; done
+    args=""; for m in $timed; do args="$args --torch $D/torch_${m}_$r.json --engine $D/engine_${m}_${r/compile/1}.json"; done
     step "table-modern-$r" 60 "python3 benchmarks/vs_torch.py table $args --out $D/vs_torch_$r.json > $D/table_$r.md"
   done
   step stateful-table-qwen2-kv 60 "python3 benchmarks/gpu/stateful.py table $W/qwen2-kv | grep -v '^| ONNX Runtime' > $D/stateful.md"
