@@ -104,6 +104,34 @@ def test_what_is_not_a_gelu_is_refused_with_its_reason():
     assert not report.replaced and "numeric check" in report.refused[0]["reason"]
 
 
+def test_the_numeric_check_reads_a_sample_of_large_tensors(monkeypatch):
+    """Over SAMPLE elements the check reads every k-th one (the same positions of x and y): the wrong-scale chain is
+    still refused, and a real GELU still fused, when only 4 of 16 elements are read."""
+    import trtforge.fusion.gelu as gelu_module
+
+    monkeypatch.setattr(gelu_module, "SAMPLE", 4)
+    a = np.arange(16.0).reshape(2, 8)
+    assert np.array_equal(gelu_module._sample(a), [0.0, 4.0, 8.0, 12.0]) and gelu_module._sample(a[:1, :4]).size == 4
+    x = np.random.default_rng(0).normal(size=(2, 8)).astype(np.float32)
+
+    def chain(divisor):
+        def write(n, c):
+            n += [
+                helper.make_node("Div", ["x", c("divisor", divisor)], ["q"]),
+                helper.make_node("Erf", ["q"], ["e"]),
+                helper.make_node("Add", ["e", c("one", 1.0)], ["a"]),
+                helper.make_node("Mul", ["x", "a"], ["m"]),
+                helper.make_node("Mul", ["m", c("half", 0.5)], ["y"]),
+            ]
+
+        return _elementwise_model(write)
+
+    _, report = fuse_gelu(chain(2.0), {"x": x})
+    assert not report.replaced and "numeric check" in report.refused[0]["reason"]
+    _, report = fuse_gelu(chain(float(np.sqrt(2.0))), {"x": x})
+    assert len(report.replaced) == 1
+
+
 def test_reference_formulas():
     x = np.linspace(-6, 6, 1001)
     assert np.abs(gelu_tanh(x) - gelu_erf(x)).max() < 1e-3

@@ -160,6 +160,16 @@ def _names(cands: list[GeluCandidate]) -> list[str]:
     return sorted({t for c in cands if c.reason is None for t in (*c.x.split(","), *c.y.split(","))})
 
 
+SAMPLE = 1 << 18  # elements of a tensor the numeric check reads: every k-th, the same positions of x and y
+
+
+def _sample(a: np.ndarray) -> np.ndarray:
+    """Every k-th element of `a` flattened, at most about SAMPLE of them: the check's cost stays flat as models grow
+    (a full-size FFN activation is tens of millions of elements), and a chain that is not GELU still fails on them."""
+    flat = a.reshape(-1)
+    return flat[:: max(1, flat.size // SAMPLE)]
+
+
 def observed_names(model: onnx.ModelProto) -> set[str]:
     """The tensors fuse_gelu reads, for an observation shared with other passes."""
     return set(_names(find_gelus(model)))
@@ -183,9 +193,9 @@ def verify(
                 if values[x].shape != values[y].shape:
                     continue
                 if x not in wants:
-                    wants[x] = gelu(values[x])
+                    wants[x] = gelu(_sample(values[x]))
                 want = wants[x]
-                err = float(np.linalg.norm(values[y].astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30))
+                err = float(np.linalg.norm(_sample(values[y]).astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30))
                 if err <= (2e-2 if values[y].dtype == np.float16 else 1e-4):
                     match = (x, y)
                     break
