@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge import __version__
 from trtforge.backends.onnxruntime import OrtRunner
 from trtforge.core.artifacts import (
     linked_path,
@@ -28,6 +29,7 @@ from trtforge.runtime.feeds import random_feeds
 from trtforge.runtime.options import DEFAULT_SLICE_OVERLAP, RunOptions
 from trtforge.runtime.outputs import OutputKind, boxes_of, merge_refusal, probe_sizes
 from trtforge.runtime.planning import Limits, cut_into_windows, make_chunks, no_chunk_axis, plan_limits
+from trtforge.runtime.report import SCHEMA
 from trtforge.runtime.tokenize import TextTokenizer, find_tokenizer_dir
 from trtforge.verify.tolerances import (
     Tolerance,
@@ -72,6 +74,29 @@ class Prepared:
     def slices(self) -> bool:
         """Images are cut into slices of one size (a detector's: planning.plan_document's `slices`)."""
         return bool(boxes_of(self.kinds))
+
+    def report_head(self, options: RunOptions, backend: str, chunks: list[int]) -> dict[str, Any]:
+        """The run report's first keys, up to `inputs` (one process or Ray alike); `chunks`: each input's count."""
+        return {
+            "schema": SCHEMA,
+            "trtforge_version": __version__,
+            "target": str(self.target_path),
+            "backend": backend,
+            "reference": str(self.reference_path),
+            "outputs": {name: k.to_json() for name, k in self.kinds.items()},
+            "tokenizer": str(self.tokenizer.directory) if self.tokenizer else None,
+            "chunking": {
+                "chunk": options.chunk,
+                "overlap": options.overlap,
+                "merge": options.merge,
+                "batch_size": self.batch_cap,
+                "max_length": self.limits.seq,
+                "max_tile": self.limits.tile,
+                "naive": options.naive,
+                "last_window": options.last_window,
+            },
+            "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": chunks[i]} for i, d in enumerate(self.docs)],
+        }
 
 
 def prepare(target_path: Path, options: RunOptions, plan: bool = True) -> Prepared:

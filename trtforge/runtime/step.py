@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 
-from trtforge import __version__
 from trtforge.core.artifacts import (
     write_json_atomic,
 )
@@ -49,7 +48,6 @@ from trtforge.runtime.outpool import OutputPool, ReservedMemory
 from trtforge.runtime.outwriter import OutputWriter
 from trtforge.runtime.planning import batch_parts, plan_document, shape_key, stack
 from trtforge.runtime.prepare import Prepared, check_io, check_save_outputs, prepare
-from trtforge.runtime.report import SCHEMA
 from trtforge.runtime.targets import OrtTarget, TrtTarget
 
 if TYPE_CHECKING:
@@ -395,24 +393,7 @@ def _report(
     chunk_counts = list(loop.merger.counts)
     wall = clock.wall
     return {
-        "schema": SCHEMA,
-        "trtforge_version": __version__,
-        "target": str(p.target_path),
-        "backend": target.label,
-        "reference": str(p.reference_path),
-        "outputs": {name: k.to_json() for name, k in p.kinds.items()},
-        "tokenizer": str(p.tokenizer.directory) if p.tokenizer else None,
-        "chunking": {
-            "chunk": options.chunk,
-            "overlap": options.overlap,
-            "merge": options.merge,
-            "batch_size": p.batch_cap,
-            "max_length": p.limits.seq,
-            "max_tile": p.limits.tile,
-            "naive": options.naive,
-            "last_window": options.last_window,
-        },
-        "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": chunk_counts[i]} for i, d in enumerate(p.docs)],
+        **p.report_head(options, target.label, chunk_counts),
         "batches": len(loop.batches),
         "precision_error": precision_error(p, loop.batches, loop.results, options)
         if options.precision_check

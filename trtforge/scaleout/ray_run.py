@@ -30,7 +30,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trtforge import __version__
 from trtforge.core.artifacts import write_json_atomic
 from trtforge.core.errors import UserError
 from trtforge.runtime.documents import Chunk, Document, length_unit
@@ -49,7 +48,6 @@ from trtforge.runtime.merge import Merger
 from trtforge.runtime.options import RunOptions
 from trtforge.runtime.planning import make_batches, stack
 from trtforge.runtime.prepare import Prepared, check_io, check_save_outputs, prepare
-from trtforge.runtime.report import SCHEMA
 from trtforge.scaleout.pool import Pool, connect, require_ray
 from trtforge.scaleout.shard import Ledger, plan_units, unit_size, worker_figures
 from trtforge.verify.compare import Comparator
@@ -408,24 +406,7 @@ class _Driver:
         memory_all = {k: (max(m[k] for m in mems) if isinstance(mems[0][k], (int, float)) else mems[0][k]) for k in mems[0]} if mems else {}
         tokens = sum(d.length for d in p.docs)
         return {
-            "schema": SCHEMA,
-            "trtforge_version": __version__,
-            "target": str(p.target_path),
-            "backend": label,
-            "reference": str(p.reference_path),
-            "outputs": {name: k.to_json() for name, k in p.kinds.items()},
-            "tokenizer": _tokenizer_dir(p),
-            "chunking": {
-                "chunk": options.chunk,
-                "overlap": options.overlap,
-                "merge": options.merge,
-                "batch_size": p.batch_cap,
-                "max_length": p.limits.seq,
-                "max_tile": p.limits.tile,
-                "naive": options.naive,
-                "last_window": options.last_window,
-            },
-            "inputs": [{"name": d.name, "kind": d.kind, "length": d.length, "chunks": self.doc_chunks[i]} for i, d in enumerate(p.docs)],
+            **p.report_head(options, label, self.doc_chunks),
             "batches": self.batches_total,
             "precision_error": precision,
             "chunking_error": chunking_summary([self.chunking_parts[d] for d in range(len(p.docs))], p.kinds),
