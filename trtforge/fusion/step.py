@@ -369,7 +369,7 @@ def describe_gelu(record: dict[str, Any]) -> list[str]:
         f"GELU fusion: replaced {len(replaced)} GELU(s) by {GELU_PLUGIN} "
         f"({sum(r['bias_folded'] for r in replaced)} with their bias)"
         + (f", {gemm} of them with their GEMM by {GEMM_PLUGIN} (cuBLASLt GELU_BIAS epilogue)" if gemm else "")
-        + f"; tanh form, max |difference| on the observed activations {worst:.2g}"
+        + f"; tanh form, max |difference| on a sample of the observed activations {worst:.2g}"
     ]
     for r in record.get("refused") or []:
         lines.append(f"  not fused: {r['node']}: {r['reason']}")
