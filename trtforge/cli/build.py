@@ -82,7 +82,7 @@ def build(
         None,
         "--fuse-gemm",
         callback=opt.config_key("build.fuse_gemm", "--fuse-gemm"),
-        help="auto|on|off: replace the fp16 MatMuls by a constant weight (+ bias) that other passes left by trtforge's TrtforgeGemm (cuBLASLt, its kernel timed per shape; needs libtrtforge_plugins; auto: fp16 builds, where the H200 measured it faster).",
+        help="auto|on|off: replace the fp16 MatMuls by a constant weight (+ bias) that other passes left by trtforge's TrtforgeGemm (cuBLASLt, its kernel timed per shape; needs libtrtforge_plugins; auto: fp16 builds, where it measured faster: docs/performance.md).",
     ),
     qkv_projection: Optional[str] = typer.Option(
         None,

@@ -226,7 +226,7 @@ def run_cmd(
         None,
         "--merge-workers",
         min=0,
-        help="Threads merging outputs while batches run (default: min(2, CPUs); 2: fastest on BERT-base and MiniLM on the H200; 0: each batch merged on the thread collecting it, with --overlap-merges on an engine without the precision check).",
+        help="Threads merging outputs while batches run (default: min(2, CPUs), the fastest measured: docs/performance.md; 0: each batch merged on the thread collecting it, with --overlap-merges on an engine without the precision check).",
     ),
     save_outputs: Optional[Path] = typer.Option(None, "--save-outputs", help="Write every merged output as .npz, keys INPUT/OUTPUT."),
     precision_check: bool = typer.Option(
