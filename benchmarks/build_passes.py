@@ -47,11 +47,11 @@ def stand_in_tensorrt_86() -> None:
 
 def passes_once(onnx_path: Path, tiers: dict | None, precision: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="trtforge-build-passes-") as folder:
-        plan = build_step._plan_build(
+        plan = build_step.plan_build(
             onnx_path, Path(folder) / "stand-in.engine", precision, None, tiers, "tensorrt", BuildOptions(), None, 3, lambda _: None
         )
         start = time.perf_counter()
-        graphs = build_step._graph_passes(plan)
+        graphs = build_step.graph_passes(plan)
         total = time.perf_counter() - start
     fusion = graphs.fusion or {}
     return {

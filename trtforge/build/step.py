@@ -183,7 +183,7 @@ def check_options(options: BuildOptions, precision: str) -> None:
 
 
 @dataclass
-class _BuildPlan:
+class BuildPlan:
     """What every phase of a build reads: the runtime, the model and its profiles, and where the engine goes."""
 
     mod: TrtModule
@@ -208,7 +208,7 @@ class _BuildPlan:
 
 
 @dataclass
-class _PassedGraphs:
+class PassedGraphs:
     """The graphs and records of the passes before TensorRT, which the fallback build and the sidecar read again."""
 
     converted: onnx.ModelProto | None
@@ -260,15 +260,15 @@ def build(
     The engine and its sidecar are written as soon as TensorRT returns; layer inspection comes after
     and can only add to the sidecar (a failed inspection is recorded and warned about, never fatal).
     on_tick(elapsed, progress) is called every tick_s seconds during the TensorRT build."""
-    plan = _plan_build(onnx_path, output, precision, tiers, config_tiers, backend, options, lengths_file, tier_count, warn)
-    graphs = _graph_passes(plan)
+    plan = plan_build(onnx_path, output, precision, tiers, config_tiers, backend, options, lengths_file, tier_count, warn)
+    graphs = graph_passes(plan)
     out, sidecar = _build_and_publish(plan, graphs, on_tick, tick_s)
     plan.clock.lap(TENSORRT_LAP)
     _after_build(plan, out, sidecar, graphs, engine_check, engine_hooks)
     return BuildResult(plan.output, sidecar, plan.profiles, sidecar["layer_summary"])
 
 
-def _plan_build(
+def plan_build(
     onnx_path: Path,
     output: Path | None,
     precision: str,
@@ -279,7 +279,7 @@ def _plan_build(
     lengths_file: Path | None,
     tier_count: int,
     warn: Callable[[str], None] | None,
-) -> _BuildPlan:
+) -> BuildPlan:
     """Everything decided before the graph passes: the requests checked, the runtime and its plugins loaded, the profiles
     planned; the build clock starts here, and its first lap ends here."""
     if precision not in PRECISIONS:
@@ -320,12 +320,10 @@ def _plan_build(
     if options.fp8_min_top1_agreement is not None and data is None:
         _require_real_inputs(onnx_path, model)
     clock.lap("load and plan profiles")
-    return _BuildPlan(
-        mod, onnx_path, output, precision, options, model, specs, axes, parent, profiles, phases, protected, data, warn, clock
-    )
+    return BuildPlan(mod, onnx_path, output, precision, options, model, specs, axes, parent, profiles, phases, protected, data, warn, clock)
 
 
-def _graph_passes(plan: _BuildPlan) -> _PassedGraphs:
+def graph_passes(plan: BuildPlan) -> PassedGraphs:
     """The precision conversion, then the attention, elementwise and FP8 passes, each ending its lap of the clock."""
     mod, precision, options, clock = plan.mod, plan.precision, plan.options, plan.clock
     converted, precision_report, sampled = _prepare_precision(plan.model, precision, plan.onnx_path, plan.specs, plan.axes, plan.data)
@@ -370,7 +368,7 @@ def _graph_passes(plan: _BuildPlan) -> _PassedGraphs:
             sampled,
         )
         clock.lap("fp8 pass")
-    return _PassedGraphs(
+    return PassedGraphs(
         converted,
         precision_report,
         identity,
@@ -385,7 +383,7 @@ def _graph_passes(plan: _BuildPlan) -> _PassedGraphs:
     )
 
 
-def _build_and_publish(plan: _BuildPlan, graphs: _PassedGraphs, on_tick: Tick | None, tick_s: float) -> tuple[BuildOutput, dict[str, Any]]:
+def _build_and_publish(plan: BuildPlan, graphs: PassedGraphs, on_tick: Tick | None, tick_s: float) -> tuple[BuildOutput, dict[str, Any]]:
     """TensorRT's build of the passes' graph (without auto's fusions where that fails), then the built ONNX, the engine
     and their sidecars published; the staging folder is removed whatever happens."""
     from trtforge.backends.plugin_libraries import loaded_plugin_libraries
@@ -443,7 +441,7 @@ def _build_and_publish(plan: _BuildPlan, graphs: _PassedGraphs, on_tick: Tick | 
     return out, sidecar
 
 
-def _auto_fusions(plan: _BuildPlan, graphs: _PassedGraphs) -> tuple[bool, list[ElementwisePass]]:
+def _auto_fusions(plan: BuildPlan, graphs: PassedGraphs) -> tuple[bool, list[ElementwisePass]]:
     """What `auto` added to the graph, which a failed TensorRT build may go without: attention, and plugin passes."""
     drop_attention = graphs.attention_fused is not None and plan.options.fuse_attention == "auto"
     drop_elementwise = [
@@ -455,8 +453,8 @@ def _auto_fusions(plan: _BuildPlan, graphs: _PassedGraphs) -> tuple[bool, list[E
 
 
 def _build_without_auto_fusion(
-    plan: _BuildPlan,
-    graphs: _PassedGraphs,
+    plan: BuildPlan,
+    graphs: PassedGraphs,
     staged: _StagedGraph,
     exc: UserError,
     drop_attention: bool,
@@ -495,7 +493,7 @@ def _build_without_auto_fusion(
     return build_engine(plan.mod, staged.source, plan.profiles, plan.options, on_tick, tick_s)
 
 
-def _publish(plan: _BuildPlan, precision_report: dict[str, Any], staged: _StagedGraph, out: BuildOutput, sidecar: dict[str, Any]) -> None:
+def _publish(plan: BuildPlan, precision_report: dict[str, Any], staged: _StagedGraph, out: BuildOutput, sidecar: dict[str, Any]) -> None:
     """The built ONNX, the engine and their sidecars appear together or not at all."""
     with interrupts.deferred():
         if staged.converted is not None:
@@ -521,7 +519,7 @@ def _publish(plan: _BuildPlan, precision_report: dict[str, Any], staged: _Staged
 
 
 def _after_build(
-    plan: _BuildPlan, out: BuildOutput, sidecar: dict[str, Any], graphs: _PassedGraphs, engine_check: bool, engine_hooks: Any
+    plan: BuildPlan, out: BuildOutput, sidecar: dict[str, Any], graphs: PassedGraphs, engine_check: bool, engine_hooks: Any
 ) -> None:
     """What only adds to the published sidecar: layer inspection, the engine checks and the build overhead, each
     written as soon as it is known."""

@@ -140,7 +140,12 @@ class RunOptions:
             if not 0 <= self.slice_overlap < 1:
                 raise UserError(f"--slice-overlap must be at least 0 and below 1 (a share of the slice size), got {self.slice_overlap:g}.")
             if self.chunk is not None:
-                self.overlap = int(round(self.slice_overlap * self.chunk))
+                self.overlap = self.slice_overlap_pixels(self.chunk)
+
+    def slice_overlap_pixels(self, size: int) -> int:
+        """--slice-overlap's share of a slice size, in pixels (SAHI's DEFAULT_SLICE_OVERLAP where it is unset)."""
+        share = DEFAULT_SLICE_OVERLAP if self.slice_overlap is None else self.slice_overlap
+        return int(round(share * size))
 
     @property
     def full_last(self) -> bool:

@@ -26,7 +26,7 @@ from trtforge.runtime.chunking import (
 )
 from trtforge.runtime.documents import Chunk, Document, load_documents
 from trtforge.runtime.feeds import random_feeds
-from trtforge.runtime.options import DEFAULT_SLICE_OVERLAP, RunOptions
+from trtforge.runtime.options import RunOptions
 from trtforge.runtime.outputs import OutputKind, boxes_of, merge_refusal, probe_sizes
 from trtforge.runtime.planning import Limits, cut_into_windows, make_chunks, no_chunk_axis, plan_limits
 from trtforge.runtime.report import SCHEMA
@@ -188,8 +188,7 @@ def _slice_at_model_size(options: RunOptions, docs: list[Document], limits: Limi
     largest input, overlapping by --slice-overlap (default 0.2) of it. Sets options.chunk and options.overlap."""
     if limits.tile is None or not any(d.kind == "image" and max(d.hw) > limits.tile for d in docs):
         return False
-    share = DEFAULT_SLICE_OVERLAP if options.slice_overlap is None else options.slice_overlap
-    options.chunk, options.overlap = limits.tile, int(round(share * limits.tile))
+    options.chunk, options.overlap = limits.tile, options.slice_overlap_pixels(limits.tile)
     return True
 
 

@@ -184,20 +184,21 @@ def check_io(target: Any, reference: OrtRunner, target_path: Path, reference_pat
         )
 
 
+def _declared(target: Path, reference: Path, read: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """What the outputs' declarations say: the reference's sidecar over an ONNX target's (an engine's declares none)."""
+    return {**(read(target) if target.suffix == ".onnx" else {}), **read(reference)}
+
+
 def output_boxes(target: Path, reference: Path, kinds: dict[str, str | None]) -> dict[str, BoxSpec]:
-    """Each declared boxes output's BoxSpec (the reference's sidecar, else an ONNX target's), so that boxes are matched
-    by IoU as `run` matches them, not compared as plain numbers."""
-
-    def specs(path: Path) -> dict[str, BoxSpec]:
-        return declared_boxes((read_sidecar(path, required=False) or {}).get("outputs"))
-
-    declared = {**(specs(target) if target.suffix == ".onnx" else {}), **specs(reference)}
+    """Each declared boxes output's BoxSpec, so that boxes are matched by IoU as `run` matches them, not compared as
+    plain numbers."""
+    declared = _declared(target, reference, lambda path: declared_boxes((read_sidecar(path, required=False) or {}).get("outputs")))
     return {name: spec for name, spec in declared.items() if kinds.get(name) == "boxes"}
 
 
 def output_kinds(target: Path, reference: Path, names: list[str]) -> dict[str, str | None]:
-    """Each reference output's declared kind (the reference's sidecar, else an ONNX target's); None where undeclared."""
-    declared = {**(declared_output_kinds(target) if target.suffix == ".onnx" else {}), **declared_output_kinds(reference)}
+    """Each reference output's declared kind; None where undeclared."""
+    declared = _declared(target, reference, declared_output_kinds)
     return {name: declared.get(name) for name in names}
 
 
