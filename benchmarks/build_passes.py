@@ -13,7 +13,6 @@ table, writes JSON. On a GPU machine with TensorRT, the build's own line gives t
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import trtforge.build.step as build_step  # noqa: E402
 import trtforge.core.platform as platform  # noqa: E402
 from trtforge.backends.base import TrtModule  # noqa: E402
 from trtforge.backends.tensorrt import BuildOptions  # noqa: E402
+from trtforge.core.artifacts import write_json_atomic  # noqa: E402
 
 GPU = {"name": "stand-in sm_90 GPU", "compute_capability": "9.0"}
 
@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs; the table shows each lap's median")
     ap.add_argument("--json", type=Path, default=ROOT / "out" / "build_passes.json")
     args = ap.parse_args()
+    if args.json.resolve() in (args.onnx.resolve(), args.config.resolve()):
+        ap.error(f"--json {args.json} is an input; write the results elsewhere.")
     build = (yaml.safe_load(args.config.read_text()) or {}).get("build") or {}
     stand_in_tensorrt_86()
     runs = [passes_once(args.onnx, build.get("tiers"), build.get("precision", "fp16")) for _ in range(args.repeat)]
@@ -81,7 +83,7 @@ def main() -> None:
     print(f"{'total':48s} {sum(laps.values()):8.2f}")
     print(f"attention: fused {runs[0]['fused']} of {runs[0]['attentions']} ({', '.join(runs[0]['plugins'] or []) or 'no plugin'})")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"onnx": str(args.onnx), "config": str(args.config), "median_laps": laps, "runs": runs}, indent=1))
+    write_json_atomic(args.json, {"onnx": str(args.onnx), "config": str(args.config), "median_laps": laps, "runs": runs})
     print(f"wrote {args.json}")
 
 
